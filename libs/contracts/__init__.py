@@ -1,0 +1,29 @@
+"""Event contracts: the payload base, the envelope and the mapper.
+
+Task and pool event models live in `runyard.contracts.task_events` and
+`runyard.contracts.pool_events`; `default_mapper()` knows all of them.
+"""
+
+from runyard.contracts.base import Event
+from runyard.contracts.envelope import (
+    Metadata,
+    NewEvent,
+    RecordedEvent,
+    new_event_id,
+    stream_category,
+    utcnow,
+)
+from runyard.contracts.mapper import EventMapper, UnknownEventType, Upcaster
+
+__all__ = [
+    "Event",
+    "EventMapper",
+    "Metadata",
+    "NewEvent",
+    "RecordedEvent",
+    "UnknownEventType",
+    "Upcaster",
+    "new_event_id",
+    "stream_category",
+    "utcnow",
+]
