@@ -63,6 +63,10 @@ class NewEvent(Generic[E]):
     occurred_at: datetime
     event_id: UUID = field(default_factory=new_event_id)
 
+    def __post_init__(self) -> None:
+        if self.occurred_at.tzinfo is None:
+            raise ValueError("occurred_at must be timezone-aware (UTC), e.g. utcnow()")
+
 
 @dataclass(frozen=True, slots=True)
 class RecordedEvent(Generic[E]):

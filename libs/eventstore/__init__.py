@@ -1,0 +1,47 @@
+"""The event store: the system of record of Runyard.
+
+Public surface: the `EventStore` interface with its Postgres and in-memory
+implementations, expected-version markers, results, and typed errors.
+"""
+
+from runyard.eventstore.errors import (
+    ConcurrencyError,
+    DuplicateEventError,
+    EventStoreError,
+    StoreUnavailable,
+    StreamNotFound,
+)
+from runyard.eventstore.memory import InMemoryEventStore
+from runyard.eventstore.migrate import Migration, apply_migrations, eventstore_migrations, load_migrations
+from runyard.eventstore.postgres import PostgresAllReader, PostgresEventStore
+from runyard.eventstore.store import (
+    ANY,
+    NO_STREAM,
+    AllReader,
+    AppendRequest,
+    AppendResult,
+    EventStore,
+    ExpectedVersion,
+)
+
+__all__ = [
+    "ANY",
+    "NO_STREAM",
+    "AllReader",
+    "AppendRequest",
+    "AppendResult",
+    "ConcurrencyError",
+    "DuplicateEventError",
+    "EventStore",
+    "EventStoreError",
+    "ExpectedVersion",
+    "InMemoryEventStore",
+    "Migration",
+    "PostgresAllReader",
+    "PostgresEventStore",
+    "StoreUnavailable",
+    "StreamNotFound",
+    "apply_migrations",
+    "eventstore_migrations",
+    "load_migrations",
+]

@@ -1,0 +1,272 @@
+"""The Postgres event store (asyncpg).
+
+Appends go through the `runyard_append` SQL function: one round trip per
+stream, optimistic concurrency on the `streams` row, positions from an
+identity column. The all-stream reader handles the classic trap of such a
+design, positions that commit out of order, without serialising writers:
+
+A transaction takes its xid (by writing its `streams` row) before its events
+take positions. So when a reader sees position p visible but p-1 missing, the
+writer of p-1 had an xid below the reader's snapshot `xmax`. The reader stops
+at the gap and remembers that `xmax`; once the oldest running transaction is
+past it (`pg_snapshot_xmin` of a later snapshot >= that xmax), every possible
+owner of p-1 has finished, and a position still missing was rolled back and
+can be skipped for good. No committed event is ever passed over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from runyard.contracts import Event, EventMapper, Metadata, NewEvent, RecordedEvent
+from runyard.eventstore.errors import (
+    ConcurrencyError,
+    DuplicateEventError,
+    StoreUnavailable,
+)
+from runyard.eventstore.migrate import apply_migrations, eventstore_migrations
+from runyard.eventstore.store import (
+    ANY,
+    NO_STREAM,
+    AllReader,
+    AppendRequest,
+    AppendResult,
+    EventStore,
+    ExpectedVersion,
+)
+
+_APPEND = "SELECT o_version, o_positions FROM runyard_append($1, $2, $3, $4, $5, $6, $7, $8)"
+_WRONG_VERSION = "RY001"  # raised by runyard_append
+_COLUMNS = (
+    "global_position, event_id, stream_id, stream_version, event_type, schema_version,"
+    " data::text AS data, metadata::text AS metadata, occurred_at"
+)
+_READ_STREAM = (
+    f"SELECT {_COLUMNS} FROM events WHERE stream_id = $1 AND stream_version >= $2"
+    " ORDER BY stream_version"
+)
+_READ_ALL = f"""
+SELECT s.xmin, s.xmax, e.*
+FROM (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin,
+             pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xmax) s
+LEFT JOIN LATERAL (
+    SELECT {_COLUMNS} FROM events WHERE global_position > $1
+    ORDER BY global_position LIMIT $2
+) e ON true
+"""
+
+_CONNECTION_ERRORS = (
+    asyncpg.exceptions.ConnectionDoesNotExistError,
+    asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.TooManyConnectionsError,
+    ConnectionError,
+    OSError,
+)
+
+
+def _expected_code(expected: ExpectedVersion) -> int:
+    if expected == ANY:
+        return -2
+    if expected == NO_STREAM:
+        return -1
+    if isinstance(expected, int) and expected >= 0:
+        return expected
+    raise ValueError(f"expected version must be 'any', 'no_stream' or an int >= 0, not {expected!r}")
+
+
+class PostgresEventStore(EventStore):
+    """Event store over an asyncpg pool; see the module docstring for ordering."""
+
+    def __init__(self, pool: asyncpg.Pool, mapper: EventMapper) -> None:
+        self.pool = pool
+        self.mapper = mapper
+
+    @classmethod
+    async def connect(
+        cls, dsn: str, mapper: EventMapper, *, min_size: int = 1, max_size: int = 10
+    ) -> PostgresEventStore:
+        """Open a pool on `dsn` and apply the store's migrations."""
+        try:
+            pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size)
+        except _CONNECTION_ERRORS as exc:
+            raise StoreUnavailable(f"cannot reach Postgres at {dsn}: {exc}") from exc
+        async with pool.acquire() as conn:
+            await apply_migrations(conn, eventstore_migrations())
+        return cls(pool, mapper)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[asyncpg.Connection]:
+        """A connection in a transaction, for appends that go with other writes
+        (a consumer's inbox row, a projection) and must commit together."""
+        try:
+            async with self.pool.acquire() as conn, conn.transaction():
+                yield conn
+        except _CONNECTION_ERRORS as exc:
+            raise StoreUnavailable(str(exc)) from exc
+
+    # -- writing ---------------------------------------------------------------
+
+    async def append(
+        self,
+        stream_id: str,
+        events: Sequence[NewEvent[Event]],
+        expected: ExpectedVersion = ANY,
+    ) -> AppendResult:
+        async with self._connection() as conn:
+            return await self.append_in(conn, stream_id, events, expected)
+
+    async def append_many(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
+        async with self.transaction() as conn:
+            return [
+                await self.append_in(conn, r.stream_id, r.events, r.expected) for r in requests
+            ]
+
+    async def append_in(
+        self,
+        conn: asyncpg.Connection,
+        stream_id: str,
+        events: Sequence[NewEvent[Event]],
+        expected: ExpectedVersion = ANY,
+    ) -> AppendResult:
+        """Append on a given connection (inside the caller's transaction, if any)."""
+        if not events:
+            raise ValueError("append needs at least one event")
+        args = self._append_args(stream_id, events, expected)
+        try:
+            row = await conn.fetchrow(_APPEND, *args)
+        except asyncpg.UniqueViolationError as exc:
+            row = await self._existing(stream_id, events, exc)
+        except asyncpg.PostgresError as exc:
+            if exc.sqlstate != _WRONG_VERSION:
+                raise
+            actual = int(getattr(exc, "detail", None) or -1)
+            raise ConcurrencyError(stream_id, expected, None if actual < 0 else actual) from exc
+        except _CONNECTION_ERRORS as exc:
+            raise StoreUnavailable(str(exc)) from exc
+        return AppendResult(stream_id, row["o_version"], tuple(row["o_positions"]))
+
+    def _append_args(
+        self, stream_id: str, events: Sequence[NewEvent[Event]], expected: ExpectedVersion
+    ) -> tuple[Any, ...]:
+        encode = self.mapper.encode
+        encoded = [encode(e.event) for e in events]
+        return (
+            stream_id,
+            _expected_code(expected),
+            [e.event_id for e in events],
+            [t for t, _, _ in encoded],
+            [v for _, v, _ in encoded],
+            [d for _, _, d in encoded],
+            [e.metadata.model_dump_json() for e in events],
+            [e.occurred_at for e in events],
+        )
+
+    async def _existing(
+        self, stream_id: str, events: Sequence[NewEvent[Event]], exc: Exception
+    ) -> asyncpg.Record:
+        """An event id clashed: the same append again is fine, anything else is not."""
+        ids = [e.event_id for e in events]
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchrow(
+                "SELECT o_version, o_positions FROM runyard_existing_positions($1, $2)",
+                stream_id,
+                ids,
+            )
+        if row is None or row["o_positions"] is None:
+            raise DuplicateEventError(stream_id, [str(i) for i in ids]) from exc
+        return row
+
+    # -- reading ---------------------------------------------------------------
+
+    async def read_stream(self, stream_id: str, from_version: int = 1) -> list[RecordedEvent[Event]]:
+        async with self._connection() as conn:
+            rows = await conn.fetch(_READ_STREAM, stream_id, from_version)
+        return [self.decode(r) for r in rows]
+
+    async def stream_version(self, stream_id: str) -> int:
+        async with self._connection() as conn:
+            version = await conn.fetchval(
+                "SELECT version FROM streams WHERE stream_id = $1", stream_id
+            )
+        return int(version or 0)
+
+    async def head_position(self) -> int:
+        async with self._connection() as conn:
+            return int(await conn.fetchval("SELECT coalesce(max(global_position), 0) FROM events"))
+
+    def all_reader(self, after: int = 0) -> PostgresAllReader:
+        return PostgresAllReader(self, after)
+
+    def decode(self, row: asyncpg.Record) -> RecordedEvent[Event]:
+        return RecordedEvent(
+            event_id=row["event_id"],
+            stream_id=row["stream_id"],
+            stream_version=row["stream_version"],
+            global_position=row["global_position"],
+            occurred_at=row["occurred_at"],
+            event=self.mapper.decode(row["event_type"], row["schema_version"], row["data"]),
+            metadata=Metadata.model_validate_json(row["metadata"]),
+        )
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
+        try:
+            async with self.pool.acquire() as conn:
+                yield conn
+        except _CONNECTION_ERRORS as exc:
+            raise StoreUnavailable(str(exc)) from exc
+
+
+@dataclass
+class _Gap:
+    """A missing position and the snapshot xmax at the time it was first seen."""
+
+    position: int
+    xmax: int
+
+
+class PostgresAllReader(AllReader):
+    """Global-order reader that waits out gaps instead of skipping them."""
+
+    def __init__(self, store: PostgresEventStore, after: int) -> None:
+        self.store = store
+        self.position = after
+        self._gap: _Gap | None = None
+
+    async def read(self, limit: int = 500) -> list[RecordedEvent[Event]]:
+        async with self.store._connection() as conn:
+            rows = await conn.fetch(_READ_ALL, self.position, limit)
+        xmin, xmax = rows[0]["xmin"], rows[0]["xmax"]
+        safe: list[RecordedEvent[Event]] = []
+        for row in rows:
+            position = row["global_position"]
+            if position is None:
+                break
+            if position != self.position + 1 and not self._gap_closed(xmin, xmax):
+                break
+            safe.append(self.store.decode(row))
+            self.position = position
+        return safe
+
+    def _gap_closed(self, xmin: int, xmax: int) -> bool:
+        """True when the positions before the next visible event can never appear."""
+        missing = self.position + 1
+        if self._gap is not None and self._gap.position == missing and xmin >= self._gap.xmax:
+            self._gap = None
+            return True
+        if self._gap is None or self._gap.position != missing:
+            self._gap = _Gap(missing, xmax)
+        return False
+
+    def idle_delay(self, poll_interval: float) -> float:
+        # A pending gap is usually a transaction about to commit: look again soon.
+        return min(poll_interval, 0.001) if self._gap is not None else poll_interval
+

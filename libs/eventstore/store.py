@@ -1,0 +1,114 @@
+"""The event store interface and its shared vocabulary.
+
+A stream (`task-<id>`, `pool-<id>`) is an ordered list of events; its version
+is the number of events in it. Every event also has a global position, one
+order over the whole store. Appends are optimistic: the writer says which
+version it decided on (`expected`), and a stream that moved on raises
+`ConcurrencyError`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from runyard.contracts import Event, NewEvent, RecordedEvent
+
+#: Append whatever the stream's version is.
+ANY: Final = "any"
+#: Append only if the stream has no events yet.
+NO_STREAM: Final = "no_stream"
+
+ExpectedVersion = int | Literal["any", "no_stream"]
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    stream_id: str
+    #: The stream's version after the append (= stream version of its last event).
+    version: int
+    positions: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AppendRequest:
+    """One stream's part of a multi-stream append."""
+
+    stream_id: str
+    events: Sequence[NewEvent[Event]]
+    expected: ExpectedVersion = ANY
+
+
+class EventStore(abc.ABC):
+    """What every event store implementation offers (see tests/contract)."""
+
+    @abc.abstractmethod
+    async def append(
+        self,
+        stream_id: str,
+        events: Sequence[NewEvent[Event]],
+        expected: ExpectedVersion = ANY,
+    ) -> AppendResult:
+        """Append `events` to one stream atomically."""
+
+    @abc.abstractmethod
+    async def append_many(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
+        """Append to several streams in one transaction: all or nothing."""
+
+    @abc.abstractmethod
+    async def read_stream(self, stream_id: str, from_version: int = 1) -> list[RecordedEvent[Event]]:
+        """Events of one stream with version >= `from_version`, in order."""
+
+    @abc.abstractmethod
+    async def stream_version(self, stream_id: str) -> int:
+        """Current version of a stream; 0 when it has no events."""
+
+    @abc.abstractmethod
+    def all_reader(self, after: int = 0) -> AllReader:
+        """A reader of the whole log in global order, starting after `after`."""
+
+    @abc.abstractmethod
+    async def head_position(self) -> int:
+        """The highest global position stored so far (0 when empty)."""
+
+    async def subscribe_all(
+        self, after: int = 0, *, batch_size: int = 500, poll_interval: float = 0.005
+    ) -> AsyncIterator[RecordedEvent[Event]]:
+        """Catch up from `after`, then keep following new events (polling)."""
+        reader = self.all_reader(after)
+        async for batch in reader.follow(batch_size=batch_size, poll_interval=poll_interval):
+            for event in batch:
+                yield event
+
+
+class AllReader(abc.ABC):
+    """Reads the whole log in global-position order without ever skipping an event.
+
+    A reader is stateful: it remembers its position and, in the Postgres store,
+    the gap it is waiting on (a position taken by a transaction that has not
+    committed yet).
+    """
+
+    position: int
+
+    @abc.abstractmethod
+    async def read(self, limit: int = 500) -> list[RecordedEvent[Event]]:
+        """The next events that are safe to hand out, possibly none."""
+
+    async def follow(
+        self, *, batch_size: int = 500, poll_interval: float = 0.005
+    ) -> AsyncIterator[list[RecordedEvent[Event]]]:
+        """Yield non-empty batches forever, sleeping `poll_interval` when idle."""
+        import asyncio
+
+        while True:
+            batch = await self.read(batch_size)
+            if batch:
+                yield batch
+            else:
+                await asyncio.sleep(self.idle_delay(poll_interval))
+
+    def idle_delay(self, poll_interval: float) -> float:
+        return poll_interval

@@ -1,0 +1,85 @@
+"""How a recorded event travels on Kafka.
+
+Value: the envelope and payload as one JSON object (readable with any Kafka
+tool). Key: the stream id, so one stream's events stay in one partition, in
+order. Headers repeat the envelope fields and carry the W3C trace context, so
+a consumer can route, dedupe and trace without parsing the value.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from pydantic import ValidationError
+
+from runyard.contracts import Event, EventMapper, Metadata, RecordedEvent, UnknownEventType
+
+Headers = list[tuple[str, bytes]]
+
+
+class UndecodableMessage(ValueError):
+    """A message that is not a Runyard event this code can read; goes to dead letter."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def encode(recorded: RecordedEvent[Event]) -> tuple[bytes, bytes, Headers]:
+    """(key, value, headers) for one recorded event."""
+    meta = recorded.metadata
+    value = {
+        "event_id": str(recorded.event_id),
+        "stream_id": recorded.stream_id,
+        "stream_version": recorded.stream_version,
+        "global_position": recorded.global_position,
+        "occurred_at": recorded.occurred_at.isoformat(),
+        "type": recorded.type,
+        "schema_version": recorded.event.schema_version,
+        "data": recorded.event.payload(),
+        "metadata": meta.model_dump(mode="json"),
+    }
+    headers: Headers = [
+        ("event_id", str(recorded.event_id).encode()),
+        ("event_type", recorded.type.encode()),
+        ("schema_version", str(recorded.event.schema_version).encode()),
+        ("stream_version", str(recorded.stream_version).encode()),
+        ("global_position", str(recorded.global_position).encode()),
+        ("occurred_at", recorded.occurred_at.isoformat().encode()),
+        ("actor", meta.actor.encode()),
+    ]
+    if meta.causation_id:
+        headers.append(("causation_id", meta.causation_id.encode()))
+    if meta.correlation_id:
+        headers.append(("correlation_id", meta.correlation_id.encode()))
+    headers.extend((k, v.encode()) for k, v in meta.trace_context.items())
+    key = recorded.stream_id.encode()
+    return key, json.dumps(value, separators=(",", ":")).encode(), headers
+
+
+def decode(value: bytes | None, mapper: EventMapper) -> RecordedEvent[Event]:
+    """The recorded event in a message value, or UndecodableMessage saying why not."""
+    if not value:
+        raise UndecodableMessage("empty message value")
+    try:
+        raw: dict[str, Any] = json.loads(value)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UndecodableMessage(f"value is not JSON: {exc}") from exc
+    try:
+        data = mapper.upcast(raw["type"], int(raw["schema_version"]), raw["data"])
+        return RecordedEvent(
+            event_id=UUID(raw["event_id"]),
+            stream_id=raw["stream_id"],
+            stream_version=int(raw["stream_version"]),
+            global_position=int(raw["global_position"]),
+            occurred_at=datetime.fromisoformat(raw["occurred_at"]),
+            event=mapper.model(raw["type"]).model_validate(data),
+            metadata=Metadata.model_validate(raw["metadata"]),
+        )
+    except UnknownEventType as exc:
+        raise UndecodableMessage(str(exc)) from exc
+    except (KeyError, TypeError, ValueError, ValidationError) as exc:
+        raise UndecodableMessage(f"not a Runyard event: {type(exc).__name__}: {exc}") from exc

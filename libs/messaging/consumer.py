@@ -1,0 +1,146 @@
+"""The consumer pattern every Runyard service uses.
+
+- Idempotent: each event id is recorded in the `inbox` table in the same
+  transaction as the handler's effects; a redelivered event finds its row and
+  is skipped. Kafka gives at-least-once, the inbox makes it exactly-once.
+- Never blocks a partition: a message that cannot be decoded, or whose
+  handler keeps failing, goes to the dead-letter topic with the reason, and
+  the next message is processed.
+- Retryable errors (a stream that moved on, a database hiccup) are retried a
+  few times with backoff first; the handler reloads and decides again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+from aiokafka import ConsumerRecord
+from faststream.kafka import KafkaBroker
+from faststream.kafka.annotations import KafkaMessage
+from faststream.middlewares import AckPolicy
+
+from runyard.contracts import Event, EventMapper, RecordedEvent
+from runyard.messaging import codec
+from runyard.messaging.settings import KafkaSettings
+
+log = logging.getLogger("runyard.consumer")
+
+Handler = Callable[[RecordedEvent[Event], asyncpg.Connection], Awaitable[None]]
+
+
+@dataclass
+class ConsumerStats:
+    processed: int = 0
+    duplicates: int = 0
+    dead_lettered: int = 0
+    retries: int = 0
+
+
+class IdempotentConsumer:
+    """One consumer group running one handler over some event topics."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        pool: asyncpg.Pool,
+        mapper: EventMapper,
+        handler: Handler,
+        kafka: KafkaSettings,
+        max_attempts: int = 5,
+    ) -> None:
+        self.name = name
+        self.pool = pool
+        self.mapper = mapper
+        self.handler = handler
+        self.kafka = kafka
+        self.max_attempts = max_attempts
+        self.stats = ConsumerStats()
+        self._broker: KafkaBroker | None = None
+
+    def subscribe(self, broker: KafkaBroker, *topics: str) -> None:
+        """Register the subscriber on `broker` (FastStream) for `topics`."""
+        self._broker = broker
+
+        @broker.subscriber(  # type: ignore[misc]
+            *topics,
+            group_id=self.name,
+            ack_policy=AckPolicy.ACK,
+            **self.kafka.consumer_options(),  # type: ignore[arg-type]
+        )
+        async def on_message(body: bytes, message: KafkaMessage) -> None:
+            await self.process(message.raw_message)  # type: ignore[arg-type]
+
+    async def process(self, record: ConsumerRecord[Any, Any]) -> None:
+        try:
+            event = codec.decode(record.value, self.mapper)
+        except codec.UndecodableMessage as exc:
+            await self.dead_letter(record, exc.reason)
+            return
+        await self._handle(record, event)
+
+    async def _handle(self, record: ConsumerRecord[Any, Any], event: RecordedEvent[Event]) -> None:
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                await self._handle_once(event)
+                return
+            except Exception as exc:
+                if getattr(exc, "retryable", False) and attempt < self.max_attempts:
+                    self.stats.retries += 1
+                    await asyncio.sleep(0.05 * 2**attempt)
+                    continue
+                log.exception("%s: handler failed on %s", self.name, event.event_id)
+                await self.dead_letter(record, f"handler failed: {type(exc).__name__}: {exc}")
+                return
+
+    async def _handle_once(self, event: RecordedEvent[Event]) -> None:
+        async with self.pool.acquire() as conn, conn.transaction():
+            fresh = await conn.fetchval(
+                """INSERT INTO inbox (consumer, event_id, global_position) VALUES ($1, $2, $3)
+                   ON CONFLICT DO NOTHING RETURNING true""",
+                self.name,
+                event.event_id,
+                event.global_position,
+            )
+            if not fresh:
+                self.stats.duplicates += 1
+                return
+            await self.handler(event, conn)
+        self.stats.processed += 1
+
+    async def dead_letter(self, record: ConsumerRecord[Any, Any], reason: str) -> None:
+        """Park a message on the dead-letter topic with why, where it came from."""
+        assert self._broker is not None, "subscribe() first"
+        self.stats.dead_lettered += 1
+        log.warning("%s: dead-lettering %s[%s]@%s: %s", self.name, record.topic,
+                    record.partition, record.offset, reason)
+        await self._broker.publish(
+            record.value or b"",
+            topic=self.kafka.topics.dead_letter,
+            key=record.key,
+            headers={
+                "reason": reason[:1000],
+                "consumer": self.name,
+                "source_topic": record.topic,
+                "source_partition": str(record.partition),
+                "source_offset": str(record.offset),
+            },
+        )
+
+
+def make_broker(kafka: KafkaSettings, **options: Any) -> KafkaBroker:
+    """A FastStream broker on `kafka.bootstrap`, with tracing middleware."""
+    from faststream.kafka.opentelemetry import KafkaTelemetryMiddleware
+
+    return KafkaBroker(
+        kafka.bootstrap,
+        enable_idempotence=False,
+        request_timeout_ms=kafka.request_timeout_ms,
+        middlewares=[KafkaTelemetryMiddleware()],
+        **options,
+    )

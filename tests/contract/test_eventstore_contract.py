@@ -1,0 +1,200 @@
+"""One contract, every event store: the same tests run on each implementation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+
+from runyard.contracts import Metadata, NewEvent, utcnow
+from runyard.eventstore import (
+    ANY,
+    NO_STREAM,
+    AppendRequest,
+    ConcurrencyError,
+    DuplicateEventError,
+    EventStore,
+    InMemoryEventStore,
+    PostgresEventStore,
+)
+from tests.conftest import fresh_database
+from tests.contract.sample_events import Happened, Renamed, happened, sample_mapper
+
+
+@pytest.fixture(params=["memory", "postgres"])
+async def store(request: pytest.FixtureRequest, postgres_url: str) -> AsyncIterator[EventStore]:
+    if request.param == "memory":
+        yield InMemoryEventStore(sample_mapper())
+        return
+    async with fresh_database(postgres_url) as dsn:
+        pg = await PostgresEventStore.connect(dsn, sample_mapper())
+        yield pg
+        await pg.close()
+
+
+async def test_append_and_read_a_stream(store: EventStore) -> None:
+    result = await store.append("test-1", [happened(1), happened(2)], NO_STREAM)
+    assert result.version == 2
+    assert len(result.positions) == 2 and result.positions[0] < result.positions[1]
+    events = await store.read_stream("test-1")
+    assert [e.event for e in events] == [Happened(n=1), Happened(n=2)]
+    assert [e.stream_version for e in events] == [1, 2]
+    assert events[0].metadata.actor == "user:acme/alice"
+    assert events[0].metadata.correlation_id == "corr-1"
+    assert events[0].occurred_at.tzinfo is not None
+    assert await store.stream_version("test-1") == 2
+    assert await store.stream_version("test-none") == 0
+
+
+async def test_read_stream_from_a_version(store: EventStore) -> None:
+    await store.append("test-1", [happened(i) for i in range(5)])
+    tail = await store.read_stream("test-1", from_version=4)
+    assert [e.stream_version for e in tail] == [4, 5]
+
+
+async def test_exact_expected_version(store: EventStore) -> None:
+    await store.append("test-1", [happened(1)], NO_STREAM)
+    result = await store.append("test-1", [happened(2)], 1)
+    assert result.version == 2
+
+
+async def test_wrong_expected_version_raises_with_details(store: EventStore) -> None:
+    await store.append("test-1", [happened(1), happened(2)])
+    with pytest.raises(ConcurrencyError) as info:
+        await store.append("test-1", [happened(3)], 1)
+    assert (info.value.stream_id, info.value.expected, info.value.actual) == ("test-1", 1, 2)
+    assert info.value.retryable
+    with pytest.raises(ConcurrencyError) as info:
+        await store.append("test-1", [happened(3)], NO_STREAM)
+    assert info.value.actual == 2
+    with pytest.raises(ConcurrencyError) as info:
+        await store.append("test-2", [happened(3)], 4)
+    assert info.value.actual is None
+    assert await store.stream_version("test-1") == 2
+    assert await store.stream_version("test-2") == 0
+
+
+async def test_concurrent_writers_one_wins(store: EventStore) -> None:
+    await store.append("test-1", [happened(0)])
+    outcomes = await asyncio.gather(
+        *(store.append("test-1", [happened(i)], 1) for i in range(5)), return_exceptions=True
+    )
+    assert sum(not isinstance(o, Exception) for o in outcomes) == 1
+    assert all(isinstance(o, ConcurrencyError) for o in outcomes if isinstance(o, Exception))
+    assert await store.stream_version("test-1") == 2
+
+
+async def test_reappending_the_same_events_is_idempotent(store: EventStore) -> None:
+    events = [happened(1), happened(2)]
+    first = await store.append("test-1", events, NO_STREAM)
+    again = await store.append("test-1", events, NO_STREAM)
+    assert again == first
+    with_any = await store.append("test-1", events, ANY)
+    assert with_any == first
+    assert len(await store.read_stream("test-1")) == 2
+
+
+async def test_reusing_an_event_id_elsewhere_is_refused(store: EventStore) -> None:
+    event = happened(1)
+    await store.append("test-1", [event])
+    with pytest.raises(DuplicateEventError):
+        await store.append("test-2", [event])
+    with pytest.raises(DuplicateEventError):
+        await store.append("test-1", [event, happened(2)])
+    assert await store.stream_version("test-2") == 0
+
+
+async def test_multi_stream_append_is_all_or_nothing(store: EventStore) -> None:
+    await store.append("test-a", [happened(1)])
+    with pytest.raises(ConcurrencyError):
+        await store.append_many(
+            [AppendRequest("test-b", [happened(2)], NO_STREAM),
+             AppendRequest("test-a", [happened(3)], 5)]
+        )
+    assert await store.stream_version("test-b") == 0
+    results = await store.append_many(
+        [AppendRequest("test-b", [happened(2)], NO_STREAM),
+         AppendRequest("test-a", [happened(3)], 1)]
+    )
+    assert [r.version for r in results] == [1, 2]
+
+
+async def test_read_all_in_global_order(store: EventStore) -> None:
+    for i in range(10):
+        await store.append(f"test-{i % 3}", [happened(i)])
+    reader = store.all_reader(0)
+    first = await reader.read(4)
+    rest = await reader.read(100)
+    positions = [e.global_position for e in first + rest]
+    assert positions == sorted(positions) and len(positions) == 10
+    assert [e.event.n for e in first + rest] == list(range(10))  # type: ignore[attr-defined]
+    assert await reader.read(10) == []
+    assert await store.head_position() == positions[-1]
+    later = store.all_reader(positions[4])
+    assert [e.global_position for e in await later.read(100)] == positions[5:]
+
+
+async def test_subscription_catches_up_then_goes_live(store: EventStore) -> None:
+    await store.append("test-1", [happened(1)])
+    seen: list[int] = []
+
+    async def follow() -> None:
+        async for event in store.subscribe_all(0, poll_interval=0.001):
+            seen.append(event.event.n)  # type: ignore[attr-defined]
+            if len(seen) == 3:
+                return
+
+    task = asyncio.create_task(follow())
+    await asyncio.sleep(0.05)
+    await store.append("test-2", [happened(2), happened(3)])
+    await asyncio.wait_for(task, 5)
+    assert seen == [1, 2, 3]
+
+
+def test_naive_datetime_is_refused() -> None:
+    from datetime import datetime
+
+    with pytest.raises(ValueError, match="timezone-aware"):
+        NewEvent(Happened(n=1), Metadata(actor="t"), occurred_at=datetime(2026, 1, 1))  # noqa: DTZ001
+
+
+async def test_old_event_versions_load_through_the_upcaster(dsn: str) -> None:
+    store = await PostgresEventStore.connect(dsn, sample_mapper())
+    try:
+        await store.pool.execute(
+            """INSERT INTO events (event_id, stream_id, stream_version, event_type,
+                   schema_version, data, metadata, occurred_at)
+               VALUES (gen_random_uuid(), 'test-old', 1, 'Renamed', 1, $1, $2, now())""",
+            json.dumps({"name": "Ada Lovelace"}),
+            json.dumps({"actor": "user:acme/ada"}),
+        )
+        [old] = await store.read_stream("test-old")
+        assert old.event == Renamed(first="Ada", last="Lovelace")
+    finally:
+        await store.close()
+
+
+async def test_migrations_are_idempotent(dsn: str) -> None:
+    first = await PostgresEventStore.connect(dsn, sample_mapper())
+    second = await PostgresEventStore.connect(dsn, sample_mapper())
+    rows = await second.pool.fetchval("SELECT count(*) FROM schema_migrations")
+    assert rows == 2
+    await first.close()
+    await second.close()
+
+
+async def test_driver_errors_become_store_errors() -> None:
+    from runyard.eventstore import StoreUnavailable
+
+    with pytest.raises(StoreUnavailable):
+        await PostgresEventStore.connect(
+            "postgresql://postgres@127.0.0.1:1/none", sample_mapper()
+        )
+
+
+def test_bad_expected_version_is_a_clear_error() -> None:
+    store = InMemoryEventStore()
+    with pytest.raises(ValueError, match="expected version"):
+        asyncio.run(store.append("test-1", [happened(1)], -5))
