@@ -21,7 +21,6 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-
 from runyard.messaging import KafkaSettings, Topics, ensure_topics
 from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres
 
@@ -50,8 +49,12 @@ def postgres_url() -> Iterator[str]:
     root = Path(tempfile.mkdtemp(prefix="runyard-test-pg-"))
     server = EmbeddedPostgres(
         root / "data",
-        settings={"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off",
-                  "max_connections": "300"},
+        settings={
+            "fsync": "off",
+            "synchronous_commit": "off",
+            "full_page_writes": "off",
+            "max_connections": "300",
+        },
     )
     server.start()
     try:

@@ -14,6 +14,7 @@ from runyard.contracts.envelope import (
     utcnow,
 )
 from runyard.contracts.mapper import EventMapper, UnknownEventType, Upcaster
+from runyard.contracts.registry import all_event_models, default_mapper
 
 __all__ = [
     "Event",
@@ -23,6 +24,8 @@ __all__ = [
     "RecordedEvent",
     "UnknownEventType",
     "Upcaster",
+    "all_event_models",
+    "default_mapper",
     "new_event_id",
     "stream_category",
     "utcnow",

@@ -15,7 +15,6 @@ from uuid import UUID
 
 import uuid_utils
 from pydantic import BaseModel, ConfigDict
-
 from runyard.contracts.base import Event
 
 E = TypeVar("E", bound=Event)

@@ -67,7 +67,9 @@ class EventMapper:
         payload: dict[str, Any] = json.loads(data)
         return model.model_validate(self.upcast(type_name, schema_version, payload))
 
-    def upcast(self, type_name: str, schema_version: int, payload: dict[str, Any]) -> dict[str, Any]:
+    def upcast(
+        self, type_name: str, schema_version: int, payload: dict[str, Any]
+    ) -> dict[str, Any]:
         target = self.model(type_name).schema_version
         if schema_version > target:
             raise ValueError(

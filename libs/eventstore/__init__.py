@@ -12,7 +12,12 @@ from runyard.eventstore.errors import (
     StreamNotFound,
 )
 from runyard.eventstore.memory import InMemoryEventStore
-from runyard.eventstore.migrate import Migration, apply_migrations, eventstore_migrations, load_migrations
+from runyard.eventstore.migrate import (
+    Migration,
+    apply_migrations,
+    eventstore_migrations,
+    load_migrations,
+)
 from runyard.eventstore.postgres import PostgresAllReader, PostgresEventStore
 from runyard.eventstore.store import (
     ANY,

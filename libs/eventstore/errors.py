@@ -1,11 +1,11 @@
 """Errors of the event store. Driver errors are translated where they enter.
 
-    EventStoreError
-    ├── ConcurrencyError        the stream is not at the expected version (retryable:
-    │                           reload the stream, decide again, append again)
-    ├── DuplicateEventError     an event id is already stored, in another stream or order
-    ├── StreamNotFound          reading a stream that has no events
-    └── StoreUnavailable        the database cannot be reached (retryable)
+EventStoreError
+├── ConcurrencyError        the stream is not at the expected version (retryable:
+│                           reload the stream, decide again, append again)
+├── DuplicateEventError     an event id is already stored, in another stream or order
+├── StreamNotFound          reading a stream that has no events
+└── StoreUnavailable        the database cannot be reached (retryable)
 """
 
 from __future__ import annotations

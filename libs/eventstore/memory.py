@@ -44,7 +44,10 @@ class InMemoryEventStore(EventStore):
             results: list[AppendResult | None] = []
             for request in requests:
                 results.append(self._replayed(request) or self._check(request))
-            return [r if r is not None else self._write(q) for r, q in zip(results, requests, strict=True)]
+            return [
+                r if r is not None else self._write(q)
+                for r, q in zip(results, requests, strict=True)
+            ]
 
     def _replayed(self, request: AppendRequest) -> AppendResult | None:
         """The same events appended before: answer as then (idempotent append)."""
@@ -71,7 +74,9 @@ class InMemoryEventStore(EventStore):
             return
         wanted = 0 if expected == NO_STREAM else expected
         if not isinstance(wanted, int) or wanted < 0:
-            raise ValueError(f"expected version must be 'any', 'no_stream' or an int >= 0, not {expected!r}")
+            raise ValueError(
+                f"expected version must be 'any', 'no_stream' or an int >= 0, not {expected!r}"
+            )
         if wanted != actual:
             raise ConcurrencyError(request.stream_id, expected, actual or None)
 
@@ -100,7 +105,9 @@ class InMemoryEventStore(EventStore):
             metadata=new.metadata,
         )
 
-    async def read_stream(self, stream_id: str, from_version: int = 1) -> list[RecordedEvent[Event]]:
+    async def read_stream(
+        self, stream_id: str, from_version: int = 1
+    ) -> list[RecordedEvent[Event]]:
         return list(self._streams.get(stream_id, [])[max(from_version, 1) - 1 :])
 
     async def stream_version(self, stream_id: str) -> int:
@@ -123,4 +130,3 @@ class _MemoryAllReader(AllReader):
         if batch:
             self.position = batch[-1].global_position
         return batch
-

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
-
 from runyard.contracts import Event, EventMapper, Metadata, NewEvent, RecordedEvent
 from runyard.eventstore.errors import (
     ConcurrencyError,
@@ -76,7 +75,9 @@ def _expected_code(expected: ExpectedVersion) -> int:
         return -1
     if isinstance(expected, int) and expected >= 0:
         return expected
-    raise ValueError(f"expected version must be 'any', 'no_stream' or an int >= 0, not {expected!r}")
+    raise ValueError(
+        f"expected version must be 'any', 'no_stream' or an int >= 0, not {expected!r}"
+    )
 
 
 class PostgresEventStore(EventStore):
@@ -125,9 +126,7 @@ class PostgresEventStore(EventStore):
 
     async def append_many(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
         async with self.transaction() as conn:
-            return [
-                await self.append_in(conn, r.stream_id, r.events, r.expected) for r in requests
-            ]
+            return [await self.append_in(conn, r.stream_id, r.events, r.expected) for r in requests]
 
     async def append_in(
         self,
@@ -186,7 +185,9 @@ class PostgresEventStore(EventStore):
 
     # -- reading ---------------------------------------------------------------
 
-    async def read_stream(self, stream_id: str, from_version: int = 1) -> list[RecordedEvent[Event]]:
+    async def read_stream(
+        self, stream_id: str, from_version: int = 1
+    ) -> list[RecordedEvent[Event]]:
         async with self._connection() as conn:
             rows = await conn.fetch(_READ_STREAM, stream_id, from_version)
         return [self.decode(r) for r in rows]
@@ -269,4 +270,3 @@ class PostgresAllReader(AllReader):
     def idle_delay(self, poll_interval: float) -> float:
         # A pending gap is usually a transaction about to commit: look again soon.
         return min(poll_interval, 0.001) if self._gap is not None else poll_interval
-

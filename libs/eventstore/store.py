@@ -58,7 +58,9 @@ class EventStore(abc.ABC):
         """Append to several streams in one transaction: all or nothing."""
 
     @abc.abstractmethod
-    async def read_stream(self, stream_id: str, from_version: int = 1) -> list[RecordedEvent[Event]]:
+    async def read_stream(
+        self, stream_id: str, from_version: int = 1
+    ) -> list[RecordedEvent[Event]]:
         """Events of one stream with version >= `from_version`, in order."""
 
     @abc.abstractmethod

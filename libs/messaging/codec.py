@@ -14,7 +14,6 @@ from typing import Any
 from uuid import UUID
 
 from pydantic import ValidationError
-
 from runyard.contracts import Event, EventMapper, Metadata, RecordedEvent, UnknownEventType
 
 Headers = list[tuple[str, bytes]]

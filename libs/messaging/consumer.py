@@ -23,7 +23,6 @@ from aiokafka import ConsumerRecord
 from faststream.kafka import KafkaBroker
 from faststream.kafka.annotations import KafkaMessage
 from faststream.middlewares import AckPolicy
-
 from runyard.contracts import Event, EventMapper, RecordedEvent
 from runyard.messaging import codec
 from runyard.messaging.settings import KafkaSettings
@@ -71,6 +70,7 @@ class IdempotentConsumer:
             *topics,
             group_id=self.name,
             ack_policy=AckPolicy.ACK,
+            decoder=_raw_body,  # we decode ourselves, so a bad message can be dead-lettered
             **self.kafka.consumer_options(),  # type: ignore[arg-type]
         )
         async def on_message(body: bytes, message: KafkaMessage) -> None:
@@ -117,8 +117,14 @@ class IdempotentConsumer:
         """Park a message on the dead-letter topic with why, where it came from."""
         assert self._broker is not None, "subscribe() first"
         self.stats.dead_lettered += 1
-        log.warning("%s: dead-lettering %s[%s]@%s: %s", self.name, record.topic,
-                    record.partition, record.offset, reason)
+        log.warning(
+            "%s: dead-lettering %s[%s]@%s: %s",
+            self.name,
+            record.topic,
+            record.partition,
+            record.offset,
+            reason,
+        )
         await self._broker.publish(
             record.value or b"",
             topic=self.kafka.topics.dead_letter,
@@ -131,6 +137,10 @@ class IdempotentConsumer:
                 "source_offset": str(record.offset),
             },
         )
+
+
+async def _raw_body(message: Any) -> bytes:
+    return bytes(message.body)
 
 
 def make_broker(kafka: KafkaSettings, **options: Any) -> KafkaBroker:

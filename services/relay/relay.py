@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import asyncpg
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
-
 from runyard.contracts import Event, RecordedEvent
 from runyard.eventstore import PostgresEventStore
 from runyard.messaging import codec
@@ -112,7 +111,9 @@ class OutboxRelay:
 
     async def _mark_epoch(self) -> None:
         assert self._producer is not None
-        await self._producer.send_and_wait(self.kafka.topics.broker_epoch, str(time.time()).encode())
+        await self._producer.send_and_wait(
+            self.kafka.topics.broker_epoch, str(time.time()).encode()
+        )
 
     async def _publish(self, batch: list[RecordedEvent[Event]]) -> bool:
         """Send a batch and wait for every ack, retrying on errors.

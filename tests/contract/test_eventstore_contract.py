@@ -7,8 +7,7 @@ import json
 from collections.abc import AsyncIterator
 
 import pytest
-
-from runyard.contracts import Metadata, NewEvent, utcnow
+from runyard.contracts import Metadata, NewEvent
 from runyard.eventstore import (
     ANY,
     NO_STREAM,
@@ -19,6 +18,7 @@ from runyard.eventstore import (
     InMemoryEventStore,
     PostgresEventStore,
 )
+
 from tests.conftest import fresh_database
 from tests.contract.sample_events import Happened, Renamed, happened, sample_mapper
 
@@ -110,13 +110,17 @@ async def test_multi_stream_append_is_all_or_nothing(store: EventStore) -> None:
     await store.append("test-a", [happened(1)])
     with pytest.raises(ConcurrencyError):
         await store.append_many(
-            [AppendRequest("test-b", [happened(2)], NO_STREAM),
-             AppendRequest("test-a", [happened(3)], 5)]
+            [
+                AppendRequest("test-b", [happened(2)], NO_STREAM),
+                AppendRequest("test-a", [happened(3)], 5),
+            ]
         )
     assert await store.stream_version("test-b") == 0
     results = await store.append_many(
-        [AppendRequest("test-b", [happened(2)], NO_STREAM),
-         AppendRequest("test-a", [happened(3)], 1)]
+        [
+            AppendRequest("test-b", [happened(2)], NO_STREAM),
+            AppendRequest("test-a", [happened(3)], 1),
+        ]
     )
     assert [r.version for r in results] == [1, 2]
 
@@ -157,7 +161,7 @@ def test_naive_datetime_is_refused() -> None:
     from datetime import datetime
 
     with pytest.raises(ValueError, match="timezone-aware"):
-        NewEvent(Happened(n=1), Metadata(actor="t"), occurred_at=datetime(2026, 1, 1))  # noqa: DTZ001
+        NewEvent(Happened(n=1), Metadata(actor="t"), occurred_at=datetime(2026, 1, 1))
 
 
 async def test_old_event_versions_load_through_the_upcaster(dsn: str) -> None:
@@ -189,9 +193,7 @@ async def test_driver_errors_become_store_errors() -> None:
     from runyard.eventstore import StoreUnavailable
 
     with pytest.raises(StoreUnavailable):
-        await PostgresEventStore.connect(
-            "postgresql://postgres@127.0.0.1:1/none", sample_mapper()
-        )
+        await PostgresEventStore.connect("postgresql://postgres@127.0.0.1:1/none", sample_mapper())
 
 
 def test_bad_expected_version_is_a_clear_error() -> None:

@@ -1,0 +1,217 @@
+"""New specs from old ones: rerun with changes, clone, task groups (R-16, R-17).
+
+These only build the new spec; run `check_spec` on it before accepting it
+(a changed image is checked again: editing the launch command or the image
+never bypasses R-11).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+from runyard.contracts.spec import EnvVar, TaskSpec
+from runyard.submission.catalogue import Catalogue, PoolView
+from runyard.submission.env import MASK, mask_env, parse_env
+from runyard.submission.errors import (
+    ChangeError,
+    ErrorCode,
+    GroupItemError,
+    SpecError,
+    SubmissionError,
+)
+from runyard.submission.rules import check_spec
+from runyard.submission.warnings import SubmissionWarning
+
+#: What a rerun with changes (改配重跑) may change: launch command, worker spec and count, image.
+RERUN_CHANGEABLE = frozenset({"command", "worker_spec", "worker_count", "custom_gpus", "image"})
+#: Most tasks one task group may create.
+MAX_GROUP_SIZE = 1000
+
+_LABELS = {
+    "resource_type": "resource type",
+    "pool": "pool",
+    "name": "name",
+    "description": "description",
+    "env": "environment variables",
+    "mounts": "storage mounts",
+}
+
+
+def rerun_with_changes(original: TaskSpec, changes: Mapping[str, Any]) -> TaskSpec:
+    """The spec of a rerun with changes: only command, worker spec/count and image may differ.
+
+    A field sent with its current value (or, for `env`, its masked value) is
+    not a change. Anything else raises `ChangeError` naming the field, with
+    the hint to use clone.
+    """
+    for field, value in changes.items():
+        _require_known(field)
+        if field not in RERUN_CHANGEABLE and not _unchanged(original, field, value):
+            label = _LABELS.get(field, field.replace("_", " "))
+            raise ChangeError(
+                ErrorCode.RERUN_FIELD_NOT_CHANGEABLE,
+                field,
+                f"a rerun with changes cannot change the {label}",
+                f"use clone to change the {label}",
+            )
+    allowed = {k: v for k, v in changes.items() if k in RERUN_CHANGEABLE}
+    return _apply(original, allowed)
+
+
+def clone_spec(
+    spec: TaskSpec, overrides: Mapping[str, Any], *, by_creator: bool = False
+) -> TaskSpec:
+    """A new task's spec copied from `spec`, where any field may be overridden, the pool too.
+
+    `env` may be given as `A=x;B=y` text. Creator-only values are copied only
+    when the one cloning is their creator (`by_creator`); otherwise they are
+    left empty and `check_spec` asks for a value (`env.missing_value`). A
+    masked value (`******`) sent back stands for the value it hides.
+    """
+    for field in overrides:
+        _require_known(field)
+    source = spec if by_creator else _without_creator_only_values(spec)
+    updates = dict(overrides)
+    if "env" in updates:
+        updates["env"] = _unmask(_env_override(updates["env"]), source.env)
+    return _apply(source, updates)
+
+
+def expand_group(template: TaskSpec, overrides_list: Sequence[Mapping[str, Any]]) -> list[TaskSpec]:
+    """R-17: one spec per item, each the template with that item's overrides.
+
+    The template comes from the submitter, so its creator-only values are
+    kept. Raises `GroupItemError` for an empty or oversized group, or for the
+    first item whose overrides are refused (its `item` is the index).
+    """
+    _check_group_size(len(overrides_list))
+    specs: list[TaskSpec] = []
+    for i, overrides in enumerate(overrides_list):
+        try:
+            specs.append(clone_spec(template, overrides, by_creator=True))
+        except SubmissionError as e:
+            raise GroupItemError.wrap(i, e) from e
+    return specs
+
+
+def check_group(
+    specs: Sequence[TaskSpec], catalogue: Catalogue, pools: Mapping[str, PoolView]
+) -> list[list[SubmissionWarning]]:
+    """`check_spec` on every item of a group; the first refusal names its item index."""
+    warnings: list[list[SubmissionWarning]] = []
+    for i, spec in enumerate(specs):
+        try:
+            warnings.append(check_spec(spec, catalogue, pools.get(spec.pool)))
+        except SubmissionError as e:
+            raise GroupItemError.wrap(i, e) from e
+    return warnings
+
+
+def _check_group_size(size: int) -> None:
+    if size == 0:
+        raise GroupItemError(
+            ErrorCode.GROUP_EMPTY,
+            "items",
+            "the task group has no items",
+            "give at least one item of overrides (an empty item {} is the template itself)",
+        )
+    if size > MAX_GROUP_SIZE:
+        raise GroupItemError(
+            ErrorCode.GROUP_TOO_LARGE,
+            "items",
+            f"the task group has {size} items, at most {MAX_GROUP_SIZE} are allowed",
+            f"split the group into groups of at most {MAX_GROUP_SIZE} items",
+        )
+
+
+def _require_known(field: str) -> None:
+    if field not in TaskSpec.model_fields:
+        raise ChangeError(
+            ErrorCode.SPEC_UNKNOWN_FIELD,
+            field,
+            f"a task spec has no field `{field}`",
+            "check the field name against the task spec",
+        )
+
+
+def _unchanged(original: TaskSpec, field: str, value: Any) -> bool:
+    try:
+        candidate = getattr(_apply(original, {field: value}), field)
+    except SubmissionError:
+        return False
+    current = getattr(original, field)
+    return bool(candidate == current or (field == "env" and candidate == mask_env(current)))
+
+
+def _apply(spec: TaskSpec, updates: Mapping[str, Any]) -> TaskSpec:
+    """Validate `spec` with `updates`; switching to/from a custom GPU count clears the other."""
+    data: dict[str, Any] = {**spec.model_dump(), **_switch_mode(updates)}
+    try:
+        return TaskSpec.model_validate(data)
+    except ValidationError as e:
+        raise _invalid(e) from e
+
+
+def _switch_mode(updates: Mapping[str, Any]) -> dict[str, Any]:
+    switched = dict(updates)
+    if switched.get("worker_spec") is not None and "custom_gpus" not in switched:
+        switched["custom_gpus"] = None
+    if switched.get("custom_gpus") is not None and "worker_spec" not in switched:
+        switched["worker_spec"] = None
+        switched.setdefault("worker_count", 1)
+    return switched
+
+
+def _invalid(error: ValidationError) -> SpecError:
+    first = error.errors()[0]
+    field = _field_path(first["loc"])
+    return SpecError(
+        ErrorCode.SPEC_INVALID,
+        field,
+        f"{field}: {first['msg']}",
+        f"fix {field} and try again",
+    )
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return path.lstrip(".") or "spec"
+
+
+def _env_override(value: Any) -> Any:
+    return parse_env(value) if isinstance(value, str) else value
+
+
+def _without_creator_only_values(spec: TaskSpec) -> TaskSpec:
+    env = tuple(
+        v.model_copy(update={"value": None, "secret_ref": None}) if v.creator_only else v
+        for v in spec.env
+    )
+    return spec.model_copy(update={"env": env})
+
+
+def _unmask(env: Any, source: tuple[EnvVar, ...]) -> Any:
+    """Replace masked creator-only values sent back by the value (or gap) in `source`."""
+    if not isinstance(env, list | tuple):
+        return env
+    hidden = {v.name: v for v in source if v.creator_only}
+    return [_unmask_one(item, hidden) for item in env]
+
+
+def _unmask_one(item: Any, hidden: Mapping[str, EnvVar]) -> Any:
+    data = item.model_dump() if isinstance(item, EnvVar) else item
+    if not isinstance(data, Mapping) or data.get("value") != MASK:
+        return item
+    original = hidden.get(str(data.get("name")))
+    if original is None:
+        return item
+    return {
+        **data,
+        "value": original.value,
+        "secret_ref": original.secret_ref,
+        "creator_only": True,
+    }

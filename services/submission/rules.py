@@ -1,0 +1,262 @@
+"""The submission rules: does Runyard accept this task spec, and with which warnings?
+
+`check_spec` runs every rule of R-09 to R-15 on a spec, in a fixed order, and
+raises the first refusal as a typed `SubmissionError`; what it accepts comes
+back with a list of `SubmissionWarning`s. Nothing here does I/O or reads a
+clock: the catalogue and the pool (from the scheduler's read model) are
+passed in. Reruns, clones and task groups (R-16, R-17) are in
+`runyard.submission.changes`; environment variables (R-12) in
+`runyard.submission.env`; storage (R-13) in `runyard.submission.storage`;
+launch command warnings (R-14) in `runyard.submission.command`.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlparse
+
+from runyard.contracts.spec import TaskSpec
+from runyard.submission.catalogue import TRAINING_SERVICE, Catalogue, PoolView
+from runyard.submission.command import command_warnings
+from runyard.submission.env import check_env
+from runyard.submission.errors import ErrorCode, ImageError, RdmaError, SpecError
+from runyard.submission.storage import check_storage, output_path_warnings
+from runyard.submission.warnings import SubmissionWarning, WarningCode
+
+#: Training networks on which RDMA can be enabled (R-09).
+RDMA_NETWORKS = frozenset({"roce", "ib"})
+_RDMA_HINT = "RDMA needs 8-GPU workers on a RoCE/IB pool: turn RDMA off, or choose such a spec"
+
+
+def check_spec(
+    spec: TaskSpec, catalogue: Catalogue, pool: PoolView | None
+) -> list[SubmissionWarning]:
+    """Accept `spec` for `pool` (None: the pool does not exist) or raise why not.
+
+    Order of the rules: pool and resource type, spot options, worker spec and
+    count (R-02/R-04), framework (R-15), RDMA (R-09), image (R-11), env
+    (R-12), storage (R-13), then the remaining spec fields. Warnings: uneven
+    custom workers (R-04), local output paths (R-13), launch command (R-14).
+    """
+    checked = _require_pool(spec, pool)
+    check_resources(spec, checked)
+    check_image(spec.image, catalogue, checked)
+    check_env(spec)
+    check_storage(spec, catalogue, checked)
+    check_other_fields(spec)
+    return [*worker_warnings(spec), *output_path_warnings(spec), *command_warnings(spec.command)]
+
+
+def _require_pool(spec: TaskSpec, pool: PoolView | None) -> PoolView:
+    if pool is None:
+        raise SpecError(
+            ErrorCode.POOL_NOT_FOUND,
+            "pool",
+            f"pool {spec.pool} does not exist or is not visible to you",
+            "choose a pool listed by `runyard pools`",
+        )
+    if pool.pool_id != spec.pool:
+        raise ValueError(f"checked spec of pool {spec.pool} against pool {pool.pool_id}")
+    return pool
+
+
+def check_resources(spec: TaskSpec, pool: PoolView) -> None:
+    """Resource type, spot options, worker spec and count, framework and RDMA against the pool."""
+    _check_resource_type(spec, pool)
+    _check_spot_options(spec)
+    workers = worker_gpus(spec, pool)
+    _check_fits_pool(spec, pool, workers)
+    _check_framework(spec, workers)
+    _check_rdma(spec, pool, workers)
+
+
+def _check_resource_type(spec: TaskSpec, pool: PoolView) -> None:
+    if spec.resource_type != pool.resource_type:
+        raise SpecError(
+            ErrorCode.POOL_RESOURCE_TYPE_MISMATCH,
+            "resource_type",
+            f"pool {pool.pool_id} is a {pool.resource_type} pool, the task asks for "
+            f"{spec.resource_type} resources",
+            f"choose a {spec.resource_type} pool, or set the resource type to {pool.resource_type}",
+        )
+
+
+def _check_spot_options(spec: TaskSpec) -> None:
+    if spec.spot is not None and spec.resource_type != "spot":
+        raise SpecError(
+            ErrorCode.SPOT_OPTIONS_NOT_SPOT,
+            "spot",
+            "spot options (max queue duration, max requeues) are set on a "
+            f"{spec.resource_type} task",
+            "remove the spot options, or set the resource type to spot",
+        )
+
+
+def worker_gpus(spec: TaskSpec, pool: PoolView) -> tuple[int, ...]:
+    """GPUs of each worker (R-02, R-04), after checking the spec or custom count is valid."""
+    if spec.custom_gpus is None and spec.worker_spec is None:
+        raise SpecError(
+            ErrorCode.SPEC_MISSING,
+            "worker_spec",
+            "the task has neither a worker spec nor a custom GPU count",
+            f"choose a worker spec of pool {pool.pool_id} ({_spec_names(pool)}) "
+            "or set a custom GPU count",
+        )
+    if spec.custom_gpus is not None:
+        return _custom_worker_gpus(spec)
+    gpus: tuple[int, ...] = spec.worker_gpus(_spec_gpus(spec, pool))
+    return gpus
+
+
+def _custom_worker_gpus(spec: TaskSpec) -> tuple[int, ...]:
+    if spec.worker_spec is not None:
+        raise SpecError(
+            ErrorCode.SPEC_CONFLICT,
+            "custom_gpus",
+            f"the task has both worker spec {spec.worker_spec} and a custom GPU count",
+            "choose either a worker spec with a worker count, or a custom GPU count",
+        )
+    if spec.worker_count != 1:
+        raise SpecError(
+            ErrorCode.WORKERS_CUSTOM_COUNT_CONFLICT,
+            "worker_count",
+            f"worker count {spec.worker_count} is set with a custom GPU count",
+            "leave the worker count at 1: a custom GPU count makes 8-GPU workers "
+            "plus one worker with the rest",
+        )
+    gpus: tuple[int, ...] = spec.worker_gpus()
+    return gpus
+
+
+def _spec_gpus(spec: TaskSpec, pool: PoolView) -> int:
+    gpus: int | None = pool.specs.get(spec.worker_spec or "")
+    if gpus is None:
+        raise SpecError(
+            ErrorCode.SPEC_UNKNOWN,
+            "worker_spec",
+            f"pool {pool.pool_id} has no worker spec {spec.worker_spec}",
+            f"choose one of pool {pool.pool_id}'s worker specs: {_spec_names(pool)}",
+        )
+    return gpus
+
+
+def _spec_names(pool: PoolView) -> str:
+    return ", ".join(sorted(pool.specs)) or "none"
+
+
+def _count_field(spec: TaskSpec) -> str:
+    return "custom_gpus" if spec.custom_gpus is not None else "worker_count"
+
+
+def _check_fits_pool(spec: TaskSpec, pool: PoolView, workers: tuple[int, ...]) -> None:
+    if pool.total_gpus is not None and sum(workers) > pool.total_gpus:
+        raise SpecError(
+            ErrorCode.WORKERS_EXCEED_POOL,
+            _count_field(spec),
+            f"the task needs {sum(workers)} GPUs, pool {pool.pool_id} has "
+            f"{pool.total_gpus} in all: it could never start",
+            "lower the worker count or worker spec, or clone the task to a larger pool",
+        )
+
+
+def _check_framework(spec: TaskSpec, workers: tuple[int, ...]) -> None:
+    if spec.framework == "single" and len(workers) != 1:
+        raise SpecError(
+            ErrorCode.FRAMEWORK_SINGLE_WORKER,
+            _count_field(spec),
+            f"framework single runs one worker, the task has {len(workers)}",
+            "set the worker count to 1 (custom GPU count at most 8), "
+            "or choose pytorch_ddp, mpi or ray",
+        )
+
+
+def _check_rdma(spec: TaskSpec, pool: PoolView, workers: tuple[int, ...]) -> None:
+    if not spec.rdma:
+        return
+    if pool.network not in RDMA_NETWORKS:
+        reason = f"pool {pool.pool_id}'s training network is {pool.network}"
+        raise RdmaError(ErrorCode.RDMA_NOT_ALLOWED, "rdma", f"RDMA: {reason}", _RDMA_HINT)
+    if any(gpus != 8 for gpus in workers):
+        sizes = ", ".join(str(g) for g in sorted(set(workers)))
+        reason = f"workers have {sizes} GPUs, not 8"
+        raise RdmaError(ErrorCode.RDMA_NOT_ALLOWED, "rdma", f"RDMA: {reason}", _RDMA_HINT)
+
+
+def check_image(name: str, catalogue: Catalogue, pool: PoolView) -> None:
+    """R-11: the image exists, lists training among its services, and is in the pool's zone."""
+    image = catalogue.image(name)
+    if image is None:
+        raise ImageError(
+            ErrorCode.IMAGE_NOT_FOUND,
+            "image",
+            f"image {name} does not exist",
+            f"check the image name and tag, or import the image to zone {pool.zone}",
+        )
+    if TRAINING_SERVICE not in image.services:
+        services = ", ".join(image.services) or "none"
+        raise ImageError(
+            ErrorCode.IMAGE_SERVICE_MISSING,
+            "image",
+            f"image {name} is not available to training tasks (its services: {services})",
+            f"edit the available services of image {name} to include training",
+        )
+    if pool.zone not in image.zones:
+        zones = ", ".join(image.zones) or "none"
+        raise ImageError(
+            ErrorCode.IMAGE_WRONG_ZONE,
+            "image",
+            f"image {name} is in zone(s) {zones}, not in zone {pool.zone} of pool {pool.pool_id}",
+            f"import or migrate the image to zone {pool.zone}",
+        )
+
+
+def check_other_fields(spec: TaskSpec) -> None:
+    """Name, fault-tolerance resume pattern and alert webhooks."""
+    if not spec.name.strip():
+        raise SpecError(ErrorCode.NAME_BLANK, "name", "the task name is blank", "give a name")
+    _check_resume_pattern(spec.fault_tolerance.resume_pattern)
+    for i, alert in enumerate(spec.alerts):
+        _check_webhook(alert.webhook_url, f"alerts[{i}].webhook_url")
+
+
+def _check_resume_pattern(pattern: str | None) -> None:
+    if pattern is None:
+        return
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        raise SpecError(
+            ErrorCode.FAULT_TOLERANCE_INVALID_PATTERN,
+            "fault_tolerance.resume_pattern",
+            f"the resume pattern is not a valid regular expression: {e}",
+            "fix the regular expression, e.g. `loading checkpoint .* at step (\\d+)`",
+        ) from e
+
+
+def _check_webhook(url: str, field: str) -> None:
+    parts = urlparse(url)
+    if parts.scheme not in ("https", "http") or not parts.netloc:
+        raise SpecError(
+            ErrorCode.ALERT_INVALID_WEBHOOK,
+            field,
+            f"`{url}` is not a webhook URL",
+            "paste the Feishu custom bot webhook, "
+            "e.g. https://open.feishu.cn/open-apis/bot/v2/hook/...",
+        )
+
+
+def worker_warnings(spec: TaskSpec) -> list[SubmissionWarning]:
+    """R-04: a custom GPU count over 8 that leaves one worker with fewer GPUs than the others."""
+    if spec.custom_gpus is None or spec.custom_gpus <= 8 or spec.custom_gpus % 8 == 0:
+        return []
+    sizes = " + ".join(str(g) for g in spec.worker_gpus())
+    return [
+        SubmissionWarning(
+            code=WarningCode.WORKERS_UNEVEN_GPUS,
+            field="custom_gpus",
+            message=(
+                f"custom GPU count {spec.custom_gpus} makes workers of {sizes} GPUs: "
+                "make sure the training code handles workers with different GPU counts"
+            ),
+        )
+    ]

@@ -1,0 +1,234 @@
+"""The relay on the real stack: Postgres -> relay -> Kafka -> idempotent consumer."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import defaultdict
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from runyard.contracts import Event, RecordedEvent
+from runyard.eventstore import PostgresEventStore
+from runyard.messaging import KafkaSettings
+from runyard.messaging.consumer import IdempotentConsumer, make_broker
+from runyard.relay import OutboxRelay
+from runyard.stack.embedded import EmbeddedKafka
+
+from tests.contract.sample_events import happened, sample_mapper
+
+pytestmark = pytest.mark.integration
+
+
+@contextlib.asynccontextmanager
+async def running_relay(
+    store: PostgresEventStore, kafka: KafkaSettings
+) -> AsyncIterator[OutboxRelay]:
+    relay = OutboxRelay(store, kafka, broker_check_interval=0.2)
+    task = asyncio.create_task(relay.run())
+    await asyncio.wait_for(relay.ready.wait(), 20)
+    try:
+        yield relay
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+class Collector:
+    """A consumer handler that records what it saw, in the consumer's transaction."""
+
+    def __init__(self) -> None:
+        self.seen: list[RecordedEvent[Event]] = []
+
+    async def __call__(self, event: RecordedEvent[Event], conn: asyncpg.Connection) -> None:
+        self.seen.append(event)
+
+
+@contextlib.asynccontextmanager
+async def running_consumer(
+    dsn: str, kafka: KafkaSettings, name: str = "collector"
+) -> AsyncIterator[tuple[IdempotentConsumer, Collector]]:
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=4)
+    collector = Collector()
+    broker = make_broker(kafka)
+    consumer = IdempotentConsumer(
+        name, pool=pool, mapper=sample_mapper(), handler=collector, kafka=kafka
+    )
+    consumer.subscribe(broker, kafka.topics.for_category("test"))
+    await broker.start()
+    try:
+        yield consumer, collector
+    finally:
+        await broker.stop()
+        await pool.close()
+
+
+async def wait_until(condition: object, timeout: float = 60.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():  # type: ignore[operator]
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.slow
+async def test_concurrent_appenders_every_event_once_in_stream_order(
+    dsn: str, kafka: KafkaSettings
+) -> None:
+    """16 writers x 500 events: every event arrives, once after dedupe, in stream order,
+    and the relay skipped no global position."""
+    store = await PostgresEventStore.connect(dsn, sample_mapper(), max_size=20)
+    writers, per_writer = 16, 500
+
+    async def writer(w: int) -> None:
+        for i in range(per_writer):
+            # Several writers share streams, so appends also race on versions.
+            await store.append(f"test-{(w * 7 + i) % 40}", [happened(w * per_writer + i)])
+
+    async with running_consumer(dsn, kafka) as (consumer, collector), running_relay(store, kafka):
+        await asyncio.gather(*(writer(w) for w in range(writers)))
+        total = writers * per_writer
+        await wait_until(lambda: consumer.stats.processed >= total, timeout=120)
+        await asyncio.sleep(0.3)
+
+    assert consumer.stats.processed == total
+    assert consumer.stats.dead_lettered == 0
+    numbers = sorted(e.event.n for e in collector.seen)  # type: ignore[attr-defined]
+    assert numbers == list(range(total))
+    positions = sorted(e.global_position for e in collector.seen)
+    stored = [
+        r["global_position"]
+        for r in await store.pool.fetch("SELECT global_position FROM events ORDER BY 1")
+    ]
+    assert positions == stored, "every stored position was delivered"
+    by_stream: dict[str, list[int]] = defaultdict(list)
+    for event in collector.seen:
+        by_stream[event.stream_id].append(event.stream_version)
+    for versions in by_stream.values():
+        assert versions == list(range(1, len(versions) + 1))
+    await store.close()
+
+
+async def test_relay_resumes_from_its_checkpoint(dsn: str, kafka: KafkaSettings) -> None:
+    store = await PostgresEventStore.connect(dsn, sample_mapper())
+    await store.append("test-1", [happened(i) for i in range(5)])
+    async with running_relay(store, kafka) as relay:
+        await wait_until(lambda: relay.stats.published == 5)
+    await store.append("test-1", [happened(i) for i in range(5, 8)])
+    async with running_relay(store, kafka) as relay:
+        await wait_until(lambda: relay.stats.published == 3)
+        await asyncio.sleep(0.2)
+        assert relay.stats.published == 3, "only what came after the checkpoint"
+    await store.close()
+
+
+async def test_headers_carry_the_envelope(dsn: str, kafka: KafkaSettings) -> None:
+    store = await PostgresEventStore.connect(dsn, sample_mapper())
+    await store.append("test-9", [happened(42)])
+    consumer = AIOKafkaConsumer(
+        kafka.topics.for_category("test"),
+        bootstrap_servers=kafka.bootstrap,
+        auto_offset_reset="earliest",
+        group_id="headers-check",
+        fetch_max_wait_ms=10,
+    )
+    await consumer.start()
+    try:
+        async with running_relay(store, kafka):
+            message = await asyncio.wait_for(consumer.getone(), 30)
+    finally:
+        await consumer.stop()
+    headers = {k: v.decode() for k, v in message.headers}
+    assert message.key == b"test-9"
+    assert headers["event_type"] == "Happened"
+    assert headers["actor"] == "user:acme/alice"
+    assert headers["correlation_id"] == "corr-1"
+    assert headers["stream_version"] == "1"
+    assert int(headers["global_position"]) >= 1
+    await store.close()
+
+
+async def test_poison_message_goes_to_dead_letter_and_partition_moves_on(
+    dsn: str, kafka: KafkaSettings
+) -> None:
+    store = await PostgresEventStore.connect(dsn, sample_mapper())
+    topic = kafka.topics.for_category("test")
+    producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap)
+    await producer.start()
+    async with running_consumer(dsn, kafka) as (consumer, collector):
+        # Same key, so the same partition: the poison comes first.
+        await producer.send_and_wait(topic, b"{not json", key=b"test-1", partition=0)
+        async with running_relay(store, kafka):
+            await store.append("test-1", [happened(1)])
+            await wait_until(lambda: consumer.stats.processed == 1, timeout=60)
+    await producer.stop()
+    assert consumer.stats.dead_lettered == 1
+    assert [e.event.n for e in collector.seen] == [1]  # type: ignore[attr-defined]
+    dlq = AIOKafkaConsumer(
+        kafka.topics.dead_letter,
+        bootstrap_servers=kafka.bootstrap,
+        auto_offset_reset="earliest",
+        group_id="dlq-check",
+    )
+    await dlq.start()
+    try:
+        parked = await asyncio.wait_for(dlq.getone(), 30)
+    finally:
+        await dlq.stop()
+    headers = {k: v.decode() for k, v in parked.headers}
+    assert parked.value == b"{not json"
+    assert "not JSON" in headers["reason"]
+    assert headers["source_topic"] == topic
+    await store.close()
+
+
+async def test_redelivered_events_are_processed_once(dsn: str, kafka: KafkaSettings) -> None:
+    """Publishing the log twice (a relay crash before its checkpoint) changes nothing."""
+    store = await PostgresEventStore.connect(dsn, sample_mapper())
+    await store.append("test-1", [happened(i) for i in range(10)])
+    async with running_consumer(dsn, kafka) as (consumer, collector):
+        async with running_relay(store, kafka) as relay:
+            await wait_until(lambda: consumer.stats.processed == 10)
+        await store.pool.execute("UPDATE checkpoints SET position = 0 WHERE name = 'relay'")
+        async with running_relay(store, kafka) as relay:
+            await wait_until(lambda: relay.stats.published == 10)
+            await wait_until(lambda: consumer.stats.duplicates == 10)
+    assert consumer.stats.processed == 10
+    assert len(collector.seen) == 10
+    await store.close()
+
+
+@pytest.mark.slow
+async def test_broker_crash_mid_stream_loses_nothing(dsn: str, postgres_url: str) -> None:
+    """Kill the (memory-only) broker while events flow; after its restart the relay
+    notices the loss, recreates the topics, publishes again, and the consumer,
+    deduping, ends up with every event exactly once."""
+    from runyard.messaging import Topics, ensure_topics
+
+    broker = EmbeddedKafka()
+    broker.start()
+    kafka = KafkaSettings(bootstrap=broker.bootstrap, topics=Topics("crash."))
+    await ensure_topics(kafka.bootstrap, kafka.topics)
+    store = await PostgresEventStore.connect(dsn, sample_mapper())
+    total = 600
+    try:
+        async with (
+            running_consumer(dsn, kafka) as (consumer, collector),
+            running_relay(store, kafka) as relay,
+        ):
+            for i in range(total // 2):
+                await store.append(f"test-{i % 10}", [happened(i)])
+            await wait_until(lambda: consumer.stats.processed > 50)
+            broker.kill()
+            for i in range(total // 2, total):
+                await store.append(f"test-{i % 10}", [happened(i)])
+            broker.start()  # same port, empty memory
+            await wait_until(lambda: relay.stats.broker_resets >= 1, timeout=60)
+            await wait_until(lambda: consumer.stats.processed >= total, timeout=120)
+        assert sorted(e.event.n for e in collector.seen) == list(range(total))  # type: ignore[attr-defined]
+    finally:
+        broker.stop()
+        await store.close()
