@@ -38,6 +38,7 @@ class ConsumerStats:
     duplicates: int = 0
     dead_lettered: int = 0
     retries: int = 0
+    commit_failures: int = 0
 
 
 class IdempotentConsumer:
@@ -61,6 +62,7 @@ class IdempotentConsumer:
         self.max_attempts = max_attempts
         self.stats = ConsumerStats()
         self._broker: KafkaBroker | None = None
+        self._commits_paused_until = 0.0
 
     def subscribe(self, broker: KafkaBroker, *topics: str) -> None:
         """Register the subscriber on `broker` (FastStream) for `topics`."""
@@ -69,12 +71,27 @@ class IdempotentConsumer:
         @broker.subscriber(  # type: ignore[misc]
             *topics,
             group_id=self.name,
-            ack_policy=AckPolicy.ACK,
+            ack_policy=AckPolicy.MANUAL,
             decoder=_raw_body,  # we decode ourselves, so a bad message can be dead-lettered
             **self.kafka.consumer_options(),  # type: ignore[arg-type]
         )
         async def on_message(body: bytes, message: KafkaMessage) -> None:
             await self.process(message.raw_message)  # type: ignore[arg-type]
+            await self._commit(message)
+
+    async def _commit(self, message: KafkaMessage) -> None:
+        """Commit the offset after processing; a failed commit only means a
+        redelivery, which the inbox absorbs, so it must never wedge the consumer
+        (e.g. while the embedded broker restarts with no memory of the group)."""
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._commits_paused_until:
+            return  # a later commit covers this offset too
+        try:
+            await asyncio.wait_for(message.ack(), timeout=0.5)
+        except Exception as exc:
+            self.stats.commit_failures += 1
+            self._commits_paused_until = loop.time() + 2.0
+            log.debug("%s: offset commit failed (%r); redelivery will be deduped", self.name, exc)
 
     async def process(self, record: ConsumerRecord[Any, Any]) -> None:
         try:

@@ -1,0 +1,395 @@
+"""`runyard`: the command line of the gateway API.
+
+Every command calls the HTTP API and prints a readable table, or the API's
+JSON with `--json`. Token: `--token`, else RUNYARD_TOKEN, else the file
+`.runyard/token`; gateway: `--url`, else RUNYARD_URL, else
+http://127.0.0.1:8080.
+
+Exit codes: 0 ok, 1 refused by the gateway (400/404/409), 2 usage error,
+3 not authenticated or not allowed (401/403), 4 gateway unreachable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(help="Runyard: submit and follow GPU training tasks.", no_args_is_help=True)
+group_app = typer.Typer(help="Task groups: many tasks from one template.", no_args_is_help=True)
+app.add_typer(group_app, name="group")
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+TOKEN_FILE = Path(".runyard/token")
+EXIT_REFUSED, EXIT_AUTH, EXIT_UNREACHABLE = 1, 3, 4
+
+UrlOpt = Annotated[str | None, typer.Option("--url", help="Gateway URL (RUNYARD_URL).")]
+TokenOpt = Annotated[str | None, typer.Option("--token", help="Bearer token (RUNYARD_TOKEN).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the API's JSON.")]
+
+out = Console(soft_wrap=True)
+err = Console(stderr=True)
+
+
+# --- talking to the gateway ---------------------------------------------------
+
+
+def resolve_token(token: str | None) -> str | None:
+    """`--token`, else RUNYARD_TOKEN, else `.runyard/token`."""
+    if token:
+        return token
+    if env := os.environ.get("RUNYARD_TOKEN"):
+        return env
+    return TOKEN_FILE.read_text().strip() if TOKEN_FILE.exists() else None
+
+
+def make_client(url: str | None, token: str | None) -> httpx.Client:
+    """An HTTP client for the gateway (tests replace this)."""
+    headers = {"Authorization": f"Bearer {t}"} if (t := resolve_token(token)) else {}
+    base = url or os.environ.get("RUNYARD_URL", DEFAULT_URL)
+    return httpx.Client(base_url=base, headers=headers, timeout=30)
+
+
+def call(url: str | None, token: str | None, method: str, path: str, **kw: Any) -> Any:
+    """One API call; an error answer prints its message and hint and exits."""
+    try:
+        with make_client(url, token) as client:
+            answer = client.request(method, path, **kw)
+    except httpx.TransportError as exc:
+        err.print(f"[red]error:[/red] cannot reach the gateway: {exc}")
+        err.print("hint: start it with `runyard up`, or set --url / RUNYARD_URL")
+        raise typer.Exit(EXIT_UNREACHABLE) from exc
+    if answer.status_code >= 400:
+        fail(answer)
+    return answer.json()
+
+
+def fail(answer: httpx.Response) -> None:
+    """Print a refusal (code, field, message, hint) and exit with its code."""
+    try:
+        body = answer.json()
+    except ValueError:
+        body = {"code": f"http.{answer.status_code}", "message": answer.text}
+    where = f" ({body['field']})" if body.get("field") else ""
+    err.print(f"[red]error[/red] {body.get('code')}{where}: {body.get('message')}")
+    if body.get("hint"):
+        err.print(f"hint: {body['hint']}")
+    raise typer.Exit(EXIT_AUTH if answer.status_code in (401, 403) else EXIT_REFUSED)
+
+
+def show_json(data: Any) -> None:
+    out.print_json(json.dumps(data))
+
+
+def table(title: str, columns: list[str], rows: Iterator[list[Any]] | list[list[Any]]) -> None:
+    grid = Table(title=title)
+    for column in columns:
+        grid.add_column(column)
+    for row in rows:
+        grid.add_row(*["" if v is None else str(v) for v in row])
+    out.print(grid)
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    """A task file (YAML or JSON) as a mapping."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        err.print(f"[red]error:[/red] cannot read {path}: {exc}")
+        raise typer.Exit(2) from exc
+    if not isinstance(data, dict):
+        err.print(f"[red]error:[/red] {path}: expected a mapping of task spec fields")
+        raise typer.Exit(2)
+    return data
+
+
+# --- tasks --------------------------------------------------------------------
+
+
+def print_task(task: dict[str, Any]) -> None:
+    """A task's summary, warnings and stage timeline."""
+    out.print(
+        f"[bold]{task['task_id']}[/bold]  {task['name']}  status={task['status']}"
+        f"  run={task['run']}  pool={task['spec']['pool']}  creator={task['creator']}"
+    )
+    for w in task.get("warnings", []):
+        out.print(f"[yellow]warning[/yellow] {w['code']} ({w['field']}): {w['message']}")
+    if task.get("stages"):
+        table(
+            "stages",
+            ["run", "stage", "result", "started", "duration ms"],
+            [
+                [s["run"], s["stage"], s["result"], s["started_at"], s["duration_ms"]]
+                for s in task["stages"]
+            ],
+        )
+
+
+@app.command()
+def submit(
+    file: Annotated[Path, typer.Option("-f", "--file", help="Task spec file (YAML).")],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Submit a task from a YAML file; prints the task id and any warnings."""
+    task = call(url, token, "POST", "/v1/tasks", json=load_yaml(file))
+    show_json(task) if as_json else print_task(task)
+
+
+@app.command("ls")
+def list_tasks(
+    status: Annotated[str | None, typer.Option(help="Only this status.")] = None,
+    name: Annotated[str | None, typer.Option(help="Name contains.")] = None,
+    tag: Annotated[str | None, typer.Option(help="Has this tag.")] = None,
+    pool: Annotated[str | None, typer.Option(help="In this pool.")] = None,
+    creator: Annotated[str | None, typer.Option(help="Submitted by.")] = None,
+    limit: Annotated[int, typer.Option(help="Page size.")] = 50,
+    cursor: Annotated[str | None, typer.Option(help="next_cursor of the last page.")] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List your tenant's tasks, newest first."""
+    params = {
+        k: v
+        for k, v in {
+            "status": status,
+            "name": name,
+            "tag": tag,
+            "pool": pool,
+            "creator": creator,
+            "limit": limit,
+            "cursor": cursor,
+        }.items()
+        if v is not None
+    }
+    page = call(url, token, "GET", "/v1/tasks", params=params)
+    if as_json:
+        return show_json(page)
+    table(
+        "tasks",
+        ["id", "name", "status", "pool", "run", "creator", "created"],
+        [
+            [
+                t["task_id"],
+                t["name"],
+                t["status"],
+                t["pool"],
+                t["run"],
+                t["creator"],
+                t["created_at"],
+            ]
+            for t in page["items"]
+        ],
+    )
+    if page["next_cursor"]:
+        out.print(f"more: --cursor {page['next_cursor']}")
+
+
+@app.command()
+def show(
+    task_id: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
+) -> None:
+    """A task: status, run, warnings and its stage timeline."""
+    task = call(url, token, "GET", f"/v1/tasks/{task_id}")
+    show_json(task) if as_json else print_task(task)
+
+
+@app.command()
+def stop(
+    task_id: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Stop a task."""
+    task = call(url, token, "POST", f"/v1/tasks/{task_id}/stop")
+    show_json(task) if as_json else print_task(task)
+
+
+@app.command()
+def rerun(
+    task_id: str,
+    image: Annotated[str | None, typer.Option(help="New image.")] = None,
+    command: Annotated[str | None, typer.Option(help="New launch command.")] = None,
+    spec: Annotated[str | None, typer.Option(help="New worker spec.")] = None,
+    workers: Annotated[int | None, typer.Option(help="New worker count.")] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run a finished task again; only image, command, worker spec and count may change."""
+    changes = {
+        k: v
+        for k, v in {
+            "image": image,
+            "command": command,
+            "worker_spec": spec,
+            "worker_count": workers,
+        }.items()
+        if v is not None
+    }
+    task = call(url, token, "POST", f"/v1/tasks/{task_id}/rerun", json=changes)
+    show_json(task) if as_json else print_task(task)
+
+
+@app.command()
+def clone(
+    task_id: str,
+    file: Annotated[Path | None, typer.Option("-f", "--file", help="YAML of overrides.")] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """A new task from a task's spec, with any field overridden (the pool too)."""
+    overrides = load_yaml(file) if file else {}
+    task = call(url, token, "POST", f"/v1/tasks/{task_id}/clone", json=overrides)
+    show_json(task) if as_json else print_task(task)
+
+
+@app.command()
+def events(
+    task_id: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
+) -> None:
+    """The task's audit timeline: each event with its actor and correlation id."""
+    timeline = call(url, token, "GET", f"/v1/tasks/{task_id}/events")
+    if as_json:
+        return show_json(timeline)
+    table(
+        f"events of {task_id}",
+        ["#", "time", "type", "actor", "correlation id"],
+        [
+            [e["version"], e["occurred_at"], e["type"], e["actor"], e["correlation_id"]]
+            for e in timeline
+        ],
+    )
+
+
+@app.command()
+def watch(
+    task_id: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Follow a task live until it ends."""
+    try:
+        with (
+            make_client(url, token) as client,
+            client.stream("GET", f"/v1/tasks/{task_id}/watch", timeout=None) as answer,
+        ):
+            if answer.status_code >= 400:
+                answer.read()
+                fail(answer)
+            for line in answer.iter_lines():
+                if line.startswith("data: ") and line != "data: {}":
+                    event = json.loads(line[6:])
+                    if as_json:
+                        out.print(json.dumps(event))
+                    else:
+                        out.print(f"{event['occurred_at']}  {event['type']}  {event['actor']}")
+    except httpx.TransportError as exc:
+        err.print(f"[red]error:[/red] cannot reach the gateway: {exc}")
+        raise typer.Exit(EXIT_UNREACHABLE) from exc
+
+
+# --- pools --------------------------------------------------------------------
+
+
+@app.command()
+def pools(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) -> None:
+    """Resource pools: zone, resource type, network and worker specs."""
+    found = call(url, token, "GET", "/v1/pools")
+    if as_json:
+        return show_json(found)
+    table(
+        "pools",
+        ["pool", "zone", "type", "network", "specs", "GPUs"],
+        [
+            [
+                p["pool_id"],
+                p["zone"],
+                p["resource_type"],
+                p["network"],
+                ", ".join(f"{k}={v}" for k, v in p["specs"].items()),
+                p["total_gpus"],
+            ]
+            for p in found
+        ],
+    )
+
+
+@app.command()
+def capacity(
+    pool_id: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
+) -> None:
+    """What a pool can launch now: count per worker spec, custom-count maximum."""
+    cap = call(url, token, "GET", f"/v1/pools/{pool_id}/capacity")
+    if as_json:
+        return show_json(cap)
+    table(
+        f"capacity of {pool_id}",
+        ["spec", "launchable"],
+        [[name, count] for name, count in (cap.get("launchable") or {}).items()],
+    )
+    out.print(f"custom GPU count up to {cap.get('custom_gpus_max')}")
+
+
+# --- groups -------------------------------------------------------------------
+
+
+@group_app.command("create")
+def group_create(
+    file: Annotated[Path, typer.Option("-f", "--file", help="YAML: template + items.")],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create a task group from a template and a list of overrides (all tasks or none)."""
+    group = call(url, token, "POST", "/v1/groups", json=load_yaml(file))
+    print_group(group, as_json)
+
+
+@group_app.command("ls")
+def group_ls(
+    group_id: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
+) -> None:
+    """The tasks of a group and a count per status."""
+    print_group(call(url, token, "GET", f"/v1/groups/{group_id}"), as_json)
+
+
+@group_app.command("stop")
+def group_stop(
+    group_id: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Stop every task of a group that has not ended."""
+    print_group(call(url, token, "POST", f"/v1/groups/{group_id}/stop"), as_json)
+
+
+def print_group(group: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        return show_json(group)
+    table(
+        f"group {group['group_id']}",
+        ["id", "name", "status", "pool"],
+        [[t["task_id"], t["name"], t["status"], t["pool"]] for t in group["tasks"]],
+    )
+    out.print(", ".join(f"{k}: {v}" for k, v in group["status_counts"].items()))
+
+
+# --- stack --------------------------------------------------------------------
+
+
+@app.command()
+def up() -> None:
+    """Start the whole stack locally (embedded Postgres and broker, every service)."""
+    from runyard.stack import up as stack_up  # lazy: heavy, and owned by the stack
+
+    stack_up.main()
+
+
+if __name__ == "__main__":
+    app()

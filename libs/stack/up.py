@@ -1,0 +1,252 @@
+"""`runyard up`: the whole platform on this machine, one command, no Docker.
+
+Starts (unless DATABASE_URL / KAFKA_BOOTSTRAP_SERVERS point elsewhere) the
+embedded PostgreSQL and the Tansu broker, applies migrations, creates the
+topics, then runs the outbox relay and every service that is built, in one
+process. It watches the broker: the embedded one keeps everything in memory,
+so when it dies it is restarted and the relay publishes again (see
+docs/operations.md). Ctrl-C stops everything cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+
+from runyard.contracts import default_mapper
+from runyard.eventstore import PostgresEventStore
+from runyard.messaging import KafkaSettings, Topics, ensure_topics
+from runyard.relay import OutboxRelay
+from runyard.stack.context import ServiceContext
+from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres
+
+log = logging.getLogger("runyard.up")
+console = Console()
+
+#: Services started by `runyard up`, as `module:function` (each `async def run(ctx)`).
+#: A module that does not exist yet is skipped with a note, so the stack starts
+#: with whatever is built.
+SERVICES = (
+    "runyard.scheduler.main:run",
+    "runyard.gateway.main:run",
+    "runyard.deployer.main:run",
+    "runyard.faulttolerance.main:run",
+    "runyard.logs.main:run",
+    "runyard.notification.main:run",
+)
+
+
+@dataclass
+class Stack:
+    home: Path
+    postgres: EmbeddedPostgres | None = None
+    kafka: EmbeddedKafka | None = None
+    dsn: str = ""
+    bootstrap: str = ""
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def start_infrastructure(self) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.dsn = os.environ.get("DATABASE_URL", "")
+        if not self.dsn:
+            port = int(os.environ.get("RUNYARD_PG_PORT", "55432"))
+            self.postgres = EmbeddedPostgres(self.home / "pg", port=port)
+            with console.status("starting PostgreSQL (embedded)"):
+                self.postgres.start()
+            self.dsn = self.postgres.dsn
+        self.bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "")
+        if not self.bootstrap:
+            port = int(os.environ.get("RUNYARD_KAFKA_PORT", "59092"))
+            self.kafka = EmbeddedKafka(port=port, log_path=self.home / "tansu.log")
+            with console.status("starting Kafka-compatible broker (Tansu, embedded)"):
+                self.kafka.start()
+            self.bootstrap = self.kafka.bootstrap
+
+    def stop_infrastructure(self) -> None:
+        if self.kafka is not None:
+            self.kafka.stop()
+        if self.postgres is not None:
+            self.postgres.stop()
+
+
+def _load_service(spec: str) -> Callable[[ServiceContext], Awaitable[None]] | None:
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            return None
+        raise
+    runner: Callable[[ServiceContext], Awaitable[None]] = getattr(module, attr)
+    return runner
+
+
+async def _watch_broker(stack: Stack, kafka: KafkaSettings) -> None:
+    """Restart the embedded broker if it dies; the relay notices the empty
+    broker by its missing marker topic and publishes again."""
+    assert stack.kafka is not None
+    while True:
+        await asyncio.sleep(1.0)
+        if not stack.kafka.alive():
+            console.print("[yellow]broker died: restarting it (memory storage, topics recreated)")
+            stack.kafka.start()
+            await ensure_topics(kafka.bootstrap, kafka.topics)
+
+
+async def serve(stack: Stack, settings: dict[str, object]) -> None:
+    kafka = KafkaSettings(bootstrap=stack.bootstrap, topics=Topics(""))
+    await ensure_topics(kafka.bootstrap, kafka.topics)
+    store = await PostgresEventStore.connect(stack.dsn, default_mapper())
+    ctx = ServiceContext(
+        dsn=stack.dsn,
+        kafka=kafka,
+        data_dir=stack.home,
+        config_dir=Path(os.environ.get("RUNYARD_CONFIG", "infra/config")),
+        settings=dict(settings),
+    )
+    relay = OutboxRelay(store, kafka)
+    runners: dict[str, Awaitable[None]] = {"relay": relay.run()}
+    for spec in SERVICES:
+        runner = _load_service(spec)
+        name = spec.split(".")[1].split(":")[0]
+        if runner is None:
+            console.print(f"  [dim]{name}: not built yet, skipped")
+            continue
+        runners[name] = runner(ctx)
+    if stack.kafka is not None:
+        runners["broker-watch"] = _watch_broker(stack, kafka)
+    _print_banner(stack, settings, sorted(runners))
+    try:
+        await _run_all(runners)
+    finally:
+        await store.close()
+
+
+async def _run_all(runners: dict[str, Awaitable[None]]) -> None:
+    tasks = {asyncio.ensure_future(r): name for name, r in runners.items()}
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            if task.exception() is not None:
+                console.print(f"[red]{tasks[task]} stopped: {task.exception()!r}")
+                raise task.exception()  # type: ignore[misc]
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+def _print_banner(stack: Stack, settings: dict[str, object], running: list[str]) -> None:
+    console.print("[bold green]Runyard is up[/]")
+    console.print(f"  postgres   {stack.dsn}")
+    console.print(f"  kafka      {stack.bootstrap}")
+    console.print(f"  http       http://{settings['http_host']}:{settings['http_port']}")
+    console.print(f"  grpc       {settings['grpc_host']}:{settings['grpc_port']}")
+    console.print(f"  running    {', '.join(running)}")
+    token = settings.get("token")
+    if token:
+        console.print(f"  dev token  {token}  (also in {stack.home / 'token'})")
+    console.print("  follow the event log:  .venv/bin/runyard tail     stop: Ctrl-C")
+
+
+def _dev_token(stack: Stack) -> str | None:
+    """Create (once) a dev admin token through the gateway, if it is built."""
+    try:
+        module = importlib.import_module("runyard.gateway.auth")
+    except ModuleNotFoundError:
+        return None
+    ensure = getattr(module, "ensure_dev_token", None)
+    if ensure is None:
+        return None
+    token: str = asyncio.run(ensure(stack.dsn, stack.home / "token"))
+    return token
+
+
+def main(
+    http_port: int = 8080, grpc_port: int = 50051, host: str = "127.0.0.1", home: str = ".runyard"
+) -> None:
+    """Start the stack and block until Ctrl-C (or SIGTERM)."""
+    logging.basicConfig(level=os.environ.get("RUNYARD_LOG_LEVEL", "WARNING"))
+    stack = Stack(Path(home).resolve())
+    stack.start_infrastructure()
+    settings: dict[str, object] = {
+        "http_host": host,
+        "http_port": http_port,
+        "grpc_host": host,
+        "grpc_port": grpc_port,
+    }
+    (stack.home / "env").write_text(
+        f"DATABASE_URL={stack.dsn}\nKAFKA_BOOTSTRAP_SERVERS={stack.bootstrap}\n"
+    )
+    try:
+        asyncio.run(_migrate(stack.dsn))
+        token = _dev_token(stack)
+        if token:
+            settings["token"] = token
+        asyncio.run(_serve_until_signal(stack, settings))
+    finally:
+        with console.status("stopping"):
+            stack.stop_infrastructure()
+        console.print("stopped")
+
+
+async def _migrate(dsn: str) -> None:
+    store = await PostgresEventStore.connect(dsn, default_mapper())
+    await store.close()
+
+
+async def _serve_until_signal(stack: Stack, settings: dict[str, object]) -> None:
+    loop = asyncio.get_running_loop()
+    main_task = asyncio.ensure_future(serve(stack, settings))
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, main_task.cancel)
+    with contextlib.suppress(asyncio.CancelledError):
+        await main_task
+
+
+def stack_dsn(home: str = ".runyard") -> str:
+    """DATABASE_URL, else the one a running `runyard up` wrote to .runyard/env."""
+    if dsn := os.environ.get("DATABASE_URL"):
+        return dsn
+    env = Path(home) / "env"
+    if env.exists():
+        for line in env.read_text().splitlines():
+            key, _, value = line.partition("=")
+            if key == "DATABASE_URL":
+                return value
+    raise SystemExit("no running stack found: start one with `make up` or set DATABASE_URL")
+
+
+async def tail(dsn: str, after: int = 0, follow: bool = True) -> None:
+    """Print events of the whole log as they are appended (SRE view)."""
+    store = await PostgresEventStore.connect(dsn, default_mapper())
+    reader = store.all_reader(after)
+    try:
+        while True:
+            batch = await reader.read(500)
+            for e in batch:
+                meta = e.metadata
+                when = e.occurred_at.strftime("%H:%M:%S.%f")[:-3]
+                console.print(
+                    f"[dim]{e.global_position:>8}[/] {when} [cyan]{e.stream_id}[/]"
+                    f" v{e.stream_version} [bold]{e.type}[/]"
+                    f" [dim]actor={meta.actor} corr={meta.correlation_id}[/]",
+                    highlight=False,
+                )
+            if not batch:
+                if not follow:
+                    return
+                await asyncio.sleep(0.05)
+    finally:
+        await store.close()

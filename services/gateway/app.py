@@ -1,0 +1,490 @@
+"""The gateway's application layer: every operation of the HTTP API (and the CLI).
+
+Each public method authenticates nothing and maps nothing: it takes the
+caller's `Principal`, does one use case, and raises typed errors
+(`runyard.gateway.errors`, submission errors, domain errors) that the edges
+map to status codes. Nothing is written when a rule refuses a request.
+
+Writes go through the pure task domain (`decide`) and the event store with
+optimistic concurrency; creator-only environment values go to the `secrets`
+table in the same transaction as the event that refers to them (R-12).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import yaml
+from pydantic import ValidationError
+from runyard.contracts import Event, EventMapper, Metadata, NewEvent, RecordedEvent, default_mapper
+from runyard.contracts.envelope import new_event_id, utcnow
+from runyard.contracts.spec import EnvVar, TaskSpec
+from runyard.domain import (
+    Clone,
+    Command,
+    RequestStop,
+    Rerun,
+    Submit,
+    TaskState,
+    decide,
+    evolve,
+    fold,
+    is_terminal,
+)
+from runyard.eventstore import NO_STREAM, PostgresEventStore, apply_migrations, load_migrations
+from runyard.gateway import projection
+from runyard.gateway.auth import Principal, Role, authenticate, create_token
+from runyard.gateway.errors import BadRequest, NotFound, task_not_found
+from runyard.gateway.pools import PoolInfo, capacity, describe, load_pools
+from runyard.gateway.projection import TaskListProjector
+from runyard.gateway.views import event_view, task_view
+from runyard.submission.catalogue import Catalogue, Image
+from runyard.submission.changes import check_group, clone_spec, expand_group, rerun_with_changes
+from runyard.submission.env import MASK, parse_env
+from runyard.submission.errors import ErrorCode, SpecError
+from runyard.submission.rules import check_spec
+from runyard.submission.warnings import SubmissionWarning
+
+MAX_PAGE = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """Who asks, and the request id that becomes the events' correlation id."""
+
+    principal: Principal
+    request_id: str
+
+    def metadata(self) -> Metadata:
+        return Metadata(
+            actor=self.principal.actor,
+            causation_id=self.request_id,
+            correlation_id=self.request_id,
+        )
+
+
+def gateway_migrations() -> list[Any]:
+    """The gateway's own tables (tokens, secrets, task list)."""
+    folder = Path(str(resources.files("runyard.gateway") / "migrations"))
+    return load_migrations("gateway", folder)
+
+
+def load_catalogue(config_dir: Path) -> Catalogue:
+    """The catalogue of `catalogue.yaml` in the config folder (empty when absent)."""
+    path = config_dir / "catalogue.yaml"
+    data = (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+    return Catalogue.from_dict(data)
+
+
+class Gateway:
+    """Task operations over the event store, the task list and the catalogues."""
+
+    def __init__(
+        self,
+        store: PostgresEventStore,
+        catalogue: Catalogue,
+        config_dir: Path,
+        *,
+        clock: Callable[[], datetime] = utcnow,
+        new_id: Callable[[], str] = lambda: str(new_event_id()),
+    ) -> None:
+        self.store = store
+        self.catalogue = catalogue
+        self.config_dir = config_dir
+        self.projector = TaskListProjector(store)
+        self.clock = clock
+        self.new_id = new_id
+
+    @classmethod
+    async def connect(
+        cls, dsn: str, config_dir: Path, mapper: EventMapper | None = None
+    ) -> Gateway:
+        """Open the store, apply the gateway's migrations, load the catalogue."""
+        store = await PostgresEventStore.connect(dsn, mapper or default_mapper())
+        async with store.pool.acquire() as conn:
+            await apply_migrations(conn, gateway_migrations())
+        return cls(store, load_catalogue(config_dir), config_dir)
+
+    async def close(self) -> None:
+        await self.store.close()
+
+    @property
+    def db(self) -> asyncpg.Pool:
+        return self.store.pool
+
+    # --- auth -----------------------------------------------------------------
+
+    async def authenticate(self, token: str | None) -> Principal:
+        """The caller of a bearer token (401 otherwise)."""
+        return await authenticate(self.db, token)
+
+    async def create_token(self, caller: Principal, tenant: str, user: str, role: Role) -> str:
+        """Admin: a new token for `user` of `tenant`."""
+        caller.require_admin()
+        if role not in ("admin", "member") or not tenant or not user:
+            raise BadRequest(
+                "request.invalid",
+                "tenant, user and role admin|member are needed",
+                'e.g. {"tenant": "t1", "user": "alice", "role": "member"}',
+            )
+        return await create_token(self.db, tenant, user, role)
+
+    # --- tasks ----------------------------------------------------------------
+
+    async def create_task(self, req: Request, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Check a spec against the rules and submit it as a new task."""
+        spec = parse_spec(body)
+        warnings = check_spec(spec, self.catalogue, await self._pool_view(spec.pool))
+        task_id = self.new_id()
+        async with self.store.transaction() as conn:
+            sealed = await self._seal(conn, req.principal.tenant, spec)
+            submit = Submit(
+                task_id, req.principal.tenant, req.principal.user, sealed, tuple(warnings)
+            )
+            await self._append(conn, req, None, submit, NO_STREAM)
+        return await self.get_task(req.principal, task_id)
+
+    async def get_task(self, caller: Principal, task_id: str) -> dict[str, Any]:
+        """A task's detail, as the caller may see it."""
+        state, events = await self._load(caller, task_id)
+        is_creator = caller.user == state.creator
+        secrets = await self._secrets(caller.tenant, state.spec) if is_creator else {}
+        return task_view(state, events, is_creator, secrets)
+
+    async def list_tasks(
+        self,
+        caller: Principal,
+        filters: Mapping[str, str | None],
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        """A page of the caller's tenant's tasks from the task list."""
+        if not 1 <= limit <= MAX_PAGE:
+            raise BadRequest(
+                "request.invalid", f"limit must be 1 to {MAX_PAGE}", "lower the limit", "limit"
+            )
+        await self.projector.catch_up()
+        try:
+            rows, next_cursor = await projection.list_rows(
+                self.db, caller.tenant, dict(filters), limit, cursor
+            )
+        except ValueError as exc:
+            raise BadRequest(
+                "request.invalid", str(exc), "pass back a next_cursor as given", "cursor"
+            ) from exc
+        return {"items": rows, "next_cursor": next_cursor}
+
+    async def stop_task(self, req: Request, task_id: str) -> dict[str, Any]:
+        """Ask to stop a task (a task holding no workers stops at once)."""
+        state, _ = await self._load(req.principal, task_id)
+        await self._decide_and_append(req, state, RequestStop(task_id))
+        return await self.get_task(req.principal, task_id)
+
+    async def rerun_task(
+        self, req: Request, task_id: str, changes: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Run a finished task again, with only the changes a rerun allows (R-16)."""
+        state, _ = await self._load(req.principal, task_id)
+        spec = rerun_with_changes(state.spec, changes)
+        check_spec(spec, self.catalogue, await self._pool_view(spec.pool))
+        await self._decide_and_append(req, state, Rerun(task_id, spec))
+        return await self.get_task(req.principal, task_id)
+
+    async def clone_task(
+        self, req: Request, task_id: str, overrides: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """A new task from this task's spec, any field overridden (R-16)."""
+        state, _ = await self._load(req.principal, task_id)
+        by_creator = req.principal.user == state.creator
+        spec = clone_spec(state.spec, _env_text(overrides), by_creator=by_creator)
+        warnings = check_spec(spec, self.catalogue, await self._pool_view(spec.pool))
+        new_id = self.new_id()
+        cloned = decide(state, Clone(task_id), now=self.clock(), ids=lambda: new_id)
+        async with self.store.transaction() as conn:
+            sealed = await self._seal(conn, req.principal.tenant, spec)
+            await self._write(conn, req, task_id, cloned, state.version)
+            submit = Submit(
+                new_id,
+                req.principal.tenant,
+                req.principal.user,
+                sealed,
+                tuple(warnings),
+                cloned_from=task_id,
+            )
+            await self._append(conn, req, None, submit, NO_STREAM)
+        return await self.get_task(req.principal, new_id)
+
+    async def task_events(self, caller: Principal, task_id: str) -> list[dict[str, Any]]:
+        """The task's audit timeline: every event with actor and correlation id."""
+        state, events = await self._load(caller, task_id)
+        return [event_view(e, caller.user == state.creator) for e in events]
+
+    async def watch(
+        self, caller: Principal, task_id: str, poll_interval: float = 0.5
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The task's events, then each new one, until the task has ended."""
+        state, events = await self._load(caller, task_id)
+        is_creator = caller.user == state.creator
+        while True:
+            for recorded in events:
+                yield event_view(recorded, is_creator)
+            if is_terminal(state.status):
+                return
+            await asyncio.sleep(poll_interval)
+            events = await self.store.read_stream(_stream(task_id), state.version + 1)
+            state = _evolve_all(state, events)
+
+    # --- pools ----------------------------------------------------------------
+
+    async def pools(self, caller: Principal) -> list[dict[str, Any]]:
+        """Every pool the rules know, with its zone, network and worker specs."""
+        return [describe(info) for info in (await self._pools()).values()]
+
+    async def pool_capacity(self, caller: Principal, pool_id: str) -> dict[str, Any]:
+        """Launchable count per spec, custom-count maximum, occupancy, queue load."""
+        info = (await self._pools()).get(pool_id)
+        if info is None:
+            raise NotFound(
+                "pool.not_found",
+                f"pool {pool_id!r} does not exist",
+                "choose a pool listed by `runyard pools`",
+                "pool_id",
+            )
+        return capacity(info)
+
+    # --- groups ---------------------------------------------------------------
+
+    async def create_group(self, req: Request, body: Mapping[str, Any]) -> dict[str, Any]:
+        """R-17: one task per item, each the template with the item's overrides; all or none."""
+        template = parse_spec(_field(body, "template", dict))
+        items = [_env_text(item) for item in _field(body, "items", list)]
+        if not all(isinstance(item, dict) for item in items):
+            raise BadRequest(
+                "request.invalid",
+                "every item must be an object of overrides",
+                "give items as [{...}, {...}]",
+                "items",
+            )
+        specs = expand_group(template, items)
+        pools = {i.view.pool_id: i.view for i in (await self._pools()).values()}
+        warnings = check_group(specs, self.catalogue, pools)
+        group_id = str(body.get("group_id") or self.new_id())
+        task_ids = [self.new_id() for _ in specs]
+        async with self.store.transaction() as conn:
+            for task_id, spec, warned in zip(task_ids, specs, warnings, strict=True):
+                sealed = await self._seal(conn, req.principal.tenant, spec)
+                submit = Submit(
+                    task_id,
+                    req.principal.tenant,
+                    req.principal.user,
+                    sealed,
+                    tuple(warned),
+                    group_id=group_id,
+                )
+                await self._append(conn, req, None, submit, NO_STREAM)
+        return await self.get_group(req.principal, group_id)
+
+    async def get_group(self, caller: Principal, group_id: str) -> dict[str, Any]:
+        """The group's tasks (from the task list) and a count per status."""
+        await self.projector.catch_up()
+        rows, _ = await projection.list_rows(
+            self.db, caller.tenant, {"group_id": group_id}, MAX_PAGE * 5, None
+        )
+        if not rows:
+            raise NotFound(
+                "group.not_found",
+                f"task group {group_id!r} does not exist",
+                "check the group id",
+                "group_id",
+            )
+        counts: dict[str, int] = {}
+        for row in rows:
+            counts[row["status"]] = counts.get(row["status"], 0) + 1
+        return {"group_id": group_id, "tasks": rows, "status_counts": counts}
+
+    async def stop_group(self, req: Request, group_id: str) -> dict[str, Any]:
+        """Stop every task of the group that has not ended yet."""
+        group = await self.get_group(req.principal, group_id)
+        for row in group["tasks"]:
+            state, _ = await self._load(req.principal, row["task_id"])
+            if not is_terminal(state.status):
+                await self._decide_and_append(req, state, RequestStop(state.task_id))
+        return await self.get_group(req.principal, group_id)
+
+    # --- catalogue (admin) ----------------------------------------------------
+
+    async def add_image(self, caller: Principal, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Admin: add or replace an image of the catalogue."""
+        caller.require_admin()
+        try:
+            image = Image.model_validate(dict(body))
+        except ValidationError as exc:
+            raise _invalid(exc, "") from exc
+        self.catalogue = self.catalogue.with_image(image)
+        return image.model_dump(mode="json")
+
+    def catalogue_view(self, caller: Principal) -> dict[str, Any]:
+        """The images, volumes and public data the rules use."""
+        return self.catalogue.model_dump(mode="json")
+
+    # --- internals ------------------------------------------------------------
+
+    async def _load(
+        self, caller: Principal, task_id: str
+    ) -> tuple[TaskState, list[RecordedEvent[Event]]]:
+        events = await self.store.read_stream(_stream(task_id))
+        if not events:
+            raise task_not_found(task_id)
+        state = fold(events, task_id=task_id)
+        if state.tenant != caller.tenant:
+            raise task_not_found(task_id)
+        return state, events
+
+    async def _decide_and_append(self, req: Request, state: TaskState, command: Command) -> None:
+        events = decide(state, command, now=self.clock(), ids=self.new_id)
+        if events:
+            async with self.store.transaction() as conn:
+                await self._write(conn, req, state.task_id, events, state.version)
+
+    async def _append(
+        self,
+        conn: asyncpg.Connection,
+        req: Request,
+        state: TaskState | None,
+        command: Submit,
+        expected: Any,
+    ) -> None:
+        events = decide(state, command, now=self.clock(), ids=self.new_id)
+        await self._write(conn, req, command.task_id, events, expected)
+
+    async def _write(
+        self,
+        conn: asyncpg.Connection,
+        req: Request,
+        task_id: str,
+        events: Sequence[Event],
+        expected: Any,
+    ) -> None:
+        now, meta = self.clock(), req.metadata()
+        new = [NewEvent(event=e, metadata=meta, occurred_at=now) for e in events]
+        await self.store.append_in(conn, _stream(task_id), new, expected)
+
+    async def _seal(self, conn: asyncpg.Connection, tenant: str, spec: TaskSpec) -> TaskSpec:
+        """Move creator-only values into the secret store; the spec keeps only references."""
+        env = []
+        for var in spec.env:
+            if var.creator_only and var.value is not None and var.value != MASK:
+                ref = f"secret-{uuid.uuid4().hex}"
+                await conn.execute(
+                    "INSERT INTO secrets (tenant, ref, value) VALUES ($1, $2, $3)",
+                    tenant,
+                    ref,
+                    var.value,
+                )
+                var = EnvVar(name=var.name, creator_only=True, secret_ref=ref)
+            env.append(var)
+        return spec.model_copy(update={"env": tuple(env)})
+
+    async def _secrets(self, tenant: str, spec: TaskSpec) -> dict[str, str]:
+        refs = [v.secret_ref for v in spec.env if v.creator_only and v.secret_ref]
+        if not refs:
+            return {}
+        rows = await self.db.fetch(
+            "SELECT ref, value FROM secrets WHERE tenant = $1 AND ref = ANY($2)", tenant, refs
+        )
+        return {r["ref"]: r["value"] for r in rows}
+
+    async def _pools(self) -> dict[str, PoolInfo]:
+        return await load_pools(self.db, self.config_dir)
+
+    async def _pool_view(self, pool_id: str) -> Any:
+        info = (await self._pools()).get(pool_id)
+        return info.view if info else None
+
+
+def _stream(task_id: str) -> str:
+    return f"task-{task_id}"
+
+
+def _evolve_all(state: TaskState, events: Sequence[RecordedEvent[Event]]) -> TaskState:
+    for recorded in events:
+        state = evolve(state, recorded)
+    return state
+
+
+# --- parsing request bodies ---------------------------------------------------
+
+
+def parse_spec(body: Mapping[str, Any]) -> TaskSpec:
+    """A TaskSpec from an API body: `env` as `A=x;B=y` text or a list, `creator_only` names.
+
+    Shape errors become `spec.unknown_field` / `spec.invalid` with the field's path.
+    """
+    if not isinstance(body, Mapping):
+        raise BadRequest("request.invalid", "the task spec must be an object", "send JSON {...}")
+    data = dict(body)
+    creator_only = data.pop("creator_only", []) or []
+    if not isinstance(creator_only, list):
+        raise BadRequest(
+            "request.invalid",
+            "creator_only must be a list of variable names",
+            'e.g. ["API_KEY"]',
+            "creator_only",
+        )
+    if isinstance(data.get("env"), str):
+        data["env"] = parse_env(data["env"], creator_only=creator_only)
+    elif creator_only:
+        data["env"] = [_mark(v, creator_only) for v in data.get("env") or []]
+    try:
+        return TaskSpec.model_validate(data)
+    except ValidationError as exc:
+        raise _invalid(exc, "") from exc
+
+
+def _mark(var: Any, creator_only: list[str]) -> Any:
+    if isinstance(var, dict) and var.get("name") in creator_only:
+        return {**var, "creator_only": True}
+    return var
+
+
+def _env_text(overrides: Any) -> Any:
+    """Overrides with `env` text parsed, honouring a `creator_only` list."""
+    if not isinstance(overrides, dict):
+        return overrides
+    data = dict(overrides)
+    creator_only = data.pop("creator_only", []) or []
+    if isinstance(data.get("env"), str):
+        data["env"] = parse_env(data["env"], creator_only=creator_only)
+    return data
+
+
+def _field(body: Mapping[str, Any], name: str, kind: type) -> Any:
+    value = body.get(name) if isinstance(body, Mapping) else None
+    if not isinstance(value, kind):
+        raise BadRequest(
+            "request.invalid",
+            f"{name} must be a {kind.__name__}",
+            f"give {name} in the request body",
+            name,
+        )
+    return value
+
+
+def _invalid(error: ValidationError, prefix: str) -> SpecError:
+    first = error.errors()[0]
+    path = prefix + ".".join(str(p) for p in first["loc"])
+    unknown = first["type"] == "extra_forbidden"
+    code = ErrorCode.SPEC_UNKNOWN_FIELD if unknown else ErrorCode.SPEC_INVALID
+    hint = "check the field name" if unknown else "fix the field"
+    return SpecError(code, path or "spec", f"{path or 'spec'}: {first['msg']}", hint)
+
+
+__all__ = ["Gateway", "Request", "SubmissionWarning", "load_catalogue", "parse_spec"]

@@ -1,0 +1,74 @@
+"""Bearer tokens: a token's sha256 maps to a tenant, a user and a role.
+
+Tokens are stored hashed in `api_tokens`; `create_token` makes one (the only
+time the clear token is seen) and `authenticate` resolves one per request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from typing import Literal
+
+import asyncpg
+from runyard.gateway.errors import PermissionDenied, Unauthenticated
+
+Role = Literal["admin", "member"]
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: a user of one tenant, with a role."""
+
+    tenant: str
+    user: str
+    role: Role
+
+    @property
+    def actor(self) -> str:
+        """The actor written in event metadata."""
+        return f"user:{self.tenant}/{self.user}"
+
+    def require_admin(self) -> None:
+        """Refuse unless the caller is an admin."""
+        if self.role != "admin":
+            raise PermissionDenied(
+                "auth.admin_only", "this operation needs the admin role", "ask an admin"
+            )
+
+
+def token_hash(token: str) -> str:
+    """The sha256 hex digest under which a token is stored."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+async def create_token(
+    conn: asyncpg.Connection | asyncpg.Pool, tenant: str, user: str, role: Role = "member"
+) -> str:
+    """Store a new token for `user` of `tenant` and return it in clear (shown once)."""
+    token = "ry_" + secrets.token_urlsafe(24)
+    await conn.execute(
+        "INSERT INTO api_tokens (token_sha256, tenant, user_name, role) VALUES ($1, $2, $3, $4)",
+        token_hash(token),
+        tenant,
+        user,
+        role,
+    )
+    return token
+
+
+async def authenticate(conn: asyncpg.Connection | asyncpg.Pool, token: str | None) -> Principal:
+    """The principal of a bearer token, or `Unauthenticated`."""
+    if not token:
+        raise Unauthenticated(
+            "auth.missing_token",
+            "no bearer token",
+            "send `Authorization: Bearer <token>` (the CLI reads RUNYARD_TOKEN or .runyard/token)",
+        )
+    row = await conn.fetchrow(
+        "SELECT tenant, user_name, role FROM api_tokens WHERE token_sha256 = $1", token_hash(token)
+    )
+    if row is None:
+        raise Unauthenticated("auth.invalid_token", "unknown token", "ask an admin for a token")
+    return Principal(row["tenant"], row["user_name"], row["role"])

@@ -1,0 +1,94 @@
+"""Why the gateway refuses a request, and the HTTP status each refusal maps to.
+
+The application layer raises typed errors; the edges (HTTP, CLI) map them.
+Submission rules' errors and the task domain's errors are translated here too,
+so every refusal answers the same JSON shape `{code, field, message, hint}`.
+
+    GatewayError                  code, field, message, hint, status
+    ├── BadRequest                400 (request.invalid, ...)
+    ├── Unauthenticated           401 (auth.missing_token, auth.invalid_token)
+    ├── PermissionDenied          403 (auth.admin_only)
+    ├── NotFound                  404 (task_not_found, group.not_found, pool.not_found)
+    └── Conflict                  409 (a domain refusal or a concurrent write)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runyard.domain import DomainError, RerunChangeNotAllowed, TaskNotFound
+from runyard.eventstore import ConcurrencyError
+from runyard.submission.errors import SubmissionError
+
+
+class GatewayError(Exception):
+    """A refused request: stable `code`, the `field` it concerns, `message`, `hint`."""
+
+    status = 400
+
+    def __init__(self, code: str, message: str, hint: str = "", field: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.field = field
+        self.message = message
+        self.hint = hint
+        self.extra: dict[str, Any] = {}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The error as the API answers it."""
+        body = {"code": self.code, "field": self.field, "message": self.message, "hint": self.hint}
+        return {**body, **self.extra}
+
+
+class BadRequest(GatewayError):
+    """The request itself is malformed, or the submission rules refused it."""
+
+    status = 400
+
+
+class Unauthenticated(GatewayError):
+    """No bearer token, or one the gateway does not know."""
+
+    status = 401
+
+
+class PermissionDenied(GatewayError):
+    """The caller is known but may not do this (admin operations)."""
+
+    status = 403
+
+
+class NotFound(GatewayError):
+    """No such task, group or pool visible to the caller's tenant."""
+
+    status = 404
+
+
+class Conflict(GatewayError):
+    """The task's state does not allow the operation, or it changed meanwhile."""
+
+    status = 409
+
+
+def translate(error: Exception) -> GatewayError | None:
+    """The gateway error for a submission, domain or store error (None: not ours)."""
+    if isinstance(error, GatewayError):
+        return error
+    if isinstance(error, SubmissionError):
+        bad = BadRequest(str(error.code), error.message, error.hint, error.field)
+        bad.extra = {k: v for k, v in error.to_dict().items() if k == "item"}
+        return bad
+    if isinstance(error, TaskNotFound):
+        return NotFound(error.code, error.message, error.hint, "task_id")
+    if isinstance(error, RerunChangeNotAllowed):
+        return BadRequest(error.code, error.message, error.hint)
+    if isinstance(error, DomainError):
+        return Conflict(error.code, error.message, error.hint)
+    if isinstance(error, ConcurrencyError):
+        return Conflict("conflict", str(error), "the task changed meanwhile: try again")
+    return None
+
+
+def task_not_found(task_id: str) -> NotFound:
+    """The answer for a task that does not exist or belongs to another tenant."""
+    return NotFound("task_not_found", f"task {task_id!r} does not exist", "check the task id")

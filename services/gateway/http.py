@@ -1,0 +1,208 @@
+"""The HTTP JSON API: thin FastAPI handlers over the application layer.
+
+Each handler authenticates the bearer token, calls one `Gateway` method and
+returns its answer; every typed error becomes `{code, field, message, hint}`
+with 400/401/403/404/409 (see docs/api.md). The OpenAPI document is served
+at /openapi.json.
+"""
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import Body, Depends, FastAPI, Header, Query
+from fastapi import Request as HttpRequest
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from runyard.domain import DomainError
+from runyard.eventstore import ConcurrencyError
+from runyard.gateway.app import Gateway, Request
+from runyard.gateway.auth import Principal
+from runyard.gateway.errors import BadRequest, GatewayError, translate
+from runyard.submission.errors import SubmissionError
+
+JsonBody = Annotated[dict[str, Any], Body(default_factory=dict)]
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"description": text}
+    for status, text in (
+        (400, "refused: {code, field, message, hint}"),
+        (401, "no or unknown bearer token"),
+        (403, "admin role needed"),
+        (404, "no such task, group or pool in your tenant"),
+        (409, "the task's state does not allow it"),
+    )
+}
+
+
+def create_app(gateway: Gateway) -> FastAPI:
+    """The FastAPI application over `gateway`."""
+    app = FastAPI(title="Runyard gateway", version="1", responses=ERROR_RESPONSES)
+    app.state.gateway = gateway
+    _error_handlers(app)
+    _task_routes(app, gateway)
+    _group_routes(app, gateway)
+    _pool_routes(app, gateway)
+    _admin_routes(app, gateway)
+    return app
+
+
+def _error_handlers(app: FastAPI) -> None:
+    async def typed(_: HttpRequest, exc: Exception) -> JSONResponse:
+        error = translate(exc)
+        if error is None:  # pragma: no cover - only registered for translatable errors
+            raise exc
+        return JSONResponse(error.to_dict(), status_code=error.status)
+
+    for kind in (GatewayError, SubmissionError, DomainError, ConcurrencyError):
+        app.add_exception_handler(kind, typed)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: HttpRequest, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        field = ".".join(str(p) for p in first["loc"][1:])
+        error = BadRequest(
+            "request.invalid",
+            f"{field or 'request'}: {first['msg']}",
+            "fix the request (see /openapi.json)",
+            field,
+        )
+        return JSONResponse(error.to_dict(), status_code=400)
+
+
+def _principal_dependency(gateway: Gateway) -> Any:
+    async def principal(authorization: Annotated[str | None, Header()] = None) -> Principal:
+        scheme, _, token = (authorization or "").partition(" ")
+        return await gateway.authenticate(token.strip() if scheme.lower() == "bearer" else None)
+
+    return Depends(principal)
+
+
+def _request_dependency(gateway: Gateway) -> Any:
+    async def request(
+        principal: Annotated[Principal, _principal_dependency(gateway)],
+        x_request_id: Annotated[str | None, Header()] = None,
+    ) -> Request:
+        return Request(principal, x_request_id or str(uuid.uuid4()))
+
+    return Depends(request)
+
+
+def _task_routes(app: FastAPI, gw: Gateway) -> None:
+    Caller = Annotated[Principal, _principal_dependency(gw)]
+    Req = Annotated[Request, _request_dependency(gw)]
+
+    @app.post("/v1/tasks", status_code=201, tags=["tasks"])
+    async def create_task(req: Req, body: JsonBody) -> dict[str, Any]:
+        """Submit a task spec; answers the task with its warnings."""
+        return await gw.create_task(req, body)
+
+    @app.get("/v1/tasks", tags=["tasks"])
+    async def list_tasks(
+        caller: Caller,
+        status: str | None = None,
+        name: str | None = None,
+        tag: str | None = None,
+        pool: str | None = None,
+        creator: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=200)] = 50,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        """The tenant's tasks, newest first; pass `next_cursor` back for the next page."""
+        filters = {"status": status, "name": name, "tag": tag, "pool": pool, "creator": creator}
+        return await gw.list_tasks(caller, filters, limit, cursor)
+
+    @app.get("/v1/tasks/{task_id}", tags=["tasks"])
+    async def get_task(caller: Caller, task_id: str) -> dict[str, Any]:
+        """A task: status, current stage, stage timeline, counters, run."""
+        return await gw.get_task(caller, task_id)
+
+    @app.post("/v1/tasks/{task_id}/stop", tags=["tasks"])
+    async def stop_task(req: Req, task_id: str) -> dict[str, Any]:
+        """Ask to stop the task."""
+        return await gw.stop_task(req, task_id)
+
+    @app.post("/v1/tasks/{task_id}/rerun", tags=["tasks"])
+    async def rerun_task(req: Req, task_id: str, body: JsonBody) -> dict[str, Any]:
+        """Rerun a finished task; body: changes of command, worker spec/count, image."""
+        return await gw.rerun_task(req, task_id, body)
+
+    @app.post("/v1/tasks/{task_id}/clone", status_code=201, tags=["tasks"])
+    async def clone_task(req: Req, task_id: str, body: JsonBody) -> dict[str, Any]:
+        """A new task from this one's spec; body: any field overrides, the pool too."""
+        return await gw.clone_task(req, task_id, body)
+
+    @app.get("/v1/tasks/{task_id}/events", tags=["tasks"])
+    async def task_events(caller: Caller, task_id: str) -> list[dict[str, Any]]:
+        """The audit timeline: each event with its actor and correlation id."""
+        return await gw.task_events(caller, task_id)
+
+    @app.get("/v1/tasks/{task_id}/watch", tags=["tasks"], response_class=StreamingResponse)
+    async def watch_task(caller: Caller, task_id: str) -> StreamingResponse:
+        """Server-sent events: the task's events, then new ones until it ends."""
+        stream = gw.watch(caller, task_id)
+        first = await anext(stream)  # 404 before the stream starts
+        return StreamingResponse(_sse(first, stream), media_type="text/event-stream")
+
+
+async def _sse(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
+    yield f"event: {first['type']}\ndata: {json.dumps(first)}\n\n"
+    async for event in rest:
+        yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
+    yield "event: end\ndata: {}\n\n"
+
+
+def _group_routes(app: FastAPI, gw: Gateway) -> None:
+    Caller = Annotated[Principal, _principal_dependency(gw)]
+    Req = Annotated[Request, _request_dependency(gw)]
+
+    @app.post("/v1/groups", status_code=201, tags=["groups"])
+    async def create_group(req: Req, body: JsonBody) -> dict[str, Any]:
+        """A task group: body {template: spec, items: [overrides, ...]}; all tasks or none."""
+        return await gw.create_group(req, body)
+
+    @app.get("/v1/groups/{group_id}", tags=["groups"])
+    async def get_group(caller: Caller, group_id: str) -> dict[str, Any]:
+        """The group's tasks and a count per status."""
+        return await gw.get_group(caller, group_id)
+
+    @app.post("/v1/groups/{group_id}/stop", tags=["groups"])
+    async def stop_group(req: Req, group_id: str) -> dict[str, Any]:
+        """Stop every task of the group that has not ended."""
+        return await gw.stop_group(req, group_id)
+
+
+def _pool_routes(app: FastAPI, gw: Gateway) -> None:
+    Caller = Annotated[Principal, _principal_dependency(gw)]
+
+    @app.get("/v1/pools", tags=["pools"])
+    async def pools(caller: Caller) -> list[dict[str, Any]]:
+        """Pools with zone, resource type, network and worker specs."""
+        return await gw.pools(caller)
+
+    @app.get("/v1/pools/{pool_id}/capacity", tags=["pools"])
+    async def pool_capacity(caller: Caller, pool_id: str) -> dict[str, Any]:
+        """Launchable count per spec, custom-count maximum, occupancy, queue load."""
+        return await gw.pool_capacity(caller, pool_id)
+
+
+def _admin_routes(app: FastAPI, gw: Gateway) -> None:
+    Caller = Annotated[Principal, _principal_dependency(gw)]
+
+    @app.get("/v1/catalogue", tags=["catalogue"])
+    async def catalogue(caller: Caller) -> dict[str, Any]:
+        """Images, volumes and public data the submission rules use."""
+        return gw.catalogue_view(caller)
+
+    @app.post("/v1/admin/images", status_code=201, tags=["admin"])
+    async def add_image(caller: Caller, body: JsonBody) -> dict[str, Any]:
+        """Admin: add or replace an image {name, zones, services}."""
+        return await gw.add_image(caller, body)
+
+    @app.post("/v1/admin/tokens", status_code=201, tags=["admin"])
+    async def create_token(caller: Caller, body: JsonBody) -> dict[str, Any]:
+        """Admin: a token for {tenant, user, role}; shown once."""
+        tenant, user = str(body.get("tenant", "")), str(body.get("user", ""))
+        role = body.get("role", "member")
+        token = await gw.create_token(caller, tenant, user, role)
+        return {"tenant": tenant, "user": user, "role": role, "token": token}

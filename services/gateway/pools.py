@@ -1,0 +1,125 @@
+"""Pool information for the submission rules and the pool API: one small adapter.
+
+The scheduler owns pools. Its read model (`scheduler_pool_views(pool_id,
+view jsonb, updated_at)`) is read when the table exists; otherwise the pool
+config file (`pools.yaml`: pools with id, zone, resource_type, network,
+nodes, specs name -> GPUs) is the fallback. `load_pools` is the only place
+that knows either shape, so swapping the source touches one function.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import yaml
+from pydantic import ValidationError
+from runyard.submission.catalogue import PoolView
+
+
+@dataclass(frozen=True, slots=True)
+class PoolInfo:
+    """A pool as the gateway shows it: the rules' view plus whatever capacity is known."""
+
+    view: PoolView
+    source: str
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+async def load_pools(
+    conn: asyncpg.Pool | asyncpg.Connection, config_dir: Path
+) -> dict[str, PoolInfo]:
+    """Every pool by id: the scheduler's read model if it has any, else `pools.yaml`."""
+    from_scheduler = await _scheduler_views(conn)
+    if from_scheduler:
+        return from_scheduler
+    return _config_pools(config_dir / "pools.yaml")
+
+
+async def _scheduler_views(conn: asyncpg.Pool | asyncpg.Connection) -> dict[str, PoolInfo]:
+    exists = await conn.fetchval("SELECT to_regclass('scheduler_pool_views') IS NOT NULL")
+    if not exists:
+        return {}
+    pools: dict[str, PoolInfo] = {}
+    for row in await conn.fetch("SELECT pool_id, view FROM scheduler_pool_views"):
+        raw = row["view"] if isinstance(row["view"], dict) else json.loads(row["view"])
+        info = _pool_info({"id": row["pool_id"], **raw}, "scheduler")
+        if info is not None:
+            pools[info.view.pool_id] = info
+    return pools
+
+
+def _config_pools(path: Path) -> dict[str, PoolInfo]:
+    if not path.exists():
+        return {}
+    loaded = yaml.safe_load(path.read_text()) or {}
+    pools: dict[str, PoolInfo] = {}
+    for raw in loaded.get("pools", []) or []:
+        info = _pool_info(raw, "config")
+        if info is not None:
+            pools[info.view.pool_id] = info
+    return pools
+
+
+def _pool_info(raw: dict[str, Any], source: str) -> PoolInfo | None:
+    """A PoolInfo from either shape; None for an entry the rules cannot use."""
+    pool_id = raw.get("pool_id") or raw.get("id")
+    specs = raw.get("specs") or {}
+    if isinstance(specs, list):
+        specs = {s["name"]: s["gpus"] for s in specs if isinstance(s, dict)}
+    total = raw.get("total_gpus", _total_gpus(raw.get("nodes")))
+    try:
+        view = PoolView(
+            pool_id=pool_id,
+            zone=raw.get("zone"),
+            resource_type=raw.get("resource_type", "subscription"),
+            network=raw.get("network", "ethernet"),
+            specs=specs,
+            total_gpus=total,
+        )
+    except ValidationError:
+        return None
+    return PoolInfo(view, source, raw)
+
+
+def _total_gpus(nodes: Any) -> int | None:
+    """All GPUs of a pool's nodes, from `{count, gpus}`, a list of nodes, or a node count."""
+    if isinstance(nodes, dict) and isinstance(nodes.get("count"), int):
+        return int(nodes["count"]) * int(nodes.get("gpus", 8))
+    if isinstance(nodes, int):
+        return nodes * 8
+    if isinstance(nodes, list):
+        return sum(int(n.get("gpus", 8)) if isinstance(n, dict) else 8 for n in nodes)
+    return None
+
+
+def capacity(info: PoolInfo) -> dict[str, Any]:
+    """Launchable count per spec, custom-count maximum, occupancy and queue load.
+
+    The scheduler's view may carry a `capacity` object; it is passed through.
+    Otherwise only the pool's size is known, so free = total and occupancy is unknown.
+    """
+    view = info.view
+    raw = info.raw
+    if isinstance(raw.get("capacity"), dict):
+        extra = {k: raw.get(k) for k in ("occupancy", "queue", "as_of")}
+        return {"pool_id": view.pool_id, "source": info.source, **raw["capacity"], **extra}
+    total = view.total_gpus or 0
+    launchable = {name: total // gpus for name, gpus in sorted(view.specs.items())}
+    return {
+        "pool_id": view.pool_id,
+        "source": info.source,
+        "total_gpus": view.total_gpus,
+        "launchable": launchable,
+        "custom_gpus_max": total,
+        "occupancy": None,
+        "queued_tasks": None,
+    }
+
+
+def describe(info: PoolInfo) -> dict[str, Any]:
+    """A pool as `GET /v1/pools` answers it."""
+    return {**info.view.model_dump(mode="json"), "source": info.source}

@@ -1,0 +1,190 @@
+"""The task list read model: one row per task, projected from the event log.
+
+The projector follows the whole log with the store's gap-safe reader and,
+for every task stream touched by a batch, folds that stream up to the last
+event of the batch and upserts the task's row. Rows and the checkpoint are
+written in one transaction, so a crash never skips or double-applies a
+batch; a row depends only on the events up to the checkpoint, so applying a
+batch twice, or rebuilding from position 0, gives identical rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+from runyard.contracts import Event, RecordedEvent
+from runyard.domain import TaskState, fold
+from runyard.eventstore import PostgresEventStore
+
+NAME = "task_list"
+_UPSERT = """
+INSERT INTO task_list (task_id, tenant, creator, name, status, stage, pool, tags, group_id,
+                       cloned_from, run, version, created_at, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+ON CONFLICT (task_id) DO UPDATE SET
+    tenant = EXCLUDED.tenant, creator = EXCLUDED.creator, name = EXCLUDED.name,
+    status = EXCLUDED.status, stage = EXCLUDED.stage, pool = EXCLUDED.pool,
+    tags = EXCLUDED.tags, group_id = EXCLUDED.group_id, cloned_from = EXCLUDED.cloned_from,
+    run = EXCLUDED.run, version = EXCLUDED.version, created_at = EXCLUDED.created_at,
+    updated_at = EXCLUDED.updated_at
+"""
+_CHECKPOINT = """
+INSERT INTO checkpoints (name, position) VALUES ($1, $2)
+ON CONFLICT (name) DO UPDATE SET position = EXCLUDED.position, updated_at = now()
+"""
+
+
+class TaskListProjector:
+    """Keeps `task_list` up to date; `catch_up` is safe to call from several tasks."""
+
+    def __init__(self, store: PostgresEventStore, *, batch_size: int = 500) -> None:
+        self.store = store
+        self.batch_size = batch_size
+        self._lock = asyncio.Lock()
+        self._reader: Any = None
+
+    async def catch_up(self) -> int:
+        """Apply every event safe to read now; return how many were read."""
+        async with self._lock:
+            if self._reader is None:
+                self._reader = self.store.all_reader(await self._checkpoint())
+            total = 0
+            while batch := await self._reader.read(self.batch_size):
+                await self._apply(batch)
+                total += len(batch)
+            return total
+
+    async def rebuild(self) -> int:
+        """Drop the rows and the checkpoint and project the whole log again."""
+        async with self._lock, self.store.transaction() as conn:
+            await conn.execute("DELETE FROM task_list")
+            await conn.execute("DELETE FROM checkpoints WHERE name = $1", NAME)
+            self._reader = None
+        return await self.catch_up()
+
+    async def follow(self, poll_interval: float = 0.2) -> None:
+        """Catch up forever (until cancelled)."""
+        while True:
+            await self.catch_up()
+            await asyncio.sleep(poll_interval)
+
+    async def _checkpoint(self) -> int:
+        sql = "SELECT position FROM checkpoints WHERE name = $1"
+        return int(await self.store.pool.fetchval(sql, NAME) or 0)
+
+    async def _apply(self, batch: Sequence[RecordedEvent[Event]]) -> None:
+        last_version: dict[str, int] = {}
+        for recorded in batch:
+            if recorded.category == "task":
+                last_version[recorded.stream_id] = recorded.stream_version
+        states = [await self._state(stream, version) for stream, version in last_version.items()]
+        async with self.store.transaction() as conn:
+            for state, updated_at in states:
+                await conn.execute(_UPSERT, *_row(state, updated_at))
+            await conn.execute(_CHECKPOINT, NAME, batch[-1].global_position)
+
+    async def _state(self, stream_id: str, version: int) -> tuple[TaskState, datetime]:
+        events = [e for e in await self.store.read_stream(stream_id) if e.stream_version <= version]
+        return fold(events, task_id=stream_id.removeprefix("task-")), events[-1].occurred_at
+
+
+def _row(state: TaskState, updated_at: datetime) -> tuple[Any, ...]:
+    spec = state.spec
+    return (
+        state.task_id,
+        state.tenant,
+        state.creator,
+        spec.name,
+        state.status,
+        state.stage,
+        spec.pool,
+        list(spec.tags),
+        state.group_id,
+        state.cloned_from,
+        state.run,
+        state.version,
+        state.submitted_at,
+        updated_at,
+    )
+
+
+# --- queries ------------------------------------------------------------------
+
+_COLUMNS = (
+    "task_id, tenant, creator, name, status, stage, pool, tags, group_id, cloned_from, "
+    "run, created_at, updated_at"
+)
+
+
+async def list_rows(
+    conn: asyncpg.Pool | asyncpg.Connection,
+    tenant: str,
+    filters: dict[str, str | None],
+    limit: int,
+    cursor: str | None,
+) -> tuple[list[dict[str, Any]], str | None]:
+    """A page of the tenant's tasks, newest first, and the cursor of the next page."""
+    where: list[str] = ["tenant = $1"]
+    args: list[Any] = [tenant]
+    for column, value in filters.items():
+        if value is None:
+            continue
+        args.append(value)
+        where.append(_FILTERS[column].format(n=len(args)))
+    if cursor:
+        created_at, task_id = decode_cursor(cursor)
+        args.extend([created_at, task_id])
+        where.append(f"(created_at, task_id) < (${len(args) - 1}, ${len(args)})")
+    args.append(limit + 1)
+    sql = (
+        f"SELECT {_COLUMNS} FROM task_list WHERE {' AND '.join(where)} "
+        f"ORDER BY created_at DESC, task_id DESC LIMIT ${len(args)}"
+    )
+    rows = [_json_row(r) for r in await conn.fetch(sql, *args)]
+    if len(rows) <= limit:
+        return rows, None
+    last = rows[limit - 1]
+    return rows[:limit], encode_cursor(last["created_at"], last["task_id"])
+
+
+_FILTERS = {
+    "status": "status = ${n}",
+    "name": "name ILIKE '%' || ${n} || '%'",
+    "tag": "${n} = ANY(tags)",
+    "pool": "pool = ${n}",
+    "creator": "creator = ${n}",
+    "group_id": "group_id = ${n}",
+}
+
+
+async def all_rows(conn: asyncpg.Pool | asyncpg.Connection) -> list[dict[str, Any]]:
+    """Every row, in task id order (for comparing a rebuild with the live projection)."""
+    rows = await conn.fetch(f"SELECT {_COLUMNS}, version FROM task_list ORDER BY task_id")
+    return [_json_row(r) for r in rows]
+
+
+def _json_row(record: asyncpg.Record) -> dict[str, Any]:
+    row = dict(record)
+    row["tags"] = list(row["tags"])
+    for key in ("created_at", "updated_at"):
+        row[key] = row[key].isoformat()
+    return row
+
+
+def encode_cursor(created_at: str, task_id: str) -> str:
+    """An opaque cursor: the sort key of the last row of a page."""
+    return base64.urlsafe_b64encode(f"{created_at}|{task_id}".encode()).decode()
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    """The sort key in a cursor; ValueError if it is not one of ours."""
+    try:
+        created_at, _, task_id = base64.urlsafe_b64decode(cursor.encode()).decode().partition("|")
+        return datetime.fromisoformat(created_at), task_id
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"bad cursor {cursor!r}") from exc

@@ -1,0 +1,836 @@
+"""The scheduler's application layer: the pure core, driven by the event log.
+
+State. For each pool it manages, the scheduler keeps in memory the pool's
+state (a fold of `pool-<id>`, with its stream version), the pool's
+`WaitingQueue`, and the last queue plan; and, for each open task of its pools,
+the task's state (a fold of `task-<id>`, with its version). `start()` rebuilds
+all of it from the log; afterwards every event it sees is folded only if its
+stream version is the next one (older ones were already folded; a gap means
+another writer moved on, and the stream is read again from the store).
+
+Decisions. Every decision reads the memory, calls the pure core
+(`runyard.scheduler.domain` for pools, `runyard.domain.task.decide` for task
+streams, so the rules live in one place) and appends all the resulting events
+in ONE `append_many`, each stream with the version the decision read. A
+placement is `WorkersAllocated` on the pool and `TaskPlaced` on the task in
+one transaction: two schedulers (or two decisions) can never take the same
+GPU, because the second append finds the pool stream moved on
+(`ConcurrencyError`); it then reads what changed and decides again. Memory is
+folded only after the append committed.
+
+Reactions (by the task's state after the event, so a redelivered or replayed
+event changes nothing):
+
+- new or queued (submitted, rerun, requeued): into the pool's queue, then a
+  placement pass;
+- being rescheduled (placement withdrawn, GPUs still held): `plan_reschedule`
+  on the pool, or `TaskRescheduleFailed` + `TaskFailed` when no healthy node
+  can take the gang;
+- a stop requested while it holds no workers: `TaskStopped`;
+- finished (succeeded, failed, stopped, abnormal): `WorkersReleased` +
+  `ResourcesReleased`, out of the queue, and a placement pass at once.
+
+A placement pass places what `plan_queue` allows (backfill behind the head),
+then appends `TaskQueued` for the tasks whose reason or position changed,
+looking at the first `status_window` tasks of the queue and at new arrivals
+(at most `max_reports` per pass; the rest are reported by later passes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import asyncpg
+from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent
+from runyard.contracts.pool_events import (
+    GPUS_PER_NODE,
+    NodeAdded,
+    NodeCordoned,
+    NodeMarkedFaulty,
+    NodeMarkedHealthy,
+    NodeRemoved,
+    NodeUncordoned,
+    SpotCapacityChanged,
+)
+from runyard.contracts.spec import SpotOptions
+from runyard.contracts.task_events import (
+    TaskRerunRequested,
+    TaskRescheduleRequested,
+    WorkerPlacement,
+)
+from runyard.domain.errors import DomainError
+from runyard.domain.task import (
+    Command,
+    ConfirmStop,
+    Fail,
+    FailReschedule,
+    MarkAbnormal,
+    Place,
+    Preempt,
+    Queue,
+    ReleaseResources,
+    TaskState,
+    decide,
+    evolve,
+)
+from runyard.eventstore import (
+    NO_STREAM,
+    AppendRequest,
+    ConcurrencyError,
+    PostgresEventStore,
+)
+from runyard.scheduler.config import PoolConfig, pool_stream
+from runyard.scheduler.domain import (
+    Abnormal,
+    InvalidRequest,
+    NodeState,
+    NoHealthyNode,
+    Placement,
+    PoolState,
+    QueuedTask,
+    QueuePlan,
+    SpotShrink,
+    WaitingQueue,
+    check_request,
+    evolve_pool,
+    explain,
+    launchable,
+    plan_queue,
+    plan_reschedule,
+    plan_spot_shrink,
+    queue_status,
+    release,
+    request_for,
+    timed_out,
+)
+from runyard.scheduler.errors import (
+    ConflictPersisted,
+    NodeBusy,
+    NodeExists,
+    UnknownNode,
+    UnknownPool,
+)
+from runyard.scheduler.views import build_view, ensure_schema, write_view
+
+log = logging.getLogger("runyard.scheduler")
+
+ACTOR = "service:scheduler"
+#: How often a decision is retried after another writer moved its streams on.
+MAX_CONFLICT_RETRIES = 8
+
+T = TypeVar("T")
+Clock = Callable[[], datetime]
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _no_ids() -> str:
+    raise RuntimeError("scheduler decisions never create ids")
+
+
+def task_stream(task_id: str) -> str:
+    """The stream id of a task."""
+    return f"task-{task_id}"
+
+
+@dataclass
+class PoolRuntime:
+    """One pool in memory: its folded state and version, its queue, its last plan."""
+
+    state: PoolState
+    version: int = 0
+    queue: WaitingQueue = field(default_factory=WaitingQueue)
+    plan: QueuePlan | None = None
+    #: Queued tasks that never got a TaskQueued for their current wait.
+    unreported: dict[str, None] = field(default_factory=dict)
+    #: Rescheduled tasks' nodes to avoid, from their TaskRescheduleRequested.
+    exclude: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def pool_id(self) -> str:
+        return self.state.pool_id
+
+
+@dataclass
+class _Decision:
+    """Events of one decision, by stream, to append in one transaction."""
+
+    pool_id: str | None = None
+    pool_events: list[Event] = field(default_factory=list)
+    tasks: dict[str, list[Event]] = field(default_factory=dict)
+
+    def add_task(self, task_id: str, events: Iterable[Event]) -> None:
+        self.tasks.setdefault(task_id, []).extend(events)
+
+    @property
+    def empty(self) -> bool:
+        return not self.pool_events and not any(self.tasks.values())
+
+
+class SchedulerApp:
+    """The scheduler service's state and decisions; see the module docstring."""
+
+    def __init__(
+        self,
+        store: PostgresEventStore,
+        pools: Sequence[PoolConfig],
+        *,
+        clock: Clock = _utcnow,
+        status_window: int = 50,
+        max_reports: int = 1000,
+        batch_size: int = 500,
+        write_views: bool = True,
+    ) -> None:
+        self.store = store
+        self.configs = {p.pool_id: p for p in pools}
+        self.clock = clock
+        self.status_window = status_window
+        self.max_reports = max_reports
+        self.batch_size = batch_size
+        self.write_views = write_views
+        self.pools: dict[str, PoolRuntime] = {}
+        self.tasks: dict[str, TaskState] = {}
+        #: Finished tasks of our pools (version seen), and tasks of other pools.
+        self._done: dict[str, int] = {}
+        self._foreign: set[str] = set()
+        self._dirty: set[str] = set()
+        self._lock = asyncio.Lock()
+
+    # -- start -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Create the read model, register configured pools, rebuild memory, plan once."""
+        await ensure_schema(self.store.pool)
+        async with self._lock:
+            for config in self.configs.values():
+                await self._register(config)
+                self.pools[config.pool_id] = await self._load_pool(config.pool_id)
+        await self.rebuild()
+
+    async def rebuild(self, *, plan: bool = True) -> None:
+        """Fold the task streams of our pools again and act on them (a start after a crash).
+
+        With `plan` false the queues are filled but nothing is placed yet.
+        """
+        async with self._lock:
+            await self._load_tasks()
+            now = self.clock()
+            for task in list(self.tasks.values()):
+                await self._retrying(lambda t=task.task_id: self._reconcile(t, now), [])
+            for runtime in self.pools.values():
+                if plan:
+                    await self._pass(runtime, now)
+            await self._flush_views(None)
+
+    async def place(self, pool_id: str, *, limit: int | None = None) -> int:
+        """Run a placement pass on the pool now (at most `limit` placements); placements made."""
+        async with self._lock:
+            placed = await self._pass(self._runtime(pool_id), self.clock(), limit=limit)
+            await self._flush_views(None)
+            return placed
+
+    async def _register(self, config: PoolConfig) -> None:
+        stream = pool_stream(config.pool_id)
+        if await self.store.stream_version(stream):
+            return
+        now = self.clock()
+        events = [
+            NewEvent(event, Metadata(actor=ACTOR), now, event_id=event_id)
+            for event_id, event in config.registration()
+        ]
+        try:
+            await self.store.append(stream, events, NO_STREAM)
+        except ConcurrencyError:
+            log.info("pool %s was registered by another scheduler", config.pool_id)
+
+    async def _load_pool(self, pool_id: str) -> PoolRuntime:
+        runtime = PoolRuntime(PoolState())
+        for recorded in await self.store.read_stream(pool_stream(pool_id)):
+            evolve_pool(runtime.state, recorded.event)
+            runtime.version = recorded.stream_version
+        self._dirty.add(pool_id)
+        return runtime
+
+    async def _load_tasks(self) -> None:
+        """Fold every task stream; keep the open tasks of our pools."""
+        rows = await self.store.pool.fetch(
+            "SELECT global_position, event_id, stream_id, stream_version, event_type,"
+            " schema_version, data::text AS data, metadata::text AS metadata, occurred_at"
+            " FROM events WHERE stream_id LIKE 'task-%' ORDER BY stream_id, stream_version"
+        )
+        states: dict[str, TaskState] = {}
+        for row in rows:
+            recorded = self.store.decode(row)
+            task_id = recorded.stream_id.removeprefix("task-")
+            states[task_id] = self._fold_task(states.get(task_id), recorded)
+        for task_id, state in states.items():
+            if state.spec.pool not in self.pools:
+                self._foreign.add(task_id)
+            elif state.finished and state.held is None:
+                self._done[task_id] = state.version
+            else:
+                self.tasks[task_id] = state
+
+    # -- reacting to events --------------------------------------------------------
+
+    async def handle(
+        self, event: RecordedEvent[Event], conn: asyncpg.Connection | None = None
+    ) -> None:
+        """React to one task or pool event (the IdempotentConsumer's handler).
+
+        The view rows of changed pools are written on `conn` when given, so they
+        commit with the consumer's inbox row.
+        """
+        async with self._lock:
+            now = self.clock()
+            if event.stream_id.startswith("pool-"):
+                await self._on_pool_event(event, now)
+            elif event.stream_id.startswith("task-"):
+                await self._on_task_event(event, now)
+            await self._flush_views(conn)
+
+    async def _on_pool_event(self, event: RecordedEvent[Event], now: datetime) -> None:
+        runtime = self.pools.get(event.stream_id.removeprefix("pool-"))
+        if runtime is None or event.stream_version <= runtime.version:
+            return
+        await self._refresh_pool(runtime)
+        await self._pass(runtime, now)
+
+    async def _on_task_event(self, event: RecordedEvent[Event], now: datetime) -> None:
+        task_id = event.stream_id.removeprefix("task-")
+        if not await self._sync_task(task_id, event):
+            return
+        pool_id = await self._retrying(lambda: self._reconcile(task_id, now), [])
+        if pool_id is not None:
+            await self._pass(self.pools[pool_id], now)
+
+    async def _sync_task(self, task_id: str, event: RecordedEvent[Event]) -> bool:
+        """Fold the event into the task's state; False when there is nothing new for us."""
+        if task_id in self._foreign:
+            return False
+        done = self._done.get(task_id)
+        if done is not None:
+            if not isinstance(event.event, TaskRerunRequested) or event.stream_version <= done:
+                self._done[task_id] = max(done, event.stream_version)
+                return False
+            del self._done[task_id]
+        known = self.tasks.get(task_id)
+        if known is not None and event.stream_version <= known.version:
+            return False
+        if known is not None and event.stream_version == known.version + 1:
+            self.tasks[task_id] = self._fold_task(known, event)
+        else:
+            await self._refresh_task(task_id)
+        state = self.tasks.get(task_id)
+        if state is not None and state.spec.pool not in self.pools:
+            del self.tasks[task_id]
+            self._foreign.add(task_id)
+            return False
+        return state is not None
+
+    def _fold_task(self, state: TaskState | None, recorded: RecordedEvent[Event]) -> TaskState:
+        event = recorded.event
+        if isinstance(event, TaskRescheduleRequested) and state is not None:
+            runtime = self.pools.get(state.spec.pool)
+            if runtime is not None:
+                runtime.exclude[state.task_id] = event.faulty_nodes
+        return evolve(state, recorded)
+
+    async def _reconcile(self, task_id: str, now: datetime) -> str | None:
+        """Do what the task's state asks of the scheduler; the pool to re-plan, if any."""
+        state = self.tasks.get(task_id)
+        if state is None:
+            return None
+        runtime = self.pools[state.spec.pool]
+        if state.finished:
+            await self._finish(runtime, state, now)
+        elif state.stop_requested and state.placement is None:
+            runtime.queue.remove(task_id)
+            await self._decide_and_commit(runtime, state, [ConfirmStop(task_id)], now)
+            await self._finish(runtime, self.tasks[task_id], now)
+        elif state.status == "restarting" and state.placement is None:
+            await self._reschedule(runtime, state, now)
+        elif state.status in ("new", "queued") and task_id not in runtime.queue:
+            await self._enqueue(runtime, state, now)
+        else:
+            return None
+        return runtime.pool_id
+
+    async def _finish(self, runtime: PoolRuntime, state: TaskState, now: datetime) -> None:
+        """Give back what a finished task holds and forget it."""
+        runtime.queue.remove(state.task_id)
+        runtime.unreported.pop(state.task_id, None)
+        runtime.exclude.pop(state.task_id, None)
+        decision = _Decision(runtime.pool_id)
+        reason = f"task {state.status}"
+        if state.task_id in runtime.state.allocations:
+            decision.pool_events.append(release(runtime.state, state.task_id, reason))
+        if state.held is not None:
+            decision.add_task(
+                state.task_id, self._decide(state, [ReleaseResources(state.task_id, reason)], now)
+            )
+        await self._commit(decision, now)
+        final = self.tasks.pop(state.task_id)
+        self._done[state.task_id] = final.version
+        self._dirty.add(runtime.pool_id)
+
+    async def _enqueue(self, runtime: PoolRuntime, state: TaskState, now: datetime) -> None:
+        """Put a new or requeued task into its pool's queue (failing it if it can never run)."""
+        if state.held is not None:
+            await self._release_held(runtime, state, now)
+            state = self.tasks[state.task_id]
+        try:
+            request = request_for(
+                runtime.state, state.task_id, state.spec, run=state.run, attempt=state.attempt + 1
+            )
+            check_request(runtime.state, request)
+        except InvalidRequest as exc:
+            reason = f"cannot run in pool {runtime.pool_id}: {exc}"
+            await self._decide_and_commit(runtime, state, [Fail(state.task_id, reason)], now)
+            await self._finish(runtime, self.tasks[state.task_id], now)
+            return
+        spot = (state.spec.spot or SpotOptions()) if state.spec.resource_type == "spot" else None
+        queued = QueuedTask(
+            request=request,
+            submitted_at=state.submitted_at,
+            queued_at=state.queued_at or now,
+            spot=spot,
+            requeues=state.requeues,
+        )
+        runtime.queue.add(queued)
+        runtime.unreported[state.task_id] = None
+        self._dirty.add(runtime.pool_id)
+
+    async def _release_held(self, runtime: PoolRuntime, state: TaskState, now: datetime) -> None:
+        """Release GPUs a task still holds from an earlier run before it queues again."""
+        decision = _Decision(runtime.pool_id)
+        if state.task_id in runtime.state.allocations:
+            decision.pool_events.append(release(runtime.state, state.task_id, "new run"))
+        decision.add_task(
+            state.task_id, self._decide(state, [ReleaseResources(state.task_id, "new run")], now)
+        )
+        await self._commit(decision, now)
+
+    async def _reschedule(self, runtime: PoolRuntime, state: TaskState, now: datetime) -> None:
+        """Move a task off faulty nodes (R-31), or fail it when no healthy node can take it."""
+        task_id = state.task_id
+        exclude = runtime.exclude.get(task_id, ())
+        decision = _Decision(runtime.pool_id)
+        if task_id not in runtime.state.allocations:
+            # Nothing held in the pool any more: place it like a new task would be.
+            decision.add_task(task_id, self._decide(state, self._release_cmds(state), now))
+            await self._commit(decision, now)
+            await self._enqueue(runtime, self.tasks[task_id], now)
+            return
+        try:
+            moved = plan_reschedule(runtime.state, task_id, exclude=exclude)
+        except NoHealthyNode as exc:
+            decision.pool_events.append(release(runtime.state, task_id, "reschedule failed"))
+            commands: list[Command] = [FailReschedule(task_id, str(exc))]
+            decision.add_task(
+                task_id, self._decide(state, [*commands, *self._release_cmds(state)], now)
+            )
+            await self._commit(decision, now)
+            await self._finish(runtime, self.tasks[task_id], now)
+            return
+        placement = _for_task(moved.placement, state)
+        decision.pool_events.extend([moved.release, placement.event()])
+        commands = [*self._release_cmds(state), _place_command(runtime.pool_id, placement)]
+        decision.add_task(task_id, self._decide(state, commands, now))
+        await self._commit(decision, now)
+        runtime.exclude.pop(task_id, None)
+        self._dirty.add(runtime.pool_id)
+
+    @staticmethod
+    def _release_cmds(state: TaskState) -> list[Command]:
+        if state.held is None:
+            return []
+        return [ReleaseResources(state.task_id, "reschedule")]
+
+    # -- placement passes ----------------------------------------------------------
+
+    async def _pass(self, runtime: PoolRuntime, now: datetime, *, limit: int | None = None) -> int:
+        """Place what the queue allows, in batches, then report queue reasons; placements made."""
+        placed = conflicts = 0
+        while (limit is None or placed < limit) and conflicts < MAX_CONFLICT_RETRIES:
+            batch = self.batch_size if limit is None else min(self.batch_size, limit - placed)
+            plan = plan_queue(runtime.state, runtime.queue, max_placements=batch)
+            runtime.plan = plan
+            if not plan.placements:
+                break
+            try:
+                placed += await self._commit_plan(runtime, plan, now)
+            except ConcurrencyError as exc:
+                conflicts += 1
+                await self._refresh(exc.stream_id)
+        await self._report_queue(runtime, now)
+        return placed
+
+    async def _commit_plan(self, runtime: PoolRuntime, plan: QueuePlan, now: datetime) -> int:
+        """Append the plan's placements (pool + task streams) in one transaction."""
+        decision = _Decision(runtime.pool_id)
+        for placement in plan.placements:
+            state = self.tasks.get(placement.task_id)
+            if state is None:
+                runtime.queue.remove(placement.task_id)
+                continue
+            placement = _for_task(placement, state)
+            command = _place_command(runtime.pool_id, placement)
+            try:
+                events = decide(state, command, now=now, ids=_no_ids)
+            except DomainError as exc:
+                log.info("not placing %s: %s", placement.task_id, exc)
+                runtime.queue.remove(placement.task_id)
+                continue
+            decision.pool_events.append(placement.event())
+            decision.add_task(placement.task_id, events)
+        if decision.empty:
+            return 0
+        await self._commit(decision, now)
+        for task_id in decision.tasks:
+            runtime.queue.remove(task_id)
+            runtime.unreported.pop(task_id, None)
+        self._dirty.add(runtime.pool_id)
+        return len(decision.tasks)
+
+    async def _report_queue(self, runtime: PoolRuntime, now: datetime) -> None:
+        """Append TaskQueued for waiting tasks whose reason or position changed."""
+        statuses = queue_status(
+            runtime.state, runtime.queue, runtime.plan, limit=self.status_window
+        )
+        seen = {s.task_id for s in statuses}
+        for task_id in list(runtime.unreported)[: self.max_reports]:
+            if task_id not in seen and task_id in runtime.queue:
+                statuses.append(explain(runtime.state, runtime.queue, task_id, runtime.plan))
+        decision = _Decision(runtime.pool_id)
+        for status in statuses:
+            state = self.tasks[status.task_id]
+            request = runtime.queue.get(status.task_id)
+            assert request is not None
+            command = Queue(
+                status.task_id,
+                reason=status.reason,
+                position=status.ahead,
+                gpus_needed=request.request.gpus,
+                launchable=launchable(runtime.state, max(request.request.worker_gpus)),
+            )
+            try:
+                decision.add_task(status.task_id, decide(state, command, now=now, ids=_no_ids))
+            except DomainError as exc:
+                log.info("not reporting %s: %s", status.task_id, exc)
+            runtime.unreported.pop(status.task_id, None)
+        if not decision.empty:
+            await self._commit_each_on_conflict(runtime, decision, now)
+
+    async def _commit_each_on_conflict(
+        self, runtime: PoolRuntime, decision: _Decision, now: datetime
+    ) -> None:
+        """Append task-only events together; on a conflict, one task at a time."""
+        try:
+            await self._commit(decision, now)
+        except ConcurrencyError:
+            for task_id, events in decision.tasks.items():
+                try:
+                    await self._commit(_Decision(None, [], {task_id: events}), now)
+                except ConcurrencyError:
+                    await self._refresh_task(task_id)
+        for task_id in decision.tasks:
+            state = self.tasks.get(task_id)
+            if state is not None and state.finished:
+                await self._finish(runtime, state, now)
+
+    # -- periodic work -------------------------------------------------------------
+
+    async def tick(self, now: datetime | None = None) -> None:
+        """Time limits (R-08: max single queue duration) and pending queue reports."""
+        async with self._lock:
+            now = now or self.clock()
+            for runtime in self.pools.values():
+                for abnormal in timed_out(runtime.queue, now):
+                    await self._retrying(
+                        lambda a=abnormal, r=runtime: self._time_out(r, a, now), []
+                    )
+                if runtime.unreported or runtime.pool_id in self._dirty:
+                    await self._pass(runtime, now)
+            await self._flush_views(None)
+
+    async def _time_out(self, runtime: PoolRuntime, abnormal: Abnormal, now: datetime) -> None:
+        """A spot task waited past its max single queue duration: abnormal, out of the queue."""
+        state = self.tasks[abnormal.task_id]
+        command = MarkAbnormal(abnormal.task_id, abnormal.reason, abnormal.next_steps)
+        await self._decide_and_commit(runtime, state, [command], now)
+        await self._finish(runtime, self.tasks[abnormal.task_id], now)
+        self._dirty.add(runtime.pool_id)
+
+    # -- admin (called by the gateway) -----------------------------------------------
+
+    async def add_node(self, pool_id: str, node: str, gpus: int = GPUS_PER_NODE) -> None:
+        """Add a healthy node with every GPU free; the queue is re-planned."""
+
+        def check(runtime: PoolRuntime) -> list[Event]:
+            if node in runtime.state.nodes:
+                raise NodeExists(f"pool {pool_id} already has node {node!r}", "pick another name")
+            return [NodeAdded(node=node, gpus=gpus)]
+
+        await self._admin(pool_id, check)
+
+    async def remove_node(self, pool_id: str, node: str) -> None:
+        """Remove an idle node (NodeBusy while workers run on it)."""
+
+        def check(runtime: PoolRuntime) -> list[Event]:
+            found = self._node(runtime, node)
+            busy = tuple(dict.fromkeys(o for o in found.owners if o is not None))
+            if busy:
+                raise NodeBusy(pool_id, node, busy)
+            return [NodeRemoved(node=node)]
+
+        await self._admin(pool_id, check)
+
+    async def cordon_node(self, pool_id: str, node: str) -> None:
+        """No new workers go to the node; running ones stay."""
+        await self._admin(pool_id, lambda r: [NodeCordoned(node=self._node(r, node).name)])
+
+    async def uncordon_node(self, pool_id: str, node: str) -> None:
+        """The node takes new workers again."""
+        await self._admin(pool_id, lambda r: [NodeUncordoned(node=self._node(r, node).name)])
+
+    async def mark_node_faulty(self, pool_id: str, node: str, reason: str) -> None:
+        """The node has a hardware fault: nothing new goes there (fault injection in tests)."""
+        await self._admin(
+            pool_id, lambda r: [NodeMarkedFaulty(node=self._node(r, node).name, reason=reason)]
+        )
+
+    async def mark_node_healthy(self, pool_id: str, node: str) -> None:
+        """The node was repaired."""
+        await self._admin(pool_id, lambda r: [NodeMarkedHealthy(node=self._node(r, node).name)])
+
+    async def change_spot_capacity(
+        self,
+        pool_id: str,
+        *,
+        remove: int = 0,
+        add: Sequence[str] = (),
+        gpus_per_node: int = GPUS_PER_NODE,
+        reason: str = "spot capacity changed",
+    ) -> SpotShrink | None:
+        """Grow a spot pool by `add` nodes, or shrink it by `remove` nodes (R-08).
+
+        A shrink preempts running spot tasks (lowest priority, newest first) as
+        `plan_spot_shrink` decides: their workers are released and each task is
+        requeued, or marked abnormal past its max requeue count, all in one
+        append with the capacity change. Returns the shrink, None for a growth.
+        """
+        async with self._lock:
+            runtime = self._runtime(pool_id)
+            now = self.clock()
+            if remove:
+                shrink = await self._retrying(
+                    lambda: self._shrink(runtime, remove, reason, now), [pool_stream(pool_id)]
+                )
+            else:
+                change = SpotCapacityChanged(
+                    added=tuple(add), gpus_per_node=gpus_per_node, reason=reason
+                )
+                await self._retrying(
+                    lambda: self._commit(_Decision(pool_id, [change]), now), [pool_stream(pool_id)]
+                )
+                shrink = None
+            self._dirty.add(pool_id)
+            for victim in shrink.preempted if shrink else ():
+                await self._retrying(lambda t=victim.task_id: self._reconcile(t, now), [])
+            await self._pass(runtime, now)
+            await self._flush_views(None)
+            return shrink
+
+    async def _shrink(
+        self, runtime: PoolRuntime, remove: int, reason: str, now: datetime
+    ) -> SpotShrink:
+        shrink = plan_spot_shrink(runtime.state, remove=remove)
+        decision = _Decision(runtime.pool_id, shrink.events(reason))
+        for victim in shrink.preempted:
+            state = self.tasks[victim.task_id]
+            commands: list[Command] = [
+                Preempt(victim.task_id, f"spot capacity reclaimed: {reason}"),
+                ReleaseResources(victim.task_id, "preempted"),
+            ]
+            decision.add_task(victim.task_id, self._decide(state, commands, now))
+        await self._commit(decision, now)
+        return shrink
+
+    async def _admin(
+        self, pool_id: str, decide_events: Callable[[PoolRuntime], list[Event]]
+    ) -> None:
+        async with self._lock:
+            runtime = self._runtime(pool_id)
+            now = self.clock()
+            await self._retrying(
+                lambda: self._commit(_Decision(pool_id, decide_events(runtime)), now),
+                [pool_stream(pool_id)],
+            )
+            self._dirty.add(pool_id)
+            await self._pass(runtime, now)
+            await self._flush_views(None)
+
+    def _runtime(self, pool_id: str) -> PoolRuntime:
+        runtime = self.pools.get(pool_id)
+        if runtime is None:
+            raise UnknownPool(pool_id, tuple(self.pools))
+        return runtime
+
+    @staticmethod
+    def _node(runtime: PoolRuntime, node: str) -> NodeState:
+        found = runtime.state.nodes.get(node)
+        if found is None:
+            raise UnknownNode(runtime.pool_id, node)
+        return found
+
+    # -- reading (in-process callers, tests) ---------------------------------------
+
+    def view(self, pool_id: str) -> dict[str, Any]:
+        """The pool's read-model document as it would be written now."""
+        runtime = self._runtime(pool_id)
+        return build_view(
+            runtime.state, runtime.queue, runtime.plan, version=runtime.version, now=self.clock()
+        )
+
+    # -- appending and reloading -------------------------------------------------------
+
+    def _decide(self, state: TaskState, commands: Sequence[Command], now: datetime) -> list[Event]:
+        """Decide commands one after the other on the task (each sees the events before)."""
+        events: list[Event] = []
+        for command in commands:
+            new = decide(state, command, now=now, ids=_no_ids)
+            for event in new:
+                state = evolve(state, (event, now))
+            events.extend(new)
+        return events
+
+    async def _decide_and_commit(
+        self, runtime: PoolRuntime, state: TaskState, commands: Sequence[Command], now: datetime
+    ) -> None:
+        decision = _Decision(runtime.pool_id)
+        decision.add_task(state.task_id, self._decide(state, commands, now))
+        await self._commit(decision, now)
+
+    async def _commit(self, decision: _Decision, now: datetime) -> None:
+        """Append the decision in one transaction with the versions it read; then fold it."""
+        if decision.empty:
+            return
+        metadata = Metadata(actor=ACTOR)
+        requests = []
+        runtime = self.pools[decision.pool_id] if decision.pool_id else None
+        if decision.pool_events:
+            assert runtime is not None
+            requests.append(
+                AppendRequest(
+                    pool_stream(runtime.pool_id),
+                    [NewEvent(e, metadata, now) for e in decision.pool_events],
+                    runtime.version,
+                )
+            )
+        for task_id, events in decision.tasks.items():
+            if events:
+                requests.append(
+                    AppendRequest(
+                        task_stream(task_id),
+                        [NewEvent(e, metadata, now) for e in events],
+                        self.tasks[task_id].version,
+                    )
+                )
+        await self.store.append_many(requests)
+        if runtime is not None:
+            for event in decision.pool_events:
+                evolve_pool(runtime.state, event)
+            runtime.version += len(decision.pool_events)
+        for task_id, events in decision.tasks.items():
+            state = self.tasks[task_id]
+            for event in events:
+                state = evolve(state, (event, now))
+            self.tasks[task_id] = state
+
+    async def _retrying(self, op: Callable[[], Awaitable[T]], streams: Sequence[str]) -> T:
+        """Run a decision; on a conflict, read what moved on and decide again."""
+        for _ in range(MAX_CONFLICT_RETRIES):
+            try:
+                return await op()
+            except ConcurrencyError as exc:
+                log.info("conflict on %s; reloading", exc.stream_id)
+                await self._refresh(exc.stream_id)
+                for stream in streams:
+                    await self._refresh(stream)
+        raise ConflictPersisted(
+            f"gave up after {MAX_CONFLICT_RETRIES} conflicts", "the event will be retried"
+        )
+
+    async def _refresh(self, stream_id: str) -> None:
+        if stream_id.startswith("pool-"):
+            runtime = self.pools.get(stream_id.removeprefix("pool-"))
+            if runtime is not None:
+                await self._refresh_pool(runtime)
+        elif stream_id.startswith("task-"):
+            await self._refresh_task(stream_id.removeprefix("task-"))
+
+    async def _refresh_pool(self, runtime: PoolRuntime) -> None:
+        """Fold the pool events another writer appended since our version."""
+        for recorded in await self.store.read_stream(
+            pool_stream(runtime.pool_id), runtime.version + 1
+        ):
+            evolve_pool(runtime.state, recorded.event)
+            runtime.version = recorded.stream_version
+        self._dirty.add(runtime.pool_id)
+        placed_elsewhere = [t for t in runtime.state.allocations if t in runtime.queue]
+        for task_id in placed_elsewhere:  # another scheduler placed it
+            await self._refresh_task(task_id)
+
+    async def _refresh_task(self, task_id: str) -> None:
+        """Fold the task events appended since our version (the whole stream if unknown)."""
+        state = self.tasks.get(task_id)
+        start = state.version + 1 if state is not None else 1
+        for recorded in await self.store.read_stream(task_stream(task_id), start):
+            state = self._fold_task(state, recorded)
+        if state is None:
+            return
+        self.tasks[task_id] = state
+        runtime = self.pools.get(state.spec.pool)
+        if (
+            runtime is not None
+            and task_id in runtime.queue
+            and state.status not in ("new", "queued")
+        ):
+            runtime.queue.remove(task_id)
+            runtime.unreported.pop(task_id, None)
+
+    async def _flush_views(self, conn: asyncpg.Connection | None) -> None:
+        """Rewrite the read-model rows of the pools changed since the last flush."""
+        if not self.write_views:
+            self._dirty.clear()
+            return
+        now = self.clock()
+        for pool_id in sorted(self._dirty):
+            runtime = self.pools.get(pool_id)
+            if runtime is None:
+                continue
+            view = build_view(
+                runtime.state, runtime.queue, runtime.plan, version=runtime.version, now=now
+            )
+            await write_view(conn if conn is not None else self.store.pool, view)
+        self._dirty.clear()
+
+
+def _for_task(placement: Placement, state: TaskState) -> Placement:
+    """The placement as the task's next attempt (its run and attempt numbers)."""
+    return replace(placement, run=state.run, attempt=state.attempt + 1)
+
+
+def _place_command(pool_id: str, placement: Placement) -> Place:
+    workers = tuple(
+        WorkerPlacement(index=w.index, node=w.node, gpus=w.gpus) for w in placement.workers
+    )
+    return Place(placement.task_id, pool_id, workers)

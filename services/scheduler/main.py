@@ -1,0 +1,46 @@
+"""The scheduler service: `async def run(ctx)` until cancelled.
+
+It loads the pools file (`pools.yaml` of the config folder), starts the
+application (`SchedulerApp.start`: registers pools, rebuilds its memory from
+the log, plans once), subscribes one idempotent consumer to the task and pool
+event topics, and ticks every `tick_s` seconds for time limits (R-08) and
+pending queue reports. The running app is published in `ctx.settings`
+(`scheduler_app`) so an in-process gateway can call its admin functions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from runyard.eventstore import PostgresEventStore
+from runyard.messaging.consumer import IdempotentConsumer, make_broker
+from runyard.scheduler.app import SchedulerApp
+from runyard.scheduler.config import load_pools_file
+from runyard.stack.context import ServiceContext
+
+CONSUMER = "scheduler"
+TICK_S = 5.0
+
+
+async def run(ctx: ServiceContext) -> None:
+    """Run the scheduler until cancelled."""
+    store = await PostgresEventStore.connect(ctx.dsn, ctx.mapper, min_size=2, max_size=8)
+    broker = make_broker(ctx.kafka)
+    try:
+        app = SchedulerApp(store, load_pools_file(ctx.config_dir / "pools.yaml"))
+        await app.start()
+        ctx.settings["scheduler_app"] = app
+        consumer = IdempotentConsumer(
+            CONSUMER, pool=store.pool, mapper=ctx.mapper, handler=app.handle, kafka=ctx.kafka
+        )
+        consumer.subscribe(broker, ctx.kafka.topics.task_events, ctx.kafka.topics.pool_events)
+        await broker.start()
+        tick_s = float(ctx.settings.get("scheduler_tick_s", TICK_S))
+        while True:
+            await asyncio.sleep(tick_s)
+            await app.tick()
+    finally:
+        with contextlib.suppress(Exception):
+            await broker.stop()
+        await store.close()

@@ -1,0 +1,72 @@
+"""The gateway service entrypoint: `run(ctx)` serves HTTP and projects until cancelled."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from pathlib import Path
+
+import asyncpg
+import httpx
+from runyard.gateway import main
+from runyard.gateway.auth import create_token
+from runyard.messaging import KafkaSettings
+from runyard.stack.context import ServiceContext
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def wait_ready(client: httpx.AsyncClient) -> None:
+    for _ in range(200):
+        try:
+            await client.get("/openapi.json")
+            return
+        except httpx.TransportError:
+            await asyncio.sleep(0.05)
+    raise AssertionError("the gateway did not start")
+
+
+async def test_run_serves_http_and_projects(dsn: str, tmp_path: Path) -> None:
+    port = free_port()
+    ctx = ServiceContext(
+        dsn=dsn,
+        kafka=KafkaSettings(),
+        data_dir=tmp_path,
+        config_dir=REPO / "infra/config",
+        settings={"http_port": port},
+    )
+    service = asyncio.create_task(main.run(ctx))
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+        await wait_ready(client)
+        assert (await client.get("/v1/tasks")).status_code == 401
+        conn = await asyncpg.connect(dsn)
+        try:
+            token = await create_token(conn, "t1", "alice")
+            headers = {"Authorization": f"Bearer {token}"}
+            body = {
+                "name": "hi",
+                "pool": "dev-a100",
+                "worker_spec": "1gpu",
+                "image": "bash-only",
+                "command": "echo hi",
+            }
+            created = await client.post("/v1/tasks", json=body, headers=headers)
+            assert created.status_code == 201, created.json()
+            for _ in range(100):  # the background projector writes the row
+                if await conn.fetchval("SELECT count(*) FROM task_list"):
+                    break
+                await asyncio.sleep(0.05)
+            assert await conn.fetchval("SELECT name FROM task_list") == "hi"
+        finally:
+            await conn.close()
+    service.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await service
+    assert service.done()

@@ -1,0 +1,435 @@
+"""The scheduler service on a real Postgres: the app layer driven event by event.
+
+Tests append task events as the other services would (through the task
+domain's `decide`), hand each stored event to `SchedulerApp.handle` as the
+Kafka consumer would, and read the streams back. One slow test runs the whole
+path through the relay, Kafka and the service's `run()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent, default_mapper
+from runyard.contracts.pool_events import WorkersAllocated, WorkersReleased
+from runyard.contracts.spec import SpotOptions, TaskSpec
+from runyard.contracts.task_events import (
+    ResourcesReleased,
+    TaskFailed,
+    TaskMarkedAbnormal,
+    TaskPlaced,
+    TaskPreempted,
+    TaskQueued,
+    TaskRequeued,
+    TaskRescheduleFailed,
+    TaskSucceeded,
+)
+from runyard.domain.task import Command, RequestReschedule, RequestStop, Submit, decide, fold
+from runyard.eventstore import PostgresEventStore
+from runyard.messaging import KafkaSettings
+from runyard.scheduler.app import SchedulerApp
+from runyard.scheduler.config import parse_pools
+from runyard.scheduler.domain import fold_pool
+from runyard.scheduler.views import list_pools, read_pool_view
+
+pytestmark = pytest.mark.integration
+
+POOLS = {
+    "pools": [
+        {
+            "id": "dev-a100",
+            "zone": "cn-north-1",
+            "resource_type": "subscription",
+            "gpu_model": "A100",
+            "network": "roce",
+            "specs": [
+                {"name": f"{g}gpu", "gpus": g, "cpus": 12 * g, "memory_gib": 100 * g}
+                for g in (1, 2, 4, 8)
+            ],
+            "nodes": {"prefix": "a-", "count": 4},
+        },
+        {
+            "id": "dev-spot",
+            "zone": "cn-north-1",
+            "resource_type": "spot",
+            "gpu_model": "A100",
+            "network": "ethernet",
+            "specs": [{"name": "8gpu", "gpus": 8, "cpus": 96, "memory_gib": 800}],
+            "nodes": {"prefix": "s-", "count": 2},
+        },
+    ]
+}
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def spec(worker_spec: str = "8gpu", count: int = 1, pool: str = "dev-a100", **kw: Any) -> TaskSpec:
+    return TaskSpec(
+        name="t",
+        pool=pool,
+        worker_spec=worker_spec,
+        worker_count=count,
+        image="img",
+        command="python train.py",
+        resource_type="spot" if pool == "dev-spot" else "subscription",
+        **kw,
+    )
+
+
+class Harness:
+    """A store, one or more scheduler apps, and helpers acting as the other services."""
+
+    def __init__(self, store: PostgresEventStore, apps: list[SchedulerApp], clock: Clock) -> None:
+        self.store = store
+        self.apps = apps
+        self.clock = clock
+
+    @property
+    def app(self) -> SchedulerApp:
+        return self.apps[0]
+
+    async def events(self, stream: str) -> list[RecordedEvent[Event]]:
+        return await self.store.read_stream(stream)
+
+    async def types(self, task_id: str) -> list[str]:
+        return [e.type for e in await self.events(f"task-{task_id}")]
+
+    async def append(self, task_id: str, events: list[Event]) -> list[RecordedEvent[Event]]:
+        stream = f"task-{task_id}"
+        version = await self.store.stream_version(stream)
+        meta = Metadata(actor="user:acme/alice")
+        await self.store.append(
+            stream, [NewEvent(e, meta, self.clock.now) for e in events], version
+        )
+        return await self.store.read_stream(stream, version + 1)
+
+    async def command(self, task_id: str, command: Command, *, deliver: bool = True) -> None:
+        """Decide a command as its owning service would, append, and deliver it."""
+        stream = await self.events(f"task-{task_id}")
+        state = fold(stream) if stream else None
+        new = decide(state, command, now=self.clock.now, ids=lambda: "x")
+        recorded = await self.append(task_id, new)
+        if deliver:
+            await self.deliver(recorded)
+
+    async def submit(self, task_id: str, task_spec: TaskSpec, *, deliver: bool = True) -> None:
+        await self.command(task_id, Submit(task_id, "acme", "alice", task_spec), deliver=deliver)
+
+    async def finish(self, task_id: str) -> None:
+        """The deployer reports success."""
+        state = fold(await self.events(f"task-{task_id}"))
+        await self.deliver(
+            await self.append(task_id, [TaskSucceeded(run=state.run, attempt=state.attempt)])
+        )
+
+    async def deliver(self, events: list[RecordedEvent[Event]]) -> None:
+        for event in events:
+            for app in self.apps:
+                await app.handle(event)
+
+    async def pool(self, pool_id: str = "dev-a100") -> Any:
+        return fold_pool(e.event for e in await self.events(f"pool-{pool_id}"))
+
+
+@contextlib.asynccontextmanager
+async def harness(dsn: str, apps: int = 1) -> Any:
+    clock = Clock()
+    stores = [await PostgresEventStore.connect(dsn, default_mapper()) for _ in range(apps)]
+    instances = [SchedulerApp(s, parse_pools(POOLS), clock=clock) for s in stores]
+    for app in instances:
+        await app.start()
+    try:
+        yield Harness(stores[0], instances, clock)
+    finally:
+        for store in stores:
+            await store.close()
+
+
+async def test_start_registers_pools_once_and_writes_views(dsn: str) -> None:
+    async with harness(dsn) as h:
+        first = await h.events("pool-dev-a100")
+    async with harness(dsn) as h:  # a restart registers nothing again
+        assert len(await h.events("pool-dev-a100")) == len(first) == 5
+        view = await read_pool_view(h.store.pool, "dev-a100")
+        assert view is not None
+        assert view["capacity"]["launchable"]["8"] == 4
+        assert {s["name"]: s["launchable"] for s in view["specs"]}["2gpu"] == 16
+        assert [p["pool_id"] for p in await list_pools(h.store.pool)] == ["dev-a100", "dev-spot"]
+
+
+async def test_placement_writes_workers_allocated_and_task_placed_together(dsn: str) -> None:
+    async with harness(dsn) as h:
+        await h.submit("t1", spec("4gpu", count=2))
+        task = await h.events("task-t1")
+        assert [e.type for e in task] == ["TaskSubmitted", "TaskPlaced"]
+        placed = task[1].event
+        assert isinstance(placed, TaskPlaced) and placed.attempt == 1
+        allocated = (await h.events("pool-dev-a100"))[-1]
+        assert isinstance(allocated.event, WorkersAllocated)
+        assert allocated.event.task_id == "t1"
+        assert [w.gpus for w in allocated.event.workers] == [w.gpus for w in placed.workers]
+        # One transaction: the two events got neighbouring global positions.
+        assert abs(allocated.global_position - task[1].global_position) == 1
+        view = await read_pool_view(h.store.pool, "dev-a100")
+        assert view is not None
+        assert view["occupancy"]["items"][0]["task_id"] == "t1"
+        assert view["capacity"]["free_gpus"] == 24
+
+
+async def test_gang_waits_holding_nothing_then_starts_after_a_release(dsn: str) -> None:
+    async with harness(dsn) as h:
+        await h.submit("one", spec("8gpu"))
+        await h.submit("gang", spec("8gpu", count=4))
+        assert await h.types("gang") == ["TaskSubmitted", "TaskQueued"]
+        queued = (await h.events("task-gang"))[-1].event
+        assert isinstance(queued, TaskQueued)
+        assert "needs 4 x 8-GPU workers, pool can start 3" in queued.reason
+        assert queued.position == 0 and queued.launchable == 3
+        pool = await h.pool()
+        assert set(pool.allocations) == {"one"}, "the waiting gang holds nothing"
+
+        await h.finish("one")
+        assert (await h.types("one"))[-1] == "ResourcesReleased"
+        assert (await h.types("gang"))[-1] == "TaskPlaced"
+        pool = await h.pool()
+        assert set(pool.allocations) == {"gang"} and pool.free_gpus == 0
+        released = [e.event for e in await h.events("pool-dev-a100")][-2]
+        assert isinstance(released, WorkersReleased) and released.task_id == "one"
+
+
+async def test_queue_reason_is_updated_only_when_it_changes(dsn: str) -> None:
+    async with harness(dsn) as h:
+        await h.submit("big", spec("8gpu", count=4))
+        await h.submit("w1", spec("8gpu", count=4))
+        await h.submit("w2", spec("8gpu", count=4))
+        assert await h.types("w2") == ["TaskSubmitted", "TaskQueued"]
+        await h.app.tick()  # nothing changed: nothing appended
+        assert await h.types("w2") == ["TaskSubmitted", "TaskQueued"]
+        await h.finish("big")
+        assert (await h.types("w1"))[-1] == "TaskPlaced"
+        w2 = await h.events("task-w2")
+        assert [e.type for e in w2] == ["TaskSubmitted", "TaskQueued", "TaskQueued"]
+        assert w2[1].event.position == 1 and w2[2].event.position == 0  # type: ignore[attr-defined]
+
+
+async def test_stop_of_a_queued_task(dsn: str) -> None:
+    async with harness(dsn) as h:
+        await h.submit("full", spec("8gpu", count=4))
+        await h.submit("waits", spec("1gpu"))
+        assert (await h.types("waits"))[-1] == "TaskQueued"
+        await h.command("waits", RequestStop("waits"))
+        assert (await h.types("waits"))[-2:] == ["TaskStopRequested", "TaskStopped"]
+        assert h.app.view("dev-a100")["queue"]["waiting"] == 0
+        view = await read_pool_view(h.store.pool, "dev-a100")
+        assert view is not None and view["queue"]["waiting"] == 0
+
+
+async def test_stop_requested_alone_on_a_queued_task_is_confirmed(dsn: str) -> None:
+    from runyard.contracts.task_events import TaskStopRequested
+
+    async with harness(dsn) as h:
+        await h.submit("full", spec("8gpu", count=4))
+        await h.submit("waits", spec("1gpu"))
+        await h.deliver(await h.append("waits", [TaskStopRequested(reason="owner")]))
+        assert (await h.types("waits"))[-1] == "TaskStopped"
+        assert h.app.view("dev-a100")["queue"]["waiting"] == 0
+
+
+async def test_spot_shrink_preempts_and_requeues_then_abnormal_past_the_limit(dsn: str) -> None:
+    async with harness(dsn) as h:
+        limits = SpotOptions(max_requeues=1, max_queue_duration_s=3600)
+        await h.submit("low", spec("8gpu", pool="dev-spot", priority=0, spot=limits))
+        await h.submit("high", spec("8gpu", pool="dev-spot", priority=5, spot=limits))
+        shrink = await h.app.change_spot_capacity("dev-spot", remove=1, reason="provider")
+        assert shrink is not None and [p.task_id for p in shrink.preempted] == ["low"]
+        events = [e.event for e in await h.events("task-low")]
+        assert [type(e) for e in events[-4:]] == [
+            TaskPreempted,
+            TaskRequeued,
+            ResourcesReleased,
+            TaskQueued,
+        ]
+        assert "high" in (await h.pool("dev-spot")).allocations
+
+        await h.app.change_spot_capacity("dev-spot", add=["s-new"])
+        assert (await h.types("low"))[-1] == "TaskPlaced"
+
+        await h.app.change_spot_capacity("dev-spot", remove=1)
+        events = [e.event for e in await h.events("task-low")]
+        assert isinstance(events[-2], TaskMarkedAbnormal), events[-3:]
+        assert isinstance(events[-1], ResourcesReleased)
+        assert "low" not in (await h.pool("dev-spot")).allocations
+
+
+async def test_spot_task_past_its_max_queue_duration_goes_abnormal(dsn: str) -> None:
+    async with harness(dsn) as h:
+        limits = SpotOptions(max_queue_duration_s=60)
+        await h.submit("a", spec("8gpu", pool="dev-spot"))
+        await h.submit("b", spec("8gpu", pool="dev-spot"))
+        await h.submit("late", spec("8gpu", pool="dev-spot", spot=limits))
+        assert (await h.types("late"))[-1] == "TaskQueued"
+        await h.app.tick(T0 + timedelta(seconds=30))
+        assert (await h.types("late"))[-1] == "TaskQueued"
+        await h.app.tick(T0 + timedelta(seconds=61))
+        last = (await h.events("task-late"))[-1].event
+        assert isinstance(last, TaskMarkedAbnormal) and "max single queue duration" in last.reason
+        assert h.app.view("dev-spot")["queue"]["waiting"] == 0
+
+
+async def test_reschedule_moves_the_gang_off_a_faulty_node(dsn: str) -> None:
+    async with harness(dsn) as h:
+        await h.submit("job", spec("8gpu", count=2))
+        bad = (await h.pool()).allocations["job"].workers[0].node
+        await h.app.mark_node_faulty("dev-a100", bad, "GPU 3 fell off the bus")
+        await h.command("job", RequestReschedule("job", "xid 79", faulty_nodes=(bad,)))
+        events = [e.event for e in await h.events("task-job")]
+        assert [type(e) for e in events[-3:]][1:] == [ResourcesReleased, TaskPlaced]
+        placed = events[-1]
+        assert isinstance(placed, TaskPlaced) and placed.attempt == 2
+        assert bad not in {w.node for w in placed.workers}
+        pool = await h.pool()
+        assert bad not in pool.allocations["job"].nodes
+        assert pool.nodes[bad].free == 8
+
+
+async def test_reschedule_without_a_healthy_node_fails_the_task(dsn: str) -> None:
+    async with harness(dsn) as h:
+        await h.submit("job", spec("8gpu", count=4))
+        bad = (await h.pool()).allocations["job"].workers[0].node
+        await h.app.mark_node_faulty("dev-a100", bad, "ECC errors")
+        await h.command("job", RequestReschedule("job", "ecc", faulty_nodes=(bad,)))
+        events = [e.event for e in await h.events("task-job")]
+        assert [type(e) for e in events[-3:]] == [
+            TaskRescheduleFailed,
+            TaskFailed,
+            ResourcesReleased,
+        ]
+        failed = events[-2]
+        assert isinstance(failed, TaskFailed) and failed.unrecoverable
+        assert (await h.pool()).allocations == {}
+
+
+async def test_admin_cordon_and_remove(dsn: str) -> None:
+    from runyard.scheduler.errors import NodeBusy, UnknownNode, UnknownPool
+
+    async with harness(dsn) as h:
+        await h.submit("job", spec("8gpu"))
+        busy = (await h.pool()).allocations["job"].workers[0].node
+        with pytest.raises(NodeBusy):
+            await h.app.remove_node("dev-a100", busy)
+        with pytest.raises(UnknownNode):
+            await h.app.cordon_node("dev-a100", "nope")
+        with pytest.raises(UnknownPool):
+            await h.app.add_node("nope", "n")
+        idle = next(n for n in (await h.pool()).nodes if n != busy)
+        await h.app.cordon_node("dev-a100", idle)
+        await h.submit("gang", spec("8gpu", count=3))
+        assert (await h.types("gang"))[-1] == "TaskQueued"
+        await h.app.uncordon_node("dev-a100", idle)
+        assert (await h.types("gang"))[-1] == "TaskPlaced"
+        await h.app.add_node("dev-a100", "a-extra")
+        view = await read_pool_view(h.store.pool, "dev-a100")
+        assert view is not None and view["capacity"]["nodes"] == 5
+
+
+async def test_two_schedulers_racing_on_one_pool_never_double_book(dsn: str) -> None:
+    async with harness(dsn, apps=2) as h:
+        shapes = ["1gpu", "2gpu", "4gpu", "8gpu"]
+        submitted: list[RecordedEvent[Event]] = []
+        for n in range(24):
+            await h.submit(f"r{n}", spec(shapes[n % 4], count=1 + n % 2), deliver=False)
+            submitted += await h.events(f"task-r{n}")
+
+        async def feed(app: SchedulerApp, order: list[RecordedEvent[Event]]) -> None:
+            for event in order:
+                await app.handle(event)
+
+        await asyncio.gather(feed(h.apps[0], submitted), feed(h.apps[1], submitted[::-1]))
+        # Finish some and let both see everything, concurrently again.
+        everything = [e async for e in _all_task_events(h)]
+        await asyncio.gather(*(feed(app, everything) for app in h.apps))
+        for n in range(0, 24, 3):
+            state = fold(await h.events(f"task-r{n}"))
+            if state.status == "deploying":
+                recorded = await h.append(
+                    f"r{n}", [TaskSucceeded(run=state.run, attempt=state.attempt)]
+                )
+                await asyncio.gather(*(app.handle(recorded[0]) for app in h.apps))
+
+        pool = await h.pool()  # folding raises if any GPU was taken twice
+        owners: dict[tuple[str, int], str] = {}
+        for allocation in pool.allocations.values():
+            for worker in allocation.workers:
+                for gpu in worker.gpus:
+                    assert (worker.node, gpu) not in owners
+                    owners[(worker.node, gpu)] = allocation.task_id
+        allocated = [
+            e.event.task_id
+            for e in await h.events("pool-dev-a100")
+            if isinstance(e.event, WorkersAllocated)
+        ]
+        placed = []
+        for n in range(24):
+            events = [e.event for e in await h.events(f"task-r{n}")]
+            placements = [e for e in events if isinstance(e, TaskPlaced)]
+            assert len(placements) <= 1, f"r{n} placed twice"
+            placed += [f"r{n}"] * len(placements)
+        assert sorted(allocated) == sorted(placed), "every WorkersAllocated has its TaskPlaced"
+        assert len(placed) >= 8, "the pool was used"
+
+
+async def _all_task_events(h: Harness) -> Any:
+    rows = await h.store.pool.fetch(
+        "SELECT DISTINCT stream_id FROM events WHERE stream_id LIKE 'task-%' ORDER BY 1"
+    )
+    for row in rows:
+        for event in await h.events(row["stream_id"]):
+            yield event
+
+
+@pytest.mark.slow
+async def test_through_kafka_a_submitted_task_gets_placed(
+    dsn: str, kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    import yaml
+    from runyard.relay import OutboxRelay
+    from runyard.scheduler.main import run
+    from runyard.stack.context import ServiceContext
+
+    (tmp_path / "pools.yaml").write_text(yaml.safe_dump(POOLS))
+    ctx = ServiceContext(dsn=dsn, kafka=kafka, data_dir=tmp_path, config_dir=tmp_path)
+    store = await PostgresEventStore.connect(dsn, default_mapper())
+    relay = OutboxRelay(store, kafka, broker_check_interval=0.2)
+    tasks = [asyncio.create_task(relay.run()), asyncio.create_task(run(ctx))]
+    try:
+        await asyncio.wait_for(relay.ready.wait(), 30)
+        h = Harness(store, [], Clock())
+        h.clock.now = datetime.now(UTC)
+        await h.submit("via-kafka", spec("2gpu"))
+        deadline = asyncio.get_running_loop().time() + 60
+        while "TaskPlaced" not in await h.types("via-kafka"):
+            assert asyncio.get_running_loop().time() < deadline, await h.types("via-kafka")
+            await asyncio.sleep(0.1)
+        view = await read_pool_view(store.pool, "dev-a100")
+        assert view is not None and view["capacity"]["free_gpus"] == 30
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await store.close()
