@@ -384,11 +384,37 @@ def print_group(group: dict[str, Any], as_json: bool) -> None:
 
 
 @app.command()
-def up() -> None:
-    """Start the whole stack locally (embedded Postgres and broker, every service)."""
+def up(
+    http_port: Annotated[int, typer.Option(help="HTTP API port")] = 8080,
+    grpc_port: Annotated[int, typer.Option(help="gRPC API port")] = 50051,
+) -> None:
+    """Start the whole stack locally (embedded Postgres and broker, every service).
+
+    Prints where each part listens and a dev admin token (also written to
+    .runyard/token, which the other commands read). Ctrl-C stops everything.
+    """
     from runyard.stack import up as stack_up  # lazy: heavy, and owned by the stack
 
-    stack_up.main()
+    stack_up.main(http_port=http_port, grpc_port=grpc_port)
+
+
+@app.command()
+def tail(
+    after: Annotated[int, typer.Option(help="start after this global position")] = 0,
+    follow: Annotated[bool, typer.Option(help="keep following new events")] = True,
+) -> None:
+    """Print every event of the log as it is appended (SRE view of a running stack).
+
+    Reads the event store directly (DATABASE_URL, or the stack `make up` started).
+    """
+    import asyncio
+
+    from runyard.stack import up as stack_up
+
+    try:
+        asyncio.run(stack_up.tail(stack_up.stack_dsn(), after=after, follow=follow))
+    except KeyboardInterrupt:
+        pass
 
 
 if __name__ == "__main__":

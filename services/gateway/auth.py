@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Literal
 
@@ -72,3 +73,28 @@ async def authenticate(conn: asyncpg.Connection | asyncpg.Pool, token: str | Non
     if row is None:
         raise Unauthenticated("auth.invalid_token", "unknown token", "ask an admin for a token")
     return Principal(row["tenant"], row["user_name"], row["role"])
+
+
+async def ensure_dev_token(dsn: str, path: Path) -> str:
+    """The dev admin token of `runyard up`: reuse the one in `path` if it still
+    works, else create one (tenant `dev`, user `admin`) and write it there."""
+    from runyard.gateway.app import gateway_migrations
+    from runyard.eventstore import apply_migrations
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        await apply_migrations(conn, gateway_migrations())
+        if path.exists():
+            token = path.read_text().strip()
+            try:
+                await authenticate(conn, token)
+                return token
+            except Unauthenticated:
+                pass
+        token = await create_token(conn, "dev", "admin", "admin")
+    finally:
+        await conn.close()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(token + "\n")
+    path.chmod(0o600)
+    return token
