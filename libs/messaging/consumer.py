@@ -166,6 +166,7 @@ def make_broker(kafka: KafkaSettings, **options: Any) -> KafkaBroker:
 
     return KafkaBroker(
         kafka.bootstrap,
+        log_level=logging.DEBUG,  # per-message access logs only when asked for
         enable_idempotence=False,
         request_timeout_ms=kafka.request_timeout_ms,
         middlewares=[KafkaTelemetryMiddleware()],

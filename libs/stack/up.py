@@ -152,7 +152,7 @@ def _print_banner(stack: Stack, settings: dict[str, object], running: list[str])
     console.print(f"  postgres   {stack.dsn}")
     console.print(f"  kafka      {stack.bootstrap}")
     console.print(f"  http       http://{settings['http_host']}:{settings['http_port']}")
-    console.print(f"  grpc       {settings['grpc_host']}:{settings['grpc_port']}")
+    console.print("  grpc       not built yet (HTTP API only)")
     console.print(f"  running    {', '.join(running)}")
     token = settings.get("token")
     if token:
@@ -178,6 +178,7 @@ def main(
 ) -> None:
     """Start the stack and block until Ctrl-C (or SIGTERM)."""
     logging.basicConfig(level=os.environ.get("RUNYARD_LOG_LEVEL", "WARNING"))
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(Path(home).resolve()))
     stack = Stack(Path(home).resolve())
     stack.start_infrastructure()
     settings: dict[str, object] = {

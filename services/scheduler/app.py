@@ -202,6 +202,10 @@ class SchedulerApp:
         self._foreign: set[str] = set()
         self._dirty: set[str] = set()
         self._lock = asyncio.Lock()
+        #: Per task, the metadata of the last event seen on its stream, so what the
+        #: scheduler writes for a task names its cause and keeps its correlation (R-62).
+        self._causes: dict[str, Metadata] = {}
+        self._cause: Metadata | None = None
 
     # -- start -------------------------------------------------------------------
 
@@ -290,6 +294,9 @@ class SchedulerApp:
         """
         async with self._lock:
             now = self.clock()
+            self._cause = event.metadata.caused_by(event, ACTOR)
+            if event.stream_id.startswith("task-"):
+                self._causes[event.stream_id.removeprefix("task-")] = self._cause
             if event.stream_id.startswith("pool-"):
                 await self._on_pool_event(event, now)
             elif event.stream_id.startswith("task-"):
@@ -331,6 +338,7 @@ class SchedulerApp:
         state = self.tasks.get(task_id)
         if state is not None and state.spec.pool not in self.pools:
             del self.tasks[task_id]
+            self._causes.pop(task_id, None)
             self._foreign.add(task_id)
             return False
         return state is not None
@@ -378,6 +386,7 @@ class SchedulerApp:
             )
         await self._commit(decision, now)
         final = self.tasks.pop(state.task_id)
+        self._causes.pop(state.task_id, None)
         self._done[state.task_id] = final.version
         self._dirty.add(runtime.pool_id)
 
@@ -723,7 +732,7 @@ class SchedulerApp:
         """Append the decision in one transaction with the versions it read; then fold it."""
         if decision.empty:
             return
-        metadata = Metadata(actor=ACTOR)
+        metadata = self._cause or Metadata(actor=ACTOR)
         requests = []
         runtime = self.pools[decision.pool_id] if decision.pool_id else None
         if decision.pool_events:
@@ -740,7 +749,7 @@ class SchedulerApp:
                 requests.append(
                     AppendRequest(
                         task_stream(task_id),
-                        [NewEvent(e, metadata, now) for e in events],
+                        [NewEvent(e, self._causes.get(task_id, metadata), now) for e in events],
                         self.tasks[task_id].version,
                     )
                 )

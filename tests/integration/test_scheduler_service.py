@@ -433,3 +433,15 @@ async def test_through_kafka_a_submitted_task_gets_placed(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await store.close()
+
+
+async def test_placement_names_its_cause_and_keeps_the_correlation(dsn: str) -> None:
+    """R-62: what the scheduler writes in reaction to a submission carries the
+    submission's id as causation and its correlation id."""
+    async with harness(dsn) as h:
+        await h.submit("t-cause", spec("1gpu"))
+        submitted, placed = await h.events("task-t-cause")
+        assert placed.type == "TaskPlaced"
+        assert placed.metadata.actor == "service:scheduler"
+        assert placed.metadata.causation_id == str(submitted.event_id)
+        assert placed.metadata.correlation_id == str(submitted.event_id)
