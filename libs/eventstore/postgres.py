@@ -68,6 +68,19 @@ _CONNECTION_ERRORS = (
 )
 
 
+async def _light_reset(conn: asyncpg.Connection) -> None:
+    """What a connection needs when it goes back to the pool.
+
+    asyncpg's default reset is a round trip (`RESET ALL; UNLISTEN *; ...`) on
+    every release, which costs a single-event append about a third of its rate.
+    Nothing here leaves session state behind (no LISTEN, no session settings;
+    the migration lock is released explicitly), so only an interrupted
+    transaction needs undoing.
+    """
+    if conn.is_in_transaction():
+        await conn.execute("ROLLBACK")
+
+
 def _expected_code(expected: ExpectedVersion) -> int:
     if expected == ANY:
         return -2
@@ -93,7 +106,9 @@ class PostgresEventStore(EventStore):
     ) -> PostgresEventStore:
         """Open a pool on `dsn` and apply the store's migrations."""
         try:
-            pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size)
+            pool = await asyncpg.create_pool(
+                dsn, min_size=min_size, max_size=max_size, reset=_light_reset
+            )
         except _CONNECTION_ERRORS as exc:
             raise StoreUnavailable(f"cannot reach Postgres at {dsn}: {exc}") from exc
         async with pool.acquire() as conn:

@@ -8,6 +8,7 @@ One task's events share a key (its stream id), so they stay in one partition.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -72,7 +73,8 @@ class Topics:
         return self.name(BROKER_EPOCH)
 
     def all(self) -> dict[str, int]:
-        return {self.name(t): n for t, n in PARTITIONS.items()}
+        """Every topic but the broker-epoch marker, which only the relay creates."""
+        return {self.name(t): n for t, n in PARTITIONS.items() if t != BROKER_EPOCH}
 
 
 async def ensure_topics(bootstrap: str, topics: Topics) -> list[str]:
@@ -87,11 +89,20 @@ async def ensure_topics(bootstrap: str, topics: Topics) -> list[str]:
             if name not in existing
         ]
         if missing:
-            try:
+            with contextlib.suppress(TopicAlreadyExistsError):
                 await admin.create_topics(missing)
-            except TopicAlreadyExistsError:
-                pass
         return [t.name for t in missing]
+    finally:
+        await admin.close()
+
+
+async def create_marker(bootstrap: str, topics: Topics) -> None:
+    """Create the broker-epoch marker topic (the relay's job, once per broker life)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        with contextlib.suppress(TopicAlreadyExistsError):
+            await admin.create_topics([NewTopic(topics.broker_epoch, 1, 1)])
     finally:
         await admin.close()
 

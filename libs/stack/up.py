@@ -97,8 +97,10 @@ async def _watch_broker(stack: Stack, kafka: KafkaSettings) -> None:
     while True:
         await asyncio.sleep(1.0)
         if not stack.kafka.alive():
-            console.print("[yellow]broker died: restarting it (memory storage, topics recreated)")
+            console.print("[yellow]broker died: restarting it; the relay publishes again")
             stack.kafka.start()
+            # Topics, yes; the relay's epoch marker, no: its absence is how the
+            # relay learns that the broker lost everything and must be refilled.
             await ensure_topics(kafka.bootstrap, kafka.topics)
 
 

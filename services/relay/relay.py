@@ -26,7 +26,7 @@ from runyard.contracts import Event, RecordedEvent
 from runyard.eventstore import PostgresEventStore
 from runyard.messaging import codec
 from runyard.messaging.settings import KafkaSettings
-from runyard.messaging.topics import ensure_topics
+from runyard.messaging.topics import create_marker, ensure_topics
 
 log = logging.getLogger("runyard.relay")
 
@@ -111,6 +111,7 @@ class OutboxRelay:
 
     async def _mark_epoch(self) -> None:
         assert self._producer is not None
+        await create_marker(self.kafka.bootstrap, self.kafka.topics)
         await self._producer.send_and_wait(
             self.kafka.topics.broker_epoch, str(time.time()).encode()
         )

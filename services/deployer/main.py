@@ -1,0 +1,67 @@
+"""The deployer service: `async def run(ctx)` until cancelled.
+
+It builds the local runtime from `runtime.yaml` of the config folder (its
+`local:` section: image catalogue, scratch and volume roots, stop grace),
+starts `DeployerApp`, and subscribes one idempotent consumer to the task
+event topic. Worker output goes to the `runyard.logs` topic, one JSON record
+per line (time, task, run, attempt, worker, stream, line); the runtime's
+bounded buffer drops (and counts) lines rather than stall a worker when the
+broker is slow. On cancel every worker it started is stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+from runyard.deployer.app import DeployerApp
+from runyard.deployer.runtime import LocalRuntime, LocalRuntimeConfig, OutputLine
+from runyard.eventstore import PostgresEventStore
+from runyard.messaging.consumer import IdempotentConsumer, make_broker
+from runyard.stack.context import ServiceContext
+
+CONSUMER = "deployer"
+
+
+def build_runtime(ctx: ServiceContext) -> LocalRuntime:
+    raw = ctx.config("runtime.yaml").get("local") or {}
+    config = LocalRuntimeConfig.from_mapping(raw, data_dir=ctx.data_dir, base_dir=ctx.config_dir)
+    return LocalRuntime(config)
+
+
+async def run(ctx: ServiceContext) -> None:
+    """Run the deployer until cancelled."""
+    store = await PostgresEventStore.connect(ctx.dsn, ctx.mapper, min_size=2, max_size=8)
+    broker = make_broker(ctx.kafka)
+    logs_topic = ctx.kafka.topics.logs
+
+    async def publish(line: OutputLine) -> None:
+        record = {
+            "at": line.at.isoformat(),
+            "task_id": line.task_id,
+            "run": line.run,
+            "attempt": line.attempt,
+            "worker": line.worker,
+            "stream": line.stream,
+            "line": line.line,
+        }
+        await broker.publish(
+            json.dumps(record).encode(), topic=logs_topic, key=line.task_id.encode()
+        )
+
+    app = DeployerApp(store, build_runtime(ctx), on_output=publish)
+    ctx.settings["deployer_app"] = app
+    try:
+        consumer = IdempotentConsumer(
+            CONSUMER, pool=store.pool, mapper=ctx.mapper, handler=app.handle, kafka=ctx.kafka
+        )
+        consumer.subscribe(broker, ctx.kafka.topics.task_events)
+        await broker.start()
+        await asyncio.Event().wait()  # until cancelled
+    finally:
+        with contextlib.suppress(Exception):
+            await app.close()
+        with contextlib.suppress(Exception):
+            await broker.stop()
+        await store.close()

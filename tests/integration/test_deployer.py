@@ -1,0 +1,260 @@
+"""The deployer on a real Postgres with the local runtime: real worker processes.
+
+Tests append `TaskSubmitted` (through the domain's `decide`) and `TaskPlaced`
+as the submission and scheduler services would, hand the stored events to
+`DeployerApp.handle` as the Kafka consumer would, and read the stream back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent, default_mapper
+from runyard.contracts.spec import TaskSpec
+from runyard.contracts.task_events import (
+    DEPLOY_STAGES,
+    DeployStageCompleted,
+    DeployStageFailed,
+    DeployStageStarted,
+    TaskFailed,
+    TaskPlaced,
+    WorkerExited,
+    WorkerPlacement,
+)
+from runyard.deployer.app import DeployerApp
+from runyard.deployer.runtime import LocalRuntime, LocalRuntimeConfig, OutputLine, group_members
+from runyard.domain.task import RequestStop, Submit, decide, fold
+from runyard.eventstore import PostgresEventStore
+
+pytestmark = pytest.mark.integration
+
+
+def make_spec(command: str, *, workers: int = 1, image: str = "bash-only", **kw: Any) -> TaskSpec:
+    return TaskSpec(
+        name="t",
+        pool="dev",
+        worker_spec="1gpu",
+        worker_count=workers,
+        image=image,
+        command=command,
+        **kw,
+    )
+
+
+class Harness:
+    def __init__(self, store: PostgresEventStore, app: DeployerApp, runtime: LocalRuntime) -> None:
+        self.store = store
+        self.app = app
+        self.runtime = runtime
+        self.lines: list[OutputLine] = []
+
+    async def events(self, task_id: str) -> list[RecordedEvent[Event]]:
+        return await self.store.read_stream(f"task-{task_id}")
+
+    async def types(self, task_id: str) -> list[str]:
+        return [e.type for e in await self.events(task_id)]
+
+    async def append(self, task_id: str, events: list[Event]) -> list[RecordedEvent[Event]]:
+        stream = f"task-{task_id}"
+        version = await self.store.stream_version(stream)
+        meta = Metadata(actor="service:test")
+        from datetime import UTC, datetime
+
+        now = datetime.now(UTC)
+        await self.store.append(stream, [NewEvent(e, meta, now) for e in events], version)
+        return await self.store.read_stream(stream, version + 1)
+
+    async def deliver(self, recorded: list[RecordedEvent[Event]]) -> None:
+        for event in recorded:
+            await self.app.handle(event)
+
+    async def launch(self, task_id: str, task_spec: TaskSpec, *, wait: bool = True) -> None:
+        """Submit and place the task (GPU i for worker i), and hand the placement over."""
+        from datetime import UTC, datetime
+
+        submitted = decide(
+            None,
+            Submit(task_id, "acme", "alice", task_spec),
+            now=datetime.now(UTC),
+            ids=lambda: "x",
+        )
+        await self.append(task_id, submitted)
+        workers = tuple(
+            WorkerPlacement(index=i, node=f"n-{i}", gpus=(i,))
+            for i in range(task_spec.worker_count)
+        )
+        placed = TaskPlaced(run=1, attempt=1, pool="dev", workers=workers)
+        await self.deliver(await self.append(task_id, [placed]))
+        if wait:
+            await asyncio.wait_for(self.app.drain(), 8)
+
+    async def state(self, task_id: str) -> Any:
+        return fold(await self.events(task_id))
+
+    async def wait_for(self, task_id: str, type_name: str, within: float = 5.0) -> None:
+        async def poll() -> None:
+            while type_name not in await self.types(task_id):  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+
+        await asyncio.wait_for(poll(), within)
+
+    def output(self, task_id: str) -> list[str]:
+        return [f"{x.worker}:{x.line}" for x in self.lines if x.task_id == task_id]
+
+
+@pytest.fixture
+async def h(dsn: str, tmp_path: Path) -> Any:
+    store = await PostgresEventStore.connect(dsn, default_mapper())
+    config = LocalRuntimeConfig(
+        scratch_root=tmp_path / "scratch",
+        volumes_root=tmp_path / "volumes",
+        images={"bash-only": Path("/usr")},
+        grace_s=2.0,
+    )
+    runtime = LocalRuntime(config)
+    harness: Harness
+
+    async def sink(line: OutputLine) -> None:
+        harness.lines.append(line)
+
+    app = DeployerApp(store, runtime, on_output=sink, stop_grace_s=1.0)
+    harness = Harness(store, app, runtime)
+    try:
+        yield harness
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(app.close(), 5)
+        await store.close()
+
+
+def alive(pid: int) -> bool:
+    """Whether a process (or a process group when pid is negative) still has a live member.
+
+    Zombies do not count: an orphan killed here waits for PID 1 to reap it.
+    """
+    if pid < 0:
+        return bool(group_members(-pid))
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return pid in group_members(os.getpgid(pid))
+
+
+async def test_true_succeeds_with_every_stage_timed(h: Harness) -> None:
+    await h.launch("ok", make_spec("true"))
+    events = [e.event for e in await h.events("ok")]
+    started = [e.stage for e in events if isinstance(e, DeployStageStarted)]
+    completed = [e for e in events if isinstance(e, DeployStageCompleted)]
+    assert started == list(DEPLOY_STAGES)
+    assert [e.stage for e in completed] == list(DEPLOY_STAGES)
+    assert all(isinstance(e.duration_ms, int) and e.duration_ms >= 0 for e in completed)
+    assert (await h.types("ok"))[-5:] == [
+        "DeployStageCompleted",
+        "WorkerStarted",
+        "TaskRunning",
+        "WorkerExited",
+        "TaskSucceeded",
+    ]
+    assert (await h.state("ok")).status == "succeeded"
+
+
+async def test_failing_command_fails_with_its_exit_code(h: Harness) -> None:
+    await h.launch("bad", make_spec("exit 3"))
+    state = await h.state("bad")
+    assert state.status == "failed"
+    failed = (await h.events("bad"))[-1].event
+    assert isinstance(failed, TaskFailed)
+    assert failed.exit_code == 3 and failed.worker == 0
+
+
+async def test_a_failing_worker_ends_its_peers(h: Harness) -> None:
+    command = 'if [ "$RUNYARD_WORKER_INDEX" = 1 ]; then sleep 0.3; exit 7; fi; sleep 30'
+    await h.launch("gang", make_spec(command, workers=2), wait=False)
+    await h.wait_for("gang", "TaskRunning")
+    pids = h.runtime.pids(("gang", 1, 1))
+    assert set(pids) == {0, 1}
+    await asyncio.wait_for(h.app.drain(), 8)
+    failed = await h.events("gang")
+    outcome = [e.event for e in failed if isinstance(e.event, TaskFailed)]
+    assert len(outcome) == 1 and outcome[0].worker == 1 and outcome[0].exit_code == 7
+    assert not any(alive(-pid) for pid in pids.values()), "a worker process is left"
+
+
+async def test_pipe_without_pipefail_reports_what_the_command_returned(h: Harness) -> None:
+    fail = "python3 -c 'import sys; sys.exit(1)' | tee out.log"
+    await h.launch("pipe", make_spec(fail))
+    assert (await h.state("pipe")).status == "succeeded"
+    await h.launch("pipefail", make_spec("set -o pipefail; " + fail))
+    state = await h.state("pipefail")
+    assert state.status == "failed"
+    exited = [e.event for e in await h.events("pipefail") if isinstance(e.event, WorkerExited)]
+    assert exited[0].exit_code == 1
+
+
+async def test_missing_image_fails_in_image_pull_with_a_reason(h: Harness) -> None:
+    await h.launch("noimg", make_spec("true", image="nope:latest"))
+    events = [e.event for e in await h.events("noimg")]
+    failed = [e for e in events if isinstance(e, DeployStageFailed)]
+    assert len(failed) == 1 and failed[0].stage == "image_pull"
+    assert "nope:latest" in failed[0].reason and "catalogue" in failed[0].reason
+    assert not any(isinstance(e, DeployStageStarted) and e.stage == "storage_mount" for e in events)
+    state = await h.state("noimg")
+    assert state.status == "failed" and "image_pull" in (state.last_failure_reason or "")
+    assert not (h.runtime.config.scratch_root / "noimg").exists()
+
+
+async def test_stop_during_running_ends_every_process(h: Harness) -> None:
+    # Each worker also leaves a background child in its group.
+    command = "sleep 60 & trap '' TERM; sleep 60; wait"
+    await h.launch("stopme", make_spec(command, workers=2), wait=False)
+    await h.wait_for("stopme", "TaskRunning")
+    pids = h.runtime.pids(("stopme", 1, 1))
+    scratch = h.runtime.scratch_dir(("stopme", 1, 1), 0)
+    assert scratch is not None and scratch.exists()
+    assert all(alive(-pid) for pid in pids.values())
+    state = await h.state("stopme")
+    stop = decide(state, RequestStop("stopme"), now=state.submitted_at, ids=lambda: "x")
+    await h.deliver(await h.append("stopme", stop))
+    await asyncio.wait_for(h.app.drain(), 8)
+    assert (await h.types("stopme"))[-1] == "TaskStopped"
+    assert (await h.state("stopme")).status == "stopped"
+    assert not any(alive(-pid) for pid in pids.values()), "a worker process is left"
+    assert not scratch.exists()
+
+
+async def test_scratch_is_private_and_removed_after_the_task(h: Harness) -> None:
+    command = 'echo "$HOME|$TMPDIR|$PWD"; echo data > local.txt'
+    await h.launch("scratch", make_spec(command))
+    assert (await h.state("scratch")).status == "succeeded"
+    (line,) = h.output("scratch")
+    home, tmp, work = line.removeprefix("0:").split("|")
+    root = str(h.runtime.config.scratch_root)
+    assert home.startswith(root) and tmp.startswith(root) and work.startswith(root)
+    assert not os.path.exists(work) and not os.path.exists(home)  # noqa: ASYNC240
+
+
+async def test_pytorch_ddp_env_is_injected(h: Harness) -> None:
+    command = (
+        'echo "$RANK $WORLD_SIZE $MASTER_ADDR $MASTER_PORT'
+        ' $CUDA_VISIBLE_DEVICES $RUNYARD_RUN_ID $FOO"'
+    )
+    spec = make_spec(
+        command, workers=2, framework="pytorch_ddp", env=({"name": "FOO", "value": "bar"},)
+    )
+    await h.launch("ddp", spec)
+    assert (await h.state("ddp")).status == "succeeded"
+    lines = sorted(h.output("ddp"))
+    assert len(lines) == 2
+    ranks = [line.split()[0] for line in lines]
+    assert ranks == ["0:0", "1:1"]
+    fields = [line.split()[1:] for line in lines]
+    port = fields[0][2]
+    assert int(port) > 0
+    assert fields[0] == ["2", "127.0.0.1", port, "0", "ddp-run1", "bar"]
+    assert fields[1] == ["2", "127.0.0.1", port, "1", "ddp-run1", "bar"]
