@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
 from runyard.contracts import EventMapper, default_mapper
 from runyard.messaging import KafkaSettings
 

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
-
 from runyard.contracts import default_mapper
 from runyard.eventstore import PostgresEventStore
 from runyard.messaging import KafkaSettings, Topics, ensure_topics

@@ -98,6 +98,8 @@ class _Active:
     #: Set when the env check passed (or none is needed): workers may start.
     may_start: asyncio.Event = field(default_factory=asyncio.Event)
     failed_worker: int | None = None
+    #: Metadata for what this deployment appends: caused by its TaskPlaced (R-62).
+    meta: Metadata | None = None
 
 
 class DeployerApp:
@@ -181,6 +183,7 @@ class DeployerApp:
         self._active[task_id] = active
         active.task = asyncio.current_task()
         meta = Metadata(actor=ACTOR).caused_by(cause, ACTOR)
+        active.meta = meta
         try:
             await self._deploy(active, meta)
         finally:
@@ -265,7 +268,7 @@ class DeployerApp:
         active = self._active.get(task_id)
         if active is not None:
             await active.started_recorded.wait()
-        meta = Metadata(actor=ACTOR)
+        meta = (active.meta if active is not None else None) or Metadata(actor=ACTOR)
         await self._decide_quietly(
             task_id, [ExitWorker(task_id, run, attempt, worker, exit_code)], meta
         )

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import asyncpg
@@ -78,8 +78,8 @@ async def authenticate(conn: asyncpg.Connection | asyncpg.Pool, token: str | Non
 async def ensure_dev_token(dsn: str, path: Path) -> str:
     """The dev admin token of `runyard up`: reuse the one in `path` if it still
     works, else create one (tenant `dev`, user `admin`) and write it there."""
-    from runyard.gateway.app import gateway_migrations
     from runyard.eventstore import apply_migrations
+    from runyard.gateway.app import gateway_migrations
 
     conn = await asyncpg.connect(dsn)
     try:

@@ -162,6 +162,13 @@ async def test_true_succeeds_with_every_stage_timed(h: Harness) -> None:
         "TaskSucceeded",
     ]
     assert (await h.state("ok")).status == "succeeded"
+    # everything the deployer wrote names the placement as its cause.
+    recorded = await h.events("ok")
+    placed = next(e for e in recorded if e.type == "TaskPlaced")
+    for e in recorded[recorded.index(placed) + 1 :]:
+        assert e.metadata.actor == "service:deployer"
+        assert e.metadata.causation_id == str(placed.event_id)
+        assert e.metadata.correlation_id == (placed.metadata.correlation_id or str(placed.event_id))
 
 
 async def test_failing_command_fails_with_its_exit_code(h: Harness) -> None:
