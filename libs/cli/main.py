@@ -11,6 +11,7 @@ Exit codes: 0 ok, 1 refused by the gateway (400/404/409), 2 usage error,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterator
@@ -411,10 +412,8 @@ def tail(
 
     from runyard.stack import up as stack_up
 
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(stack_up.tail(stack_up.stack_dsn(), after=after, follow=follow))
-    except KeyboardInterrupt:
-        pass
 
 
 if __name__ == "__main__":

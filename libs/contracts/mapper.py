@@ -73,7 +73,8 @@ class EventMapper:
         target = self.model(type_name).schema_version
         if schema_version > target:
             raise ValueError(
-                f"{type_name} v{schema_version} is newer than this code (v{target}); upgrade Runyard"
+                f"{type_name} v{schema_version} is newer than this code (v{target});"
+                " upgrade Runyard"
             )
         version = schema_version
         while version < target:

@@ -90,15 +90,36 @@ class EmbeddedPostgres:
         self.data_dir.chmod(0o700)
         run_as = _prepare_for_pg_user(self.data_dir) if os.geteuid() == 0 else {}
         if not (self.data_dir / "PG_VERSION").exists():
-            self._run(run_as, "initdb", "-D", str(self.data_dir), "--auth=trust",
-                      "--encoding=UTF8", "--locale=C", "-U", "postgres")
+            self._run(
+                run_as,
+                "initdb",
+                "-D",
+                str(self.data_dir),
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--locale=C",
+                "-U",
+                "postgres",
+            )
         if self.port == 0:
             self.port = free_port(self.host)
         options = f"-h {self.host} -p {self.port} -k {self.data_dir}"
         for key, value in self.settings.items():
             options += f" -c {key}={value}"
-        self._run(run_as, "pg_ctl", "-D", str(self.data_dir), "-w", "-t", "30",
-                  "-l", str(self.data_dir / "server.log"), "-o", options, "start")
+        self._run(
+            run_as,
+            "pg_ctl",
+            "-D",
+            str(self.data_dir),
+            "-w",
+            "-t",
+            "30",
+            "-l",
+            str(self.data_dir / "server.log"),
+            "-o",
+            options,
+            "start",
+        )
         return self.dsn
 
     def stop(self) -> None:
@@ -151,8 +172,16 @@ class EmbeddedKafka:
         url = f"tcp://{self.host}:{self.port}"
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(
-            [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-             "--storage-engine", "memory://tansu/"],
+            [
+                tansu_binary(),
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+            ],
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -6,6 +6,7 @@ time the clear token is seen) and `authenticate` resolves one per request.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import secrets
 from dataclasses import dataclass
@@ -81,20 +82,28 @@ async def ensure_dev_token(dsn: str, path: Path) -> str:
     from runyard.eventstore import apply_migrations
     from runyard.gateway.app import gateway_migrations
 
+    existing = await asyncio.to_thread(_read_token, path)
     conn = await asyncpg.connect(dsn)
     try:
         await apply_migrations(conn, gateway_migrations())
-        if path.exists():
-            token = path.read_text().strip()
+        if existing:
             try:
-                await authenticate(conn, token)
-                return token
+                await authenticate(conn, existing)
+                return existing
             except Unauthenticated:
                 pass
         token = await create_token(conn, "dev", "admin", "admin")
     finally:
         await conn.close()
+    await asyncio.to_thread(_write_token, path, token)
+    return token
+
+
+def _read_token(path: Path) -> str | None:
+    return path.read_text().strip() if path.exists() else None
+
+
+def _write_token(path: Path, token: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(token + "\n")
     path.chmod(0o600)
-    return token

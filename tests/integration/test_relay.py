@@ -66,8 +66,8 @@ async def running_consumer(
         await pool.close()
 
 
-async def wait_until(condition: object, timeout: float = 60.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
+async def wait_until(condition: object, within: float = 60.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within
     while not condition():  # type: ignore[operator]
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("condition not met in time")
@@ -91,7 +91,7 @@ async def test_concurrent_appenders_every_event_once_in_stream_order(
     async with running_consumer(dsn, kafka) as (consumer, collector), running_relay(store, kafka):
         await asyncio.gather(*(writer(w) for w in range(writers)))
         total = writers * per_writer
-        await wait_until(lambda: consumer.stats.processed >= total, timeout=120)
+        await wait_until(lambda: consumer.stats.processed >= total, within=120)
         await asyncio.sleep(0.3)
 
     assert consumer.stats.processed == total
@@ -163,7 +163,7 @@ async def test_poison_message_goes_to_dead_letter_and_partition_moves_on(
         await producer.send_and_wait(topic, b"{not json", key=b"test-1", partition=0)
         async with running_relay(store, kafka):
             await store.append("test-1", [happened(1)])
-            await wait_until(lambda: consumer.stats.processed == 1, timeout=60)
+            await wait_until(lambda: consumer.stats.processed == 1, within=60)
     await producer.stop()
     assert consumer.stats.dead_lettered == 1
     assert [e.event.n for e in collector.seen] == [1]  # type: ignore[attr-defined]
@@ -229,8 +229,8 @@ async def test_broker_crash_mid_stream_loses_nothing(dsn: str, postgres_url: str
             # What `runyard up`'s broker watch does: topics come back at once,
             # but not the relay's marker, so the relay still sees the loss.
             await ensure_topics(kafka.bootstrap, kafka.topics)
-            await wait_until(lambda: relay.stats.broker_resets >= 1, timeout=60)
-            await wait_until(lambda: consumer.stats.processed >= total, timeout=120)
+            await wait_until(lambda: relay.stats.broker_resets >= 1, within=60)
+            await wait_until(lambda: consumer.stats.processed >= total, within=120)
         assert sorted(e.event.n for e in collector.seen) == list(range(total))  # type: ignore[attr-defined]
     finally:
         broker.stop()
