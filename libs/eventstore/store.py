@@ -10,6 +10,7 @@ version it decided on (`expected`), and a stream that moved on raises
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -103,8 +104,6 @@ class AllReader(abc.ABC):
         self, *, batch_size: int = 500, poll_interval: float = 0.005
     ) -> AsyncIterator[list[RecordedEvent[Event]]]:
         """Yield non-empty batches forever, sleeping `poll_interval` when idle."""
-        import asyncio
-
         while True:
             batch = await self.read(batch_size)
             if batch:
