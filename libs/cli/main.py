@@ -86,6 +86,11 @@ def fail(answer: httpx.Response) -> None:
     raise typer.Exit(EXIT_AUTH if answer.status_code in (401, 403) else EXIT_REFUSED)
 
 
+def given(**values: Any) -> dict[str, Any]:
+    """The options the user actually set (None means not given)."""
+    return {k: v for k, v in values.items() if v is not None}
+
+
 def show_json(data: Any) -> None:
     out.print_json(json.dumps(data))
 
@@ -160,19 +165,9 @@ def list_tasks(
     as_json: JsonOpt = False,
 ) -> None:
     """List your tenant's tasks, newest first."""
-    params = {
-        k: v
-        for k, v in {
-            "status": status,
-            "name": name,
-            "tag": tag,
-            "pool": pool,
-            "creator": creator,
-            "limit": limit,
-            "cursor": cursor,
-        }.items()
-        if v is not None
-    }
+    params = given(
+        status=status, name=name, tag=tag, pool=pool, creator=creator, limit=limit, cursor=cursor
+    )
     page = call(url, token, "GET", "/v1/tasks", params=params)
     if as_json:
         return show_json(page)
@@ -226,16 +221,7 @@ def rerun(
     as_json: JsonOpt = False,
 ) -> None:
     """Run a finished task again; only image, command, worker spec and count may change."""
-    changes = {
-        k: v
-        for k, v in {
-            "image": image,
-            "command": command,
-            "worker_spec": spec,
-            "worker_count": workers,
-        }.items()
-        if v is not None
-    }
+    changes = given(image=image, command=command, worker_spec=spec, worker_count=workers)
     task = call(url, token, "POST", f"/v1/tasks/{task_id}/rerun", json=changes)
     show_json(task) if as_json else print_task(task)
 
