@@ -44,6 +44,11 @@ class InMemoryEventStore(EventStore):
             results: list[AppendResult | None] = []
             for request in requests:
                 results.append(self._replayed(request) or self._check(request))
+            replays = [r is not None for r in results]
+            if any(replays) and not all(replays):
+                # One atomic append: repeated only as a whole, like in Postgres.
+                clash = requests[replays.index(True)]
+                raise DuplicateEventError(clash.stream_id, [str(e.event_id) for e in clash.events])
             return [
                 r if r is not None else self._write(q)
                 for r, q in zip(results, requests, strict=True)

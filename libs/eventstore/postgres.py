@@ -68,6 +68,10 @@ _CONNECTION_ERRORS = (
 )
 
 
+def _result(stream_id: str, row: asyncpg.Record) -> AppendResult:
+    return AppendResult(stream_id, row["o_version"], tuple(row["o_positions"]))
+
+
 async def _light_reset(conn: asyncpg.Connection) -> None:
     """What a connection needs when it goes back to the pool.
 
@@ -140,8 +144,14 @@ class PostgresEventStore(EventStore):
             return await self.append_in(conn, stream_id, events, expected)
 
     async def append_many(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
-        async with self.transaction() as conn:
-            return [await self.append_in(conn, r.stream_id, r.events, r.expected) for r in requests]
+        try:
+            async with self.transaction() as conn:
+                return [
+                    await self.append_in(conn, r.stream_id, r.events, r.expected) for r in requests
+                ]
+        except DuplicateEventError:
+            # The transaction is rolled back; the same appends again are still fine.
+            return [await self._replayed(r.stream_id, r.events) for r in requests]
 
     async def append_in(
         self,
@@ -157,7 +167,11 @@ class PostgresEventStore(EventStore):
         try:
             row = await conn.fetchrow(_APPEND, *args)
         except asyncpg.UniqueViolationError as exc:
-            row = await self._existing(stream_id, events, exc)
+            if conn.is_in_transaction():
+                # The caller's transaction is aborted: it cannot go on as if this
+                # append had succeeded, even when it is a replay (append_many checks).
+                raise DuplicateEventError(stream_id, [str(e.event_id) for e in events]) from exc
+            return await self._replayed(stream_id, events, exc)
         except asyncpg.PostgresError as exc:
             if exc.sqlstate != _WRONG_VERSION:
                 raise
@@ -165,7 +179,7 @@ class PostgresEventStore(EventStore):
             raise ConcurrencyError(stream_id, expected, None if actual < 0 else actual) from exc
         except _CONNECTION_ERRORS as exc:
             raise StoreUnavailable(str(exc)) from exc
-        return AppendResult(stream_id, row["o_version"], tuple(row["o_positions"]))
+        return _result(stream_id, row)
 
     def _append_args(
         self, stream_id: str, events: Sequence[NewEvent[Event]], expected: ExpectedVersion
@@ -183,9 +197,9 @@ class PostgresEventStore(EventStore):
             [e.occurred_at for e in events],
         )
 
-    async def _existing(
-        self, stream_id: str, events: Sequence[NewEvent[Event]], exc: Exception
-    ) -> asyncpg.Record:
+    async def _replayed(
+        self, stream_id: str, events: Sequence[NewEvent[Event]], exc: Exception | None = None
+    ) -> AppendResult:
         """An event id clashed: the same append again is fine, anything else is not."""
         ids = [e.event_id for e in events]
         async with self.pool.acquire() as conn:
@@ -196,7 +210,7 @@ class PostgresEventStore(EventStore):
             )
         if row is None or row["o_positions"] is None:
             raise DuplicateEventError(stream_id, [str(i) for i in ids]) from exc
-        return row
+        return _result(stream_id, row)
 
     # -- reading ---------------------------------------------------------------
 

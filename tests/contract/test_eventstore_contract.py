@@ -96,6 +96,21 @@ async def test_reappending_the_same_events_is_idempotent(store: EventStore) -> N
     assert len(await store.read_stream("test-1")) == 2
 
 
+async def test_replaying_a_multi_stream_append_is_idempotent(store: EventStore) -> None:
+    requests = [AppendRequest("test-a", [happened(1)]), AppendRequest("test-b", [happened(2)])]
+    first = await store.append_many(requests)
+    assert await store.append_many(requests) == first
+    assert await store.stream_version("test-a") == 1
+    assert await store.stream_version("test-b") == 1
+    mixed = [
+        AppendRequest("test-a", list(requests[0].events)),
+        AppendRequest("test-c", [happened(3)]),
+    ]
+    with pytest.raises(DuplicateEventError):
+        await store.append_many(mixed)
+    assert await store.stream_version("test-c") == 0
+
+
 async def test_reusing_an_event_id_elsewhere_is_refused(store: EventStore) -> None:
     event = happened(1)
     await store.append("test-1", [event])
