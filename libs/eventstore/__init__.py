@@ -18,7 +18,7 @@ from runyard.eventstore.migrate import (
     eventstore_migrations,
     load_migrations,
 )
-from runyard.eventstore.postgres import PostgresAllReader, PostgresEventStore
+from runyard.eventstore.postgres import PostgresAllReader, PostgresEventStore, StoredEvent
 from runyard.eventstore.store import (
     ANY,
     NO_STREAM,
@@ -45,6 +45,7 @@ __all__ = [
     "PostgresAllReader",
     "PostgresEventStore",
     "StoreUnavailable",
+    "StoredEvent",
     "StreamNotFound",
     "apply_migrations",
     "eventstore_migrations",

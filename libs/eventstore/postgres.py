@@ -19,10 +19,19 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 import asyncpg
-from runyard.contracts import Event, EventMapper, Metadata, NewEvent, RecordedEvent
+from runyard.contracts import (
+    Event,
+    EventMapper,
+    Metadata,
+    NewEvent,
+    RecordedEvent,
+    stream_category,
+)
 from runyard.eventstore.errors import (
     ConcurrencyError,
     DuplicateEventError,
@@ -255,6 +264,39 @@ class PostgresEventStore(EventStore):
             raise StoreUnavailable(str(exc)) from exc
 
 
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """An event exactly as stored: envelope fields, and payload/metadata as JSON text."""
+
+    event_id: UUID
+    stream_id: str
+    stream_version: int
+    global_position: int
+    occurred_at: datetime
+    event_type: str
+    schema_version: int
+    data: str
+    metadata: str
+
+    @classmethod
+    def from_row(cls, row: asyncpg.Record) -> StoredEvent:
+        return cls(
+            event_id=row["event_id"],
+            stream_id=row["stream_id"],
+            stream_version=row["stream_version"],
+            global_position=row["global_position"],
+            occurred_at=row["occurred_at"],
+            event_type=row["event_type"],
+            schema_version=row["schema_version"],
+            data=row["data"],
+            metadata=row["metadata"],
+        )
+
+    @property
+    def category(self) -> str:
+        return stream_category(self.stream_id)
+
+
 @dataclass
 class _Gap:
     """A missing position and the snapshot xmax at the time it was first seen."""
@@ -272,17 +314,26 @@ class PostgresAllReader(AllReader):
         self._gap: _Gap | None = None
 
     async def read(self, limit: int = 500) -> list[RecordedEvent[Event]]:
+        return [self.store.decode(row) for row in await self.read_rows(limit)]
+
+    async def read_stored(self, limit: int = 500) -> list[StoredEvent]:
+        """Like `read`, but as stored: payload and metadata left as JSON text.
+
+        For readers that only forward events (the relay): no model is built."""
+        return [StoredEvent.from_row(row) for row in await self.read_rows(limit)]
+
+    async def read_rows(self, limit: int) -> list[asyncpg.Record]:
         async with self.store._connection() as conn:
             rows = await conn.fetch(_READ_ALL, self.position, limit)
         xmin, xmax = rows[0]["xmin"], rows[0]["xmax"]
-        safe: list[RecordedEvent[Event]] = []
+        safe: list[asyncpg.Record] = []
         for row in rows:
             position = row["global_position"]
             if position is None:
                 break
             if position != self.position + 1 and not self._gap_closed(xmin, xmax):
                 break
-            safe.append(self.store.decode(row))
+            safe.append(row)
             self.position = position
         return safe
 

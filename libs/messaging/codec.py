@@ -15,6 +15,7 @@ from uuid import UUID
 
 from pydantic import ValidationError
 from runyard.contracts import Event, EventMapper, Metadata, RecordedEvent, UnknownEventType
+from runyard.eventstore import StoredEvent
 
 Headers = list[tuple[str, bytes]]
 
@@ -29,7 +30,7 @@ class UndecodableMessage(ValueError):
 
 def encode(recorded: RecordedEvent[Event]) -> tuple[bytes, bytes, Headers]:
     """(key, value, headers) for one recorded event."""
-    meta = recorded.metadata
+    meta = recorded.metadata.model_dump(mode="json")
     value = {
         "event_id": str(recorded.event_id),
         "stream_id": recorded.stream_id,
@@ -39,24 +40,67 @@ def encode(recorded: RecordedEvent[Event]) -> tuple[bytes, bytes, Headers]:
         "type": recorded.type,
         "schema_version": recorded.event.schema_version,
         "data": recorded.event.payload(),
-        "metadata": meta.model_dump(mode="json"),
+        "metadata": meta,
     }
-    headers: Headers = [
-        ("event_id", str(recorded.event_id).encode()),
-        ("event_type", recorded.type.encode()),
-        ("schema_version", str(recorded.event.schema_version).encode()),
-        ("stream_version", str(recorded.stream_version).encode()),
-        ("global_position", str(recorded.global_position).encode()),
-        ("occurred_at", recorded.occurred_at.isoformat().encode()),
-        ("actor", meta.actor.encode()),
-    ]
-    if meta.causation_id:
-        headers.append(("causation_id", meta.causation_id.encode()))
-    if meta.correlation_id:
-        headers.append(("correlation_id", meta.correlation_id.encode()))
-    headers.extend((k, v.encode()) for k, v in meta.trace_context.items())
+    headers = _headers(
+        str(recorded.event_id),
+        recorded.type,
+        recorded.event.schema_version,
+        recorded.stream_version,
+        recorded.global_position,
+        recorded.occurred_at.isoformat(),
+        meta,
+    )
     key = recorded.stream_id.encode()
     return key, json.dumps(value, separators=(",", ":")).encode(), headers
+
+
+def encode_stored(stored: StoredEvent) -> tuple[bytes, bytes, Headers]:
+    """The same message as `encode`, built from the stored JSON without a model:
+    the relay forwards events and never needs them decoded."""
+    occurred_at = stored.occurred_at.isoformat()
+    value = (
+        f'{{"event_id":"{stored.event_id}","stream_id":{json.dumps(stored.stream_id)},'
+        f'"stream_version":{stored.stream_version},"global_position":{stored.global_position},'
+        f'"occurred_at":"{occurred_at}","type":{json.dumps(stored.event_type)},'
+        f'"schema_version":{stored.schema_version},'
+        f'"data":{stored.data},"metadata":{stored.metadata}}}'
+    )
+    headers = _headers(
+        str(stored.event_id),
+        stored.event_type,
+        stored.schema_version,
+        stored.stream_version,
+        stored.global_position,
+        occurred_at,
+        json.loads(stored.metadata),
+    )
+    return stored.stream_id.encode(), value.encode(), headers
+
+
+def _headers(
+    event_id: str,
+    event_type: str,
+    schema_version: int,
+    stream_version: int,
+    global_position: int,
+    occurred_at: str,
+    meta: dict[str, Any],
+) -> Headers:
+    headers: Headers = [
+        ("event_id", event_id.encode()),
+        ("event_type", event_type.encode()),
+        ("schema_version", str(schema_version).encode()),
+        ("stream_version", str(stream_version).encode()),
+        ("global_position", str(global_position).encode()),
+        ("occurred_at", occurred_at.encode()),
+        ("actor", str(meta["actor"]).encode()),
+    ]
+    for name in ("causation_id", "correlation_id"):
+        if meta.get(name):
+            headers.append((name, str(meta[name]).encode()))
+    headers.extend((k, str(v).encode()) for k, v in (meta.get("trace_context") or {}).items())
+    return headers
 
 
 def decode(value: bytes | None, mapper: EventMapper) -> RecordedEvent[Event]:

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 import asyncpg
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
-from runyard.contracts import Event, RecordedEvent
-from runyard.eventstore import PostgresEventStore
+from runyard.eventstore import PostgresEventStore, StoredEvent
 from runyard.messaging import codec
 from runyard.messaging.settings import KafkaSettings
 from runyard.messaging.topics import create_marker, ensure_topics
@@ -86,7 +85,7 @@ class OutboxRelay:
             while True:
                 if await self._broker_lost():
                     reader = self.store.all_reader(0)
-                batch = await reader.read(self.batch_size)
+                batch = await reader.read_stored(self.batch_size)
                 self.ready.set()
                 if not batch:
                     await asyncio.sleep(reader.idle_delay(self.poll_interval))
@@ -116,7 +115,7 @@ class OutboxRelay:
             self.kafka.topics.broker_epoch, str(time.time()).encode()
         )
 
-    async def _publish(self, batch: list[RecordedEvent[Event]]) -> bool:
+    async def _publish(self, batch: list[StoredEvent]) -> bool:
         """Send a batch and wait for every ack, retrying on errors.
 
         False when the broker turned out to have lost its memory meanwhile:
@@ -127,9 +126,9 @@ class OutboxRelay:
         while True:
             try:
                 futures = []
-                for recorded in batch:
-                    key, value, headers = codec.encode(recorded)
-                    topic = topics.for_category(recorded.category)
+                for stored in batch:
+                    key, value, headers = codec.encode_stored(stored)
+                    topic = topics.for_category(stored.category)
                     futures.append(
                         await self._producer.send(topic, value, key=key, headers=headers)
                     )
