@@ -8,6 +8,7 @@ decisions stay pure and replays exact.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Generic, TypeVar
@@ -29,6 +30,16 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+_trace_context_source: Callable[[], dict[str, str]] | None = None
+
+
+def set_trace_context_source(source: Callable[[], dict[str, str]] | None) -> None:
+    """Where `Metadata.caused_by` reads the active trace context (set by
+    runyard.telemetry; the contracts stay free of OpenTelemetry)."""
+    global _trace_context_source
+    _trace_context_source = source
+
+
 class Metadata(BaseModel):
     """Who or what caused an event, and how it links to others (R-62)."""
 
@@ -44,12 +55,15 @@ class Metadata(BaseModel):
     trace_context: dict[str, str] = {}
 
     def caused_by(self, event: RecordedEvent[Event], actor: str) -> Metadata:
-        """Metadata for an event written in reaction to `event`."""
+        """Metadata for an event written in reaction to `event`: it names `event`
+        as its cause, keeps the correlation id, and carries the active trace
+        context (the consumer's span) or else the cause's."""
+        active = _trace_context_source() if _trace_context_source else {}
         return Metadata(
             actor=actor,
             causation_id=str(event.event_id),
             correlation_id=event.metadata.correlation_id or str(event.event_id),
-            trace_context=dict(event.metadata.trace_context),
+            trace_context=active or dict(event.metadata.trace_context),
         )
 
 

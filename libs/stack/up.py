@@ -16,7 +16,7 @@ import importlib
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +27,7 @@ from runyard.messaging import KafkaSettings, Topics, ensure_topics
 from runyard.relay import OutboxRelay
 from runyard.stack.context import ServiceContext
 from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres
+from runyard.telemetry import setup_tracing
 
 log = logging.getLogger("runyard.up")
 console = Console()
@@ -104,9 +105,8 @@ async def _watch_broker(stack: Stack, kafka: KafkaSettings) -> None:
 
 
 async def serve(stack: Stack, settings: dict[str, object]) -> None:
+    setup_tracing("runyard")
     kafka = KafkaSettings(bootstrap=stack.bootstrap, topics=Topics(""))
-    await ensure_topics(kafka.bootstrap, kafka.topics)
-    store = await PostgresEventStore.connect(stack.dsn, default_mapper())
     ctx = ServiceContext(
         dsn=stack.dsn,
         kafka=kafka,
@@ -114,18 +114,47 @@ async def serve(stack: Stack, settings: dict[str, object]) -> None:
         config_dir=Path(os.environ.get("RUNYARD_CONFIG", "infra/config")),
         settings=dict(settings),
     )
-    relay = OutboxRelay(store, kafka)
+    extra: dict[str, Callable[[], Awaitable[None]]] = {}
+    if stack.kafka is not None:
+        extra["broker-watch"] = lambda: _watch_broker(stack, kafka)
+    await run_platform(
+        ctx, extra=extra, on_started=lambda running: _print_banner(stack, settings, running)
+    )
+
+
+async def run_platform(
+    ctx: ServiceContext,
+    *,
+    services: Sequence[str] = SERVICES,
+    extra: Mapping[str, Callable[[], Awaitable[None]]] | None = None,
+    on_started: Callable[[list[str]], None] | None = None,
+) -> None:
+    """The outbox relay and every built service of `services` on `ctx`, until cancelled.
+
+    `runyard up` runs it on the embedded stack; end-to-end tests and
+    benchmarks run it on their own database and topic prefix. Topics are
+    created first; `extra` adds runners (name -> coroutine function) beside
+    them. The relay is published in `ctx.settings["relay"]` (its
+    `ready` event says it is publishing). `on_started` gets the sorted names
+    of what runs, just before it starts. The first runner that fails stops
+    all of them, and its exception is raised.
+    """
+    await ensure_topics(ctx.kafka.bootstrap, ctx.kafka.topics)
+    store = await PostgresEventStore.connect(ctx.dsn, ctx.mapper)
+    relay = OutboxRelay(store, ctx.kafka)
+    ctx.settings["relay"] = relay
     runners: dict[str, Awaitable[None]] = {"relay": relay.run()}
-    for spec in SERVICES:
+    for spec in services:
         runner = _load_service(spec)
         name = spec.split(".")[1].split(":")[0]
         if runner is None:
             console.print(f"  [dim]{name}: not built yet, skipped")
             continue
         runners[name] = runner(ctx)
-    if stack.kafka is not None:
-        runners["broker-watch"] = _watch_broker(stack, kafka)
-    _print_banner(stack, settings, sorted(runners))
+    for name, start in (extra or {}).items():
+        runners[name] = start()
+    if on_started is not None:
+        on_started(sorted(runners))
     try:
         await _run_all(runners)
     finally:
@@ -153,7 +182,7 @@ def _print_banner(stack: Stack, settings: dict[str, object], running: list[str])
     console.print(f"  postgres   {stack.dsn}")
     console.print(f"  kafka      {stack.bootstrap}")
     console.print(f"  http       http://{settings['http_host']}:{settings['http_port']}")
-    console.print("  grpc       not built yet (HTTP API only)")
+    console.print(f"  grpc       {settings['grpc_host']}:{settings['grpc_port']}")
     console.print(f"  running    {', '.join(running)}")
     token = settings.get("token")
     if token:
