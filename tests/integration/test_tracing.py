@@ -7,12 +7,12 @@ import asyncpg
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
 from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent, utcnow
 from runyard.eventstore import PostgresEventStore
 from runyard.messaging import KafkaSettings
 from runyard.messaging.consumer import IdempotentConsumer, make_broker
 from runyard.telemetry import current_trace_context, setup_tracing, tracer
+
 from tests.contract.sample_events import Happened, sample_mapper
 from tests.integration.test_relay import running_relay, wait_until
 
