@@ -23,13 +23,18 @@ from aiokafka import ConsumerRecord
 from faststream.kafka import KafkaBroker
 from faststream.kafka.annotations import KafkaMessage
 from faststream.middlewares import AckPolicy
+from opentelemetry import trace
+from opentelemetry.propagate import extract
 from runyard.contracts import Event, EventMapper, RecordedEvent
 from runyard.messaging import codec
 from runyard.messaging.settings import KafkaSettings
 
 log = logging.getLogger("runyard.consumer")
+_tracer = trace.get_tracer("runyard.messaging")
 
 Handler = Callable[[RecordedEvent[Event], asyncpg.Connection], Awaitable[None]]
+#: Runs in the batch's transaction after its events (e.g. one planning pass).
+BatchHook = Callable[[asyncpg.Connection], Awaitable[None]]
 
 
 @dataclass
@@ -39,10 +44,19 @@ class ConsumerStats:
     dead_lettered: int = 0
     retries: int = 0
     commit_failures: int = 0
+    skipped: int = 0
 
 
 class IdempotentConsumer:
-    """One consumer group running one handler over some event topics."""
+    """One consumer group running one handler over some event topics.
+
+    Messages come in batches (whatever the broker has, up to `max_records`).
+    A batch is handled in one database transaction, each event inside its own
+    savepoint with its inbox row, so a batch costs one commit instead of one
+    per event, and a failing event is rolled back alone. Offsets are committed
+    once per batch, after the transaction. Events whose type the handler does
+    not care about (`event_types`) are skipped before any database work.
+    """
 
     def __init__(
         self,
@@ -53,6 +67,9 @@ class IdempotentConsumer:
         handler: Handler,
         kafka: KafkaSettings,
         max_attempts: int = 5,
+        event_types: frozenset[str] | None = None,
+        max_records: int = 200,
+        after_batch: BatchHook | None = None,
     ) -> None:
         self.name = name
         self.pool = pool
@@ -60,9 +77,18 @@ class IdempotentConsumer:
         self.handler = handler
         self.kafka = kafka
         self.max_attempts = max_attempts
+        self.event_types = event_types
+        self.max_records = max_records
+        self.after_batch = after_batch
         self.stats = ConsumerStats()
         self._broker: KafkaBroker | None = None
         self._commits_paused_until = 0.0
+
+    @property
+    def group_id(self) -> str:
+        """The consumer group: the name under the topic prefix, so isolated
+        deployments (and tests) never share groups."""
+        return self.kafka.topics.prefix + self.name
 
     def subscribe(self, broker: KafkaBroker, *topics: str) -> None:
         """Register the subscriber on `broker` (FastStream) for `topics`."""
@@ -70,22 +96,27 @@ class IdempotentConsumer:
 
         @broker.subscriber(  # type: ignore[misc]
             *topics,
-            group_id=self.name,
+            group_id=self.group_id,
+            batch=True,
+            max_records=self.max_records,
+            batch_timeout_ms=self.kafka.fetch_max_wait_ms,
             ack_policy=AckPolicy.MANUAL,
             decoder=_raw_body,  # we decode ourselves, so a bad message can be dead-lettered
             **self.kafka.consumer_options(),  # type: ignore[arg-type]
         )
-        async def on_message(body: bytes, message: KafkaMessage) -> None:
-            await self.process(message.raw_message)  # type: ignore[arg-type]
+        async def on_messages(body: list[bytes], message: KafkaMessage) -> None:
+            records = message.raw_message
+            batch = records if isinstance(records, tuple) else (records,)
+            await self.process_batch(list(batch))  # type: ignore[arg-type]
             await self._commit(message)
 
     async def _commit(self, message: KafkaMessage) -> None:
-        """Commit the offset after processing; a failed commit only means a
+        """Commit the offsets after processing; a failed commit only means a
         redelivery, which the inbox absorbs, so it must never wedge the consumer
         (e.g. while the embedded broker restarts with no memory of the group)."""
         loop = asyncio.get_running_loop()
         if loop.time() < self._commits_paused_until:
-            return  # a later commit covers this offset too
+            return  # a later commit covers these offsets too
         try:
             await asyncio.wait_for(message.ack(), timeout=0.5)
         except Exception as exc:
@@ -94,18 +125,76 @@ class IdempotentConsumer:
             log.debug("%s: offset commit failed (%r); redelivery will be deduped", self.name, exc)
 
     async def process(self, record: ConsumerRecord[Any, Any]) -> None:
-        try:
-            event = codec.decode(record.value, self.mapper)
-        except codec.UndecodableMessage as exc:
-            await self.dead_letter(record, exc.reason)
-            return
-        await self._handle(record, event)
+        """Handle one message (a batch of one)."""
+        await self.process_batch([record])
 
-    async def _handle(self, record: ConsumerRecord[Any, Any], event: RecordedEvent[Event]) -> None:
+    async def process_batch(self, records: list[ConsumerRecord[Any, Any]]) -> None:
+        """Decode, filter and handle a batch; never raises for one bad message."""
+        wanted: list[tuple[ConsumerRecord[Any, Any], RecordedEvent[Event]]] = []
+        for record in records:
+            if not self._wants(record):
+                self.stats.skipped += 1
+                continue
+            try:
+                wanted.append((record, codec.decode(record.value, self.mapper)))
+            except codec.UndecodableMessage as exc:
+                await self.dead_letter(record, exc.reason)
+        if not wanted:
+            return
+        try:
+            async with self.pool.acquire() as conn, conn.transaction():
+                done = [await self._handle(conn, record, event) for record, event in wanted]
+                if self.after_batch is not None:
+                    await self.after_batch(conn)
+        except Exception:
+            # The batch transaction itself failed (e.g. the connection dropped):
+            # nothing of it is committed; handle each event on its own instead.
+            log.warning("%s: batch of %d failed; one by one", self.name, len(wanted))
+            done = []
+            for record, event in wanted:
+                async with self.pool.acquire() as conn, conn.transaction():
+                    done.append(await self._handle(conn, record, event))
+                    if self.after_batch is not None:
+                        await self.after_batch(conn)
+        self.stats.processed += sum(done)
+
+    def _wants(self, record: ConsumerRecord[Any, Any]) -> bool:
+        if self.event_types is None:
+            return True
+        for key, value in record.headers or ():
+            if key == "event_type":
+                return bytes(value).decode() in self.event_types
+        return True  # no header: decode it and let the handler (or dead letter) decide
+
+    async def _handle(
+        self,
+        conn: asyncpg.Connection,
+        record: ConsumerRecord[Any, Any],
+        event: RecordedEvent[Event],
+    ) -> bool:
+        """Handle one event in a savepoint; True when it was new and handled.
+
+        It runs in a consumer span whose parent is the event's own trace context,
+        so whatever the handler writes stays in the trace of its cause (the batch
+        span FastStream opens cannot have one parent per message)."""
+        with _tracer.start_as_current_span(
+            f"{self.name} {event.type}",
+            context=extract(event.metadata.trace_context),
+            kind=trace.SpanKind.CONSUMER,
+            links=_link_to_current(),
+        ):
+            return await self._handle_traced(conn, record, event)
+
+    async def _handle_traced(
+        self,
+        conn: asyncpg.Connection,
+        record: ConsumerRecord[Any, Any],
+        event: RecordedEvent[Event],
+    ) -> bool:
         for attempt in range(1, self.max_attempts + 1):
             try:
-                await self._handle_once(event)
-                return
+                async with conn.transaction():  # a savepoint: this event alone
+                    return await self._handle_once(conn, event)
             except Exception as exc:
                 if getattr(exc, "retryable", False) and attempt < self.max_attempts:
                     self.stats.retries += 1
@@ -113,22 +202,22 @@ class IdempotentConsumer:
                     continue
                 log.exception("%s: handler failed on %s", self.name, event.event_id)
                 await self.dead_letter(record, f"handler failed: {type(exc).__name__}: {exc}")
-                return
+                return False
+        return False
 
-    async def _handle_once(self, event: RecordedEvent[Event]) -> None:
-        async with self.pool.acquire() as conn, conn.transaction():
-            fresh = await conn.fetchval(
-                """INSERT INTO inbox (consumer, event_id, global_position) VALUES ($1, $2, $3)
-                   ON CONFLICT DO NOTHING RETURNING true""",
-                self.name,
-                event.event_id,
-                event.global_position,
-            )
-            if not fresh:
-                self.stats.duplicates += 1
-                return
-            await self.handler(event, conn)
-        self.stats.processed += 1
+    async def _handle_once(self, conn: asyncpg.Connection, event: RecordedEvent[Event]) -> bool:
+        fresh = await conn.fetchval(
+            """INSERT INTO inbox (consumer, event_id, global_position) VALUES ($1, $2, $3)
+               ON CONFLICT DO NOTHING RETURNING true""",
+            self.name,
+            event.event_id,
+            event.global_position,
+        )
+        if not fresh:
+            self.stats.duplicates += 1
+            return False
+        await self.handler(event, conn)
+        return True
 
     async def dead_letter(self, record: ConsumerRecord[Any, Any], reason: str) -> None:
         """Park a message on the dead-letter topic with why, where it came from."""
@@ -156,8 +245,14 @@ class IdempotentConsumer:
         )
 
 
-async def _raw_body(message: Any) -> bytes:
-    return bytes(message.body)
+def _link_to_current() -> list[trace.Link]:
+    current = trace.get_current_span().get_span_context()
+    return [trace.Link(current)] if current.is_valid else []
+
+
+async def _raw_body(message: Any) -> Any:
+    """The body untouched (bytes, or a list of them for a batch): no JSON guessing."""
+    return message.body
 
 
 def make_broker(kafka: KafkaSettings, **options: Any) -> KafkaBroker:
