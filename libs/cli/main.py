@@ -23,10 +23,14 @@ import typer
 import yaml
 from rich.console import Console
 from rich.table import Table
+from runyard.cli.admin import admin_app
+from runyard.cli.alerts import alerts_app
 
 app = typer.Typer(help="Runyard: submit and follow GPU training tasks.", no_args_is_help=True)
 group_app = typer.Typer(help="Task groups: many tasks from one template.", no_args_is_help=True)
 app.add_typer(group_app, name="group")
+app.add_typer(admin_app, name="admin")
+app.add_typer(alerts_app, name="alerts")
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 TOKEN_FILE = Path(".runyard/token")
@@ -195,9 +199,19 @@ def list_tasks(
 def show(
     task_id: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
 ) -> None:
-    """A task: status, run, warnings and its stage timeline."""
+    """A task: status, run, warnings, its stage timeline, and for a failed task
+    the first error of its logs with its likely layer (R-42)."""
     task = call(url, token, "GET", f"/v1/tasks/{task_id}")
-    show_json(task) if as_json else print_task(task)
+    if task.get("status") in ("failed", "abnormal"):
+        task["first_error"] = call(url, token, "GET", f"/v1/tasks/{task_id}/first-error")
+    if as_json:
+        show_json(task)
+        return
+    print_task(task)
+    if "first_error" in task:
+        from runyard.cli.logs import print_first_error  # logs.py imports this module
+
+        print_first_error(task["first_error"], as_json=False)
 
 
 @app.command()
@@ -342,10 +356,33 @@ def group_create(
 
 @group_app.command("ls")
 def group_ls(
-    group_id: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
+    group_id: Annotated[
+        str | None, typer.Argument(help="A group: list its tasks. None: list all groups.")
+    ] = None,
+    limit: Annotated[int, typer.Option(help="How many groups (newest first).")] = 50,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
-    """The tasks of a group and a count per status."""
-    print_group(call(url, token, "GET", f"/v1/groups/{group_id}"), as_json)
+    """Your tenant's groups with a count per status; with an id, the tasks of that group."""
+    if group_id is not None:
+        return print_group(call(url, token, "GET", f"/v1/groups/{group_id}"), as_json)
+    found = call(url, token, "GET", "/v1/groups", params={"limit": limit})
+    if as_json:
+        return show_json(found)
+    table(
+        "groups",
+        ["group", "tasks", "statuses", "created"],
+        [
+            [
+                g["group_id"],
+                g["tasks"],
+                ", ".join(f"{k}: {v}" for k, v in g["status_counts"].items()),
+                g["created_at"],
+            ]
+            for g in found["items"]
+        ],
+    )
 
 
 @group_app.command("stop")
@@ -354,6 +391,22 @@ def group_stop(
 ) -> None:
     """Stop every task of a group that has not ended."""
     print_group(call(url, token, "POST", f"/v1/groups/{group_id}/stop"), as_json)
+
+
+@group_app.command("rerun")
+def group_rerun(
+    group_id: str,
+    image: Annotated[str | None, typer.Option(help="New image for every task.")] = None,
+    command: Annotated[str | None, typer.Option(help="New launch command.")] = None,
+    spec: Annotated[str | None, typer.Option(help="New worker spec.")] = None,
+    workers: Annotated[int | None, typer.Option(help="New worker count.")] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Rerun every finished task of a group (all or none), with the same allowed changes."""
+    changes = given(image=image, command=command, worker_spec=spec, worker_count=workers)
+    print_group(call(url, token, "POST", f"/v1/groups/{group_id}/rerun", json=changes), as_json)
 
 
 def print_group(group: dict[str, Any], as_json: bool) -> None:
@@ -401,6 +454,8 @@ def tail(
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(stack_up.tail(stack_up.stack_dsn(), after=after, follow=follow))
 
+
+from runyard.cli import logs as _logs  # noqa: E402, F401  (registers `runyard logs`)
 
 if __name__ == "__main__":
     app()

@@ -1,10 +1,11 @@
 """Events of a resource pool: stream `pool-<pool_id>` (SPEC R-01 to R-09).
 
 A pool's stream says which nodes it has, their health, and which task holds
-which GPUs. The scheduler is the single writer of allocations; admin changes
-(nodes added, removed, cordoned, marked faulty, spot capacity) come through the
-gateway's admin API and are appended by the scheduler too, so one writer orders
-everything that touches a pool's GPUs. The scheduler's pool state
+which GPUs. The scheduler writes allocations and releases; admin changes
+(nodes added, removed, cordoned, marked faulty, spot capacity) are decided by
+`runyard.scheduler.admin` in whichever process serves the admin API (the
+gateway). Every writer appends with the pool stream's expected version, so
+two decisions can never both act on the same GPUs. The scheduler's pool state
 (`runyard.scheduler.domain.PoolState`) is a fold of these events.
 
 Spot capacity (`SpotCapacityChanged`) is recorded as a *change*: the nodes that

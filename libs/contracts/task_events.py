@@ -462,15 +462,18 @@ class EnvCheckFinished(_TaskEvent):
 
 
 class TaskRestartScheduled(_TaskEvent):
-    """The task's workers restart in place as a new attempt (R-32), after `delay_s`.
+    """The task's workers restart as a new attempt (R-32), after `delay_s`.
 
     When: a worker failed or the task hung, auto restart is on and the
-    restart limit is not reached; or a hardware fault cleared on its node.
-    After a worker failure it is appended with that `WorkerExited`.
+    restart limit is not reached (the workers restart in place, on the same
+    placement); or a node turned faulty (reason `hardware_fault`): then it is
+    appended together with `TaskRescheduleRequested`, and the new attempt
+    starts where the scheduler places it next (R-31). After a worker failure
+    it is appended with that `WorkerExited`.
     """
 
     emitted_by = "faulttolerance"
-    reacted_by = ("deployer", "notification")
+    reacted_by = ("deployer", "scheduler", "notification")
 
     run: Run
     attempt: Attempt

@@ -13,20 +13,24 @@ Life of a task (statuses in brackets; terminal ones end with `*`):
     [new] --queue--> [queued] --place--> [deploying] --stages, env check-->
     [env_checking] --all workers started--> [running] --all exited 0--> [succeeded*]
     a worker exits non-zero --> [restarting] (auto restart, new attempt) or [failed*]
-    hardware fault --reschedule--> [restarting] --place on healthy nodes--> [deploying]
+    hardware fault --reschedule + restart--> [restarting] --place on healthy nodes--> [deploying]
     spot preemption --> [queued] (requeue) or [abnormal*]
     stop --> [stopped*];  rerun of a terminal task --> [new] as the next run
 
 `run` counts executions of the task (a rerun adds one); `attempt` counts tries
 within a run, 0 before the first placement: a placement or a restart starts
-the next attempt. Counters (restarts, reschedules, requeues, preemptions,
-hangs, slowdowns) are per run: a rerun starts them again at 0, as it starts
-the run's limits (max restarts, max requeues) again.
+the next attempt (a restart after a reschedule announces the attempt that the
+scheduler's placement then fills in, so it is counted once). Counters
+(restarts, reschedules, requeues, preemptions, hangs, slowdowns) are per run:
+a rerun starts them again at 0, as it starts the run's limits (max restarts,
+max requeues) again.
 
 `decide` appends what follows from a fact in the same list when the domain
 can tell: the last worker to start brings `TaskRunning`, a worker's exit
 brings the run's outcome (R-21: exit codes alone decide it), a preemption
-brings the requeue or the abnormal state, a failed reschedule the failure.
+brings the requeue or the abnormal state, a reschedule the hardware-fault
+restart of the workers on the nodes the scheduler picks next (or the failure
+when no restart is left), a failed reschedule the failure.
 """
 
 from __future__ import annotations
@@ -213,6 +217,9 @@ class TaskState:
     held: Placement | None = None
     workers: tuple[WorkerState, ...] = ()
     env_check: EnvCheckState | None = None
+    #: The current attempt was started by a restart after a reschedule and waits for the
+    #: scheduler's placement, which takes its number (instead of starting another one).
+    attempt_unplaced: bool = False
     restarts: int = 0
     reschedules: int = 0
     requeues: int = 0
@@ -377,7 +384,7 @@ def _queued(s: TaskState, e: TaskQueued, at: datetime) -> TaskState:
 def _placed(s: TaskState, e: TaskPlaced, at: datetime) -> TaskState:
     placement = Placement(e.run, e.attempt, e.pool, e.workers)
     moved = _new_attempt(s, e.attempt, placement)
-    return replace(moved, status="deploying", held=placement, queue=None)
+    return replace(moved, status="deploying", held=placement, queue=None, attempt_unplaced=False)
 
 
 @_applies(DeployStageStarted)
@@ -458,7 +465,13 @@ def _stopped(s: TaskState, e: TaskStopped, at: datetime) -> TaskState:
 @_applies(TaskRestartScheduled)
 def _restart_scheduled(s: TaskState, e: TaskRestartScheduled, at: datetime) -> TaskState:
     restarted = _new_attempt(s, e.attempt, s.placement)
-    return replace(restarted, status="restarting", restarts=s.restarts + 1)
+    return replace(
+        restarted,
+        status="restarting",
+        restarts=s.restarts + 1,
+        # after a reschedule the workers have no placement: the scheduler's fills this attempt
+        attempt_unplaced=s.placement is None,
+    )
 
 
 @_applies(TaskRescheduleRequested)
@@ -778,6 +791,15 @@ def restart_refusal(state: TaskState, reason: RestartReason) -> str | None:
     return None
 
 
+def next_attempt(state: TaskState) -> int:
+    """The attempt number the task's next placement carries.
+
+    Normally the one after the current attempt; after a reschedule, the attempt its
+    hardware-fault restart already announced.
+    """
+    return state.attempt if state.attempt_unplaced else state.attempt + 1
+
+
 def restart_delay_s(restarts: int) -> float:
     """Backoff before the next restart: 10 s, doubling per restart, at most 5 minutes."""
     return min(RESTART_BACKOFF_S * 2.0**restarts, RESTART_BACKOFF_MAX_S)
@@ -986,7 +1008,7 @@ def _place(s: TaskState, c: Place, ctx: _Context) -> list[Event]:
         reason = f"the GPUs of run {s.held.run} attempt {s.held.attempt} are still held"
         raise InvalidCommand(s.task_id, action, reason, "release them first (R-06)")
     _check_workers(s, c)
-    return [TaskPlaced(run=s.run, attempt=s.attempt + 1, pool=c.pool, workers=c.workers)]
+    return [TaskPlaced(run=s.run, attempt=next_attempt(s), pool=c.pool, workers=c.workers)]
 
 
 def _check_workers(s: TaskState, c: Place) -> None:
@@ -1041,13 +1063,16 @@ def _fail_reschedule(s: TaskState, c: FailReschedule, ctx: _Context) -> list[Eve
     _require_status(s, action, frozenset({"restarting"}))
     if s.placement is not None:
         raise InvalidCommand(s.task_id, action, "it is not waiting for a reschedule")
-    failed = TaskFailed(
-        run=s.run,
-        attempt=s.attempt,
-        reason=f"cannot be recovered: {c.reason}",
-        unrecoverable=True,
-    )
-    return [TaskRescheduleFailed(run=s.run, reason=c.reason), failed]
+    return _unrecoverable(s, c.reason)
+
+
+def _unrecoverable(s: TaskState, reason: str) -> list[Event]:
+    """R-31: the reschedule cannot happen; the run fails with why, and why it was needed."""
+    why = f"cannot be recovered: {reason}"
+    if s.last_failure_reason and s.last_failure_reason not in reason:
+        why = f"{why} (rescheduled because {s.last_failure_reason})"
+    failed = TaskFailed(run=s.run, attempt=s.attempt, reason=why, unrecoverable=True)
+    return [TaskRescheduleFailed(run=s.run, reason=reason), failed]
 
 
 # deployer
@@ -1251,11 +1276,21 @@ def _restart_event(
 
 @_decides(RequestReschedule)
 def _request_reschedule(s: TaskState, c: RequestReschedule, ctx: _Context) -> list[Event]:
+    """R-31: the workers leave the faulty nodes and restart as a new attempt elsewhere.
+
+    One reschedule and one restart (reason `hardware_fault`, no delay): the restart's
+    attempt has no placement; the scheduler's `TaskPlaced` gives it one. Without a
+    restart left (`max_restarts`) the run cannot be recovered and fails at once.
+    """
     _require_placed(s, "reschedule")
     requested = TaskRescheduleRequested(
         run=s.run, attempt=s.attempt, reason=c.reason, faulty_nodes=c.faulty_nodes
     )
-    return [requested]
+    moved = evolve(s, (requested, ctx.now))
+    refusal = restart_refusal(moved, "hardware_fault")
+    if refusal is not None:
+        return [requested, *_unrecoverable(moved, f"no restart left: {refusal}")]
+    return [requested, _restart_event(moved, "hardware_fault", 0.0)]
 
 
 @_decides(Record)

@@ -139,23 +139,24 @@ async def run_platform(
     of what runs, just before it starts. The first runner that fails stops
     all of them, and its exception is raised.
     """
-    await ensure_topics(ctx.kafka.bootstrap, ctx.kafka.topics)
-    store = await PostgresEventStore.connect(ctx.dsn, ctx.mapper)
-    relay = OutboxRelay(store, ctx.kafka)
-    ctx.settings["relay"] = relay
-    runners: dict[str, Awaitable[None]] = {"relay": relay.run()}
-    for spec in services:
+    loaded: dict[str, Callable[[ServiceContext], Awaitable[None]]] = {}
+    for spec in services:  # every import first: a broken one starts nothing
         runner = _load_service(spec)
         name = spec.split(".")[1].split(":")[0]
         if runner is None:
             console.print(f"  [dim]{name}: not built yet, skipped")
             continue
-        runners[name] = runner(ctx)
-    for name, start in (extra or {}).items():
-        runners[name] = start()
-    if on_started is not None:
-        on_started(sorted(runners))
+        loaded[name] = runner
+    await ensure_topics(ctx.kafka.bootstrap, ctx.kafka.topics)
+    store = await PostgresEventStore.connect(ctx.dsn, ctx.mapper)
     try:
+        relay = OutboxRelay(store, ctx.kafka)
+        ctx.settings["relay"] = relay
+        runners: dict[str, Awaitable[None]] = {"relay": relay.run()}
+        runners.update({name: runner(ctx) for name, runner in loaded.items()})
+        runners.update({name: start() for name, start in (extra or {}).items()})
+        if on_started is not None:
+            on_started(sorted(runners))
         await _run_all(runners)
     finally:
         await store.close()

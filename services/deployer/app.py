@@ -14,6 +14,24 @@ work and returns at once, so a long deployment never holds the consumer):
   is gone the runtime cleans up (scratch removed, R-22).
 - `TaskStopRequested`: no new stage starts, every process group is ended
   (SIGTERM, SIGKILL after the grace period), then `TaskStopped` (R-23).
+- `TaskRestartScheduled` (a new attempt of the same run, R-32): the old
+  attempt's workers are ended if any are left, and after `delay_s` (counted
+  from the event's time, capped by `max_restart_delay_s` when set) the same
+  placement is deployed again as the new attempt: stages, then workers.
+- `TaskRescheduleRequested` (with its `TaskRestartScheduled`, reason
+  `hardware_fault`, whose attempt has no placement): the attempt's workers are
+  ended (they leave the faulty nodes) and nothing is redeployed; the
+  scheduler's `TaskPlaced` for the restart's attempt then deploys it like any
+  placement (ending the old attempt first if it is still there).
+- `EnvCheckStarted` of the deployment being driven (R-30): the runtime runs
+  the env check program in every worker (`start_env_check`); its lines go to
+  `on_output` like worker lines, and the fault-tolerance service turns them
+  into events. The deployer appends no env check event; the launch command
+  waits for `EnvCheckFinished` (pass or warn).
+
+After a restart of the deployer, `reconcile` (called once before the
+consumer starts) compares what the log says with what the runtime holds; see
+its docstring and docs/deployer.md.
 
 Every decision goes through `runyard.domain.task.decide` on the task's state
 folded from its stream, and is appended with the version it read; a
@@ -27,7 +45,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent
@@ -35,16 +53,21 @@ from runyard.contracts.task_events import (
     DEPLOY_STAGES,
     DeployStageName,
     EnvCheckFinished,
+    EnvCheckStarted,
     TaskPlaced,
+    TaskRescheduleRequested,
+    TaskRestartScheduled,
     TaskStopRequested,
 )
 from runyard.deployer.runtime import (
+    UNKNOWN_EXIT_CODE,
     Deployment,
     DeploymentKey,
     OnOutput,
     OutputLine,
     Runtime,
     StageFailed,
+    free_port,
 )
 from runyard.domain.errors import DomainError
 from runyard.domain.task import (
@@ -53,6 +76,7 @@ from runyard.domain.task import (
     CompleteStage,
     ConfirmStop,
     ExitWorker,
+    Fail,
     FailStage,
     StartStage,
     StartWorker,
@@ -100,6 +124,8 @@ class _Active:
     failed_worker: int | None = None
     #: Metadata for what this deployment appends: caused by its TaskPlaced (R-62).
     meta: Metadata | None = None
+    #: The env check program was started in the workers (R-30).
+    env_check_started: bool = False
 
 
 class DeployerApp:
@@ -113,15 +139,21 @@ class DeployerApp:
         on_output: OnOutput = _discard,
         clock: Clock = _utcnow,
         stop_grace_s: float | None = None,
+        max_restart_delay_s: float | None = None,
     ) -> None:
         self.store = store
         self.runtime = runtime
         self.on_output = on_output
         self.clock = clock
         self.stop_grace_s = stop_grace_s
+        #: Upper bound on a restart's delay (None: the event's `delay_s` as is).
+        self.max_restart_delay_s = max_restart_delay_s
         self._active: dict[str, _Active] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        #: Restarts waiting out their delay, woken early by a stop.
+        self._waiting: dict[str, asyncio.Event] = {}
+        self._detached = False
 
     # -- reactions ---------------------------------------------------------------
 
@@ -134,7 +166,22 @@ class DeployerApp:
         if isinstance(payload, TaskPlaced):
             self._spawn(self._on_placed(task_id, payload, event))
         elif isinstance(payload, TaskStopRequested):
+            wake = self._waiting.get(task_id)
+            if wake is not None:
+                wake.set()
             self._spawn(self._on_stop(task_id, event))
+        elif isinstance(payload, TaskRestartScheduled):
+            self._spawn(self._on_restart(task_id, payload, event))
+        elif isinstance(payload, TaskRescheduleRequested):
+            self._spawn(self._on_reschedule(task_id, payload))
+        elif isinstance(payload, EnvCheckStarted):
+            active = self._active.get(task_id)
+            if active is not None and active.deployment.key == (
+                task_id,
+                payload.run,
+                payload.attempt,
+            ):
+                self._spawn(self._start_env_check(active))
         elif isinstance(payload, EnvCheckFinished) and payload.result != "fail":
             active = self._active.get(task_id)
             if active is not None and active.deployment.attempt == payload.attempt:
@@ -152,6 +199,19 @@ class DeployerApp:
             await self.runtime.stop(active.deployment.key, self.stop_grace_s)
         await self.drain()
 
+    def detach(self) -> None:
+        """Drop everything without touching a worker: what a crash of the deployer does.
+
+        The workers keep running; a new deployer finds them with `reconcile`.
+        """
+        self._detached = True
+        for task in list(self._background):
+            task.cancel()
+        detach = getattr(self.runtime, "detach", None)
+        if detach is not None:
+            detach()
+        self._active.clear()
+
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
         self._background.add(task)
@@ -163,8 +223,11 @@ class DeployerApp:
     async def _on_placed(
         self, task_id: str, placed: TaskPlaced, cause: RecordedEvent[Event]
     ) -> None:
-        if task_id in self._active:
-            return  # a redelivery of the placement being deployed
+        active = self._active.get(task_id)
+        if active is not None:
+            if (active.deployment.run, active.deployment.attempt) >= (placed.run, placed.attempt):
+                return  # a redelivery of the placement being deployed
+            await self._end(active)  # an older attempt (e.g. before a reschedule)
         state = await self._load(task_id)
         if (
             state is None
@@ -177,23 +240,74 @@ class DeployerApp:
         ):
             return  # stale, finished, or already deployed before (see reconcile)
         deployment = Deployment(task_id, placed.run, placed.attempt, state.spec, placed.workers)
-        active = _Active(deployment)
-        if not state.spec.fault_tolerance.env_check:
+        await self._drive(deployment, state, Metadata(actor=ACTOR).caused_by(cause, ACTOR))
+
+    async def _end(self, active: _Active) -> None:
+        """End the workers of a deployment and wait until its driver has cleaned up."""
+        active.stopping = True
+        active.may_start.set()
+        await self.runtime.stop(active.deployment.key, self.stop_grace_s)
+        if active.task is not None and active.task is not asyncio.current_task():
+            await asyncio.gather(active.task, return_exceptions=True)
+
+    def _register(self, deployment: Deployment, state: TaskState, meta: Metadata) -> _Active | None:
+        """The deployment as this deployer's to drive; None when one of the task is driven."""
+        if deployment.task_id in self._active:
+            return None
+        active = _Active(deployment, meta=meta)
+        check = state.env_check
+        if not state.spec.fault_tolerance.env_check or (
+            check is not None and check.finished and check.result != "fail"
+        ):
             active.may_start.set()
-        self._active[task_id] = active
+        self._active[deployment.task_id] = active
+        return active
+
+    async def _drive(
+        self,
+        deployment: Deployment,
+        state: TaskState,
+        meta: Metadata,
+        *,
+        adopted: _Active | None = None,
+    ) -> None:
+        """Deploy (or, after a restart, resume) one attempt, or follow an adopted one."""
+        task_id = deployment.task_id
+        active = adopted or self._register(deployment, state, meta)
+        if active is None:
+            return
         active.task = asyncio.current_task()
-        meta = Metadata(actor=ACTOR).caused_by(cause, ACTOR)
-        active.meta = meta
         try:
-            await self._deploy(active, meta)
+            if adopted is not None:
+                await self._adopt(active, state, meta)
+            else:
+                await self._deploy(active, meta, state)
         finally:
-            with contextlib.suppress(Exception):
-                await self.runtime.cleanup(deployment.key)
+            if not self._detached:
+                with contextlib.suppress(Exception):
+                    await self.runtime.cleanup(deployment.key)
             active.started_recorded.set()
             if self._active.get(task_id) is active:
                 del self._active[task_id]
 
-    async def _deploy(self, active: _Active, meta: Metadata) -> None:
+    async def _adopt(self, active: _Active, state: TaskState, meta: Metadata) -> None:
+        """Watch workers an earlier deployer started; record starts the log missed."""
+        d = active.deployment
+        unrecorded = [w.index for w in state.workers if not w.started]
+        try:
+            if unrecorded:
+                commands = [StartWorker(d.task_id, d.run, d.attempt, i) for i in unrecorded]
+                await self._decide(d.task_id, commands, meta)
+        except DomainError as exc:
+            log.info("adopted workers of %s not recorded: %s", d.task_id, exc)
+            active.stopping = True
+        finally:
+            active.started_recorded.set()
+        if active.stopping:
+            await self.runtime.stop(d.key, self.stop_grace_s)
+        await self._wait_workers(d.key)
+
+    async def _deploy(self, active: _Active, meta: Metadata, state: TaskState) -> None:
         d = active.deployment
         steps = {
             "resource_allocation": self.runtime.allocate,
@@ -202,12 +316,26 @@ class DeployerApp:
             "env_init": self.runtime.init_env,
         }
         for stage in DEPLOY_STAGES:
-            if active.stopping or not await self._stage(active, stage, steps[stage], meta):
+            if active.stopping:
+                return
+            if stage in state.stages_done:  # resumed after a restart: prepare it again
+                ok = await self._redo(active, stage, steps[stage], meta)
+            else:
+                running = stage == state.stage  # started before a restart: finish it
+                ok = await self._stage(active, stage, steps[stage], meta, started=running)
+            if not ok:
                 return
         if not active.may_start.is_set():
+            check = (await self._load(d.task_id) or state).env_check
+            if check is not None and not check.finished:
+                # the check began before a deployer restart: its program runs again
+                self._spawn(self._start_env_check(active))
             await self._wait_for_start(active)
         if active.stopping:
             return
+        end_env_check = getattr(self.runtime, "end_env_check", None)
+        if active.env_check_started and end_env_check is not None:
+            await end_env_check(d.key)  # finished (its lines are out); kill any straggler
         await self.runtime.start_workers(d, self.on_output, self._on_exit)
         try:
             commands = [StartWorker(d.task_id, d.run, d.attempt, w.index) for w in d.workers]
@@ -221,6 +349,26 @@ class DeployerApp:
             await self.runtime.stop(d.key, self.stop_grace_s)
         await self._wait_workers(d.key)
 
+    async def _start_env_check(self, active: _Active) -> None:
+        """Run the env check program in every worker (R-30), once per deployment.
+
+        The deployer appends no env check event: the fault-tolerance service reads the
+        program's lines from the logs topic and decides; the launch command waits for
+        its `EnvCheckFinished` (pass or warn).
+        """
+        start = getattr(self.runtime, "start_env_check", None)
+        if active.env_check_started or active.stopping or active.may_start.is_set():
+            return
+        if start is None:
+            log.warning("%s: this runtime cannot run the env check", active.deployment.task_id)
+            return
+        active.env_check_started = True
+        port = free_port(0)
+        try:
+            await start(active.deployment, self.on_output, port=port)
+        except Exception:
+            log.exception("env check of %s could not start", active.deployment.key)
+
     async def _wait_for_start(self, active: _Active) -> None:
         while not active.stopping and not active.may_start.is_set():
             with contextlib.suppress(asyncio.TimeoutError):
@@ -231,13 +379,36 @@ class DeployerApp:
         if wait is not None:
             await wait(key)
 
-    async def _stage(
+    async def _redo(
         self, active: _Active, stage: DeployStageName, step: Any, meta: Metadata
+    ) -> bool:
+        """Do a stage the log already has as completed again, without events."""
+        d = active.deployment
+        try:
+            await step(d)
+        except Exception as exc:
+            why = exc.reason if isinstance(exc, StageFailed) else f"{type(exc).__name__}: {exc}"
+            reason = (
+                f"deploy stage {stage} could not be prepared again after a deployer restart: {why}"
+            )
+            await self._decide_quietly(d.task_id, [Fail(d.task_id, reason)], meta)
+            return False
+        return True
+
+    async def _stage(
+        self,
+        active: _Active,
+        stage: DeployStageName,
+        step: Any,
+        meta: Metadata,
+        *,
+        started: bool = False,
     ) -> bool:
         """Run one stage with its events; False when the deployment must not go on."""
         d = active.deployment
         try:
-            await self._decide(d.task_id, [StartStage(d.task_id, stage)], meta)
+            if not started:
+                await self._decide(d.task_id, [StartStage(d.task_id, stage)], meta)
         except DomainError as exc:
             log.info("%s: stage %s not started: %s", d.task_id, stage, exc)
             return False
@@ -266,6 +437,8 @@ class DeployerApp:
     async def _on_exit(self, key: DeploymentKey, worker: int, exit_code: int) -> None:
         task_id, run, attempt = key
         active = self._active.get(task_id)
+        if active is not None and active.deployment.key != key:
+            active = None
         if active is not None:
             await active.started_recorded.wait()
         meta = (active.meta if active is not None else None) or Metadata(actor=ACTOR)
@@ -277,6 +450,163 @@ class DeployerApp:
             active.failed_worker = worker
             active.stopping = True
             self._spawn(self.runtime.stop(key, self.stop_grace_s))
+
+    # -- restart and reschedule ----------------------------------------------------------
+
+    async def _on_restart(
+        self, task_id: str, restart: TaskRestartScheduled, cause: RecordedEvent[Event]
+    ) -> None:
+        """Deploy the same placement again as the new attempt, once the delay is over.
+
+        A restart after a reschedule (reason `hardware_fault`) has no placement: the
+        old attempt is ended and the scheduler's `TaskPlaced` deploys the new one.
+        """
+        active = self._active.get(task_id)
+        if active is not None:
+            if active.deployment.attempt >= restart.attempt:
+                return  # a redelivery: this attempt is being deployed
+            await self._end(active)  # the failed attempt: its peers go first
+        delay = restart.delay_s
+        if self.max_restart_delay_s is not None:
+            delay = min(delay, self.max_restart_delay_s)
+        due = cause.occurred_at + timedelta(seconds=delay)
+        left = (due - self.clock()).total_seconds()
+        if left > 0:
+            wake = self._waiting.setdefault(task_id, asyncio.Event())
+            try:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(wake.wait(), left)
+            finally:
+                if self._waiting.get(task_id) is wake:
+                    del self._waiting[task_id]
+        state = await self._load(task_id)
+        if (
+            state is None
+            or (state.run, state.attempt) != (restart.run, restart.attempt)
+            or state.status != "restarting"
+            or state.placement is None
+            or state.stop_requested
+            or state.stages_done
+            or state.stage is not None
+        ):
+            return  # stopped, moved on, or already deployed
+        deployment = Deployment(
+            task_id, state.run, state.attempt, state.spec, state.placement.workers
+        )
+        await self._drive(deployment, state, Metadata(actor=ACTOR).caused_by(cause, ACTOR))
+
+    async def _on_reschedule(self, task_id: str, reschedule: TaskRescheduleRequested) -> None:
+        """The attempt's workers leave their (faulty) nodes; the scheduler places them again."""
+        active = self._active.get(task_id)
+        if active is not None and active.deployment.attempt <= reschedule.attempt:
+            await self._end(active)
+
+    # -- reconciliation after a restart ----------------------------------------------------
+
+    async def reconcile(self) -> list[str]:
+        """Take over what an earlier deployer process left; the task ids it took over.
+
+        For each task the log says is placed (deploying, env checking, running or
+        restarting) on this runtime:
+
+        - its current attempt has workers the runtime found (`recover`): they are
+          adopted, never started again; exits that happened meanwhile are recorded from
+          the status the worker's wrapper wrote; starts the log missed are recorded;
+        - its deployment was cut before the workers started (mid-stage, or never
+          begun): it is resumed, stages completed before are prepared again without
+          new events, the stage that was running is done and completed, the rest run
+          as usual (so a deployer restart does not fail the task);
+        - its workers started per the log but the runtime holds nothing of them (the
+          machine restarted): each is recorded as exited with `UNKNOWN_EXIT_CODE`,
+          which fails (or, with auto restart, restarts) the attempt;
+        - a restart waiting out its delay is scheduled for the rest of it;
+        - a stop that was asked for is carried out.
+
+        Workers of attempts the log has moved past (or of finished or stopping tasks)
+        are ended and their scratch removed.
+        """
+        recover = getattr(self.runtime, "recover", None)
+        found: dict[DeploymentKey, dict[int, int]] = recover() if recover is not None else {}
+        tasks = await self._placed_tasks()
+        current: set[DeploymentKey] = set()
+        for task_id, (state, _) in tasks.items():
+            if not state.stop_requested and state.placement is not None:
+                current.add((task_id, state.run, state.attempt))
+        for key in found:
+            if key not in current:
+                discard = getattr(self.runtime, "discard", None)
+                if discard is not None:
+                    await discard(key, self.stop_grace_s)
+        taken: list[str] = []
+        for task_id, (state, cause) in tasks.items():
+            meta = Metadata(actor=ACTOR)
+            if cause is not None:
+                meta = meta.caused_by(cause, ACTOR)
+            key = (task_id, state.run, state.attempt)
+            if state.stop_requested:
+                if cause is not None:
+                    self._spawn(self._on_stop(task_id, cause))
+                continue
+            if state.placement is None:
+                continue  # waiting for the scheduler (a reschedule)
+            placement = state.placement
+            deployment = Deployment(
+                task_id, state.run, state.attempt, state.spec, placement.workers
+            )
+            adopt = getattr(self.runtime, "adopt", None)
+            if key in found and adopt is not None:
+                active = self._register(deployment, state, meta)
+                if active is None:
+                    continue
+                await adopt(deployment, self.on_output, self._on_exit)  # watched from now on
+                self._spawn(self._drive(deployment, state, meta, adopted=active))
+            elif any(w.started for w in state.workers):
+                for worker in state.workers:
+                    if worker.started and not worker.exited:
+                        lost = ExitWorker(
+                            task_id, state.run, state.attempt, worker.index, UNKNOWN_EXIT_CODE
+                        )
+                        await self._decide_quietly(task_id, [lost], meta)
+            elif (
+                state.status == "restarting"
+                and cause is not None
+                and isinstance(cause.event, TaskRestartScheduled)
+            ):
+                self._spawn(self._on_restart(task_id, cause.event, cause))
+            else:
+                self._spawn(self._drive(deployment, state, meta))
+            taken.append(task_id)
+        return taken
+
+    async def _placed_tasks(
+        self,
+    ) -> dict[str, tuple[TaskState, RecordedEvent[Event] | None]]:
+        """Tasks the log says are placed, with the event that placed or restarted them last.
+
+        Reads the whole log once (a deployer restart is rare; a read model of open
+        tasks would make this cheaper).
+        """
+        states: dict[str, TaskState] = {}
+        causes: dict[str, RecordedEvent[Event]] = {}
+        head = await self.store.head_position()
+        reader = self.store.all_reader(0)
+        while reader.position < head:
+            batch = await reader.read(1000)
+            if not batch:
+                await asyncio.sleep(0.01)
+                continue
+            for recorded in batch:
+                if not recorded.stream_id.startswith("task-"):
+                    continue
+                task_id = recorded.stream_id.removeprefix("task-")
+                states[task_id] = evolve(states.get(task_id), recorded)
+                if isinstance(recorded.event, TaskPlaced | TaskRestartScheduled):
+                    causes[task_id] = recorded
+        return {
+            task_id: (state, causes.get(task_id))
+            for task_id, state in states.items()
+            if not state.finished and state.status in PLACED_STATUSES
+        }
 
     # -- stop ------------------------------------------------------------------------
 

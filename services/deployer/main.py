@@ -7,6 +7,12 @@ event topic. Worker output goes to the `runyard.logs` topic, one JSON record
 per line (time, task, run, attempt, worker, stream, line); the runtime's
 bounded buffer drops (and counts) lines rather than stall a worker when the
 broker is slow. On cancel every worker it started is stopped.
+
+Before the consumer starts, `DeployerApp.reconcile` takes over what an earlier
+deployer process left (workers still running, exits nobody recorded,
+deployments cut mid-stage, placements nobody deployed); see docs/deployer.md.
+`runtime.yaml`'s `deployer:` section may cap restart delays
+(`max_restart_delay_s`, for development stacks).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 
 from runyard.deployer.app import DeployerApp
 from runyard.deployer.runtime import LocalRuntime, LocalRuntimeConfig, OutputLine
@@ -22,6 +29,7 @@ from runyard.messaging.consumer import IdempotentConsumer, make_broker
 from runyard.stack.context import ServiceContext
 
 CONSUMER = "deployer"
+log = logging.getLogger("runyard.deployer")
 
 
 def build_runtime(ctx: ServiceContext) -> LocalRuntime:
@@ -50,9 +58,19 @@ async def run(ctx: ServiceContext) -> None:
             json.dumps(record).encode(), topic=logs_topic, key=line.task_id.encode()
         )
 
-    app = DeployerApp(store, build_runtime(ctx), on_output=publish)
+    options = ctx.config("runtime.yaml").get("deployer") or {}
+    cap = options.get("max_restart_delay_s")
+    app = DeployerApp(
+        store,
+        build_runtime(ctx),
+        on_output=publish,
+        max_restart_delay_s=float(cap) if cap is not None else None,
+    )
     ctx.settings["deployer_app"] = app
     try:
+        taken = await app.reconcile()
+        if taken:
+            log.info("took over %d task(s) from an earlier deployer: %s", len(taken), taken)
         consumer = IdempotentConsumer(
             CONSUMER, pool=store.pool, mapper=ctx.mapper, handler=app.handle, kafka=ctx.kafka
         )

@@ -49,15 +49,33 @@ running `bash --login -c "<launch command>"`:
   /etc/profile, which may reset PATH, so the worker's private HOME gets a
   `.bash_profile` that puts the image's `bin/` first again;
 - storage: each volume is a host directory `<volumes_root>/<file system>/<volume>`.
-  Without a private mount namespace (no root, no bubblewrap here) a worker
-  cannot see it at the absolute mount path; the fallback is a symlink at the
-  mount path taken relative to the worker's working directory
-  (`/mnt/ckpt` -> `./mnt/ckpt`), and `RUNYARD_MOUNT_<N>=<mount path>=<host dir>`;
+  Where a private mount namespace is permitted (`unshare -m`: root or
+  CAP_SYS_ADMIN; detected once, `namespaces:` in runtime.yaml overrides),
+  the worker runs in its own one: each volume is bind-mounted at its mount
+  path (read-only volumes read-only) and the worker's scratch `tmp/` is
+  bind-mounted over /tmp, so nothing it writes outside volumes outlives it.
+  Otherwise (the fallback) a worker cannot see a volume at the absolute mount
+  path: it is a symlink at the mount path taken relative to the worker's
+  working directory (`/mnt/ckpt` -> `./mnt/ckpt`), read-only is not enforced,
+  and /tmp is shared. Both set `RUNYARD_MOUNT_<N>=<mount path>=<host dir>`;
 - scratch: a private directory per worker (HOME, TMPDIR and working
   directory), removed at cleanup;
-- output: stdout and stderr line by line into one bounded queue per
-  deployment, drained by a pump that awaits the `on_output` callback; a full
-  queue drops the line and counts it (the worker never blocks on a slow sink);
+- exit status: a small bash wrapper runs the launch command and writes its
+  exit status to `<worker scratch>/exit_status` before exiting with it, so
+  the status survives a restart of the deployer;
+- output: each worker writes stdout and stderr to files in its scratch; the
+  runtime follows them line by line into one bounded queue per deployment,
+  drained by a pump that awaits the `on_output` callback. A worker never
+  blocks on a slow sink (a full queue only slows the reading) and never dies
+  of SIGPIPE when the deployer goes away; the published offsets are saved so
+  a new deployer resumes after them;
+- recovery: `<scratch_root>/<task>/run<r>-a<a>/state.json` records the phase
+  (`allocated`, `starting`, `started`) and each worker's pid (its process
+  group) and start time; `recover` lists what an earlier process started,
+  `adopt` follows those workers, `discard` ends them;
+- env check (R-30): `start_env_check` runs the Bootcheck program through the
+  same wrapper as the launch command (same environment, namespace, mounts),
+  its output through pipes straight to `on_output`;
 - stop: SIGTERM to the process group, SIGKILL after `grace_s`.
 """
 
@@ -65,11 +83,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
+import shlex
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -188,6 +209,10 @@ class LocalRuntimeConfig:
     output_buffer: int = 10_000
     #: Resolves a creator-only variable's `secret_ref` to its value (None: unset).
     resolve_secret: Callable[[str], str | None] | None = None
+    #: Private mount namespace per worker (`unshare -m`): None detects it once.
+    namespaces: bool | None = None
+    #: Seconds between looks at an adopted worker (one this process did not start).
+    poll_s: float = 0.2
 
     @classmethod
     def from_mapping(
@@ -203,6 +228,7 @@ class LocalRuntimeConfig:
             images=images,
             grace_s=float(raw.get("grace_s", 10.0)),
             output_buffer=int(raw.get("output_buffer", 10_000)),
+            namespaces=raw.get("namespaces"),
         )
 
 
@@ -220,8 +246,18 @@ class _Worker:
     scratch: Path
     env: dict[str, str] = field(default_factory=dict)
     process: asyncio.subprocess.Process | None = None
+    #: Process id (= process group id) and its start time (/proc, clock ticks).
+    pid: int | None = None
+    starttime: int | None = None
     exit_code: int | None = None
+    #: Set once the worker's process group is gone (its output is complete).
+    gone: asyncio.Event = field(default_factory=asyncio.Event)
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    offsets: dict[str, int] = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
+
+    @property
+    def status_file(self) -> Path:
+        return self.scratch / "exit_status"
 
 
 @dataclass
@@ -231,11 +267,18 @@ class _Local:
     workers: dict[int, _Worker]
     image_bin: Path | None = None
     mounts: list[tuple[str, Path, bool]] = field(default_factory=list)
-    queue: asyncio.Queue[OutputLine | None] | None = None
+    #: (line, worker, end offset of the line in its file); None ends the pump.
+    queue: asyncio.Queue[tuple[OutputLine, _Worker, int] | None] | None = None
     pump: asyncio.Task[None] | None = None
     watchers: list[asyncio.Task[None]] = field(default_factory=list)
     dropped: int = 0
     stopping: bool = False
+    #: Found on disk after a restart (workers not started by this process).
+    adopted: bool = False
+    offsets_saved: float = 0.0
+    #: The env check program (R-30) per worker, and the tasks following its output.
+    checks: dict[int, asyncio.subprocess.Process] = field(default_factory=dict)
+    check_readers: list[asyncio.Task[None]] = field(default_factory=list)
 
 
 class LocalRuntime:
@@ -245,6 +288,12 @@ class LocalRuntime:
         self.config = config
         self._deps: dict[DeploymentKey, _Local] = {}
         self.dropped_lines = 0
+        self.namespaces = config.namespaces if config.namespaces is not None else _can_unshare()
+        if not self.namespaces:
+            log.warning(
+                "no private mount namespace (`unshare -m` is not permitted here): volumes are "
+                "symlinks relative to the working directory and /tmp is shared"
+            )
 
     # -- stages ------------------------------------------------------------------
 
@@ -261,7 +310,8 @@ class LocalRuntime:
                 (scratch / sub).mkdir(parents=True, exist_ok=True)
             scratch.chmod(0o700)
             workers[placement.index] = _Worker(placement.index, placement, scratch)
-        self._deps[key] = _Local(deployment, root, workers)
+        self._deps[key] = local = _Local(deployment, root, workers)
+        self._write_state(local, "allocated")
 
     async def pull_image(self, deployment: Deployment) -> None:
         local = self._get(deployment.key)
@@ -290,6 +340,8 @@ class LocalRuntime:
                     f"volume {mount.file_system}/{mount.volume} cannot be prepared at {host}: {exc}"
                 ) from exc
             local.mounts.append((mount.mount_path, host, mount.read_only))
+        if self.namespaces:
+            return  # bind-mounted at each mount path when the worker starts
         for worker in local.workers.values():
             for mount_path, host, _ in local.mounts:
                 link = worker.scratch / "work" / mount_path.lstrip("/")
@@ -379,45 +431,223 @@ class LocalRuntime:
         self, deployment: Deployment, on_output: OnOutput, on_exit: OnExit
     ) -> dict[int, int]:
         local = self._get(deployment.key)
-        if any(w.process is not None for w in local.workers.values()):
+        if any(w.pid is not None for w in local.workers.values()):
             raise RuntimeError(f"workers of {deployment.key} already started")
-        local.queue = asyncio.Queue(maxsize=self.config.output_buffer)
-        local.pump = asyncio.create_task(self._pump(local, on_output))
+        # Written before any process exists: a deployer that dies now leaves a trace that
+        # the next one follows (it ends stray processes instead of starting a second gang).
+        self._write_state(local, "starting")
         pids: dict[int, int] = {}
         for worker in local.workers.values():
-            worker.process = await asyncio.create_subprocess_exec(
-                "bash",
-                "--login",
-                "-c",
-                deployment.spec.command,
+            args = self._launch_args(local, worker)
+            files = [open(worker.scratch / f"{s}.log", "ab") for s in ("stdout", "stderr")]  # noqa: SIM115, ASYNC230
+            try:
+                worker.process = await asyncio.create_subprocess_exec(
+                    *args,
+                    cwd=worker.scratch / "work",
+                    env=worker.env,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=files[0],
+                    stderr=files[1],
+                    start_new_session=True,
+                )
+            finally:
+                for f in files:
+                    f.close()
+            worker.pid = worker.process.pid
+            worker.starttime = _starttime(worker.pid)
+            pids[worker.index] = worker.pid
+        self._write_state(local, "started")
+        self._watch_all(local, on_output, on_exit)
+        return pids
+
+    # -- env check (R-30) ----------------------------------------------------------
+
+    async def start_env_check(
+        self, deployment: Deployment, on_output: OnOutput, *, port: int
+    ) -> dict[int, int]:
+        """Run the env check program in every worker at once; its pids by worker index.
+
+        Each worker runs `python -m runyard.faulttolerance.bootcheck --worker <i>
+        [--rdma] [--mount <path>[:ro] ...]` exactly as its launch command would run
+        (same wrapper, mount namespace, variables, image PATH, working directory), with
+        `RUNYARD_BOOTCHECK_PORT=<port>` (one free port for all workers: the all-reduce's
+        rendezvous). Every line it prints goes to `on_output` as a line of that worker
+        (stdout as `stdout`, its errors as `stderr`). Ends on its own; `end_env_check`
+        (or `stop`) kills whatever is left.
+        """
+        local = self._get(deployment.key)
+        if local.checks:
+            return {i: p.pid for i, p in local.checks.items()}
+        for worker in local.workers.values():
+            command = bootcheck_command(deployment, worker.index)
+            status = worker.scratch / "bootcheck_status"
+            args = self._launch_args(local, worker, command=command, status_file=status)
+            env = {**worker.env, "RUNYARD_BOOTCHECK_PORT": str(port)}
+            process = await asyncio.create_subprocess_exec(
+                *args,
                 cwd=worker.scratch / "work",
-                env=worker.env,
+                env=env,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,
             )
-            pids[worker.index] = worker.process.pid
+            local.checks[worker.index] = process
+            for stream, pipe in (("stdout", process.stdout), ("stderr", process.stderr)):
+                assert pipe is not None
+                reader = self._follow_check(local, worker.index, stream, pipe, on_output)  # type: ignore[arg-type]
+                local.check_readers.append(asyncio.create_task(reader))
+        return {i: p.pid for i, p in local.checks.items()}
+
+    async def _follow_check(
+        self,
+        local: _Local,
+        worker: int,
+        stream: Stream,
+        pipe: asyncio.StreamReader,
+        on_output: OnOutput,
+    ) -> None:
+        d = local.deployment
+        while True:
+            try:
+                raw = await pipe.readline()
+            except ValueError:  # a line over the reader's limit: take what is there
+                raw = await pipe.read(64 * 1024)
+            if not raw:
+                return
+            text = raw.decode("utf-8", "replace").rstrip("\n").rstrip("\r")
+            line = OutputLine(d.task_id, d.run, d.attempt, worker, stream, text, datetime.now(UTC))
+            try:
+                await on_output(line)
+            except Exception:
+                log.exception("output sink failed; env check line of %s dropped", d.key)
+
+    async def wait_env_check(self, key: DeploymentKey) -> dict[int, int]:
+        """Wait until the env check program ended in every worker; exit codes by index."""
+        local = self._deps.get(key)
+        if local is None:
+            return {}
+        codes = {i: await p.wait() for i, p in local.checks.items()}
+        await asyncio.gather(*local.check_readers, return_exceptions=True)
+        return codes
+
+    async def end_env_check(self, key: DeploymentKey) -> None:
+        """Kill what is left of the env check program (its result is known by now)."""
+        local = self._deps.get(key)
+        if local is None or not local.checks:
+            return
+        for process in local.checks.values():
+            if process.returncode is None:
+                _signal_group(process.pid, signal.SIGKILL)
+        for process in local.checks.values():
+            await process.wait()
+            await _until_gone(process.pid)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(
+                asyncio.gather(*local.check_readers, return_exceptions=True), 5.0
+            )
+        for reader in local.check_readers:
+            reader.cancel()
+        local.checks.clear()
+        local.check_readers.clear()
+
+    def _launch_args(
+        self,
+        local: _Local,
+        worker: _Worker,
+        *,
+        command: str | None = None,
+        status_file: Path | None = None,
+    ) -> list[str]:
+        """`bash -c WRAPPER` (inside `unshare -m` when possible) running the launch command.
+
+        The wrapper runs `bash --login -c "<launch command>"`, then writes its exit status
+        to the worker's `exit_status` file (so a deployer that restarts meanwhile still
+        learns it exactly) and exits with it. It survives SIGTERM itself (`trap :`), so a
+        stop's grace period is the launch command's, as if it ran alone.
+        """
+        setup = ""
+        if self.namespaces:
+            setup = self._mount_script(local, worker)
+        wrapper = (
+            f"{setup}cd {shlex.quote(str(worker.scratch / 'work'))} || exit 111\n"
+            "trap : TERM INT HUP\n"
+            # The wrapper's own messages ("Terminated") are not the worker's output.
+            "exec 3>&2 2>/dev/null\n"
+            'bash --login -c "$1" 2>&3 3>&-\n'
+            "rc=$?\n"
+            'printf "%s\\n" "$rc" > "$2.tmp" && mv -f "$2.tmp" "$2"\n'
+            'exit "$rc"\n'
+        )
+        args = ["bash", "-c", wrapper, "runyard-worker", command or local.deployment.spec.command]
+        args.append(str(status_file or worker.status_file))
+        if self.namespaces:
+            return ["unshare", "-m", "--propagation", "private", *args]
+        return args
+
+    def _mount_script(self, local: _Local, worker: _Worker) -> str:
+        """Shell lines, run in the worker's own mount namespace, that set up its view.
+
+        Each volume is bind-mounted at its mount path (read-only when asked), then the
+        worker's scratch `tmp/` is bind-mounted over /tmp. When the scratch itself is
+        under /tmp, it is first bind-mounted inside its own `tmp/` at the same relative
+        path, so HOME, TMPDIR and the working directory keep their paths afterwards.
+        """
+        q = shlex.quote
+        lines = ["set -e"]
+        for mount_path, host, read_only in local.mounts:
+            lines.append(f"mkdir -p {q(mount_path)}")
+            lines.append(f"mount --bind {q(str(host))} {q(mount_path)}")
+            if read_only:
+                lines.append(f"mount -o remount,bind,ro {q(mount_path)}")
+        scratch = worker.scratch.resolve()
+        tmp = scratch / "tmp"
+        try:
+            rel = scratch.relative_to("/tmp")
+        except ValueError:
+            lines.append(f"mount --bind {q(str(tmp))} /tmp")
+        else:
+            inner = tmp / rel
+            lines.append(f"mkdir -p {q(str(inner))}")
+            lines.append(f"mount --bind {q(str(scratch))} {q(str(inner))}")
+            lines.append(f"mount --rbind {q(str(tmp))} /tmp")
+        lines.append("set +e")
+        return "".join(
+            f"{line} || exit 112\n" if line.startswith("mount") else f"{line}\n" for line in lines
+        )
+
+    def _watch_all(self, local: _Local, on_output: OnOutput, on_exit: OnExit) -> None:
+        local.queue = asyncio.Queue(maxsize=self.config.output_buffer)
+        local.pump = asyncio.create_task(self._pump(local, on_output))
         for worker in local.workers.values():
             local.watchers.append(asyncio.create_task(self._watch(local, worker, on_exit)))
-        return pids
 
     async def _watch(self, local: _Local, worker: _Worker, on_exit: OnExit) -> None:
-        process = worker.process
-        assert process is not None and process.stdout is not None and process.stderr is not None
         readers = [
-            asyncio.create_task(self._read(local, worker, process.stdout, "stdout")),
-            asyncio.create_task(self._read(local, worker, process.stderr, "stderr")),
+            asyncio.create_task(self._tail(local, worker, "stdout")),
+            asyncio.create_task(self._tail(local, worker, "stderr")),
         ]
-        code = await process.wait()
+        assert worker.pid is not None
+        if worker.process is not None:
+            code: int | None = await worker.process.wait()
+            assert code is not None
+            code = 128 - code if code < 0 else code
+        else:  # adopted: not our child, so look at /proc until it is gone
+            while _alive(worker.pid, worker.starttime):  # noqa: ASYNC110 (no event for a non-child)
+                await asyncio.sleep(self.config.poll_s)
+            code = None
         # The launch command ended: whatever it left in its group goes with it.
-        _signal_group(process.pid, signal.SIGKILL)
-        await _until_gone(process.pid)
+        _signal_group(worker.pid, signal.SIGKILL)
+        await _until_gone(worker.pid)
+        worker.gone.set()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.gather(*readers, return_exceptions=True), 5.0)
         for reader in readers:
             reader.cancel()
-        worker.exit_code = 128 - code if code < 0 else code
+        status = _read_status(worker.status_file)
+        if status is not None:
+            code = status
+        worker.exit_code = UNKNOWN_EXIT_CODE if code is None else code
         worker.done.set()
         try:
             await on_exit(local.deployment.key, worker.index, worker.exit_code)
@@ -426,41 +656,78 @@ class LocalRuntime:
                 "exit handler failed for %s worker %s", local.deployment.key, worker.index
             )
 
-    async def _read(
-        self, local: _Local, worker: _Worker, pipe: asyncio.StreamReader, stream: Stream
+    async def _tail(self, local: _Local, worker: _Worker, stream: Stream) -> None:
+        """Follow one output file of a worker, line by line, until the worker is gone.
+
+        The worker writes to a file, never to a pipe: it can neither block on a slow
+        reader nor die of SIGPIPE when the deployer goes away, and a new deployer
+        resumes reading where the last saved offset says.
+        """
+        path = worker.scratch / f"{stream}.log"
+        offset = worker.offsets[stream]
+        pending = b""
+        delay = 0.005
+        try:
+            with open(path, "rb") as f:  # noqa: ASYNC230 (local file, small reads)
+                f.seek(offset)
+                while True:
+                    last = worker.gone.is_set()
+                    chunk = f.read(256 * 1024)
+                    if not chunk:
+                        if last:
+                            break
+                        await asyncio.sleep(delay)
+                        delay = min(delay * 2, 0.2)
+                        continue
+                    delay = 0.005
+                    start = offset - len(pending)  # where `pending + chunk` begins in the file
+                    offset += len(chunk)
+                    *lines, pending = (pending + chunk).split(b"\n")
+                    for raw in lines:
+                        start += len(raw) + 1
+                        await self._emit(local, worker, stream, raw, start)
+                    if len(pending) > 64 * 1024:  # no newline in sight: pass it on as a line
+                        await self._emit(local, worker, stream, pending, offset)
+                        pending = b""
+                if pending:
+                    await self._emit(local, worker, stream, pending, offset)
+        except FileNotFoundError:
+            return
+
+    async def _emit(
+        self, local: _Local, worker: _Worker, stream: Stream, raw: bytes, end: int
     ) -> None:
         d = local.deployment
-        while True:
-            try:
-                raw = await pipe.readline()
-            except ValueError:  # a line longer than the reader's limit: take a chunk
-                raw = await pipe.read(64 * 1024)
-            if not raw:
-                return
-            line = OutputLine(
-                d.task_id,
-                d.run,
-                d.attempt,
-                worker.index,
-                stream,
-                raw.decode("utf-8", "replace").rstrip("\r\n"),
-                datetime.now(UTC),
-            )
-            assert local.queue is not None
-            try:
-                local.queue.put_nowait(line)
-            except asyncio.QueueFull:
-                local.dropped += 1
-                self.dropped_lines += 1
+        line = OutputLine(
+            d.task_id,
+            d.run,
+            d.attempt,
+            worker.index,
+            stream,
+            raw.decode("utf-8", "replace").rstrip("\r"),
+            datetime.now(UTC),
+        )
+        assert local.queue is not None
+        # The file holds what is not read yet: waiting here slows reading, never the worker.
+        await local.queue.put((line, worker, end))
 
     async def _pump(self, local: _Local, on_output: OnOutput) -> None:
         assert local.queue is not None
         while True:
-            line = await local.queue.get()
+            item = await local.queue.get()
             try:
-                if line is None:
+                if item is None:
                     return
+                line, worker, end = item
                 await on_output(line)
+                # What was published: a new deployer resumes after it. Saved at the end
+                # of every burst and at least once a second within one (a crash in a
+                # burst repeats at most about a second of lines, and loses none).
+                worker.offsets[line.stream] = end
+                now = time.monotonic()
+                if local.queue.empty() or now - local.offsets_saved > 1.0:
+                    local.offsets_saved = now
+                    _save_offsets(worker)
             except Exception:
                 log.exception("output sink failed; line of %s dropped", local.deployment.key)
                 local.dropped += 1
@@ -482,18 +749,19 @@ class LocalRuntime:
         local = self._deps.get(key)
         if local is None:
             return {}
-        return {i: w.process.pid for i, w in local.workers.items() if w.process is not None}
+        return {i: w.pid for i, w in local.workers.items() if w.pid is not None}
 
     async def stop(self, key: DeploymentKey, grace_s: float | None = None) -> None:
         local = self._deps.get(key)
         if local is None:
             return
         local.stopping = True
+        await self.end_env_check(key)
         grace = self.config.grace_s if grace_s is None else grace_s
-        live = [w for w in local.workers.values() if w.process is not None and not w.done.is_set()]
+        live = [w for w in local.workers.values() if w.pid is not None and not w.done.is_set()]
         for worker in live:
-            assert worker.process is not None
-            _signal_group(worker.process.pid, signal.SIGTERM)
+            assert worker.pid is not None
+            _signal_group(worker.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
         for worker in live:
             left = max(0.0, deadline - time.monotonic())
@@ -501,10 +769,11 @@ class LocalRuntime:
                 await asyncio.wait_for(worker.done.wait(), left)
         for worker in live:
             if not worker.done.is_set():
-                assert worker.process is not None
-                _signal_group(worker.process.pid, signal.SIGKILL)
+                assert worker.pid is not None
+                _signal_group(worker.pid, signal.SIGKILL)
         for worker in live:
-            await worker.done.wait()
+            if local.watchers:
+                await worker.done.wait()
 
     async def wait(self, key: DeploymentKey) -> dict[int, int]:
         """Wait until every started worker has exited and been reported; exit codes by index."""
@@ -542,6 +811,124 @@ class LocalRuntime:
     def deployments(self) -> list[DeploymentKey]:
         return list(self._deps)
 
+    # -- after a deployer restart ------------------------------------------------------
+
+    def recover(self) -> dict[DeploymentKey, dict[int, int]]:
+        """Deployments whose workers were started by an earlier deployer process.
+
+        Reads every `state.json` under the scratch root. A deployment cut while its
+        workers were being started (`starting`) may have processes no file names: those
+        are found by their environment and ended, and the deployment is left to be
+        deployed again. Returns the process ids, by worker, of every started deployment;
+        `adopt` then watches them.
+        """
+        found: dict[DeploymentKey, dict[int, int]] = {}
+        root = self.config.scratch_root
+        if not root.is_dir():
+            return found
+        for state_file in sorted(root.glob("*/run*-a*/state.json")):
+            try:
+                raw = json.loads(state_file.read_text())
+                key: DeploymentKey = (str(raw["task_id"]), int(raw["run"]), int(raw["attempt"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                log.warning("unreadable deployment state %s", state_file)
+                continue
+            if key in self._deps:
+                continue
+            if raw.get("phase") == "starting":
+                _end_strays(key)
+                continue
+            if raw.get("phase") != "started":
+                continue
+            found[key] = {int(w["index"]): int(w["pid"]) for w in raw.get("workers", [])}
+        return found
+
+    async def adopt(
+        self, deployment: Deployment, on_output: OnOutput, on_exit: OnExit
+    ) -> dict[int, int]:
+        """Watch the workers an earlier deployer started: their output and their exits.
+
+        A worker whose process is still there (same pid and start time) is watched
+        until it goes; one already gone is reported at once, with the status its wrapper
+        wrote (`UNKNOWN_EXIT_CODE` when the wrapper itself was killed and wrote none).
+        """
+        key = deployment.key
+        task, run, attempt = key
+        root = self.config.scratch_root / task / f"run{run}-a{attempt}"
+        raw = json.loads((root / "state.json").read_text())
+        workers: dict[int, _Worker] = {}
+        for placement in deployment.workers:
+            workers[placement.index] = _Worker(
+                placement.index, placement, root / f"w{placement.index}"
+            )
+        for entry in raw.get("workers", []):
+            worker = workers.get(int(entry["index"]))
+            if worker is None:
+                continue
+            worker.pid = int(entry["pid"])
+            worker.starttime = entry.get("starttime")
+            with contextlib.suppress(OSError, ValueError):
+                saved = json.loads((worker.scratch / "offsets.json").read_text())
+                worker.offsets.update({k: int(v) for k, v in saved.items()})
+        local = _Local(deployment, root, workers, adopted=True)
+        self._deps[key] = local
+        self._watch_all(local, on_output, on_exit)
+        return self.pids(key)
+
+    async def discard(self, key: DeploymentKey, grace_s: float | None = None) -> None:
+        """End the workers of a deployment found on disk that must not go on; remove it.
+
+        Used by reconciliation for attempts the log has moved past (or stopped): their
+        process groups get SIGTERM, then SIGKILL after the grace period.
+        """
+        task, run, attempt = key
+        root = self.config.scratch_root / task / f"run{run}-a{attempt}"
+        try:
+            raw = json.loads((root / "state.json").read_text())
+        except (OSError, ValueError):
+            raw = {}
+        groups = [
+            int(w["pid"])
+            for w in raw.get("workers", [])
+            if _alive(int(w["pid"]), w.get("starttime"))
+        ]
+        for pgid in groups:
+            _signal_group(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + (self.config.grace_s if grace_s is None else grace_s)
+        while any(group_members(g) for g in groups) and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        for pgid in groups:
+            await _until_gone(pgid)
+        await asyncio.to_thread(shutil.rmtree, root, True)
+        with contextlib.suppress(OSError):
+            root.parent.rmdir()
+
+    def detach(self) -> None:
+        """Forget every deployment without touching its processes (what a crash does)."""
+        for local in self._deps.values():
+            for task in [*local.watchers, local.pump]:
+                if task is not None:
+                    task.cancel()
+        self._deps.clear()
+
+    def _write_state(self, local: _Local, phase: str) -> None:
+        d = local.deployment
+        state = {
+            "task_id": d.task_id,
+            "run": d.run,
+            "attempt": d.attempt,
+            "phase": phase,
+            "namespaces": self.namespaces,
+            "workers": [
+                {"index": w.index, "pid": w.pid, "starttime": w.starttime}
+                for w in local.workers.values()
+                if w.pid is not None
+            ],
+        }
+        tmp = local.root / "state.json.tmp"
+        tmp.write_text(json.dumps(state))
+        tmp.replace(local.root / "state.json")
+
     def scratch_dir(self, key: DeploymentKey, worker: int) -> Path | None:
         local = self._deps.get(key)
         return local.workers[worker].scratch if local and worker in local.workers else None
@@ -553,6 +940,84 @@ class LocalRuntime:
                 f"deployment {key} holds no resources (resource_allocation did not run)"
             )
         return local
+
+
+#: The exit code recorded for a worker whose exit status nobody could learn: it ended
+#: while no deployer watched it and its wrapper was killed before writing `exit_status`.
+UNKNOWN_EXIT_CODE = -1
+
+
+def _can_unshare() -> bool:
+    """Whether a private mount namespace with bind mounts works here (checked once)."""
+    if shutil.which("unshare") is None or shutil.which("mount") is None:
+        return False
+    try:
+        done = subprocess.run(
+            ["unshare", "-m", "--propagation", "private", "mount", "--bind", "/", "/"],
+            capture_output=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
+def _starttime(pid: int) -> int | None:
+    """The process's start time since boot in clock ticks (with the pid: its identity)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return int(fields[19]) if len(fields) > 19 else None
+
+
+def _alive(pid: int, starttime: int | None) -> bool:
+    """Whether `pid` is still the same live (not zombie) process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+    except OSError:
+        return False
+    fields = stat[stat.rfind(")") + 2 :].split()
+    if not fields or fields[0] in ("Z", "X"):
+        return False
+    return starttime is None or (len(fields) > 19 and int(fields[19]) == starttime)
+
+
+def _read_status(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _save_offsets(worker: _Worker) -> None:
+    with contextlib.suppress(OSError):
+        (worker.scratch / "offsets.json").write_text(json.dumps(worker.offsets))
+
+
+def _end_strays(key: DeploymentKey) -> None:
+    """SIGKILL the process groups of workers of `key` that no state file names."""
+    task, run, attempt = key
+    wanted = {
+        f"RUNYARD_TASK_ID={task}".encode(),
+        f"RUNYARD_RUN_ID={task}-run{run}".encode(),
+        f"RUNYARD_ATTEMPT={attempt}".encode(),
+    }
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                env = set(f.read().split(b"\0"))
+        except OSError:
+            continue
+        if wanted <= env:
+            with contextlib.suppress(OSError):
+                _signal_group(os.getpgid(int(entry.name)), signal.SIGKILL)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
@@ -583,6 +1048,17 @@ async def _until_gone(pgid: int, timeout_s: float = 2.0) -> None:
     while group_members(pgid) and time.monotonic() < deadline:
         _signal_group(pgid, signal.SIGKILL)
         await asyncio.sleep(0.01)
+
+
+def bootcheck_command(deployment: Deployment, worker: int) -> str:
+    """The env check command line of one worker (R-30), run in its environment."""
+    spec = deployment.spec
+    parts = ["python", "-m", "runyard.faulttolerance.bootcheck", "--worker", str(worker)]
+    if spec.rdma:
+        parts.append("--rdma")
+    for mount in spec.mounts:
+        parts += ["--mount", f"{mount.mount_path}:ro" if mount.read_only else mount.mount_path]
+    return shlex.join(parts)
 
 
 def free_port(preferred: int = DEFAULT_MASTER_PORT) -> int:

@@ -13,13 +13,14 @@ table in the same transaction as the event that refers to them (R-12).
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import asyncpg
 import yaml
@@ -42,11 +43,11 @@ from runyard.domain import (
 from runyard.eventstore import NO_STREAM, PostgresEventStore, apply_migrations, load_migrations
 from runyard.gateway import projection
 from runyard.gateway.auth import Principal, Role, authenticate, create_token
-from runyard.gateway.errors import BadRequest, NotFound, task_not_found
+from runyard.gateway.errors import BadRequest, Conflict, NotFound, task_not_found
 from runyard.gateway.pools import PoolInfo, capacity, describe, load_pools
 from runyard.gateway.projection import TaskListProjector
 from runyard.gateway.views import event_view, task_view
-from runyard.submission.catalogue import Catalogue, Image
+from runyard.submission.catalogue import Catalogue, Image, PublicData, Volume
 from runyard.submission.changes import check_group, clone_spec, expand_group, rerun_with_changes
 from runyard.submission.env import MASK, parse_env
 from runyard.submission.errors import ErrorCode, SpecError
@@ -84,6 +85,46 @@ def load_catalogue(config_dir: Path) -> Catalogue:
     return Catalogue.from_dict(data)
 
 
+CatalogueEntry: TypeAlias = Image | Volume | PublicData
+_KINDS: dict[str, type[Image] | type[Volume] | type[PublicData]] = {
+    "image": Image,
+    "volume": Volume,
+    "public_data": PublicData,
+}
+
+
+def entry_key(entry: CatalogueEntry) -> tuple[str, str]:
+    """The (kind, key) an admin change is stored under: a later change replaces it."""
+    if isinstance(entry, Image):
+        return "image", entry.name
+    if isinstance(entry, Volume):
+        return "volume", f"{entry.file_system}/{entry.volume}/{entry.zone}"
+    return "public_data", entry.zone
+
+
+def with_entry(catalogue: Catalogue, entry: CatalogueEntry) -> Catalogue:
+    """The catalogue with one admin change applied."""
+    if isinstance(entry, Image):
+        return catalogue.with_image(entry)
+    if isinstance(entry, Volume):
+        return catalogue.with_volume(entry)
+    return catalogue.with_public_data(entry)
+
+
+async def overlay_catalogue(
+    conn: asyncpg.Pool | asyncpg.Connection, catalogue: Catalogue
+) -> Catalogue:
+    """`catalogue` (from the config file) with the stored admin changes, oldest first."""
+    rows = await conn.fetch(
+        "SELECT kind, body FROM catalogue_entries ORDER BY updated_at, kind, key"
+    )
+    for row in rows:
+        body = row["body"]
+        data = json.loads(body) if isinstance(body, str) else dict(body)
+        catalogue = with_entry(catalogue, _KINDS[row["kind"]].model_validate(data))
+    return catalogue
+
+
 class Gateway:
     """Task operations over the event store, the task list and the catalogues."""
 
@@ -111,7 +152,8 @@ class Gateway:
         store = await PostgresEventStore.connect(dsn, mapper or default_mapper())
         async with store.pool.acquire() as conn:
             await apply_migrations(conn, gateway_migrations())
-        return cls(store, load_catalogue(config_dir), config_dir)
+        catalogue = await overlay_catalogue(store.pool, load_catalogue(config_dir))
+        return cls(store, catalogue, config_dir)
 
     async def close(self) -> None:
         await self.store.close()
@@ -319,17 +361,87 @@ class Gateway:
                 await self._decide_and_append(req, state, RequestStop(state.task_id))
         return await self.get_group(req.principal, group_id)
 
+    async def list_groups(self, caller: Principal, limit: int = 50) -> dict[str, Any]:
+        """The caller's tenant's task groups, newest first, with a count per status."""
+        if not 1 <= limit <= MAX_PAGE:
+            raise BadRequest(
+                "request.invalid", f"limit must be 1 to {MAX_PAGE}", "lower the limit", "limit"
+            )
+        await self.projector.catch_up()
+        return {"items": await projection.group_rows(self.db, caller.tenant, limit)}
+
+    async def rerun_group(
+        self, req: Request, group_id: str, changes: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Rerun every finished task of the group, each with the same allowed changes.
+
+        Every rerun is checked first; then all are written in one transaction,
+        so either every finished task runs again or none does.
+        """
+        group = await self.get_group(req.principal, group_id)
+        planned: list[tuple[TaskState, list[Event]]] = []
+        for row in group["tasks"]:
+            state, _ = await self._load(req.principal, row["task_id"])
+            if not is_terminal(state.status):
+                continue
+            spec = rerun_with_changes(state.spec, changes)
+            check_spec(spec, self.catalogue, await self._pool_view(spec.pool))
+            events = decide(state, Rerun(state.task_id, spec), now=self.clock(), ids=self.new_id)
+            planned.append((state, list(events)))
+        if not planned:
+            raise Conflict(
+                "group.nothing_to_rerun",
+                f"no task of group {group_id!r} has finished",
+                "stop the group first, or wait for its tasks to end",
+            )
+        async with self.store.transaction() as conn:
+            for state, events in planned:
+                await self._write(conn, req, state.task_id, events, state.version)
+        return await self.get_group(req.principal, group_id)
+
     # --- catalogue (admin) ----------------------------------------------------
 
     async def add_image(self, caller: Principal, body: Mapping[str, Any]) -> dict[str, Any]:
         """Admin: add or replace an image of the catalogue."""
+        return await self._change_catalogue(caller, "image", body)
+
+    async def add_volume(self, caller: Principal, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Admin: add a volume {file_system, volume, zone} to the catalogue."""
+        return await self._change_catalogue(caller, "volume", body)
+
+    async def add_public_data(self, caller: Principal, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Admin: offer public data in a zone {zone, path?}."""
+        return await self._change_catalogue(caller, "public_data", body)
+
+    async def reload_catalogue(self) -> Catalogue:
+        """Reload the config file and overlay the stored admin changes (as at start)."""
+        self.catalogue = await overlay_catalogue(self.db, load_catalogue(self.config_dir))
+        return self.catalogue
+
+    async def _change_catalogue(
+        self, caller: Principal, kind: str, body: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Validate, store (so it survives a restart), then apply one admin change."""
         caller.require_admin()
         try:
-            image = Image.model_validate(dict(body))
+            entry = _KINDS[kind].model_validate(dict(body))
         except ValidationError as exc:
             raise _invalid(exc, "") from exc
-        self.catalogue = self.catalogue.with_image(image)
-        return image.model_dump(mode="json")
+        changed = with_entry(self.catalogue, entry)
+        _, key = entry_key(entry)
+        data = entry.model_dump(mode="json")
+        await self.db.execute(
+            """INSERT INTO catalogue_entries (kind, key, body, updated_by)
+               VALUES ($1, $2, $3::jsonb, $4)
+               ON CONFLICT (kind, key) DO UPDATE
+               SET body = EXCLUDED.body, updated_by = EXCLUDED.updated_by, updated_at = now()""",
+            kind,
+            key,
+            json.dumps(data),
+            caller.actor,
+        )
+        self.catalogue = changed
+        return data
 
     def catalogue_view(self, caller: Principal) -> dict[str, Any]:
         """The images, volumes and public data the rules use."""

@@ -10,12 +10,18 @@ so every refusal answers the same JSON shape `{code, field, message, hint}`.
     ├── PermissionDenied          403 (auth.admin_only)
     ├── NotFound                  404 (task_not_found, group.not_found, pool.not_found)
     └── Conflict                  409 (a domain refusal or a concurrent write)
+
+A value the database cannot take (asyncpg `DataError`: a number out of its
+column's range, text Postgres cannot store) is the caller's input, so it is a
+400 `request.invalid` too, never a 500 — a safety net under every router.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import asyncpg
+from asyncpg.exceptions import _base as asyncpg_base
 from runyard.domain import DomainError, RerunChangeNotAllowed, TaskNotFound
 from runyard.eventstore import ConcurrencyError
 from runyard.submission.errors import SubmissionError
@@ -70,6 +76,10 @@ class Conflict(GatewayError):
     status = 409
 
 
+#: Errors of values the database cannot take (server-side class 22, client-side encoding).
+DATA_ERRORS: tuple[type[Exception], ...] = (asyncpg.DataError, asyncpg_base.DataError)
+
+
 def translate(error: Exception) -> GatewayError | None:
     """The gateway error for a submission, domain or store error (None: not ours)."""
     if isinstance(error, GatewayError):
@@ -86,6 +96,12 @@ def translate(error: Exception) -> GatewayError | None:
         return Conflict(error.code, error.message, error.hint)
     if isinstance(error, ConcurrencyError):
         return Conflict("conflict", str(error), "the task changed meanwhile: try again")
+    if isinstance(error, DATA_ERRORS):
+        return BadRequest(
+            "request.invalid",
+            f"a value does not fit: {error}",
+            "check the numbers and text sent (range, characters)",
+        )
     return None
 
 

@@ -17,12 +17,24 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from runyard.domain import DomainError
 from runyard.eventstore import ConcurrencyError
+from runyard.gateway.admin_pools import admin_pools_router
 from runyard.gateway.app import Gateway, Request
 from runyard.gateway.auth import Principal
-from runyard.gateway.errors import BadRequest, GatewayError, translate
+from runyard.gateway.errors import DATA_ERRORS, BadRequest, GatewayError, translate
+from runyard.gateway.inputs import reject_nul
+from runyard.logs.http import logs_router
+from runyard.notification.http import notification_router
 from runyard.submission.errors import SubmissionError
 
-JsonBody = Annotated[dict[str, Any], Body(default_factory=dict)]
+
+async def _json_body(
+    body: Annotated[dict[str, Any], Body(default_factory=dict)],
+) -> dict[str, Any]:
+    reject_nul(body)
+    return body
+
+
+JsonBody = Annotated[dict[str, Any], Depends(_json_body)]
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"description": text}
     for status, text in (
@@ -37,13 +49,21 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 def create_app(gateway: Gateway) -> FastAPI:
     """The FastAPI application over `gateway`."""
-    app = FastAPI(title="Runyard gateway", version="1", responses=ERROR_RESPONSES)
+    app = FastAPI(
+        title="Runyard gateway",
+        version="1",
+        responses=ERROR_RESPONSES,
+        dependencies=[Depends(_no_nul_in_url)],
+    )
     app.state.gateway = gateway
     _error_handlers(app)
     _task_routes(app, gateway)
     _group_routes(app, gateway)
     _pool_routes(app, gateway)
     _admin_routes(app, gateway)
+    app.include_router(admin_pools_router(gateway))
+    app.include_router(logs_router(gateway))
+    app.include_router(notification_router(gateway))
     return app
 
 
@@ -54,7 +74,7 @@ def _error_handlers(app: FastAPI) -> None:
             raise exc
         return JSONResponse(error.to_dict(), status_code=error.status)
 
-    for kind in (GatewayError, SubmissionError, DomainError, ConcurrencyError):
+    for kind in (GatewayError, SubmissionError, DomainError, ConcurrencyError, *DATA_ERRORS):
         app.add_exception_handler(kind, typed)
 
     @app.exception_handler(RequestValidationError)
@@ -70,6 +90,12 @@ def _error_handlers(app: FastAPI) -> None:
         return JSONResponse(error.to_dict(), status_code=400)
 
 
+async def _no_nul_in_url(request: HttpRequest) -> None:
+    """A NUL character in a path parameter or the query is a 400 naming it, on every route."""
+    reject_nul(dict(request.path_params))
+    reject_nul(dict(request.query_params))
+
+
 def _principal_dependency(gateway: Gateway) -> Any:
     async def principal(authorization: Annotated[str | None, Header()] = None) -> Principal:
         scheme, _, token = (authorization or "").partition(" ")
@@ -83,6 +109,7 @@ def _request_dependency(gateway: Gateway) -> Any:
         principal: Annotated[Principal, _principal_dependency(gateway)],
         x_request_id: Annotated[str | None, Header()] = None,
     ) -> Request:
+        reject_nul(x_request_id, "x-request-id")
         return Request(principal, x_request_id or str(uuid.uuid4()))
 
     return Depends(request)
@@ -105,7 +132,7 @@ def _task_routes(app: FastAPI, gw: Gateway) -> None:
         tag: str | None = None,
         pool: str | None = None,
         creator: str | None = None,
-        limit: Annotated[int, Query(ge=1, le=200)] = 50,
+        limit: Annotated[int, Query(description="1 to 200")] = 50,
         cursor: str | None = None,
     ) -> dict[str, Any]:
         """The tenant's tasks, newest first; pass `next_cursor` back for the next page."""
@@ -161,6 +188,13 @@ def _group_routes(app: FastAPI, gw: Gateway) -> None:
         """A task group: body {template: spec, items: [overrides, ...]}; all tasks or none."""
         return await gw.create_group(req, body)
 
+    @app.get("/v1/groups", tags=["groups"])
+    async def list_groups(
+        caller: Caller, limit: Annotated[int, Query(description="1 to 200")] = 50
+    ) -> dict[str, Any]:
+        """The tenant's task groups, newest first: `{items: [{group_id, tasks, status_counts}]}`."""
+        return await gw.list_groups(caller, limit)
+
     @app.get("/v1/groups/{group_id}", tags=["groups"])
     async def get_group(caller: Caller, group_id: str) -> dict[str, Any]:
         """The group's tasks and a count per status."""
@@ -170,6 +204,11 @@ def _group_routes(app: FastAPI, gw: Gateway) -> None:
     async def stop_group(req: Req, group_id: str) -> dict[str, Any]:
         """Stop every task of the group that has not ended."""
         return await gw.stop_group(req, group_id)
+
+    @app.post("/v1/groups/{group_id}/rerun", tags=["groups"])
+    async def rerun_group(req: Req, group_id: str, body: JsonBody) -> dict[str, Any]:
+        """Rerun every finished task of the group; body: allowed changes for each (optional)."""
+        return await gw.rerun_group(req, group_id, body)
 
 
 def _pool_routes(app: FastAPI, gw: Gateway) -> None:
@@ -198,6 +237,16 @@ def _admin_routes(app: FastAPI, gw: Gateway) -> None:
     async def add_image(caller: Caller, body: JsonBody) -> dict[str, Any]:
         """Admin: add or replace an image {name, zones, services}."""
         return await gw.add_image(caller, body)
+
+    @app.post("/v1/admin/volumes", status_code=201, tags=["admin"])
+    async def add_volume(caller: Caller, body: JsonBody) -> dict[str, Any]:
+        """Admin: add a volume {file_system, volume, zone}."""
+        return await gw.add_volume(caller, body)
+
+    @app.post("/v1/admin/public-data", status_code=201, tags=["admin"])
+    async def add_public_data(caller: Caller, body: JsonBody) -> dict[str, Any]:
+        """Admin: offer public data in a zone {zone, path?}."""
+        return await gw.add_public_data(caller, body)
 
     @app.post("/v1/admin/tokens", status_code=201, tags=["admin"])
     async def create_token(caller: Caller, body: JsonBody) -> dict[str, Any]:

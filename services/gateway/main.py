@@ -1,7 +1,7 @@
-"""The gateway service: the HTTP API (uvicorn) and the task list projector.
+"""The gateway service: the HTTP API (uvicorn), the gRPC API and the task list projector.
 
 `run(ctx)` serves until cancelled. Settings: `http_host` (127.0.0.1),
-`http_port` (8080).
+`http_port` (8080), `grpc_host` (127.0.0.1), `grpc_port` (50051).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import asyncio
 
 import uvicorn
 from runyard.gateway.app import Gateway
+from runyard.gateway.grpc_server import start_server
 from runyard.gateway.http import create_app
 from runyard.stack.context import ServiceContext
 
@@ -25,6 +26,11 @@ async def run(ctx: ServiceContext) -> None:
         lifespan="off",
     )
     server = uvicorn.Server(config)
+    grpc_server, _ = await start_server(
+        gateway,
+        str(ctx.settings.get("grpc_host", "127.0.0.1")),
+        int(ctx.settings.get("grpc_port", 50051)),
+    )
     projector = asyncio.create_task(gateway.projector.follow(), name="task-list-projector")
     serving = asyncio.create_task(server.serve(), name="gateway-http")
     try:
@@ -33,6 +39,7 @@ async def run(ctx: ServiceContext) -> None:
         # Let uvicorn shut down cleanly (close its sockets) instead of cancelling it mid-serve.
         server.should_exit = True
         await asyncio.gather(serving, return_exceptions=True)
+        await grpc_server.stop(grace=1)
         projector.cancel()
         await asyncio.gather(projector, return_exceptions=True)
         await gateway.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -160,6 +161,39 @@ _FILTERS = {
     "creator": "creator = ${n}",
     "group_id": "group_id = ${n}",
 }
+
+
+async def group_rows(
+    conn: asyncpg.Pool | asyncpg.Connection, tenant: str, limit: int
+) -> list[dict[str, Any]]:
+    """The tenant's task groups, newest first: task count, count per status, times."""
+    sql = """
+        SELECT group_id, min(created_at) AS created_at,
+               max(updated_at) AS updated_at,
+               jsonb_object_agg(status, n) AS status_counts
+        FROM (
+            SELECT group_id, status, count(*) AS n,
+                   min(created_at) AS created_at, max(updated_at) AS updated_at
+            FROM task_list WHERE tenant = $1 AND group_id IS NOT NULL
+            GROUP BY group_id, status
+        ) per_status
+        GROUP BY group_id ORDER BY min(created_at) DESC, group_id DESC LIMIT $2
+    """
+    groups = []
+    for r in await conn.fetch(sql, tenant, limit):
+        counts = r["status_counts"]
+        counts = json.loads(counts) if isinstance(counts, str) else dict(counts)
+        status_counts = {k: int(v) for k, v in sorted(counts.items())}
+        groups.append(
+            {
+                "group_id": r["group_id"],
+                "tasks": sum(status_counts.values()),
+                "status_counts": status_counts,
+                "created_at": r["created_at"].isoformat(),
+                "updated_at": r["updated_at"].isoformat(),
+            }
+        )
+    return groups
 
 
 async def all_rows(conn: asyncpg.Pool | asyncpg.Connection) -> list[dict[str, Any]]:

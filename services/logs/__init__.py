@@ -1,0 +1,35 @@
+"""The log service (R-40..R-42): worker output stored, searched, exported,
+and the first error found and classified.
+
+Public surface: the store, its query and records, the first-error rules, the
+ingester, exports, and the gateway router.
+"""
+
+from runyard.logs.errors import ExportNotFound, InvalidQuery, LogError
+from runyard.logs.exports import Exports
+from runyard.logs.firsterror import Classification, classify, error_block, is_error
+from runyard.logs.ingest import LogIngester
+from runyard.logs.records import LogRecord, MalformedRecord, parse
+from runyard.logs.search import LogQuery
+from runyard.logs.store import FirstError, LogLine, LogPage, LogStore, logs_migrations
+
+__all__ = [
+    "Classification",
+    "ExportNotFound",
+    "Exports",
+    "FirstError",
+    "InvalidQuery",
+    "LogError",
+    "LogIngester",
+    "LogLine",
+    "LogPage",
+    "LogQuery",
+    "LogRecord",
+    "LogStore",
+    "MalformedRecord",
+    "classify",
+    "error_block",
+    "is_error",
+    "logs_migrations",
+    "parse",
+]

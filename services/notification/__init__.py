@@ -1,0 +1,24 @@
+"""The notification service: Feishu alerts about tasks (SPEC R-50).
+
+Shape, as every service: `rules` (pure: which events raise which alerts, who
+wants them), `feishu` (pure: bodies, signing, fitting in 20 KB, answers),
+`ratelimit` (per-bot token buckets), `store` (tables), `app` (the application
+layer: reactions, the queue timer, delivery and audit), `subscriptions` (the
+API's use cases), the edges `http` (router the gateway includes) and `main`
+(`async def run(ctx)`). See docs/notifications.md.
+"""
+
+from runyard.notification.app import NotificationApp, NotificationConfig
+from runyard.notification.feishu import AlertFacts
+from runyard.notification.ratelimit import BotLimiter, Limits
+from runyard.notification.rules import ALERT_KINDS, Subscription
+
+__all__ = [
+    "ALERT_KINDS",
+    "AlertFacts",
+    "BotLimiter",
+    "Limits",
+    "NotificationApp",
+    "NotificationConfig",
+    "Subscription",
+]

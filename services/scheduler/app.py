@@ -43,20 +43,12 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, TypeVar
 
 import asyncpg
 from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent
-from runyard.contracts.pool_events import (
-    GPUS_PER_NODE,
-    NodeAdded,
-    NodeCordoned,
-    NodeMarkedFaulty,
-    NodeMarkedHealthy,
-    NodeRemoved,
-    NodeUncordoned,
-    SpotCapacityChanged,
-)
+from runyard.contracts.pool_events import GPUS_PER_NODE
 from runyard.contracts.spec import SpotOptions
 from runyard.contracts.task_events import (
     TaskRerunRequested,
@@ -71,12 +63,12 @@ from runyard.domain.task import (
     FailReschedule,
     MarkAbnormal,
     Place,
-    Preempt,
     Queue,
     ReleaseResources,
     TaskState,
     decide,
     evolve,
+    next_attempt,
 )
 from runyard.eventstore import (
     NO_STREAM,
@@ -84,11 +76,12 @@ from runyard.eventstore import (
     ConcurrencyError,
     PostgresEventStore,
 )
+from runyard.scheduler import admin
+from runyard.scheduler.admin import AdminResult
 from runyard.scheduler.config import PoolConfig, pool_stream
 from runyard.scheduler.domain import (
     Abnormal,
     InvalidRequest,
-    NodeState,
     NoHealthyNode,
     Placement,
     PoolState,
@@ -102,19 +95,12 @@ from runyard.scheduler.domain import (
     launchable,
     plan_queue,
     plan_reschedule,
-    plan_spot_shrink,
     queue_status,
     release,
     request_for,
     timed_out,
 )
-from runyard.scheduler.errors import (
-    ConflictPersisted,
-    NodeBusy,
-    NodeExists,
-    UnknownNode,
-    UnknownPool,
-)
+from runyard.scheduler.errors import ConflictPersisted, UnknownPool
 from runyard.scheduler.views import build_view, ensure_schema, write_view
 
 log = logging.getLogger("runyard.scheduler")
@@ -206,6 +192,9 @@ class SchedulerApp:
         #: scheduler writes for a task names its cause and keeps its correlation (R-62).
         self._causes: dict[str, Metadata] = {}
         self._cause: Metadata | None = None
+        #: When set, `handle` leaves planning to `after_batch` (see there).
+        self.defer_planning = False
+        self._replan: set[str] = set()
 
     # -- start -------------------------------------------------------------------
 
@@ -301,14 +290,31 @@ class SchedulerApp:
                 await self._on_pool_event(event, now)
             elif event.stream_id.startswith("task-"):
                 await self._on_task_event(event, now)
+            if not self.defer_planning:
+                await self._flush_views(conn)
+
+    async def after_batch(self, conn: asyncpg.Connection | None = None) -> None:
+        """End of a consumer batch: plan every pool the batch touched, once, and
+        write their views (with `defer_planning`, `handle` only records them).
+        One pass places many tasks in one append instead of one append each."""
+        async with self._lock:
+            now = self.clock()
+            while self._replan:
+                await self._pass(self.pools[self._replan.pop()], now)
             await self._flush_views(conn)
+
+    async def _plan(self, runtime: PoolRuntime, now: datetime) -> None:
+        if self.defer_planning:
+            self._replan.add(runtime.pool_id)
+        else:
+            await self._pass(runtime, now)
 
     async def _on_pool_event(self, event: RecordedEvent[Event], now: datetime) -> None:
         runtime = self.pools.get(event.stream_id.removeprefix("pool-"))
         if runtime is None or event.stream_version <= runtime.version:
             return
         await self._refresh_pool(runtime)
-        await self._pass(runtime, now)
+        await self._plan(runtime, now)
 
     async def _on_task_event(self, event: RecordedEvent[Event], now: datetime) -> None:
         task_id = event.stream_id.removeprefix("task-")
@@ -316,7 +322,7 @@ class SchedulerApp:
             return
         pool_id = await self._retrying(lambda: self._reconcile(task_id, now), [])
         if pool_id is not None:
-            await self._pass(self.pools[pool_id], now)
+            await self._plan(self.pools[pool_id], now)
 
     async def _sync_task(self, task_id: str, event: RecordedEvent[Event]) -> bool:
         """Fold the event into the task's state; False when there is nothing new for us."""
@@ -397,7 +403,7 @@ class SchedulerApp:
             state = self.tasks[state.task_id]
         try:
             request = request_for(
-                runtime.state, state.task_id, state.spec, run=state.run, attempt=state.attempt + 1
+                runtime.state, state.task_id, state.spec, run=state.run, attempt=next_attempt(state)
             )
             check_request(runtime.state, request)
         except InvalidRequest as exc:
@@ -442,7 +448,9 @@ class SchedulerApp:
             moved = plan_reschedule(runtime.state, task_id, exclude=exclude)
         except NoHealthyNode as exc:
             decision.pool_events.append(release(runtime.state, task_id, "reschedule failed"))
-            commands: list[Command] = [FailReschedule(task_id, str(exc))]
+            # the task's failure reads "cannot be recovered: no healthy node can take ..."
+            why = exc.message.removesuffix("; the task cannot be recovered")
+            commands: list[Command] = [FailReschedule(task_id, why)]
             decision.add_task(
                 task_id, self._decide(state, [*commands, *self._release_cmds(state)], now)
             )
@@ -578,47 +586,55 @@ class SchedulerApp:
         await self._finish(runtime, self.tasks[abnormal.task_id], now)
         self._dirty.add(runtime.pool_id)
 
-    # -- admin (called by the gateway) -----------------------------------------------
+    # -- admin (in-process callers; the gateway calls runyard.scheduler.admin) ----------
 
-    async def add_node(self, pool_id: str, node: str, gpus: int = GPUS_PER_NODE) -> None:
+    async def add_node(
+        self, pool_id: str, node: str, gpus: int = GPUS_PER_NODE, *, actor: str = ACTOR
+    ) -> AdminResult:
         """Add a healthy node with every GPU free; the queue is re-planned."""
-
-        def check(runtime: PoolRuntime) -> list[Event]:
-            if node in runtime.state.nodes:
-                raise NodeExists(f"pool {pool_id} already has node {node!r}", "pick another name")
-            return [NodeAdded(node=node, gpus=gpus)]
-
-        await self._admin(pool_id, check)
-
-    async def remove_node(self, pool_id: str, node: str) -> None:
-        """Remove an idle node (NodeBusy while workers run on it)."""
-
-        def check(runtime: PoolRuntime) -> list[Event]:
-            found = self._node(runtime, node)
-            busy = tuple(dict.fromkeys(o for o in found.owners if o is not None))
-            if busy:
-                raise NodeBusy(pool_id, node, busy)
-            return [NodeRemoved(node=node)]
-
-        await self._admin(pool_id, check)
-
-    async def cordon_node(self, pool_id: str, node: str) -> None:
-        """No new workers go to the node; running ones stay."""
-        await self._admin(pool_id, lambda r: [NodeCordoned(node=self._node(r, node).name)])
-
-    async def uncordon_node(self, pool_id: str, node: str) -> None:
-        """The node takes new workers again."""
-        await self._admin(pool_id, lambda r: [NodeUncordoned(node=self._node(r, node).name)])
-
-    async def mark_node_faulty(self, pool_id: str, node: str, reason: str) -> None:
-        """The node has a hardware fault: nothing new goes there (fault injection in tests)."""
-        await self._admin(
-            pool_id, lambda r: [NodeMarkedFaulty(node=self._node(r, node).name, reason=reason)]
+        return await self._admin(
+            pool_id,
+            lambda now: admin.add_node(self.store, pool_id, node, gpus, actor=actor, now=now),
         )
 
-    async def mark_node_healthy(self, pool_id: str, node: str) -> None:
+    async def remove_node(self, pool_id: str, node: str, *, actor: str = ACTOR) -> AdminResult:
+        """Remove an idle node (NodeBusy while workers run on it)."""
+        return await self._admin(
+            pool_id, lambda now: admin.remove_node(self.store, pool_id, node, actor=actor, now=now)
+        )
+
+    async def cordon_node(self, pool_id: str, node: str, *, actor: str = ACTOR) -> AdminResult:
+        """No new workers go to the node; running ones stay."""
+        return await self._admin(
+            pool_id, lambda now: admin.cordon_node(self.store, pool_id, node, actor=actor, now=now)
+        )
+
+    async def uncordon_node(self, pool_id: str, node: str, *, actor: str = ACTOR) -> AdminResult:
+        """The node takes new workers again."""
+        return await self._admin(
+            pool_id,
+            lambda now: admin.uncordon_node(self.store, pool_id, node, actor=actor, now=now),
+        )
+
+    async def mark_node_faulty(
+        self, pool_id: str, node: str, reason: str, *, actor: str = ACTOR
+    ) -> AdminResult:
+        """The node has a hardware fault: nothing new goes there (fault injection in tests)."""
+        return await self._admin(
+            pool_id,
+            lambda now: admin.mark_node_faulty(
+                self.store, pool_id, node, reason, actor=actor, now=now
+            ),
+        )
+
+    async def mark_node_healthy(
+        self, pool_id: str, node: str, *, actor: str = ACTOR
+    ) -> AdminResult:
         """The node was repaired."""
-        await self._admin(pool_id, lambda r: [NodeMarkedHealthy(node=self._node(r, node).name)])
+        return await self._admin(
+            pool_id,
+            lambda now: admin.mark_node_healthy(self.store, pool_id, node, actor=actor, now=now),
+        )
 
     async def change_spot_capacity(
         self,
@@ -628,77 +644,54 @@ class SchedulerApp:
         add: Sequence[str] = (),
         gpus_per_node: int = GPUS_PER_NODE,
         reason: str = "spot capacity changed",
+        actor: str = ACTOR,
     ) -> SpotShrink | None:
         """Grow a spot pool by `add` nodes, or shrink it by `remove` nodes (R-08).
 
         A shrink preempts running spot tasks (lowest priority, newest first) as
         `plan_spot_shrink` decides: their workers are released and each task is
         requeued, or marked abnormal past its max requeue count, all in one
-        append with the capacity change. Returns the shrink, None for a growth.
+        append with the capacity change (`admin.change_spot_capacity`).
+        Requeued tasks go back to the queue at once. Returns the shrink, None
+        for a growth.
         """
-        async with self._lock:
-            runtime = self._runtime(pool_id)
-            now = self.clock()
-            if remove:
-                shrink = await self._retrying(
-                    lambda: self._shrink(runtime, remove, reason, now), [pool_stream(pool_id)]
-                )
-            else:
-                change = SpotCapacityChanged(
-                    added=tuple(add), gpus_per_node=gpus_per_node, reason=reason
-                )
-                await self._retrying(
-                    lambda: self._commit(_Decision(pool_id, [change]), now), [pool_stream(pool_id)]
-                )
-                shrink = None
-            self._dirty.add(pool_id)
-            for victim in shrink.preempted if shrink else ():
-                await self._retrying(lambda t=victim.task_id: self._reconcile(t, now), [])
-            await self._pass(runtime, now)
-            await self._flush_views(None)
-            return shrink
-
-    async def _shrink(
-        self, runtime: PoolRuntime, remove: int, reason: str, now: datetime
-    ) -> SpotShrink:
-        shrink = plan_spot_shrink(runtime.state, remove=remove)
-        decision = _Decision(runtime.pool_id, shrink.events(reason))
-        for victim in shrink.preempted:
-            state = self.tasks[victim.task_id]
-            commands: list[Command] = [
-                Preempt(victim.task_id, f"spot capacity reclaimed: {reason}"),
-                ReleaseResources(victim.task_id, "preempted"),
-            ]
-            decision.add_task(victim.task_id, self._decide(state, commands, now))
-        await self._commit(decision, now)
-        return shrink
+        result = await self._admin(
+            pool_id,
+            lambda now: admin.change_spot_capacity(
+                self.store,
+                pool_id,
+                remove=remove,
+                add=add,
+                gpus_per_node=gpus_per_node,
+                reason=reason,
+                actor=actor,
+                now=now,
+            ),
+        )
+        return result.shrink
 
     async def _admin(
-        self, pool_id: str, decide_events: Callable[[PoolRuntime], list[Event]]
-    ) -> None:
+        self, pool_id: str, operation: Callable[[datetime], Awaitable[AdminResult]]
+    ) -> AdminResult:
+        """Run an admin decision (it reads and appends on its own), then catch up and re-plan."""
         async with self._lock:
             runtime = self._runtime(pool_id)
             now = self.clock()
-            await self._retrying(
-                lambda: self._commit(_Decision(pool_id, decide_events(runtime)), now),
-                [pool_stream(pool_id)],
-            )
+            result = await operation(now)
+            await self._refresh_pool(runtime)
+            for victim in result.preempted:
+                await self._refresh_task(victim.task_id)
+                await self._retrying(partial(self._reconcile, victim.task_id, now), [])
             self._dirty.add(pool_id)
             await self._pass(runtime, now)
             await self._flush_views(None)
+            return result
 
     def _runtime(self, pool_id: str) -> PoolRuntime:
         runtime = self.pools.get(pool_id)
         if runtime is None:
             raise UnknownPool(pool_id, tuple(self.pools))
         return runtime
-
-    @staticmethod
-    def _node(runtime: PoolRuntime, node: str) -> NodeState:
-        found = runtime.state.nodes.get(node)
-        if found is None:
-            raise UnknownNode(runtime.pool_id, node)
-        return found
 
     # -- reading (in-process callers, tests) ---------------------------------------
 
@@ -835,7 +828,7 @@ class SchedulerApp:
 
 def _for_task(placement: Placement, state: TaskState) -> Placement:
     """The placement as the task's next attempt (its run and attempt numbers)."""
-    return replace(placement, run=state.run, attempt=state.attempt + 1)
+    return replace(placement, run=state.run, attempt=next_attempt(state))
 
 
 def _place_command(pool_id: str, placement: Placement) -> Place:

@@ -5,7 +5,8 @@ application (`SchedulerApp.start`: registers pools, rebuilds its memory from
 the log, plans once), subscribes one idempotent consumer to the task and pool
 event topics, and ticks every `tick_s` seconds for time limits (R-08) and
 pending queue reports. The running app is published in `ctx.settings`
-(`scheduler_app`) so an in-process gateway can call its admin functions.
+(`scheduler_app`) for in-process use; admin changes made elsewhere (the
+gateway's admin API, `runyard.scheduler.admin`) reach it as pool events.
 """
 
 from __future__ import annotations
@@ -31,8 +32,14 @@ async def run(ctx: ServiceContext) -> None:
         app = SchedulerApp(store, load_pools_file(ctx.config_dir / "pools.yaml"))
         await app.start()
         ctx.settings["scheduler_app"] = app
+        app.defer_planning = True  # one placement pass per consumer batch
         consumer = IdempotentConsumer(
-            CONSUMER, pool=store.pool, mapper=ctx.mapper, handler=app.handle, kafka=ctx.kafka
+            CONSUMER,
+            pool=store.pool,
+            mapper=ctx.mapper,
+            handler=app.handle,
+            kafka=ctx.kafka,
+            after_batch=app.after_batch,
         )
         consumer.subscribe(broker, ctx.kafka.topics.task_events, ctx.kafka.topics.pool_events)
         await broker.start()

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import asyncpg
-
 from runyard.gateway.auth import authenticate, ensure_dev_token
 
 

@@ -8,9 +8,11 @@ import socket
 from pathlib import Path
 
 import asyncpg
+import grpc
 import httpx
 from runyard.gateway import main
 from runyard.gateway.auth import create_token
+from runyard.gateway.grpc_gen import tasks_pb2, tasks_pb2_grpc
 from runyard.messaging import KafkaSettings
 from runyard.stack.context import ServiceContext
 
@@ -33,14 +35,14 @@ async def wait_ready(client: httpx.AsyncClient) -> None:
     raise AssertionError("the gateway did not start")
 
 
-async def test_run_serves_http_and_projects(dsn: str, tmp_path: Path) -> None:
-    port = free_port()
+async def test_run_serves_http_grpc_and_projects(dsn: str, tmp_path: Path) -> None:
+    port, grpc_port = free_port(), free_port()
     ctx = ServiceContext(
         dsn=dsn,
         kafka=KafkaSettings(),
         data_dir=tmp_path,
         config_dir=REPO / "infra/config",
-        settings={"http_port": port},
+        settings={"http_port": port, "grpc_port": grpc_port},
     )
     service = asyncio.create_task(main.run(ctx))
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
@@ -64,6 +66,13 @@ async def test_run_serves_http_and_projects(dsn: str, tmp_path: Path) -> None:
                     break
                 await asyncio.sleep(0.05)
             assert await conn.fetchval("SELECT name FROM task_list") == "hi"
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+                stub = tasks_pb2_grpc.TasksStub(channel)
+                got = await stub.GetTask(
+                    tasks_pb2.TaskRef(task_id=created.json()["task_id"]),
+                    metadata=(("authorization", f"Bearer {token}"),),
+                )
+                assert (got.name, got.status) == ("hi", "new")
         finally:
             await conn.close()
     service.cancel()

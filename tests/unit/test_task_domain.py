@@ -101,6 +101,7 @@ from runyard.domain import (
     restart_delay_s,
 )
 from runyard.domain import task as task_module
+from runyard.domain.task import next_attempt
 
 T0 = datetime(2025, 3, 1, 8, 0, tzinfo=UTC)
 TASK = "t-1"
@@ -588,19 +589,51 @@ def test_confirming_a_stop_nobody_asked_for_is_refused() -> None:
 # --- reschedule and resources -------------------------------------------------
 
 
-def test_a_reschedule_moves_the_workers_to_new_nodes() -> None:
+def test_a_reschedule_moves_the_workers_to_new_nodes_as_a_restart() -> None:
     story = Story().running()
     events = story.do(RequestReschedule(TASK, "GPU dropped", ("node-1",)))
-    assert types_of(events) == (TaskRescheduleRequested,)
+    assert types_of(events) == (TaskRescheduleRequested, TaskRestartScheduled)
+    requested, restart = events
+    assert isinstance(requested, TaskRescheduleRequested) and requested.attempt == 1
+    assert isinstance(restart, TaskRestartScheduled)
+    assert (restart.reason, restart.attempt, restart.delay_s) == ("hardware_fault", 2, 0.0)
     s = story.state
-    assert (s.status, s.reschedules, s.placement, s.workers) == ("restarting", 1, None, ())
+    assert (s.status, s.reschedules, s.restarts, s.placement, s.workers) == (
+        "restarting",
+        1,
+        1,
+        None,
+        (),
+    )
+    assert (s.attempt, s.attempt_unplaced, next_attempt(s)) == (2, True, 2)
+    story.refuse(ScheduleRestart(TASK, "hang"), InvalidCommand)  # nothing placed to restart
     story.refuse(Place(TASK, "pool-a", workers_for(s.spec, "spare")), InvalidCommand)  # held
     story.do(ReleaseResources(TASK, "rescheduled"))
     assert story.state.held is None
-    story.place("spare")
+    ((placed, _),) = story.place("spare").events[-1:]
+    assert isinstance(placed, TaskPlaced) and placed.attempt == 2  # the restart's attempt
     s = story.state
-    assert (s.status, s.attempt) == ("deploying", 2)
+    assert (s.status, s.attempt, s.attempt_unplaced, s.restarts, s.reschedules) == (
+        "deploying",
+        2,
+        False,
+        1,
+        1,
+    )
     assert [w.node for w in s.workers] == ["spare-0", "spare-1"]
+    assert next_attempt(s) == 3
+
+
+def test_a_reschedule_needs_no_auto_restart_but_a_restart_left() -> None:
+    story = Story(make_spec(max_restarts=0)).running()
+    events = story.do(RequestReschedule(TASK, "GPU dropped", ("node-1",)))
+    assert types_of(events) == (TaskRescheduleRequested, TaskRescheduleFailed, TaskFailed)
+    failed = events[-1]
+    assert isinstance(failed, TaskFailed) and failed.unrecoverable
+    assert failed.reason.startswith("cannot be recovered: no restart left: it reached its")
+    assert "GPU dropped" in failed.reason
+    s = story.state
+    assert (s.status, s.restarts, s.reschedules) == ("failed", 0, 1)
 
 
 def test_a_reschedule_without_healthy_nodes_fails_unrecoverably() -> None:
@@ -612,7 +645,11 @@ def test_a_reschedule_without_healthy_nodes_fails_unrecoverably() -> None:
         TaskRescheduleFailed,
         TaskFailed,
     )
-    assert isinstance(events[1], TaskFailed) and events[1].unrecoverable
+    failed = events[1]
+    assert isinstance(failed, TaskFailed) and failed.unrecoverable
+    assert failed.reason == (
+        "cannot be recovered: no healthy spare node (rescheduled because GPU dropped)"
+    )
     assert story.status() == "failed"
 
 

@@ -1,0 +1,373 @@
+"""End-to-end benchmark: trivial tasks through the whole platform (issue 5, item 4).
+
+Runs what `runyard up` runs (`runyard.stack.up.run_platform`: outbox relay,
+gateway, scheduler, deployer with the local runtime, and whatever other
+service is built) in this process, on the embedded stack: a Postgres with its
+default durability (DATABASE_URL, or an embedded one started here in a temp
+dir) and a Kafka-compatible broker (KAFKA_BOOTSTRAP_SERVERS, or an embedded
+Tansu). The config is infra/config copied to a temp dir plus a bench-only
+pool `bench` (zone cn-north-1) with a GPU for every task, so capacity never
+queues a task: what is measured is the platform, not the pool size.
+
+N tasks (`true`, 1 GPU, image bash-only) are submitted through the gateway's
+HTTP API, `--concurrency` requests in flight, after one warm-up task has run
+(consumer groups joined). Every figure comes from the events' `occurred_at`:
+
+- tasks_per_s: N / (first TaskSubmitted -> last TaskSucceeded);
+- submit_to_running p50/p99: TaskSubmitted -> TaskRunning per task.
+
+It also prints where the time goes between those events (placement, the four
+deploy stages, the worker's run), the HTTP submit rate, and with `--profile`
+the top functions of a cProfile of this (single) process.
+
+`--quick` runs n=300. The last line is exactly
+`e2e: tasks=<n> tasks_per_s=<x> submit_to_running_p50_ms=<a> submit_to_running_p99_ms=<b>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import io
+import math
+import os
+import pstats
+import shutil
+import socket
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import yaml
+from runyard.gateway.auth import create_token
+from runyard.messaging import KafkaSettings, Topics
+from runyard.stack.context import ServiceContext
+from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres
+from runyard.stack.up import run_platform
+
+REPO = Path(__file__).resolve().parents[1]
+POOL = "bench"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def bench_config(target: Path, gpus: int) -> Path:
+    """infra/config plus a pool `bench` of 8-GPU nodes with at least `gpus` GPUs."""
+    shutil.copytree(REPO / "infra/config", target)
+    pools_file = target / "pools.yaml"
+    pools = yaml.safe_load(pools_file.read_text())
+    pools["pools"].append(
+        {
+            "id": POOL,
+            "zone": "cn-north-1",
+            "resource_type": "subscription",
+            "gpu_model": "A100-80G",
+            "network": "roce",
+            "specs": [{"name": "1gpu", "gpus": 1, "cpus": 12, "memory_gib": 120}],
+            "nodes": {"prefix": "bench-node-", "count": math.ceil(gpus / 8), "gpus": 8},
+        }
+    )
+    pools_file.write_text(yaml.safe_dump(pools))
+    return target
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    rank = max(0, min(len(ordered) - 1, math.ceil(p / 100 * len(ordered)) - 1))
+    return ordered[rank]
+
+
+@contextlib.contextmanager
+def infrastructure(keep: bool, pg_settings: dict[str, str]) -> Iterator[tuple[str, str]]:
+    """(server DSN, bootstrap): from the environment, else embedded ones here."""
+    root = Path(tempfile.mkdtemp(prefix="runyard-bench-e2e-"))
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(root))
+    postgres = kafka = None
+    try:
+        dsn = os.environ.get("DATABASE_URL", "")
+        if not dsn:
+            settings = {"max_connections": "200", **pg_settings}
+            postgres = EmbeddedPostgres(root / "pg", settings=settings)
+            postgres.start()
+            dsn = postgres.dsn
+        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "")
+        if not bootstrap:
+            kafka = EmbeddedKafka(log_path=root / "tansu.log")
+            kafka.start()
+            bootstrap = kafka.bootstrap
+        yield dsn, bootstrap
+    finally:
+        if kafka is not None:
+            kafka.stop()
+        if postgres is not None:
+            postgres.stop()
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+async def fresh_database(server_dsn: str) -> str:
+    name = f"bench_{uuid.uuid4().hex[:10]}"
+    admin = await asyncpg.connect(server_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    base, _, _ = server_dsn.rpartition("/")
+    return f"{base}/{name}"
+
+
+async def wait_ready(ctx: ServiceContext, http: httpx.AsyncClient, run: asyncio.Task[None]) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        if run.done():
+            run.result()
+            raise SystemExit("the platform stopped before it was ready")
+        relay = ctx.settings.get("relay")
+        started = "scheduler_app" in ctx.settings and "deployer_app" in ctx.settings
+        if started and relay is not None and relay.ready.is_set():
+            with contextlib.suppress(httpx.TransportError):
+                if (await http.get("/openapi.json")).status_code == 200:
+                    return
+        if time.monotonic() > deadline:
+            raise SystemExit("the platform did not start within 60 s")
+        await asyncio.sleep(0.05)
+
+
+def task_body(i: int) -> dict[str, Any]:
+    return {
+        "name": f"bench-{i}",
+        "pool": POOL,
+        "worker_spec": "1gpu",
+        "image": "bash-only",
+        "command": "true",
+    }
+
+
+async def submit(http: httpx.AsyncClient, i: int) -> str:
+    answer = await http.post("/v1/tasks", json=task_body(i))
+    if answer.status_code != 201:
+        raise SystemExit(f"submission {i} refused: {answer.status_code} {answer.text}")
+    task_id: str = answer.json()["task_id"]
+    return task_id
+
+
+async def wait_done(
+    db: asyncpg.Pool, streams: list[str], run: asyncio.Task[None], timeout_s: float
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    last_report = time.monotonic()
+    while True:
+        if run.done():
+            run.result()
+            raise SystemExit("the platform stopped during the run")
+        row = await db.fetchrow(
+            """SELECT count(*) FILTER (WHERE event_type = 'TaskSucceeded') AS ok,
+                      count(*) FILTER (WHERE event_type IN ('TaskFailed', 'TaskStopped')) AS bad
+               FROM events WHERE stream_id = ANY($1)
+                 AND event_type IN ('TaskSucceeded', 'TaskFailed', 'TaskStopped')""",
+            streams,
+        )
+        if row["bad"]:
+            failed = await db.fetch(
+                """SELECT stream_id, data->>'reason' AS reason FROM events
+                   WHERE stream_id = ANY($1) AND event_type = 'TaskFailed' LIMIT 3""",
+                streams,
+            )
+            raise SystemExit(
+                f"{row['bad']} tasks did not succeed, e.g. {[dict(r) for r in failed]}"
+            )
+        if row["ok"] >= len(streams):
+            return
+        now = time.monotonic()
+        if now > deadline:
+            raise SystemExit(f"only {row['ok']} of {len(streams)} tasks succeeded in {timeout_s}s")
+        if now - last_report > 5:
+            print(f"  ... {row['ok']} of {len(streams)} succeeded", flush=True)
+            last_report = now
+        await asyncio.sleep(0.05)
+
+
+async def timeline(db: asyncpg.Pool, streams: list[str]) -> dict[str, dict[str, float]]:
+    """Per task: seconds since the epoch of the first event of each type that matters."""
+    rows = await db.fetch(
+        """SELECT stream_id, event_type, data->>'stage' AS stage,
+                  min(extract(epoch FROM occurred_at))::float8 AS at
+           FROM events
+           WHERE stream_id = ANY($1) AND event_type IN (
+               'TaskSubmitted', 'TaskPlaced', 'DeployStageStarted', 'DeployStageCompleted',
+               'WorkerStarted', 'TaskRunning', 'WorkerExited', 'TaskSucceeded')
+           GROUP BY stream_id, event_type, data->>'stage'""",
+        streams,
+    )
+    out: dict[str, dict[str, float]] = {s: {} for s in streams}
+    for r in rows:
+        key = r["event_type"] + (f":{r['stage']}" if r["stage"] else "")
+        out[r["stream_id"]][key] = r["at"]
+    return out
+
+
+async def consumer_lag(db: asyncpg.Pool, streams: list[str]) -> None:
+    """Per consumer: event recorded -> its inbox row (the consumer's transaction began)."""
+    rows = await db.fetch(
+        """SELECT i.consumer,
+                  count(*) AS events,
+                  percentile_cont(0.5) WITHIN GROUP (ORDER BY
+                      extract(epoch FROM i.processed_at - e.recorded_at)) * 1000 AS p50,
+                  percentile_cont(0.99) WITHIN GROUP (ORDER BY
+                      extract(epoch FROM i.processed_at - e.recorded_at)) * 1000 AS p99
+           FROM inbox i JOIN events e USING (event_id)
+           WHERE e.stream_id = ANY($1)
+           GROUP BY i.consumer ORDER BY i.consumer""",
+        streams,
+    )
+    events = await db.fetchval("SELECT count(*) FROM events WHERE stream_id = ANY($1)", streams)
+    print(f"  {events} task events ({events / len(streams):.1f} per task); consumer lag")
+    print(f"  {'(recorded -> handled, ms)':34} {'p50':>8} {'p99':>8} {'events':>8}")
+    for r in rows:
+        print(f"  {r['consumer']:34} {r['p50']:8.1f} {r['p99']:8.1f} {r['events']:8}")
+
+
+def report_breakdown(times: dict[str, dict[str, float]]) -> None:
+    steps = [
+        ("submitted -> placed", "TaskSubmitted", "TaskPlaced"),
+        ("placed -> allocation started", "TaskPlaced", "DeployStageStarted:resource_allocation"),
+        (
+            "resource_allocation",
+            "DeployStageStarted:resource_allocation",
+            "DeployStageCompleted:resource_allocation",
+        ),
+        ("image_pull", "DeployStageStarted:image_pull", "DeployStageCompleted:image_pull"),
+        (
+            "storage_mount",
+            "DeployStageStarted:storage_mount",
+            "DeployStageCompleted:storage_mount",
+        ),
+        ("env_init", "DeployStageStarted:env_init", "DeployStageCompleted:env_init"),
+        ("env_init done -> running", "DeployStageCompleted:env_init", "TaskRunning"),
+        ("running -> worker exited", "TaskRunning", "WorkerExited"),
+        ("worker exited -> succeeded", "WorkerExited", "TaskSucceeded"),
+    ]
+    print(f"  {'step (ms, per task)':34} {'p50':>8} {'p99':>8} {'mean':>8}")
+    for label, a, b in steps:
+        spans = [(t[b] - t[a]) * 1000 for t in times.values() if a in t and b in t]
+        if spans:
+            print(
+                f"  {label:34} {percentile(spans, 50):8.1f} {percentile(spans, 99):8.1f}"
+                f" {statistics.fmean(spans):8.1f}"
+            )
+
+
+async def bench(
+    n: int, concurrency: int, server_dsn: str, bootstrap: str, home: Path
+) -> tuple[float, float, float]:
+    dsn = await fresh_database(server_dsn)
+    kafka = KafkaSettings(bootstrap=bootstrap, topics=Topics(f"b{uuid.uuid4().hex[:8]}."))
+    port, grpc_port = free_port(), free_port()
+    ctx = ServiceContext(
+        dsn=dsn,
+        kafka=kafka,
+        data_dir=home / "data",
+        config_dir=bench_config(home / "config", n + 8),
+        settings={"http_port": port, "grpc_port": grpc_port},
+    )
+    run = asyncio.create_task(run_platform(ctx), name="platform")
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    db = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+    try:
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}", timeout=60, limits=limits
+        ) as http:
+            await wait_ready(ctx, http, run)
+            token = await create_token(db, "bench", "bench", "admin")
+            http.headers["Authorization"] = f"Bearer {token}"
+            warm = await submit(http, -1)
+            await wait_done(db, [f"task-{warm}"], run, 60)
+            print(f"  platform up, warm-up task done; submitting {n} tasks", flush=True)
+
+            gate = asyncio.Semaphore(concurrency)
+
+            async def one(i: int) -> str:
+                async with gate:
+                    return await submit(http, i)
+
+            started = time.monotonic()
+            ids = await asyncio.gather(*(one(i) for i in range(n)))
+            submit_s = time.monotonic() - started
+            streams = [f"task-{t}" for t in ids]
+            await wait_done(db, streams, run, max(120.0, n * 1.0))
+            wall_s = time.monotonic() - started
+        times = await timeline(db, streams)
+        await consumer_lag(db, streams)
+    finally:
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        await db.close()
+
+    first = min(t["TaskSubmitted"] for t in times.values())
+    last = max(t["TaskSucceeded"] for t in times.values())
+    latency = [(t["TaskRunning"] - t["TaskSubmitted"]) * 1000 for t in times.values()]
+    rate = n / submit_s
+    print(f"  submitted {n} over HTTP in {submit_s:.2f}s ({rate:.0f}/s, {concurrency} in flight)")
+    print(f"  all succeeded {wall_s:.2f}s after the first request")
+    report_breakdown(times)
+    return n / (last - first), percentile(latency, 50), percentile(latency, 99)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="n=300")
+    parser.add_argument("-n", type=int, default=1000, help="tasks (default 1000)")
+    parser.add_argument("--concurrency", type=int, default=32, help="HTTP requests in flight")
+    parser.add_argument("--profile", action="store_true", help="cProfile the run, print the top")
+    parser.add_argument("--keep", action="store_true", help="keep the temp dirs")
+    parser.add_argument(
+        "--pg",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting of the embedded Postgres, e.g. synchronous_commit=off (repeatable)",
+    )
+    args = parser.parse_args()
+    n = 300 if args.quick else args.n
+    home = Path(tempfile.mkdtemp(prefix="runyard-bench-e2e-home-"))
+    profiler = cProfile.Profile() if args.profile else None
+    try:
+        pg_settings = dict(item.split("=", 1) for item in args.pg)
+        with infrastructure(args.keep, pg_settings) as (server_dsn, bootstrap):
+            if profiler is not None:
+                profiler.enable()
+            rate, p50, p99 = asyncio.run(bench(n, args.concurrency, server_dsn, bootstrap, home))
+            if profiler is not None:
+                profiler.disable()
+    finally:
+        if not args.keep:
+            shutil.rmtree(home, ignore_errors=True)
+    if profiler is not None:
+        out = io.StringIO()
+        stats = pstats.Stats(profiler, stream=out)
+        stats.sort_stats("tottime").print_stats(30)
+        stats.sort_stats("cumulative").print_stats(45)
+        print(out.getvalue())
+    print(
+        f"e2e: tasks={n} tasks_per_s={rate:.1f} submit_to_running_p50_ms={p50:.0f}"
+        f" submit_to_running_p99_ms={p99:.0f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""`runyard logs ID`: a task's worker output, searched, followed, exported,
+or its first error.
+
+    runyard logs ID [--worker N ...] [--run N] [--since T] [--until T]
+                    [--grep WORDS] [--phrase TEXT] [--regex RE] [-i]
+                    [--newest] [--limit N] [--cursor C] [--follow] [--json]
+    runyard logs ID --first-error
+    runyard logs ID [filters] --export FILE [--format text|jsonl]
+
+Searches and filters combine (all must hold). Times are ISO 8601, e.g.
+2026-01-02T03:04:05Z; `--until` includes its whole second.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from runyard.cli.main import (
+    JsonOpt,
+    TokenOpt,
+    UrlOpt,
+    app,
+    call,
+    err,
+    given,
+    make_client,
+    out,
+    show_json,
+)
+
+TERMINAL = {"succeeded", "failed", "stopped", "abnormal"}
+POLL_S = 1.0
+
+
+def render(line: dict[str, Any]) -> str:
+    """One line as the terminal shows it: the prefix, then the line verbatim."""
+    return f"{line['at']} w{line['worker']} {line['stream']:6} | {line['line']}"
+
+
+def emit(lines: list[dict[str, Any]], as_json: bool) -> None:
+    for line in lines:
+        if as_json:
+            out.print(json.dumps(line), markup=False, highlight=False)
+        else:
+            out.print(render(line), markup=False, highlight=False)
+
+
+@app.command()
+def logs(
+    task_id: str,
+    worker: Annotated[list[int] | None, typer.Option(help="Worker index (repeat).")] = None,
+    run: Annotated[int | None, typer.Option(help="Run number (default: all).")] = None,
+    since: Annotated[str | None, typer.Option(help="From this time (ISO 8601).")] = None,
+    until: Annotated[str | None, typer.Option(help="To this time, its second included.")] = None,
+    grep: Annotated[str | None, typer.Option(help="Lines with all these words.")] = None,
+    phrase: Annotated[str | None, typer.Option(help="Lines with this exact text.")] = None,
+    regex: Annotated[str | None, typer.Option(help="Lines matching this regex.")] = None,
+    ignore_case: Annotated[bool, typer.Option("-i", "--ignore-case")] = False,
+    newest: Annotated[bool, typer.Option(help="Newest first.")] = False,
+    limit: Annotated[int, typer.Option(help="Lines per page (1-1000).")] = 200,
+    cursor: Annotated[str | None, typer.Option(help="Continue from a page's cursor.")] = None,
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="Live tail.")] = False,
+    first_error: Annotated[bool, typer.Option(help="The first error and its layer.")] = False,
+    export: Annotated[Path | None, typer.Option(help="Export matching lines to FILE.")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="Export format: text|jsonl.")] = "text",
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """A task's worker output: filter, search, page, follow, export, first error."""
+    params: dict[str, Any] = given(
+        worker=worker or None,
+        run=run,
+        since=since,
+        until=until,
+        words=grep,
+        phrase=phrase,
+        regex=regex,
+    )
+    if ignore_case:
+        params["ignore_case"] = "true"
+    if first_error:
+        return print_first_error(
+            call(url, token, "GET", f"/v1/tasks/{task_id}/first-error"), as_json
+        )
+    if export is not None:
+        return run_export(task_id, params, export, fmt, url, token, as_json)
+    params |= {"limit": limit, "order": "newest" if newest and not follow else "oldest"}
+    if cursor:
+        params["cursor"] = cursor
+    page = call(url, token, "GET", f"/v1/tasks/{task_id}/logs", params=params)
+    emit(page["lines"], as_json)
+    if follow:
+        tail(task_id, params, page, url, token, as_json)
+    elif page["next_cursor"]:
+        err.print(f"more: --cursor {page['next_cursor']}")
+
+
+def tail(
+    task_id: str,
+    params: dict[str, Any],
+    page: dict[str, Any],
+    url: str | None,
+    token: str | None,
+    as_json: bool,
+) -> None:
+    """Print new lines as they come until the task ends (or Ctrl-C)."""
+    try:
+        while True:
+            if page["next_cursor"] is None:
+                task = call(url, token, "GET", f"/v1/tasks/{task_id}")
+                if task.get("status") in TERMINAL:
+                    page = fetch(task_id, params, page, url, token)
+                    emit(page["lines"], as_json)  # what arrived before the end
+                    return
+                time.sleep(POLL_S)
+            page = fetch(task_id, params, page, url, token)
+            emit(page["lines"], as_json)
+    except KeyboardInterrupt:
+        return
+
+
+def fetch(
+    task_id: str, params: dict[str, Any], page: dict[str, Any], url: str | None, token: str | None
+) -> Any:
+    after = {**params, **({"cursor": page["tail_cursor"]} if page["tail_cursor"] else {})}
+    return call(url, token, "GET", f"/v1/tasks/{task_id}/logs", params=after)
+
+
+def print_first_error(found: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        return show_json(found)
+    if not found["found"]:
+        out.print(f"no error line found in the logs of {found['task_id']}")
+        return
+    out.print(f"first error ({found['layer']}, rule {found['rule']}): {found['why']}")
+    for line in found["before"]:
+        out.print("  " + render(line), markup=False, highlight=False)
+    out.print("> " + render(found["line"]), markup=False, highlight=False)
+    for line in found["after"]:
+        out.print("  " + render(line), markup=False, highlight=False)
+    if found["evidence"] and found["evidence"] != found["line"]["line"]:
+        out.print(f"matched: {found['evidence']}", markup=False, highlight=False)
+
+
+def run_export(
+    task_id: str,
+    params: dict[str, Any],
+    target: Path,
+    fmt: str,
+    url: str | None,
+    token: str | None,
+    as_json: bool,
+) -> None:
+    """Start an export, show its progress, download the file to `target`."""
+    started = call(
+        url, token, "POST", f"/v1/tasks/{task_id}/logs/exports", params=params, json={"format": fmt}
+    )
+    export_id = started["export_id"]
+    state = started
+    while state["state"] == "running":
+        if not as_json:
+            err.print(f"export {export_id}: {state['lines_done']}/{state['lines_total'] or '?'}")
+        time.sleep(0.5)
+        state = call(url, token, "GET", f"/v1/exports/{export_id}")
+    if state["state"] != "done":
+        err.print(f"[red]error:[/red] export {export_id} {state['state']}: {state['error']}")
+        raise typer.Exit(1)
+    with (
+        make_client(url, token) as client,
+        client.stream("GET", f"/v1/exports/{export_id}/file") as answer,
+        target.open("wb") as sink,
+    ):
+        for chunk in answer.iter_bytes():
+            sink.write(chunk)
+    if as_json:
+        return show_json(state)
+    out.print(f"exported {state['lines_done']} lines to {target}")

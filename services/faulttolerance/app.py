@@ -1,0 +1,606 @@
+"""The fault-tolerance service's application layer (SPEC R-30 to R-35).
+
+Inputs: task and pool events (`handle`, the idempotent consumer's handler),
+worker output lines from the `runyard.logs` topic (`on_log`), and a clock tick
+(`tick`, about once a second). Every decision goes through the domain's
+`decide` on the task's state folded from its stream and is appended with the
+version it read (a conflict: read again, decide again).
+
+Reactions:
+
+- env check (R-30, R-31): when `env_init` completed for a task whose spec asks
+  for one, `StartEnvCheck`. The runtime then runs `python -m
+  runyard.faulttolerance.bootcheck` in every worker and its lines come on the
+  logs topic; each item line becomes `EnvCheckItemReported`, and once every
+  worker printed `Bootcheck Finished`, `FinishEnvCheck`. A blocking failure
+  (a GPU fault) appends `TaskRescheduleRequested` naming the faulty nodes in
+  the same append. A worker still silent after `env_check_timeout_s` gets a
+  failed (warning) `runtime` item and the check finishes without it.
+- a node marked faulty (R-31) while a task has workers on it: reschedule.
+- hang (R-33): a running attempt with `hang_timeout_s` and no new line and no
+  step advance for that long: `HangDetected`; then the workers' stacks are
+  captured (when the worker processes are known), aggregated, stored, and
+  `StacksCaptured`; then `TaskRestartScheduled` (reason `hang`) when auto
+  restart allows it.
+- resume (R-32): in an attempt that follows one that ran, the first
+  checkpoint-load line gives `ResumeObserved` (step, path); none within
+  `resume_wait_s` after the attempt started running, or before the run
+  ended, gives `ResumeNotObserved`.
+- slowdown (R-34): with `slowdown_detection` on, step times from the lines of
+  the first worker that reports them; a window over the threshold gives
+  `SlowdownDetected` with the R-34 line, once per slow spell.
+
+The watches live in memory and are rebuilt from the task's stream on the first
+event or line of a task after a service restart (a hang timer then counts from
+that moment).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol, cast
+
+from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent
+from runyard.contracts.pool_events import NodeMarkedFaulty
+from runyard.contracts.task_events import (
+    DeployStageCompleted,
+    EnvCheckItemName,
+    EnvCheckItemResult,
+    HangDetected,
+    ResumeNotObserved,
+    ResumeObserved,
+    SlowdownDetected,
+    StacksCaptured,
+    TaskRunning,
+)
+from runyard.domain.errors import DomainError
+from runyard.domain.task import (
+    PLACED_STATUSES,
+    Command,
+    FinishEnvCheck,
+    Record,
+    ReportEnvCheckItem,
+    RequestReschedule,
+    ScheduleRestart,
+    StartEnvCheck,
+    TaskState,
+    decide,
+    evolve,
+    fold,
+    restart_refusal,
+    worker_count,
+)
+from runyard.eventstore import ConcurrencyError, EventStore
+from runyard.faulttolerance.bootcheck import ITEMS, is_finished_line, parse_line
+from runyard.faulttolerance.hang import HangDetector
+from runyard.faulttolerance.reports import StackReportStore
+from runyard.faulttolerance.resume import ResumeMatcher
+from runyard.faulttolerance.slowdown import SlowdownDetector, StepTimeParser
+from runyard.faulttolerance.stacks import ProcessStacks, StackReport, aggregate, capture_worker
+
+log = logging.getLogger("runyard.faulttolerance")
+
+ACTOR = "service:faulttolerance"
+MAX_CONFLICT_RETRIES = 8
+RESUME_WAIT_S = 600.0
+#: A worker that has not printed `Bootcheck Finished` by then is reported as a warning.
+ENV_CHECK_TIMEOUT_S = 600.0
+Clock = Callable[[], datetime]
+DeploymentKey = tuple[str, int, int]
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def task_stream(task_id: str) -> str:
+    return f"task-{task_id}"
+
+
+class WorkerProcesses(Protocol):
+    """Where the processes of an attempt's workers are: worker index -> process group id.
+
+    The local runtime's `pids(key)` is one (its workers lead their own process
+    group); an empty answer means the workers are not on this machine.
+    """
+
+    def pids(self, key: DeploymentKey) -> dict[int, int]: ...
+
+
+class StackCapturer(Protocol):
+    async def __call__(self, pgid: int, *, native: bool) -> list[ProcessStacks]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    """One worker output line from the logs topic (the deployer's JSON record)."""
+
+    at: datetime
+    task_id: str
+    run: int
+    attempt: int
+    worker: int
+    line: str
+    stream: str = "stdout"
+
+    @classmethod
+    def from_bytes(cls, value: bytes | None) -> LogLine | None:
+        """The record, or None for anything that is not one (it is skipped, never fatal)."""
+        try:
+            raw = json.loads(value or b"")
+            at = datetime.fromisoformat(raw["at"])
+            return cls(
+                at if at.tzinfo else at.replace(tzinfo=UTC),
+                str(raw["task_id"]),
+                int(raw["run"]),
+                int(raw["attempt"]),
+                int(raw["worker"]),
+                str(raw["line"]),
+                str(raw.get("stream", "stdout")),
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+@dataclass
+class _EnvCheck:
+    attempt: int
+    deadline: datetime
+    finished_workers: set[int] = field(default_factory=set)
+    reported: set[tuple[int, str, str]] = field(default_factory=set)
+    faulty_nodes: set[str] = field(default_factory=set)
+    done: bool = False
+
+
+@dataclass
+class _Watch:
+    """What the service follows of one task (its current run and attempt)."""
+
+    task_id: str
+    run: int
+    attempt: int
+    state: TaskState
+    hang: HangDetector | None = None
+    slowdown: SlowdownDetector = field(default_factory=SlowdownDetector)
+    parsers: dict[int, StepTimeParser] = field(default_factory=dict)
+    step_worker: int | None = None
+    slow_spell: bool = False
+    resume: ResumeMatcher | None = None
+    resume_deadline: datetime | None = None
+    resume_since: datetime | None = None
+    env_check: _EnvCheck | None = None
+    hang_handling: bool = False
+
+    @property
+    def nodes(self) -> dict[int, str]:
+        return {w.index: w.node for w in self.state.workers}
+
+
+class FaultToleranceApp:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        store: EventStore,
+        *,
+        reports: StackReportStore | None = None,
+        processes: WorkerProcesses | None = None,
+        capture: StackCapturer = capture_worker,
+        clock: Clock = _utcnow,
+        ids: Callable[[], str] = _new_id,
+        resume_wait_s: float = RESUME_WAIT_S,
+        env_check_timeout_s: float = ENV_CHECK_TIMEOUT_S,
+        native_stacks: bool = True,
+    ) -> None:
+        self.store = store
+        self.env_check_timeout_s = env_check_timeout_s
+        self.reports = reports
+        self.processes = processes
+        self.capture = capture
+        self.clock = clock
+        self.ids = ids
+        self.resume_wait_s = resume_wait_s
+        self.native_stacks = native_stacks
+        self._watches: dict[str, _Watch] = {}
+        self._finished: set[str] = set()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # -- task and pool events ----------------------------------------------------
+
+    async def handle(self, event: RecordedEvent[Event], conn: Any = None) -> None:
+        """React to one task or pool event (the IdempotentConsumer's handler)."""
+        payload = event.event
+        if isinstance(payload, NodeMarkedFaulty):
+            await self._on_node_faulty(payload, event)
+            return
+        if not event.stream_id.startswith("task-"):
+            return
+        task_id = event.stream_id.removeprefix("task-")
+        state = await self._load(task_id)
+        if state is None:
+            return
+        watch = await self._sync(task_id, state, event)
+        if watch is None:
+            return
+        meta = Metadata(actor=ACTOR).caused_by(event, ACTOR)
+        if (
+            isinstance(payload, DeployStageCompleted)
+            and payload.stage == "env_init"
+            and state.spec.fault_tolerance.env_check
+            and state.env_check is None
+            and (payload.run, payload.attempt) == (state.run, state.attempt)
+        ):
+            await self._decide_quietly(task_id, [StartEnvCheck(task_id)], meta)
+
+    async def _sync(
+        self, task_id: str, state: TaskState, cause: RecordedEvent[Event] | None
+    ) -> _Watch | None:
+        """Bring the task's watch in line with its state; None once the task is finished."""
+        watch = self._watches.get(task_id)
+        if state.finished:
+            if watch is not None:
+                await self._end_resume_watch(watch, state, cause)
+                del self._watches[task_id]
+            self._finished.add(task_id)
+            return None
+        self._finished.discard(task_id)
+        now = cause.occurred_at if cause is not None else self.clock()
+        if watch is None or watch.run != state.run:
+            watch = _Watch(task_id, state.run, state.attempt, state)
+            self._watches[task_id] = watch
+        elif watch.attempt != state.attempt:
+            watch.attempt = state.attempt
+            watch.hang, watch.env_check, watch.parsers = None, None, {}
+            watch.step_worker, watch.slow_spell = None, False
+            watch.resume = watch.resume_deadline = watch.resume_since = None
+            watch.slowdown.restart()
+        watch.state = state
+        options = state.spec.fault_tolerance
+        if state.status == "env_checking" and watch.env_check is None:
+            watch.env_check = _EnvCheck(
+                state.attempt, now + timedelta(seconds=self.env_check_timeout_s)
+            )
+        if state.status == "running" and watch.hang is None:
+            just_started = cause is not None and isinstance(cause.event, TaskRunning)
+            started = now if just_started else self.clock()
+            if options.hang_timeout_s is not None:
+                watch.hang = HangDetector(float(options.hang_timeout_s), started)
+            if _follows_a_run(state, cause):
+                watch.resume = ResumeMatcher(options.resume_pattern)
+                watch.resume_since = started
+                watch.resume_deadline = started + timedelta(seconds=self.resume_wait_s)
+        return watch
+
+    async def _end_resume_watch(
+        self, watch: _Watch, state: TaskState, cause: RecordedEvent[Event] | None
+    ) -> None:
+        if watch.resume is None or watch.resume_since is None:
+            return
+        now = cause.occurred_at if cause is not None else self.clock()
+        waited = max(0.0, (now - watch.resume_since).total_seconds())
+        watch.resume = None
+        event = ResumeNotObserved(run=watch.run, attempt=watch.attempt, waited_s=waited)
+        await self._decide_quietly(watch.task_id, [Record(watch.task_id, event)], self._meta(cause))
+
+    async def _on_node_faulty(self, fault: NodeMarkedFaulty, cause: RecordedEvent[Event]) -> None:
+        meta = Metadata(actor=ACTOR).caused_by(cause, ACTOR)
+        for watch in list(self._watches.values()):
+            if fault.node not in watch.nodes.values():
+                continue
+            state = await self._load(watch.task_id)
+            if state is None or state.status not in PLACED_STATUSES or state.placement is None:
+                continue
+            if fault.node not in {w.node for w in state.placement.workers}:
+                continue
+            reason = f"node {fault.node} is faulty: {fault.reason}"
+            command = RequestReschedule(watch.task_id, reason, (fault.node,))
+            await self._decide_quietly(watch.task_id, [command], meta)
+
+    # -- log lines -----------------------------------------------------------------
+
+    async def on_log(self, line: LogLine) -> None:
+        """One worker output line of the logs topic."""
+        watch = await self._watch_for(line.task_id)
+        if watch is None:
+            return
+        if (line.run, line.attempt) != (watch.run, watch.attempt) or (
+            watch.state.status != "running" and watch.env_check is None
+        ):
+            # the line may be ahead of the task events this service has seen: read again
+            state = await self._load(line.task_id)
+            watch = await self._sync(line.task_id, state, None) if state is not None else None
+            if watch is None or (line.run, line.attempt) != (watch.run, watch.attempt):
+                return
+        checking = watch.env_check is not None and not watch.env_check.done
+        if checking and await self._env_check_line(watch, line):
+            return
+        if watch.state.status != "running":
+            return
+        step = None
+        parser = watch.parsers.setdefault(line.worker, StepTimeParser())
+        sample = parser.feed(line.line)
+        if sample is not None:
+            step = sample.iteration
+            await self._slowdown(watch, line, sample)
+        if watch.hang is not None:
+            watch.hang.line(line.worker, line.at, step)
+        if watch.resume is not None:
+            await self._resume(watch, line)
+
+    async def _watch_for(self, task_id: str) -> _Watch | None:
+        watch = self._watches.get(task_id)
+        if watch is not None or task_id in self._finished:
+            return watch
+        state = await self._load(task_id)
+        if state is None:
+            return None
+        return await self._sync(task_id, state, None)
+
+    async def _env_check_line(self, watch: _Watch, line: LogLine) -> bool:
+        check = watch.env_check
+        assert check is not None
+        if is_finished_line(line.line):
+            check.finished_workers.add(line.worker)
+            if len(check.finished_workers) >= worker_count(watch.state.spec):
+                await self._finish_env_check(watch, check)
+            return True
+        item = parse_line(line.line)
+        if item is None or item.item not in ITEMS:
+            return False
+        key = (line.worker, item.item, item.detail)
+        if key in check.reported:
+            return True
+        check.reported.add(key)
+        result = (
+            item.result if item.result in ("pass", "warn", "fail", "not_applicable") else "fail"
+        )
+        blocking = item.blocking and result == "fail"
+        if blocking and line.worker in watch.nodes:
+            check.faulty_nodes.add(watch.nodes[line.worker])
+        command = ReportEnvCheckItem(
+            watch.task_id,
+            line.worker,
+            cast(EnvCheckItemName, item.item),
+            cast(EnvCheckItemResult, result),
+            item.detail or "-",
+            blocking,
+        )
+        await self._decide_quietly(watch.task_id, [command], Metadata(actor=ACTOR))
+        return True
+
+    async def _finish_env_check(self, watch: _Watch, check: _EnvCheck) -> None:
+        check.done = True
+        commands: list[Command] = [FinishEnvCheck(watch.task_id)]
+        if check.faulty_nodes:
+            nodes = tuple(sorted(check.faulty_nodes))
+            reason = f"env check found a hardware fault on {', '.join(nodes)}"
+            commands.append(RequestReschedule(watch.task_id, reason, nodes))
+        await self._decide_quietly(watch.task_id, commands, Metadata(actor=ACTOR))
+
+    async def _slowdown(self, watch: _Watch, line: LogLine, sample: Any) -> None:
+        if not watch.state.spec.fault_tolerance.slowdown_detection:
+            return
+        if watch.step_worker is None:
+            watch.step_worker = line.worker
+        if line.worker != watch.step_worker:
+            return
+        warning = watch.slowdown.observe(sample)
+        if warning is None:
+            if watch.slowdown.last_ratio is not None and watch.slowdown.window_just_closed:
+                watch.slow_spell = False  # a window closed below the threshold
+            return
+        if watch.slow_spell:
+            return
+        watch.slow_spell = True
+        event = SlowdownDetected(
+            run=watch.run,
+            first_iter=warning.first_iter,
+            last_iter=warning.last_iter,
+            mean_ms=warning.mean_ms,
+            baseline_ms=warning.baseline_ms,
+            ratio=warning.ratio,
+            message=warning.message,
+        )
+        await self._decide_quietly(
+            watch.task_id, [Record(watch.task_id, event)], Metadata(actor=ACTOR)
+        )
+
+    async def _resume(self, watch: _Watch, line: LogLine) -> None:
+        assert watch.resume is not None
+        found = watch.resume.match(line.line)
+        if found is None:
+            return
+        watch.resume = None
+        event = ResumeObserved(
+            run=watch.run,
+            attempt=watch.attempt,
+            step=found.step,
+            path=found.path,
+            line=found.line[:2000],
+        )
+        await self._decide_quietly(
+            watch.task_id, [Record(watch.task_id, event)], Metadata(actor=ACTOR)
+        )
+
+    # -- timers ----------------------------------------------------------------------
+
+    async def tick(self) -> None:
+        """Check hang timers and resume deadlines (call about once a second)."""
+        now = self.clock()
+        for watch in list(self._watches.values()):
+            check = watch.env_check
+            if check is not None and not check.done and now >= check.deadline:
+                await self._env_check_timed_out(watch, check)
+            if watch.resume is not None and watch.resume_deadline and now >= watch.resume_deadline:
+                await self._end_resume_watch(watch, watch.state, None)
+            if watch.hang is None or watch.hang_handling:
+                continue
+            verdict = watch.hang.check(now)
+            if verdict is not None:
+                watch.hang_handling = True
+                self._spawn(self._on_hang(watch, verdict.idle_s, verdict.last_log_at))
+
+    async def _env_check_timed_out(self, watch: _Watch, check: _EnvCheck) -> None:
+        """Workers that never finished their check: a warning each (R-31), then finish."""
+        missing = [
+            w for w in range(worker_count(watch.state.spec)) if w not in check.finished_workers
+        ]
+        detail = f"the env check did not finish within {self.env_check_timeout_s:.0f} s"
+        commands: list[Command] = [
+            ReportEnvCheckItem(watch.task_id, w, "runtime", "fail", detail) for w in missing
+        ]
+        check.finished_workers.update(missing)
+        await self._decide_quietly(watch.task_id, commands, Metadata(actor=ACTOR))
+        await self._finish_env_check(watch, check)
+
+    async def _on_hang(self, watch: _Watch, idle_s: float, last_log_at: datetime | None) -> None:
+        task_id, run, attempt = watch.task_id, watch.run, watch.attempt
+        meta = Metadata(actor=ACTOR)
+        try:
+            hang = HangDetected(run=run, attempt=attempt, idle_s=idle_s, last_log_at=last_log_at)
+            if not await self._decide_quietly(task_id, [Record(task_id, hang)], meta):
+                return
+            commands: list[Command] = []
+            report = await self.capture_stacks(task_id, run, attempt)
+            if report is not None:
+                captured = StacksCaptured(
+                    run=run,
+                    attempt=attempt,
+                    workers=tuple(sorted(report.workers)),
+                    report_id=report.report_id,
+                    summary=report.summary or "no stack",
+                )
+                commands.append(Record(task_id, captured))
+            state = await self._load(task_id)
+            if state is not None and restart_refusal(state, "hang") is None:
+                commands.append(ScheduleRestart(task_id, "hang"))
+            elif state is not None:
+                log.info("%s hung; no restart: %s", task_id, restart_refusal(state, "hang"))
+            if commands:
+                await self._decide_quietly(task_id, commands, meta)
+        finally:
+            watch.hang_handling = False
+
+    async def request_stacks(self, task_id: str, actor: str = ACTOR) -> StackReport | None:
+        """Stacks on demand (API/CLI, R-33): capture the current attempt, record StacksCaptured.
+
+        None when the task has no running workers known here.
+        """
+        state = await self._load(task_id)
+        if state is None or state.status not in PLACED_STATUSES:
+            return None
+        report = await self.capture_stacks(task_id, state.run, state.attempt)
+        if report is None:
+            return None
+        captured = StacksCaptured(
+            run=state.run,
+            attempt=state.attempt,
+            workers=tuple(sorted(report.workers)),
+            report_id=report.report_id,
+            summary=report.summary or "no stack",
+        )
+        await self._decide_quietly(task_id, [Record(task_id, captured)], Metadata(actor=actor))
+        return report
+
+    async def capture_stacks(self, task_id: str, run: int, attempt: int) -> StackReport | None:
+        """Capture, aggregate and store the stacks of an attempt's workers (also on demand).
+
+        None when the worker processes are not known here (no `processes`).
+        """
+        pids = self.processes.pids((task_id, run, attempt)) if self.processes else {}
+        if not pids:
+            log.info("%s: worker processes unknown here; no stacks captured", task_id)
+            return None
+        indexes = sorted(pids)
+        dumps = await asyncio.gather(
+            *(self.capture(pids[i], native=self.native_stacks) for i in indexes)
+        )
+        report = aggregate(
+            self.ids(), task_id, run, attempt, self.clock(), dict(zip(indexes, dumps, strict=True))
+        )
+        if self.reports is not None:
+            await self.reports.save(report)
+        return report
+
+    async def drain(self) -> None:
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        task.add_done_callback(_log_failure)
+
+    # -- decisions -----------------------------------------------------------------
+
+    def _meta(self, cause: RecordedEvent[Event] | None) -> Metadata:
+        meta = Metadata(actor=ACTOR)
+        return meta.caused_by(cause, ACTOR) if cause is not None else meta
+
+    async def _load(self, task_id: str) -> TaskState | None:
+        events = await self.store.read_stream(task_stream(task_id))
+        return fold(events, task_id=task_id) if events else None
+
+    async def _decide(
+        self, task_id: str, commands: Sequence[Command], meta: Metadata
+    ) -> list[Event]:
+        """Decide `commands` in order on the task's current state and append them together."""
+        lock = self._locks.setdefault(task_id, asyncio.Lock())
+        async with lock:
+            for _ in range(MAX_CONFLICT_RETRIES):
+                state = await self._load(task_id)
+                now = self.clock()
+                new: list[Event] = []
+                folded = state
+                for command in commands:
+                    events = decide(folded, command, now=now, ids=self.ids)
+                    for event in events:
+                        folded = evolve(folded, (event, now))
+                    new.extend(events)
+                if not new:
+                    return []
+                version = state.version if state is not None else 0
+                try:
+                    await self.store.append(
+                        task_stream(task_id), [NewEvent(e, meta, now) for e in new], version
+                    )
+                except ConcurrencyError:
+                    continue
+                return new
+        raise ConcurrencyError(task_stream(task_id), "retries", None)
+
+    async def _decide_quietly(
+        self, task_id: str, commands: Sequence[Command], meta: Metadata
+    ) -> list[Event]:
+        """`_decide`, where a refusal (finished, stale attempt) means there is nothing to do."""
+        try:
+            return await self._decide(task_id, commands, meta)
+        except DomainError as exc:
+            log.info("%s: %s", task_id, exc)
+            return []
+
+
+def _follows_a_run(state: TaskState, cause: RecordedEvent[Event] | None) -> bool:
+    """Whether an earlier attempt of this run already ran (so this one should resume)."""
+    if state.attempt <= 1 or state.started_at is None:
+        return False
+    if cause is not None and isinstance(cause.event, TaskRunning):
+        return bool(state.started_at < cause.occurred_at)
+    return bool(state.restarts > 0 or state.reschedules > 0)
+
+
+def _log_failure(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("fault-tolerance background work failed", exc_info=task.exception())

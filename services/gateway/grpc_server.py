@@ -1,0 +1,346 @@
+"""The gRPC API (`proto/runyard/v1/tasks.proto`): thin handlers over the application layer.
+
+Each handler authenticates the `authorization: Bearer <token>` metadata,
+calls the same `Gateway` method as the HTTP handler and answers its result;
+specs, changes and full answers travel as JSON text in the HTTP shapes.
+Typed errors map to status codes (see `STATUS`) with `runyard-code`,
+`runyard-field`, `runyard-hint` and `runyard-error-bin` (the HTTP error body,
+UTF-8 JSON) in the trailing metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+import grpc
+from runyard.gateway.app import Gateway, Request
+from runyard.gateway.auth import Principal
+from runyard.gateway.errors import BadRequest, GatewayError, translate
+from runyard.gateway.grpc_gen import tasks_pb2 as pb
+from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
+from runyard.gateway.inputs import reject_nul
+
+log = logging.getLogger(__name__)
+
+#: HTTP status of a gateway error -> gRPC status code.
+STATUS: dict[int, grpc.StatusCode] = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    409: grpc.StatusCode.FAILED_PRECONDITION,
+}
+DEFAULT_PAGE = 50
+
+T = TypeVar("T")
+
+
+def status_of(error: GatewayError) -> grpc.StatusCode:
+    """The gRPC code of a gateway error: a concurrent change is ABORTED (retry)."""
+    if error.code == "conflict":
+        return grpc.StatusCode.ABORTED
+    return STATUS.get(error.status, grpc.StatusCode.INVALID_ARGUMENT)
+
+
+def error_metadata(error: GatewayError) -> tuple[tuple[str, str | bytes], ...]:
+    """Trailing metadata of a refusal: code, field, hint, and the whole HTTP error body."""
+    return (
+        ("runyard-code", _ascii(error.code)),
+        ("runyard-field", _ascii(error.field)),
+        ("runyard-hint", _ascii(error.hint)),
+        ("runyard-error-bin", json.dumps(error.to_dict()).encode()),
+    )
+
+
+def _ascii(text: str) -> str:
+    """Printable ASCII, as plain metadata values must be."""
+    escaped = text.encode("ascii", "backslashreplace").decode()
+    return "".join(c if " " <= c <= "~" else " " for c in escaped)
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:
+    error = translate(exc)
+    if error is None:
+        raise exc
+    await context.abort(status_of(error), error.message, trailing_metadata=error_metadata(error))
+
+
+def _json_object(text: str, field: str) -> dict[str, Any]:
+    """A JSON object from a `*_json` field; empty text is `{}`."""
+    if not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise BadRequest(
+            "request.invalid", f"{field}: not valid JSON ({exc})", "send a JSON object", field
+        ) from exc
+    if not isinstance(value, dict):
+        raise BadRequest("request.invalid", f"{field} must be a JSON object", "send {...}", field)
+    reject_nul(value, field)
+    return value
+
+
+def check_fields(message: Any) -> None:
+    """Refuse a request whose string fields hold text the store cannot keep."""
+    for descriptor, value in message.ListFields():
+        if isinstance(value, str):
+            reject_nul(value, descriptor.name)
+        elif descriptor.is_repeated:
+            reject_nul(list(value), descriptor.name)
+
+
+def _limit(limit: int) -> int:
+    return limit or DEFAULT_PAGE
+
+
+def task_message(task: Mapping[str, Any]) -> pb.Task:
+    return pb.Task(
+        task_id=task["task_id"],
+        name=task["name"],
+        status=task["status"],
+        creator=task["creator"],
+        run=task["run"],
+        json=json.dumps(task),
+    )
+
+
+def summary_message(row: Mapping[str, Any]) -> pb.TaskSummary:
+    return pb.TaskSummary(
+        task_id=row["task_id"],
+        name=row["name"],
+        status=row["status"],
+        pool=row["pool"],
+        creator=row["creator"],
+        run=row["run"],
+        json=json.dumps(row),
+    )
+
+
+def event_message(event: Mapping[str, Any]) -> pb.Event:
+    return pb.Event(
+        position=event["position"] or 0,
+        version=event["version"] or 0,
+        type=event["type"],
+        occurred_at=event["occurred_at"] or "",
+        actor=event["actor"] or "",
+        correlation_id=event["correlation_id"] or "",
+        json=json.dumps(event),
+    )
+
+
+def group_message(group: Mapping[str, Any]) -> pb.Group:
+    return pb.Group(
+        group_id=group["group_id"],
+        tasks=[summary_message(t) for t in group["tasks"]],
+        status_counts=group["status_counts"],
+        json=json.dumps(group),
+    )
+
+
+class TasksService(pb_grpc.TasksServicer):  # type: ignore[misc]  # generated, untyped
+    """The `runyard.v1.Tasks` service over one `Gateway`."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gw = gateway
+
+    # --- plumbing -------------------------------------------------------------
+
+    async def _caller(self, context: grpc.aio.ServicerContext) -> Principal:
+        metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ())}
+        scheme, _, token = str(metadata.get("authorization", "")).partition(" ")
+        return await self.gw.authenticate(token.strip() if scheme.lower() == "bearer" else None)
+
+    async def _request(self, context: grpc.aio.ServicerContext) -> Request:
+        metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ())}
+        request_id = str(metadata.get("x-request-id") or uuid.uuid4())
+        return Request(await self._caller(context), request_id)
+
+    async def _run(
+        self, context: grpc.aio.ServicerContext, request: Any, call: Callable[[], Awaitable[T]]
+    ) -> T:
+        try:
+            check_fields(request)
+            return await call()
+        except Exception as exc:
+            await _abort(context, exc)
+            raise  # pragma: no cover - abort raises
+
+    # --- tasks ----------------------------------------------------------------
+
+    async def CreateTask(
+        self, request: pb.CreateTaskRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Task:
+        async def call() -> pb.Task:
+            req = await self._request(context)
+            body = _json_object(request.spec_json, "spec_json")
+            return task_message(await self.gw.create_task(req, body))
+
+        return await self._run(context, request, call)
+
+    async def GetTask(self, request: pb.TaskRef, context: grpc.aio.ServicerContext) -> pb.Task:
+        async def call() -> pb.Task:
+            caller = await self._caller(context)
+            return task_message(await self.gw.get_task(caller, request.task_id))
+
+        return await self._run(context, request, call)
+
+    async def ListTasks(
+        self, request: pb.ListTasksRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TaskPage:
+        async def call() -> pb.TaskPage:
+            caller = await self._caller(context)
+            names = ("status", "name", "tag", "pool", "creator")
+            filters = {n: getattr(request, n) or None for n in names}
+            page = await self.gw.list_tasks(
+                caller, filters, _limit(request.limit), request.cursor or None
+            )
+            return pb.TaskPage(
+                items=[summary_message(r) for r in page["items"]],
+                next_cursor=page["next_cursor"] or "",
+            )
+
+        return await self._run(context, request, call)
+
+    async def StopTask(self, request: pb.TaskRef, context: grpc.aio.ServicerContext) -> pb.Task:
+        async def call() -> pb.Task:
+            req = await self._request(context)
+            return task_message(await self.gw.stop_task(req, request.task_id))
+
+        return await self._run(context, request, call)
+
+    async def RerunTask(
+        self, request: pb.RerunTaskRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Task:
+        async def call() -> pb.Task:
+            req = await self._request(context)
+            changes = _json_object(request.changes_json, "changes_json")
+            return task_message(await self.gw.rerun_task(req, request.task_id, changes))
+
+        return await self._run(context, request, call)
+
+    async def CloneTask(
+        self, request: pb.CloneTaskRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Task:
+        async def call() -> pb.Task:
+            req = await self._request(context)
+            overrides = _json_object(request.overrides_json, "overrides_json")
+            return task_message(await self.gw.clone_task(req, request.task_id, overrides))
+
+        return await self._run(context, request, call)
+
+    async def ListTaskEvents(
+        self, request: pb.TaskRef, context: grpc.aio.ServicerContext
+    ) -> pb.EventList:
+        async def call() -> pb.EventList:
+            caller = await self._caller(context)
+            events = await self.gw.task_events(caller, request.task_id)
+            return pb.EventList(events=[event_message(e) for e in events])
+
+        return await self._run(context, request, call)
+
+    async def WatchTask(
+        self, request: pb.TaskRef, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.Event]:
+        try:
+            check_fields(request)
+            caller = await self._caller(context)
+            async for event in self.gw.watch(caller, request.task_id):
+                yield event_message(event)
+        except Exception as exc:
+            await _abort(context, exc)
+
+    # --- pools ----------------------------------------------------------------
+
+    async def GetPoolCapacity(
+        self, request: pb.PoolRef, context: grpc.aio.ServicerContext
+    ) -> pb.JsonReply:
+        async def call() -> pb.JsonReply:
+            caller = await self._caller(context)
+            answer = await self.gw.pool_capacity(caller, request.pool_id)
+            return pb.JsonReply(json=json.dumps(answer))
+
+        return await self._run(context, request, call)
+
+    # --- groups ---------------------------------------------------------------
+
+    async def CreateGroup(
+        self, request: pb.CreateGroupRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Group:
+        async def call() -> pb.Group:
+            req = await self._request(context)
+            body: dict[str, Any] = {
+                "template": _json_object(request.template_json, "template_json"),
+                "items": [
+                    _json_object(item, f"items_json[{i}]")
+                    for i, item in enumerate(request.items_json)
+                ],
+            }
+            if request.group_id:
+                body["group_id"] = request.group_id
+            return group_message(await self.gw.create_group(req, body))
+
+        return await self._run(context, request, call)
+
+    async def GetGroup(self, request: pb.GroupRef, context: grpc.aio.ServicerContext) -> pb.Group:
+        async def call() -> pb.Group:
+            caller = await self._caller(context)
+            return group_message(await self.gw.get_group(caller, request.group_id))
+
+        return await self._run(context, request, call)
+
+    async def StopGroup(self, request: pb.GroupRef, context: grpc.aio.ServicerContext) -> pb.Group:
+        async def call() -> pb.Group:
+            req = await self._request(context)
+            return group_message(await self.gw.stop_group(req, request.group_id))
+
+        return await self._run(context, request, call)
+
+    async def ListGroups(
+        self, request: pb.ListGroupsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GroupList:
+        async def call() -> pb.GroupList:
+            caller = await self._caller(context)
+            answer = await self.gw.list_groups(caller, _limit(request.limit))
+            return pb.GroupList(
+                groups=[
+                    pb.GroupSummary(
+                        group_id=g["group_id"],
+                        tasks=g["tasks"],
+                        status_counts=g["status_counts"],
+                        json=json.dumps(g),
+                    )
+                    for g in answer["items"]
+                ]
+            )
+
+        return await self._run(context, request, call)
+
+    async def RerunGroup(
+        self, request: pb.RerunGroupRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Group:
+        async def call() -> pb.Group:
+            req = await self._request(context)
+            changes = _json_object(request.changes_json, "changes_json")
+            return group_message(await self.gw.rerun_group(req, request.group_id, changes))
+
+        return await self._run(context, request, call)
+
+
+async def start_server(gateway: Gateway, host: str, port: int) -> tuple[grpc.aio.Server, int]:
+    """A started grpc.aio server for `gateway` on host:port; returns it and the bound port."""
+    server = grpc.aio.server()
+    pb_grpc.add_TasksServicer_to_server(TasksService(gateway), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot listen for gRPC on {host}:{port}")
+    await server.start()
+    log.info("gRPC API on %s:%s", host, bound)
+    return server, bound
+
+
+__all__ = ["STATUS", "TasksService", "error_metadata", "start_server", "status_of"]

@@ -1,0 +1,173 @@
+"""A log query: filters (run, workers, time range) and searches (words, exact
+phrase, regular expression), in time order with a cursor.
+
+Only the line is ever searched, never the prefix a reader sees (time, run,
+worker): those are columns of their own. Filters and searches are ANDed, so
+their order does not matter. Time bounds are whole seconds: `since` from the
+start of its second, `until` to the end of its second.
+
+The SQL is built here (pure); `LogStore` runs it.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from runyard.logs.errors import InvalidQuery
+
+Order = Literal["oldest", "newest"]
+MAX_LIMIT = 1000
+_COLUMNS = "at, id, task_id, run, attempt, worker, stream, seq, line"
+
+
+@dataclass(frozen=True)
+class LogQuery:
+    """What to read from one task's logs."""
+
+    task_id: str
+    workers: tuple[int, ...] = ()
+    run: int | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    words: str | None = None
+    phrase: str | None = None
+    regex: str | None = None
+    ignore_case: bool = False
+    order: Order = "oldest"
+    limit: int = 200
+    cursor: str | None = None
+    #: Extra lower bound on time (exports without filters: the last 30 days).
+    not_before: datetime | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.limit <= MAX_LIMIT:
+            raise InvalidQuery("logs.limit", f"limit must be 1..{MAX_LIMIT}", "", "limit")
+        if self.order not in ("oldest", "newest"):
+            raise InvalidQuery("logs.order", "order is oldest or newest", "", "order")
+        for name in ("since", "until"):
+            value = getattr(self, name)
+            if value is not None and value.tzinfo is None:
+                raise InvalidQuery(
+                    "logs.time_zone", f"{name} needs a time zone", "e.g. 2026-01-02T03:04:05Z", name
+                )
+        if self.since and self.until and self.since.replace(microsecond=0) > self.until:
+            raise InvalidQuery("logs.time_range", "since is after until", "swap them", "since")
+        if self.words is not None and not self.words.strip():
+            raise InvalidQuery("logs.empty_search", "words is empty", "", "words")
+        if self.phrase is not None and not self.phrase:
+            raise InvalidQuery("logs.empty_search", "phrase is empty", "", "phrase")
+        if self.regex is not None and not self.regex:
+            raise InvalidQuery("logs.empty_search", "regex is empty", "", "regex")
+
+    @property
+    def has_filters(self) -> bool:
+        """Whether anything narrows the task's lines (an export's 'with filters')."""
+        return bool(
+            self.workers
+            or self.run is not None
+            or self.since
+            or self.until
+            or self.words
+            or self.phrase
+            or self.regex
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "workers": list(self.workers),
+            "run": self.run,
+            "since": self.since.isoformat() if self.since else None,
+            "until": self.until.isoformat() if self.until else None,
+            "words": self.words,
+            "phrase": self.phrase,
+            "regex": self.regex,
+            "ignore_case": self.ignore_case,
+        }
+
+    def after(self, cursor: str | None) -> LogQuery:
+        return replace(self, cursor=cursor)
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where a page ended: the last line's time and id."""
+
+    at: datetime
+    id: int
+
+    def encode(self) -> str:
+        raw = f"{self.at.isoformat()}|{self.id}".encode()
+        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+    @classmethod
+    def decode(cls, cursor: str) -> Position:
+        try:
+            raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+            at, _, ident = raw.partition("|")
+            return cls(datetime.fromisoformat(at), int(ident))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InvalidQuery(
+                "logs.bad_cursor", "the cursor is not one this API gave", "", "cursor"
+            ) from exc
+
+
+def where(query: LogQuery) -> tuple[str, list[Any]]:
+    """The WHERE clause (without cursor) and its arguments."""
+    args: list[Any] = [query.task_id]
+    clauses = ["task_id = $1"]
+
+    def arg(value: Any) -> str:
+        args.append(value)
+        return f"${len(args)}"
+
+    if query.workers:
+        clauses.append(f"worker = ANY({arg(list(query.workers))}::int[])")
+    if query.run is not None:
+        clauses.append(f"run = {arg(query.run)}")
+    if query.since is not None:
+        clauses.append(f"at >= {arg(query.since.replace(microsecond=0))}")
+    if query.not_before is not None:
+        clauses.append(f"at >= {arg(query.not_before)}")
+    if query.until is not None:
+        end = query.until.replace(microsecond=0) + timedelta(seconds=1)
+        clauses.append(f"at < {arg(end)}")
+    if query.words is not None:
+        clauses.append(f"log_words(line) @@ log_words_query({arg(query.words)})")
+    if query.phrase is not None:
+        op = "ILIKE" if query.ignore_case else "LIKE"
+        clauses.append(f"line {op} {arg('%' + like_escape(query.phrase) + '%')}")
+    if query.regex is not None:
+        op = "~*" if query.ignore_case else "~"
+        clauses.append(f"line {op} {arg(query.regex)}")
+    return " AND ".join(clauses), args
+
+
+def page_sql(query: LogQuery) -> tuple[str, list[Any]]:
+    """One page: `limit + 1` rows, so the caller knows whether more follow."""
+    clause, args = where(query)
+    newest = query.order == "newest"
+    if query.cursor:
+        position = Position.decode(query.cursor)
+        args += [position.at, position.id]
+        op = "<" if newest else ">"
+        clause += f" AND (at, id) {op} (${len(args) - 1}, ${len(args)})"
+    direction = "DESC" if newest else "ASC"
+    args.append(query.limit + 1)
+    sql = (
+        f"SELECT {_COLUMNS} FROM log_lines WHERE {clause}"
+        f" ORDER BY at {direction}, id {direction} LIMIT ${len(args)}"
+    )
+    return sql, args
+
+
+def count_sql(query: LogQuery) -> tuple[str, list[Any]]:
+    clause, args = where(query)
+    return f"SELECT count(*) FROM log_lines WHERE {clause}", args
+
+
+def like_escape(text: str) -> str:
+    """`text` as a literal inside a LIKE pattern."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")

@@ -1,0 +1,287 @@
+"""The log store (asyncpg): batched idempotent ingest, day partitions,
+retention, paged queries and the first error.
+
+Ingest is one multi-row `INSERT ... SELECT FROM unnest(...) ON CONFLICT DO
+NOTHING` per batch: a redelivered line hits the unique `(at, dedupe)` index
+and is skipped. Partitions are one per UTC day, created ahead of time and on
+demand for the days a batch touches; retention drops whole partitions.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, date, datetime, timedelta
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from runyard.eventstore import Migration, apply_migrations, load_migrations
+from runyard.logs import firsterror
+from runyard.logs.errors import InvalidQuery
+from runyard.logs.records import LogRecord
+from runyard.logs.search import LogQuery, Position, count_sql, page_sql
+
+DEFAULT_RETENTION_DAYS = 30
+_PARTITION = re.compile(r"^log_lines_p(\d{8})$")
+_INSERT = """
+INSERT INTO log_lines (at, task_id, run, attempt, worker, stream, seq, dedupe, line)
+SELECT * FROM unnest($1::timestamptz[], $2::text[], $3::int[], $4::int[], $5::int[],
+                     $6::text[], $7::bigint[], $8::uuid[], $9::text[])
+ON CONFLICT DO NOTHING
+"""
+
+
+def logs_migrations() -> list[Migration]:
+    """The log service's tables."""
+    return load_migrations("logs", Path(str(resources.files("runyard.logs") / "migrations")))
+
+
+def partition_name(day: date) -> str:
+    return f"log_lines_p{day:%Y%m%d}"
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    """A stored line, as the API answers it."""
+
+    at: datetime
+    id: int
+    task_id: str
+    run: int
+    attempt: int
+    worker: int
+    stream: str
+    seq: int | None
+    line: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "at": self.at.isoformat(),
+            "run": self.run,
+            "attempt": self.attempt,
+            "worker": self.worker,
+            "stream": self.stream,
+            "line": self.line,
+        }
+
+    @property
+    def position(self) -> Position:
+        return Position(self.at, self.id)
+
+
+@dataclass(frozen=True)
+class LogPage:
+    lines: list[LogLine]
+    #: Where the next page starts; None when this page was the last.
+    next_cursor: str | None
+    #: Where this page ended (the cursor given when it is empty): a live tail
+    #: passes it back to get the lines written since.
+    tail_cursor: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "lines": [ln.to_json() for ln in self.lines],
+            "next_cursor": self.next_cursor,
+            "tail_cursor": self.tail_cursor,
+        }
+
+
+@dataclass(frozen=True)
+class FirstError:
+    line: LogLine
+    before: list[LogLine]
+    after: list[LogLine]
+    classification: firsterror.Classification
+
+    def to_json(self) -> dict[str, Any]:
+        c = self.classification
+        return {
+            "line": self.line.to_json(),
+            "before": [ln.to_json() for ln in self.before],
+            "after": [ln.to_json() for ln in self.after],
+            "layer": c.layer,
+            "rule": c.rule,
+            "why": c.why,
+            "evidence": c.evidence,
+        }
+
+
+class LogStore:
+    """Log lines in Postgres."""
+
+    def __init__(self, pool: asyncpg.Pool, *, retention_days: int = DEFAULT_RETENTION_DAYS):
+        self.pool = pool
+        self.retention_days = retention_days
+        self._days: set[date] = set()
+
+    async def migrate(self) -> None:
+        async with self.pool.acquire() as conn:
+            await apply_migrations(conn, logs_migrations())
+
+    # --- partitions -------------------------------------------------------------
+
+    async def ensure_partitions(self, days: Iterable[date]) -> list[str]:
+        """Create the day partitions that do not exist yet; return those created."""
+        created = []
+        for day in sorted(set(days) - self._days):
+            name = partition_name(day)
+            start = datetime(day.year, day.month, day.day, tzinfo=UTC)
+            async with self.pool.acquire() as conn:
+                exists = await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", name)
+                if not exists:
+                    try:
+                        await conn.execute(
+                            f"CREATE TABLE IF NOT EXISTS {name} PARTITION OF log_lines"
+                            f" FOR VALUES FROM ('{start.isoformat()}')"
+                            f" TO ('{(start + timedelta(days=1)).isoformat()}')"
+                        )
+                        created.append(name)
+                    except (asyncpg.DuplicateTableError, asyncpg.UniqueViolationError):
+                        pass  # another ingester created it meanwhile
+            self._days.add(day)
+        return created
+
+    async def partitions(self) -> list[date]:
+        rows = await self.pool.fetch(
+            """SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+               WHERE i.inhparent = 'log_lines'::regclass"""
+        )
+        days = []
+        for row in rows:
+            if match := _PARTITION.match(row["relname"]):
+                days.append(datetime.strptime(match.group(1), "%Y%m%d").date())
+        return sorted(days)
+
+    async def maintain(self, now: datetime, *, ahead_days: int = 3) -> list[str]:
+        """Create partitions up to `ahead_days` ahead; drop those past retention.
+        Returns the partitions dropped."""
+        today = now.astimezone(UTC).date()
+        await self.ensure_partitions(today + timedelta(days=d) for d in range(ahead_days + 1))
+        cutoff = self.cutoff(now).date()
+        dropped = []
+        for day in await self.partitions():
+            if day < cutoff:  # the whole day is older than the retention window
+                async with self.pool.acquire() as conn:
+                    await conn.execute(f"DROP TABLE IF EXISTS {partition_name(day)}")
+                self._days.discard(day)
+                dropped.append(partition_name(day))
+        return dropped
+
+    def cutoff(self, now: datetime) -> datetime:
+        """Lines older than this are past retention."""
+        return now - timedelta(days=self.retention_days)
+
+    # --- ingest -----------------------------------------------------------------
+
+    async def ingest(self, records: Sequence[LogRecord], *, now: datetime | None = None) -> int:
+        """Store a batch; return how many lines were new (redelivered ones are skipped).
+        Lines already past retention are dropped."""
+        cutoff = self.cutoff(now or datetime.now(UTC))
+        keep = [r for r in records if r.at >= cutoff]
+        if not keep:
+            return 0
+        await self.ensure_partitions(r.at.astimezone(UTC).date() for r in keep)
+        result = await self.pool.execute(
+            _INSERT,
+            [r.at for r in keep],
+            [r.task_id for r in keep],
+            [r.run for r in keep],
+            [r.attempt for r in keep],
+            [r.worker for r in keep],
+            [r.stream for r in keep],
+            [r.seq for r in keep],
+            [r.dedupe for r in keep],
+            [r.line for r in keep],
+        )
+        return int(result.rsplit(" ", 1)[-1])
+
+    # --- queries ----------------------------------------------------------------
+
+    async def page(self, query: LogQuery) -> LogPage:
+        """One page of matching lines and the cursor of the next (None: no more)."""
+        await self._check(query)
+        sql, args = page_sql(query)
+        rows = await self._fetch(sql, args)
+        lines = [LogLine(**dict(r)) for r in rows[: query.limit]]
+        last = lines[-1].position.encode() if lines else query.cursor
+        return LogPage(lines, last if len(rows) > query.limit else None, last)
+
+    async def count(self, query: LogQuery) -> int:
+        await self._check(query)
+        sql, args = count_sql(query)
+        return int((await self._fetch(sql, args))[0][0])
+
+    async def scan(self, query: LogQuery, batch: int = 1000) -> AsyncIterator[list[LogLine]]:
+        """Every matching line, page by page."""
+        page = await self.page(replace(query, limit=batch, cursor=None))
+        yield page.lines
+        while page.next_cursor:
+            page = await self.page(replace(query, limit=batch, cursor=page.next_cursor))
+            yield page.lines
+
+    async def latest_run(self, task_id: str) -> int | None:
+        value = await self.pool.fetchval(
+            "SELECT max(run) FROM log_lines WHERE task_id = $1", task_id
+        )
+        return None if value is None else int(value)
+
+    async def first_error(
+        self, task_id: str, run: int | None = None, *, before: int = 5
+    ) -> FirstError | None:
+        """The earliest error line of a run (the latest by default), across workers."""
+        if run is None and (run := await self.latest_run(task_id)) is None:
+            return None
+        query = LogQuery(task_id, run=run, regex=firsterror.SQL_CANDIDATE, ignore_case=True)
+        async for lines in self.scan(query, batch=500):
+            for line in lines:
+                if firsterror.is_error(line.line):
+                    return await self._explain(line, before)
+        return None
+
+    async def _explain(self, line: LogLine, before: int) -> FirstError:
+        same = "task_id = $1 AND run = $2 AND attempt = $3 AND worker = $4"
+        args = (line.task_id, line.run, line.attempt, line.worker, line.at, line.id)
+        columns = "at, id, task_id, run, attempt, worker, stream, seq, line"
+        earlier = await self.pool.fetch(
+            f"SELECT {columns} FROM log_lines WHERE {same} AND (at, id) < ($5, $6)"
+            f" ORDER BY at DESC, id DESC LIMIT {before}",
+            *args,
+        )
+        later = await self.pool.fetch(
+            f"SELECT {columns} FROM log_lines WHERE {same} AND (at, id) > ($5, $6)"
+            " ORDER BY at, id LIMIT 60",
+            *args,
+        )
+        after = [LogLine(**dict(r)) for r in later]
+        block = firsterror.error_block([line.line] + [a.line for a in after])
+        return FirstError(
+            line,
+            [LogLine(**dict(r)) for r in reversed(earlier)],
+            after[: max(len(block) - 1, 5)],
+            firsterror.classify(block),
+        )
+
+    async def _check(self, query: LogQuery) -> None:
+        if query.words is not None:
+            nodes = await self.pool.fetchval("SELECT numnode(log_words_query($1))", query.words)
+            if not nodes:
+                raise InvalidQuery(
+                    "logs.no_words",
+                    f"{query.words!r} has no searchable words",
+                    "search punctuation with phrase or regex",
+                    "words",
+                )
+
+    async def _fetch(self, sql: str, args: list[Any]) -> list[asyncpg.Record]:
+        try:
+            return list(await self.pool.fetch(sql, *args))
+        except asyncpg.InvalidRegularExpressionError as exc:
+            raise InvalidQuery(
+                "logs.bad_regex",
+                f"invalid regular expression: {exc}",
+                "POSIX regular expressions, e.g. 'loss=[0-9.]+'",
+                "regex",
+            ) from exc

@@ -1,0 +1,295 @@
+"""The Feishu (Lark) custom-bot webhook: message bodies, signing, and what an answer means.
+
+A custom bot takes `POST <webhook>` with a JSON body of at most 20 KB:
+an interactive card (`msg_type: interactive`) or plain text (`msg_type:
+text`). With a signing secret the body also carries `timestamp` (seconds)
+and `sign`: base64 of HMAC-SHA256 keyed by `timestamp + "\\n" + secret`
+over an empty message. The answer is JSON with `code` (0 = accepted; older
+bots answer `StatusCode`) and `msg`.
+
+Everything here is pure: no clock (the timestamp comes in), no I/O.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: Feishu's body limit for a custom bot.
+MAX_BODY_BYTES = 20 * 1024
+#: Feishu codes: rate limited (retry later), bad signature or timestamp, bad request.
+RATE_LIMITED, SIGN_MISMATCH, BAD_REQUEST = 11232, 19021, 9499
+_RETRYABLE_CODES = frozenset({RATE_LIMITED})
+_ELLIPSIS = "…"
+#: Longest text kept for one fact (reason, first error) before the body-size fit.
+MAX_FACT_CHARS = 2000
+#: What happened, per alert kind, as a title says it.
+_HEADLINES = {
+    "queued": "queued too long",
+    "hang": "hang detected",
+    "slowdown": "slowdown detected",
+    "restarted": "restart scheduled",
+    "rescheduled": "reschedule requested",
+    "requeued": "requeued after preemption",
+}
+#: Header colour per alert kind (Feishu card templates).
+_COLOURS = {
+    "failed": "red",
+    "abnormal": "red",
+    "hang": "orange",
+    "slowdown": "orange",
+    "queued": "yellow",
+    "restarted": "wathet",
+    "rescheduled": "wathet",
+    "requeued": "wathet",
+    "succeeded": "green",
+    "stopped": "grey",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AlertFacts:
+    """What one alert says about one task; the card and the text are drawn from it."""
+
+    task_id: str
+    task_name: str
+    kind: str
+    """The alert kind (`failed`, `hang`, `queued`, ...)."""
+    state: str
+    """The task's status when the alert was raised."""
+    pool: str
+    spec: str
+    """Worker spec and count, e.g. `2 x 8gpu`."""
+    run: int
+    reason: str
+    link: str
+    first_error: str | None = None
+
+
+def sign(timestamp: int, secret: str) -> str:
+    """Feishu's signature: HMAC-SHA256 keyed by `timestamp\\nsecret` over b"", base64."""
+    key = f"{timestamp}\n{secret}".encode()
+    return base64.b64encode(hmac.new(key, b"", hashlib.sha256).digest()).decode()
+
+
+def encode(message: dict[str, Any], *, secret: str | None, timestamp: int) -> bytes:
+    """The request body: the message, signed when there is a secret."""
+    body = dict(message)
+    if secret:
+        body["timestamp"] = str(timestamp)
+        body["sign"] = sign(timestamp, secret)
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def body_size(message: dict[str, Any]) -> int:
+    """Bytes of `message` as sent, with room for the signature fields."""
+    signed = encode(message, secret="x", timestamp=0)
+    return len(signed) + 20  # a real timestamp is longer than "0"
+
+
+def title(alert: AlertFacts) -> str:
+    """A card's title: the task's name and state, and what happened when the state
+    alone does not say it (`train · running · hang detected`)."""
+    return f"{_cut(alert.task_name, 100)} · {_headline(alert)}"
+
+
+def _headline(alert: AlertFacts) -> str:
+    what = _HEADLINES.get(alert.kind, alert.kind)
+    return alert.state if what == alert.state else f"{alert.state} · {what}"
+
+
+# --- one task ------------------------------------------------------------------
+
+
+def task_card(alerts: Sequence[AlertFacts], *, limit: int = MAX_BODY_BYTES) -> dict[str, Any]:
+    """One interactive card for one task's alerts (grouped within a window), within `limit`.
+
+    The newest alert gives the title (task name and state) and the key facts;
+    earlier ones are listed. Long texts are cut, never the card's structure:
+    the result is always a valid card, or the text fallback when even the
+    bare card cannot fit.
+    """
+    latest = alerts[-1]
+    budget = MAX_FACT_CHARS
+    while budget >= 40:
+        card = _task_card(alerts, latest, budget)
+        if body_size(card) <= limit:
+            return card
+        budget //= 2
+    return task_text(alerts, limit=limit)
+
+
+def _task_card(alerts: Sequence[AlertFacts], latest: AlertFacts, budget: int) -> dict[str, Any]:
+    fields = [
+        _field("Pool", latest.pool),
+        _field("Spec", latest.spec),
+        _field("Run", str(latest.run)),
+        _field("State", latest.state),
+    ]
+    elements: list[dict[str, Any]] = [
+        {"tag": "div", "fields": fields},
+        _markdown(f"**Reason**\n{_cut(latest.reason, budget)}"),
+    ]
+    if latest.first_error:
+        elements.append(_markdown(f"**First error**\n{_cut(latest.first_error, budget)}"))
+    if len(alerts) > 1:
+        earlier = "\n".join(f"- {a.kind}: {_cut(a.reason, budget // 4)}" for a in alerts[:-1])
+        elements.append(_markdown(f"**Also in this window**\n{earlier}"))
+    elements.append(_button("Open task", latest.link))
+    return _card(title(latest), _COLOURS.get(latest.kind, "blue"), elements)
+
+
+def task_text(alerts: Sequence[AlertFacts], *, limit: int = MAX_BODY_BYTES) -> dict[str, Any]:
+    """The plain-text fallback for one task's alerts, within `limit`."""
+    latest = alerts[-1]
+    budget = MAX_FACT_CHARS
+    while True:
+        lines = [
+            f"[Runyard] {title(latest)}",
+            f"pool {latest.pool} · spec {latest.spec} · run {latest.run}",
+            f"reason: {_cut(latest.reason, budget)}",
+        ]
+        if latest.first_error:
+            lines.append(f"first error: {_cut(latest.first_error, budget)}")
+        lines += [f"also: {a.kind}: {_cut(a.reason, budget // 4)}" for a in alerts[:-1]]
+        lines.append(latest.link)
+        message = {"msg_type": "text", "content": {"text": "\n".join(lines)}}
+        if body_size(message) <= limit or budget < 10:
+            return message
+        budget //= 2
+
+
+# --- bursts across tasks -------------------------------------------------------
+
+
+def summary_cards(
+    alerts: Sequence[AlertFacts], *, per_card: int = 40, limit: int = MAX_BODY_BYTES
+) -> list[tuple[dict[str, Any], list[AlertFacts]]]:
+    """Cards that name every alert of a burst (one line each), each card within `limit`,
+    with the alerts each card names.
+
+    A burst is cut into cards of at most `per_card` lines, and a card that
+    would still be too large is split again, so no alert is left out.
+    """
+    chunks = [list(alerts[i : i + per_card]) for i in range(0, len(alerts), per_card)]
+    cards: list[tuple[dict[str, Any], list[AlertFacts]]] = []
+    while chunks:
+        chunk = chunks.pop(0)
+        card = _summary_card(chunk, len(alerts))
+        if body_size(card) <= limit:
+            cards.append((card, chunk))
+        elif len(chunk) == 1:
+            cards.append((task_card(chunk, limit=limit), chunk))
+        else:
+            half = len(chunk) // 2
+            chunks[:0] = [chunk[:half], chunk[half:]]
+    return cards
+
+
+def _summary_card(chunk: Sequence[AlertFacts], total: int) -> dict[str, Any]:
+    kinds: dict[str, int] = {}
+    for alert in chunk:
+        kinds[alert.kind] = kinds.get(alert.kind, 0) + 1
+    counts = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
+    pools = sorted({a.pool for a in chunk})
+    lines = [
+        f"- [{_cut(a.task_name, 80)}]({a.link}) · {_headline(a)} · run {a.run}"
+        f" · {_cut(a.reason, 160)}"
+        for a in chunk
+    ]
+    title = f"{len(chunk)} tasks alerted ({counts})"
+    if total > len(chunk):
+        title += f" · part of a burst of {total}"
+    elements = [
+        {"tag": "div", "fields": [_field("Pools", ", ".join(pools)), _field("Tasks", str(total))]},
+        _markdown("\n".join(lines)),
+    ]
+    worst = "red" if any(a.kind in ("failed", "abnormal") for a in chunk) else "orange"
+    return _card(title, worst, elements)
+
+
+# --- answers -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What Feishu's answer means for one attempt."""
+
+    delivered: bool
+    retryable: bool
+    reason: str
+    code: int | None
+
+
+def outcome(status: int, body: bytes) -> Outcome:
+    """Classify an HTTP answer: accepted, worth retrying (5xx, 11232), or refused for good."""
+    try:
+        data = json.loads(body) if body else {}
+    except ValueError:
+        data = {}
+    if not isinstance(data, dict):
+        data = {}
+    code = data.get("code", data.get("StatusCode"))
+    message = str(data.get("msg") or data.get("StatusMessage") or "").strip()
+    if isinstance(code, int):
+        if code == 0 and status < 400:
+            return Outcome(True, False, message or "success", 0)
+        if code != 0:
+            reason = f"feishu {code}: {message or 'no message'}"
+            return Outcome(False, code in _RETRYABLE_CODES or status >= 500, reason, code)
+    if status >= 500 or status == 429:
+        return Outcome(False, True, f"HTTP {status}", status)
+    if status < 400:
+        return Outcome(True, False, message or f"HTTP {status}", None)
+    return Outcome(False, False, f"HTTP {status}: {body[:200].decode(errors='replace')}", status)
+
+
+def mask_url(url: str) -> str:
+    """The webhook URL with all but the last 4 characters of its hook token hidden."""
+    head, _, token = url.rstrip("/").rpartition("/")
+    return f"{head}/****{token[-4:]}" if head else "****"
+
+
+# --- card parts ----------------------------------------------------------------
+
+
+def _card(title: str, colour: str, elements: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "msg_type": "interactive",
+        "card": {
+            "config": {"wide_screen_mode": True},
+            "header": {"title": {"tag": "plain_text", "content": title}, "template": colour},
+            "elements": elements,
+        },
+    }
+
+
+def _field(name: str, value: str) -> dict[str, Any]:
+    return {"is_short": True, "text": {"tag": "lark_md", "content": f"**{name}**\n{value}"}}
+
+
+def _markdown(content: str) -> dict[str, Any]:
+    return {"tag": "div", "text": {"tag": "lark_md", "content": content}}
+
+
+def _button(label: str, url: str) -> dict[str, Any]:
+    return {
+        "tag": "action",
+        "actions": [
+            {
+                "tag": "button",
+                "text": {"tag": "plain_text", "content": label},
+                "url": url,
+                "type": "primary",
+            }
+        ],
+    }
+
+
+def _cut(text: str, chars: int) -> str:
+    return text if len(text) <= chars else text[: max(chars - 1, 0)] + _ELLIPSIS

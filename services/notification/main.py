@@ -1,0 +1,55 @@
+"""The notification service: `async def run(ctx)` until cancelled.
+
+It starts the application (`NotificationApp.start`: tables, HTTP client),
+subscribes one idempotent consumer to the task event topic (the rules write
+the alert outbox in the consumer's inbox transaction), and every `poll_s`
+runs the "queued too long" timer and a delivery pass. Settings:
+`notification_<field>` of `NotificationConfig` (e.g. `notification_gateway_url`,
+`notification_queued_after_s`); without `notification_gateway_url`, task
+links point at `http_host`:`http_port` (the gateway of the same stack).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from runyard.eventstore import PostgresEventStore
+from runyard.messaging.consumer import IdempotentConsumer, make_broker
+from runyard.notification.app import NotificationApp, NotificationConfig
+from runyard.stack.context import ServiceContext
+
+CONSUMER = "notification"
+log = logging.getLogger("runyard.notification")
+
+
+async def run(ctx: ServiceContext) -> None:
+    """Run the notification service until cancelled."""
+    settings = dict(ctx.settings)
+    if "http_port" in settings:  # links point at this stack's gateway
+        gateway = f"http://{settings.get('http_host', '127.0.0.1')}:{settings['http_port']}"
+        settings.setdefault("notification_gateway_url", gateway)
+    config = NotificationConfig.from_settings(settings)
+    store = await PostgresEventStore.connect(ctx.dsn, ctx.mapper, min_size=2, max_size=6)
+    broker = make_broker(ctx.kafka)
+    app = NotificationApp(store, config)
+    try:
+        await app.start()
+        ctx.settings["notification_app"] = app
+        consumer = IdempotentConsumer(
+            CONSUMER, pool=store.pool, mapper=ctx.mapper, handler=app.handle, kafka=ctx.kafka
+        )
+        consumer.subscribe(broker, ctx.kafka.topics.task_events)
+        await broker.start()
+        while True:
+            try:
+                await app.step()
+            except Exception:  # a pass that failed (database hiccup) is tried again next time
+                log.exception("notification pass failed")
+            await asyncio.sleep(config.poll_s)
+    finally:
+        with contextlib.suppress(Exception):
+            await broker.stop()
+        await app.close()
+        await store.close()

@@ -1,0 +1,321 @@
+"""The notification service's tables: subscriptions, secrets, the alert outbox, queue waits.
+
+Every function takes a connection or pool, so the consumer can write in its
+inbox transaction and the API on the gateway's pool.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from importlib import resources
+from pathlib import Path
+from typing import Any, TypeAlias
+
+import asyncpg
+from runyard.eventstore import Migration, apply_migrations, load_migrations
+from runyard.notification.feishu import AlertFacts
+from runyard.notification.rules import Subscription
+
+Db: TypeAlias = asyncpg.Connection | asyncpg.Pool
+
+
+def notification_migrations() -> list[Migration]:
+    folder = Path(str(resources.files("runyard.notification") / "migrations"))
+    return load_migrations("notification", folder)
+
+
+async def migrate(db: Db) -> None:
+    """Create the tables (idempotent, under the migrations' lock)."""
+    if isinstance(db, asyncpg.Pool):
+        async with db.acquire() as conn:
+            await apply_migrations(conn, notification_migrations())
+    else:
+        await apply_migrations(db, notification_migrations())
+
+
+# --- subscriptions and secrets ---------------------------------------------------
+
+
+async def insert_subscription(db: Db, sub: Subscription, created_by: str) -> None:
+    await db.execute(
+        """INSERT INTO alert_subscriptions
+               (id, tenant, webhook_url, alerts, secret_ref, queued_after_s, text_only, created_by)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8)""",
+        sub.id,
+        sub.tenant,
+        sub.webhook_url,
+        list(sub.alerts),
+        sub.secret_ref,
+        sub.queued_after_s,
+        sub.text_only,
+        created_by,
+    )
+
+
+async def tenant_subscriptions(db: Db, tenant: str) -> list[Subscription]:
+    rows = await db.fetch(
+        "SELECT * FROM alert_subscriptions WHERE tenant = $1 ORDER BY created_at, id", tenant
+    )
+    return [_subscription(r) for r in rows]
+
+
+async def delete_subscription(db: Db, tenant: str, sub_id: str) -> str | None:
+    """Delete one subscription of `tenant`; its secret reference, or None when none was."""
+    row = await db.fetchrow(
+        "DELETE FROM alert_subscriptions WHERE tenant = $1 AND id = $2 RETURNING secret_ref",
+        tenant,
+        sub_id,
+    )
+    return None if row is None else (row["secret_ref"] or "")
+
+
+def _subscription(row: asyncpg.Record) -> Subscription:
+    return Subscription(
+        id=row["id"],
+        tenant=row["tenant"],
+        webhook_url=row["webhook_url"],
+        alerts=tuple(row["alerts"]),
+        secret_ref=row["secret_ref"],
+        queued_after_s=row["queued_after_s"],
+        text_only=row["text_only"],
+    )
+
+
+async def put_secret(db: Db, tenant: str, ref: str, value: str) -> None:
+    await db.execute(
+        "INSERT INTO secrets (tenant, ref, value) VALUES ($1, $2, $3)", tenant, ref, value
+    )
+
+
+async def delete_secret(db: Db, tenant: str, ref: str) -> None:
+    await db.execute("DELETE FROM secrets WHERE tenant = $1 AND ref = $2", tenant, ref)
+
+
+async def secret(db: Db, tenant: str, ref: str) -> str | None:
+    value: str | None = await db.fetchval(
+        "SELECT value FROM secrets WHERE tenant = $1 AND ref = $2", tenant, ref
+    )
+    return value
+
+
+# --- the outbox ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Cause:
+    """The event an alert reports: its id and correlation id go into the audit events."""
+
+    causation_id: str | None
+    correlation_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class PendingAlert:
+    """One outbox row: one alert for one subscription, waiting or being retried."""
+
+    id: int
+    tenant: str
+    task_id: str
+    run: int
+    kind: str
+    alert: str
+    channel: str
+    webhook_url: str
+    secret_ref: str | None
+    text_only: bool
+    facts: AlertFacts
+    cause: Cause
+    attempts: int
+    created_at: datetime
+
+
+async def add_alert(
+    db: Db,
+    *,
+    dedupe_key: str,
+    sub: Subscription,
+    facts: AlertFacts,
+    alert: str,
+    cause: Cause,
+    now: datetime,
+    suppressed: bool,
+) -> bool:
+    """Put an alert in the outbox; False when the same alert is there already."""
+    added = await db.fetchval(
+        """INSERT INTO alert_outbox
+               (dedupe_key, tenant, task_id, run, kind, alert, subscription_id, webhook_url,
+                secret_ref, text_only, facts, causation_id, correlation_id, status,
+                next_attempt_at, created_at)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb, $12, $13, $14, $15, $15)
+           ON CONFLICT (dedupe_key) DO NOTHING RETURNING true""",
+        dedupe_key,
+        sub.tenant,
+        facts.task_id,
+        facts.run,
+        facts.kind,
+        alert,
+        sub.id,
+        sub.webhook_url,
+        sub.secret_ref,
+        sub.text_only,
+        json.dumps(asdict(facts)),
+        cause.causation_id,
+        cause.correlation_id,
+        "suppressed" if suppressed else "pending",
+        now,
+    )
+    return bool(added)
+
+
+async def sent_recently(
+    db: Db, sub_id: str, task_id: str, run: int, kind: str, since: datetime
+) -> bool:
+    """Whether the same alert of the same run went to `sub_id` (or waits) since `since`."""
+    found = await db.fetchval(
+        """SELECT true FROM alert_outbox
+           WHERE subscription_id = $1 AND task_id = $2 AND run = $3 AND kind = $4
+             AND status IN ('pending', 'delivered') AND created_at >= $5
+           LIMIT 1""",
+        sub_id,
+        task_id,
+        run,
+        kind,
+        since,
+    )
+    return bool(found)
+
+
+async def claim_due(
+    db: Db, now: datetime, until: datetime, limit: int = 2000
+) -> list[PendingAlert]:
+    """Take the pending alerts due at `now` until `until` (rows another pass holds
+    are skipped), oldest first."""
+    rows = await db.fetch(
+        """UPDATE alert_outbox SET next_attempt_at = $2
+           WHERE id IN (SELECT id FROM alert_outbox
+                        WHERE status = 'pending' AND next_attempt_at <= $1
+                        ORDER BY created_at, id LIMIT $3 FOR UPDATE SKIP LOCKED)
+           RETURNING *""",
+        now,
+        until,
+        limit,
+    )
+    return sorted((_pending(r) for r in rows), key=lambda a: (a.created_at, a.id))
+
+
+async def release(db: Db, ids: list[int], at: datetime) -> None:
+    """Give claimed rows that were not attempted back, due at `at`."""
+    if ids:
+        await db.execute(
+            """UPDATE alert_outbox SET next_attempt_at = $2
+               WHERE id = ANY($1) AND status = 'pending'""",
+            ids,
+            at,
+        )
+
+
+def _pending(row: asyncpg.Record) -> PendingAlert:
+    facts = row["facts"]
+    facts = json.loads(facts) if isinstance(facts, str) else dict(facts)
+    return PendingAlert(
+        id=row["id"],
+        tenant=row["tenant"],
+        task_id=row["task_id"],
+        run=row["run"],
+        kind=row["kind"],
+        alert=row["alert"],
+        channel=f"feishu:{row['subscription_id']}",
+        webhook_url=row["webhook_url"],
+        secret_ref=row["secret_ref"],
+        text_only=row["text_only"],
+        facts=AlertFacts(**facts),
+        cause=Cause(row["causation_id"], row["correlation_id"]),
+        attempts=row["attempts"],
+        created_at=row["created_at"],
+    )
+
+
+async def settle(
+    db: Db, ids: list[int], status: str, attempts: int, next_at: datetime, error: str | None
+) -> None:
+    """Write one attempt's outcome on its outbox rows."""
+    await db.execute(
+        """UPDATE alert_outbox SET status = $2, attempts = $3, next_attempt_at = $4,
+                  last_error = $5
+           WHERE id = ANY($1)""",
+        ids,
+        status,
+        attempts,
+        next_at,
+        error,
+    )
+
+
+async def outbox(db: Db, task_id: str | None = None) -> list[dict[str, Any]]:
+    """Outbox rows (for tests and operators), oldest first."""
+    rows = await db.fetch(
+        """SELECT id, task_id, run, kind, subscription_id, status, attempts, last_error
+           FROM alert_outbox WHERE $1::text IS NULL OR task_id = $1 ORDER BY id""",
+        task_id,
+    )
+    return [dict(r) for r in rows]
+
+
+# --- queue waits ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QueueWait:
+    """A task waiting in its pool's queue since `queued_at` (its current wait)."""
+
+    task_id: str
+    tenant: str
+    run: int
+    queued_at: datetime
+    facts: AlertFacts
+    subscriptions: tuple[Subscription, ...]
+    cause: Cause
+
+
+async def put_queue_wait(db: Db, wait: QueueWait) -> None:
+    await db.execute(
+        """INSERT INTO queue_waits
+               (task_id, tenant, run, queued_at, facts, subscriptions, causation_id, correlation_id)
+           VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb, $7, $8)
+           ON CONFLICT (task_id) DO UPDATE SET run = $3, queued_at = $4, facts = $5::jsonb,
+               subscriptions = $6::jsonb, causation_id = $7, correlation_id = $8""",
+        wait.task_id,
+        wait.tenant,
+        wait.run,
+        wait.queued_at,
+        json.dumps(asdict(wait.facts)),
+        json.dumps([asdict(s) for s in wait.subscriptions]),
+        wait.cause.causation_id,
+        wait.cause.correlation_id,
+    )
+
+
+async def end_queue_wait(db: Db, task_id: str) -> None:
+    await db.execute("DELETE FROM queue_waits WHERE task_id = $1", task_id)
+
+
+async def queue_waits(db: Db) -> list[QueueWait]:
+    rows = await db.fetch("SELECT * FROM queue_waits ORDER BY queued_at, task_id")
+    return [_wait(r) for r in rows]
+
+
+def _wait(row: asyncpg.Record) -> QueueWait:
+    facts, subs = row["facts"], row["subscriptions"]
+    facts = json.loads(facts) if isinstance(facts, str) else facts
+    subs = json.loads(subs) if isinstance(subs, str) else subs
+    return QueueWait(
+        task_id=row["task_id"],
+        tenant=row["tenant"],
+        run=row["run"],
+        queued_at=row["queued_at"],
+        facts=AlertFacts(**facts),
+        subscriptions=tuple(Subscription(**{**s, "alerts": tuple(s["alerts"])}) for s in subs),
+        cause=Cause(row["causation_id"], row["correlation_id"]),
+    )

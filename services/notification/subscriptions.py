@@ -1,0 +1,113 @@
+"""Tenant (team) alert subscriptions: create, list, delete (the API's use cases).
+
+A subscription's signing secret goes into the secret store (`secrets`) under
+a fresh reference in the same transaction as the subscription; it is never
+returned, logged or put in an event. The webhook URL holds the bot's token,
+so answers show it masked. Refusals are `InvalidSubscription` (field, reason)
+and `SubscriptionNotFound`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import asyncpg
+from runyard.notification import store
+from runyard.notification.feishu import mask_url
+from runyard.notification.rules import DEFAULT_ALERTS, InvalidAlerts, Subscription, check_alerts
+
+
+class SubscriptionError(Exception):
+    """Base of the refusals of this module."""
+
+
+class InvalidSubscription(SubscriptionError):
+    """A field of a new subscription is not acceptable."""
+
+    def __init__(self, field: str, reason: str, hint: str = "") -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+        self.hint = hint
+
+
+class SubscriptionNotFound(SubscriptionError):
+    """No subscription with that id in the caller's tenant."""
+
+    def __init__(self, sub_id: str) -> None:
+        super().__init__(f"alert subscription {sub_id!r} does not exist")
+        self.sub_id = sub_id
+
+
+@dataclass(frozen=True, slots=True)
+class NewSubscription:
+    """What a caller asks for (already parsed by the edge)."""
+
+    webhook_url: str
+    alerts: tuple[str, ...] = DEFAULT_ALERTS
+    secret: str | None = None
+    queued_after_s: float | None = None
+    text_only: bool = False
+
+
+async def create(db: asyncpg.Pool, tenant: str, actor: str, new: NewSubscription) -> dict[str, Any]:
+    """Store a tenant subscription (its secret in the secret store); answer its view."""
+    _check_url(new.webhook_url)
+    try:
+        alerts = check_alerts(new.alerts)
+    except InvalidAlerts as exc:
+        raise InvalidSubscription("alerts", str(exc), 'e.g. ["failed", "queued:1800"]') from exc
+    if new.queued_after_s is not None and new.queued_after_s <= 0:
+        raise InvalidSubscription("queued_after_s", "must be more than 0 seconds")
+    sub_id = f"sub-{uuid.uuid4().hex[:16]}"
+    ref = f"alert-secret-{uuid.uuid4().hex}" if new.secret else None
+    sub = Subscription(
+        sub_id, tenant, new.webhook_url, alerts, ref, new.queued_after_s, new.text_only
+    )
+    async with db.acquire() as conn, conn.transaction():
+        if ref is not None and new.secret:
+            await store.put_secret(conn, tenant, ref, new.secret)
+        await store.insert_subscription(conn, sub, actor)
+    return view(sub)
+
+
+async def list_all(db: asyncpg.Pool, tenant: str) -> list[dict[str, Any]]:
+    """The tenant's subscriptions, oldest first."""
+    return [view(s) for s in await store.tenant_subscriptions(db, tenant)]
+
+
+async def delete(db: asyncpg.Pool, tenant: str, sub_id: str) -> None:
+    """Delete a subscription of the tenant and its secret."""
+    async with db.acquire() as conn, conn.transaction():
+        ref = await store.delete_subscription(conn, tenant, sub_id)
+        if ref is None:
+            raise SubscriptionNotFound(sub_id)
+        if ref:
+            await store.delete_secret(conn, tenant, ref)
+
+
+def view(sub: Subscription) -> dict[str, Any]:
+    """A subscription as the API answers it: no secret, the webhook token masked."""
+    return {
+        "id": sub.id,
+        "tenant": sub.tenant,
+        "webhook_url": mask_url(sub.webhook_url),
+        "alerts": list(sub.alerts),
+        "signed": sub.secret_ref is not None,
+        "secret_ref": sub.secret_ref,
+        "queued_after_s": sub.queued_after_s,
+        "text_only": sub.text_only,
+    }
+
+
+def _check_url(url: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise InvalidSubscription(
+            "webhook_url",
+            "must be an http(s) URL",
+            "the custom bot's webhook, e.g. https://open.feishu.cn/open-apis/bot/v2/hook/<token>",
+        )

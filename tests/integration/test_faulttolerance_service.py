@@ -1,0 +1,531 @@
+"""The fault-tolerance service on a real Postgres, with real processes where it matters.
+
+Tests drive a task through the domain's `decide` as the submission, scheduler
+and deployer services would, hand the stored events to
+`FaultToleranceApp.handle` as the Kafka consumer would, feed worker output
+lines to `on_log` as the logs consumer would, and move a fake clock for
+`tick`. Then they read the stream, the stack report table and the
+fault-tolerance log back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent, default_mapper
+from runyard.contracts.pool_events import NodeMarkedFaulty
+from runyard.contracts.spec import FaultToleranceOptions, TaskSpec
+from runyard.contracts.task_events import (
+    DEPLOY_STAGES,
+    EnvCheckFinished,
+    EnvCheckItemReported,
+    HangDetected,
+    ResumeNotObserved,
+    ResumeObserved,
+    SlowdownDetected,
+    StacksCaptured,
+    TaskPlaced,
+    TaskRescheduleRequested,
+    TaskRestartScheduled,
+    WorkerPlacement,
+)
+from runyard.domain.task import (
+    Command,
+    CompleteStage,
+    ExitWorker,
+    StartStage,
+    StartWorker,
+    Submit,
+    decide,
+    evolve,
+    fold,
+)
+from runyard.eventstore import PostgresEventStore
+from runyard.faulttolerance.app import FaultToleranceApp, LogLine
+from runyard.faulttolerance.bootcheck import FINISHED, ItemResult
+from runyard.faulttolerance.ftlog import read_fault_tolerance_log
+from runyard.faulttolerance.reports import StackReportStore
+from runyard.faulttolerance.stacks import py_spy_binary
+
+from tests.unit.test_faulttolerance_slowdown import SPEC_LINE, megatron_log
+
+pytestmark = pytest.mark.integration
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.offset = timedelta()
+
+    def __call__(self) -> datetime:
+        return datetime.now(UTC) + self.offset
+
+    def advance(self, seconds: float) -> None:
+        self.offset += timedelta(seconds=seconds)
+
+
+class FixedProcesses:
+    def __init__(self) -> None:
+        self.by_key: dict[tuple[str, int, int], dict[int, int]] = {}
+
+    def pids(self, key: tuple[str, int, int]) -> dict[int, int]:
+        return self.by_key.get(key, {})
+
+
+class Harness:
+    def __init__(
+        self, store: PostgresEventStore, app: FaultToleranceApp, clock: Clock, reports: Any
+    ) -> None:
+        self.store, self.app, self.clock, self.reports = store, app, clock, reports
+        self.delivered = 0
+
+    async def events(self, task_id: str) -> list[RecordedEvent[Event]]:
+        return await self.store.read_stream(f"task-{task_id}")
+
+    async def payloads(self, task_id: str, kind: type[Any]) -> list[Any]:
+        return [e.event for e in await self.events(task_id) if isinstance(e.event, kind)]
+
+    async def act(self, task_id: str, *commands: Command) -> None:
+        """Decide and append as another service would, then deliver everything new."""
+        events = await self.events(task_id)
+        state = fold(events, task_id=task_id) if events else None
+        now = datetime.now(UTC)
+        new: list[Event] = []
+        for command in commands:
+            for event in decide(state, command, now=now, ids=lambda: "x"):
+                state = evolve(state, (event, now))
+                new.append(event)
+        meta = Metadata(actor="service:test")
+        await self.store.append(
+            f"task-{task_id}", [NewEvent(e, meta, now) for e in new], len(events)
+        )
+        await self.deliver(task_id)
+
+    async def append(self, task_id: str, *events: Event) -> None:
+        stream = f"task-{task_id}"
+        version = await self.store.stream_version(stream)
+        meta = Metadata(actor="service:test")
+        now = datetime.now(UTC)
+        await self.store.append(stream, [NewEvent(e, meta, now) for e in events], version)
+        await self.deliver(task_id)
+
+    async def deliver(self, task_id: str) -> None:
+        """Hand every event not yet handed over to the app (FT's own appends included)."""
+        while True:
+            events = await self.events(task_id)
+            fresh = [e for e in events if e.global_position > self.delivered]
+            if not fresh:
+                return
+            for event in fresh:
+                self.delivered = max(self.delivered, event.global_position)
+                await self.app.handle(event)
+
+    async def launch(self, task_id: str, spec: TaskSpec, attempt: int = 1) -> None:
+        """Submit (first attempt), place, run the stages and start every worker."""
+        if attempt == 1:
+            await self.act(task_id, Submit(task_id, "acme", "alice", spec))
+            workers = tuple(
+                WorkerPlacement(index=i, node=f"n-{i}", gpus=(i,)) for i in range(spec.worker_count)
+            )
+            await self.append(task_id, TaskPlaced(run=1, attempt=1, pool="dev", workers=workers))
+        for stage in DEPLOY_STAGES:
+            await self.act(task_id, StartStage(task_id, stage), CompleteStage(task_id, stage))
+        if spec.fault_tolerance.env_check:
+            return
+        await self.start_workers(task_id, spec, attempt)
+
+    async def start_workers(self, task_id: str, spec: TaskSpec, attempt: int) -> None:
+        starts = [StartWorker(task_id, 1, attempt, w) for w in range(spec.worker_count)]
+        await self.act(task_id, *starts)
+
+    async def lines(self, task_id: str, worker: int, texts: list[str], attempt: int = 1) -> None:
+        for text in texts:
+            await self.app.on_log(LogLine(self.clock(), task_id, 1, attempt, worker, text))
+        await self.deliver(task_id)
+
+    async def tick(self, task_id: str) -> None:
+        await self.app.tick()
+        await self.app.drain()
+        await self.deliver(task_id)
+
+
+@pytest.fixture
+async def h(dsn: str) -> AsyncIterator[Harness]:
+    store = await PostgresEventStore.connect(dsn, default_mapper())
+    reports = StackReportStore(store.pool)
+    await reports.migrate()
+    clock = Clock()
+    app = FaultToleranceApp(
+        store, reports=reports, processes=FixedProcesses(), clock=clock, resume_wait_s=60
+    )
+    try:
+        yield Harness(store, app, clock, reports)
+    finally:
+        await app.drain()
+        await store.close()
+
+
+def spec(workers: int = 1, **options: Any) -> TaskSpec:
+    return TaskSpec(
+        name="t",
+        pool="dev",
+        worker_spec="1gpu",
+        worker_count=workers,
+        image="img",
+        command="python train.py",
+        framework="pytorch_ddp" if workers > 1 else "single",
+        fault_tolerance=FaultToleranceOptions(**options),
+    )
+
+
+async def test_megatron_slowdown_gives_the_spec_warning(h: Harness) -> None:
+    await h.launch("slow", spec(slowdown_detection=True))
+    await h.lines("slow", 0, megatron_log())
+    (warning,) = await h.payloads("slow", SlowdownDetected)  # once per slow spell
+    assert warning.message == SPEC_LINE
+    assert (warning.first_iter, warning.last_iter) == (83, 87)
+    assert warning.mean_ms == pytest.approx(9465.0) and warning.baseline_ms == pytest.approx(3101)
+    ft = await read_fault_tolerance_log(h.store, "slow")
+    assert ft.counts()["slowdowns"] == 1
+    assert ft.lines[-1].text == SPEC_LINE and ft.lines[-1].level == "warning"
+
+
+async def test_slowdown_off_by_default(h: Harness) -> None:
+    await h.launch("quiet", spec())
+    await h.lines("quiet", 0, megatron_log())
+    assert await h.payloads("quiet", SlowdownDetected) == []
+
+
+HUNG = """
+import time
+print("step 1", flush=True)
+def wait_for_all_reduce():
+    time.sleep(600)
+wait_for_all_reduce()
+"""
+
+
+@pytest.fixture
+def hung_worker(tmp_path: Path) -> Iterator[int]:
+    script = tmp_path / "train.py"
+    script.write_text(HUNG)
+    proc = subprocess.Popen(
+        ["bash", "-c", f'"{sys.executable}" "{script}"; exit $?'],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == b"step 1"
+    yield proc.pid
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+
+
+@pytest.mark.skipif(py_spy_binary() is None, reason="py-spy is not installed")
+async def test_hang_is_detected_stacks_captured_and_the_task_restarted(
+    h: Harness, hung_worker: int
+) -> None:
+    assert isinstance(h.app.processes, FixedProcesses)
+    h.app.processes.by_key[("hang", 1, 1)] = {0: hung_worker}
+    await h.launch("hang", spec(hang_timeout_s=10, auto_restart=True))
+    await h.lines("hang", 0, ["step 1"])
+    h.clock.advance(5)
+    await h.tick("hang")
+    assert await h.payloads("hang", HangDetected) == []
+    h.clock.advance(6)
+    await h.tick("hang")
+    (hang,) = await h.payloads("hang", HangDetected)
+    assert hang.idle_s >= 10 and hang.last_log_at is not None
+    (stacks,) = await h.payloads("hang", StacksCaptured)
+    assert stacks.workers == (0,) and "wait_for_all_reduce" in stacks.summary
+    report = await h.reports.get(stacks.report_id)
+    assert report is not None
+    assert report["frames_by_worker"]["0"][0].startswith("wait_for_all_reduce (train.py:")
+    assert report["functions"]["wait_for_all_reduce"]["workers"] == [0]
+    raw = report["workers"]["0"][0]["threads"][0]["frames"]
+    assert "wait_for_all_reduce" in [f["name"] for f in raw]
+    (restart,) = await h.payloads("hang", TaskRestartScheduled)
+    assert (restart.reason, restart.attempt) == ("hang", 2)
+    types = [e.type for e in await h.events("hang")]
+    assert types[-3:] == ["HangDetected", "StacksCaptured", "TaskRestartScheduled"]
+    ft = await read_fault_tolerance_log(h.store, "hang")
+    assert ft.counts() == {"restarts": 1, "reschedules": 0, "hangs": 1, "slowdowns": 0}
+    kinds = [line.kind for line in ft.lines]
+    assert kinds == ["hang", "stacks", "restart"]
+    assert "Restart 1 scheduled after hang: attempt 2" in ft.lines[-1].text
+
+
+@pytest.mark.skipif(py_spy_binary() is None, reason="py-spy is not installed")
+async def test_stacks_on_demand_are_recorded(h: Harness, hung_worker: int) -> None:
+    assert isinstance(h.app.processes, FixedProcesses)
+    h.app.processes.by_key[("ask", 1, 1)] = {0: hung_worker}
+    await h.launch("ask", spec())
+    report = await h.app.request_stacks("ask", actor="user:acme/alice")
+    assert report is not None and report.frames_by_worker[0][0].startswith("wait_for_all_reduce")
+    (captured,) = await h.payloads("ask", StacksCaptured)
+    assert captured.report_id == report.report_id
+    assert [r["report_id"] for r in await h.reports.for_task("ask")] == [report.report_id]
+    assert await h.app.request_stacks("nobody") is None
+
+
+async def test_hang_without_auto_restart_is_only_reported(h: Harness) -> None:
+    await h.launch("stuck", spec(hang_timeout_s=10))
+    h.clock.advance(11)
+    await h.tick("stuck")
+    assert len(await h.payloads("stuck", HangDetected)) == 1
+    assert await h.payloads("stuck", StacksCaptured) == []  # no worker process known
+    assert await h.payloads("stuck", TaskRestartScheduled) == []
+
+
+async def test_resume_is_observed_after_a_restart(h: Harness) -> None:
+    task_spec = spec(auto_restart=True)
+    await h.launch("resume", task_spec)
+    await h.lines("resume", 0, [" loading checkpoint from /mnt/ckpt at iteration 0"])
+    assert await h.payloads("resume", ResumeObserved) == [], "attempt 1 is no resume"
+    await h.act("resume", ExitWorker("resume", 1, 1, 0, 1))  # crash: restart scheduled
+    assert len(await h.payloads("resume", TaskRestartScheduled)) == 1
+    await h.launch("resume", task_spec, attempt=2)
+    await h.lines(
+        "resume",
+        0,
+        ["starting", " loading checkpoint from /mnt/ckpt/gpt at iteration 40", "iteration 41"],
+        attempt=2,
+    )
+    (resume,) = await h.payloads("resume", ResumeObserved)
+    assert (resume.attempt, resume.step, resume.path) == (2, 40, "/mnt/ckpt/gpt")
+    ft = await read_fault_tolerance_log(h.store, "resume")
+    assert [line.kind for line in ft.lines] == ["restart", "resume"]
+    assert "Resume observed at step 40 from /mnt/ckpt/gpt" in ft.lines[-1].text
+
+
+async def test_no_checkpoint_load_after_a_restart_warns(h: Harness) -> None:
+    task_spec = spec(auto_restart=True)
+    await h.launch("fresh", task_spec)
+    await h.act("fresh", ExitWorker("fresh", 1, 1, 0, 1))
+    await h.launch("fresh", task_spec, attempt=2)
+    await h.lines("fresh", 0, ["epoch 0 step 1 loss 9.1"], attempt=2)
+    h.clock.advance(61)
+    await h.tick("fresh")
+    (missing,) = await h.payloads("fresh", ResumeNotObserved)
+    assert missing.attempt == 2 and missing.waited_s >= 60
+    ft = await read_fault_tolerance_log(h.store, "fresh")
+    assert ft.lines[-1].level == "warning" and "No checkpoint load seen" in ft.lines[-1].text
+
+
+async def test_run_ending_before_any_resume_line_warns(h: Harness) -> None:
+    task_spec = spec(auto_restart=True)
+    await h.launch("short", task_spec)
+    await h.act("short", ExitWorker("short", 1, 1, 0, 1))
+    await h.launch("short", task_spec, attempt=2)
+    await h.act("short", ExitWorker("short", 1, 2, 0, 0))  # succeeded, never loaded
+    assert len(await h.payloads("short", ResumeNotObserved)) == 1
+
+
+async def test_env_check_items_become_events_and_a_gpu_fault_reschedules(h: Harness) -> None:
+    await h.launch("check", spec(workers=2, env_check=True))
+    types = [e.type for e in await h.events("check")]
+    assert types[-1] == "EnvCheckStarted"
+    # worker 0: the real program's output; worker 1: a node whose GPU dropped
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
+    proc = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "runyard.faulttolerance.bootcheck", "--worker", "0"),
+        *("--io-mb", "1"),
+        stdout=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    stdout, _ = await asyncio.wait_for(proc.communicate(), 120)
+    await h.lines("check", 0, stdout.decode().splitlines())
+    assert await h.payloads("check", EnvCheckFinished) == [], "worker 1 has not finished"
+    dropped = ItemResult(1, "gpu", "fail", "1 GPU(s) answer, 2 expected", blocking=True)
+    await h.lines("check", 1, [dropped.to_line(), FINISHED])
+    items = await h.payloads("check", EnvCheckItemReported)
+    assert {(i.worker, i.item) for i in items} >= {
+        (0, "gpu"),
+        (0, "rdma"),
+        (0, "storage_io"),
+        (0, "communication"),
+        (0, "runtime"),
+        (1, "gpu"),
+    }
+    (finished,) = await h.payloads("check", EnvCheckFinished)
+    assert (finished.result, finished.blocking_failures) == ("fail", 1)
+    (moved,) = await h.payloads("check", TaskRescheduleRequested)
+    assert moved.faulty_nodes == ("n-1",)
+    ft = await read_fault_tolerance_log(h.store, "check")
+    texts = [line.text for line in ft.lines]
+    assert texts[0] == "Bootcheck started"
+    assert any(t.startswith("worker 1 gpu: fail (blocking: hardware fault)") for t in texts)
+    assert any(t.startswith("Bootcheck Finished: fail") for t in texts)
+    assert texts[-2].startswith("Reschedule 1 requested: env check found a hardware fault on n-1")
+    assert texts[-1] == "Restart 1 scheduled after hardware fault: attempt 2 on healthy nodes"
+    assert ft.counts()["reschedules"] == 1 and ft.counts()["restarts"] == 1
+
+
+async def test_a_node_marked_faulty_reschedules_its_tasks(h: Harness) -> None:
+    await h.launch("busy", spec(workers=2))
+    fault = NodeMarkedFaulty(node="n-1", reason="GPU 3 fell off the bus")
+    await h.store.append("pool-dev", [NewEvent(fault, Metadata(actor="user:admin"), h.clock())], 0)
+    (recorded,) = await h.store.read_stream("pool-dev")
+    await h.app.handle(recorded)
+    (moved,) = await h.payloads("busy", TaskRescheduleRequested)
+    assert moved.faulty_nodes == ("n-1",) and "GPU 3 fell off the bus" in moved.reason
+    assert fold(await h.events("busy")).status == "restarting"
+
+
+async def test_redelivered_log_lines_do_not_report_twice(h: Harness) -> None:
+    await h.launch("again", spec(workers=1, env_check=True))
+    line = ItemResult(0, "runtime", "pass", "Python 3.11").to_line()
+    await h.lines("again", 0, [line, line])
+    assert len(await h.payloads("again", EnvCheckItemReported)) == 1
+    await asyncio.sleep(0)
+
+
+# --- with the real deployer and its local runtime ------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(py_spy_binary() is None, reason="py-spy is not installed")
+async def test_hung_worker_of_the_local_runtime_has_its_stack_captured(
+    dsn: str, tmp_path: Path
+) -> None:
+    from runyard.deployer.app import DeployerApp
+    from runyard.deployer.runtime import LocalRuntime, LocalRuntimeConfig, OutputLine
+    from runyard.faulttolerance.main import InProcessDeployer
+
+    store = await PostgresEventStore.connect(dsn, default_mapper())
+    reports = StackReportStore(store.pool)
+    await reports.migrate()
+    runtime = LocalRuntime(
+        LocalRuntimeConfig(
+            scratch_root=tmp_path / "scratch",
+            volumes_root=tmp_path / "volumes",
+            images={"venv": Path(sys.prefix)},
+            grace_s=1.0,
+        )
+    )
+    clock = Clock()
+    settings: dict[str, Any] = {}
+    ft = FaultToleranceApp(
+        store, reports=reports, processes=InProcessDeployer(settings), clock=clock
+    )
+    lines: list[OutputLine] = []
+
+    async def sink(line: OutputLine) -> None:
+        lines.append(line)
+        await ft.on_log(
+            LogLine(line.at, line.task_id, line.run, line.attempt, line.worker, line.line)
+        )
+
+    deployer = DeployerApp(store, runtime, on_output=sink, stop_grace_s=1.0)
+    settings["deployer_app"] = deployer
+    h = Harness(store, ft, clock, reports)
+    task_spec = spec(hang_timeout_s=10, auto_restart=True).model_copy(
+        # inline: the worker's /tmp is its own scratch when it has a mount namespace
+        update={"image": "venv", "command": f"python -c {shlex.quote(HUNG)}"}
+    )
+    try:
+        await h.act("real", Submit("real", "acme", "alice", task_spec))
+        placed = TaskPlaced(
+            run=1, attempt=1, pool="dev", workers=(WorkerPlacement(index=0, node="n-0", gpus=(0,)),)
+        )
+        await h.append("real", placed)
+        for event in await h.events("real"):
+            await deployer.handle(event)
+
+        async def running() -> None:
+            while not any(x.line == "step 1" for x in lines):  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+            await h.deliver("real")
+
+        try:
+            await asyncio.wait_for(running(), 30)
+        except TimeoutError:
+            raise AssertionError(
+                f"no step line: {[x.line for x in lines]}, events: "
+                f"{[e.type for e in await h.events('real')]}"
+            ) from None
+        clock.advance(11)
+        await h.tick("real")
+        (stacks,) = await h.payloads("real", StacksCaptured)
+        report = await reports.get(stacks.report_id)
+        assert report is not None
+        assert report["frames_by_worker"]["0"][0].startswith("wait_for_all_reduce (")
+        (restart,) = await h.payloads("real", TaskRestartScheduled)
+        assert restart.reason == "hang"
+    finally:
+        await asyncio.wait_for(deployer.close(), 10)
+        await ft.drain()
+        await store.close()
+
+
+async def test_a_worker_that_never_finishes_its_env_check_is_a_warning(h: Harness) -> None:
+    h.app.env_check_timeout_s = 30
+    await h.launch("silent", spec(workers=2, env_check=True))
+    await h.lines("silent", 0, [ItemResult(0, "gpu", "not_applicable", "no driver").to_line()])
+    await h.lines("silent", 0, [FINISHED])
+    h.clock.advance(31)
+    await h.tick("silent")
+    items = await h.payloads("silent", EnvCheckItemReported)
+    late = [i for i in items if i.worker == 1]
+    assert [(i.item, i.result, i.blocking) for i in late] == [("runtime", "fail", False)]
+    assert "did not finish within 30 s" in late[0].detail
+    (finished,) = await h.payloads("silent", EnvCheckFinished)
+    assert finished.result == "warn"  # the launch command still runs (R-31)
+
+
+async def test_log_lines_reach_the_app_from_the_logs_topic(kafka: Any) -> None:
+    """`follow_logs` on the real broker: records in, LogLine out; junk skipped."""
+    import json
+
+    from aiokafka import AIOKafkaProducer
+    from runyard.faulttolerance.main import follow_logs
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.lines: list[LogLine] = []
+
+        async def on_log(self, line: LogLine) -> None:
+            self.lines.append(line)
+
+    recorder = Recorder()
+    follower = asyncio.create_task(follow_logs(recorder, kafka))  # type: ignore[arg-type]
+    producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap)
+    await producer.start()
+    try:
+        record = {
+            "at": "2026-11-30T02:00:00+00:00",
+            "task_id": "t1",
+            "run": 1,
+            "attempt": 2,
+            "worker": 3,
+            "stream": "stdout",
+            "line": "iteration 5/ 10 | elapsed time per iteration (ms): 12.0 |",
+        }
+        await producer.send_and_wait(kafka.topics.logs, b"not json", key=b"t1")
+        await producer.send_and_wait(kafka.topics.logs, json.dumps(record).encode(), key=b"t1")
+
+        async def arrived() -> None:
+            while not recorder.lines:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(arrived(), 30)
+        (line,) = recorder.lines
+        assert (line.task_id, line.run, line.attempt, line.worker) == ("t1", 1, 2, 3)
+        assert line.at == datetime(2026, 11, 30, 2, 0, tzinfo=UTC)
+        assert line.line.startswith("iteration 5/ 10")
+    finally:
+        await producer.stop()
+        follower.cancel()
+        with contextlib.suppress(BaseException):
+            await follower

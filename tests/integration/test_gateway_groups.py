@@ -1,0 +1,185 @@
+"""Group listing and rerun (HTTP and CLI), and catalogue admin changes that survive a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+from runyard.cli.main import app as cli_app
+from runyard.gateway.app import Gateway
+from runyard.gateway.auth import create_token
+from runyard.gateway.http import create_app
+from typer.testing import CliRunner, Result
+
+from tests.integration import test_gateway
+from tests.integration.test_gateway import BASE, Api, config_dir
+
+REPO = Path(__file__).resolve().parents[2]
+api = test_gateway.api  # the same fixture: an in-process gateway and a client per user
+
+
+async def test_list_groups_newest_first_per_tenant(api: Api) -> None:
+    first = await api.call("alice", "POST", "/v1/groups", json={"template": BASE, "items": [{}]})
+    second = await api.call(
+        "bob", "POST", "/v1/groups", json={"template": BASE, "items": [{"name": "x"}, {}]}
+    )
+    await api.submit()  # a task outside any group is not a group
+    await api.call("alice", "POST", f"/v1/groups/{first.json()['group_id']}/stop")
+    listed = await api.call("alice", "GET", "/v1/groups")
+    assert listed.status_code == 200, listed.json()
+    items = listed.json()["items"]
+    assert [g["group_id"] for g in items] == [
+        second.json()["group_id"],
+        first.json()["group_id"],
+    ]
+    assert [(g["tasks"], g["status_counts"]) for g in items] == [
+        (2, {"new": 2}),
+        (1, {"stopped": 1}),
+    ]
+    assert (await api.call("carol", "GET", "/v1/groups")).json() == {"items": []}
+    assert (await api.call("alice", "GET", "/v1/groups?limit=1")).json()["items"] == items[:1]
+    bad = await api.call("alice", "GET", "/v1/groups?limit=0")
+    assert (bad.status_code, bad.json()["field"]) == (400, "limit")
+
+
+async def test_rerun_group_reruns_every_finished_task(api: Api) -> None:
+    made = await api.call(
+        "alice", "POST", "/v1/groups", json={"template": BASE, "items": [{"name": "a"}, {}]}
+    )
+    group = made.json()
+    group_id = group["group_id"]
+    none_finished = await api.call("alice", "POST", f"/v1/groups/{group_id}/rerun")
+    assert (none_finished.status_code, none_finished.json()["code"]) == (
+        409,
+        "group.nothing_to_rerun",
+    )
+    # only one task has finished: only that one runs again
+    first = group["tasks"][0]["task_id"]
+    await api.call("alice", "POST", f"/v1/tasks/{first}/stop")
+    before = await api.event_count()
+    refused = await api.call(
+        "alice", "POST", f"/v1/groups/{group_id}/rerun", json={"pool": "pool-east"}
+    )
+    assert (refused.status_code, refused.json()["code"], refused.json()["field"]) == (
+        400,
+        "rerun.field_not_changeable",
+        "pool",
+    )
+    assert await api.event_count() == before
+    rerun = await api.call(
+        "alice", "POST", f"/v1/groups/{group_id}/rerun", json={"command": "echo 2"}
+    )
+    assert rerun.status_code == 200, rerun.json()
+    assert rerun.json()["status_counts"] == {"new": 2}
+    runs = {t["task_id"]: t["run"] for t in rerun.json()["tasks"]}
+    assert runs[first] == 2 and sorted(runs.values()) == [1, 2]
+    task = (await api.call("alice", "GET", f"/v1/tasks/{first}")).json()
+    assert task["spec"]["command"] == "echo 2"
+    hidden = await api.call("carol", "POST", f"/v1/groups/{group_id}/rerun")
+    assert (hidden.status_code, hidden.json()["code"]) == (404, "group.not_found")
+
+
+async def test_catalogue_admin_changes_survive_a_restart(dsn: str, tmp_path: Path) -> None:
+    folder = config_dir(tmp_path)
+    gateway = await Gateway.connect(dsn, folder)
+    admin = await create_token(gateway.db, "t1", "root", "admin")
+    member = await create_token(gateway.db, "t1", "alice", "member")
+    changes = [
+        ("/v1/admin/images", {"name": "new:1", "zones": ["cn-east-1"], "services": ["training"]}),
+        ("/v1/admin/images", {"name": "bash-only", "zones": ["cn-north-1"], "services": []}),
+        ("/v1/admin/volumes", {"file_system": "fs-east", "volume": "scratch", "zone": "cn-east-1"}),
+        ("/v1/admin/public-data", {"zone": "cn-east-1"}),
+    ]
+    transport = httpx.ASGITransport(app=create_app(gateway))
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+        for path, body in changes:
+            denied = await client.post(
+                path, json=body, headers={"Authorization": f"Bearer {member}"}
+            )
+            assert denied.status_code == 403
+            answer = await client.post(
+                path, json=body, headers={"Authorization": f"Bearer {admin}"}
+            )
+            assert answer.status_code == 201, answer.json()
+        bad = await client.post(
+            "/v1/admin/volumes", json={"volume": "x"}, headers={"Authorization": f"Bearer {admin}"}
+        )
+        assert (bad.status_code, bad.json()["code"]) == (400, "spec.invalid")
+    live = gateway.catalogue
+    await gateway.close()
+
+    restarted = await Gateway.connect(dsn, folder)
+    try:
+        catalogue = restarted.catalogue
+        assert catalogue == live
+        assert catalogue.image("new:1") is not None
+        assert catalogue.image("bash-only").services == ()  # type: ignore[union-attr]
+        assert catalogue.image("pytorch:2.3-cuda12") is not None  # the file still counts
+        assert len(catalogue.volumes_named("fs-east", "scratch")) == 1
+        assert catalogue.public_data_in("cn-east-1") is not None
+        assert await restarted.reload_catalogue() == live
+    finally:
+        await restarted.close()
+
+
+# --- CLI ------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+async def served(dsn: str) -> AsyncIterator[tuple[str, str]]:
+    """A gateway over the repo's config on a free port: (url, alice's token)."""
+    gateway = await Gateway.connect(dsn, REPO / "infra/config")
+    token = await create_token(gateway.db, "t1", "alice", "member")
+    port = free_port()
+    config = uvicorn.Config(create_app(gateway), port=port, log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    for _ in range(500):
+        if server.started:
+            break
+        await asyncio.sleep(0.02)
+    yield f"http://127.0.0.1:{port}", token
+    server.should_exit = True
+    await task
+    await gateway.close()
+
+
+async def cli(url: str, token: str, *args: str) -> Result:
+    env = {"RUNYARD_URL": url, "RUNYARD_TOKEN": token, "COLUMNS": "250"}
+    return await asyncio.to_thread(CliRunner().invoke, cli_app, list(args), env=env)
+
+
+async def test_cli_group_ls_without_id_and_group_rerun(served: tuple[str, str]) -> None:
+    url, token = served
+    made = await cli(
+        url, token, "group", "create", "-f", str(REPO / "examples/group.yaml"), "--json"
+    )
+    assert made.exit_code == 0, made.output
+    group_id = json.loads(made.stdout)["group_id"]
+    listed = await cli(url, token, "group", "ls")
+    assert listed.exit_code == 0, listed.output
+    assert group_id in listed.stdout
+    as_json = json.loads((await cli(url, token, "group", "ls", "--json")).stdout)
+    assert [g["group_id"] for g in as_json["items"]] == [group_id]
+    early = await cli(url, token, "group", "rerun", group_id)
+    assert early.exit_code == 1
+    assert "group.nothing_to_rerun" in early.stderr
+    assert (await cli(url, token, "group", "stop", group_id)).exit_code == 0
+    rerun = await cli(url, token, "group", "rerun", group_id, "--command", "echo 2", "--json")
+    assert rerun.exit_code == 0, rerun.output
+    tasks = json.loads(rerun.stdout)["tasks"]
+    assert {t["run"] for t in tasks} == {2}
+    one = await cli(url, token, "group", "ls", group_id)
+    assert one.exit_code == 0 and "new" in one.stdout

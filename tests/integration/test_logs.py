@@ -1,0 +1,451 @@
+"""The log service on the real stack: search kinds, filters, paging, tenants,
+exports, retention, and redelivery through the real broker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from aiokafka import AIOKafkaProducer
+from runyard.gateway.app import Gateway
+from runyard.gateway.auth import create_token
+from runyard.gateway.http import create_app
+from runyard.logs import LogIngester, LogQuery, LogRecord, LogStore
+from runyard.logs.exports import KEEP
+from runyard.logs.http import log_api_of
+from runyard.messaging import KafkaSettings
+
+from tests.integration.test_gateway import BASE, config_dir
+
+pytestmark = pytest.mark.integration
+
+T0 = (datetime.now(UTC) - timedelta(hours=2)).replace(microsecond=0)
+
+# (seconds after T0, worker, stream, line): the corpus every API test reads.
+CORPUS: list[tuple[float, int, str, str]] = [
+    (0.0, 0, "stdout", "starting training on 2 workers"),
+    (0.5, 1, "stdout", "starting training on 2 workers"),
+    (1.0, 0, "stdout", "epoch 1 loss=2.31 lr=0.001"),
+    (1.2, 1, "stdout", "epoch 1 loss=2.29 lr=0.001"),
+    (2.0, 0, "stderr", "UserWarning: the dataloader is slow"),
+    (3.0, 1, "stdout", "Saving checkpoint to /out/ckpt-1.pt"),
+    (4.0, 0, "stdout", "epoch 2 loss=1.87 lr=0.001"),
+    (4.5, 2, "stdout", "validation accuracy 0.71"),
+    (5.0, 1, "stderr", "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"),
+    (6.0, 0, "stdout", "the Loss went down: LOSS IS FINE"),
+    (7.0, 2, "stdout", "done with worker duties at run end"),
+]
+
+
+def line_text(i: int) -> str:
+    return CORPUS[i][3]
+
+
+@dataclass
+class LogsApi:
+    gateway: Gateway
+    http: httpx.AsyncClient
+    tokens: dict[str, str]
+    store: LogStore
+    task_id: str
+    app: Any
+
+    async def get(self, path: str, who: str = "alice", **params: Any) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {self.tokens[who]}"}
+        return await self.http.get(path, headers=headers, params=params)
+
+    async def post(self, path: str, who: str = "alice", **kw: Any) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {self.tokens[who]}"}
+        return await self.http.post(path, headers=headers, **kw)
+
+    async def lines(self, **params: Any) -> list[str]:
+        answer = await self.get(f"/v1/tasks/{self.task_id}/logs", **params)
+        assert answer.status_code == 200, answer.text
+        return [ln["line"] for ln in answer.json()["lines"]]
+
+    @property
+    def exports(self) -> Any:
+        return log_api_of(self.gateway).exports
+
+
+def records(
+    task_id: str, corpus: list[tuple[float, int, str, str]], run: int = 1
+) -> list[LogRecord]:
+    return [
+        LogRecord(T0 + timedelta(seconds=s), task_id, run, 1, w, st, text)  # type: ignore[arg-type]
+        for s, w, st, text in corpus
+    ]
+
+
+@pytest.fixture
+async def logs(dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[LogsApi]:
+    monkeypatch.setenv("RUNYARD_HOME", str(tmp_path / "home"))
+    gateway = await Gateway.connect(dsn, config_dir(tmp_path))
+    tokens = {
+        "alice": await create_token(gateway.db, "t1", "alice", "member"),
+        "bob": await create_token(gateway.db, "t1", "bob", "member"),
+        "carol": await create_token(gateway.db, "t2", "carol", "member"),
+    }
+    app = create_app(gateway)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+        created = await client.post(
+            "/v1/tasks", json=BASE, headers={"Authorization": f"Bearer {tokens['alice']}"}
+        )
+        assert created.status_code == 201, created.text
+        task_id = created.json()["task_id"]
+        store = LogStore(gateway.db)
+        await store.migrate()
+        assert await store.ingest(records(task_id, CORPUS)) == len(CORPUS)
+        yield LogsApi(gateway, client, tokens, store, task_id, app)
+        await log_api_of(gateway).exports.close()
+    await gateway.close()
+
+
+# --- search kinds --------------------------------------------------------------
+
+
+async def test_all_lines_in_time_order(logs: LogsApi) -> None:
+    assert await logs.lines() == [c[3] for c in CORPUS]
+    newest = await logs.lines(order="newest")
+    assert newest == [c[3] for c in reversed(CORPUS)]
+
+
+async def test_words_are_full_text_in_any_order_and_case(logs: LogsApi) -> None:
+    assert await logs.lines(words="training starting") == [line_text(0), line_text(1)]
+    assert await logs.lines(words="LOSS") == [line_text(i) for i in (2, 3, 6, 9)]
+    assert await logs.lines(words="loss nothere") == []
+
+
+async def test_phrase_is_exact_and_case_sensitive_unless_asked(logs: LogsApi) -> None:
+    assert await logs.lines(phrase="CUDA out of memory") == [line_text(8)]
+    assert await logs.lines(phrase="out of CUDA") == []
+    assert await logs.lines(phrase="LOSS IS") == [line_text(9)]
+    assert await logs.lines(phrase="loss is") == []
+    assert await logs.lines(phrase="loss is", ignore_case="true") == [line_text(9)]
+    assert await logs.lines(phrase="100%_") == []  # LIKE wildcards are literal
+
+
+async def test_regex_with_and_without_case(logs: LogsApi) -> None:
+    assert await logs.lines(regex=r"loss=[0-9]\.[0-9]+") == [line_text(i) for i in (2, 3, 6)]
+    assert await logs.lines(regex=r"^runtimeerror") == []
+    assert await logs.lines(regex=r"^runtimeerror", ignore_case="true") == [line_text(8)]
+
+
+async def test_the_prefix_is_never_matched(logs: LogsApi) -> None:
+    year = str(T0.year)
+    assert await logs.lines(regex=f"^{year}") == []
+    assert await logs.lines(phrase="stderr") == []
+    assert await logs.lines(words="stdout") == []
+    assert await logs.lines(phrase="worker=1") == []
+    assert await logs.lines(regex="run=1") == []
+    # ...but the line's own words are: "worker" and "run" appear in the last line only.
+    assert await logs.lines(words="worker run") == [line_text(10)]
+
+
+async def test_bad_regex_is_a_clear_400(logs: LogsApi) -> None:
+    answer = await logs.get(f"/v1/tasks/{logs.task_id}/logs", regex="loss=([0-9")
+    assert answer.status_code == 400
+    body = answer.json()
+    assert body["code"] == "logs.bad_regex"
+    assert body["field"] == "regex"
+    assert "invalid regular expression" in body["message"]
+
+
+async def test_punctuation_only_words_are_a_400(logs: LogsApi) -> None:
+    answer = await logs.get(f"/v1/tasks/{logs.task_id}/logs", words="--- ::")
+    assert answer.status_code == 400
+    assert answer.json()["code"] == "logs.no_words"
+
+
+# --- filters, alone and combined -----------------------------------------------------
+
+
+async def test_filter_by_one_or_several_workers(logs: LogsApi) -> None:
+    assert await logs.lines(worker=2) == [line_text(7), line_text(10)]
+    both = [c[3] for c in CORPUS if c[1] in (1, 2)]
+    assert await logs.lines(worker=[1, 2]) == both
+
+
+async def test_time_range_to_the_second(logs: LogsApi) -> None:
+    since = (T0 + timedelta(seconds=1)).isoformat()
+    until = (T0 + timedelta(seconds=4)).isoformat()
+    # 1.0 and 1.2 are in second 1; 4.0 and 4.5 in second 4, which `until` includes.
+    expected = [c[3] for c in CORPUS if 1 <= c[0] < 5]
+    assert await logs.lines(since=since, until=until) == expected
+    backwards = await logs.get(f"/v1/tasks/{logs.task_id}/logs", since=until, until=since)
+    assert backwards.status_code == 400 and backwards.json()["code"] == "logs.time_range"
+    naive = await logs.get(f"/v1/tasks/{logs.task_id}/logs", since="2026-01-01T00:00:00")
+    assert naive.status_code == 400 and naive.json()["field"] == "since"
+
+
+async def test_filters_and_searches_combine_in_either_order(logs: LogsApi) -> None:
+    since = (T0 + timedelta(seconds=2)).isoformat()
+    a = await logs.lines(worker=0, words="loss", since=since)
+    b = await logs.lines(since=since, words="loss", worker=0)
+    assert a == b == [line_text(6), line_text(9)]
+    combined = await logs.lines(worker=[0, 1], regex="loss=", phrase="epoch 1")
+    assert combined == [line_text(2), line_text(3)]
+
+
+async def test_paging_with_a_cursor_both_ways(logs: LogsApi) -> None:
+    for order, expected in (
+        ("oldest", [c[3] for c in CORPUS]),
+        ("newest", [c[3] for c in reversed(CORPUS)]),
+    ):
+        seen: list[str] = []
+        cursor: str | None = None
+        while True:
+            params: dict[str, Any] = {"limit": 3, "order": order}
+            if cursor:
+                params["cursor"] = cursor
+            answer = (await logs.get(f"/v1/tasks/{logs.task_id}/logs", **params)).json()
+            seen += [ln["line"] for ln in answer["lines"]]
+            cursor = answer["next_cursor"]
+            if not cursor:
+                break
+        assert seen == expected
+    bad = await logs.get(f"/v1/tasks/{logs.task_id}/logs", cursor="!!nope")
+    assert bad.status_code == 400
+
+
+async def test_other_tenants_do_not_see_the_logs(logs: LogsApi) -> None:
+    for path in ("logs", "first-error"):
+        answer = await logs.get(f"/v1/tasks/{logs.task_id}/{path}", who="carol")
+        assert answer.status_code == 404
+        assert answer.json()["code"] == "task_not_found"
+    answer = await logs.post(f"/v1/tasks/{logs.task_id}/logs/exports", who="carol")
+    assert answer.status_code == 404
+    unauth = await logs.http.get(f"/v1/tasks/{logs.task_id}/logs")
+    assert unauth.status_code == 401
+
+
+async def test_first_error_endpoint(logs: LogsApi) -> None:
+    answer = await logs.get(f"/v1/tasks/{logs.task_id}/first-error")
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["found"] is True
+    assert body["line"]["line"] == line_text(8)
+    assert body["line"]["worker"] == 1
+    assert body["layer"] == "training_code"
+    assert body["rule"] == "training.cuda_oom"
+    assert [ln["line"] for ln in body["before"]] == [line_text(i) for i in (1, 3, 5)]
+
+
+# --- exports ------------------------------------------------------------------------
+
+
+async def export(logs: LogsApi, params: dict[str, Any], fmt: str = "text") -> dict[str, Any]:
+    started = await logs.post(
+        f"/v1/tasks/{logs.task_id}/logs/exports", params=params, json={"format": fmt}
+    )
+    assert started.status_code == 202, started.text
+    await logs.exports.wait()
+    done = (await logs.get(f"/v1/exports/{started.json()['export_id']}")).json()
+    assert done["state"] == "done", done
+    return dict(done)
+
+
+async def test_export_without_filters_has_every_line(logs: LogsApi) -> None:
+    old = LogRecord(datetime.now(UTC) - timedelta(days=31), logs.task_id, 1, 1, 0, "stdout", "x")
+    await logs.store.ingest([old], now=old.at)  # ingested long ago; past the 30 days now
+    done = await export(logs, {})
+    assert done["lines_done"] == done["lines_total"] == len(CORPUS)
+    file = await logs.get(f"/v1/exports/{done['export_id']}/file")
+    assert file.status_code == 200
+    rows = file.text.splitlines()
+    assert len(rows) == len(CORPUS)
+    for row, (s, w, st, text) in zip(rows, CORPUS, strict=True):
+        at = (T0 + timedelta(seconds=s)).isoformat()
+        assert row == f"{at} run=1 attempt=1 worker={w} {st} | {text}"
+
+
+async def test_export_with_filters_has_exactly_the_matches(logs: LogsApi) -> None:
+    params = {"worker": [0, 1], "words": "loss"}
+    done = await export(logs, params, fmt="jsonl")
+    rows = (await logs.get(f"/v1/exports/{done['export_id']}/file")).text.splitlines()
+    expected = [c for c in CORPUS if c[1] in (0, 1) and "loss" in c[3].lower()]
+    assert done["lines_total"] == len(expected) == 4
+    for row, (s, w, st, text) in zip(rows, expected, strict=True):
+        got = json.loads(row)
+        assert (got["worker"], got["stream"], got["line"]) == (w, st, text)
+        assert datetime.fromisoformat(got["at"]) == T0 + timedelta(seconds=s)
+    page = await logs.lines(worker=[0, 1], words="loss")
+    assert [json.loads(r)["line"] for r in rows] == page
+
+
+async def test_only_the_last_five_exports_per_user_are_kept(logs: LogsApi) -> None:
+    made = [await export(logs, {"worker": 0}) for _ in range(KEEP + 2)]
+    mine = (await logs.get("/v1/exports")).json()
+    assert [e["export_id"] for e in mine] == [e["export_id"] for e in reversed(made[-KEEP:])]
+    folder = Path(logs.exports.folder)
+    assert len(await asyncio.to_thread(lambda: list(folder.iterdir()))) == KEEP
+    gone = await logs.get(f"/v1/exports/{made[0]['export_id']}")
+    assert gone.status_code == 404
+    # another user's list is their own, and they cannot read alice's exports
+    assert (await logs.get("/v1/exports", who="bob")).json() == []
+    theirs = await logs.get(f"/v1/exports/{made[-1]['export_id']}/file", who="bob")
+    assert theirs.status_code == 404
+
+
+async def test_export_with_a_bad_regex_is_refused_up_front(logs: LogsApi) -> None:
+    answer = await logs.post(f"/v1/tasks/{logs.task_id}/logs/exports", params={"regex": "(("})
+    assert answer.status_code == 400
+    assert answer.json()["code"] == "logs.bad_regex"
+
+
+# --- store: idempotence, partitions, retention ----------------------------------------
+
+
+async def test_redelivered_batch_stores_nothing_twice(logs: LogsApi) -> None:
+    again = records(logs.task_id, CORPUS)
+    assert await logs.store.ingest(again) == 0
+    numbered = [
+        LogRecord(T0, logs.task_id, 2, 1, 0, "stdout", "same text", seq=i) for i in range(3)
+    ]
+    assert await logs.store.ingest(numbered) == 3  # same text and time, distinct seq
+    assert await logs.store.ingest(numbered) == 0
+    assert await logs.store.count(LogQuery(logs.task_id)) == len(CORPUS) + 3
+
+
+async def test_partitions_ahead_and_retention_drops_old_days(dsn: str) -> None:
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+    try:
+        store = LogStore(pool, retention_days=30)
+        await store.migrate()
+        now = datetime(2026, 3, 10, 12, tzinfo=UTC)
+        old = LogRecord(now - timedelta(days=40), "t", 1, 1, 0, "stdout", "old line")
+        recent = LogRecord(now - timedelta(days=2), "t", 1, 1, 0, "stdout", "recent line")
+        assert await store.ingest([old], now=old.at) == 1  # stored back then
+        assert await store.ingest([recent], now=now) == 1
+        assert await store.ingest([old], now=now) == 0  # arrives past retention: dropped
+        dropped = await store.maintain(now, ahead_days=3)
+        assert dropped == ["log_lines_p20260129"]
+        days = await store.partitions()
+        assert days[-1] == (now + timedelta(days=3)).date()
+        assert [ln.line for ln in (await store.page(LogQuery("t"))).lines] == ["recent line"]
+    finally:
+        await pool.close()
+
+
+# --- the consumer on the real broker ---------------------------------------------------
+
+
+async def wait_until(condition: Any, within: float = 60.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+async def test_consumer_restart_redelivers_without_duplicates(
+    dsn: str, kafka: KafkaSettings
+) -> None:
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=4)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap)
+    await producer.start()
+    try:
+        store = LogStore(pool)
+        await store.migrate()
+        sent = records("task-k", CORPUS * 1)
+        for record in sent:
+            value = json.dumps(record.to_json()).encode()
+            await producer.send_and_wait(kafka.topics.logs, value, key=b"task-k")
+        await producer.send_and_wait(kafka.topics.logs, b"not json", key=b"task-k")
+
+        first = LogIngester(store, kafka, group="logs-a")
+        task = asyncio.create_task(first.run())
+        await wait_until(lambda: first.stats.received == len(sent) + 1)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert first.stats.stored == len(sent)
+        assert first.stats.malformed == 1
+
+        # A new group reads everything again: as if no offset had been committed.
+        second = LogIngester(store, kafka, group="logs-b")
+        task = asyncio.create_task(second.run())
+        await wait_until(lambda: second.stats.received == len(sent) + 1)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert second.stats.stored == 0
+        assert second.stats.duplicates == len(sent)
+        page = await store.page(LogQuery("task-k", limit=1000))
+        assert [ln.line for ln in page.lines] == [c[3] for c in CORPUS]
+    finally:
+        await producer.stop()
+        await pool.close()
+
+
+@pytest.mark.parametrize("writers", [1, 3])
+async def test_pipeline_commits_each_batch_after_it_is_stored(logs: LogsApi, writers: int) -> None:
+    ingester = LogIngester(logs.store, KafkaSettings(), writers=writers)
+    committed: list[tuple[int, int]] = []
+
+    async def source() -> AsyncIterator[tuple[list[bytes | None], Any]]:
+        for b in range(3):
+            values: list[bytes | None] = [
+                json.dumps(r.to_json()).encode()
+                for r in records(
+                    "piped", [(b * 10 + i, i % 2, "stdout", f"b{b} l{i}") for i in range(4)]
+                )
+            ]
+
+            async def done(b: int = b) -> None:
+                committed.append((b, await logs.store.count(LogQuery("piped"))))
+
+            yield values, done
+
+    await ingester.pipeline(source())
+    # batch b is committed, in order, only once its 4 lines and those before are stored
+    assert [b for b, _ in committed] == [0, 1, 2]
+    assert all(stored >= 4 * (b + 1) for b, stored in committed)
+    assert await logs.store.count(LogQuery("piped")) == 12
+
+
+async def test_the_service_ingests_the_deployers_records(
+    dsn: str, kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    from runyard.deployer.runtime import OutputLine
+    from runyard.logs import main as service
+    from runyard.stack.context import ServiceContext
+
+    ctx = ServiceContext(dsn=dsn, kafka=kafka, data_dir=tmp_path, config_dir=tmp_path)
+    running = asyncio.create_task(service.run(ctx))
+    producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap)
+    await producer.start()
+    try:
+        line = OutputLine("task-d", 1, 1, 0, "stderr", "hello from a worker", datetime.now(UTC))
+        # the deployer's record, field for field (services/deployer/main.py `publish`)
+        record = {
+            "at": line.at.isoformat(),
+            "task_id": line.task_id,
+            "run": line.run,
+            "attempt": line.attempt,
+            "worker": line.worker,
+            "stream": line.stream,
+            "line": line.line,
+        }
+        await producer.send_and_wait(kafka.topics.logs, json.dumps(record).encode(), key=b"task-d")
+        await wait_until(lambda: "log_ingester" in ctx.settings)
+        ingester = ctx.settings["log_ingester"]
+        await wait_until(lambda: ingester.stats.stored == 1)
+        pool = await asyncpg.create_pool(dsn, min_size=1, max_size=1)
+        try:
+            page = await LogStore(pool).page(LogQuery("task-d"))
+        finally:
+            await pool.close()
+        assert [(ln.worker, ln.stream, ln.line, ln.at) for ln in page.lines] == [
+            (0, "stderr", "hello from a worker", line.at)
+        ]
+    finally:
+        await producer.stop()
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)

@@ -1,0 +1,148 @@
+"""`runyard logs` against a real gateway (uvicorn on a free port, real Postgres)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import uvicorn
+from runyard.gateway.app import Gateway
+from runyard.gateway.auth import create_token
+from runyard.gateway.http import create_app
+from runyard.logs import LogRecord, LogStore
+
+from tests.unit.test_cli import REPO, cli, free_port
+
+pytestmark = pytest.mark.integration
+
+T0 = (datetime.now(UTC) - timedelta(minutes=30)).replace(microsecond=0)
+LINES = [
+    (0, "stdout", "epoch 1 loss=2.0"),
+    (1, "stdout", "epoch 1 loss=2.1"),
+    (1, "stderr", "Traceback (most recent call last):"),
+    (1, "stderr", '  File "train.py", line 3, in <module>'),
+    (1, "stderr", "ModuleNotFoundError: No module named 'apex'"),
+]
+
+
+@dataclass
+class Served:
+    url: str
+    token: str
+    store: LogStore
+    task_id: str
+
+    async def add(self, start: int, lines: list[tuple[int, str, str]]) -> None:
+        await self.store.ingest(
+            [
+                LogRecord(T0 + timedelta(seconds=start + i), self.task_id, 1, 1, w, s, text)  # type: ignore[arg-type]
+                for i, (w, s, text) in enumerate(lines)
+            ]
+        )
+
+
+@pytest.fixture
+async def served(
+    dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Served]:
+    monkeypatch.setenv("RUNYARD_HOME", str(tmp_path / "home"))
+    gateway = await Gateway.connect(dsn, REPO / "infra/config")
+    token = await create_token(gateway.db, "t1", "alice", "member")
+    port = free_port()
+    config = uvicorn.Config(create_app(gateway), port=port, log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    for _ in range(500):
+        if server.started:
+            break
+        await asyncio.sleep(0.02)
+    url = f"http://127.0.0.1:{port}"
+    submitted = await cli(url, token, "submit", "-f", str(REPO / "examples/hello.yaml"), "--json")
+    assert submitted.exit_code == 0, submitted.output
+    store = LogStore(gateway.db)
+    await store.migrate()
+    here = Served(url, token, store, json.loads(submitted.stdout)["task_id"])
+    await here.add(0, LINES)
+    yield here
+    server.should_exit = True
+    await task
+    await gateway.close()
+
+
+async def test_search_and_filter(served: Served) -> None:
+    found = await cli(served.url, served.token, "logs", served.task_id, "--grep", "loss")
+    assert found.exit_code == 0, found.output
+    assert [ln.split(" | ", 1)[1] for ln in found.stdout.splitlines()] == [
+        "epoch 1 loss=2.0",
+        "epoch 1 loss=2.1",
+    ]
+    as_json = await cli(
+        served.url, served.token, "logs", served.task_id, "--worker", "1", "--regex",
+        "^module", "-i", "--json",
+    )  # fmt: skip
+    assert [json.loads(ln)["line"] for ln in as_json.stdout.splitlines()] == [LINES[4][2]]
+    paged = await cli(served.url, served.token, "logs", served.task_id, "--limit", "2")
+    assert len(paged.stdout.splitlines()) == 2 and "more: --cursor" in paged.stderr
+    bad = await cli(served.url, served.token, "logs", served.task_id, "--regex", "((")
+    assert bad.exit_code == 1 and "logs.bad_regex" in bad.stderr
+
+
+async def test_first_error(served: Served) -> None:
+    shown = await cli(served.url, served.token, "logs", served.task_id, "--first-error")
+    assert shown.exit_code == 0, shown.output
+    assert "image, rule image.missing_package" in shown.stdout
+    assert "> " in shown.stdout and "Traceback" in shown.stdout
+
+
+async def test_export_downloads_the_file(served: Served, tmp_path: Path) -> None:
+    target = tmp_path / "out.txt"
+    done = await cli(
+        served.url, served.token, "logs", served.task_id, "--worker", "1", "--export", str(target)
+    )
+    assert done.exit_code == 0, done.output
+    rows = (await asyncio.to_thread(target.read_text)).splitlines()
+    assert [r.split(" | ", 1)[1] for r in rows] == [t for w, _, t in LINES if w == 1]
+
+
+async def test_follow_prints_new_lines_until_the_task_ends(served: Served) -> None:
+    following = asyncio.create_task(cli(served.url, served.token, "logs", served.task_id, "-f"))
+    await asyncio.sleep(1.5)
+    await served.add(100, [(0, "stdout", "a line written while following")])
+    await asyncio.sleep(1.5)
+    stopped = await cli(served.url, served.token, "stop", served.task_id)
+    assert stopped.exit_code == 0
+    result = await asyncio.wait_for(following, timeout=30)
+    assert result.exit_code == 0, result.output
+    printed = [ln.split(" | ", 1)[1] for ln in result.stdout.splitlines()]
+    assert printed == [t for _, _, t in LINES] + ["a line written while following"]
+
+
+async def test_show_of_a_failed_task_prints_its_first_error(served: Served, dsn: str) -> None:
+    """R-42: `runyard show` of a failed task says where its failure most likely
+    comes from, without a separate `logs` call."""
+    from runyard.contracts import Metadata, NewEvent, default_mapper, utcnow
+    from runyard.domain import Fail, decide, fold
+    from runyard.eventstore import PostgresEventStore
+
+    store = await PostgresEventStore.connect(dsn, default_mapper())
+    try:
+        stream = f"task-{served.task_id}"
+        history = await store.read_stream(stream)
+        failed = decide(
+            fold(history), Fail(served.task_id, "exit 1"), now=utcnow(), ids=lambda: "x"
+        )
+        meta = Metadata(actor="service:deployer")
+        await store.append(stream, [NewEvent(e, meta, utcnow()) for e in failed], len(history))
+    finally:
+        await store.close()
+    shown = await cli(served.url, served.token, "show", served.task_id)
+    assert shown.exit_code == 0, shown.output
+    assert "first error (image" in shown.stdout
+    assert "ModuleNotFoundError: No module named 'apex'" in shown.stdout
+    as_json = await cli(served.url, served.token, "show", served.task_id, "--json")
+    assert json.loads(as_json.stdout)["first_error"]["found"] is True

@@ -1,0 +1,507 @@
+"""The notification service on a real Postgres, delivering to a fake Feishu server.
+
+Tests append task events as the other services would (through the task
+domain's `decide`), hand each stored event to `NotificationApp.handle` in a
+transaction as the Kafka consumer would, and run the service's loop step by
+step (`app.step()`: the queue timer, then a delivery pass) until what they
+wait for is in the task's stream. The Feishu side is a real HTTP server
+(`tests/feishu_fake.py`) that checks signatures, rate limits and body size.
+Times are shrunk (group window, backoff, thresholds) so each test takes seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent, default_mapper
+from runyard.contracts.spec import AlertSubscription, TaskSpec
+from runyard.contracts.task_events import AlertDelivered, AlertFailed
+from runyard.domain import Command, Fail, Queue, Submit, decide, fold
+from runyard.eventstore import PostgresEventStore
+from runyard.messaging import KafkaSettings
+from runyard.notification import store as tables
+from runyard.notification.app import NotificationApp, NotificationConfig
+from runyard.notification.ratelimit import Limits
+from runyard.notification.rules import Subscription
+
+from tests.feishu_fake import FeishuFake
+
+pytestmark = pytest.mark.integration
+
+SECRET = "s3cr3t-signing-key"
+FAST = NotificationConfig(
+    gateway_url="http://gw.test",
+    group_window_s=0.2,
+    backoff_s=0.05,
+    backoff_max_s=0.4,
+    poll_s=0.05,
+)
+
+
+class Clock:
+    """Wall-clock time plus an offset the test moves (Feishu checks timestamps)."""
+
+    def __init__(self) -> None:
+        self.offset = timedelta()
+
+    def __call__(self) -> datetime:
+        return datetime.now(UTC) + self.offset
+
+
+def spec(name: str, *alerts: AlertSubscription) -> TaskSpec:
+    return TaskSpec(
+        name=name,
+        pool="pool-a",
+        worker_spec="8gpu",
+        worker_count=2,
+        image="pytorch:2.3",
+        command="python train.py",
+        alerts=alerts,
+    )
+
+
+@dataclass
+class Harness:
+    store: PostgresEventStore
+    fake: FeishuFake
+    clock: Clock
+    config: NotificationConfig
+    apps: list[NotificationApp] = field(default_factory=list)
+
+    async def new_app(self, config: NotificationConfig | None = None) -> NotificationApp:
+        """A fresh service instance (as after a restart): nothing kept in memory."""
+        app = NotificationApp(self.store, config or self.config, clock=self.clock)
+        await app.start()
+        self.apps.append(app)
+        return app
+
+    @property
+    def app(self) -> NotificationApp:
+        return self.apps[-1]
+
+    async def command(self, task_id: str, command: Command) -> list[RecordedEvent[Event]]:
+        """Decide and append as the owning service would; hand the events to the app."""
+        stream = f"task-{task_id}"
+        events = await self.store.read_stream(stream)
+        state = fold(events) if events else None
+        new = decide(state, command, now=self.clock(), ids=lambda: "x")
+        meta = Metadata(actor="service:test", correlation_id=f"corr-{task_id}")
+        await self.store.append(
+            stream, [NewEvent(e, meta, self.clock()) for e in new], len(events) if events else 0
+        )
+        recorded = await self.store.read_stream(stream, len(events) + 1)
+        await self.deliver(recorded)
+        return recorded
+
+    async def deliver(self, events: list[RecordedEvent[Event]]) -> None:
+        """What the IdempotentConsumer does: the handler inside a transaction."""
+        for event in events:
+            async with self.store.transaction() as conn:
+                await self.app.handle(event, conn)
+
+    async def submit(self, task_id: str, task_spec: TaskSpec, tenant: str = "t1") -> None:
+        await self.command(task_id, Submit(task_id, tenant, "alice", task_spec))
+
+    async def alerts(self, task_id: str) -> list[AlertDelivered | AlertFailed]:
+        events = await self.store.read_stream(f"task-{task_id}")
+        return [e.event for e in events if isinstance(e.event, AlertDelivered | AlertFailed)]
+
+    async def run_until(self, done: Callable[[], Awaitable[bool]], timeout_s: float = 20.0) -> None:
+        """Run the service loop until `done()` (or fail after `timeout_s`)."""
+        deadline = time.monotonic() + timeout_s
+        while not await done():
+            assert time.monotonic() < deadline, "timed out waiting for the notification service"
+            await self.app.step()
+            await asyncio.sleep(self.config.poll_s)
+
+    async def run_for(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            await self.app.step()
+            await asyncio.sleep(self.config.poll_s)
+
+    async def tenant_subscription(self, webhook_url: str, *alerts: str, **kw: Any) -> Subscription:
+        sub = Subscription(
+            id=f"sub-{len(webhook_url)}-{len(alerts)}",
+            tenant="t1",
+            webhook_url=webhook_url,
+            alerts=alerts,
+            **kw,
+        )
+        await tables.insert_subscription(self.store.pool, sub, "user:t1/alice")
+        return sub
+
+
+@contextlib.asynccontextmanager
+async def harness(
+    dsn: str, config: NotificationConfig = FAST, *, serve: bool = True, **fake: Any
+) -> AsyncIterator[Harness]:
+    feishu = FeishuFake(bots={"bot-signed": SECRET, "bot-plain": None}, **fake)
+    if serve:
+        await feishu.start()
+    store = await PostgresEventStore.connect(dsn, default_mapper())
+    h = Harness(store, feishu, Clock(), config)
+    await h.new_app()
+    try:
+        yield h
+    finally:
+        for app in h.apps:
+            await app.close()
+        await store.close()
+        await feishu.stop()
+
+
+async def signed_task_subscription(h: Harness, *alerts: str) -> AlertSubscription:
+    """A spec subscription to the signed bot; its secret is in the secret store."""
+    await tables.put_secret(h.store.pool, "t1", "secret-bot", SECRET)
+    return AlertSubscription(
+        webhook_url=h.fake.url("bot-signed"),
+        alerts=alerts or ("failed",),
+        secret_ref="secret-bot",
+    )
+
+
+# --- one failed task --------------------------------------------------------------
+
+
+async def test_a_failed_task_alerts_once_with_a_signed_card(dsn: str) -> None:
+    async with harness(dsn) as h:
+        sub = await signed_task_subscription(h, "failed", "restarted")
+        await h.submit("t-1", spec("llama-7b", sub))
+        failed = await h.command("t-1", Fail("t-1", "worker 1 exited with status 137 (OOM)"))
+        await h.deliver(failed)  # a redelivery changes nothing
+
+        await h.run_until(lambda: _has_delivered(h, "t-1"))
+        await h.run_for(0.5)  # later passes send nothing more
+
+        assert [r.code for r in h.fake.received] == [0]
+        card = h.fake.received[0]
+        assert card.body is not None and card.body["msg_type"] == "interactive"
+        assert card.title == "llama-7b · failed"
+        for fact in ("pool-a", "2 x 8gpu", "**Run**\\n1", "status 137 (OOM)", "/v1/tasks/t-1"):
+            assert fact in card.text
+        assert "sign" in card.body and SECRET not in card.text
+        [delivered] = await h.alerts("t-1")
+        assert isinstance(delivered, AlertDelivered)
+        assert delivered.channel == "feishu:task:t-1:0" and delivered.attempt == 1
+        assert delivered.alert.startswith("failed: TaskFailed")
+        events = await h.store.read_stream("task-t-1")
+        assert events[-1].metadata.actor == "service:notification"
+        assert events[-1].metadata.causation_id == str(failed[0].event_id)
+        assert events[-1].metadata.correlation_id == "corr-t-1"
+
+
+async def test_a_task_without_interest_sends_nothing(dsn: str) -> None:
+    async with harness(dsn) as h:
+        sub = await signed_task_subscription(h, "hang")
+        await h.submit("t-2", spec("quiet", sub))
+        await h.command("t-2", Fail("t-2", "boom"))
+        await h.run_for(0.5)
+        assert h.fake.received == [] and await h.alerts("t-2") == []
+
+
+# --- bursts -------------------------------------------------------------------------
+
+
+async def test_a_burst_of_100_failures_is_summarised_within_limits_and_nothing_lost(
+    dsn: str,
+) -> None:
+    async with harness(dsn) as h:
+        await h.tenant_subscription(h.fake.url("bot-plain"), "failed")
+        ids = [f"b-{i:03d}" for i in range(100)]
+        for task_id in ids:
+            await h.submit(task_id, spec(f"sweep-{task_id}"))
+        for task_id in ids:
+            await h.command(task_id, Fail(task_id, "pool lost capacity: node a-3 went away"))
+
+        async def all_delivered() -> bool:
+            return all([await _has_delivered(h, t) for t in ids])
+
+        await h.run_until(all_delivered, timeout_s=60)
+
+        accepted = h.fake.accepted("bot-plain")
+        assert 1 <= len(accepted) <= 5, "a burst goes as a few summary cards"
+        assert h.fake.rate_limited() == 0
+        named = " ".join(r.text for r in accepted)
+        assert all(f"sweep-{t}" in named for t in ids), "every task is named in a summary"
+        assert all(r.size <= 20 * 1024 for r in accepted)
+        for task_id in ids:
+            assert [type(a) for a in await h.alerts(task_id)] == [AlertDelivered]
+
+
+async def test_without_summaries_the_token_buckets_pace_a_burst(dsn: str) -> None:
+    # Feishu's limits scaled down 10x in time (5 per 0.1 s, 100 per 6 s -> 20 per 1 s here).
+    limits: dict[str, Any] = {"per_second": 5, "second_s": 0.1, "per_minute": 20, "minute_s": 1}
+    config = replace(FAST, burst_threshold=1000, limits=Limits(**limits))
+    async with harness(dsn, config, **limits) as h:
+        await h.tenant_subscription(h.fake.url("bot-plain"), "failed")
+        ids = [f"p-{i:02d}" for i in range(40)]
+        for task_id in ids:
+            await h.submit(task_id, spec(f"paced-{task_id}"))
+            await h.command(task_id, Fail(task_id, "boom"))
+
+        async def all_delivered() -> bool:
+            return all([await _has_delivered(h, t) for t in ids])
+
+        await h.run_until(all_delivered, timeout_s=60)
+
+        assert len(h.fake.accepted("bot-plain")) == 40
+        assert h.fake.rate_limited() == 0
+        assert h.app.stats.waited_for_tokens > 0, "some were delayed, none dropped"
+
+
+async def test_two_instances_never_send_the_same_alert_twice(dsn: str) -> None:
+    config = replace(FAST, burst_threshold=1000)
+    async with harness(dsn, config, per_second=100, per_minute=1000) as h:
+        await h.tenant_subscription(h.fake.url("bot-plain"), "failed")
+        ids = [f"d-{i:02d}" for i in range(12)]
+        for task_id in ids:
+            await h.submit(task_id, spec(f"dup-{task_id}"))
+            await h.command(task_id, Fail(task_id, "boom"))
+        first, second = h.app, await h.new_app(config)
+
+        async def all_delivered() -> bool:
+            return all([await _has_delivered(h, t) for t in ids])
+
+        deadline = time.monotonic() + 20
+        while not await all_delivered():
+            assert time.monotonic() < deadline
+            await asyncio.gather(first.step(), second.step())
+            await asyncio.sleep(config.poll_s)
+
+        titles = [r.title for r in h.fake.accepted()]
+        assert sorted(titles) == sorted(f"dup-{t} · failed" for t in ids)
+        for task_id in ids:
+            assert len(await h.alerts(task_id)) == 1
+
+
+# --- failures -----------------------------------------------------------------------
+
+
+async def test_a_wrong_secret_is_recorded_as_failed_without_a_retry_loop(dsn: str) -> None:
+    async with harness(dsn) as h:
+        await tables.put_secret(h.store.pool, "t1", "secret-wrong", "not-the-secret")
+        sub = AlertSubscription(
+            webhook_url=h.fake.url("bot-signed"), alerts=("failed",), secret_ref="secret-wrong"
+        )
+        await h.submit("t-3", spec("mis-signed", sub))
+        await h.command("t-3", Fail("t-3", "boom"))
+
+        await h.run_until(lambda: _has_alert(h, "t-3"))
+        await h.run_for(1.0)  # well past several backoffs
+
+        assert [r.code for r in h.fake.received] == [19021]
+        [failed] = await h.alerts("t-3")
+        assert isinstance(failed, AlertFailed)
+        assert failed.code == 19021 and not failed.retryable
+        assert "sign match fail" in failed.reason
+        assert "not-the-secret" not in failed.reason
+        [row] = await tables.outbox(h.store.pool, "t-3")
+        assert row["status"] == "failed" and row["attempts"] == 1
+
+
+async def test_a_bot_down_then_up_gets_the_alert_after_retries(dsn: str) -> None:
+    async with harness(dsn, serve=False) as h:
+        sub = await signed_task_subscription(h, "failed")
+        await h.submit("t-4", spec("flaky-bot", sub))
+        await h.command("t-4", Fail("t-4", "boom"))
+
+        async def two_failures() -> bool:
+            return len(await h.alerts("t-4")) >= 2
+
+        await h.run_until(two_failures)
+        await h.fake.start()
+        await h.run_until(lambda: _has_delivered(h, "t-4"))
+
+        outcomes = await h.alerts("t-4")
+        *failures, delivered = outcomes
+        assert all(isinstance(f, AlertFailed) and f.retryable for f in failures)
+        assert all("network error" in f.reason for f in failures if isinstance(f, AlertFailed))
+        assert isinstance(delivered, AlertDelivered)
+        assert delivered.attempt == len(failures) + 1
+        assert [r.code for r in h.fake.received] == [0]
+
+
+async def test_5xx_and_rate_limit_answers_are_retried(dsn: str) -> None:
+    async with harness(dsn, fail_next=2) as h:
+        sub = await signed_task_subscription(h, "failed")
+        await h.submit("t-5", spec("retried", sub))
+        await h.command("t-5", Fail("t-5", "boom"))
+        await h.run_until(lambda: _has_delivered(h, "t-5"))
+        outcomes = await h.alerts("t-5")
+        assert [type(o).__name__ for o in outcomes] == [
+            "AlertFailed",
+            "AlertFailed",
+            "AlertDelivered",
+        ]
+        assert all(o.retryable for o in outcomes if isinstance(o, AlertFailed))
+
+
+async def test_retries_stop_at_max_attempts_with_a_final_failure(dsn: str) -> None:
+    config = replace(FAST, max_attempts=3)
+    async with harness(dsn, config, serve=False) as h:
+        sub = await signed_task_subscription(h, "failed")
+        await h.submit("t-6", spec("never", sub))
+        await h.command("t-6", Fail("t-6", "boom"))
+
+        async def three() -> bool:
+            return len(await h.alerts("t-6")) >= 3
+
+        await h.run_until(three)
+        await h.run_for(0.6)
+        outcomes = await h.alerts("t-6")
+        assert len(outcomes) == 3
+        assert [o.retryable for o in outcomes if isinstance(o, AlertFailed)] == [True, True, False]
+        assert isinstance(outcomes[-1], AlertFailed)
+        assert "gave up after 3 attempts" in outcomes[-1].reason
+
+
+# --- storms of one task ---------------------------------------------------------------
+
+
+async def test_one_tasks_alerts_in_a_window_go_as_one_card(dsn: str) -> None:
+    async with harness(dsn) as h:
+        sub = await signed_task_subscription(h, "failed", "stopped", "queued:600")
+        await h.submit("t-7", spec("grouped", sub))
+        await h.command("t-7", Queue("t-7", "needs 2 x 8-GPU workers", 0, 16, 0))
+        await h.command("t-7", Fail("t-7", "first"))
+        from runyard.contracts.task_events import TaskStopped
+
+        # A made-up second alert of the same task within the window.
+        await h.deliver(await _append(h, "t-7", TaskStopped(run=1)))
+        await h.run_until(lambda: _count_delivered(h, "t-7", 2))
+        assert len(h.fake.accepted()) == 1
+        assert "Also in this window" in h.fake.accepted()[0].text
+
+
+async def test_a_repeat_of_the_same_alert_in_a_run_is_suppressed(dsn: str) -> None:
+    async with harness(dsn) as h:
+        sub = await signed_task_subscription(h, "failed")
+        await h.submit("t-8", spec("repeated", sub))
+        await h.command("t-8", Fail("t-8", "first"))
+        await h.run_until(lambda: _has_delivered(h, "t-8"))
+        from runyard.contracts.task_events import TaskFailed
+
+        # The same alert again for the same run (e.g. a second writer's report).
+        await h.deliver(await _append(h, "t-8", TaskFailed(run=1, attempt=0, reason="again")))
+        await h.run_for(0.5)
+        assert len(h.fake.accepted()) == 1
+        statuses = [r["status"] for r in await tables.outbox(h.store.pool, "t-8")]
+        assert statuses == ["delivered", "suppressed"]
+
+
+# --- queued too long ---------------------------------------------------------------------
+
+
+async def test_a_restart_during_a_long_queue_still_fires_queued_too_long_once(dsn: str) -> None:
+    async with harness(dsn) as h:
+        sub = await signed_task_subscription(h, "queued:1800")
+        await h.submit("t-9", spec("waiting", sub))
+        await h.command("t-9", Queue("t-9", "needs 2 x 8-GPU workers, pool can start 1", 3, 16, 1))
+        h.clock.offset = timedelta(minutes=20)
+        await h.command("t-9", Queue("t-9", "needs 2 x 8-GPU workers, pool can start 1", 1, 16, 1))
+        await h.run_for(0.3)
+        assert h.fake.received == []  # 20 min < 30 min
+
+        await h.app.close()  # the service stops...
+        h.clock.offset = timedelta(minutes=45)  # ...while the task keeps waiting
+        await h.new_app()  # and starts again with an empty memory
+
+        await h.run_until(lambda: _has_delivered(h, "t-9"))
+        await h.new_app()  # another restart after it fired
+        await h.run_for(0.5)
+
+        [card] = h.fake.received
+        assert card.title == "waiting · queued · queued too long"
+        assert "queued for 45 min" in card.text and "pool can start 1" in card.text
+        assert len(await h.alerts("t-9")) == 1
+
+
+async def test_a_task_placed_before_the_threshold_never_fires(dsn: str) -> None:
+    async with harness(dsn) as h:
+        sub = await signed_task_subscription(h, "queued:60")
+        await h.submit("t-10", spec("placed", sub))
+        await h.command("t-10", Queue("t-10", "waiting", 0, 16, 0))
+        await h.command("t-10", Fail("t-10", "ends the wait"))  # any end of the wait will do
+        h.clock.offset = timedelta(minutes=5)
+        await h.run_for(0.4)
+        assert h.fake.received == []
+        assert await tables.queue_waits(h.store.pool) == []
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+async def _append(h: Harness, task_id: str, event: Event) -> list[RecordedEvent[Event]]:
+    stream = f"task-{task_id}"
+    version = await h.store.stream_version(stream)
+    await h.store.append(
+        stream, [NewEvent(event, Metadata(actor="service:test"), h.clock())], version
+    )
+    return await h.store.read_stream(stream, version + 1)
+
+
+async def _has_alert(h: Harness, task_id: str) -> bool:
+    return bool(await h.alerts(task_id))
+
+
+async def _has_delivered(h: Harness, task_id: str) -> bool:
+    return await _count_delivered(h, task_id, 1)
+
+
+async def _count_delivered(h: Harness, task_id: str, n: int) -> bool:
+    return sum(isinstance(a, AlertDelivered) for a in await h.alerts(task_id)) >= n
+
+
+# --- the whole path -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_through_kafka_a_failed_task_is_delivered_by_the_running_service(
+    dsn: str, kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    from runyard.notification.main import run
+    from runyard.relay import OutboxRelay
+    from runyard.stack.context import ServiceContext
+
+    settings = {"notification_group_window_s": 0.1, "notification_poll_s": 0.05}
+    ctx = ServiceContext(dsn, kafka, tmp_path, tmp_path, settings=dict(settings))
+    store = await PostgresEventStore.connect(dsn, default_mapper())
+    fake = FeishuFake(bots={"bot-signed": SECRET})
+    await fake.start()
+    relay = OutboxRelay(store, kafka, broker_check_interval=0.2)
+    tasks = [asyncio.create_task(relay.run()), asyncio.create_task(run(ctx))]
+    try:
+        await asyncio.wait_for(relay.ready.wait(), 30)
+        h = Harness(store, fake, Clock(), FAST)
+        await tables.migrate(store.pool)  # the service may still be starting
+        await tables.put_secret(store.pool, "t1", "secret-bot", SECRET)
+        sub = AlertSubscription(
+            webhook_url=fake.url("bot-signed"), alerts=("failed",), secret_ref="secret-bot"
+        )
+        for command in (Submit("k-1", "t1", "alice", spec("via-kafka", sub)), Fail("k-1", "boom")):
+            events = await store.read_stream("task-k-1")
+            new = decide(fold(events) if events else None, command, now=h.clock(), ids=str)
+            meta = Metadata(actor="service:test")
+            await store.append("task-k-1", [NewEvent(e, meta, h.clock()) for e in new], len(events))
+        deadline = time.monotonic() + 60
+        while not await _has_delivered(h, "k-1"):
+            assert time.monotonic() < deadline, "no AlertDelivered through Kafka"
+            await asyncio.sleep(0.1)
+        assert [r.code for r in fake.received] == [0]
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await store.close()
+        await fake.stop()

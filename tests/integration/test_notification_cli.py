@@ -1,0 +1,72 @@
+"""`runyard alerts` against a real gateway (uvicorn on a free port, real Postgres)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+from runyard.cli.main import app
+from runyard.gateway.app import Gateway
+from runyard.gateway.auth import create_token
+from runyard.gateway.http import create_app
+from typer.testing import CliRunner, Result
+
+from tests.feishu_fake import free_port
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+HOOK = "https://open.feishu.cn/open-apis/bot/v2/hook/feedbeef0000"
+
+
+@pytest.fixture
+async def served(dsn: str) -> AsyncIterator[tuple[str, str]]:
+    """A gateway over the repo's config on a free port: (url, alice's token)."""
+    gateway = await Gateway.connect(dsn, REPO / "infra/config")
+    token = await create_token(gateway.db, "t1", "alice", "member")
+    port = free_port()
+    config = uvicorn.Config(create_app(gateway), port=port, log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        assert not task.done(), "the gateway did not start"
+        await asyncio.sleep(0.02)
+    yield f"http://127.0.0.1:{port}", token
+    server.should_exit = True
+    await task
+    await gateway.close()
+
+
+async def cli(url: str, token: str, *args: str, **env: str) -> Result:
+    environ = {"RUNYARD_URL": url, "RUNYARD_TOKEN": token, "COLUMNS": "250", **env}
+    return await asyncio.to_thread(CliRunner().invoke, app, list(args), env=environ)
+
+
+async def test_add_list_remove_a_subscription(served: tuple[str, str]) -> None:
+    url, token = served
+    added = await cli(
+        url, token, "alerts", "add", HOOK, "--alert", "failed", "--alert", "queued:600",
+        "--secret-env", "BOT_SECRET", "--json", BOT_SECRET="cli-secret-9",
+    )  # fmt: skip
+    assert added.exit_code == 0, added.output
+    sub = json.loads(added.output)
+    assert sub["signed"] and sub["alerts"] == ["failed", "queued:600"]
+
+    listed = await cli(url, token, "alerts", "ls")
+    assert listed.exit_code == 0 and sub["id"] in listed.output and "****0000" in listed.output
+    assert "cli-secret-9" not in added.output + listed.output
+
+    removed = await cli(url, token, "alerts", "rm", sub["id"])
+    assert removed.exit_code == 0 and f"deleted {sub['id']}" in removed.output
+    again = await cli(url, token, "alerts", "rm", sub["id"])
+    assert again.exit_code == 1 and "alerts.subscription_not_found" in again.output
+
+
+async def test_an_unknown_alert_is_refused(served: tuple[str, str]) -> None:
+    url, token = served
+    refused = await cli(url, token, "alerts", "add", HOOK, "--alert", "exploded")
+    assert refused.exit_code == 1 and "unknown kind" in refused.output

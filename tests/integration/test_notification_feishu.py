@@ -1,0 +1,172 @@
+"""The Feishu adapter (bodies, signing, fitting in 20 KB, answers), the token buckets,
+and the fake Feishu server the notification tests rely on."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+import httpx
+import pytest
+from runyard.notification import feishu
+from runyard.notification.feishu import AlertFacts
+from runyard.notification.ratelimit import BotLimiter, Limits
+
+from tests.feishu_fake import FeishuFake, _valid_message
+
+
+def facts(i: int = 0, reason: str = "worker 0 exited with status 1", **kw: Any) -> AlertFacts:
+    base = AlertFacts(
+        task_id=f"t-{i}",
+        task_name=f"train-{i}",
+        kind="failed",
+        state="failed",
+        pool="pool-a",
+        spec="2 x 8gpu",
+        run=1,
+        reason=reason,
+        link=f"http://gw/v1/tasks/t-{i}",
+    )
+    return replace(base, **kw)
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FeishuFake]:
+    server = FeishuFake(bots={"signed": "k3y", "plain": None})
+    await server.start()
+    yield server
+    await server.stop()
+
+
+async def post(fake: FeishuFake, token: str, body: bytes) -> feishu.Outcome:
+    async with httpx.AsyncClient() as client:
+        answer = await client.post(fake.url(token), content=body)
+    return feishu.outcome(answer.status_code, answer.content)
+
+
+# --- signing and the fake's checks ----------------------------------------------------------
+
+
+async def test_a_signed_card_is_accepted_and_a_bad_or_stale_signature_is_19021(
+    fake: FeishuFake,
+) -> None:
+    card = feishu.task_card([facts()])
+    now = int(time.time())
+    assert (await post(fake, "signed", feishu.encode(card, secret="k3y", timestamp=now))).delivered
+    wrong = await post(fake, "signed", feishu.encode(card, secret="nope", timestamp=now))
+    stale = await post(fake, "signed", feishu.encode(card, secret="k3y", timestamp=now - 7200))
+    for refused in (wrong, stale):
+        assert (refused.code, refused.retryable) == (19021, False)
+        assert "sign match fail" in refused.reason
+
+
+async def test_the_fake_rate_limits_with_11232_and_refuses_big_bodies_with_9499(
+    fake: FeishuFake,
+) -> None:
+    body = feishu.encode(feishu.task_text([facts()]), secret=None, timestamp=0)
+    answers = [await post(fake, "plain", body) for _ in range(6)]
+    assert [a.delivered for a in answers] == [True] * 5 + [False]
+    assert (answers[-1].code, answers[-1].retryable) == (11232, True)
+    big = {"msg_type": "text", "content": {"text": "x" * 21_000}}
+    refused = await post(fake, "signed", feishu.encode(big, secret=None, timestamp=0))
+    assert (refused.code, refused.retryable) == (9499, False)
+
+
+def test_signature_is_hmac_of_an_empty_message_keyed_by_timestamp_and_secret() -> None:
+    # Computed independently: hmac.new(b"1700000000\nk3y", b"", sha256), base64.
+    assert feishu.sign(1700000000, "k3y") == "gdHVLqUhUrOgMHdlmjGXCaUZsAyUD1VU0qw4ZD/YdpQ="
+    body = json.loads(feishu.encode({"msg_type": "text"}, secret="k3y", timestamp=1700000000))
+    assert body["timestamp"] == "1700000000" and body["sign"] == feishu.sign(1700000000, "k3y")
+    assert "timestamp" not in json.loads(feishu.encode({"a": 1}, secret=None, timestamp=1))
+
+
+# --- bodies within 20 KB ------------------------------------------------------------------------
+
+
+def test_a_huge_reason_is_cut_and_the_card_stays_valid_and_small() -> None:
+    huge = facts(reason="Traceback (most recent call last):\n" + "  frame ✗\n" * 10_000)
+    card = feishu.task_card([huge, huge, huge], limit=feishu.MAX_BODY_BYTES)
+    raw = feishu.encode(card, secret="k3y", timestamp=int(time.time()))
+    assert len(raw) <= feishu.MAX_BODY_BYTES
+    assert card["msg_type"] == "interactive" and _valid_message(json.loads(raw))
+    assert "…" in raw.decode()
+    text = feishu.task_text([huge])
+    assert len(feishu.encode(text, secret=None, timestamp=0)) <= feishu.MAX_BODY_BYTES
+
+
+def test_a_card_that_cannot_fit_falls_back_to_valid_text() -> None:
+    message = feishu.task_card([facts(task_name="n" * 5000)], limit=900)
+    assert message["msg_type"] == "text" and _valid_message(message)
+
+
+def test_summary_cards_name_every_task_and_each_fits() -> None:
+    burst = [facts(i, reason="lost capacity " + "z" * 900) for i in range(100)]
+    cards = feishu.summary_cards(burst, per_card=40, limit=feishu.MAX_BODY_BYTES)
+    assert sorted(f.task_id for _, named in cards for f in named) == sorted(
+        f.task_id for f in burst
+    )
+    for card, named in cards:
+        assert feishu.body_size(card) <= feishu.MAX_BODY_BYTES and _valid_message(card)
+        assert all(f.task_name in json.dumps(card) for f in named)
+
+
+# --- answers -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "delivered", "retryable", "code"),
+    [
+        (200, b'{"code":0,"msg":"success"}', True, False, 0),
+        (200, b'{"StatusCode":0,"StatusMessage":"success"}', True, False, 0),
+        (200, b'{"code":11232,"msg":"frequency limited"}', False, True, 11232),
+        (200, b'{"code":19021,"msg":"sign match fail"}', False, False, 19021),
+        (400, b'{"code":9499,"msg":"Bad Request"}', False, False, 9499),
+        (502, b"<html>bad gateway</html>", False, True, 502),
+        (404, b"not found", False, False, 404),
+    ],
+)
+def test_answers_are_classified(
+    status: int, body: bytes, delivered: bool, retryable: bool, code: int
+) -> None:
+    outcome = feishu.outcome(status, body)
+    assert (outcome.delivered, outcome.retryable, outcome.code) == (delivered, retryable, code)
+
+
+# --- token buckets --------------------------------------------------------------------
+
+
+class Ticks:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_token_buckets_keep_at_most_5_a_second_and_100_a_minute() -> None:
+    ticks = Ticks()
+    limiter = BotLimiter(Limits(margin_s=0.0), ticks)
+    sent: list[float] = []
+    while ticks.now < 180:
+        if limiter.try_acquire("bot"):
+            sent.append(ticks.now)
+        else:
+            ticks.now = round(ticks.now + 0.01, 2)
+    for i, at in enumerate(sent):
+        assert sum(1 for t in sent[: i + 1] if at - t < 1.0) <= 5
+        assert sum(1 for t in sent[: i + 1] if at - t < 60.0) <= 100
+    assert len(sent) == 300  # and no slower than the limits allow
+    assert limiter.try_acquire("another bot")  # buckets are per bot
+
+
+def test_a_rate_limited_answer_empties_the_second_bucket() -> None:
+    ticks = Ticks()
+    limiter = BotLimiter(Limits(margin_s=0.0), ticks)
+    assert limiter.try_acquire("bot")
+    limiter.rate_limited("bot")
+    assert not limiter.try_acquire("bot")
+    ticks.now = 1.0
+    assert limiter.try_acquire("bot")
