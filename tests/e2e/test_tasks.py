@@ -198,3 +198,29 @@ async def test_pytorch_ddp_gloo_all_reduce_on_two_workers(platform: Platform) ->
     workers = {seen[line]["worker"] for line in wanted}
     assert workers == {0, 1}
     assert all(seen[line]["stream"] == "stdout" for line in wanted)
+
+
+async def test_volume_files_stay_and_worker_local_files_are_gone(platform: Platform) -> None:
+    """R-13/R-22 through the gateway: what a worker writes on a mounted volume is
+    there after the task; what it writes to /tmp or its working copy is not."""
+    import uuid
+    from pathlib import Path
+
+    mark = uuid.uuid4().hex
+    command = (
+        f"echo kept > /mnt/ckpt/{mark}.pt && echo gone > /tmp/{mark}.tmp"
+        f" && echo gone > ./{mark}.work && ls /mnt/ckpt/{mark}.pt /tmp/{mark}.tmp ./{mark}.work"
+    )
+    created = await platform.submit(
+        name="volumes",
+        command=command,
+        mounts=[{"file_system": "fs-main", "volume": "checkpoints", "mount_path": "/mnt/ckpt"}],
+        output_dirs=["/mnt/ckpt"],
+    )
+    assert not created.get("warnings"), "an output dir on a mounted volume gets no R-13 warning"
+    await platform.wait_status(created["task_id"], "succeeded")
+    volume = Path(platform.ctx.data_dir) / "volumes" / "fs-main" / "checkpoints"
+    assert (volume / f"{mark}.pt").read_text() == "kept\n"
+    leftovers = [p for p in Path(platform.ctx.data_dir).rglob(f"{mark}*") if p.parent != volume]
+    assert leftovers == [], "worker-local files outlive the task"
+    assert not Path(f"/tmp/{mark}.tmp").exists(), "the worker's /tmp is its own"

@@ -243,7 +243,7 @@ async def test_scratch_is_private_and_removed_after_the_task(h: Harness) -> None
     home, tmp, work = line.removeprefix("0:").split("|")
     root = str(h.runtime.config.scratch_root)
     assert home.startswith(root) and tmp.startswith(root) and work.startswith(root)
-    assert not os.path.exists(work) and not os.path.exists(home)  # noqa: ASYNC240
+    assert not os.path.exists(work) and not os.path.exists(home)
 
 
 async def test_pytorch_ddp_env_is_injected(h: Harness) -> None:

@@ -371,9 +371,9 @@ async def test_volume_files_stay_and_worker_local_files_go(
     lines = world.output("vol")
     assert lines[0] == "public"
     if runtime.namespaces:
-        assert not Path(f"/tmp/{marker}").exists()  # /tmp was the worker's own  # noqa: ASYNC240
+        assert not Path(f"/tmp/{marker}").exists()  # /tmp was the worker's own
         assert lines[1] == "read-only"
-        assert not Path(mount, "result.txt").exists()  # the bind mount was the worker's only  # noqa: ASYNC240
+        assert not Path(mount, "result.txt").exists()  # the bind mount was the worker's only
     for path in (mount, public):
         with contextlib.suppress(OSError):
             os.rmdir(path)
