@@ -45,17 +45,8 @@ async def run(ctx: ServiceContext) -> None:
     logs_topic = ctx.kafka.topics.logs
 
     async def publish(line: OutputLine) -> None:
-        record = {
-            "at": line.at.isoformat(),
-            "task_id": line.task_id,
-            "run": line.run,
-            "attempt": line.attempt,
-            "worker": line.worker,
-            "stream": line.stream,
-            "line": line.line,
-        }
         await broker.publish(
-            json.dumps(record).encode(), topic=logs_topic, key=line.task_id.encode()
+            json.dumps(line.record()).encode(), topic=logs_topic, key=line.task_id.encode()
         )
 
     options = ctx.config("runtime.yaml").get("deployer") or {}

@@ -69,6 +69,17 @@ running `bash --login -c "<launch command>"`:
   blocks on a slow sink (a full queue only slows the reading) and never dies
   of SIGPIPE when the deployer goes away; the published offsets are saved so
   a new deployer resumes after them;
+- line numbers: each line of a worker's output file gets `seq`, its number
+  in that file (per task, run, attempt, worker and stream, from 0), when it
+  is read, before the bounded queue. It is a property of the file (not of
+  how the two streams interleave), so a line the pump dropped leaves a gap,
+  two identical lines in one microsecond stay two, and a new deployer that
+  re-reads lines after the last saved offset gives them the same numbers as
+  before (they are recognisable as repeats; the log store's unique key also
+  holds the time, so such a repeat is stored again, see docs/logs.md). The
+  next number is saved with the offsets;
+  a deployment whose saved offsets have no number (an older deployer) goes
+  on without `seq`. Env check lines (pipes, never re-read) have none;
 - recovery: `<scratch_root>/<task>/run<r>-a<a>/state.json` records the phase
   (`allocated`, `starting`, `started`) and each worker's pid (its process
   group) and start time; `recover` lists what an earlier process started,
@@ -150,6 +161,23 @@ class OutputLine:
     stream: Stream
     line: str
     at: datetime
+    #: The line's number in its worker's stream (from 0); None when unknown.
+    seq: int | None = None
+
+    def record(self) -> dict[str, Any]:
+        """The record the deployer publishes on `runyard.logs` (docs/logs.md)."""
+        body: dict[str, Any] = {
+            "at": self.at.isoformat(),
+            "task_id": self.task_id,
+            "run": self.run,
+            "attempt": self.attempt,
+            "worker": self.worker,
+            "stream": self.stream,
+            "line": self.line,
+        }
+        if self.seq is not None:
+            body["seq"] = self.seq
+        return body
 
 
 OnOutput = Callable[[OutputLine], Awaitable[None]]
@@ -232,6 +260,25 @@ class LocalRuntimeConfig:
         )
 
 
+def _runyard_root() -> Path:
+    """The folder Runyard's code is imported from (a source checkout or site-packages)."""
+    import runyard
+
+    package = Path(runyard.__file__).resolve().parent  # <root>/libs/runyard or site-packages
+    checkout = package.parents[1]
+    return checkout if (checkout / "pyproject.toml").exists() else package.parent
+
+
+def _under_tmp(paths: list[Path]) -> list[Path]:
+    """The distinct paths below /tmp, outermost only (a parent bind covers its children)."""
+    resolved = sorted({p.resolve() for p in paths if p.resolve().is_relative_to("/tmp")})
+    kept: list[Path] = []
+    for path in resolved:
+        if path != Path("/tmp") and not any(path.is_relative_to(k) for k in kept):
+            kept.append(path)
+    return kept
+
+
 def _image_dir(where: str, base_dir: Path) -> Path:
     if where == "@python":  # the environment Runyard itself runs in
         return Path(sys.prefix)
@@ -254,6 +301,10 @@ class _Worker:
     gone: asyncio.Event = field(default_factory=asyncio.Event)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     offsets: dict[str, int] = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
+    #: The number the next line read from each stream gets (None: unknown).
+    read_seq: dict[str, int | None] = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
+    #: The number after the last published line of each stream (saved with `offsets`).
+    next_seq: dict[str, int | None] = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
 
     @property
     def status_file(self) -> Path:
@@ -602,15 +653,16 @@ class LocalRuntime:
                 lines.append(f"mount -o remount,bind,ro {q(mount_path)}")
         scratch = worker.scratch.resolve()
         tmp = scratch / "tmp"
-        try:
-            rel = scratch.relative_to("/tmp")
-        except ValueError:
-            lines.append(f"mount --bind {q(str(tmp))} /tmp")
-        else:
-            inner = tmp / rel
+        # What the worker needs that lives under the host's /tmp (its scratch, the
+        # image, Runyard itself for the env check) is bound into its own /tmp at
+        # the same relative path, so the private /tmp hides nothing it must see.
+        image = local.image_bin.parent if local.image_bin is not None else None
+        keep = [scratch, *(p for p in (image, _runyard_root()) if p is not None)]
+        for host in _under_tmp(keep):
+            inner = tmp / host.relative_to("/tmp")
             lines.append(f"mkdir -p {q(str(inner))}")
-            lines.append(f"mount --bind {q(str(scratch))} {q(str(inner))}")
-            lines.append(f"mount --rbind {q(str(tmp))} /tmp")
+            lines.append(f"mount --bind {q(str(host))} {q(str(inner))}")
+        lines.append(f"mount --rbind {q(str(tmp))} /tmp")
         lines.append("set +e")
         return "".join(
             f"{line} || exit 112\n" if line.startswith("mount") else f"{line}\n" for line in lines
@@ -698,6 +750,9 @@ class LocalRuntime:
         self, local: _Local, worker: _Worker, stream: Stream, raw: bytes, end: int
     ) -> None:
         d = local.deployment
+        seq = worker.read_seq[stream]
+        if seq is not None:  # numbered here, before the queue: a dropped line leaves a gap
+            worker.read_seq[stream] = seq + 1
         line = OutputLine(
             d.task_id,
             d.run,
@@ -706,6 +761,7 @@ class LocalRuntime:
             stream,
             raw.decode("utf-8", "replace").rstrip("\r"),
             datetime.now(UTC),
+            seq,
         )
         assert local.queue is not None
         # The file holds what is not read yet: waiting here slows reading, never the worker.
@@ -724,6 +780,7 @@ class LocalRuntime:
                 # of every burst and at least once a second within one (a crash in a
                 # burst repeats at most about a second of lines, and loses none).
                 worker.offsets[line.stream] = end
+                worker.next_seq[line.stream] = None if line.seq is None else line.seq + 1
                 now = time.monotonic()
                 if local.queue.empty() or now - local.offsets_saved > 1.0:
                     local.offsets_saved = now
@@ -867,9 +924,7 @@ class LocalRuntime:
                 continue
             worker.pid = int(entry["pid"])
             worker.starttime = entry.get("starttime")
-            with contextlib.suppress(OSError, ValueError):
-                saved = json.loads((worker.scratch / "offsets.json").read_text())
-                worker.offsets.update({k: int(v) for k, v in saved.items()})
+            _load_offsets(worker)
         local = _Local(deployment, root, workers, adopted=True)
         self._deps[key] = local
         self._watch_all(local, on_output, on_exit)
@@ -995,8 +1050,27 @@ def _read_status(path: Path) -> int | None:
 
 
 def _save_offsets(worker: _Worker) -> None:
+    """The published offsets and, per stream, the number of the next line."""
+    saved = {**worker.offsets, "seq": worker.next_seq}
     with contextlib.suppress(OSError):
-        (worker.scratch / "offsets.json").write_text(json.dumps(worker.offsets))
+        (worker.scratch / "offsets.json").write_text(json.dumps(saved))
+
+
+def _load_offsets(worker: _Worker) -> None:
+    """What `_save_offsets` wrote: reading resumes there, numbering too. A stream
+    already read whose next number was not saved (an older deployer) goes on
+    without numbers rather than reuse ones its earlier lines had."""
+    try:
+        saved = json.loads((worker.scratch / "offsets.json").read_text())
+        offsets = {s: int(saved[s]) for s in ("stdout", "stderr") if s in saved}
+        seqs = saved.get("seq") if isinstance(saved.get("seq"), dict) else {}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return
+    worker.offsets.update(offsets)
+    for stream, offset in worker.offsets.items():
+        value = seqs.get(stream)
+        seq = int(value) if isinstance(value, int) else (0 if offset == 0 else None)
+        worker.read_seq[stream] = worker.next_seq[stream] = seq
 
 
 def _end_strays(key: DeploymentKey) -> None:

@@ -25,10 +25,15 @@ Reactions:
 - resume (R-32): in an attempt that follows one that ran, the first
   checkpoint-load line gives `ResumeObserved` (step, path); none within
   `resume_wait_s` after the attempt started running, or before the run
-  ended, gives `ResumeNotObserved`.
+  ended, gives `ResumeNotObserved`. Lines travel apart from events: lines of
+  the attempt that come before its TaskRunning is known are kept and replayed
+  then, and a run that ended waits `late_lines_s` for late lines.
 - slowdown (R-34): with `slowdown_detection` on, step times from the lines of
   the first worker that reports them; a window over the threshold gives
   `SlowdownDetected` with the R-34 line, once per slow spell.
+
+Apps started by `main.run` are registered per database (`publish_in_process`)
+so that the gateway in the same process can ask for stacks on demand.
 
 The watches live in memory and are rebuilt from the task's stream on the first
 event or line of a task after a service restart (a hang timer then counts from
@@ -91,6 +96,10 @@ MAX_CONFLICT_RETRIES = 8
 RESUME_WAIT_S = 600.0
 #: A worker that has not printed `Bootcheck Finished` by then is reported as a warning.
 ENV_CHECK_TIMEOUT_S = 600.0
+#: Lines of an attempt kept while its TaskRunning is not known yet (per task).
+EARLY_LINES = 2000
+#: After a run ended, how long its lines may still come (they travel apart from events).
+LATE_LINES_S = 10.0
 Clock = Callable[[], datetime]
 DeploymentKey = tuple[str, int, int]
 
@@ -180,6 +189,12 @@ class _Watch:
     resume_since: datetime | None = None
     env_check: _EnvCheck | None = None
     hang_handling: bool = False
+    #: Lines of this attempt that came before it was known to run (replayed then).
+    early: list[LogLine] = field(default_factory=list)
+    #: The attempt was seen running (its detectors are set up).
+    started: bool = False
+    #: The run ended; kept only while a resume is still awaited (late lines).
+    closed: bool = False
 
     @property
     def nodes(self) -> dict[int, str]:
@@ -201,7 +216,9 @@ class FaultToleranceApp:
         resume_wait_s: float = RESUME_WAIT_S,
         env_check_timeout_s: float = ENV_CHECK_TIMEOUT_S,
         native_stacks: bool = True,
+        late_lines_s: float = LATE_LINES_S,
     ) -> None:
+        self.late_lines_s = late_lines_s
         self.store = store
         self.env_check_timeout_s = env_check_timeout_s
         self.reports = reports
@@ -249,10 +266,11 @@ class FaultToleranceApp:
         """Bring the task's watch in line with its state; None once the task is finished."""
         watch = self._watches.get(task_id)
         if state.finished:
-            if watch is not None:
-                await self._end_resume_watch(watch, state, cause)
-                del self._watches[task_id]
             self._finished.add(task_id)
+            if watch is not None and watch.run == state.run:
+                await self._close(watch, state, cause)
+            elif watch is not None:
+                self._watches.pop(task_id, None)
             return None
         self._finished.discard(task_id)
         now = cause.occurred_at if cause is not None else self.clock()
@@ -264,6 +282,7 @@ class FaultToleranceApp:
             watch.hang, watch.env_check, watch.parsers = None, None, {}
             watch.step_worker, watch.slow_spell = None, False
             watch.resume = watch.resume_deadline = watch.resume_since = None
+            watch.early, watch.started, watch.closed = [], False, False
             watch.slowdown.restart()
         watch.state = state
         options = state.spec.fault_tolerance
@@ -271,7 +290,8 @@ class FaultToleranceApp:
             watch.env_check = _EnvCheck(
                 state.attempt, now + timedelta(seconds=self.env_check_timeout_s)
             )
-        if state.status == "running" and watch.hang is None:
+        if state.status == "running" and not watch.started:
+            watch.started = True
             just_started = cause is not None and isinstance(cause.event, TaskRunning)
             started = now if just_started else self.clock()
             if options.hang_timeout_s is not None:
@@ -280,7 +300,38 @@ class FaultToleranceApp:
                 watch.resume = ResumeMatcher(options.resume_pattern)
                 watch.resume_since = started
                 watch.resume_deadline = started + timedelta(seconds=self.resume_wait_s)
+            early, watch.early = watch.early, []
+            for line in early:
+                if (line.run, line.attempt) == (watch.run, watch.attempt):
+                    await self._running_line(watch, line)
         return watch
+
+    async def _close(
+        self, watch: _Watch, state: TaskState, cause: RecordedEvent[Event] | None
+    ) -> None:
+        """The run ended. Worker lines travel apart from events and may still come: a
+        resume still awaited is decided `late_lines_s` later (or at its own deadline)."""
+        watch.state, watch.hang = state, None
+        if watch.resume is None or watch.resume_since is None:
+            self._forget(watch)
+            return
+        if watch.closed:
+            return
+        watch.closed = True
+        now = cause.occurred_at if cause is not None else self.clock()
+        grace = now + timedelta(seconds=self.late_lines_s)
+        deadline = watch.resume_deadline
+        watch.resume_deadline = min(deadline, grace) if deadline is not None else grace
+        early, watch.early = watch.early, []
+        for line in early:
+            if (line.run, line.attempt) == (watch.run, watch.attempt) and watch.resume:
+                await self._resume(watch, line)
+        if watch.resume is None:
+            self._forget(watch)
+
+    def _forget(self, watch: _Watch) -> None:
+        if self._watches.get(watch.task_id) is watch:
+            del self._watches[watch.task_id]
 
     async def _end_resume_watch(
         self, watch: _Watch, state: TaskState, cause: RecordedEvent[Event] | None
@@ -314,6 +365,12 @@ class FaultToleranceApp:
         watch = await self._watch_for(line.task_id)
         if watch is None:
             return
+        if watch.closed:  # the run ended; only a late checkpoint-load line still counts
+            if (line.run, line.attempt) == (watch.run, watch.attempt) and watch.resume:
+                await self._resume(watch, line)
+                if watch.resume is None:
+                    self._forget(watch)
+            return
         if (line.run, line.attempt) != (watch.run, watch.attempt) or (
             watch.state.status != "running" and watch.env_check is None
         ):
@@ -326,7 +383,15 @@ class FaultToleranceApp:
         if checking and await self._env_check_line(watch, line):
             return
         if watch.state.status != "running":
+            # a worker may print before its TaskRunning is recorded (or seen here):
+            # kept until then, so a checkpoint-load line printed at once still counts
+            if len(watch.early) < EARLY_LINES:
+                watch.early.append(line)
             return
+        await self._running_line(watch, line)
+
+    async def _running_line(self, watch: _Watch, line: LogLine) -> None:
+        """A line of the running attempt: step times, hang timer, resume."""
         step = None
         parser = watch.parsers.setdefault(line.worker, StepTimeParser())
         sample = parser.feed(line.line)
@@ -444,6 +509,10 @@ class FaultToleranceApp:
                 await self._env_check_timed_out(watch, check)
             if watch.resume is not None and watch.resume_deadline and now >= watch.resume_deadline:
                 await self._end_resume_watch(watch, watch.state, None)
+            if watch.closed:
+                if watch.resume is None:
+                    self._forget(watch)
+                continue
             if watch.hang is None or watch.hang_handling:
                 continue
             verdict = watch.hang.check(now)
@@ -590,6 +659,37 @@ class FaultToleranceApp:
         except DomainError as exc:
             log.info("%s: %s", task_id, exc)
             return []
+
+
+#: Apps running in this process, by the database they work on (`database_key`): the
+#: gateway's stack endpoints find the FT service of the same platform here.
+_IN_PROCESS: dict[str, FaultToleranceApp] = {}
+
+DATABASE_KEY_SQL = (
+    "SELECT current_database() || '@' || coalesce(host(inet_server_addr()), 'socket')"
+    " || ':' || current_setting('port')"
+)
+
+
+async def database_key(pool: Any) -> str:
+    """Which database a pool talks to (same for every service of one platform)."""
+    return str(await pool.fetchval(DATABASE_KEY_SQL))
+
+
+def publish_in_process(key: str, app: FaultToleranceApp) -> None:
+    """Make `app` the in-process FT service for database `key`."""
+    _IN_PROCESS[key] = app
+
+
+def withdraw_in_process(key: str, app: FaultToleranceApp) -> None:
+    """`app` stops: forget it (unless another app took its place since)."""
+    if _IN_PROCESS.get(key) is app:
+        del _IN_PROCESS[key]
+
+
+def in_process_app(key: str) -> FaultToleranceApp | None:
+    """The FT service running in this process on database `key`, if any."""
+    return _IN_PROCESS.get(key)
 
 
 def _follows_a_run(state: TaskState, cause: RecordedEvent[Event] | None) -> bool:

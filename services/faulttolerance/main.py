@@ -10,8 +10,12 @@ Worker processes for stack capture: when the deployer runs in the same process
 (`runyard up`), its runtime's `pids(key)` (published as
 `ctx.settings["deployer_app"].runtime`) says where the workers are; otherwise
 no stacks are captured and `HangDetected` still is. The running app is
-published as `ctx.settings["faulttolerance_app"]` for an in-process gateway
-(fault-tolerance log, stack reports, on-demand capture).
+published as `ctx.settings["faulttolerance_app"]`, and registered by database
+(`publish_in_process`) so that an in-process gateway's `POST /v1/tasks/{id}/stacks`
+can ask it for an on-demand capture (see `runyard.faulttolerance.http`).
+
+Settings: `faulttolerance_tick_s` (1 s), `faulttolerance_resume_wait_s` (600 s:
+how long after a restart a checkpoint-load line is awaited; tests shorten it).
 """
 
 from __future__ import annotations
@@ -23,7 +27,15 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 from runyard.eventstore import PostgresEventStore
-from runyard.faulttolerance.app import DeploymentKey, FaultToleranceApp, LogLine
+from runyard.faulttolerance.app import (
+    RESUME_WAIT_S,
+    DeploymentKey,
+    FaultToleranceApp,
+    LogLine,
+    database_key,
+    publish_in_process,
+    withdraw_in_process,
+)
 from runyard.faulttolerance.reports import StackReportStore
 from runyard.messaging import KafkaSettings
 from runyard.messaging.consumer import IdempotentConsumer, make_broker
@@ -85,11 +97,19 @@ async def run(ctx: ServiceContext) -> None:
     store = await PostgresEventStore.connect(ctx.dsn, ctx.mapper, min_size=2, max_size=8)
     broker = make_broker(ctx.kafka)
     logs: asyncio.Task[None] | None = None
+    key: str | None = None
     try:
         reports = StackReportStore(store.pool)
         await reports.migrate()
-        app = FaultToleranceApp(store, reports=reports, processes=InProcessDeployer(ctx.settings))
+        app = FaultToleranceApp(
+            store,
+            reports=reports,
+            processes=InProcessDeployer(ctx.settings),
+            resume_wait_s=float(ctx.settings.get("faulttolerance_resume_wait_s", RESUME_WAIT_S)),
+        )
         ctx.settings["faulttolerance_app"] = app
+        key = await database_key(store.pool)
+        publish_in_process(key, app)
         consumer = IdempotentConsumer(
             CONSUMER, pool=store.pool, mapper=ctx.mapper, handler=app.handle, kafka=ctx.kafka
         )
@@ -104,6 +124,8 @@ async def run(ctx: ServiceContext) -> None:
             except Exception:
                 log.exception("fault-tolerance tick failed")
     finally:
+        if key is not None:
+            withdraw_in_process(key, app)
         if logs is not None:
             logs.cancel()
             with contextlib.suppress(BaseException):

@@ -14,6 +14,7 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from datetime import datetime
 from typing import Any, TypeVar
 
 import grpc
@@ -23,6 +24,7 @@ from runyard.gateway.errors import BadRequest, GatewayError, translate
 from runyard.gateway.grpc_gen import tasks_pb2 as pb
 from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
 from runyard.gateway.inputs import reject_nul
+from runyard.logs.http import FOLLOW_POLL_S, LogApi, LogFilter, log_api_of
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,8 @@ STATUS: dict[int, grpc.StatusCode] = {
     409: grpc.StatusCode.FAILED_PRECONDITION,
 }
 DEFAULT_PAGE = 50
+#: Lines per page of SearchLogs and FollowLogs when `limit` is 0 (as HTTP /logs).
+LOG_PAGE = 200
 
 T = TypeVar("T")
 
@@ -86,16 +90,82 @@ def _json_object(text: str, field: str) -> dict[str, Any]:
 
 
 def check_fields(message: Any) -> None:
-    """Refuse a request whose string fields hold text the store cannot keep."""
+    """Refuse a request whose string fields hold text the store cannot keep
+    (nested messages too: the field is named as HTTP names it)."""
     for descriptor, value in message.ListFields():
         if isinstance(value, str):
             reject_nul(value, descriptor.name)
+        elif descriptor.message_type is not None and not descriptor.is_repeated:
+            check_fields(value)
         elif descriptor.is_repeated:
             reject_nul(list(value), descriptor.name)
 
 
 def _limit(limit: int) -> int:
     return limit or DEFAULT_PAGE
+
+
+def log_filter(message: pb.LogFilter) -> LogFilter:
+    """The HTTP query parameters of a gRPC `LogFilter` (unset optionals: absent)."""
+
+    def optional(name: str) -> Any:
+        return getattr(message, name) if message.HasField(name) else None
+
+    return LogFilter(
+        workers=tuple(message.workers),
+        run=optional("run"),
+        since=_time(message.since, "since"),
+        until=_time(message.until, "until"),
+        words=optional("words"),
+        phrase=optional("phrase"),
+        regex=optional("regex"),
+        ignore_case=message.ignore_case,
+    )
+
+
+def _time(text: str, field: str) -> datetime | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise BadRequest(
+            "request.invalid",
+            f"{field}: not an ISO 8601 time ({exc})",
+            "e.g. 2026-01-02T03:04:05Z",
+            field,
+        ) from exc
+
+
+def log_line_message(line: Mapping[str, Any]) -> pb.LogLine:
+    return pb.LogLine(
+        at=line["at"],
+        run=line["run"],
+        attempt=line["attempt"],
+        worker=line["worker"],
+        stream=line["stream"],
+        line=line["line"],
+    )
+
+
+def log_page_message(page: Mapping[str, Any]) -> pb.LogPage:
+    return pb.LogPage(
+        lines=[log_line_message(line) for line in page["lines"]],
+        next_cursor=page["next_cursor"] or "",
+        tail_cursor=page["tail_cursor"] or "",
+        json=json.dumps(page),
+    )
+
+
+def export_message(export: Mapping[str, Any]) -> pb.LogExport:
+    return pb.LogExport(
+        export_id=export["export_id"],
+        task_id=export["task_id"],
+        state=export["state"],
+        lines_done=export["lines_done"] or 0,
+        lines_total=export["lines_total"] or 0,
+        json=json.dumps(export),
+    )
 
 
 def task_message(task: Mapping[str, Any]) -> pb.Task:
@@ -145,8 +215,9 @@ def group_message(group: Mapping[str, Any]) -> pb.Group:
 class TasksService(pb_grpc.TasksServicer):  # type: ignore[misc]  # generated, untyped
     """The `runyard.v1.Tasks` service over one `Gateway`."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, *, follow_poll_s: float = FOLLOW_POLL_S) -> None:
         self.gw = gateway
+        self.follow_poll_s = follow_poll_s
 
     # --- plumbing -------------------------------------------------------------
 
@@ -330,11 +401,101 @@ class TasksService(pb_grpc.TasksServicer):  # type: ignore[misc]  # generated, u
 
         return await self._run(context, request, call)
 
+    # --- logs -----------------------------------------------------------------
 
-async def start_server(gateway: Gateway, host: str, port: int) -> tuple[grpc.aio.Server, int]:
+    @property
+    def logs(self) -> LogApi:
+        return log_api_of(self.gw)
+
+    async def SearchLogs(
+        self, request: pb.SearchLogsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.LogPage:
+        async def call() -> pb.LogPage:
+            caller = await self._caller(context)
+            page = await self.logs.search(
+                caller,
+                request.task_id,
+                log_filter(request.filter),
+                order=request.order or "oldest",
+                limit=request.limit or LOG_PAGE,
+                cursor=request.cursor or None,
+            )
+            return log_page_message(page)
+
+        return await self._run(context, request, call)
+
+    async def FollowLogs(
+        self, request: pb.FollowLogsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.LogPage]:
+        try:
+            check_fields(request)
+            caller = await self._caller(context)
+            pages = self.logs.follow(
+                caller,
+                request.task_id,
+                log_filter(request.filter),
+                limit=request.limit or LOG_PAGE,
+                cursor=request.cursor or None,
+                poll_s=self.follow_poll_s,
+            )
+            async for page in pages:
+                yield log_page_message(page)
+        except Exception as exc:
+            await _abort(context, exc)
+
+    async def GetFirstError(
+        self, request: pb.FirstErrorRequest, context: grpc.aio.ServicerContext
+    ) -> pb.FirstError:
+        async def call() -> pb.FirstError:
+            caller = await self._caller(context)
+            run = request.run if request.HasField("run") else None
+            answer = await self.logs.first_error(caller, request.task_id, run)
+            found = pb.FirstError(found=answer["found"], json=json.dumps(answer))
+            if answer["found"]:
+                found.line.CopyFrom(log_line_message(answer["line"]))
+                found.layer, found.rule = answer["layer"], answer["rule"]
+            return found
+
+        return await self._run(context, request, call)
+
+    async def StartLogExport(
+        self, request: pb.StartLogExportRequest, context: grpc.aio.ServicerContext
+    ) -> pb.LogExport:
+        async def call() -> pb.LogExport:
+            caller = await self._caller(context)
+            where = log_filter(request.filter)
+            fmt = request.format or "text"
+            return export_message(await self.logs.start_export(caller, request.task_id, where, fmt))
+
+        return await self._run(context, request, call)
+
+    async def GetLogExport(
+        self, request: pb.ExportRef, context: grpc.aio.ServicerContext
+    ) -> pb.LogExport:
+        async def call() -> pb.LogExport:
+            caller = await self._caller(context)
+            return export_message(await self.logs.get_export(caller, request.export_id))
+
+        return await self._run(context, request, call)
+
+    async def ListLogExports(
+        self, request: pb.ListLogExportsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.LogExportList:
+        async def call() -> pb.LogExportList:
+            caller = await self._caller(context)
+            exports = await self.logs.list_exports(caller)
+            return pb.LogExportList(exports=[export_message(e) for e in exports])
+
+        return await self._run(context, request, call)
+
+
+async def start_server(
+    gateway: Gateway, host: str, port: int, *, follow_poll_s: float = FOLLOW_POLL_S
+) -> tuple[grpc.aio.Server, int]:
     """A started grpc.aio server for `gateway` on host:port; returns it and the bound port."""
     server = grpc.aio.server()
-    pb_grpc.add_TasksServicer_to_server(TasksService(gateway), server)
+    service = TasksService(gateway, follow_poll_s=follow_poll_s)
+    pb_grpc.add_TasksServicer_to_server(service, server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot listen for gRPC on {host}:{port}")

@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from runyard.domain import DomainError
 from runyard.eventstore import ConcurrencyError
+from runyard.faulttolerance.http import faulttolerance_router
 from runyard.gateway.admin_pools import admin_pools_router
 from runyard.gateway.app import Gateway, Request
 from runyard.gateway.auth import Principal
@@ -64,6 +65,7 @@ def create_app(gateway: Gateway) -> FastAPI:
     app.include_router(admin_pools_router(gateway))
     app.include_router(logs_router(gateway))
     app.include_router(notification_router(gateway))
+    app.include_router(faulttolerance_router(gateway))
     return app
 
 

@@ -5,6 +5,14 @@ lines; otherwise exactly the lines the query matches. The record (state,
 lines done / total) lives in `log_exports`; the file under the export folder.
 Only the last `KEEP` exports of a user are kept; older ones are deleted with
 their files when a new one starts.
+
+An export runs in the process that started it (the gateway): the record
+names that process (`owner`, a fresh id per `Exports`) and the process
+refreshes `heartbeat_at` every `HEARTBEAT_S` while it runs. A process that
+stops mid-way leaves the record `running` with an old heartbeat; `recover`
+(called when the log API of a gateway starts) marks each such export
+`failed`, with the reason, and removes its partial file. Exports of another
+live process (a fresh heartbeat) are left alone.
 """
 
 from __future__ import annotations
@@ -24,6 +32,11 @@ from runyard.logs.store import LogLine, LogStore
 
 log = logging.getLogger("runyard.logs.exports")
 KEEP = 5
+#: How often a running export says it is alive, and after how long without a
+#: word it is taken for abandoned (its process stopped).
+HEARTBEAT_S = 10.0
+STALE_AFTER_S = 60.0
+ABANDONED = "abandoned: the gateway process running it stopped before it finished; start it again"
 UNFILTERED_DAYS = 30
 Format = Literal["text", "jsonl"]
 _COLUMNS = (
@@ -43,18 +56,66 @@ def text_line(line: LogLine) -> str:
 class Exports:
     """Starts exports, runs them in the background, answers their state."""
 
-    def __init__(self, store: LogStore, folder: Path, *, batch: int = 1000) -> None:
+    def __init__(
+        self,
+        store: LogStore,
+        folder: Path,
+        *,
+        batch: int = 1000,
+        heartbeat_s: float = HEARTBEAT_S,
+        stale_after_s: float = STALE_AFTER_S,
+    ) -> None:
         self.store = store
         self.folder = folder
         self.batch = batch
+        self.heartbeat_s = heartbeat_s
+        self.stale_after_s = stale_after_s
+        #: This process's name on the exports it runs.
+        self.owner = uuid.uuid4().hex
         self._running: set[asyncio.Task[None]] = set()
+        self._heartbeat: asyncio.Task[None] | None = None
+
+    async def recover(self) -> list[str]:
+        """Mark failed the exports left `running` by a process that stopped (no
+        heartbeat for `stale_after_s`), remove their partial files; their ids."""
+        rows = await self.store.pool.fetch(
+            """UPDATE log_exports SET state = 'failed', error = $2,
+                      finished_at = clock_timestamp()
+               WHERE state = 'running' AND owner IS DISTINCT FROM $1
+                 AND coalesce(heartbeat_at, created_at)
+                     < clock_timestamp() - make_interval(secs => $3)
+               RETURNING export_id, path""",
+            self.owner,
+            ABANDONED,
+            self.stale_after_s,
+        )
+        for row in rows:
+            log.warning("export %s: %s", row["export_id"], ABANDONED)
+            if row["path"]:
+                await asyncio.to_thread(Path(row["path"]).unlink, missing_ok=True)
+        return [row["export_id"] for row in rows]
+
+    async def _beat(self) -> None:
+        """While exports run here: refresh their heartbeat every `heartbeat_s`."""
+        while self._running:
+            await asyncio.sleep(self.heartbeat_s)
+            try:
+                await self.store.pool.execute(
+                    """UPDATE log_exports SET heartbeat_at = clock_timestamp()
+                       WHERE owner = $1 AND state = 'running'""",
+                    self.owner,
+                )
+            except Exception:  # the next beat tries again
+                log.exception("export heartbeat failed")
 
     async def start(
         self, tenant: str, user: str, query: LogQuery, fmt: str = "text"
     ) -> dict[str, Any]:
         """Record a new export, drop the user's old ones, start the work."""
         if fmt not in ("text", "jsonl"):
-            raise InvalidQuery("export.format", "format is text or jsonl", "", "format")
+            raise InvalidQuery(
+                "export.format", "format is text or jsonl", "text or jsonl", "format"
+            )
         if not query.has_filters:
             query = replace(query, not_before=datetime.now(UTC) - timedelta(days=UNFILTERED_DAYS))
         await self.store.count(query)  # refuses a bad query now, not in the background
@@ -62,8 +123,8 @@ class Exports:
         path = self.folder / f"{export_id}.{'txt' if fmt == 'text' else 'jsonl'}"
         await self.store.pool.execute(
             """INSERT INTO log_exports (export_id, tenant, user_name, task_id, query, format,
-                                        state, path)
-               VALUES ($1, $2, $3, $4, $5, $6, 'running', $7)""",
+                                        state, path, owner, heartbeat_at)
+               VALUES ($1, $2, $3, $4, $5, $6, 'running', $7, $8, clock_timestamp())""",
             export_id,
             tenant,
             user,
@@ -71,6 +132,7 @@ class Exports:
             json.dumps(query.to_json()),
             fmt,
             str(path),
+            self.owner,
         )
         await self._prune(tenant, user)
         task = asyncio.create_task(
@@ -78,6 +140,8 @@ class Exports:
         )
         self._running.add(task)
         task.add_done_callback(self._running.discard)
+        if self._heartbeat is None or self._heartbeat.done():
+            self._heartbeat = asyncio.create_task(self._beat(), name="export-heartbeat")
         return await self.get(tenant, user, export_id)
 
     async def get(self, tenant: str, user: str, export_id: str) -> dict[str, Any]:
@@ -124,7 +188,11 @@ class Exports:
     async def close(self) -> None:
         for task in list(self._running):
             task.cancel()
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
         await asyncio.gather(*list(self._running), return_exceptions=True)
+        if self._heartbeat is not None:
+            await asyncio.gather(self._heartbeat, return_exceptions=True)
 
     async def _run(self, export_id: str, query: LogQuery, path: Path, fmt: str) -> None:
         pool = self.store.pool
@@ -141,7 +209,8 @@ class Exports:
                     await asyncio.to_thread(out.write, text)
                     done += len(lines)
                     await pool.execute(
-                        "UPDATE log_exports SET lines_done = $2 WHERE export_id = $1",
+                        """UPDATE log_exports SET lines_done = $2, heartbeat_at = clock_timestamp()
+                           WHERE export_id = $1""",
                         export_id,
                         done,
                     )

@@ -1,11 +1,15 @@
 """One worker output line as the deployer publishes it on `runyard.logs`.
 
 The record is JSON: `{"at", "task_id", "run", "attempt", "worker", "stream",
-"line"}` and, when the publisher numbers lines, `"seq"` (per worker attempt,
-both streams together). The dedupe key makes a redelivered record a no-op:
-with `seq` it is (task, run, attempt, worker, seq); without it, the message's
-bytes (the same line, on the same stream, at the same microsecond, published
-once and delivered again), or the fields for a record built in code.
+"line"}` and, when the publisher numbers lines, `"seq"`: the line's number in
+its worker's stream (per task, run, attempt, worker and stream, from 0; the
+deployer numbers each output file's lines as it reads them). The dedupe key
+makes a redelivered record a no-op: with `seq` it is (task, run, attempt,
+worker, stream, seq), so a line published twice with a different time (a
+deployer re-reading after a restart) is still one line, and two identical
+lines in the same microsecond are two; without it, the message's bytes (the
+same line, on the same stream, at the same microsecond, published once and
+delivered again), or the fields for a record built in code.
 """
 
 from __future__ import annotations
@@ -43,7 +47,10 @@ class LogRecord:
         if self.message_hash is not None and self.seq is None:
             return uuid.UUID(bytes=self.message_hash)
         if self.seq is not None:
-            key = f"{self.task_id}\x1f{self.run}\x1f{self.attempt}\x1f{self.worker}\x1f#{self.seq}"
+            key = (
+                f"{self.task_id}\x1f{self.run}\x1f{self.attempt}\x1f{self.worker}"
+                f"\x1f{self.stream}\x1f#{self.seq}"
+            )
         else:
             key = (
                 f"{self.task_id}\x1f{self.run}\x1f{self.attempt}\x1f{self.worker}"

@@ -20,6 +20,21 @@ from runyard.logs.errors import InvalidQuery
 
 Order = Literal["oldest", "newest"]
 MAX_LIMIT = 1000
+#: Runs and workers are Postgres `int` (and proto `int32`) columns.
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def check_int32(name: str, value: int | None) -> None:
+    """Refuse a number the `int` columns cannot hold (a clean 400, not a database error)."""
+    if value is not None and not INT32_MIN <= value <= INT32_MAX:
+        raise InvalidQuery(
+            "logs.out_of_range",
+            f"{name} {value} is out of range",
+            f"{name} must be between {INT32_MIN} and {INT32_MAX}",
+            name,
+        )
+
+
 _COLUMNS = "at, id, task_id, run, attempt, worker, stream, seq, line"
 
 
@@ -43,10 +58,20 @@ class LogQuery:
     not_before: datetime | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        check_int32("run", self.run)
+        for worker in self.workers:
+            check_int32("worker", worker)
         if not 1 <= self.limit <= MAX_LIMIT:
-            raise InvalidQuery("logs.limit", f"limit must be 1..{MAX_LIMIT}", "", "limit")
+            raise InvalidQuery(
+                "logs.limit",
+                f"limit must be 1..{MAX_LIMIT}",
+                "page with next_cursor for more lines",
+                "limit",
+            )
         if self.order not in ("oldest", "newest"):
-            raise InvalidQuery("logs.order", "order is oldest or newest", "", "order")
+            raise InvalidQuery(
+                "logs.order", "order is oldest or newest", "oldest or newest", "order"
+            )
         for name in ("since", "until"):
             value = getattr(self, name)
             if value is not None and value.tzinfo is None:
@@ -56,11 +81,11 @@ class LogQuery:
         if self.since and self.until and self.since.replace(microsecond=0) > self.until:
             raise InvalidQuery("logs.time_range", "since is after until", "swap them", "since")
         if self.words is not None and not self.words.strip():
-            raise InvalidQuery("logs.empty_search", "words is empty", "", "words")
+            raise InvalidQuery("logs.empty_search", "words is empty", "leave it out", "words")
         if self.phrase is not None and not self.phrase:
-            raise InvalidQuery("logs.empty_search", "phrase is empty", "", "phrase")
+            raise InvalidQuery("logs.empty_search", "phrase is empty", "leave it out", "phrase")
         if self.regex is not None and not self.regex:
-            raise InvalidQuery("logs.empty_search", "regex is empty", "", "regex")
+            raise InvalidQuery("logs.empty_search", "regex is empty", "leave it out", "regex")
 
     @property
     def has_filters(self) -> bool:
@@ -110,7 +135,10 @@ class Position:
             return cls(datetime.fromisoformat(at), int(ident))
         except (ValueError, UnicodeDecodeError) as exc:
             raise InvalidQuery(
-                "logs.bad_cursor", "the cursor is not one this API gave", "", "cursor"
+                "logs.bad_cursor",
+                "the cursor is not one this API gave",
+                "pass next_cursor or tail_cursor back as it came",
+                "cursor",
             ) from exc
 
 

@@ -21,6 +21,12 @@ Three steps, each safe to repeat and to restart:
    in the same transaction as the row's new status. Network errors, 5xx and
    11232 are retried with exponential backoff up to `max_attempts`; other
    refusals (19021 signature, 9499 bad request) are final at once.
+   The card of a `failed` or `abnormal` alert carries the run's first error
+   when the log service knows it (looked up then, never failing the alert).
+
+`EVENT_TYPES` are the task events `handle` reacts to, derived from the rules'
+table and the queue events; the consumer is given them as its filter, so it
+skips every other event before any database work.
 """
 
 from __future__ import annotations
@@ -28,10 +34,10 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Final
 
 import asyncpg
 import httpx
@@ -46,10 +52,12 @@ from runyard.contracts.task_events import (
 )
 from runyard.domain import Record, TaskState, decide, fold
 from runyard.eventstore import ConcurrencyError, PostgresEventStore
-from runyard.notification import feishu, store
-from runyard.notification.feishu import MAX_BODY_BYTES, AlertFacts, Outcome
+from runyard.notification import feishu, firsterror, store
+from runyard.notification.feishu import MAX_BODY_BYTES, AlertFacts, FirstErrorFact, Outcome
 from runyard.notification.ratelimit import BotLimiter, Limits
 from runyard.notification.rules import (
+    ALERT_EVENTS,
+    FIRST_ERROR_KINDS,
     Subscription,
     alert_kind,
     queue_due,
@@ -63,8 +71,16 @@ from runyard.notification.store import Cause, PendingAlert, QueueWait
 log = logging.getLogger("runyard.notification")
 
 ACTOR = "service:notification"
-#: Events that start, change or end a queue wait (alerts are looked at separately).
-_QUEUE_EVENTS = (TaskQueued, TaskRequeued, TaskPlaced)
+#: Events that start, change or end a queue wait besides the alert events (which
+#: `handle` looks at too: a failed, stopped or abnormal task waits no more).
+QUEUE_EVENTS: Final = (TaskQueued, TaskRequeued, TaskPlaced)
+#: Every task event type `handle` reacts to: the alert events of the rules' table
+#: and the queue events. The consumer skips all others before any database work.
+#: (`TaskPreempted` starts a wait too, but the same decision always appends
+#: `TaskRequeued` or `TaskMarkedAbnormal` after it; tests/integration/
+#: test_notification_events.py checks over random task histories that skipping
+#: the other types never leaves the queue waits behind.)
+EVENT_TYPES: Final = frozenset(t.type_name() for t in (*ALERT_EVENTS, *QUEUE_EVENTS))
 _APPEND_RETRIES = 5
 
 
@@ -93,6 +109,8 @@ class NotificationConfig:
     poll_s: float = 0.5
     #: How long a delivery pass holds the rows it took (a crash gives them back then).
     claim_s: float = 300.0
+    #: Longest wait for the log service's first error of a run (then the card goes without).
+    first_error_timeout_s: float = 5.0
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any]) -> NotificationConfig:
@@ -132,6 +150,8 @@ class NotificationApp:
     stats: PassStats = field(default_factory=PassStats)
     _fired: set[str] = field(default_factory=set)
     _sent: set[int] = field(default_factory=set)
+    #: First errors looked up in this delivery pass, per (task, run).
+    _first_errors: dict[tuple[str, int], FirstErrorFact | None] = field(default_factory=dict)
     _limiter: BotLimiter | None = None
 
     @property
@@ -167,11 +187,9 @@ class NotificationApp:
     ) -> None:
         """React to one task event (the IdempotentConsumer's handler)."""
         payload = event.event
+        if not event.stream_id.startswith("task-") or payload.type_name() not in EVENT_TYPES:
+            return
         kind = alert_kind(payload)
-        if not event.stream_id.startswith("task-"):
-            return
-        if kind is None and not isinstance(payload, _QUEUE_EVENTS):
-            return
         state = await self._state_at(event)
         db: store.Db = conn if conn is not None else self.db
         cause = Cause(str(event.event_id), event.metadata.correlation_id or str(event.event_id))
@@ -242,15 +260,21 @@ class NotificationApp:
         )
 
     async def _track_queue(self, db: store.Db, state: TaskState, cause: Cause) -> None:
-        if state.status != "queued" or state.queued_at is None:
+        wait = self.queue_wait(state, cause)
+        if wait is None:
             await store.end_queue_wait(db, state.task_id)
-            return
+        else:
+            await store.put_queue_wait(db, wait)
+
+    def queue_wait(self, state: TaskState, cause: Cause) -> QueueWait | None:
+        """The task's row of `queue_waits` as of `state`: None when it is not waiting."""
+        if state.status != "queued" or state.queued_at is None:
+            return None
         own = task_subscriptions(state.task_id, state.tenant, state.spec)
         facts = self._facts(state, "queued", state.queue_reason or "waiting for resources")
-        wait = QueueWait(
+        return QueueWait(
             state.task_id, state.tenant, state.run, state.queued_at, facts, tuple(own), cause
         )
-        await store.put_queue_wait(db, wait)
 
     # --- 2. the queue timer -------------------------------------------------------
 
@@ -294,7 +318,7 @@ class NotificationApp:
         by_bot: dict[str, list[PendingAlert]] = defaultdict(list)
         for alert in due:
             by_bot[alert.webhook_url].append(alert)
-        requests, self._sent = 0, set()
+        requests, self._sent, self._first_errors = 0, set(), {}
         try:
             for bot, alerts in by_bot.items():
                 if not self._still_gathering(alerts, now):
@@ -313,45 +337,73 @@ class NotificationApp:
 
     async def _deliver_to(self, bot: str, alerts: Sequence[PendingAlert]) -> int:
         requests = 0
-        for message, members in self._messages(alerts):
+        for build, members in self._messages(alerts):
             if not self.limiter.try_acquire(bot):
                 self.stats.waited_for_tokens += 1
                 break  # the rest waits for the next pass: delayed, never dropped
             requests += 1
-            await self._attempt(bot, message, members)
+            await self._attempt(bot, await build(), members)
         return requests
 
-    def _messages(
-        self, alerts: Sequence[PendingAlert]
-    ) -> list[tuple[dict[str, Any], list[PendingAlert]]]:
-        """The requests for one bot's due alerts: per task, or summaries of a burst."""
+    def _messages(self, alerts: Sequence[PendingAlert]) -> list[tuple[_Build, list[PendingAlert]]]:
+        """The requests for one bot's due alerts (per task, or summaries of a burst),
+        each built only once it has a token (a task card looks up the first error)."""
         groups: dict[tuple[str, str | None, bool], list[PendingAlert]] = defaultdict(list)
         for alert in alerts:
             groups[(alert.tenant, alert.secret_ref, alert.text_only)].append(alert)
-        messages: list[tuple[dict[str, Any], list[PendingAlert]]] = []
+        messages: list[tuple[_Build, list[PendingAlert]]] = []
         for (_, _, text_only), members in groups.items():
             messages += self._group_messages(members, text_only)
         return messages
 
     def _group_messages(
         self, alerts: Sequence[PendingAlert], text_only: bool
-    ) -> list[tuple[dict[str, Any], list[PendingAlert]]]:
+    ) -> list[tuple[_Build, list[PendingAlert]]]:
         by_task: dict[str, list[PendingAlert]] = defaultdict(list)
         for alert in alerts:
             by_task[alert.task_id].append(alert)
         limit = self.config.max_body_bytes
         if len(by_task) <= self.config.burst_threshold:
-            render = feishu.task_text if text_only else feishu.task_card
-            return [
-                (render([a.facts for a in rows], limit=limit), rows) for rows in by_task.values()
-            ]
+            render: Callable[..., dict[str, Any]] = (
+                feishu.task_text if text_only else feishu.task_card
+            )
+
+            def task_message(rows: list[PendingAlert]) -> _Build:
+                async def build() -> dict[str, Any]:
+                    return render(await self._with_first_error(rows), limit=limit)
+
+                return build
+
+            return [(task_message(rows), rows) for rows in by_task.values()]
         latest = {rows[-1].facts.task_id: rows for rows in by_task.values()}
         cards = feishu.summary_cards(
             [rows[-1].facts for rows in by_task.values()],
             per_card=self.config.summary_per_card,
             limit=limit,
         )
-        return [(card, [a for f in named for a in latest[f.task_id]]) for card, named in cards]
+        return [
+            (_ready(card), [a for f in named for a in latest[f.task_id]]) for card, named in cards
+        ]
+
+    async def _with_first_error(self, rows: Sequence[PendingAlert]) -> list[AlertFacts]:
+        """The rows' facts, those of `failed`/`abnormal` alerts with the run's first error
+        when the log service knows it."""
+        facts = []
+        for row in rows:
+            fact = row.facts
+            if fact.kind in FIRST_ERROR_KINDS and fact.first_error is None:
+                fact = replace(fact, first_error=await self._first_error(fact.task_id, fact.run))
+            facts.append(fact)
+        return facts
+
+    async def _first_error(self, task_id: str, run: int) -> FirstErrorFact | None:
+        key = (task_id, run)
+        if key not in self._first_errors:
+            timeout = self.config.first_error_timeout_s
+            self._first_errors[key] = await firsterror.lookup(
+                self.db, task_id, run, timeout_s=timeout
+            )
+        return self._first_errors[key]
 
     async def _attempt(
         self, bot: str, message: dict[str, Any], members: list[PendingAlert]
@@ -438,6 +490,17 @@ class NotificationApp:
             return failed, "pending", now + timedelta(seconds=self.config.backoff(attempt))
         self.stats.failed += 1
         return failed, "failed", now
+
+
+#: Builds one request's message when it is about to be sent.
+_Build = Callable[[], Awaitable[dict[str, Any]]]
+
+
+def _ready(message: dict[str, Any]) -> _Build:
+    async def build() -> dict[str, Any]:
+        return message
+
+    return build
 
 
 def _error(outcome: Outcome) -> str | None:

@@ -28,6 +28,8 @@ _RETRYABLE_CODES = frozenset({RATE_LIMITED})
 _ELLIPSIS = "…"
 #: Longest text kept for one fact (reason, first error) before the body-size fit.
 MAX_FACT_CHARS = 2000
+#: Longest log line a card shows for the first error (a log line can be megabytes).
+MAX_LINE_CHARS = 500
 #: What happened, per alert kind, as a title says it.
 _HEADLINES = {
     "queued": "queued too long",
@@ -68,7 +70,36 @@ class AlertFacts:
     run: int
     reason: str
     link: str
-    first_error: str | None = None
+    first_error: FirstErrorFact | None = None
+    """The run's first error, when the log service knows it (filled in at delivery)."""
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> AlertFacts:
+        """Facts as `dataclasses.asdict` wrote them (the outbox and queue-wait rows)."""
+        first = data.get("first_error")
+        if isinstance(first, dict):
+            data = {**data, "first_error": FirstErrorFact(**first)}
+        elif first is not None:  # not a shape this version wrote: leave it out
+            data = {**data, "first_error": None}
+        return cls(**data)
+
+
+@dataclass(frozen=True, slots=True)
+class FirstErrorFact:
+    """The first error of a run (R-42), as the log service finds and classifies it."""
+
+    line: str
+    """The earliest error line across the run's workers (already cut to `MAX_LINE_CHARS`)."""
+    worker: int
+    attempt: int
+    layer: str
+    """The likely layer: `platform`, `image`, `training_code`, `launch_command` or `unknown`."""
+    rule: str
+    """The first-error rule that matched (e.g. `training.data`; `none` when none did)."""
+    why: str = ""
+    """What the rule means, as a person reads it."""
+    exception: str | None = None
+    """For a Python traceback (whose first line names nothing), the line naming the exception."""
 
 
 def sign(timestamp: int, secret: str) -> str:
@@ -135,8 +166,8 @@ def _task_card(alerts: Sequence[AlertFacts], latest: AlertFacts, budget: int) ->
         {"tag": "div", "fields": fields},
         _markdown(f"**Reason**\n{_cut(latest.reason, budget)}"),
     ]
-    if latest.first_error:
-        elements.append(_markdown(f"**First error**\n{_cut(latest.first_error, budget)}"))
+    if (first := _first_error(alerts)) is not None:
+        elements += _first_error_elements(first, budget)
     if len(alerts) > 1:
         earlier = "\n".join(f"- {a.kind}: {_cut(a.reason, budget // 4)}" for a in alerts[:-1])
         elements.append(_markdown(f"**Also in this window**\n{earlier}"))
@@ -154,14 +185,53 @@ def task_text(alerts: Sequence[AlertFacts], *, limit: int = MAX_BODY_BYTES) -> d
             f"pool {latest.pool} · spec {latest.spec} · run {latest.run}",
             f"reason: {_cut(latest.reason, budget)}",
         ]
-        if latest.first_error:
-            lines.append(f"first error: {_cut(latest.first_error, budget)}")
+        if (first := _first_error(alerts)) is not None:
+            lines += _first_error_lines(first, budget)
         lines += [f"also: {a.kind}: {_cut(a.reason, budget // 4)}" for a in alerts[:-1]]
         lines.append(latest.link)
         message = {"msg_type": "text", "content": {"text": "\n".join(lines)}}
         if body_size(message) <= limit or budget < 10:
             return message
         budget //= 2
+
+
+def _first_error(alerts: Sequence[AlertFacts]) -> FirstErrorFact | None:
+    """The first error of the newest alert that has one (a window's `stopped` after a
+    `failed` still shows why the run failed)."""
+    return next((a.first_error for a in reversed(alerts) if a.first_error), None)
+
+
+def _error_text(first: FirstErrorFact, budget: int, joiner: str) -> str:
+    chars = min(budget, MAX_LINE_CHARS)
+    text = _cut(first.line, chars)
+    if first.exception:
+        text += f"{joiner}{_ELLIPSIS}{joiner}{_cut(first.exception, chars)}"
+    return text
+
+
+def _layer_words(first: FirstErrorFact) -> str:
+    return f"{_cut(first.layer, 40)} (rule {_cut(first.rule, 60)})"
+
+
+def _first_error_elements(first: FirstErrorFact, budget: int) -> list[dict[str, Any]]:
+    """The card's "First error" block: where, the line (plain text: a log line is not
+    Markdown), and the likely layer with its rule."""
+    layer = f"**Likely layer** {_layer_words(first)}"
+    if first.why:
+        layer += f"\n{_cut(first.why, max(budget // 4, 40))}"
+    return [
+        _markdown(f"**First error** · worker {first.worker} · attempt {first.attempt}"),
+        _plain(_error_text(first, budget, "\n")),
+        _markdown(layer),
+    ]
+
+
+def _first_error_lines(first: FirstErrorFact, budget: int) -> list[str]:
+    where = f"worker {first.worker}, attempt {first.attempt}"
+    return [
+        f"first error ({where}): {_error_text(first, budget, ' ')}",
+        f"likely layer: {_layer_words(first)}",
+    ]
 
 
 # --- bursts across tasks -------------------------------------------------------
@@ -275,6 +345,10 @@ def _field(name: str, value: str) -> dict[str, Any]:
 
 def _markdown(content: str) -> dict[str, Any]:
     return {"tag": "div", "text": {"tag": "lark_md", "content": content}}
+
+
+def _plain(content: str) -> dict[str, Any]:
+    return {"tag": "div", "text": {"tag": "plain_text", "content": content}}
 
 
 def _button(label: str, url: str) -> dict[str, Any]:

@@ -3,7 +3,9 @@
 It starts the application (`NotificationApp.start`: tables, HTTP client),
 subscribes one idempotent consumer to the task event topic (the rules write
 the alert outbox in the consumer's inbox transaction), and every `poll_s`
-runs the "queued too long" timer and a delivery pass. Settings:
+runs the "queued too long" timer and a delivery pass. The consumer is given
+`EVENT_TYPES` (the events the rules react to) as its filter: every other task
+event is skipped before any database work. Settings:
 `notification_<field>` of `NotificationConfig` (e.g. `notification_gateway_url`,
 `notification_queued_after_s`); without `notification_gateway_url`, task
 links point at `http_host`:`http_port` (the gateway of the same stack).
@@ -15,9 +17,10 @@ import asyncio
 import contextlib
 import logging
 
+import asyncpg
 from runyard.eventstore import PostgresEventStore
 from runyard.messaging.consumer import IdempotentConsumer, make_broker
-from runyard.notification.app import NotificationApp, NotificationConfig
+from runyard.notification.app import EVENT_TYPES, NotificationApp, NotificationConfig
 from runyard.stack.context import ServiceContext
 
 CONSUMER = "notification"
@@ -37,9 +40,7 @@ async def run(ctx: ServiceContext) -> None:
     try:
         await app.start()
         ctx.settings["notification_app"] = app
-        consumer = IdempotentConsumer(
-            CONSUMER, pool=store.pool, mapper=ctx.mapper, handler=app.handle, kafka=ctx.kafka
-        )
+        consumer = make_consumer(ctx, store.pool, app)
         consumer.subscribe(broker, ctx.kafka.topics.task_events)
         await broker.start()
         while True:
@@ -53,3 +54,17 @@ async def run(ctx: ServiceContext) -> None:
             await broker.stop()
         await app.close()
         await store.close()
+
+
+def make_consumer(
+    ctx: ServiceContext, pool: asyncpg.Pool, app: NotificationApp
+) -> IdempotentConsumer:
+    """The task-event consumer: `app.handle` for the events the rules react to only."""
+    return IdempotentConsumer(
+        CONSUMER,
+        pool=pool,
+        mapper=ctx.mapper,
+        handler=app.handle,
+        kafka=ctx.kafka,
+        event_types=EVENT_TYPES,
+    )

@@ -54,7 +54,7 @@ ALERT_KINDS: Final = (
 #: What a tenant subscription wants when it does not say.
 DEFAULT_ALERTS: Final = ("failed", "abnormal", "queued", "hang", "slowdown", "restarted", "stopped")
 
-_KIND_OF: dict[type[Event], str] = {
+_KIND_OF: Final[dict[type[Event], str]] = {
     TaskFailed: "failed",
     TaskMarkedAbnormal: "abnormal",
     HangDetected: "hang",
@@ -65,6 +65,10 @@ _KIND_OF: dict[type[Event], str] = {
     TaskSucceeded: "succeeded",
     TaskStopped: "stopped",
 }
+#: The task events that raise alerts (the `queued` alert comes from a timer instead).
+ALERT_EVENTS: Final = tuple(_KIND_OF)
+#: Alerts whose card carries the run's first error when the log service knows it.
+FIRST_ERROR_KINDS: Final = frozenset({"failed", "abnormal"})
 
 
 class InvalidAlerts(ValueError):

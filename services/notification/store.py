@@ -230,7 +230,7 @@ def _pending(row: asyncpg.Record) -> PendingAlert:
         webhook_url=row["webhook_url"],
         secret_ref=row["secret_ref"],
         text_only=row["text_only"],
-        facts=AlertFacts(**facts),
+        facts=AlertFacts.from_json(facts),
         cause=Cause(row["causation_id"], row["correlation_id"]),
         attempts=row["attempts"],
         created_at=row["created_at"],
@@ -315,7 +315,7 @@ def _wait(row: asyncpg.Record) -> QueueWait:
         tenant=row["tenant"],
         run=row["run"],
         queued_at=row["queued_at"],
-        facts=AlertFacts(**facts),
+        facts=AlertFacts.from_json(facts),
         subscriptions=tuple(Subscription(**{**s, "alerts": tuple(s["alerts"])}) for s in subs),
         cause=Cause(row["causation_id"], row["correlation_id"]),
     )

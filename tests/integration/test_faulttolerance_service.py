@@ -329,7 +329,49 @@ async def test_run_ending_before_any_resume_line_warns(h: Harness) -> None:
     await h.act("short", ExitWorker("short", 1, 1, 0, 1))
     await h.launch("short", task_spec, attempt=2)
     await h.act("short", ExitWorker("short", 1, 2, 0, 0))  # succeeded, never loaded
+    # its lines may still be on their way (they travel apart from events): not yet
+    assert await h.payloads("short", ResumeNotObserved) == []
+    h.clock.advance(h.app.late_lines_s + 1)
+    await h.tick("short")
     assert len(await h.payloads("short", ResumeNotObserved)) == 1
+    await h.tick("short")
+    assert len(await h.payloads("short", ResumeNotObserved)) == 1
+    assert "short" not in h.app._watches
+
+
+async def test_a_checkpoint_line_that_comes_after_the_run_ended_still_counts(
+    h: Harness,
+) -> None:
+    task_spec = spec(auto_restart=True)
+    await h.launch("late", task_spec)
+    await h.act("late", ExitWorker("late", 1, 1, 0, 1))
+    await h.launch("late", task_spec, attempt=2)
+    await h.act("late", ExitWorker("late", 1, 2, 0, 0))
+    await h.lines("late", 0, ["Loading checkpoint from /ckpt/step_50.pt (step 50)"], attempt=2)
+    (resume,) = await h.payloads("late", ResumeObserved)
+    assert (resume.attempt, resume.step, resume.path) == (2, 50, "/ckpt/step_50.pt")
+    h.clock.advance(h.app.late_lines_s + 1)
+    await h.tick("late")
+    assert await h.payloads("late", ResumeNotObserved) == []
+
+
+async def test_a_checkpoint_line_before_task_running_is_seen_counts_once(h: Harness) -> None:
+    task_spec = spec(auto_restart=True)
+    await h.launch("early", task_spec)
+    await h.act("early", ExitWorker("early", 1, 1, 0, 1))
+    for stage in DEPLOY_STAGES:
+        await h.act("early", StartStage("early", stage), CompleteStage("early", stage))
+    # the worker prints before its start is recorded
+    await h.lines("early", 0, ["=> loading checkpoint '/ckpt/step_7.pt'"], attempt=2)
+    assert await h.payloads("early", ResumeObserved) == []
+    await h.start_workers("early", task_spec, 2)
+    (resume,) = await h.payloads("early", ResumeObserved)
+    assert (resume.attempt, resume.path) == (2, "/ckpt/step_7.pt")
+    await h.lines("early", 0, ["=> loading checkpoint '/ckpt/step_8.pt'"], attempt=2)
+    h.clock.advance(61)
+    await h.tick("early")
+    assert len(await h.payloads("early", ResumeObserved)) == 1
+    assert await h.payloads("early", ResumeNotObserved) == []
 
 
 async def test_env_check_items_become_events_and_a_gpu_fault_reschedules(h: Harness) -> None:

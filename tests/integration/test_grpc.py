@@ -9,9 +9,11 @@ two runs, so they are left out of the comparison.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,12 +27,17 @@ from runyard.gateway.grpc_gen import tasks_pb2 as pb
 from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
 from runyard.gateway.grpc_server import error_metadata, start_server, status_of
 from runyard.gateway.http import create_app
+from runyard.logs import LogStore
+from runyard.logs.http import log_api_of
 
 from tests.integration.test_gateway import BASE, config_dir
+from tests.integration.test_logs import CORPUS, records
+from tests.integration.test_logs import T0 as CORPUS_T0
 
 HTTP_STATUS = {
     200: "OK",
     201: "OK",
+    202: "OK",
     400: "INVALID_ARGUMENT",
     401: "UNAUTHENTICATED",
     403: "PERMISSION_DENIED",
@@ -55,6 +62,7 @@ VOLATILE = {
     "cloned_from",
     "event_id",
     "secret_ref",
+    "export_id",
     "message",  # error messages quote the (differing) ids; code/field/hint are compared
 }
 
@@ -82,11 +90,42 @@ class Via(Protocol):
     async def group_stop(self, who: str, group_id: str) -> Outcome: ...
     async def group_rerun(self, who: str, group_id: str, changes: dict[str, Any]) -> Outcome: ...
     async def group_ls(self, who: str) -> Outcome: ...
+    async def logs(self, who: str, task_id: str, **params: Any) -> Outcome: ...
+    async def follow(self, who: str, task_id: str, **params: Any) -> Outcome: ...
+    async def first_error(self, who: str, task_id: str, run: int | None = None) -> Outcome: ...
+    async def export_start(self, who: str, task_id: str, fmt: str, **params: Any) -> Outcome: ...
+    async def export_get(self, who: str, export_id: str) -> Outcome: ...
+    async def export_ls(self, who: str) -> Outcome: ...
+
+    #: The gateway both APIs run over (to seed logs and wait for exports).
+    gateway: Gateway
+
+
+#: The gRPC `LogFilter` fields of the HTTP query parameters (the rest are request fields).
+FILTER = {
+    "worker": "workers",
+    "run": "run",
+    "since": "since",
+    "until": "until",
+    "words": "words",
+    "phrase": "phrase",
+    "regex": "regex",
+    "ignore_case": "ignore_case",
+}
+TERMINAL = {"succeeded", "failed", "stopped", "abnormal"}
+
+
+def log_request(params: dict[str, Any]) -> tuple[pb.LogFilter, dict[str, Any]]:
+    """HTTP query parameters as a gRPC `LogFilter` and the other request fields."""
+    where = pb.LogFilter(**{FILTER[k]: v for k, v in params.items() if k in FILTER})
+    return where, {k: v for k, v in params.items() if k not in FILTER}
 
 
 class HttpVia:
-    def __init__(self, client: httpx.AsyncClient, tokens: dict[str, str | None]) -> None:
-        self.client, self.tokens = client, tokens
+    def __init__(
+        self, client: httpx.AsyncClient, tokens: dict[str, str | None], gateway: Gateway
+    ) -> None:
+        self.client, self.tokens, self.gateway = client, tokens, gateway
 
     async def _call(self, who: str, method: str, path: str, **kw: Any) -> Outcome:
         token = self.tokens[who]
@@ -141,10 +180,50 @@ class HttpVia:
     async def group_ls(self, who: str) -> Outcome:
         return await self._call(who, "GET", "/v1/groups")
 
+    async def logs(self, who: str, task_id: str, **params: Any) -> Outcome:
+        return await self._call(who, "GET", f"/v1/tasks/{task_id}/logs", params=params)
+
+    async def follow(self, who: str, task_id: str, **params: Any) -> Outcome:
+        """The HTTP live tail (as `runyard logs -f`): page with `tail_cursor` until
+        the task has ended; the pages' lines."""
+        pages: list[Any] = []
+        cursor: str | None = None
+        while True:
+            page = await self.logs(who, task_id, **params, **({"cursor": cursor} if cursor else {}))
+            if page.status != "OK":
+                return page
+            if page.body["lines"]:
+                pages.append(page.body["lines"])
+            cursor = page.body["tail_cursor"]
+            if page.body["next_cursor"] is None:
+                task = await self.get(who, task_id)
+                if task.body["status"] in TERMINAL:
+                    last = await self.logs(who, task_id, **params, cursor=cursor)
+                    if last.body["lines"]:
+                        pages.append(last.body["lines"])
+                    return Outcome("OK", pages)
+                await asyncio.sleep(0.05)
+
+    async def first_error(self, who: str, task_id: str, run: int | None = None) -> Outcome:
+        params = {"run": run} if run is not None else {}
+        return await self._call(who, "GET", f"/v1/tasks/{task_id}/first-error", params=params)
+
+    async def export_start(self, who: str, task_id: str, fmt: str, **params: Any) -> Outcome:
+        path = f"/v1/tasks/{task_id}/logs/exports"
+        return await self._call(who, "POST", path, params=params, json={"format": fmt})
+
+    async def export_get(self, who: str, export_id: str) -> Outcome:
+        return await self._call(who, "GET", f"/v1/exports/{export_id}")
+
+    async def export_ls(self, who: str) -> Outcome:
+        return await self._call(who, "GET", "/v1/exports")
+
 
 class GrpcVia:
-    def __init__(self, stub: pb_grpc.TasksStub, tokens: dict[str, str | None]) -> None:
-        self.stub, self.tokens = stub, tokens
+    def __init__(
+        self, stub: pb_grpc.TasksStub, tokens: dict[str, str | None], gateway: Gateway
+    ) -> None:
+        self.stub, self.tokens, self.gateway = stub, tokens, gateway
 
     async def _call(
         self, who: str, method: str, message: Any, answer: Callable[[Any], Any]
@@ -222,6 +301,75 @@ class GrpcVia:
 
         return await self._call(who, "ListGroups", pb.ListGroupsRequest(), groups)
 
+    async def logs(self, who: str, task_id: str, **params: Any) -> Outcome:
+        where, rest = log_request(params)
+        request = pb.SearchLogsRequest(task_id=task_id, filter=where, **rest)
+
+        def page(reply: pb.LogPage) -> Any:
+            answer = json.loads(reply.json)
+            assert [log_line(x) for x in reply.lines] == answer["lines"]
+            assert (reply.next_cursor or None, reply.tail_cursor or None) == (
+                answer["next_cursor"],
+                answer["tail_cursor"],
+            )
+            return answer
+
+        return await self._call(who, "SearchLogs", request, page)
+
+    async def follow(self, who: str, task_id: str, **params: Any) -> Outcome:
+        where, rest = log_request(params)
+        request = pb.FollowLogsRequest(task_id=task_id, filter=where, **rest)
+        token = self.tokens[who]
+        metadata = (("authorization", f"Bearer {token}"),) if token is not None else ()
+        try:
+            stream = self.stub.FollowLogs(request, metadata=metadata)
+            pages = [json.loads(p.json) async for p in stream]
+        except grpc.aio.AioRpcError as exc:
+            return refusal(exc)
+        return Outcome("OK", [p["lines"] for p in pages])
+
+    async def first_error(self, who: str, task_id: str, run: int | None = None) -> Outcome:
+        request = pb.FirstErrorRequest(task_id=task_id, run=run)
+
+        def found(reply: pb.FirstError) -> Any:
+            answer = json.loads(reply.json)
+            assert reply.found == answer["found"]
+            if reply.found:
+                assert (reply.layer, reply.rule) == (answer["layer"], answer["rule"])
+                assert log_line(reply.line) == answer["line"]
+            return answer
+
+        return await self._call(who, "GetFirstError", request, found)
+
+    async def export_start(self, who: str, task_id: str, fmt: str, **params: Any) -> Outcome:
+        where, _ = log_request(params)
+        request = pb.StartLogExportRequest(task_id=task_id, filter=where, format=fmt)
+        return await self._call(who, "StartLogExport", request, export)
+
+    async def export_get(self, who: str, export_id: str) -> Outcome:
+        return await self._call(who, "GetLogExport", pb.ExportRef(export_id=export_id), export)
+
+    async def export_ls(self, who: str) -> Outcome:
+        def exports(reply: pb.LogExportList) -> list[Any]:
+            return [export(e) for e in reply.exports]
+
+        return await self._call(who, "ListLogExports", pb.ListLogExportsRequest(), exports)
+
+
+def log_line(message: pb.LogLine) -> dict[str, Any]:
+    fields = ("at", "run", "attempt", "worker", "stream", "line")
+    return {name: getattr(message, name) for name in fields}
+
+
+def export(reply: pb.LogExport) -> Any:
+    answer = json.loads(reply.json)
+    assert (reply.export_id, reply.state, reply.lines_done) == (
+        answer["export_id"],
+        answer["state"],
+        answer["lines_done"],
+    )
+    return answer
+
 
 def _json(reply: Any) -> Any:
     return json.loads(reply.json)
@@ -255,7 +403,8 @@ class Both:
 
 
 @pytest.fixture
-async def both(dsn: str, tmp_path: Path) -> AsyncIterator[Both]:
+async def both(dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Both]:
+    monkeypatch.setenv("RUNYARD_HOME", str(tmp_path / "home"))  # export files
     gateway = await Gateway.connect(dsn, config_dir(tmp_path))
     tokens: dict[str, str | None] = {
         "alice": await create_token(gateway.db, "t1", "alice", "member"),
@@ -264,22 +413,26 @@ async def both(dsn: str, tmp_path: Path) -> AsyncIterator[Both]:
         "nobody": None,
         "forged": "ry_not-a-token",
     }
-    server, port = await start_server(gateway, "127.0.0.1", 0)
+    server, port = await start_server(gateway, "127.0.0.1", 0, follow_poll_s=0.05)
     transport = httpx.ASGITransport(app=create_app(gateway))
     try:
         async with (
             httpx.AsyncClient(transport=transport, base_url="http://gw") as client,
             grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
         ):
-            http = HttpVia(client, tokens)
+            http = HttpVia(client, tokens, gateway)
             seeded = await http.create("alice", {**BASE, "name": "seed", "env": "K=v"})
             assert seeded.status == "OK", seeded
+            store = LogStore(gateway.db)
+            await store.migrate()
+            await store.ingest(records(seeded.body["task_id"], CORPUS))
             group = await http.group_create("alice", BASE, [{"name": "g1"}, {"name": "g2"}])
             assert group.status == "OK", group
             stub = pb_grpc.TasksStub(channel)
-            yield Both(gateway, http, GrpcVia(stub, tokens), seeded.body["task_id"])
+            yield Both(gateway, http, GrpcVia(stub, tokens, gateway), seeded.body["task_id"])
     finally:
         await server.stop(grace=None)
+        await log_api_of(gateway).exports.close()
         await gateway.close()
 
 
@@ -354,6 +507,68 @@ async def watch_stopped(via: Via, _: str) -> Outcome:
     return await via.watch("bob", task_id)
 
 
+async def logs_paged(via: Via, seed: str) -> Outcome:
+    first = await via.logs("alice", seed, limit=4, order="newest")
+    assert first.status == "OK", first
+    second = await via.logs(
+        "alice", seed, limit=4, order="newest", cursor=first.body["next_cursor"]
+    )
+    return Outcome("OK", [first, second])
+
+
+async def follow_ended(via: Via, _: str) -> Outcome:
+    """A stopped task whose lines arrived: the tail gives them all, in pages, and ends."""
+    task_id = await _created(via)
+    await via.stop("alice", task_id)
+    await LogStore(via.gateway.db).ingest(records(task_id, CORPUS))
+    return Outcome(
+        "OK",
+        [
+            await via.follow("alice", task_id, limit=4),
+            await via.follow("alice", task_id, worker=[1], words="loss"),
+            await via.follow("carol", task_id),
+            await via.follow("alice", task_id, regex="(("),
+        ],
+    )
+
+
+def _start_view(outcome: Outcome) -> Outcome:
+    """A just-started export, without what its background work may have changed already."""
+    if outcome.status != "OK":
+        return outcome
+    keep = ("task_id", "format", "query")
+    return Outcome(outcome.status, {k: outcome.body[k] for k in keep})
+
+
+async def export_lifecycle(via: Via, seed: str) -> Outcome:
+    started = await via.export_start("alice", seed, "jsonl", worker=[0, 1], words="loss")
+    assert started.status == "OK", started
+    export_id = started.body["export_id"]
+    await log_api_of(via.gateway).exports.wait()
+    done = await via.export_get("alice", export_id)
+    listed = await via.export_ls("alice")
+    mine = [e for e in listed.body if e["export_id"] == export_id]
+    return Outcome(
+        "OK",
+        [
+            _start_view(started),
+            done,
+            Outcome(listed.status, mine),
+            await via.export_get("bob", export_id),  # another user: not found
+            await via.export_get("carol", export_id),  # another tenant: not found
+            await via.export_ls("carol"),
+        ],
+    )
+
+
+async def export_unfiltered(via: Via, seed: str) -> Outcome:
+    started = await via.export_start("alice", seed, "text")
+    await log_api_of(via.gateway).exports.wait()
+    return Outcome(
+        "OK", [_start_view(started), await via.export_get("alice", started.body["export_id"])]
+    )
+
+
 def _spec(**changes: Any) -> Scenario:
     return lambda via, _: via.create("alice", {**BASE, **changes})
 
@@ -397,6 +612,52 @@ TABLE: dict[str, Scenario] = {
     "group refused": group_refused,
     "group list": group_list,
     "group unknown": lambda via, _: via.group_get("alice", "nope"),
+    # --- logs -------------------------------------------------------------------
+    "logs": lambda via, seed: via.logs("alice", seed),
+    "logs as another user": lambda via, seed: via.logs("bob", seed),
+    "logs filtered and searched": lambda via, seed: via.logs(
+        "alice", seed, worker=[0, 1], words="loss", order="newest"
+    ),
+    "logs phrase any case": lambda via, seed: via.logs(
+        "alice", seed, phrase="LOSS", ignore_case=True
+    ),
+    "logs regex in a time range": lambda via, seed: via.logs(
+        "alice",
+        seed,
+        regex="loss=[0-9.]+",
+        run=1,
+        since=CORPUS_T0.isoformat(),
+        until=(CORPUS_T0 + timedelta(seconds=2)).isoformat(),
+    ),
+    "logs paged": logs_paged,
+    "logs refused: bad regex": lambda via, seed: via.logs("alice", seed, regex="loss=([0-9"),
+    "logs refused: no words": lambda via, seed: via.logs("alice", seed, words="--- ::"),
+    "logs refused: empty phrase": lambda via, seed: via.logs("alice", seed, phrase=""),
+    "logs refused: bad cursor": lambda via, seed: via.logs("alice", seed, cursor="zzz"),
+    "logs refused: limit": lambda via, seed: via.logs("alice", seed, limit=5000),
+    "logs refused: order": lambda via, seed: via.logs("alice", seed, order="sideways"),
+    "logs refused: time without zone": lambda via, seed: via.logs(
+        "alice", seed, since="2026-01-02T03:04:05"
+    ),
+    "logs refused: since after until": lambda via, seed: via.logs(
+        "alice", seed, since="2026-01-02T03:04:05Z", until="2026-01-01T03:04:05Z"
+    ),
+    "logs other tenant": lambda via, seed: via.logs("carol", seed),
+    "logs other tenant with a bad regex": lambda via, seed: via.logs("carol", seed, regex="(("),
+    "logs unknown task": lambda via, _: via.logs("alice", "no-such-task"),
+    "logs no token": lambda via, seed: via.logs("nobody", seed),
+    "follow": follow_ended,
+    "first error": lambda via, seed: via.first_error("alice", seed),
+    "first error of a run without logs": lambda via, seed: via.first_error("alice", seed, 7),
+    "first error other tenant": lambda via, seed: via.first_error("carol", seed),
+    "export": export_lifecycle,
+    "export without filters": export_unfiltered,
+    "export refused: bad regex": lambda via, seed: via.export_start(
+        "alice", seed, "text", regex="(("
+    ),
+    "export refused: format": lambda via, seed: via.export_start("alice", seed, "pdf"),
+    "export other tenant": lambda via, seed: via.export_start("carol", seed, "text"),
+    "export unknown": lambda via, _: via.export_get("alice", "nope"),
 }
 
 
@@ -502,6 +763,11 @@ async def test_grpc_nul_in_a_field_is_invalid_argument(both: Both) -> None:
             pb.CreateGroupRequest(template_json="{}", items_json=["{}", "\x00"]),
             "items_json[1]",
         ),
+        (
+            "SearchLogs",
+            pb.SearchLogsRequest(task_id="x", filter=pb.LogFilter(regex="a\x00")),
+            "regex",  # a field of the nested filter: named as the HTTP query parameter
+        ),
     ]
     for method, request, field in requests:
         with pytest.raises(grpc.aio.AioRpcError) as raised:
@@ -523,3 +789,65 @@ def test_values_the_database_cannot_take_are_invalid_argument() -> None:
         error = translate(raised)
         assert error is not None and (error.status, error.code) == (400, "request.invalid")
         assert status_of(error) == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_log_answers_spelled_out(both: Both) -> None:
+    """A few of the log rows of the table, spelled out (both APIs agree, see above)."""
+    for via in (both.http, both.grpc):
+        bad = await via.logs("alice", both.seed_task, regex="loss=([0-9")
+        assert (bad.status, bad.body["code"], bad.body["field"]) == (
+            "INVALID_ARGUMENT",
+            "logs.bad_regex",
+            "regex",
+        ), bad
+        assert bad.body["hint"] and "invalid regular expression" in bad.body["message"]
+        hidden = await via.logs("carol", both.seed_task, regex="((")
+        assert (hidden.status, hidden.body["code"]) == ("NOT_FOUND", "task_not_found")
+        hidden = await via.first_error("carol", both.seed_task)
+        assert (hidden.status, hidden.body["code"]) == ("NOT_FOUND", "task_not_found")
+        found = await via.first_error("alice", both.seed_task)
+        assert (found.body["found"], found.body["rule"]) == (True, "training.cuda_oom")
+        lines = await via.logs("alice", both.seed_task, worker=[0, 1], words="loss")
+        assert len(lines.body["lines"]) == 4
+        follow = await follow_ended(via, "")
+        pages = follow.body[0].body
+        assert [len(p) for p in pages] == [4, 4, 3], pages  # limit 4: pages of the tail
+        assert [ln["line"] for p in pages for ln in p] == [c[3] for c in CORPUS]
+        assert (follow.body[2].status, follow.body[3].status) == ("NOT_FOUND", "INVALID_ARGUMENT")
+        made = await export_lifecycle(via, both.seed_task)
+        done = made.body[1].body
+        assert (done["state"], done["lines_done"], done["lines_total"]) == ("done", 4, 4)
+        assert (made.body[3].status, made.body[3].body["code"]) == ("NOT_FOUND", "export.not_found")
+
+
+async def test_grpc_follow_tails_a_running_task_until_it_ends(both: Both) -> None:
+    """FollowLogs gives the lines there, then those written while it follows, and ends
+    once the task has ended and its last lines are given."""
+    task_id = await _created(both.grpc)
+    store = LogStore(both.gateway.db)
+    await store.ingest(records(task_id, CORPUS[:3]))
+    metadata = (("authorization", f"Bearer {both.grpc.tokens['alice']}"),)
+    stream = both.grpc.stub.FollowLogs(pb.FollowLogsRequest(task_id=task_id), metadata=metadata)
+    got: list[str] = []
+
+    async def read() -> None:
+        async for page in stream:
+            got.extend(line.line for line in page.lines)
+
+    reading = asyncio.create_task(read())
+    await _until(lambda: len(got) == 3)
+    await store.ingest(records(task_id, CORPUS[3:6]))
+    await _until(lambda: len(got) == 6)
+    assert not reading.done()  # the task still runs: the tail goes on
+    await store.ingest(records(task_id, CORPUS[6:]))  # its last words, then it ends
+    await both.grpc.stop("alice", task_id)
+    await asyncio.wait_for(reading, timeout=10)
+    assert got == [c[3] for c in CORPUS]
+
+
+async def _until(check: Callable[[], bool], within: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not check():
+        assert loop.time() < deadline, "timed out"
+        await asyncio.sleep(0.02)

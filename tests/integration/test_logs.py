@@ -449,3 +449,126 @@ async def test_the_service_ingests_the_deployers_records(
         await producer.stop()
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
+
+
+# --- numbers past int32: the log routes' own 400 ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "params", "field"),
+    [
+        ("logs", {"run": 2**31}, "run"),
+        ("logs", {"run": -(2**31) - 1}, "run"),
+        ("logs", {"worker": [0, 2**40]}, "worker"),
+        ("first-error", {"run": 99999999999}, "run"),
+    ],
+)
+async def test_a_number_past_int32_is_the_log_routes_own_400(
+    logs: LogsApi, path: str, params: dict[str, Any], field: str
+) -> None:
+    answer = await logs.get(f"/v1/tasks/{logs.task_id}/{path}", **params)
+    assert answer.status_code == 400, answer.text
+    body = answer.json()
+    # not the gateway's safety net (`request.invalid` from a database DataError)
+    assert (body["code"], body["field"]) == ("logs.out_of_range", field), body
+    assert body["hint"] == f"{field} must be between -2147483648 and 2147483647"
+
+
+async def test_an_export_with_a_number_past_int32_is_refused_up_front(logs: LogsApi) -> None:
+    path = f"/v1/tasks/{logs.task_id}/logs/exports"
+    answer = await logs.post(path, params={"run": 2**31})
+    assert answer.status_code == 400
+    assert (answer.json()["code"], answer.json()["field"]) == ("logs.out_of_range", "run")
+    assert await logs.exports.list("t1", "alice") == []
+    # the edges themselves are fine
+    edge = await logs.get(f"/v1/tasks/{logs.task_id}/logs", run=2**31 - 1, worker=[2**31 - 1])
+    assert edge.status_code == 200 and edge.json()["lines"] == []
+
+
+# --- exports whose gateway stopped mid-way ------------------------------------------
+
+
+async def test_an_export_left_running_by_a_stopped_gateway_is_marked_failed(
+    logs: LogsApi, dsn: str, tmp_path: Path
+) -> None:
+    """A gateway stops while its export runs: the record stays `running` with a partial
+    file. The next gateway's log API marks it failed, with the reason, and removes the
+    file; an export that another live gateway runs (fresh heartbeat) is left alone."""
+    from runyard.logs.exports import ABANDONED, Exports
+
+    blocked = asyncio.Event()
+
+    class Stuck(Exports):
+        """An export that writes part of its file, then waits (until its process dies)."""
+
+        async def _run(self, export_id: str, query: Any, path: Path, fmt: str) -> None:
+            await asyncio.to_thread(self.folder.mkdir, parents=True, exist_ok=True)
+            path.write_text("a partial line\n")
+            await self.store.pool.execute(
+                "UPDATE log_exports SET lines_total = 11, lines_done = 3 WHERE export_id = $1",
+                export_id,
+            )
+            blocked.set()
+            await asyncio.Event().wait()
+
+    folder = logs.exports.folder
+    stopped = Stuck(logs.store, folder)  # the gateway that stops
+    alive = Stuck(logs.store, folder)  # another gateway, still running
+    orphan = await stopped.start("t1", "alice", LogQuery(logs.task_id, words="loss"))
+    await blocked.wait()
+    blocked.clear()
+    kept = await alive.start("t1", "alice", LogQuery(logs.task_id, words="epoch"))
+    await blocked.wait()
+    await stopped.close()  # the process ends: nothing marks its export
+    partial = folder / f"{orphan['export_id']}.txt"
+    assert partial.exists()
+    # its last heartbeat was over a minute ago
+    await logs.store.pool.execute(
+        "UPDATE log_exports SET heartbeat_at = now() - interval '2 minutes' WHERE export_id = $1",
+        orphan["export_id"],
+    )
+
+    (tmp_path / "again").mkdir()
+    restarted = await Gateway.connect(dsn, config_dir(tmp_path / "again"))
+    try:
+        transport = httpx.ASGITransport(app=create_app(restarted))
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+            headers = {"Authorization": f"Bearer {logs.tokens['alice']}"}
+            answer = await client.get(f"/v1/exports/{orphan['export_id']}", headers=headers)
+            assert answer.status_code == 200, answer.text
+            failed = answer.json()
+            assert (failed["state"], failed["error"]) == ("failed", ABANDONED)
+            assert failed["finished_at"] is not None and failed["lines_done"] == 3
+            assert not partial.exists()
+            other = await client.get(f"/v1/exports/{kept['export_id']}", headers=headers)
+            assert other.json()["state"] == "running"  # its gateway still beats for it
+            file = await client.get(f"/v1/exports/{orphan['export_id']}/file", headers=headers)
+            assert (file.status_code, file.json()["code"]) == (404, "export.not_ready")
+        await log_api_of(restarted).exports.close()
+    finally:
+        await alive.close()
+        await restarted.close()
+
+
+async def test_a_running_export_beats_while_it_runs(logs: LogsApi) -> None:
+    """The heartbeat keeps a long export of a live gateway from being taken for abandoned."""
+    from runyard.logs.exports import Exports
+
+    slow = Exports(logs.store, logs.exports.folder, batch=1, heartbeat_s=0.05, stale_after_s=0.3)
+    original = logs.store.scan
+
+    async def crawl(query: LogQuery, batch: int = 1000) -> Any:
+        async for lines in original(query, batch):
+            await asyncio.sleep(0.1)
+            yield lines
+
+    slow.store = LogStore(logs.store.pool)
+    slow.store.scan = crawl  # type: ignore[method-assign]
+    started = await slow.start("t1", "alice", LogQuery(logs.task_id))
+    await asyncio.sleep(0.6)  # longer than stale_after_s: only the heartbeat keeps it owned
+    other = Exports(logs.store, logs.exports.folder, stale_after_s=0.3)
+    assert await other.recover() == []
+    await slow.wait()
+    done = await slow.get("t1", "alice", started["export_id"])
+    assert (done["state"], done["lines_done"]) == ("done", len(CORPUS))
+    await slow.close()

@@ -24,8 +24,9 @@ import pytest
 from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent, default_mapper
 from runyard.contracts.spec import AlertSubscription, TaskSpec
 from runyard.contracts.task_events import AlertDelivered, AlertFailed
-from runyard.domain import Command, Fail, Queue, Submit, decide, fold
+from runyard.domain import Command, Fail, MarkAbnormal, Queue, Submit, decide, fold
 from runyard.eventstore import PostgresEventStore
+from runyard.logs import LogRecord, LogStore
 from runyard.messaging import KafkaSettings
 from runyard.notification import store as tables
 from runyard.notification.app import NotificationApp, NotificationConfig
@@ -435,6 +436,126 @@ async def test_a_task_placed_before_the_threshold_never_fires(dsn: str) -> None:
         await h.run_for(0.4)
         assert h.fake.received == []
         assert await tables.queue_waits(h.store.pool) == []
+
+
+# --- the first error (R-42) on the card -----------------------------------------------------
+
+#: A run's output: boot lines that mention errors harmlessly, then worker 1's traceback.
+TRACEBACK_LOGS = [
+    (0, "NCCL INFO Bootstrap : Using eth0:10.0.0.12<0>"),
+    (0, "epoch 0 step 10 loss=4.12 errors=0"),
+    (1, "epoch 0 step 20 loss=3.98"),
+    (1, "Traceback (most recent call last):"),
+    (1, '  File "/workspace/train.py", line 88, in <module>'),
+    (1, "    for batch in loader:"),
+    (1, '  File "/workspace/data.py", line 41, in collate_fn'),
+    (1, "    return torch.stack([x['input_ids'] for x in items])"),
+    (1, "KeyError: 'input_ids'"),
+    (0, "[rank0]: Traceback (most recent call last):"),  # a later error of another worker
+    (0, "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:"),
+]
+
+
+async def write_logs(h: Harness, task_id: str, lines: list[tuple[int, str]], run: int = 1) -> None:
+    """The log service's tables and a run's lines, as its ingester stores them."""
+    logs = LogStore(h.store.pool)
+    await logs.migrate()
+    t0 = h.clock() - timedelta(minutes=5)
+    await logs.ingest(
+        [
+            LogRecord(t0 + timedelta(milliseconds=100 * i), task_id, run, 1, worker, "stderr", text)
+            for i, (worker, text) in enumerate(lines)
+        ]
+    )
+
+
+async def test_a_failed_tasks_card_shows_the_first_error_its_worker_and_layer(dsn: str) -> None:
+    async with harness(dsn) as h:
+        sub = await signed_task_subscription(h, "failed")
+        await h.tenant_subscription(h.fake.url("bot-plain"), "failed", text_only=True)
+        await h.submit("fe-1", spec("collator", sub))
+        await write_logs(h, "fe-1", TRACEBACK_LOGS)
+        await h.command("fe-1", Fail("fe-1", "worker 1 exited with status 1"))
+        await h.run_until(lambda: _count_delivered(h, "fe-1", 2))
+
+        [card] = h.fake.accepted("bot-signed")
+        assert card.body is not None and card.body["msg_type"] == "interactive"
+        contents = [e["text"]["content"] for e in card.body["card"]["elements"] if "text" in e]
+        at = next(i for i, c in enumerate(contents) if c.startswith("**First error**"))
+        heading, line, layer = contents[at : at + 3]
+        assert heading == "**First error** · worker 1 · attempt 1"
+        assert line == "Traceback (most recent call last):\n…\nKeyError: 'input_ids'"
+        assert layer.startswith("**Likely layer** training_code (rule training.data)")
+        assert "data pipeline" in layer
+        assert "status 1" in card.text  # the reason is still there
+        [text] = h.fake.accepted("bot-plain")
+        assert text.body is not None and text.body["msg_type"] == "text"
+        words = text.body["content"]["text"]
+        assert "first error (worker 1, attempt 1): Traceback (most recent call last): … " in words
+        assert "KeyError: 'input_ids'" in words
+        assert "likely layer: training_code (rule training.data)" in words
+
+
+async def test_a_failed_task_without_logs_still_alerts_without_a_first_error(dsn: str) -> None:
+    async with harness(dsn) as h:
+        sub = await signed_task_subscription(h, "failed")
+        # The log service never ran: there is no log table at all.
+        await h.submit("fe-2", spec("no-log-service", sub))
+        await h.command("fe-2", Fail("fe-2", "worker 0 exited with status 1"))
+        await h.run_until(lambda: _has_delivered(h, "fe-2"))
+        # The log service runs, but this task wrote nothing (another one did).
+        await write_logs(h, "someone-else", TRACEBACK_LOGS)
+        await h.submit("fe-3", spec("no-logs", sub))
+        await h.command("fe-3", Fail("fe-3", "image pull failed"))
+        await h.run_until(lambda: _has_delivered(h, "fe-3"))
+        # Logs, but no error among them (a calm run stopped by the platform).
+        await write_logs(h, "fe-4", TRACEBACK_LOGS[:3])
+        await h.submit("fe-4", spec("calm-logs", sub))
+        await h.command("fe-4", Fail("fe-4", "node lost"))
+        await h.run_until(lambda: _has_delivered(h, "fe-4"))
+
+        cards = h.fake.accepted()
+        assert [c.title for c in cards] == [
+            "no-log-service · failed",
+            "no-logs · failed",
+            "calm-logs · failed",
+        ]
+        for card in cards:
+            assert "First error" not in card.text and "Likely layer" not in card.text
+
+
+async def test_a_broken_log_table_never_fails_the_alert(dsn: str) -> None:
+    async with harness(dsn) as h:
+        # Not the log service's table: the lookup fails, the alert goes without it.
+        await h.store.pool.execute("CREATE TABLE log_lines (something_else int)")
+        sub = await signed_task_subscription(h, "failed")
+        await h.submit("fe-5", spec("broken-logs", sub))
+        await h.command("fe-5", Fail("fe-5", "boom"))
+        await h.run_until(lambda: _has_delivered(h, "fe-5"))
+        [card] = h.fake.accepted()
+        assert card.title == "broken-logs · failed" and "First error" not in card.text
+
+
+async def test_an_abnormal_tasks_huge_first_error_line_is_cut_and_the_card_fits(
+    dsn: str,
+) -> None:
+    async with harness(dsn) as h:
+        sub = await signed_task_subscription(h, "abnormal")
+        huge = "RuntimeError: shapes \x1b[31mdo not match\x1b[0m " + "[1024, 4096] " * 10_000
+        await h.submit("fe-6", spec("huge-line", sub))
+        await write_logs(h, "fe-6", [(2, "step 1"), (2, huge)])
+        reason = "needs a person: " + "the loss went NaN again " * 2_000
+        await h.command("fe-6", MarkAbnormal("fe-6", reason))
+        await h.run_until(lambda: _has_delivered(h, "fe-6"))
+
+        [card] = h.fake.received
+        assert card.accepted and card.size <= 20 * 1024
+        assert card.body is not None and card.body["msg_type"] == "interactive"
+        assert "**First error** · worker 2 · attempt 1" in card.text
+        assert "RuntimeError: shapes do not match [1024, 4096]" in card.text
+        assert "\\u001b" not in card.text and "[31m" not in card.text  # no terminal colours
+        assert "training_code (rule training.exception)" in card.text
+        assert "…" in card.text
 
 
 # --- helpers ------------------------------------------------------------------------------

@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
+from dataclasses import asdict, replace
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import pytest
-from runyard.notification import feishu
-from runyard.notification.feishu import AlertFacts
+from runyard.logs import FirstError, LogLine, classify
+from runyard.notification import feishu, firsterror
+from runyard.notification.feishu import AlertFacts, FirstErrorFact
 from runyard.notification.ratelimit import BotLimiter, Limits
 
 from tests.feishu_fake import FeishuFake, _valid_message
@@ -111,6 +113,115 @@ def test_summary_cards_name_every_task_and_each_fits() -> None:
     for card, named in cards:
         assert feishu.body_size(card) <= feishu.MAX_BODY_BYTES and _valid_message(card)
         assert all(f.task_name in json.dumps(card) for f in named)
+
+
+# --- the first error ----------------------------------------------------------------------------
+
+TRACEBACK_ERROR = FirstErrorFact(
+    line="Traceback (most recent call last):",
+    worker=1,
+    attempt=2,
+    layer="training_code",
+    rule="training.data",
+    why="the data pipeline (dataset, collator, DataLoader) failed",
+    exception="KeyError: 'input_ids'",
+)
+
+
+def test_the_first_error_is_on_the_card_and_in_the_text_fallback() -> None:
+    alert = facts(first_error=TRACEBACK_ERROR)
+    card = feishu.task_card([alert])
+    elements = card["card"]["elements"]
+    at = next(
+        i
+        for i, e in enumerate(elements)
+        if e.get("text", {}).get("content", "").startswith("**First error**")
+    )
+    heading, line, layer = elements[at : at + 3]
+    assert heading["text"]["content"] == "**First error** · worker 1 · attempt 2"
+    assert line["text"] == {
+        "tag": "plain_text",  # a log line is not Markdown
+        "content": "Traceback (most recent call last):\n…\nKeyError: 'input_ids'",
+    }
+    assert layer["text"]["content"].startswith(
+        "**Likely layer** training_code (rule training.data)"
+    )
+    assert _valid_message(card)
+    text = feishu.task_text([alert])["content"]["text"]
+    assert "first error (worker 1, attempt 2): Traceback" in text
+    assert "likely layer: training_code (rule training.data)" in text
+    # A later alert of the window without one (stopped after failed) still shows it.
+    later = facts(kind="stopped", state="stopped", reason="stopped")
+    assert "KeyError" in json.dumps(feishu.task_card([alert, later]))
+    assert "First error" not in json.dumps(feishu.task_card([facts()]))
+
+
+def test_a_huge_first_error_and_reason_are_cut_and_the_card_stays_valid() -> None:
+    line = firsterror.clean("RuntimeError: " + "✗ tensor mismatch " * 20_000)
+    assert len(line) == feishu.MAX_LINE_CHARS and line.endswith("…")
+    huge = replace(TRACEBACK_ERROR, line=line, exception=line, why="w" * 5000)
+    alert = facts(reason="r" * 50_000, first_error=huge)
+    for limit in (feishu.MAX_BODY_BYTES, 4000, 2500):
+        card = feishu.task_card([alert, alert], limit=limit)
+        assert card["msg_type"] == "interactive" and _valid_message(card)
+        assert feishu.body_size(card) <= limit
+        assert "**First error** · worker 1 · attempt 2" in json.dumps(card, ensure_ascii=False)
+        assert "training_code (rule training.data)" in json.dumps(card)
+        text = feishu.task_text([alert], limit=limit)
+        assert feishu.body_size(text) <= limit and _valid_message(text)
+    assert feishu.task_card([alert], limit=900)["msg_type"] == "text"
+
+
+def test_facts_with_a_first_error_survive_the_outbox_json() -> None:
+    alert = facts(first_error=TRACEBACK_ERROR)
+    assert AlertFacts.from_json(json.loads(json.dumps(asdict(alert)))) == alert
+    assert AlertFacts.from_json(json.loads(json.dumps(asdict(facts())))) == facts()
+    older = {k: v for k, v in asdict(facts()).items() if k != "first_error"}
+    assert AlertFacts.from_json(older) == facts()
+
+
+def _found(lines: list[str], worker: int = 0) -> FirstError:
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    logged = [
+        LogLine(at, i, "t", 1, 1, worker, "stderr", None, text) for i, text in enumerate(lines)
+    ]
+    return FirstError(logged[0], [], logged[1:], classify(lines))
+
+
+def test_the_log_services_answer_as_the_card_says_it() -> None:
+    found = _found(
+        [
+            "\x1b[1;31m[rank0]: Traceback (most recent call last):\x1b[0m",
+            '[rank0]:   File "/workspace/train.py", line 120, in <module>',
+            "[rank0]:     loss.backward()",
+            "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+            "[rank0]: later noise",
+        ],
+        worker=3,
+    )
+    fact = firsterror.fact(found)
+    assert fact == FirstErrorFact(
+        line="[rank0]: Traceback (most recent call last):",
+        worker=3,
+        attempt=1,
+        layer="training_code",
+        rule="training.cuda_oom",
+        why=fact.why,
+        exception=found.after[2].line,
+    )
+    assert "torch.OutOfMemoryError: CUDA out of memory" in found.after[2].line
+    # A traceback cut short names no exception; any other line needs none.
+    cut_short = firsterror.fact(_found(["Traceback (most recent call last):", '  File "x.py"']))
+    assert cut_short.exception is None
+    plain = firsterror.fact(
+        _found(["bash: line 1: cd: /workspace/proj: No such file or directory"])
+    )
+    assert (plain.layer, plain.rule, plain.exception) == (
+        "launch_command",
+        "launch.working_directory",
+        None,
+    )
+    assert firsterror.clean("a\tb\rc\x00d\x1b[2K  ") == "a\tb c d"
 
 
 # --- answers -------------------------------------------------------------------------------------

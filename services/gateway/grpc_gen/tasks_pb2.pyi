@@ -203,3 +203,141 @@ class RerunGroupRequest(_message.Message):
     group_id: str
     changes_json: str
     def __init__(self, group_id: _Optional[str] = ..., changes_json: _Optional[str] = ...) -> None: ...
+
+class LogFilter(_message.Message):
+    __slots__ = ("workers", "run", "since", "until", "words", "phrase", "regex", "ignore_case")
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    WORDS_FIELD_NUMBER: _ClassVar[int]
+    PHRASE_FIELD_NUMBER: _ClassVar[int]
+    REGEX_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_CASE_FIELD_NUMBER: _ClassVar[int]
+    workers: _containers.RepeatedScalarFieldContainer[int]
+    run: int
+    since: str
+    until: str
+    words: str
+    phrase: str
+    regex: str
+    ignore_case: bool
+    def __init__(self, workers: _Optional[_Iterable[int]] = ..., run: _Optional[int] = ..., since: _Optional[str] = ..., until: _Optional[str] = ..., words: _Optional[str] = ..., phrase: _Optional[str] = ..., regex: _Optional[str] = ..., ignore_case: _Optional[bool] = ...) -> None: ...
+
+class SearchLogsRequest(_message.Message):
+    __slots__ = ("task_id", "filter", "order", "limit", "cursor")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    ORDER_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    filter: LogFilter
+    order: str
+    limit: int
+    cursor: str
+    def __init__(self, task_id: _Optional[str] = ..., filter: _Optional[_Union[LogFilter, _Mapping]] = ..., order: _Optional[str] = ..., limit: _Optional[int] = ..., cursor: _Optional[str] = ...) -> None: ...
+
+class FollowLogsRequest(_message.Message):
+    __slots__ = ("task_id", "filter", "cursor", "limit")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    filter: LogFilter
+    cursor: str
+    limit: int
+    def __init__(self, task_id: _Optional[str] = ..., filter: _Optional[_Union[LogFilter, _Mapping]] = ..., cursor: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class LogLine(_message.Message):
+    __slots__ = ("at", "run", "attempt", "worker", "stream", "line")
+    AT_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    LINE_FIELD_NUMBER: _ClassVar[int]
+    at: str
+    run: int
+    attempt: int
+    worker: int
+    stream: str
+    line: str
+    def __init__(self, at: _Optional[str] = ..., run: _Optional[int] = ..., attempt: _Optional[int] = ..., worker: _Optional[int] = ..., stream: _Optional[str] = ..., line: _Optional[str] = ...) -> None: ...
+
+class LogPage(_message.Message):
+    __slots__ = ("lines", "next_cursor", "tail_cursor", "json")
+    LINES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_CURSOR_FIELD_NUMBER: _ClassVar[int]
+    TAIL_CURSOR_FIELD_NUMBER: _ClassVar[int]
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    lines: _containers.RepeatedCompositeFieldContainer[LogLine]
+    next_cursor: str
+    tail_cursor: str
+    json: str
+    def __init__(self, lines: _Optional[_Iterable[_Union[LogLine, _Mapping]]] = ..., next_cursor: _Optional[str] = ..., tail_cursor: _Optional[str] = ..., json: _Optional[str] = ...) -> None: ...
+
+class FirstErrorRequest(_message.Message):
+    __slots__ = ("task_id", "run")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    run: int
+    def __init__(self, task_id: _Optional[str] = ..., run: _Optional[int] = ...) -> None: ...
+
+class FirstError(_message.Message):
+    __slots__ = ("found", "line", "layer", "rule", "json")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    LINE_FIELD_NUMBER: _ClassVar[int]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    line: LogLine
+    layer: str
+    rule: str
+    json: str
+    def __init__(self, found: _Optional[bool] = ..., line: _Optional[_Union[LogLine, _Mapping]] = ..., layer: _Optional[str] = ..., rule: _Optional[str] = ..., json: _Optional[str] = ...) -> None: ...
+
+class StartLogExportRequest(_message.Message):
+    __slots__ = ("task_id", "filter", "format")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    filter: LogFilter
+    format: str
+    def __init__(self, task_id: _Optional[str] = ..., filter: _Optional[_Union[LogFilter, _Mapping]] = ..., format: _Optional[str] = ...) -> None: ...
+
+class ExportRef(_message.Message):
+    __slots__ = ("export_id",)
+    EXPORT_ID_FIELD_NUMBER: _ClassVar[int]
+    export_id: str
+    def __init__(self, export_id: _Optional[str] = ...) -> None: ...
+
+class ListLogExportsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LogExport(_message.Message):
+    __slots__ = ("export_id", "task_id", "state", "lines_done", "lines_total", "json")
+    EXPORT_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LINES_DONE_FIELD_NUMBER: _ClassVar[int]
+    LINES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    export_id: str
+    task_id: str
+    state: str
+    lines_done: int
+    lines_total: int
+    json: str
+    def __init__(self, export_id: _Optional[str] = ..., task_id: _Optional[str] = ..., state: _Optional[str] = ..., lines_done: _Optional[int] = ..., lines_total: _Optional[int] = ..., json: _Optional[str] = ...) -> None: ...
+
+class LogExportList(_message.Message):
+    __slots__ = ("exports",)
+    EXPORTS_FIELD_NUMBER: _ClassVar[int]
+    exports: _containers.RepeatedCompositeFieldContainer[LogExport]
+    def __init__(self, exports: _Optional[_Iterable[_Union[LogExport, _Mapping]]] = ...) -> None: ...

@@ -104,6 +104,36 @@ class TasksStub:
                 request_serializer=runyard_dot_v1_dot_tasks__pb2.RerunGroupRequest.SerializeToString,
                 response_deserializer=runyard_dot_v1_dot_tasks__pb2.Group.FromString,
                 _registered_method=True)
+        self.SearchLogs = channel.unary_unary(
+                '/runyard.v1.Tasks/SearchLogs',
+                request_serializer=runyard_dot_v1_dot_tasks__pb2.SearchLogsRequest.SerializeToString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.LogPage.FromString,
+                _registered_method=True)
+        self.FollowLogs = channel.unary_stream(
+                '/runyard.v1.Tasks/FollowLogs',
+                request_serializer=runyard_dot_v1_dot_tasks__pb2.FollowLogsRequest.SerializeToString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.LogPage.FromString,
+                _registered_method=True)
+        self.GetFirstError = channel.unary_unary(
+                '/runyard.v1.Tasks/GetFirstError',
+                request_serializer=runyard_dot_v1_dot_tasks__pb2.FirstErrorRequest.SerializeToString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.FirstError.FromString,
+                _registered_method=True)
+        self.StartLogExport = channel.unary_unary(
+                '/runyard.v1.Tasks/StartLogExport',
+                request_serializer=runyard_dot_v1_dot_tasks__pb2.StartLogExportRequest.SerializeToString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.LogExport.FromString,
+                _registered_method=True)
+        self.GetLogExport = channel.unary_unary(
+                '/runyard.v1.Tasks/GetLogExport',
+                request_serializer=runyard_dot_v1_dot_tasks__pb2.ExportRef.SerializeToString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.LogExport.FromString,
+                _registered_method=True)
+        self.ListLogExports = channel.unary_unary(
+                '/runyard.v1.Tasks/ListLogExports',
+                request_serializer=runyard_dot_v1_dot_tasks__pb2.ListLogExportsRequest.SerializeToString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.LogExportList.FromString,
+                _registered_method=True)
 
 
 class TasksServicer:
@@ -194,6 +224,50 @@ class TasksServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SearchLogs(self, request, context):
+        """Logs (docs/logs.md), over the same functions as the HTTP log routes.
+        One page of a task's lines: GET /v1/tasks/{id}/logs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FollowLogs(self, request, context):
+        """Live tail: the matching lines (oldest first) in pages, then new ones as
+        they are stored, until the task has ended and its last lines are sent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetFirstError(self, request, context):
+        """The earliest error line and its layer: GET /v1/tasks/{id}/first-error.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StartLogExport(self, request, context):
+        """Start a background export: POST /v1/tasks/{id}/logs/exports.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetLogExport(self, request, context):
+        """An export's state and progress: GET /v1/exports/{id}.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListLogExports(self, request, context):
+        """The caller's exports, newest first: GET /v1/exports.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TasksServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -266,6 +340,36 @@ def add_TasksServicer_to_server(servicer, server):
                     servicer.RerunGroup,
                     request_deserializer=runyard_dot_v1_dot_tasks__pb2.RerunGroupRequest.FromString,
                     response_serializer=runyard_dot_v1_dot_tasks__pb2.Group.SerializeToString,
+            ),
+            'SearchLogs': grpc.unary_unary_rpc_method_handler(
+                    servicer.SearchLogs,
+                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.SearchLogsRequest.FromString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.LogPage.SerializeToString,
+            ),
+            'FollowLogs': grpc.unary_stream_rpc_method_handler(
+                    servicer.FollowLogs,
+                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.FollowLogsRequest.FromString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.LogPage.SerializeToString,
+            ),
+            'GetFirstError': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetFirstError,
+                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.FirstErrorRequest.FromString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.FirstError.SerializeToString,
+            ),
+            'StartLogExport': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartLogExport,
+                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.StartLogExportRequest.FromString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.LogExport.SerializeToString,
+            ),
+            'GetLogExport': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetLogExport,
+                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.ExportRef.FromString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.LogExport.SerializeToString,
+            ),
+            'ListLogExports': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLogExports,
+                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.ListLogExportsRequest.FromString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.LogExportList.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -646,6 +750,168 @@ class Tasks:
             '/runyard.v1.Tasks/RerunGroup',
             runyard_dot_v1_dot_tasks__pb2.RerunGroupRequest.SerializeToString,
             runyard_dot_v1_dot_tasks__pb2.Group.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SearchLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runyard.v1.Tasks/SearchLogs',
+            runyard_dot_v1_dot_tasks__pb2.SearchLogsRequest.SerializeToString,
+            runyard_dot_v1_dot_tasks__pb2.LogPage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FollowLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/runyard.v1.Tasks/FollowLogs',
+            runyard_dot_v1_dot_tasks__pb2.FollowLogsRequest.SerializeToString,
+            runyard_dot_v1_dot_tasks__pb2.LogPage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetFirstError(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runyard.v1.Tasks/GetFirstError',
+            runyard_dot_v1_dot_tasks__pb2.FirstErrorRequest.SerializeToString,
+            runyard_dot_v1_dot_tasks__pb2.FirstError.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartLogExport(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runyard.v1.Tasks/StartLogExport',
+            runyard_dot_v1_dot_tasks__pb2.StartLogExportRequest.SerializeToString,
+            runyard_dot_v1_dot_tasks__pb2.LogExport.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetLogExport(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runyard.v1.Tasks/GetLogExport',
+            runyard_dot_v1_dot_tasks__pb2.ExportRef.SerializeToString,
+            runyard_dot_v1_dot_tasks__pb2.LogExport.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLogExports(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runyard.v1.Tasks/ListLogExports',
+            runyard_dot_v1_dot_tasks__pb2.ListLogExportsRequest.SerializeToString,
+            runyard_dot_v1_dot_tasks__pb2.LogExportList.FromString,
             options,
             channel_credentials,
             insecure,

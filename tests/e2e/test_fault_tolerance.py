@@ -1,0 +1,297 @@
+"""Fault tolerance end to end (issue 8, "Must show"), through the gateway's HTTP API.
+
+The whole platform runs in-process (conftest.py): scheduler, deployer with the
+local runtime (real worker processes), fault-tolerance service reading the real
+logs topic, gateway. Short knobs come from settings and the test's config copy,
+never from changed defaults: the deployer's `max_restart_delay_s` (runtime.yaml
+`deployer:`) so a restart follows in about a second, and the FT service's
+`faulttolerance_resume_wait_s` so the "no checkpoint loaded" warning comes soon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from runyard.faulttolerance.stacks import py_spy_binary
+
+from tests.e2e import conftest as e2e
+from tests.e2e.conftest import Platform, running_platform
+from tests.unit.test_cli import cli
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+CKPT = [{"file_system": "fs-main", "volume": "checkpoints", "mount_path": "/mnt/ckpt"}]
+RESUME_WAIT_S = 2.0
+HANG_TIMEOUT_S = 10  # the spec's minimum
+
+
+@pytest.fixture
+async def ft_platform(
+    dsn: str, kafka: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Platform]:
+    """The platform with restarts after at most 0.5 s and a short resume wait."""
+    copy = e2e.copy_config
+
+    def short_restarts(target: Path, *, grace_s: float = 2.0) -> Path:
+        copied = copy(target, grace_s=grace_s)
+        runtime = yaml.safe_load((copied / "runtime.yaml").read_text())
+        runtime["deployer"] = {**(runtime.get("deployer") or {}), "max_restart_delay_s": 0.5}
+        (copied / "runtime.yaml").write_text(yaml.safe_dump(runtime))
+        return copied
+
+    monkeypatch.setattr(e2e, "copy_config", short_restarts)
+    async with running_platform(
+        dsn, kafka, tmp_path, faulttolerance_resume_wait_s=RESUME_WAIT_S
+    ) as platform:
+        await _ft_ready(platform)
+        yield platform
+
+
+async def _ft_ready(platform: Platform) -> None:
+    deadline = time.monotonic() + 30
+    while "faulttolerance_app" not in platform.ctx.settings:
+        platform.check_alive()
+        assert time.monotonic() < deadline, "the fault-tolerance service did not start"
+        await asyncio.sleep(0.05)
+
+
+async def ft_log(platform: Platform, task_id: str) -> dict[str, Any]:
+    answer = await platform.http.get(f"/v1/tasks/{task_id}/ft-log")
+    assert answer.status_code == 200, answer.text
+    body: dict[str, Any] = answer.json()
+    return body
+
+
+async def wait_events(
+    platform: Platform,
+    task_id: str,
+    done: Callable[[list[dict[str, Any]]], bool],
+    within: float,
+) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + within
+    while True:
+        platform.check_alive()
+        events = await platform.events(task_id)
+        if done(events):
+            return events
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{task_id} after {within}s: {[e['type'] for e in events]}")
+        await asyncio.sleep(0.1)
+
+
+def of(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [e["data"] for e in events if e["type"] == kind]
+
+
+def crash_once(mark: str, *, load: bool) -> str:
+    """Attempt 1 saves step 50 and crashes; attempt 2 (maybe) loads it and finishes."""
+    ckpt = f"/mnt/ckpt/{mark}/step_50.pt"
+    resume = f'echo "Loading checkpoint from {ckpt} (step 50)"; cat {ckpt}; ' if load else ""
+    return (
+        f"mkdir -p /mnt/ckpt/{mark}; "
+        f'if [ "$RUNYARD_ATTEMPT" = 1 ]; then '
+        f"echo 'step 50 saved' > {ckpt}; echo 'saved checkpoint at step 50'; "
+        "echo 'CUDA error: an illegal memory access was encountered' >&2; exit 1; fi; "
+        f"{resume}echo 'training resumed'; sleep 1; echo done"
+    )
+
+
+async def test_a_crash_restarts_once_and_resumes_from_the_checkpoint(
+    ft_platform: Platform,
+) -> None:
+    mark = uuid.uuid4().hex[:12]
+    created = await ft_platform.submit(
+        name="resume",
+        command=crash_once(mark, load=True),
+        mounts=CKPT,
+        output_dirs=["/mnt/ckpt"],
+        fault_tolerance={"auto_restart": True, "max_restarts": 1},
+    )
+    task_id = created["task_id"]
+    await ft_platform.wait_status(task_id, "succeeded", within=25)
+    events = await wait_events(
+        ft_platform, task_id, lambda es: bool(of(es, "ResumeObserved")), within=5
+    )
+    (restart,) = of(events, "TaskRestartScheduled")
+    assert (restart["reason"], restart["attempt"]) == ("failure", 2), restart
+    (resumed,) = of(events, "ResumeObserved")
+    assert resumed["attempt"] == 2
+    assert resumed["step"] == 50
+    assert resumed["path"] == f"/mnt/ckpt/{mark}/step_50.pt"
+    assert not of(events, "ResumeNotObserved")
+
+    body = await ft_log(ft_platform, task_id)
+    assert body["counts"] == {"restarts": 1, "reschedules": 0, "hangs": 0, "slowdowns": 0}
+    texts = [line["text"] for line in body["lines"]]
+    assert texts[0].startswith("Restart 1 scheduled after failure: attempt 2 in ")
+    assert texts[1] == (
+        f"Resume observed at step 50 from /mnt/ckpt/{mark}/step_50.pt: "
+        f"Loading checkpoint from /mnt/ckpt/{mark}/step_50.pt (step 50)"
+    )
+
+
+async def test_a_restart_that_loads_no_checkpoint_is_a_warning(ft_platform: Platform) -> None:
+    mark = uuid.uuid4().hex[:12]
+    created = await ft_platform.submit(
+        name="scratch",
+        command=crash_once(mark, load=False) + "; sleep 5",
+        mounts=CKPT,
+        output_dirs=["/mnt/ckpt"],
+        fault_tolerance={"auto_restart": True, "max_restarts": 1},
+    )
+    task_id = created["task_id"]
+    started = time.monotonic()
+    events = await wait_events(
+        ft_platform, task_id, lambda es: bool(of(es, "ResumeNotObserved")), within=20
+    )
+    (missing,) = of(events, "ResumeNotObserved")
+    assert missing["attempt"] == 2
+    assert RESUME_WAIT_S <= missing["waited_s"] < RESUME_WAIT_S + 3
+    assert "TaskSucceeded" not in [e["type"] for e in events], "the warning came on time"
+    assert time.monotonic() - started < 20
+    body = await ft_log(ft_platform, task_id)
+    (warning,) = [line for line in body["lines"] if line["kind"] == "resume"]
+    assert warning["level"] == "warning"
+    assert warning["text"].startswith("No checkpoint load seen in the logs within")
+    assert warning["text"].endswith("the training may have started from scratch")
+    await ft_platform.wait_status(task_id, "succeeded", within=15)
+
+
+HANGING = """python -u - <<'EOF'
+import time
+
+def wait_for_allreduce():
+    time.sleep(100000)
+
+print("step 1 done", flush=True)
+wait_for_allreduce()
+EOF"""
+
+
+@pytest.mark.skipif(py_spy_binary() is None, reason="py-spy is not installed")
+async def test_a_hang_is_detected_its_stacks_captured_and_the_task_restarted(
+    ft_platform: Platform,
+) -> None:
+    created = await ft_platform.submit(
+        name="hang",
+        image="pytorch:2.3-cuda12",
+        command=HANGING,
+        worker_count=2,
+        framework="pytorch_ddp",
+        fault_tolerance={
+            "auto_restart": True,
+            "max_restarts": 1,
+            "hang_timeout_s": HANG_TIMEOUT_S,
+        },
+    )
+    task_id = created["task_id"]
+    await ft_platform.wait_status(task_id, "running", within=15)
+    running_at = time.monotonic()
+    events = await wait_events(
+        ft_platform,
+        task_id,
+        lambda es: bool(of(es, "TaskRestartScheduled")),
+        within=HANG_TIMEOUT_S + 10,
+    )
+    assert time.monotonic() - running_at < HANG_TIMEOUT_S + 5, "detected within the time + 5 s"
+    (hang,) = of(events, "HangDetected")
+    assert hang["attempt"] == 1 and HANG_TIMEOUT_S <= hang["idle_s"] < HANG_TIMEOUT_S + 3
+    (captured,) = of(events, "StacksCaptured")
+    assert captured["workers"] == [0, 1]
+    (restart,) = of(events, "TaskRestartScheduled")
+    assert (restart["reason"], restart["attempt"]) == ("hang", 2)
+    types = [e["type"] for e in events]
+    assert types.index("HangDetected") < types.index("StacksCaptured")
+    assert types.index("StacksCaptured") < types.index("TaskRestartScheduled")
+
+    answer = await ft_platform.http.get(f"/v1/tasks/{task_id}/stacks/{captured['report_id']}")
+    assert answer.status_code == 200, answer.text
+    report = answer.json()
+    assert set(report["frames_by_worker"]) == {"0", "1"}
+    for worker in ("0", "1"):
+        assert any(f.startswith("wait_for_allreduce") for f in report["frames_by_worker"][worker])
+        raw = [
+            frame["name"]
+            for proc in report["workers"][worker]
+            for thread in proc["threads"]
+            for frame in thread["frames"]
+        ]
+        assert "wait_for_allreduce" in raw and "<module>" in raw
+    assert any(name.startswith("wait_for_allreduce") for name in report["functions"])
+    assert report["summary"]
+    listed = (await ft_platform.http.get(f"/v1/tasks/{task_id}/stacks")).json()["reports"]
+    assert captured["report_id"] in [r["report_id"] for r in listed]
+
+    # the restarted attempt runs (and would hang again: no restart is left)
+    await ft_platform.wait_for(task_id, lambda t: t["attempt"] == 2 and t["status"] == "running")
+    body = await ft_log(ft_platform, task_id)
+    assert body["counts"]["hangs"] == 1 and body["counts"]["restarts"] == 1
+    kinds = [line["kind"] for line in body["lines"]]
+    assert kinds[:3] == ["hang", "stacks", "restart"]
+    assert body["lines"][2]["text"].startswith("Restart 1 scheduled after hang: attempt 2 in ")
+    await ft_platform.http.post(f"/v1/tasks/{task_id}/stop")
+
+
+async def test_stacks_on_demand_and_ft_log_through_the_cli(ft_platform: Platform) -> None:
+    created = await ft_platform.submit(
+        name="busy",
+        image="pytorch:2.3-cuda12",
+        command=HANGING,
+        worker_count=2,
+        framework="pytorch_ddp",
+    )
+    task_id = created["task_id"]
+    await ft_platform.wait_status(task_id, "running", within=15)
+    url, token = str(ft_platform.http.base_url).rstrip("/"), ft_platform.token
+    if py_spy_binary() is not None:
+        await asyncio.sleep(1.0)  # let the interpreter reach the function
+        shown = await cli(url, token, "stacks", task_id, "--capture")
+        assert shown.exit_code == 0, shown.output
+        assert "worker 0: wait_for_allreduce" in shown.stdout
+        assert "worker 1: wait_for_allreduce" in shown.stdout
+        events = await ft_platform.events(task_id)
+        (captured,) = [e for e in events if e["type"] == "StacksCaptured"]
+        assert captured["actor"] == "user:e2e/alice"
+        again = await cli(url, token, "stacks", task_id, "--json")
+        assert json.loads(again.stdout)["report_id"] == captured["data"]["report_id"]
+    other = await ft_platform.http.get("/v1/tasks/nope/ft-log")
+    assert other.status_code == 404
+    await ft_platform.http.post(f"/v1/tasks/{task_id}/stop")
+    await ft_platform.wait_status(task_id, "stopped", within=15)
+    refused = await ft_platform.http.post(f"/v1/tasks/{task_id}/stacks")
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["code"] == "stacks.not_running"
+
+
+async def test_a_faulty_node_reschedules_and_ft_log_counts_it(ft_platform: Platform) -> None:
+    created = await ft_platform.submit(
+        name="moving",
+        command='echo "on $RUNYARD_NODE attempt $RUNYARD_ATTEMPT"; '
+        'if [ "$RUNYARD_ATTEMPT" = 1 ]; then sleep 60; fi',
+    )
+    task_id = created["task_id"]
+    await ft_platform.wait_status(task_id, "running", within=15)
+    events = await ft_platform.events(task_id)
+    (placed,) = of(events, "TaskPlaced")
+    node = placed["workers"][0]["node"]
+    marked = await ft_platform.http.post(
+        f"/v1/admin/pools/dev-a100/nodes/{node}/fault", json={"reason": "GPU 3 fell off"}
+    )
+    assert marked.status_code == 200, marked.text
+    await ft_platform.wait_status(task_id, "succeeded", within=20)
+    url, token = str(ft_platform.http.base_url).rstrip("/"), ft_platform.token
+    shown = await cli(url, token, "ft-log", task_id)
+    assert shown.exit_code == 0, shown.output
+    assert "restarts=1 reschedules=1 hangs=0 slowdowns=0" in shown.stdout
+    assert f"Reschedule 1 requested: node {node} is faulty: GPU 3 fell off" in shown.stdout
+    assert "Restart 1 scheduled after hardware fault: attempt 2 on healthy nodes" in shown.stdout
+    as_json = json.loads((await cli(url, token, "ft-log", task_id, "--json")).stdout)
+    assert as_json["counts"] == {"restarts": 1, "reschedules": 1, "hangs": 0, "slowdowns": 0}

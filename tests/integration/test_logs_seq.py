@@ -1,0 +1,110 @@
+"""Per-line sequence numbers: the deployer's runtime numbers each line of a
+worker's stream before its bounded queue, the record carries `seq`, and the log
+store dedupes on it (the hash of the line stays the key of records without it)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from runyard.logs import LogQuery, LogRecord, LogStore, parse
+
+from tests.integration.test_deployer import Harness, h, make_spec  # noqa: F401 (fixture)
+from tests.integration.test_deployer_recovery import World, world  # noqa: F401 (fixture)
+from tests.integration.test_deployer_recovery import make_spec as recovery_spec
+
+pytestmark = pytest.mark.integration
+
+AT = (datetime.now(UTC) - timedelta(hours=1)).replace(microsecond=123456)
+
+
+@pytest.fixture
+async def store(dsn: str) -> AsyncIterator[LogStore]:
+    import asyncpg
+
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+    try:
+        logs = LogStore(pool)
+        await logs.migrate()
+        yield logs
+    finally:
+        await pool.close()
+
+
+def numbered(text: str, seqs: range, stream: str = "stdout") -> list[LogRecord]:
+    return [LogRecord(AT, "t-seq", 1, 1, 0, stream, text, seq=s) for s in seqs]  # type: ignore[arg-type]
+
+
+async def test_identical_lines_in_one_microsecond_are_kept_when_seq_differs(
+    store: LogStore,
+) -> None:
+    assert await store.ingest(numbered("step done", range(3))) == 3
+    # the same numbers on the other stream are other lines (numbered per stream)
+    assert await store.ingest(numbered("step done", range(3), "stderr")) == 3
+    # without seq the same line at the same microsecond is one line (the hash fallback)
+    plain = [LogRecord(AT, "t-seq", 1, 1, 1, "stdout", "step done") for _ in range(3)]
+    assert await store.ingest(plain) == 1
+    lines = (await store.page(LogQuery("t-seq"))).lines
+    assert sorted((ln.worker, ln.stream, ln.seq) for ln in lines) == [
+        (0, "stderr", 0),
+        (0, "stderr", 1),
+        (0, "stderr", 2),
+        (0, "stdout", 0),
+        (0, "stdout", 1),
+        (0, "stdout", 2),
+        (1, "stdout", None),
+    ]
+
+
+async def test_redelivery_with_seq_stores_nothing_twice(store: LogStore) -> None:
+    messages = [json.dumps(r.to_json()).encode() for r in numbered("loss=1.0", range(5))]
+    assert await store.ingest([parse(m) for m in messages]) == 5
+    # the consumer restarts: the same messages again, and a batch overlapping them
+    assert await store.ingest([parse(m) for m in messages]) == 0
+    more = numbered("loss=1.0", range(3, 8))
+    assert await store.ingest(more) == 3  # 3 and 4 were stored already
+    assert await store.ingest([parse(m) for m in reversed(messages)]) == 0
+    assert await store.count(LogQuery("t-seq")) == 8
+    # a record built in code and the parsed message of the same line are one line
+    assert parse(messages[0]).dedupe == numbered("loss=1.0", range(1))[0].dedupe
+
+
+async def test_the_runtime_numbers_each_stream_of_each_worker(h: Harness) -> None:  # noqa: F811
+    command = "for i in 1 2 3; do echo same; echo same >&2; done; echo last"
+    await h.launch("seq", make_spec(command, workers=2))
+    assert (await h.state("seq")).status == "succeeded"
+    for worker in (0, 1):
+        for stream, count in (("stdout", 4), ("stderr", 3)):
+            mine = [x for x in h.lines if x.worker == worker and x.stream == stream]
+            assert [x.seq for x in mine] == list(range(count)), mine
+    # what the deployer publishes carries it, and the store keeps every line
+    published = [parse(json.dumps(x.record()).encode()) for x in h.lines]
+    assert all(r.seq is not None for r in published)
+    same_time = [
+        LogRecord(AT, r.task_id, r.run, r.attempt, r.worker, r.stream, r.line, seq=r.seq)
+        for r in published
+    ]
+    pool = h.store.pool
+    logs = LogStore(pool)
+    await logs.migrate()
+    assert await logs.ingest(same_time) == 14  # identical lines, one microsecond: all kept
+    assert await logs.ingest(same_time) == 0
+
+
+async def test_a_new_deployer_numbers_on_where_the_last_one_stopped(world: World) -> None:  # noqa: F811
+    app1, _ = world.deployer()
+    placed = await world.submit_and_place(
+        "resume", recovery_spec("echo one; echo two; sleep 2; echo three; exit 0")
+    )
+    for event in placed:
+        await app1.handle(event)
+    await world.until("resume", lambda s: s.status == "running")
+    await asyncio.sleep(0.5)  # "one" and "two" published, their offset and numbers saved
+    app1.detach()  # the deployer dies; its worker does not
+    app2, _ = world.deployer()
+    assert await app2.reconcile() == ["resume"]
+    await asyncio.wait_for(app2.drain(), 8)
+    assert [(x.line, x.seq) for x in world.lines] == [("one", 0), ("two", 1), ("three", 2)]
