@@ -191,7 +191,7 @@ class TaskPlaced(_TaskEvent):
     """
 
     emitted_by = "scheduler"
-    reacted_by = ("deployer",)
+    reacted_by = ("deployer", "notification")
 
     run: Run
     attempt: Attempt
@@ -207,7 +207,7 @@ class TaskRescheduleFailed(_TaskEvent):
     """
 
     emitted_by = "scheduler"
-    reacted_by = ("notification",)
+    reacted_by = ()
 
     run: Run
     reason: Text
@@ -222,7 +222,7 @@ class TaskPreempted(_TaskEvent):
     """
 
     emitted_by = "scheduler"
-    reacted_by = ("deployer", "notification")
+    reacted_by = ("deployer",)
 
     run: Run
     reason: Text
@@ -309,7 +309,7 @@ class DeployStageFailed(_TaskEvent):
     """
 
     emitted_by = "deployer"
-    reacted_by = ("notification",)
+    reacted_by = ()
 
     run: Run
     attempt: Attempt
@@ -358,7 +358,7 @@ class TaskRunning(_TaskEvent):
     """
 
     emitted_by = "deployer"
-    reacted_by = ("faulttolerance", "notification")
+    reacted_by = ("faulttolerance",)
 
     run: Run
     attempt: Attempt
@@ -490,7 +490,7 @@ class TaskRescheduleRequested(_TaskEvent):
     """
 
     emitted_by = "faulttolerance"
-    reacted_by = ("scheduler", "deployer")
+    reacted_by = ("scheduler", "deployer", "notification")
 
     run: Run
     attempt: Attempt

@@ -159,3 +159,12 @@ def test_the_walks_reach_the_events_that_matter() -> None:
             step(story, rnd)
         seen |= {e.type_name() for e, _ in story.events}
     assert {"TaskQueued", "TaskPlaced", "TaskPreempted", "TaskRequeued"} <= seen
+
+
+def test_the_event_catalogue_names_what_notification_reacts_to() -> None:
+    """docs/events.md is generated from `reacted_by`: it must match the rules."""
+    from runyard.contracts.task_events import TASK_EVENTS
+    from runyard.notification.app import EVENT_TYPES
+
+    listed = {m.type_name() for m in TASK_EVENTS if "notification" in m.reacted_by}
+    assert listed == set(EVENT_TYPES)
