@@ -221,6 +221,16 @@ class Bench:
             count += len(await reader.read(READ_BATCH))
         return count / (time.perf_counter() - start)
 
+    async def ry_read_stored(self) -> float:
+        """The same reader without building models: what the relay uses."""
+        head = await self.store.head_position()
+        reader = self.store.all_reader(0)
+        count = 0
+        start = time.perf_counter()
+        while reader.position < head:
+            count += len(await reader.read_stored(READ_BATCH))
+        return count / (time.perf_counter() - start)
+
     async def raw_read(self) -> float:
         count = position = 0
         async with self.raw.acquire() as conn:
@@ -363,6 +373,7 @@ async def bench(dsn: str, bootstrap: str, sizes: Sizes) -> str:
         await seed(store, sizes.read_rows)
         rows_read = await store.head_position()
         read = await paired(b, b.ry_read, b.raw_read)
+        read_stored = await paired(b, b.ry_read_stored, b.raw_read)
         p50, p99 = await relay_latency(store, bootstrap, sizes.relay_samples)
     finally:
         await raw.close()
@@ -399,10 +410,19 @@ async def bench(dsn: str, bootstrap: str, sizes: Sizes) -> str:
         )
     )
     print(
+        row(
+            "read all, stored (no models)",
+            *read_stored,
+            "events/s",
+            "the same SELECT; the relay's read path",
+        )
+    )
+    print(
         f"{'relay latency at ~50/s':<34} p50 {p50:.1f} ms, p99 {p99:.1f} ms "
         f"({sizes.relay_samples} samples, append to consumed)"
     )
     print(f"append_ratio_{WRITERS}conn={multi[0] / multi[1]:.2f}")
+    print(f"read_stored_ratio={read_stored[0] / read_stored[1]:.2f}")
     return (
         f"eventstore: append_ratio={single[0] / single[1]:.2f} "
         f"batch_ratio={batch[0] / batch[1]:.2f} read_ratio={read[0] / read[1]:.2f} "
