@@ -128,6 +128,21 @@ class _Active:
     env_check_started: bool = False
 
 
+#: The task events the deployer reacts to; the consumer skips every other type
+#: before any database work (see `handle`, which dispatches on exactly these).
+REACTS_TO = frozenset(
+    t.type_name()
+    for t in (
+        TaskPlaced,
+        TaskStopRequested,
+        TaskRestartScheduled,
+        TaskRescheduleRequested,
+        EnvCheckStarted,
+        EnvCheckFinished,
+    )
+)
+
+
 class DeployerApp:
     """Drives deployments through a `Runtime`; see the module docstring."""
 
@@ -159,7 +174,7 @@ class DeployerApp:
 
     async def handle(self, event: RecordedEvent[Event], conn: Any = None) -> None:
         """React to one task event (the IdempotentConsumer's handler)."""
-        if not event.stream_id.startswith("task-"):
+        if not event.stream_id.startswith("task-") or event.type not in REACTS_TO:
             return
         task_id = event.stream_id.removeprefix("task-")
         payload = event.event

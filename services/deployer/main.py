@@ -22,7 +22,7 @@ import contextlib
 import json
 import logging
 
-from runyard.deployer.app import DeployerApp
+from runyard.deployer.app import REACTS_TO, DeployerApp
 from runyard.deployer.runtime import LocalRuntime, LocalRuntimeConfig, OutputLine
 from runyard.eventstore import PostgresEventStore
 from runyard.messaging.consumer import IdempotentConsumer, make_broker
@@ -63,7 +63,12 @@ async def run(ctx: ServiceContext) -> None:
         if taken:
             log.info("took over %d task(s) from an earlier deployer: %s", len(taken), taken)
         consumer = IdempotentConsumer(
-            CONSUMER, pool=store.pool, mapper=ctx.mapper, handler=app.handle, kafka=ctx.kafka
+            CONSUMER,
+            pool=store.pool,
+            mapper=ctx.mapper,
+            handler=app.handle,
+            kafka=ctx.kafka,
+            event_types=REACTS_TO,
         )
         consumer.subscribe(broker, ctx.kafka.topics.task_events)
         await broker.start()

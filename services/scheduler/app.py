@@ -160,6 +160,35 @@ class _Decision:
         return not self.pool_events and not any(self.tasks.values())
 
 
+#: Task events that never change what the scheduler must do: deploy progress,
+#: checks, detections, alerts, and what it appended itself (already folded when
+#: it committed). The consumer skips them before any database work; a later
+#: event the scheduler does need finds its state a few versions behind and
+#: reloads the stream (`_sync_task`).
+IGNORED = frozenset(
+    {
+        "DeployStageStarted",
+        "DeployStageCompleted",
+        "EnvCheckStarted",
+        "EnvCheckItemReported",
+        "EnvCheckFinished",
+        "WorkerStarted",
+        "WorkerExited",
+        "TaskRunning",
+        "HangDetected",
+        "StacksCaptured",
+        "SlowdownDetected",
+        "ResumeObserved",
+        "ResumeNotObserved",
+        "AlertDelivered",
+        "AlertFailed",
+        "TaskQueued",
+        "TaskPlaced",
+        "ResourcesReleased",
+    }
+)
+
+
 class SchedulerApp:
     """The scheduler service's state and decisions; see the module docstring."""
 
@@ -281,6 +310,8 @@ class SchedulerApp:
         The view rows of changed pools are written on `conn` when given, so they
         commit with the consumer's inbox row.
         """
+        if event.type in IGNORED:
+            return
         async with self._lock:
             now = self.clock()
             self._cause = event.metadata.caused_by(event, ACTOR)

@@ -16,7 +16,7 @@ import contextlib
 
 from runyard.eventstore import PostgresEventStore
 from runyard.messaging.consumer import IdempotentConsumer, make_broker
-from runyard.scheduler.app import SchedulerApp
+from runyard.scheduler.app import IGNORED, SchedulerApp
 from runyard.scheduler.config import load_pools_file
 from runyard.stack.context import ServiceContext
 
@@ -40,6 +40,7 @@ async def run(ctx: ServiceContext) -> None:
             handler=app.handle,
             kafka=ctx.kafka,
             after_batch=app.after_batch,
+            event_types=frozenset(ctx.mapper.models) - IGNORED,
         )
         consumer.subscribe(broker, ctx.kafka.topics.task_events, ctx.kafka.topics.pool_events)
         await broker.start()
