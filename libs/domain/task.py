@@ -35,7 +35,7 @@ when no restart is left), a failed reschedule the failure.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Final, Literal, TypeAlias, TypeVar
@@ -866,6 +866,20 @@ def decide(
     if command.task_id != state.task_id:
         raise InvalidCommand(state.task_id, "apply", f"the command is for {command.task_id!r}")
     return _DECIDERS[type(command)](state, command, _Context(now, ids))
+
+
+def decide_all(
+    state: TaskState | None, commands: Sequence[Command], *, now: datetime, ids: IdFactory
+) -> list[Event]:
+    """The events of several commands decided one after the other, each on the
+    state the events before it left (all or nothing: a refusal raises)."""
+    events: list[Event] = []
+    for command in commands:
+        new = decide(state, command, now=now, ids=ids)
+        for event in new:
+            state = evolve(state, (event, now))
+        events.extend(new)
+    return events
 
 
 # guards

@@ -81,7 +81,7 @@ from runyard.domain.task import (
     StartStage,
     StartWorker,
     TaskState,
-    decide,
+    decide_all,
     evolve,
     fold,
 )
@@ -655,13 +655,7 @@ class DeployerApp:
             for _ in range(MAX_CONFLICT_RETRIES):
                 state = await self._load(task_id)
                 now = self.clock()
-                new: list[Event] = []
-                folded = state
-                for command in commands:
-                    events = decide(folded, command, now=now, ids=_no_ids)
-                    for event in events:
-                        folded = evolve(folded, (event, now))
-                    new.extend(events)
+                new = decide_all(state, commands, now=now, ids=_no_ids)
                 if not new:
                     return []
                 version = state.version if state is not None else 0

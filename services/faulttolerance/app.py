@@ -75,8 +75,7 @@ from runyard.domain.task import (
     ScheduleRestart,
     StartEnvCheck,
     TaskState,
-    decide,
-    evolve,
+    decide_all,
     fold,
     restart_refusal,
     worker_count,
@@ -631,13 +630,7 @@ class FaultToleranceApp:
             for _ in range(MAX_CONFLICT_RETRIES):
                 state = await self._load(task_id)
                 now = self.clock()
-                new: list[Event] = []
-                folded = state
-                for command in commands:
-                    events = decide(folded, command, now=now, ids=self.ids)
-                    for event in events:
-                        folded = evolve(folded, (event, now))
-                    new.extend(events)
+                new = decide_all(state, commands, now=now, ids=self.ids)
                 if not new:
                     return []
                 version = state.version if state is not None else 0

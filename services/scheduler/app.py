@@ -67,6 +67,7 @@ from runyard.domain.task import (
     ReleaseResources,
     TaskState,
     decide,
+    decide_all,
     evolve,
     next_attempt,
 )
@@ -737,13 +738,7 @@ class SchedulerApp:
 
     def _decide(self, state: TaskState, commands: Sequence[Command], now: datetime) -> list[Event]:
         """Decide commands one after the other on the task (each sees the events before)."""
-        events: list[Event] = []
-        for command in commands:
-            new = decide(state, command, now=now, ids=_no_ids)
-            for event in new:
-                state = evolve(state, (event, now))
-            events.extend(new)
-        return events
+        return decide_all(state, commands, now=now, ids=_no_ids)
 
     async def _decide_and_commit(
         self, runtime: PoolRuntime, state: TaskState, commands: Sequence[Command], now: datetime
