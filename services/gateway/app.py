@@ -16,7 +16,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from importlib import resources
 from pathlib import Path
@@ -59,16 +59,19 @@ MAX_PAGE = 200
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    """Who asks, and the request id that becomes the events' correlation id."""
+    """Who asks, the request id that becomes the events' correlation id, and
+    the W3C trace context the events carry on (R-62)."""
 
     principal: Principal
     request_id: str
+    trace_context: dict[str, str] = field(default_factory=dict)
 
     def metadata(self) -> Metadata:
         return Metadata(
             actor=self.principal.actor,
             causation_id=self.request_id,
             correlation_id=self.request_id,
+            trace_context=dict(self.trace_context),
         )
 
 

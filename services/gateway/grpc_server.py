@@ -229,7 +229,9 @@ class TasksService(pb_grpc.TasksServicer):  # type: ignore[misc]  # generated, u
     async def _request(self, context: grpc.aio.ServicerContext) -> Request:
         metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ())}
         request_id = str(metadata.get("x-request-id") or uuid.uuid4())
-        return Request(await self._caller(context), request_id)
+        # A caller's W3C context continues into the events this call writes.
+        trace = {k: str(metadata[k]) for k in ("traceparent", "tracestate") if k in metadata}
+        return Request(await self._caller(context), request_id, trace)
 
     async def _run(
         self, context: grpc.aio.ServicerContext, request: Any, call: Callable[[], Awaitable[T]]

@@ -26,6 +26,7 @@ from runyard.gateway.inputs import reject_nul
 from runyard.logs.http import logs_router
 from runyard.notification.http import notification_router
 from runyard.submission.errors import SubmissionError
+from runyard.telemetry import TracingMiddleware, current_trace_context
 
 
 async def _json_body(
@@ -57,6 +58,7 @@ def create_app(gateway: Gateway) -> FastAPI:
         dependencies=[Depends(_no_nul_in_url)],
     )
     app.state.gateway = gateway
+    app.add_middleware(TracingMiddleware)
     _error_handlers(app)
     _task_routes(app, gateway)
     _group_routes(app, gateway)
@@ -112,7 +114,8 @@ def _request_dependency(gateway: Gateway) -> Any:
         x_request_id: Annotated[str | None, Header()] = None,
     ) -> Request:
         reject_nul(x_request_id, "x-request-id")
-        return Request(principal, x_request_id or str(uuid.uuid4()))
+        # The request's server span (TracingMiddleware) is the events' parent.
+        return Request(principal, x_request_id or str(uuid.uuid4()), current_trace_context())
 
     return Depends(request)
 

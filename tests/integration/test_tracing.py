@@ -72,3 +72,45 @@ async def test_a_reaction_continues_the_trace_of_its_cause(dsn: str, kafka: Kafk
     ]
     assert consumer_spans, "FastStream's middleware continued the trace from the headers"
     await store.close()
+
+
+async def test_a_submission_carries_the_http_requests_trace(dsn: str) -> None:
+    """The gateway's request span is the parent of what the request appends."""
+    import httpx
+    from runyard.contracts import default_mapper
+    from runyard.gateway.app import Gateway
+    from runyard.gateway.auth import create_token
+    from runyard.gateway.http import create_app
+
+    from tests.unit.test_cli import REPO
+
+    setup_tracing("runyard-test", exporter=EXPORTER)
+    gateway = await Gateway.connect(dsn, REPO / "infra/config")
+    try:
+        token = await create_token(gateway.db, "t1", "alice", "member")
+        caller_trace = "0af7651916cd43dd8448eb211c80319c"
+        headers = {
+            "Authorization": f"Bearer {token}",
+            "traceparent": f"00-{caller_trace}-b7ad6b7169203331-01",
+        }
+        transport = httpx.ASGITransport(app=create_app(gateway))
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as http:
+            answer = await http.post(
+                "/v1/tasks",
+                headers=headers,
+                json={
+                    "name": "t",
+                    "pool": "dev-a100",
+                    "worker_spec": "1gpu",
+                    "image": "pytorch:2.3-cuda12",
+                    "command": "true",
+                },
+            )
+        assert answer.status_code == 201, answer.text
+        store = PostgresEventStore(gateway.db, default_mapper())
+        [submitted] = await store.read_stream(f"task-{answer.json()['task_id']}")
+        context = submitted.metadata.trace_context
+        assert _trace_id(context) == caller_trace
+        assert _span_id(context) != "b7ad6b7169203331", "the parent is the gateway's span"
+    finally:
+        await gateway.close()
