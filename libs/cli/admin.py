@@ -1,13 +1,17 @@
-"""`runyard admin`: pool nodes and spot capacity (admin role), over the gateway's admin API.
+"""`runyard admin`: pool nodes and spot capacity (platform_admin role) and API tokens
+(tenant_admin or platform_admin), over the gateway's admin API.
 
     runyard admin node add POOL NODE [--gpus 8]
     runyard admin node remove|cordon|uncordon|heal POOL NODE
     runyard admin node fault POOL NODE [--reason TEXT]     (fault injection in tests)
     runyard admin spot POOL --remove N | --add NAME[,NAME...] [--reason TEXT]
+    runyard admin tokens create TENANT USER [--role member] [--ttl 30d] [--description TEXT]
+    runyard admin tokens list [--tenant T] [--all]
+    runyard admin tokens revoke TOKEN_ID
 
-Every command prints what was appended to the pool's stream (or the API's
-JSON with `--json`); a refusal prints its code, message and hint and exits 1
-(3 without the admin role), like the other commands.
+Every command prints what was appended to the pool's stream, or the tokens
+(or the API's JSON with `--json`); a refusal prints its code, message and
+hint and exits 1 (3 without the role it needs), like the other commands.
 """
 
 from __future__ import annotations
@@ -16,14 +20,20 @@ from types import ModuleType
 from typing import Annotated, Any
 
 import typer
+from runyard.cli.terminal import clean
 
 admin_app = typer.Typer(
-    help="Admin: pool nodes and spot capacity (needs the admin role).", no_args_is_help=True
+    help="Admin: pool nodes, spot capacity (platform_admin) and API tokens (tenant_admin).",
+    no_args_is_help=True,
 )
 node_app = typer.Typer(
     help="Nodes of a pool: add, remove, cordon, mark faulty or healthy.", no_args_is_help=True
 )
+tokens_app = typer.Typer(
+    help="API tokens: create (shown once), list, revoke.", no_args_is_help=True
+)
 admin_app.add_typer(node_app, name="node")
+admin_app.add_typer(tokens_app, name="tokens")
 
 UrlOpt = Annotated[str | None, typer.Option("--url", help="Gateway URL (RUNYARD_URL).")]
 TokenOpt = Annotated[str | None, typer.Option("--token", help="Bearer token (RUNYARD_TOKEN).")]
@@ -54,14 +64,17 @@ def print_result(result: dict[str, Any]) -> None:
     """One line per change: the pool, its new version, the events, preempted tasks."""
     cli = _cli()
     what = f"node {result['node']} of " if result.get("node") else ""
-    cli.out.print(
+    line = (
         f"{what}pool {result['pool_id']}: {', '.join(result['events'])}"
         f" (pool version {result['version']})"
     )
+    cli.out.print(clean(line), markup=False, highlight=False)
     if result.get("removed_nodes"):
-        cli.out.print(f"nodes given back: {', '.join(result['removed_nodes'])}")
+        given_back = clean(", ".join(result["removed_nodes"]))
+        cli.out.print(f"nodes given back: {given_back}", markup=False, highlight=False)
     if result.get("added_nodes"):
-        cli.out.print(f"nodes added: {', '.join(result['added_nodes'])}")
+        added = clean(", ".join(result["added_nodes"]))
+        cli.out.print(f"nodes added: {added}", markup=False, highlight=False)
     if result.get("preempted"):
         cli.table(
             "preempted",
@@ -168,3 +181,87 @@ def spot(
     else:
         body.update(add=names, gpus_per_node=gpus)
     _admin_call(url, token, "POST", f"{pool}/spot-capacity", as_json, json=body)
+
+
+# --- tokens ---------------------------------------------------------------------------
+
+TOKEN_COLUMNS = ["id", "tenant", "user", "role", "state", "expires", "created by", "description"]
+
+
+def _token_row(t: dict[str, Any]) -> list[Any]:
+    return [
+        t["token_id"],
+        t["tenant"],
+        t["user"],
+        t["role"],
+        t["state"],
+        t["expires_at"],
+        t["created_by"],
+        t["description"],
+    ]
+
+
+@tokens_app.command("create")
+def tokens_create(
+    tenant: Annotated[str, typer.Argument(help="Tenant of the token.")],
+    user: Annotated[str, typer.Argument(help="User (or service account) name.")],
+    role: Annotated[
+        str,
+        typer.Option(help="platform_admin, tenant_admin, member, service or sre."),
+    ] = "member",
+    ttl: Annotated[
+        str | None, typer.Option(help="Lifetime: 30d, 12h, 30m, 45s (default 30d, max 365d).")
+    ] = None,
+    description: Annotated[str | None, typer.Option(help="What the token is for.")] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Mint a token; it is printed once and stored only hashed."""
+    cli = _cli()
+    body = {"tenant": tenant, "user": user, "role": role, **cli.given(ttl=ttl)}
+    body.update(cli.given(description=description))
+    result = cli.call(url, token, "POST", "/v1/admin/tokens", json=body)
+    if as_json:
+        cli.show_json(result)
+        return
+    cli.table("token", TOKEN_COLUMNS, [_token_row(result)])
+    cli.out.print(f"token (shown once): {result['token']}")
+
+
+@tokens_app.command("list")
+def tokens_list(
+    tenant: Annotated[
+        str | None, typer.Option(help="Only this tenant (platform admins; default all).")
+    ] = None,
+    include_revoked: Annotated[bool, typer.Option("--all", help="Also revoked tokens.")] = False,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Tokens you may manage, newest first (never their secrets)."""
+    cli = _cli()
+    params: dict[str, Any] = {**cli.given(tenant=tenant), "include_revoked": include_revoked}
+    result = cli.call(url, token, "GET", "/v1/admin/tokens", params=params)
+    if as_json:
+        cli.show_json(result)
+        return
+    cli.table("tokens", TOKEN_COLUMNS, [_token_row(t) for t in result["items"]])
+
+
+@tokens_app.command("revoke")
+def tokens_revoke(
+    token_id: Annotated[str, typer.Argument(help="Token id (tok_...), from `tokens list`.")],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Revoke a token: refused from its next request on."""
+    cli = _cli()
+    result = cli.call(url, token, "DELETE", f"/v1/admin/tokens/{token_id}")
+    if as_json:
+        cli.show_json(result)
+        return
+    cli.out.print(
+        f"token {result['token_id']} of {result['tenant']}/{result['user']}: {result['state']}"
+    )

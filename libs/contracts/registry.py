@@ -8,6 +8,7 @@ list (`default_mapper`). A new category of events adds its tuple to
 
 from __future__ import annotations
 
+from runyard.contracts.admin_events import ACCESS_EVENTS, CATALOGUE_EVENTS
 from runyard.contracts.base import Event
 from runyard.contracts.mapper import EventMapper, Upcaster
 from runyard.contracts.pool_events import POOL_EVENTS
@@ -16,7 +17,7 @@ from runyard.contracts.task_events import TASK_EVENTS, TASK_UPCASTERS
 
 def all_event_models() -> tuple[type[Event], ...]:
     """Every event model Runyard can store, grouped by category."""
-    return TASK_EVENTS + POOL_EVENTS
+    return TASK_EVENTS + POOL_EVENTS + ACCESS_EVENTS + CATALOGUE_EVENTS
 
 
 def all_upcasters() -> tuple[tuple[str, int, Upcaster], ...]:

@@ -16,6 +16,9 @@ from aiokafka.errors import TopicAlreadyExistsError
 
 TASK_EVENTS = "runyard.task-events"
 POOL_EVENTS = "runyard.pool-events"
+#: Admin actions: tokens issued and revoked, catalogue changes (audit).
+ACCESS_EVENTS = "runyard.access-events"
+CATALOGUE_EVENTS = "runyard.catalogue-events"
 LOGS = "runyard.logs"
 DEAD_LETTER = "runyard.dead-letter"
 
@@ -29,6 +32,8 @@ BROKER_EPOCH = "runyard.broker-epoch"
 PARTITIONS: dict[str, int] = {
     TASK_EVENTS: 4,
     POOL_EVENTS: 4,
+    ACCESS_EVENTS: 4,
+    CATALOGUE_EVENTS: 4,
     LOGS: 4,
     DEAD_LETTER: 4,
     BROKER_EPOCH: 1,

@@ -22,13 +22,14 @@ a task with no running attempt is 409 `stacks.not_running`.
 import asyncio
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header
+from fastapi import APIRouter
 from runyard.faulttolerance.app import database_key, in_process_app
 from runyard.faulttolerance.ftlog import read_fault_tolerance_log
 from runyard.faulttolerance.reports import StackReportStore
 from runyard.gateway.app import Gateway
 from runyard.gateway.auth import Principal
 from runyard.gateway.errors import Conflict, GatewayError, NotFound
+from runyard.gateway.security import caller_dependency
 
 #: Statuses with worker processes whose stacks can be captured.
 CAPTURABLE = {"env_checking", "running"}
@@ -74,11 +75,7 @@ def faulttolerance_router(gateway: Gateway) -> APIRouter:
     api = FaultToleranceApi(gateway)
     router = APIRouter(tags=["fault tolerance"])
 
-    async def principal(authorization: Annotated[str | None, Header()] = None) -> Principal:
-        scheme, _, token = (authorization or "").partition(" ")
-        return await gateway.authenticate(token.strip() if scheme.lower() == "bearer" else None)
-
-    Caller = Annotated[Principal, Depends(principal)]
+    Caller = Annotated[Principal, caller_dependency(gateway)]
 
     @router.get("/v1/tasks/{task_id}/ft-log")
     async def ft_log(caller: Caller, task_id: str) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Admin API for pool nodes and spot capacity (admin role): `/v1/admin/pools/...`.
+"""Admin API for pool nodes and spot capacity (platform_admin role): `/v1/admin/pools/...`.
 
     POST   /v1/admin/pools/{pool}/nodes                 {node, gpus?}   add a node (201)
     DELETE /v1/admin/pools/{pool}/nodes/{node}                          remove an idle node
@@ -16,7 +16,7 @@ reacts to the pool events it consumes (it re-plans its queue). Answers the
 `AdminResult` (pool version, events appended, tasks preempted).
 
 Refusals use the gateway's JSON error `{code, field, message, hint}`: 403
-without the admin role, 404 unknown pool or node, 409 a node that exists or is
+without the platform_admin role, 404 unknown pool or node, 409 a node that exists or is
 busy and a pool that kept changing, 400 a malformed request (including a spot
 change of a subscription pool or of more nodes than the pool has).
 """
@@ -75,7 +75,7 @@ def admin_pools_router(gateway: Gateway) -> APIRouter:
     async def admin_request(
         req: Annotated[Request, _request_dependency(gateway)],
     ) -> Request:
-        req.principal.require_admin()
+        req.principal.require_platform_admin()
         return req
 
     Admin = Annotated[Request, Depends(admin_request)]

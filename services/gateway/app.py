@@ -26,6 +26,7 @@ import asyncpg
 import yaml
 from pydantic import ValidationError
 from runyard.contracts import Event, EventMapper, Metadata, NewEvent, RecordedEvent, default_mapper
+from runyard.contracts.admin_events import CatalogueEntrySet, TokenIssued, TokenRevoked
 from runyard.contracts.envelope import new_event_id, utcnow
 from runyard.contracts.spec import EnvVar, TaskSpec
 from runyard.domain import (
@@ -40,10 +41,22 @@ from runyard.domain import (
     fold,
     is_terminal,
 )
-from runyard.eventstore import NO_STREAM, PostgresEventStore, apply_migrations, load_migrations
-from runyard.gateway import projection
-from runyard.gateway.auth import Principal, Role, authenticate, create_token
-from runyard.gateway.errors import BadRequest, Conflict, NotFound, task_not_found
+from runyard.eventstore import (
+    ANY,
+    NO_STREAM,
+    PostgresEventStore,
+    apply_migrations,
+    load_migrations,
+)
+from runyard.gateway import auth, projection
+from runyard.gateway.auth import Principal, TokenInfo, authenticate
+from runyard.gateway.errors import (
+    BadRequest,
+    Conflict,
+    NotFound,
+    PermissionDenied,
+    task_not_found,
+)
 from runyard.gateway.pools import PoolInfo, capacity, describe, load_pools
 from runyard.gateway.projection import TaskListProjector
 from runyard.gateway.views import event_view, task_view
@@ -55,6 +68,8 @@ from runyard.submission.rules import check_spec
 from runyard.submission.warnings import SubmissionWarning
 
 MAX_PAGE = 200
+#: The fields of `POST /v1/admin/tokens`.
+TOKEN_FIELDS = frozenset({"tenant", "user", "role", "ttl", "expires_at", "description"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +94,31 @@ def gateway_migrations() -> list[Any]:
     """The gateway's own tables (tokens, secrets, task list)."""
     folder = Path(str(resources.files("runyard.gateway") / "migrations"))
     return load_migrations("gateway", folder)
+
+
+def token_stream(token_id: str) -> str:
+    """The stream of one API token's events (category `access`)."""
+    return f"access-{token_id}"
+
+
+async def record_token_issued(
+    store: PostgresEventStore,
+    conn: asyncpg.Connection,
+    info: TokenInfo,
+    metadata: Metadata,
+    now: datetime,
+) -> None:
+    """Append `TokenIssued` in the transaction that stored the token's hash."""
+    event = TokenIssued(
+        token_id=info.token_id,
+        tenant=info.tenant,
+        user=info.user,
+        role=info.role,
+        description=info.description,
+        expires_at=info.expires_at,
+    )
+    new = NewEvent(event=event, metadata=metadata, occurred_at=now)
+    await store.append_in(conn, token_stream(info.token_id), [new], NO_STREAM)
 
 
 def load_catalogue(config_dir: Path) -> Catalogue:
@@ -171,21 +211,78 @@ class Gateway:
         """The caller of a bearer token (401 otherwise)."""
         return await authenticate(self.db, token)
 
-    async def create_token(self, caller: Principal, tenant: str, user: str, role: Role) -> str:
-        """Admin: a new token for `user` of `tenant`."""
-        caller.require_admin()
-        if role not in ("admin", "member") or not tenant or not user:
+    async def create_token(self, req: Request, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Tenant or platform admin: a token for {tenant, user, role}, with an optional
+        `ttl` or `expires_at` and `description`; the token is in the answer, only there.
+        A tenant admin mints only for its own tenant, and never platform_admin or sre."""
+        caller = req.principal
+        caller.require_token_admin()
+        unknown = sorted(set(body) - TOKEN_FIELDS)
+        if unknown:
             raise BadRequest(
                 "request.invalid",
-                "tenant, user and role admin|member are needed",
-                'e.g. {"tenant": "t1", "user": "alice", "role": "member"}',
+                f"unknown field {unknown[0]!r}",
+                f"a token request has {', '.join(sorted(TOKEN_FIELDS))}",
+                unknown[0],
             )
-        return await create_token(self.db, tenant, user, role)
+        tenant = auth.check_name(body.get("tenant"), "tenant")
+        user = auth.check_name(body.get("user"), "user")
+        role = auth.normalise_role(body.get("role", "member"))
+        caller.require_grant(tenant, role)
+        description = auth.check_description(body.get("description"))
+        now = self.clock()
+        expires = auth.token_expiry(now, body.get("ttl"), body.get("expires_at"))
+        async with self.store.transaction() as conn:
+            token, info = await auth.insert_token(
+                conn, tenant, user, role, expires, description=description, created_by=caller.actor
+            )
+            await record_token_issued(self.store, conn, info, req.metadata(), now)
+        return {**info.to_dict(now), "token": token}
+
+    async def list_tokens(
+        self, caller: Principal, tenant: str | None = None, include_revoked: bool = False
+    ) -> dict[str, Any]:
+        """Tokens without their secrets: a tenant admin sees its tenant's, a platform
+        admin every tenant's (or one, with `tenant`)."""
+        caller.require_token_admin()
+        if not caller.is_platform_admin:
+            if tenant not in (None, caller.tenant):
+                caller.require_grant(tenant or "", "member")
+            tenant = caller.tenant
+        rows = await auth.list_tokens(self.db, tenant, include_revoked)
+        now = self.clock()
+        return {"items": [info.to_dict(now) for info in rows]}
+
+    async def revoke_token(self, req: Request, token_id: str) -> dict[str, Any]:
+        """Revoke a token at once (its next request, HTTP or gRPC, is refused); a token
+        revoked already is answered as it is. A tenant admin revokes only what it may mint."""
+        caller = req.principal
+        caller.require_token_admin()
+        info = await auth.get_token(self.db, token_id)
+        if info is None or not (caller.is_platform_admin or info.tenant == caller.tenant):
+            raise NotFound(
+                "token.not_found",
+                f"token {token_id!r} does not exist",
+                "list tokens: GET /v1/admin/tokens",
+                "token_id",
+            )
+        caller.require_grant(info.tenant, info.role)
+        async with self.store.transaction() as conn:
+            revoked = await auth.mark_revoked(conn, token_id, caller.actor)
+            if revoked is not None:
+                event = TokenRevoked(
+                    token_id=token_id, tenant=info.tenant, user=info.user, role=info.role
+                )
+                new = NewEvent(event=event, metadata=req.metadata(), occurred_at=self.clock())
+                await self.store.append_in(conn, token_stream(token_id), [new], ANY)
+                info = revoked
+        return info.to_dict(self.clock())
 
     # --- tasks ----------------------------------------------------------------
 
     async def create_task(self, req: Request, body: Mapping[str, Any]) -> dict[str, Any]:
         """Check a spec against the rules and submit it as a new task."""
+        req.principal.require_write()
         spec = parse_spec(body)
         warnings = check_spec(spec, self.catalogue, await self._pool_view(spec.pool))
         task_id = self.new_id()
@@ -200,7 +297,7 @@ class Gateway:
     async def get_task(self, caller: Principal, task_id: str) -> dict[str, Any]:
         """A task's detail, as the caller may see it."""
         state, events = await self._load(caller, task_id)
-        is_creator = caller.user == state.creator
+        is_creator = _is_creator(caller, state)
         secrets = await self._secrets(caller.tenant, state.spec) if is_creator else {}
         return task_view(state, events, is_creator, secrets)
 
@@ -210,8 +307,11 @@ class Gateway:
         filters: Mapping[str, str | None],
         limit: int = 50,
         cursor: str | None = None,
+        tenant: str | None = None,
     ) -> dict[str, Any]:
-        """A page of the caller's tenant's tasks from the task list."""
+        """A page of the caller's tenant's tasks from the task list (another tenant's
+        with `tenant`, for the roles that read across tenants)."""
+        tenant = _read_tenant(caller, tenant)
         if not 1 <= limit <= MAX_PAGE:
             raise BadRequest(
                 "request.invalid", f"limit must be 1 to {MAX_PAGE}", "lower the limit", "limit"
@@ -219,7 +319,7 @@ class Gateway:
         await self.projector.catch_up()
         try:
             rows, next_cursor = await projection.list_rows(
-                self.db, caller.tenant, dict(filters), limit, cursor
+                self.db, tenant, dict(filters), limit, cursor
             )
         except ValueError as exc:
             raise BadRequest(
@@ -229,7 +329,7 @@ class Gateway:
 
     async def stop_task(self, req: Request, task_id: str) -> dict[str, Any]:
         """Ask to stop a task (a task holding no workers stops at once)."""
-        state, _ = await self._load(req.principal, task_id)
+        state, _ = await self._load(req.principal, task_id, write=True)
         await self._decide_and_append(req, state, RequestStop(task_id))
         return await self.get_task(req.principal, task_id)
 
@@ -237,7 +337,7 @@ class Gateway:
         self, req: Request, task_id: str, changes: Mapping[str, Any]
     ) -> dict[str, Any]:
         """Run a finished task again, with only the changes a rerun allows (R-16)."""
-        state, _ = await self._load(req.principal, task_id)
+        state, _ = await self._load(req.principal, task_id, write=True)
         spec = rerun_with_changes(state.spec, changes)
         check_spec(spec, self.catalogue, await self._pool_view(spec.pool))
         await self._decide_and_append(req, state, Rerun(task_id, spec))
@@ -247,8 +347,8 @@ class Gateway:
         self, req: Request, task_id: str, overrides: Mapping[str, Any]
     ) -> dict[str, Any]:
         """A new task from this task's spec, any field overridden (R-16)."""
-        state, _ = await self._load(req.principal, task_id)
-        by_creator = req.principal.user == state.creator
+        state, _ = await self._load(req.principal, task_id, write=True)
+        by_creator = _is_creator(req.principal, state)
         spec = clone_spec(state.spec, _env_text(overrides), by_creator=by_creator)
         warnings = check_spec(spec, self.catalogue, await self._pool_view(spec.pool))
         new_id = self.new_id()
@@ -270,14 +370,14 @@ class Gateway:
     async def task_events(self, caller: Principal, task_id: str) -> list[dict[str, Any]]:
         """The task's audit timeline: every event with actor and correlation id."""
         state, events = await self._load(caller, task_id)
-        return [event_view(e, caller.user == state.creator) for e in events]
+        return [event_view(e, _is_creator(caller, state)) for e in events]
 
     async def watch(
         self, caller: Principal, task_id: str, poll_interval: float = 0.5
     ) -> AsyncIterator[dict[str, Any]]:
         """The task's events, then each new one, until the task has ended."""
         state, events = await self._load(caller, task_id)
-        is_creator = caller.user == state.creator
+        is_creator = _is_creator(caller, state)
         while True:
             for recorded in events:
                 yield event_view(recorded, is_creator)
@@ -309,6 +409,7 @@ class Gateway:
 
     async def create_group(self, req: Request, body: Mapping[str, Any]) -> dict[str, Any]:
         """R-17: one task per item, each the template with the item's overrides; all or none."""
+        req.principal.require_write()
         template = parse_spec(_field(body, "template", dict))
         items = [_env_text(item) for item in _field(body, "items", list)]
         if not all(isinstance(item, dict) for item in items):
@@ -337,11 +438,14 @@ class Gateway:
                 await self._append(conn, req, None, submit, NO_STREAM)
         return await self.get_group(req.principal, group_id)
 
-    async def get_group(self, caller: Principal, group_id: str) -> dict[str, Any]:
+    async def get_group(
+        self, caller: Principal, group_id: str, tenant: str | None = None
+    ) -> dict[str, Any]:
         """The group's tasks (from the task list) and a count per status."""
+        tenant = _read_tenant(caller, tenant)
         await self.projector.catch_up()
         rows, _ = await projection.list_rows(
-            self.db, caller.tenant, {"group_id": group_id}, MAX_PAGE * 5, None
+            self.db, tenant, {"group_id": group_id}, MAX_PAGE * 5, None
         )
         if not rows:
             raise NotFound(
@@ -359,19 +463,22 @@ class Gateway:
         """Stop every task of the group that has not ended yet."""
         group = await self.get_group(req.principal, group_id)
         for row in group["tasks"]:
-            state, _ = await self._load(req.principal, row["task_id"])
+            state, _ = await self._load(req.principal, row["task_id"], write=True)
             if not is_terminal(state.status):
                 await self._decide_and_append(req, state, RequestStop(state.task_id))
         return await self.get_group(req.principal, group_id)
 
-    async def list_groups(self, caller: Principal, limit: int = 50) -> dict[str, Any]:
+    async def list_groups(
+        self, caller: Principal, limit: int = 50, tenant: str | None = None
+    ) -> dict[str, Any]:
         """The caller's tenant's task groups, newest first, with a count per status."""
+        tenant = _read_tenant(caller, tenant)
         if not 1 <= limit <= MAX_PAGE:
             raise BadRequest(
                 "request.invalid", f"limit must be 1 to {MAX_PAGE}", "lower the limit", "limit"
             )
         await self.projector.catch_up()
-        return {"items": await projection.group_rows(self.db, caller.tenant, limit)}
+        return {"items": await projection.group_rows(self.db, tenant, limit)}
 
     async def rerun_group(
         self, req: Request, group_id: str, changes: Mapping[str, Any]
@@ -384,7 +491,7 @@ class Gateway:
         group = await self.get_group(req.principal, group_id)
         planned: list[tuple[TaskState, list[Event]]] = []
         for row in group["tasks"]:
-            state, _ = await self._load(req.principal, row["task_id"])
+            state, _ = await self._load(req.principal, row["task_id"], write=True)
             if not is_terminal(state.status):
                 continue
             spec = rerun_with_changes(state.spec, changes)
@@ -404,17 +511,17 @@ class Gateway:
 
     # --- catalogue (admin) ----------------------------------------------------
 
-    async def add_image(self, caller: Principal, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Admin: add or replace an image of the catalogue."""
-        return await self._change_catalogue(caller, "image", body)
+    async def add_image(self, req: Request, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Platform admin: add or replace an image of the catalogue."""
+        return await self._change_catalogue(req, "image", body)
 
-    async def add_volume(self, caller: Principal, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Admin: add a volume {file_system, volume, zone} to the catalogue."""
-        return await self._change_catalogue(caller, "volume", body)
+    async def add_volume(self, req: Request, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Platform admin: add a volume {file_system, volume, zone} to the catalogue."""
+        return await self._change_catalogue(req, "volume", body)
 
-    async def add_public_data(self, caller: Principal, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Admin: offer public data in a zone {zone, path?}."""
-        return await self._change_catalogue(caller, "public_data", body)
+    async def add_public_data(self, req: Request, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Platform admin: offer public data in a zone {zone, path?}."""
+        return await self._change_catalogue(req, "public_data", body)
 
     async def reload_catalogue(self) -> Catalogue:
         """Reload the config file and overlay the stored admin changes (as at start)."""
@@ -422,10 +529,12 @@ class Gateway:
         return self.catalogue
 
     async def _change_catalogue(
-        self, caller: Principal, kind: str, body: Mapping[str, Any]
+        self, req: Request, kind: str, body: Mapping[str, Any]
     ) -> dict[str, Any]:
-        """Validate, store (so it survives a restart), then apply one admin change."""
-        caller.require_admin()
+        """Validate, store (so it survives a restart) with its event, then apply one
+        admin change."""
+        caller = req.principal
+        caller.require_platform_admin()
         try:
             entry = _KINDS[kind].model_validate(dict(body))
         except ValidationError as exc:
@@ -433,16 +542,21 @@ class Gateway:
         changed = with_entry(self.catalogue, entry)
         _, key = entry_key(entry)
         data = entry.model_dump(mode="json")
-        await self.db.execute(
-            """INSERT INTO catalogue_entries (kind, key, body, updated_by)
-               VALUES ($1, $2, $3::jsonb, $4)
-               ON CONFLICT (kind, key) DO UPDATE
-               SET body = EXCLUDED.body, updated_by = EXCLUDED.updated_by, updated_at = now()""",
-            kind,
-            key,
-            json.dumps(data),
-            caller.actor,
-        )
+        event = CatalogueEntrySet(kind=kind, key=key, entry=data)  # type: ignore[arg-type]
+        new = NewEvent(event=event, metadata=req.metadata(), occurred_at=self.clock())
+        async with self.store.transaction() as conn:
+            await conn.execute(
+                """INSERT INTO catalogue_entries (kind, key, body, updated_by)
+                   VALUES ($1, $2, $3::jsonb, $4)
+                   ON CONFLICT (kind, key) DO UPDATE
+                   SET body = EXCLUDED.body, updated_by = EXCLUDED.updated_by,
+                       updated_at = now()""",
+                kind,
+                key,
+                json.dumps(data),
+                caller.actor,
+            )
+            await self.store.append_in(conn, f"catalogue-{kind}", [new], ANY)
         self.catalogue = changed
         return data
 
@@ -453,14 +567,25 @@ class Gateway:
     # --- internals ------------------------------------------------------------
 
     async def _load(
-        self, caller: Principal, task_id: str
+        self, caller: Principal, task_id: str, *, write: bool = False
     ) -> tuple[TaskState, list[RecordedEvent[Event]]]:
+        """The task if the caller may read it (404 otherwise, as for no task); with
+        `write`, 403 unless the caller may also change it (own tenant, not sre)."""
+        if write:
+            caller.require_write()
         events = await self.store.read_stream(_stream(task_id))
         if not events:
             raise task_not_found(task_id)
         state = fold(events, task_id=task_id)
-        if state.tenant != caller.tenant:
+        if not caller.may_read_tenant(state.tenant):
             raise task_not_found(task_id)
+        if write and not caller.may_write_tenant(state.tenant):
+            raise PermissionDenied(
+                "auth.other_tenant",
+                f"task {task_id!r} belongs to tenant {state.tenant!r}: you may read it only",
+                "use a token of that tenant to change it",
+                "task_id",
+            )
         return state, events
 
     async def _decide_and_append(self, req: Request, state: TaskState, command: Command) -> None:
@@ -488,6 +613,7 @@ class Gateway:
         events: Sequence[Event],
         expected: Any,
     ) -> None:
+        req.principal.require_write()  # every task event goes through here
         now, meta = self.clock(), req.metadata()
         new = [NewEvent(event=e, metadata=meta, occurred_at=now) for e in events]
         await self.store.append_in(conn, _stream(task_id), new, expected)
@@ -527,6 +653,25 @@ class Gateway:
 
 def _stream(task_id: str) -> str:
     return f"task-{task_id}"
+
+
+def _read_tenant(caller: Principal, tenant: str | None) -> str:
+    """The tenant a list reads: the caller's own unless its role reads across tenants."""
+    if tenant is None or tenant == caller.tenant:
+        return caller.tenant
+    if not caller.may_read_tenant(tenant):
+        raise PermissionDenied(
+            "auth.other_tenant",
+            f"your role reads only tenant {caller.tenant!r}",
+            "leave `tenant` out, or use an sre or platform_admin token",
+            "tenant",
+        )
+    return tenant
+
+
+def _is_creator(caller: Principal, state: TaskState) -> bool:
+    """The task's creator: same tenant and same user (a user name alone is not unique)."""
+    return caller.tenant == state.tenant and caller.user == state.creator
 
 
 def _evolve_all(state: TaskState, events: Sequence[RecordedEvent[Event]]) -> TaskState:

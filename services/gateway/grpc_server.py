@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import grpc
 from runyard.gateway.app import Gateway, Request
-from runyard.gateway.auth import Principal
+from runyard.gateway.auth import Principal, bearer_token
 from runyard.gateway.errors import BadRequest, GatewayError, translate
 from runyard.gateway.grpc_gen import tasks_pb2 as pb
 from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
@@ -222,9 +222,11 @@ class TasksService(pb_grpc.TasksServicer):  # type: ignore[misc]  # generated, u
     # --- plumbing -------------------------------------------------------------
 
     async def _caller(self, context: grpc.aio.ServicerContext) -> Principal:
+        """The caller of the `authorization` metadata, parsed as strictly as over HTTP
+        and looked up on every call (a revoked or expired token fails at once)."""
         metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ())}
-        scheme, _, token = str(metadata.get("authorization", "")).partition(" ")
-        return await self.gw.authenticate(token.strip() if scheme.lower() == "bearer" else None)
+        header = metadata.get("authorization")
+        return await self.gw.authenticate(bearer_token(str(header) if header else None))
 
     async def _request(self, context: grpc.aio.ServicerContext) -> Request:
         metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ())}
@@ -465,6 +467,7 @@ class TasksService(pb_grpc.TasksServicer):  # type: ignore[misc]  # generated, u
     ) -> pb.LogExport:
         async def call() -> pb.LogExport:
             caller = await self._caller(context)
+            caller.require_write()  # as over HTTP: a read-only role starts nothing
             where = log_filter(request.filter)
             fmt = request.format or "text"
             return export_message(await self.logs.start_export(caller, request.task_id, where, fmt))

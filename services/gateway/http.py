@@ -23,6 +23,7 @@ from runyard.gateway.app import Gateway, Request
 from runyard.gateway.auth import Principal
 from runyard.gateway.errors import DATA_ERRORS, BadRequest, GatewayError, translate
 from runyard.gateway.inputs import reject_nul
+from runyard.gateway.security import caller_dependency
 from runyard.logs.http import logs_router
 from runyard.notification.http import notification_router
 from runyard.submission.errors import SubmissionError
@@ -37,12 +38,13 @@ async def _json_body(
 
 
 JsonBody = Annotated[dict[str, Any], Depends(_json_body)]
+TENANT_QUERY = "another tenant (sre and platform_admin only); default: your own"
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"description": text}
     for status, text in (
         (400, "refused: {code, field, message, hint}"),
-        (401, "no or unknown bearer token"),
-        (403, "admin role needed"),
+        (401, "no, malformed, unknown, expired or revoked bearer token"),
+        (403, "the caller's role does not allow it"),
         (404, "no such task, group or pool in your tenant"),
         (409, "the task's state does not allow it"),
     )
@@ -101,11 +103,7 @@ async def _no_nul_in_url(request: HttpRequest) -> None:
 
 
 def _principal_dependency(gateway: Gateway) -> Any:
-    async def principal(authorization: Annotated[str | None, Header()] = None) -> Principal:
-        scheme, _, token = (authorization or "").partition(" ")
-        return await gateway.authenticate(token.strip() if scheme.lower() == "bearer" else None)
-
-    return Depends(principal)
+    return caller_dependency(gateway)
 
 
 def _request_dependency(gateway: Gateway) -> Any:
@@ -139,10 +137,11 @@ def _task_routes(app: FastAPI, gw: Gateway) -> None:
         creator: str | None = None,
         limit: Annotated[int, Query(description="1 to 200")] = 50,
         cursor: str | None = None,
+        tenant: Annotated[str | None, Query(description=TENANT_QUERY)] = None,
     ) -> dict[str, Any]:
         """The tenant's tasks, newest first; pass `next_cursor` back for the next page."""
         filters = {"status": status, "name": name, "tag": tag, "pool": pool, "creator": creator}
-        return await gw.list_tasks(caller, filters, limit, cursor)
+        return await gw.list_tasks(caller, filters, limit, cursor, tenant)
 
     @app.get("/v1/tasks/{task_id}", tags=["tasks"])
     async def get_task(caller: Caller, task_id: str) -> dict[str, Any]:
@@ -195,15 +194,21 @@ def _group_routes(app: FastAPI, gw: Gateway) -> None:
 
     @app.get("/v1/groups", tags=["groups"])
     async def list_groups(
-        caller: Caller, limit: Annotated[int, Query(description="1 to 200")] = 50
+        caller: Caller,
+        limit: Annotated[int, Query(description="1 to 200")] = 50,
+        tenant: Annotated[str | None, Query(description=TENANT_QUERY)] = None,
     ) -> dict[str, Any]:
         """The tenant's task groups, newest first: `{items: [{group_id, tasks, status_counts}]}`."""
-        return await gw.list_groups(caller, limit)
+        return await gw.list_groups(caller, limit, tenant)
 
     @app.get("/v1/groups/{group_id}", tags=["groups"])
-    async def get_group(caller: Caller, group_id: str) -> dict[str, Any]:
+    async def get_group(
+        caller: Caller,
+        group_id: str,
+        tenant: Annotated[str | None, Query(description=TENANT_QUERY)] = None,
+    ) -> dict[str, Any]:
         """The group's tasks and a count per status."""
-        return await gw.get_group(caller, group_id)
+        return await gw.get_group(caller, group_id, tenant)
 
     @app.post("/v1/groups/{group_id}/stop", tags=["groups"])
     async def stop_group(req: Req, group_id: str) -> dict[str, Any]:
@@ -232,6 +237,7 @@ def _pool_routes(app: FastAPI, gw: Gateway) -> None:
 
 def _admin_routes(app: FastAPI, gw: Gateway) -> None:
     Caller = Annotated[Principal, _principal_dependency(gw)]
+    Req = Annotated[Request, _request_dependency(gw)]
 
     @app.get("/v1/catalogue", tags=["catalogue"])
     async def catalogue(caller: Caller) -> dict[str, Any]:
@@ -239,24 +245,36 @@ def _admin_routes(app: FastAPI, gw: Gateway) -> None:
         return gw.catalogue_view(caller)
 
     @app.post("/v1/admin/images", status_code=201, tags=["admin"])
-    async def add_image(caller: Caller, body: JsonBody) -> dict[str, Any]:
-        """Admin: add or replace an image {name, zones, services}."""
-        return await gw.add_image(caller, body)
+    async def add_image(req: Req, body: JsonBody) -> dict[str, Any]:
+        """Platform admin: add or replace an image {name, zones, services}."""
+        return await gw.add_image(req, body)
 
     @app.post("/v1/admin/volumes", status_code=201, tags=["admin"])
-    async def add_volume(caller: Caller, body: JsonBody) -> dict[str, Any]:
-        """Admin: add a volume {file_system, volume, zone}."""
-        return await gw.add_volume(caller, body)
+    async def add_volume(req: Req, body: JsonBody) -> dict[str, Any]:
+        """Platform admin: add a volume {file_system, volume, zone}."""
+        return await gw.add_volume(req, body)
 
     @app.post("/v1/admin/public-data", status_code=201, tags=["admin"])
-    async def add_public_data(caller: Caller, body: JsonBody) -> dict[str, Any]:
-        """Admin: offer public data in a zone {zone, path?}."""
-        return await gw.add_public_data(caller, body)
+    async def add_public_data(req: Req, body: JsonBody) -> dict[str, Any]:
+        """Platform admin: offer public data in a zone {zone, path?}."""
+        return await gw.add_public_data(req, body)
 
     @app.post("/v1/admin/tokens", status_code=201, tags=["admin"])
-    async def create_token(caller: Caller, body: JsonBody) -> dict[str, Any]:
-        """Admin: a token for {tenant, user, role}; shown once."""
-        tenant, user = str(body.get("tenant", "")), str(body.get("user", ""))
-        role = body.get("role", "member")
-        token = await gw.create_token(caller, tenant, user, role)
-        return {"tenant": tenant, "user": user, "role": role, "token": token}
+    async def create_token(req: Req, body: JsonBody) -> dict[str, Any]:
+        """Tenant or platform admin: a token for {tenant, user, role, ttl?, expires_at?,
+        description?}; the token is in this answer only (stored hashed)."""
+        return await gw.create_token(req, body)
+
+    @app.get("/v1/admin/tokens", tags=["admin"])
+    async def list_tokens(
+        caller: Caller,
+        tenant: Annotated[str | None, Query(description="platform admin: one tenant")] = None,
+        include_revoked: bool = False,
+    ) -> dict[str, Any]:
+        """Tokens (never their secrets): a tenant admin's tenant, or every tenant."""
+        return await gw.list_tokens(caller, tenant, include_revoked)
+
+    @app.delete("/v1/admin/tokens/{token_id}", tags=["admin"])
+    async def revoke_token(req: Req, token_id: str) -> dict[str, Any]:
+        """Revoke a token: refused from its next request on, over HTTP and gRPC."""
+        return await gw.revoke_token(req, token_id)

@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 from weakref import WeakKeyDictionary
 
-from fastapi import APIRouter, Body, Depends, Header, Query
+from fastapi import APIRouter, Body, Depends, Query
 from fastapi.responses import FileResponse
 from runyard.domain import is_terminal
 from runyard.gateway.app import Gateway
 from runyard.gateway.auth import Principal
 from runyard.gateway.errors import BadRequest, GatewayError, NotFound
+from runyard.gateway.security import caller_dependency
 from runyard.logs.errors import ExportNotFound, InvalidQuery, LogError
 from runyard.logs.exports import Exports
 from runyard.logs.search import LogQuery, check_int32
@@ -200,11 +201,7 @@ def logs_router(gateway: Gateway, export_dir: Path | None = None) -> APIRouter:
     api = _APIS[gateway]
     router = APIRouter(tags=["logs"])
 
-    async def principal(authorization: Annotated[str | None, Header()] = None) -> Principal:
-        scheme, _, token = (authorization or "").partition(" ")
-        return await gateway.authenticate(token.strip() if scheme.lower() == "bearer" else None)
-
-    Caller = Annotated[Principal, Depends(principal)]
+    Caller = Annotated[Principal, caller_dependency(gateway)]
 
     @router.get("/v1/tasks/{task_id}/logs")
     async def task_logs(

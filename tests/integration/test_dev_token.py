@@ -19,7 +19,7 @@ async def test_dev_token_is_created_once_and_reused(dsn: str, tmp_path: Path) ->
         principal = await authenticate(conn, first)
     finally:
         await conn.close()
-    assert (principal.tenant, principal.user, principal.role) == ("dev", "admin", "admin")
+    assert (principal.tenant, principal.user, principal.role) == ("dev", "admin", "platform_admin")
     path.write_text("ry_not-a-real-token\n")
     replaced = await ensure_dev_token(dsn, path)
     assert replaced != first and path.read_text().strip() == replaced

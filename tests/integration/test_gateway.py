@@ -74,7 +74,7 @@ async def api(dsn: str, tmp_path: Path) -> AsyncIterator[Api]:
         "alice": await create_token(gateway.db, "t1", "alice", "member"),
         "bob": await create_token(gateway.db, "t1", "bob", "member"),
         "carol": await create_token(gateway.db, "t2", "carol", "member"),
-        "admin": await create_token(gateway.db, "t1", "root", "admin"),
+        "admin": await create_token(gateway.db, "t1", "root", "platform_admin"),
     }
     transport = httpx.ASGITransport(app=create_app(gateway))
     async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
@@ -191,7 +191,7 @@ async def test_auth_401_and_403(api: Api) -> None:
     assert (bad.status_code, bad.json()["code"]) == (401, "auth.invalid_token")
     image = {"name": "new:1", "zones": ["cn-north-1"], "services": ["training"]}
     denied = await api.call("alice", "POST", "/v1/admin/images", json=image)
-    assert (denied.status_code, denied.json()["code"]) == (403, "auth.admin_only")
+    assert (denied.status_code, denied.json()["code"]) == (403, "auth.platform_admin_only")
     assert (await api.call("admin", "POST", "/v1/admin/images", json=image)).status_code == 201
     assert (await api.submit(image="new:1")).status_code == 201
 

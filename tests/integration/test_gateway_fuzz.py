@@ -64,7 +64,7 @@ class Target:
 
     async def _start(self, dsn: str, folder: Path) -> tuple[Gateway, str]:
         gateway = await Gateway.connect(dsn, folder)
-        token = await create_token(gateway.db, "t1", "root", "admin")
+        token = await create_token(gateway.db, "t1", "root", "platform_admin")
         return gateway, token
 
     def send(self, kwargs: dict[str, Any]) -> httpx.Response:

@@ -88,7 +88,7 @@ async def test_rerun_group_reruns_every_finished_task(api: Api) -> None:
 async def test_catalogue_admin_changes_survive_a_restart(dsn: str, tmp_path: Path) -> None:
     folder = config_dir(tmp_path)
     gateway = await Gateway.connect(dsn, folder)
-    admin = await create_token(gateway.db, "t1", "root", "admin")
+    admin = await create_token(gateway.db, "t1", "root", "platform_admin")
     member = await create_token(gateway.db, "t1", "alice", "member")
     changes = [
         ("/v1/admin/images", {"name": "new:1", "zones": ["cn-east-1"], "services": ["training"]}),

@@ -181,10 +181,12 @@ def test_impossible_payloads_are_refused(model: type[Event], payload: dict[str, 
 
 
 def test_default_mapper_knows_every_event() -> None:
+    from runyard.contracts.admin_events import ACCESS_EVENTS, CATALOGUE_EVENTS
     from runyard.contracts.pool_events import POOL_EVENTS
 
-    assert all_event_models() == TASK_EVENTS + POOL_EVENTS
-    assert set(default_mapper().models) == {m.type_name() for m in TASK_EVENTS + POOL_EVENTS}
+    every = TASK_EVENTS + POOL_EVENTS + ACCESS_EVENTS + CATALOGUE_EVENTS
+    assert all_event_models() == every
+    assert set(default_mapper().models) == {m.type_name() for m in every}
 
 
 def _v1_submitted(**extra: object) -> str:

@@ -1,0 +1,50 @@
+"""Who calls the HTTP API: the bearer token, checked strictly, and the role's reach.
+
+`caller_dependency` is the one FastAPI dependency every protected route uses
+(the gateway's own and the routers it includes), so the OpenAPI document
+declares the `HTTPBearer` security scheme on each of them, the header is
+parsed one way (`Bearer <token>`, nothing else), and a read-only role (sre)
+is refused any method but GET/HEAD/OPTIONS before a handler runs.
+
+(No `from __future__ import annotations` here: FastAPI must see the closure's
+own `Depends(bearer)` when it reads `caller`'s signature.)
+"""
+
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import Depends
+from fastapi import Request as HttpRequest
+from fastapi.security import HTTPBearer
+from runyard.gateway.auth import BEARER_HINT, Principal, bearer_token
+
+if TYPE_CHECKING:
+    from runyard.gateway.app import Gateway
+
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+class StrictBearer(HTTPBearer):
+    """The `HTTPBearer` scheme of the OpenAPI document, with strict parsing: FastAPI's
+    own accepts any case of `bearer` and extra spaces."""
+
+    def __init__(self) -> None:
+        super().__init__(scheme_name="HTTPBearer", description=BEARER_HINT, auto_error=False)
+
+    async def __call__(self, request: HttpRequest) -> str | None:  # type: ignore[override]
+        return bearer_token(request.headers.get("authorization"))
+
+
+def caller_dependency(gateway: "Gateway") -> Any:
+    """A dependency answering the caller's `Principal` (401 without a valid token;
+    403 for a change asked with a read-only role)."""
+    bearer = StrictBearer()
+
+    async def caller(
+        request: HttpRequest, token: Annotated[str | None, Depends(bearer)]
+    ) -> Principal:
+        principal = await gateway.authenticate(token)
+        if request.method not in READ_METHODS:
+            principal.require_write()
+        return principal
+
+    return Depends(caller)
