@@ -43,7 +43,34 @@ def eventstore_migrations() -> list[Migration]:
 
 
 async def apply_migrations(conn: asyncpg.Connection, migrations: list[Migration]) -> list[str]:
-    """Apply what is missing; return the names of the migrations applied now."""
+    """Apply what is missing; return the names of the migrations applied now.
+
+    When nothing is missing it changes nothing, so a service role without
+    DDL rights starts on a database its owner role has migrated."""
+    if await _all_applied(conn, migrations):
+        return []
+    try:
+        return await _apply(conn, migrations)
+    except asyncpg.InsufficientPrivilegeError as exc:
+        user = await conn.fetchval("SELECT current_user")
+        raise PermissionError(
+            f"migrations of {sorted({m.component for m in migrations})} are missing and"
+            f" role {user} may not apply them ({exc}): apply them as the database's owner"
+            " role (`runyard up` does, with RUNYARD_OWNER_DATABASE_URL for external servers)"
+        ) from exc
+
+
+async def _all_applied(conn: asyncpg.Connection, migrations: list[Migration]) -> bool:
+    if not await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL"):
+        return False
+    done = {
+        (r["component"], r["version"])
+        for r in await conn.fetch("SELECT component, version FROM schema_migrations")
+    }
+    return all((m.component, m.version) in done for m in migrations)
+
+
+async def _apply(conn: asyncpg.Connection, migrations: list[Migration]) -> list[str]:
     await conn.execute(
         """CREATE TABLE IF NOT EXISTS schema_migrations (
                component  text NOT NULL,

@@ -8,6 +8,7 @@ context built from the environment.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,15 @@ class ServiceContext:
     mapper: EventMapper = field(default_factory=default_mapper)
     #: Extra settings (ports, tokens) given by whoever starts the service.
     settings: dict[str, Any] = field(default_factory=dict)
+    #: A DSN of its own for a service (by name, e.g. "gateway"), which then
+    #: connects as a role with other rights (runyard.stack.roles); others use `dsn`.
+    service_dsns: dict[str, str] = field(default_factory=dict)
+
+    def for_service(self, name: str) -> ServiceContext:
+        """This context as service `name` sees it: its own DSN, if it has one.
+        Settings are shared (services publish their apps there)."""
+        dsn = self.service_dsns.get(name)
+        return self if dsn is None else dataclasses.replace(self, dsn=dsn)
 
     def config(self, name: str) -> dict[str, Any]:
         """The parsed YAML file `name` of the config folder ({} when absent)."""
@@ -49,4 +59,26 @@ class ServiceContext:
             kafka=KafkaSettings.from_env(),
             data_dir=root,
             config_dir=Path(os.environ.get("RUNYARD_CONFIG", "infra/config")),
+            service_dsns=service_dsns_from_env(),
         )
+
+
+#: Environment variables naming the DSN of a role with other rights than
+#: DATABASE_URL's (see runyard.stack.roles): role -> variable.
+ROLE_DSN_VARIABLES = {
+    "secrets": "RUNYARD_SECRETS_DATABASE_URL",
+    "logs": "RUNYARD_LOGS_DATABASE_URL",
+}
+
+
+def service_dsns_from_env() -> dict[str, str]:
+    """Per-service DSNs from RUNYARD_SECRETS_DATABASE_URL / RUNYARD_LOGS_DATABASE_URL
+    (each service not named, or whose variable is unset, uses DATABASE_URL)."""
+    from runyard.stack.roles import SERVICE_ROLES
+
+    dsns: dict[str, str] = {}
+    for service, role in SERVICE_ROLES.items():
+        variable = ROLE_DSN_VARIABLES[role.removeprefix("runyard_")]
+        if value := os.environ.get(variable):
+            dsns[service] = value
+    return dsns

