@@ -4,17 +4,51 @@ This is the shape only. The rules that accept or reject a spec (image checks,
 environment variable syntax, RDMA, storage, launch command warnings) live in
 the submission rules, in one place; this model just refuses what is
 structurally impossible so that an event can never carry it.
+
+Every string, list and number has a bound (docs/limits.md). The bounds are
+published in the OpenAPI schema through the field constraints below, and they
+keep the largest possible task event well under the event store's size limit,
+which is itself well under the broker's message size.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 TaskType = Literal["training", "data_processing"]
 ResourceType = Literal["subscription", "spot"]
 Framework = Literal["single", "pytorch_ddp", "mpi", "ray"]
+
+
+#: Bounds of the spec's fields (docs/limits.md is the table of every limit).
+MAX_NAME = 200
+MAX_DESCRIPTION = 4096
+MAX_TAGS = 32
+MAX_TAG = 64
+MAX_ID = 128
+MAX_IMAGE = 512
+#: The launch command; anything longer belongs in a script of the image or a volume.
+MAX_COMMAND = 65536
+MAX_ENV_VARS = 256
+MAX_ENV_NAME = 128
+MAX_ENV_VALUE = 16384
+MAX_MOUNTS = 16
+MAX_PATH = 1024
+MAX_OUTPUT_DIRS = 16
+MAX_ALERTS = 8
+MAX_URL = 2048
+MAX_PATTERN = 1024
+MAX_WORKERS = 1024
+MAX_CUSTOM_GPUS = 8192
+MAX_PRIORITY = 1000
+MAX_HANG_TIMEOUT_S = 7 * 24 * 3600
+MAX_QUEUE_DURATION_S = 30 * 24 * 3600
+
+#: A short identifier-like text: a pool, a worker spec, a file system, a volume.
+ShortText = Annotated[str, Field(max_length=MAX_ID)]
+PathText = Annotated[str, Field(max_length=MAX_PATH)]
 
 
 class _Frozen(BaseModel):
@@ -29,18 +63,18 @@ class EnvVar(_Frozen):
     the runtime resolves it when it starts the workers (R-12).
     """
 
-    name: str
-    value: str | None = None
+    name: str = Field(max_length=MAX_ENV_NAME)
+    value: str | None = Field(default=None, max_length=MAX_ENV_VALUE)
     creator_only: bool = False
-    secret_ref: str | None = None
+    secret_ref: ShortText | None = None
 
 
 class VolumeMount(_Frozen):
     """A high-performance volume of the pool's zone, seen at `mount_path` (R-13)."""
 
-    file_system: str
-    volume: str
-    mount_path: str
+    file_system: ShortText
+    volume: ShortText
+    mount_path: PathText
     read_only: bool = False
 
 
@@ -50,55 +84,59 @@ class FaultToleranceOptions(_Frozen):
     env_check: bool = False
     auto_restart: bool = False
     max_restarts: int = Field(default=3, ge=0, le=100)
-    hang_timeout_s: int | None = Field(default=None, ge=10)
+    hang_timeout_s: int | None = Field(default=None, ge=10, le=MAX_HANG_TIMEOUT_S)
     slowdown_detection: bool = False
     #: Extra regular expression that marks a checkpoint-load line in the logs.
-    resume_pattern: str | None = None
+    resume_pattern: str | None = Field(default=None, max_length=MAX_PATTERN)
 
 
 class SpotOptions(_Frozen):
     """Limits for a spot task before it needs a person (R-08)."""
 
-    max_queue_duration_s: int = Field(default=6 * 3600, ge=1)
-    max_requeues: int = Field(default=3, ge=0)
+    max_queue_duration_s: int = Field(default=6 * 3600, ge=1, le=MAX_QUEUE_DURATION_S)
+    max_requeues: int = Field(default=3, ge=0, le=100)
 
 
 class AlertSubscription(_Frozen):
     """A per-task Feishu subscription; the signing secret lives in the secret store."""
 
-    webhook_url: str
-    alerts: tuple[str, ...] = ("failed", "abnormal", "hang", "slowdown", "restarted")
-    secret_ref: str | None = None
+    webhook_url: str = Field(max_length=MAX_URL)
+    alerts: tuple[Annotated[str, Field(max_length=32)], ...] = Field(
+        default=("failed", "abnormal", "hang", "slowdown", "restarted"), max_length=16
+    )
+    secret_ref: ShortText | None = None
 
 
 class TaskSpec(_Frozen):
     """Everything needed to run a task; a rerun reuses it, a clone copies it."""
 
-    name: str = Field(min_length=1, max_length=200)
-    description: str = ""
-    tags: tuple[str, ...] = ()
+    name: str = Field(min_length=1, max_length=MAX_NAME)
+    description: str = Field(default="", max_length=MAX_DESCRIPTION)
+    tags: tuple[Annotated[str, Field(max_length=MAX_TAG)], ...] = Field(
+        default=(), max_length=MAX_TAGS
+    )
     task_type: TaskType = "training"
     resource_type: ResourceType = "subscription"
-    pool: str
+    pool: ShortText
     #: A predefined worker spec of the pool (e.g. `8gpu`); None when custom_gpus is used.
-    worker_spec: str | None = None
-    worker_count: int = Field(default=1, ge=1)
+    worker_spec: ShortText | None = None
+    worker_count: int = Field(default=1, ge=1, le=MAX_WORKERS)
     #: Custom GPU count (R-04): 1-8 is one worker, more is n//8 x 8 GPUs + one n%8 worker.
-    custom_gpus: int | None = Field(default=None, ge=1)
+    custom_gpus: int | None = Field(default=None, ge=1, le=MAX_CUSTOM_GPUS)
     rdma: bool = False
-    image: str
+    image: str = Field(max_length=MAX_IMAGE)
     framework: Framework = "single"
-    command: str = Field(min_length=1)
-    env: tuple[EnvVar, ...] = ()
-    mounts: tuple[VolumeMount, ...] = ()
+    command: str = Field(min_length=1, max_length=MAX_COMMAND)
+    env: tuple[EnvVar, ...] = Field(default=(), max_length=MAX_ENV_VARS)
+    mounts: tuple[VolumeMount, ...] = Field(default=(), max_length=MAX_MOUNTS)
     public_data: bool = False
-    tensorboard_dir: str | None = None
+    tensorboard_dir: PathText | None = None
     #: Where the training code writes outputs and checkpoints (checked for R-13 warnings).
-    output_dirs: tuple[str, ...] = ()
-    priority: int = 0
+    output_dirs: tuple[PathText, ...] = Field(default=(), max_length=MAX_OUTPUT_DIRS)
+    priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
     fault_tolerance: FaultToleranceOptions = FaultToleranceOptions()
     spot: SpotOptions | None = None
-    alerts: tuple[AlertSubscription, ...] = ()
+    alerts: tuple[AlertSubscription, ...] = Field(default=(), max_length=MAX_ALERTS)
 
     def worker_gpus(self, spec_gpus: int | None = None) -> tuple[int, ...]:
         """GPUs of each worker, in worker-index order.

@@ -9,10 +9,11 @@ Pools and their worker specs come from the scheduler's read model as
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from runyard.contracts.spec import ResourceType
 
 #: The image service that training tasks need (可用服务 includes 任务).
@@ -25,6 +26,26 @@ SPEC_GPU_SIZES = frozenset({1, 2, 4, 8})
 Network = Literal["roce", "ib", "ethernet"]
 
 
+#: A file system, volume or zone name: one path component that cannot leave the
+#: volumes root on a host (no `/`, no `..`, no leading `.`), at most 128 characters.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+#: An image reference: registry, repository, tag or digest characters.
+IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,511}$"
+
+
+
+def _one_component(name: str) -> str:
+    if not re.fullmatch(NAME_PATTERN, name):
+        raise ValueError(
+            f"{name[:80]!r} is not a name: use 1 to 128 letters, digits, `.`, `_` or `-`, "
+            "starting with a letter or digit (no `/`, no `..`)"
+        )
+    return name
+
+
+Name = Annotated[str, AfterValidator(_one_component)]
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -32,25 +53,28 @@ class _Frozen(BaseModel):
 class Image(_Frozen):
     """A container image: the zones it is in and the services it is available to."""
 
-    name: str = Field(min_length=1)
-    zones: tuple[str, ...] = ()
+    name: str = Field(pattern=IMAGE_PATTERN)
+    zones: tuple[Name, ...] = Field(default=(), max_length=64)
     #: Available services, e.g. `training`, `dev_machine`, `inference`.
-    services: tuple[str, ...] = ()
+    services: tuple[Name, ...] = Field(default=(), max_length=16)
 
 
 class Volume(_Frozen):
-    """A high-performance volume of one zone (file system + volume name)."""
+    """A high-performance volume of one zone (file system + volume name).
 
-    file_system: str = Field(min_length=1)
-    volume: str = Field(min_length=1)
-    zone: str = Field(min_length=1)
+    The names become a directory on the hosts (under the volumes root), so
+    they are single path components (`NAME_PATTERN`)."""
+
+    file_system: Name
+    volume: Name
+    zone: Name
 
 
 class PublicData(_Frozen):
     """Read-only public models and data sets, offered in one zone."""
 
-    zone: str = Field(min_length=1)
-    path: str = PUBLIC_DATA_PATH
+    zone: Name
+    path: str = Field(default=PUBLIC_DATA_PATH, pattern=r"^/[^\x00]{0,1023}$")
 
 
 class Catalogue(_Frozen):

@@ -26,6 +26,11 @@ from dataclasses import dataclass
 
 from runyard.submission.warnings import SubmissionWarning, WarningCode
 
+#: At most this many warnings of one kind: a long command with many pipes gets a few,
+#: not one per pipe (warnings travel in the task's events).
+MAX_WARNINGS_PER_CHECK = 3
+#: How much of a simple command a warning quotes.
+_QUOTE = 200
 _SEPARATORS = ("&&", "||", "|&", ";", "\n", "|", "&")
 _PREFIX_WORDS = frozenset(
     {
@@ -183,9 +188,12 @@ class _Splitter:
 def program(segment: Segment) -> list[str]:
     """The words of a simple command from its program on (keywords, `A=b` prefixes dropped)."""
     words = _words(segment.text)
-    while words and (words[0] in _PREFIX_WORDS or _ASSIGNMENT.fullmatch(words[0])):
-        words = words[1:]
-    return words
+    first = 0
+    while first < len(words) and (
+        words[first] in _PREFIX_WORDS or _ASSIGNMENT.fullmatch(words[first])
+    ):
+        first += 1
+    return words[first:]
 
 
 def _words(text: str) -> list[str]:
@@ -214,13 +222,16 @@ def _is_tooling(args: list[str]) -> bool:
 
 def _pipe_warnings(segments: list[Segment]) -> list[SubmissionWarning]:
     warnings: list[SubmissionWarning] = []
-    for i, segment in enumerate(segments):
-        if segment.after != "|" or _set_before(segments, i, _PIPEFAIL):
+    pipefail_from = _first_set(segments, _PIPEFAIL)
+    for i, segment in enumerate(segments[:pipefail_from]):
+        if segment.after != "|":
             continue
         into = program(segments[i + 1]) if i + 1 < len(segments) else []
         into_tee = bool(into) and into[0] == "tee"
         if into_tee or is_training(segment):
             warnings.append(_pipe_warning(segment, segments[i + 1].text))
+            if len(warnings) == MAX_WARNINGS_PER_CHECK:
+                break
     return warnings
 
 
@@ -229,15 +240,26 @@ def _pipe_warning(segment: Segment, into: str) -> SubmissionWarning:
         code=WarningCode.COMMAND_PIPE_WITHOUT_PIPEFAIL,
         field="command",
         message=(
-            f"`{segment.text} | {into}` without `set -o pipefail`: the task gets the exit "
-            f"status of `{into}`, so a failed training can end as success; "
+            f"`{_quote(segment.text)} | {_quote(into)}` without `set -o pipefail`: the task "
+            f"gets the exit status of `{_quote(into)}`, so a failed training can end as "
+            "success; "
             "add `set -o pipefail` at the top of the launch command"
         ),
     )
 
 
+def _first_set(segments: list[Segment], option: re.Pattern[str]) -> int:
+    """The index of the first segment that sets `option` (len(segments) if none)."""
+    return next((i for i, s in enumerate(segments) if option.match(s.text)), len(segments))
+
+
 def _set_before(segments: list[Segment], index: int, option: re.Pattern[str]) -> bool:
-    return any(option.match(s.text) for s in segments[:index])
+    return _first_set(segments, option) < index
+
+
+def _quote(text: str) -> str:
+    """A segment as a warning quotes it: long ones are cut, so warnings stay small."""
+    return text if len(text) <= _QUOTE else text[: _QUOTE - 3] + "..."
 
 
 def _masked_failure_warnings(segments: list[Segment]) -> list[SubmissionWarning]:
@@ -305,7 +327,8 @@ def _masked_failure_warning(training: Segment, masking: Segment) -> SubmissionWa
         code=WarningCode.COMMAND_MASKS_FAILURE,
         field="command",
         message=(
-            f"`{masking.text}` runs after the training command `{training.text}` and sets "
+            f"`{_quote(masking.text)}` runs after the training command "
+            f"`{_quote(training.text)}` and sets "
             "the task's exit status: if training fails the task can still end as success; "
             "keep the training status (`rc=$?` right after it, end with `exit $rc`) "
             "or put `set -e` at the top"
@@ -314,10 +337,10 @@ def _masked_failure_warning(training: Segment, masking: Segment) -> SubmissionWa
 
 
 def _conda_warnings(segments: list[Segment]) -> list[SubmissionWarning]:
-    for i, segment in enumerate(segments):
+    for segment in segments:
+        if _CONDA_INIT.search(segment.text):
+            return []  # initialised before any activation that follows
         if _CONDA_ACTIVATE.search(segment.text):
-            if any(_CONDA_INIT.search(s.text) for s in segments[: i + 1]):
-                return []
             return [_conda_warning(segment)]
     return []
 
@@ -327,7 +350,7 @@ def _conda_warning(segment: Segment) -> SubmissionWarning:
         code=WarningCode.COMMAND_CONDA_NOT_INITIALISED,
         field="command",
         message=(
-            f"`{segment.text}` before conda is initialised: the launch command runs in a "
+            f"`{_quote(segment.text)}` before conda is initialised: the launch command runs in a "
             "login shell, which does not read ~/.bashrc, so `conda activate` fails; first run "
             '`eval "$(conda shell.bash hook)"` or `source <conda>/etc/profile.d/conda.sh`, '
             "or build the image with `conda init --system`"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Iterable
 
-from runyard.contracts.spec import EnvVar, Framework, TaskSpec
+from runyard.contracts.spec import EnvVar, TaskSpec
 from runyard.submission.errors import EnvError, ErrorCode
 
 #: What every API answer shows instead of a creator-only value.
@@ -22,14 +22,47 @@ MASK = "******"
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
-#: Variables the platform injects per framework (R-15); a user value would be wrong.
-#: MASTER_PORT is not here: a user value replaces the default 29500.
-FRAMEWORK_ENV: dict[Framework, frozenset[str]] = {
-    "single": frozenset(),
-    "pytorch_ddp": frozenset({"MASTER_ADDR", "WORLD_SIZE", "RANK"}),
-    "mpi": frozenset(),
-    "ray": frozenset(),
+#: Variables the platform sets in every worker (R-15, docs/submission-rules.md). A user
+#: value would replace the platform's: point a worker at the wrong GPUs or rank, name
+#: another task, or break the wrapper that starts the launch command (`PATH=x` leaves
+#: no shell to run it). MASTER_PORT is not here: a user value replaces the default 29500.
+RESERVED_ENV: dict[str, str] = {
+    **dict.fromkeys(
+        ("MASTER_ADDR", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE"),
+        "the platform sets the distributed training variables for each worker",
+    ),
+    **dict.fromkeys(
+        ("OMPI_MCA_orte_default_hostfile", "PMI_RANK", "PMI_SIZE", "PMIX_RANK", "RAY_ADDRESS"),
+        "the platform sets the MPI and Ray variables for each worker",
+    ),
+    **dict.fromkeys(
+        ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"),
+        "the platform sets the visible GPUs to the ones placed for each worker",
+    ),
+    **dict.fromkeys(
+        ("PATH", "HOME", "TMPDIR", "PWD", "USER", "SHELL", "VIRTUAL_ENV"),
+        "the platform sets it for the worker; change it inside the launch command "
+        "instead, e.g. `export PATH=/my/bin:$PATH; python train.py`",
+    ),
+    **dict.fromkeys(
+        ("BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "IFS", "PS4", "PROMPT_COMMAND"),
+        "it changes how the platform's shell starts the launch command; "
+        "put what it should do at the top of the launch command instead",
+    ),
+    **dict.fromkeys(
+        ("LD_PRELOAD", "LD_AUDIT", "PYTHONSTARTUP", "PYTHONHOME"),
+        "it changes the platform's own processes in the worker; "
+        "set it inside the launch command for your program only",
+    ),
 }
+#: Name prefixes the platform keeps for itself.
+RESERVED_ENV_PREFIXES: dict[str, str] = {
+    "RUNYARD_": "RUNYARD_ variables are set by the platform (task id, run, worker, mounts)",
+    "OMPI_COMM_WORLD_": "the MPI launcher sets the OMPI_COMM_WORLD_ variables for each rank",
+    "BASH_FUNC_": "exported shell functions change how the platform's shell runs",
+}
+#: Bounds of the whole environment of a task (every name and value together).
+MAX_ENV_BYTES = 65536
 
 _NAME_HINT = "names start with a letter or _ and contain only letters, digits and _"
 
@@ -81,7 +114,8 @@ def check_name(name: str, field: str) -> None:
 
 
 def check_value(name: str, value: str, field: str) -> None:
-    """Refuse a value that no process environment can hold (a NUL byte)."""
+    """Refuse a value that no process environment can hold (a NUL byte, or text that
+    is not Unicode: a lone surrogate such as `\\ud800` from JSON)."""
     if "\x00" in value:
         raise EnvError(
             ErrorCode.ENV_INVALID_VALUE,
@@ -89,6 +123,15 @@ def check_value(name: str, value: str, field: str) -> None:
             f"the value of `{name}` contains a NUL character",
             f"remove the NUL character from the value of {name}",
         )
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise EnvError(
+            ErrorCode.ENV_INVALID_VALUE,
+            field,
+            f"the value of `{name}` holds a lone surrogate at character {exc.start}",
+            f"send the value of {name} as valid UTF-8 text",
+        ) from exc
 
 
 def _check_unique(names: Iterable[str]) -> None:
@@ -118,21 +161,41 @@ def _check_creator_only_known(creator_only: Collection[str], names: set[str]) ->
 def check_env(spec: TaskSpec) -> None:
     """R-12 on a structured spec: valid, unique, reserved-free names, and a value for each."""
     _check_unique(v.name for v in spec.env)
-    reserved = FRAMEWORK_ENV[spec.framework]
     for i, var in enumerate(spec.env):
         field = f"env[{i}]"
         check_name(var.name, f"{field}.name")
-        _check_not_reserved(var.name, reserved, spec.framework, f"{field}.name")
+        check_not_reserved(var.name, f"{field}.name")
         _check_has_value(var, f"{field}.value")
+    _check_total_size(spec.env)
 
 
-def _check_not_reserved(name: str, reserved: frozenset[str], framework: str, field: str) -> None:
-    if name in reserved:
+def reserved_reason(name: str) -> str | None:
+    """Why the platform keeps `name` for itself, or None when a task may set it."""
+    if name in RESERVED_ENV:
+        return RESERVED_ENV[name]
+    return next((why for p, why in RESERVED_ENV_PREFIXES.items() if name.startswith(p)), None)
+
+
+def check_not_reserved(name: str, field: str) -> None:
+    """Refuse a variable the platform sets in every worker (`env.reserved_name`)."""
+    reason = reserved_reason(name)
+    if reason is not None:
         raise EnvError(
             ErrorCode.ENV_RESERVED_NAME,
             field,
-            f"`{name}` is injected by the platform for {framework} tasks",
-            f"remove {name}: the platform sets MASTER_ADDR, WORLD_SIZE and RANK for each worker",
+            f"`{name}` is set by the platform and cannot be a task variable",
+            f"remove {name}: {reason}",
+        )
+
+
+def _check_total_size(env: tuple[EnvVar, ...]) -> None:
+    size = sum(len(v.name.encode()) + len((v.value or "").encode()) for v in env)
+    if size > MAX_ENV_BYTES:
+        raise EnvError(
+            ErrorCode.ENV_TOO_LARGE,
+            "env",
+            f"the task's variables take {size} bytes, at most {MAX_ENV_BYTES} are allowed",
+            "pass large values as files on a mounted volume, and their paths as variables",
         )
 
 

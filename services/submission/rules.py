@@ -12,19 +12,24 @@ launch command warnings (R-14) in `runyard.submission.command`.
 
 from __future__ import annotations
 
-import re
 from urllib.parse import urlparse
 
+import re2
 from runyard.contracts.spec import TaskSpec
 from runyard.submission.catalogue import TRAINING_SERVICE, Catalogue, PoolView
 from runyard.submission.command import command_warnings
 from runyard.submission.env import check_env
 from runyard.submission.errors import ErrorCode, ImageError, RdmaError, SpecError
+from runyard.submission.launch_paths import launch_path_warnings
 from runyard.submission.storage import check_storage, output_path_warnings
 from runyard.submission.warnings import SubmissionWarning, WarningCode
 
 #: Training networks on which RDMA can be enabled (R-09).
 RDMA_NETWORKS = frozenset({"roce", "ib"})
+#: The largest task spec, JSON-encoded as the task's events carry it (docs/limits.md).
+MAX_SPEC_BYTES = 256 * 1024
+#: RE2's memory budget for a user's pattern (the same as fault tolerance compiles it with).
+RE2_MAX_MEM = 8 << 20
 _RDMA_HINT = "RDMA needs 8-GPU workers on a RoCE/IB pool: turn RDMA off, or choose such a spec"
 
 
@@ -36,15 +41,36 @@ def check_spec(
     Order of the rules: pool and resource type, spot options, worker spec and
     count (R-02/R-04), framework (R-15), RDMA (R-09), image (R-11), env
     (R-12), storage (R-13), then the remaining spec fields. Warnings: uneven
-    custom workers (R-04), local output paths (R-13), launch command (R-14).
+    custom workers (R-04), local output paths (R-13), launch command (R-14), files
+    the command reads from where workers cannot see them (`launch_paths`).
     """
+    check_size(spec)
     checked = _require_pool(spec, pool)
     check_resources(spec, checked)
     check_image(spec.image, catalogue, checked)
     check_env(spec)
     check_storage(spec, catalogue, checked)
     check_other_fields(spec)
-    return [*worker_warnings(spec), *output_path_warnings(spec), *command_warnings(spec.command)]
+    return [
+        *worker_warnings(spec),
+        *output_path_warnings(spec),
+        *command_warnings(spec.command),
+        *launch_path_warnings(spec),
+    ]
+
+
+def check_size(spec: TaskSpec) -> None:
+    """The spec as its events carry it stays well under the event store's size limit
+    (every field has its own bound; escaped text can still add up)."""
+    size = len(spec.model_dump_json().encode())
+    if size > MAX_SPEC_BYTES:
+        raise SpecError(
+            ErrorCode.SPEC_TOO_LARGE,
+            "spec",
+            f"the task spec takes {size} bytes encoded, at most {MAX_SPEC_BYTES} are allowed",
+            "shorten the launch command (run a script from the image or a volume) "
+            "and the variables (pass large values as files)",
+        )
 
 
 def _require_pool(spec: TaskSpec, pool: PoolView | None) -> PoolView:
@@ -220,17 +246,32 @@ def check_other_fields(spec: TaskSpec) -> None:
 
 
 def _check_resume_pattern(pattern: str | None) -> None:
+    """The pattern runs on every line the workers print, with RE2 (linear time): refuse
+    what RE2 cannot compile (backreferences, lookaround) here rather than at run time."""
     if pattern is None:
         return
     try:
-        re.compile(pattern)
-    except re.error as e:
+        re2.compile(pattern, _re2_options())
+    except re2.error as e:
         raise SpecError(
             ErrorCode.FAULT_TOLERANCE_INVALID_PATTERN,
             "fault_tolerance.resume_pattern",
-            f"the resume pattern is not a valid regular expression: {e}",
-            "fix the regular expression, e.g. `loading checkpoint .* at step (\\d+)`",
-        ) from e
+            f"the resume pattern is not a valid RE2 regular expression: {_re2_reason(e)}",
+            "patterns run with RE2 (linear time): no backreferences (\\1) and no "
+            "lookahead/lookbehind; e.g. `loading checkpoint .* at step (\\d+)`",
+        ) from None
+
+
+def _re2_reason(error: Exception) -> str:
+    reason = error.args[0] if error.args else error
+    return reason.decode(errors="replace") if isinstance(reason, bytes) else str(reason)
+
+
+def _re2_options() -> re2.Options:
+    options = re2.Options()
+    options.log_errors = False  # the refusal says why
+    options.max_mem = RE2_MAX_MEM
+    return options
 
 
 def _check_webhook(url: str, field: str) -> None:

@@ -17,9 +17,30 @@ from runyard.submission.errors import ErrorCode, StorageError
 from runyard.submission.warnings import SubmissionWarning, WarningCode
 
 #: Mount paths that would hide what the image or the platform needs.
-RESERVED_MOUNT_PATHS = frozenset({"/", "/bin", "/boot", "/lib", "/lib64", "/sbin", "/usr"})
-#: Mount paths under which nothing may be mounted either.
-RESERVED_MOUNT_TREES = ("/dev", "/etc", "/proc", "/sys", PUBLIC_DATA_PATH.rstrip("/"))
+RESERVED_MOUNT_PATHS = frozenset({"/"})
+#: System and platform directories: nothing may be mounted on them or under them
+#: (the runtime creates a mount point, and on the local runtime a host path, for
+#: each mount; the worker's /tmp and home are its own scratch).
+RESERVED_MOUNT_TREES = (
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/proc",
+    "/root",
+    "/run",
+    "/sbin",
+    "/srv",
+    "/sys",
+    "/tmp",
+    "/usr",
+    "/var",
+    PUBLIC_DATA_PATH.rstrip("/"),
+)
 
 #: Output-like options of common launchers (HF Trainer, LLaMA-Factory, Megatron-LM, ...).
 _OUTPUT_OPTION = re.compile(
@@ -74,7 +95,8 @@ def _check_mount_path(path: str, field: str) -> str:
         raise StorageError(
             ErrorCode.MOUNT_RESERVED_PATH,
             field,
-            f"mount path `{path}` would hide a system or platform directory",
+            f"mount path `{path}` is, or is under, a system or platform directory "
+            f"({', '.join(sorted(RESERVED_MOUNT_PATHS | set(RESERVED_MOUNT_TREES)))})",
             "mount the volume under /mnt (e.g. /mnt/public) or another path of your own",
         )
     return normal

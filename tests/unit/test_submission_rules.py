@@ -16,7 +16,7 @@ from runyard.submission.changes import (
     rerun_with_changes,
 )
 from runyard.submission.command import command_warnings
-from runyard.submission.env import MASK, mask_spec, parse_env
+from runyard.submission.env import MASK, check_env, mask_spec, parse_env
 from runyard.submission.errors import (
     ChangeError,
     EnvError,
@@ -335,16 +335,46 @@ def test_structured_env_is_checked(env: tuple[EnvVar, ...], code: str, field: st
     refusal(EnvError, lambda: check(make_spec(env=env)), code, field)
 
 
-def test_framework_injected_names_are_reserved_for_ddp() -> None:
-    spec = make_spec(framework="pytorch_ddp", env=(EnvVar(name="RANK", value="0"),))
-    err = refusal(EnvError, lambda: check(spec), "env.reserved_name", "env[0].name")
-    assert "pytorch_ddp" in err.message
+@pytest.mark.parametrize(
+    ("framework", "name", "hint"),
+    [
+        ("pytorch_ddp", "RANK", "distributed training"),
+        ("single", "RANK", "distributed training"),
+        ("mpi", "OMPI_COMM_WORLD_RANK", "MPI launcher"),
+        ("ray", "RAY_ADDRESS", "Ray"),
+        ("single", "CUDA_VISIBLE_DEVICES", "visible GPUs"),
+        ("single", "RUNYARD_TASK_ID", "RUNYARD_"),
+        ("single", "PATH", "export PATH=/my/bin:$PATH"),
+        ("single", "BASH_ENV", "shell"),
+        ("single", "LD_PRELOAD", "launch command"),
+        ("single", "BASH_FUNC_setup", "shell functions"),
+    ],
+)
+def test_variables_the_platform_sets_are_reserved(framework: str, name: str, hint: str) -> None:
+    env = (EnvVar(name="A", value="1"), EnvVar(name=name, value="0"))
+    spec = make_spec(framework=framework, env=env)
+    err = refusal(EnvError, lambda: check_env(spec), "env.reserved_name", "env[1].name")
+    assert name in err.message and hint in err.hint
 
 
-def test_master_port_may_be_set_and_rank_is_free_outside_ddp() -> None:
-    ddp = make_spec(framework="pytorch_ddp", env=(EnvVar(name="MASTER_PORT", value="29600"),))
-    single = make_spec(env=(EnvVar(name="RANK", value="0"),))
-    assert check(ddp) == [] and check(single) == []
+def test_master_port_and_ordinary_variables_may_be_set() -> None:
+    env = (
+        EnvVar(name="MASTER_PORT", value="29600"),
+        EnvVar(name="LD_LIBRARY_PATH", value="/opt/lib"),
+        EnvVar(name="NCCL_DEBUG", value="INFO"),
+        EnvVar(name="OMPI_MCA_btl", value="^openib"),
+    )
+    assert check(make_spec(framework="pytorch_ddp", env=env)) == []
+
+
+def test_the_whole_environment_is_bounded() -> None:
+    env = tuple(EnvVar(name=f"V{i}", value="x" * 10_000) for i in range(7))
+    refusal(EnvError, lambda: check_env(make_spec(env=env)), "env.too_large", "env")
+
+
+def test_a_lone_surrogate_in_a_value_is_refused() -> None:
+    err = refusal(EnvError, lambda: parse_env("A=x\ud800y"), "env.invalid_value", "env")
+    assert "surrogate" in err.message
 
 
 def test_a_creator_only_variable_may_be_held_by_secret_reference() -> None:
@@ -439,7 +469,10 @@ def test_storage_mounts_are_checked(
 
 
 def test_sibling_mount_paths_do_not_overlap() -> None:
-    spec = make_spec(mounts=mounts(("fs1", "proj-a", "/mnt/a"), ("fs1", "proj-c", "/mnt/ab")))
+    spec = make_spec(
+        mounts=mounts(("fs1", "proj-a", "/mnt/a"), ("fs1", "proj-c", "/mnt/ab")),
+        command="cd /mnt/a/llm && python train.py",
+    )
     assert check(spec) == []
 
 
@@ -580,6 +613,31 @@ def test_resume_pattern_must_be_a_regular_expression() -> None:
     )
 
 
+@pytest.mark.parametrize("pattern", ["load (\\w+) \\1", "(?=step)\\d+", "(?<!x)ckpt"])
+def test_resume_pattern_must_compile_with_re2(pattern: str) -> None:
+    spec = make_spec(fault_tolerance={"auto_restart": True, "resume_pattern": pattern})
+    err = refusal(
+        SpecError,
+        lambda: check(spec),
+        "fault_tolerance.invalid_pattern",
+        "fault_tolerance.resume_pattern",
+    )
+    assert "RE2" in err.message and "backreferences" in err.hint
+
+
+def test_a_pattern_that_backtracks_in_other_engines_is_accepted_for_re2() -> None:
+    spec = make_spec(fault_tolerance={"auto_restart": True, "resume_pattern": "(a+)+$"})
+    assert check(spec) == []
+
+
+def test_a_long_command_is_checked_in_linear_time_with_few_warnings() -> None:
+    """Thousands of pipes make three warnings, each quoting at most 200 characters."""
+    command = "python train.py | tee log\n" * 2500
+    warnings = command_warnings(command)
+    assert [w.code for w in warnings] == ["command.pipe_without_pipefail"] * 3
+    assert all(len(w.message) < 800 for w in warnings)
+
+
 def test_alert_webhook_must_be_a_url() -> None:
     spec = make_spec(alerts=({"webhook_url": "open.feishu.cn/hook"},))
     refusal(SpecError, lambda: check(spec), "alert.invalid_webhook", "alerts[0].webhook_url")
@@ -676,7 +734,8 @@ def test_clone_may_change_everything_the_pool_included() -> None:
         "llm-sft-spot",
         (EnvVar(name="RUN_ID", value="exp-002"),),
     )
-    assert check(clone) == []
+    # accepted; the command still enters the volume the clone no longer mounts
+    assert codes(check(clone)) == [("command.path_not_on_worker", "command")]
 
 
 def test_clone_refuses_unknown_fields() -> None:
