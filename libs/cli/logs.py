@@ -3,12 +3,18 @@ or its first error.
 
     runyard logs ID [--worker N ...] [--run N] [--since T] [--until T]
                     [--grep WORDS] [--phrase TEXT] [--regex RE] [-i]
-                    [--newest] [--limit N] [--cursor C] [--follow] [--json]
+                    [--newest] [--limit N] [--cursor C] [--follow] [--raw] [--json]
     runyard logs ID --first-error
     runyard logs ID [filters] --export FILE [--format text|jsonl]
 
 Searches and filters combine (all must hold). Times are ISO 8601, e.g.
 2026-01-02T03:04:05Z; `--until` includes its whole second.
+
+A line is printed as the worker wrote it, except that terminal escape
+sequences (colours, cursor moves, window titles) are dropped and other
+control characters shown as escapes (`\r`, `\x08`), so a line cannot
+overwrite the prefix or act on your terminal; `--raw` prints the lines
+unchanged. Exports are always unchanged.
 """
 
 from __future__ import annotations
@@ -31,22 +37,25 @@ from runyard.cli.main import (
     out,
     show_json,
 )
+from runyard.cli.terminal import clean, clean_output, markup
 
 TERMINAL = {"succeeded", "failed", "stopped", "abnormal"}
 POLL_S = 1.0
 
 
-def render(line: dict[str, Any]) -> str:
-    """One line as the terminal shows it: the prefix, then the line verbatim."""
-    return f"{line['at']} w{line['worker']} {line['stream']:6} | {line['line']}"
+def render(line: dict[str, Any], raw: bool = False) -> str:
+    """One line as the terminal shows it: the prefix, then the worker's text
+    (`clean_output`: no escape sequences; `raw`: verbatim)."""
+    text = line["line"] if raw else clean_output(line["line"])
+    return f"{clean(line['at'])} w{clean(line['worker'])} {clean(line['stream']):6} | {text}"
 
 
-def emit(lines: list[dict[str, Any]], as_json: bool) -> None:
+def emit(lines: list[dict[str, Any]], as_json: bool, raw: bool = False) -> None:
     for line in lines:
         if as_json:
-            out.print(json.dumps(line), markup=False, highlight=False)
+            out.print(json.dumps(line), markup=False, highlight=False, soft_wrap=True)
         else:
-            out.print(render(line), markup=False, highlight=False)
+            out.print(render(line, raw), markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -64,6 +73,9 @@ def logs(
     limit: Annotated[int, typer.Option(help="Lines per page (1-1000).")] = 200,
     cursor: Annotated[str | None, typer.Option(help="Continue from a page's cursor.")] = None,
     follow: Annotated[bool, typer.Option("-f", "--follow", help="Live tail.")] = False,
+    raw: Annotated[
+        bool, typer.Option(help="Print lines unchanged, terminal escape sequences included.")
+    ] = False,
     first_error: Annotated[bool, typer.Option(help="The first error and its layer.")] = False,
     export: Annotated[Path | None, typer.Option(help="Export matching lines to FILE.")] = None,
     fmt: Annotated[str, typer.Option("--format", help="Export format: text|jsonl.")] = "text",
@@ -93,11 +105,11 @@ def logs(
     if cursor:
         params["cursor"] = cursor
     page = call(url, token, "GET", f"/v1/tasks/{task_id}/logs", params=params)
-    emit(page["lines"], as_json)
+    emit(page["lines"], as_json, raw)
     if follow:
-        tail(task_id, params, page, url, token, as_json)
+        tail(task_id, params, page, url, token, as_json, raw)
     elif page["next_cursor"]:
-        err.print(f"more: --cursor {page['next_cursor']}")
+        err.print(f"more: --cursor {markup(page['next_cursor'])}")
 
 
 def tail(
@@ -107,6 +119,7 @@ def tail(
     url: str | None,
     token: str | None,
     as_json: bool,
+    raw: bool = False,
 ) -> None:
     """Print new lines as they come until the task ends (or Ctrl-C)."""
     try:
@@ -115,11 +128,11 @@ def tail(
                 task = call(url, token, "GET", f"/v1/tasks/{task_id}")
                 if task.get("status") in TERMINAL:
                     page = fetch(task_id, params, page, url, token)
-                    emit(page["lines"], as_json)  # what arrived before the end
+                    emit(page["lines"], as_json, raw)  # what arrived before the end
                     return
                 time.sleep(POLL_S)
             page = fetch(task_id, params, page, url, token)
-            emit(page["lines"], as_json)
+            emit(page["lines"], as_json, raw)
     except KeyboardInterrupt:
         return
 
@@ -135,16 +148,20 @@ def print_first_error(found: dict[str, Any], as_json: bool) -> None:
     if as_json:
         return show_json(found)
     if not found["found"]:
-        out.print(f"no error line found in the logs of {found['task_id']}")
+        out.print(f"no error line found in the logs of {markup(found['task_id'])}")
         return
-    out.print(f"first error ({found['layer']}, rule {found['rule']}): {found['why']}")
+    out.print(
+        f"first error ({markup(found['layer'])}, rule {markup(found['rule'])}):"
+        f" {markup(found['why'])}"
+    )
     for line in found["before"]:
-        out.print("  " + render(line), markup=False, highlight=False)
-    out.print("> " + render(found["line"]), markup=False, highlight=False)
+        out.print("  " + render(line), markup=False, highlight=False, soft_wrap=True)
+    out.print("> " + render(found["line"]), markup=False, highlight=False, soft_wrap=True)
     for line in found["after"]:
-        out.print("  " + render(line), markup=False, highlight=False)
+        out.print("  " + render(line), markup=False, highlight=False, soft_wrap=True)
     if found["evidence"] and found["evidence"] != found["line"]["line"]:
-        out.print(f"matched: {found['evidence']}", markup=False, highlight=False)
+        evidence = clean_output(found["evidence"])
+        out.print(f"matched: {evidence}", markup=False, highlight=False, soft_wrap=True)
 
 
 def run_export(
@@ -164,11 +181,15 @@ def run_export(
     state = started
     while state["state"] == "running":
         if not as_json:
-            err.print(f"export {export_id}: {state['lines_done']}/{state['lines_total'] or '?'}")
+            done, total = markup(state["lines_done"]), markup(state["lines_total"] or "?")
+            err.print(f"export {markup(export_id)}: {done}/{total}")
         time.sleep(0.5)
         state = call(url, token, "GET", f"/v1/exports/{export_id}")
     if state["state"] != "done":
-        err.print(f"[red]error:[/red] export {export_id} {state['state']}: {state['error']}")
+        err.print(
+            f"[red]error:[/red] export {markup(export_id)} {markup(state['state'])}:"
+            f" {markup(state['error'])}"
+        )
         raise typer.Exit(1)
     with (
         make_client(url, token) as client,
@@ -179,4 +200,4 @@ def run_export(
             sink.write(chunk)
     if as_json:
         return show_json(state)
-    out.print(f"exported {state['lines_done']} lines to {target}")
+    out.print(f"exported {markup(state['lines_done'])} lines to {markup(target)}")

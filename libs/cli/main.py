@@ -1,8 +1,15 @@
 """`runyard`: the command line of the gateway API.
 
 Every command calls the HTTP API and prints a readable table, or the API's
-JSON with `--json`. Token: `--token`, else RUNYARD_TOKEN, else the file
-`.runyard/token`; gateway: `--url`, else RUNYARD_URL, else
+JSON with `--json`. On a pipe or into a file, tables are plain lines with
+tab-separated columns, never cut to the terminal's width. Text from the
+server is printed through `runyard.cli.terminal.clean`: control characters
+cannot forge lines or send escape sequences.
+
+Token, first found: `--token`; RUNYARD_TOKEN; the file `.runyard/token` of
+the current folder (written by `runyard up`); the file `token` of the user's
+config folder, `$XDG_CONFIG_HOME/runyard/` or `~/.config/runyard/` (written
+by `runyard login`). Gateway: `--url`, else RUNYARD_URL, else
 http://127.0.0.1:8080.
 
 Exit codes: 0 ok, 1 refused by the gateway (400/404/409), 2 usage error,
@@ -14,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,9 +30,9 @@ import httpx
 import typer
 import yaml
 from rich.console import Console
-from rich.table import Table
 from runyard.cli.admin import admin_app
 from runyard.cli.alerts import alerts_app
+from runyard.cli.terminal import clean, markup, print_json, render_table
 
 app = typer.Typer(help="Runyard: submit and follow GPU training tasks.", no_args_is_help=True)
 group_app = typer.Typer(help="Task groups: many tasks from one template.", no_args_is_help=True)
@@ -33,6 +41,7 @@ app.add_typer(admin_app, name="admin")
 app.add_typer(alerts_app, name="alerts")
 
 DEFAULT_URL = "http://127.0.0.1:8080"
+#: The dev token `runyard up` writes, relative to the current folder.
 TOKEN_FILE = Path(".runyard/token")
 EXIT_REFUSED, EXIT_AUTH, EXIT_UNREACHABLE = 1, 3, 4
 
@@ -47,13 +56,31 @@ err = Console(stderr=True)
 # --- talking to the gateway ---------------------------------------------------
 
 
+def config_dir() -> Path:
+    """The user's Runyard config folder: `$XDG_CONFIG_HOME/runyard`, else `~/.config/runyard`.
+
+    A relative XDG_CONFIG_HOME is ignored, as the XDG base directory spec says.
+    """
+    base = os.environ.get("XDG_CONFIG_HOME", "")
+    root = Path(base) if base and Path(base).is_absolute() else Path.home() / ".config"
+    return root / "runyard"
+
+
+def token_files() -> list[Path]:
+    """Where a token is looked for, in order: `.runyard/token`, then the config folder's."""
+    return [TOKEN_FILE, config_dir() / "token"]
+
+
 def resolve_token(token: str | None) -> str | None:
-    """`--token`, else RUNYARD_TOKEN, else `.runyard/token`."""
+    """`--token`, else RUNYARD_TOKEN, else the first non-empty file of `token_files()`."""
     if token:
         return token
     if env := os.environ.get("RUNYARD_TOKEN"):
         return env
-    return TOKEN_FILE.read_text().strip() if TOKEN_FILE.exists() else None
+    for path in token_files():
+        if path.is_file() and (found := path.read_text().strip()):
+            return found
+    return None
 
 
 def make_client(url: str | None, token: str | None) -> httpx.Client:
@@ -83,10 +110,10 @@ def fail(answer: httpx.Response) -> None:
         body = answer.json()
     except ValueError:
         body = {"code": f"http.{answer.status_code}", "message": answer.text}
-    where = f" ({body['field']})" if body.get("field") else ""
-    err.print(f"[red]error[/red] {body.get('code')}{where}: {body.get('message')}")
+    where = f" ({markup(body['field'])})" if body.get("field") else ""
+    err.print(f"[red]error[/red] {markup(body.get('code'))}{where}: {markup(body.get('message'))}")
     if body.get("hint"):
-        err.print(f"hint: {body['hint']}")
+        err.print(f"hint: {markup(body['hint'])}")
     raise typer.Exit(EXIT_AUTH if answer.status_code in (401, 403) else EXIT_REFUSED)
 
 
@@ -96,16 +123,12 @@ def given(**values: Any) -> dict[str, Any]:
 
 
 def show_json(data: Any) -> None:
-    out.print_json(json.dumps(data))
+    print_json(out, data)
 
 
 def table(title: str, columns: list[str], rows: Iterator[list[Any]] | list[list[Any]]) -> None:
-    grid = Table(title=title)
-    for column in columns:
-        grid.add_column(column)
-    for row in rows:
-        grid.add_row(*["" if v is None else str(v) for v in row])
-    out.print(grid)
+    """A rich table on a terminal, tab-separated whole lines on a pipe (`render_table`)."""
+    render_table(out, title, columns, rows)
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
@@ -124,23 +147,62 @@ def load_yaml(path: Path) -> dict[str, Any]:
 # --- tasks --------------------------------------------------------------------
 
 
+#: Counters of the current run, in the order `runyard show` prints them.
+COUNTERS = ("restarts", "reschedules", "requeues", "preemptions", "hangs", "slowdowns")
+
+
 def print_task(task: dict[str, Any]) -> None:
-    """A task's summary, warnings and stage timeline."""
+    """A task's summary, counters of its run, warnings and stage timeline (per attempt)."""
+    attempt = f"  attempt={task['attempt']}" if task.get("attempt") else ""
     out.print(
-        f"[bold]{task['task_id']}[/bold]  {task['name']}  status={task['status']}"
-        f"  run={task['run']}  pool={task['spec']['pool']}  creator={task['creator']}"
+        f"[bold]{markup(task['task_id'])}[/bold]  {markup(task['name'])}"
+        f"  status={markup(task['status'])}  run={task['run']}{attempt}"
+        f"  pool={markup(task['spec']['pool'])}  creator={markup(task['creator'])}"
     )
+    counters = task.get("counters") or {}
+    if counters:
+        limits = _limits(task["spec"])
+        shown = [f"{n}={counters.get(n, 0)}{limits.get(n, '')}" for n in COUNTERS]
+        out.print(f"this run: {' '.join(shown)}")
+    if task.get("queue"):
+        q = task["queue"]
+        out.print(f"queued: {markup(q['reason'])} (position {markup(q['position'])})")
+    if task.get("last_failure_reason"):
+        out.print(f"last failure: {markup(task['last_failure_reason'])}")
     for w in task.get("warnings", []):
-        out.print(f"[yellow]warning[/yellow] {w['code']} ({w['field']}): {w['message']}")
+        out.print(
+            f"[yellow]warning[/yellow] {markup(w['code'])} ({markup(w['field'])}):"
+            f" {markup(w['message'])}"
+        )
     if task.get("stages"):
         table(
             "stages",
-            ["run", "stage", "result", "started", "duration ms"],
+            ["run", "attempt", "stage", "result", "started", "duration ms", "reason"],
             [
-                [s["run"], s["stage"], s["result"], s["started_at"], s["duration_ms"]]
+                [
+                    s["run"],
+                    s.get("attempt"),
+                    s["stage"],
+                    s["result"],
+                    s["started_at"],
+                    s["duration_ms"],
+                    s.get("reason"),
+                ]
                 for s in task["stages"]
             ],
         )
+
+
+def _limits(spec: dict[str, Any]) -> dict[str, str]:
+    """`/N` after the counters the spec limits: restarts (max_restarts), requeues (spot)."""
+    limits: dict[str, str] = {}
+    restarts = (spec.get("fault_tolerance") or {}).get("max_restarts")
+    if restarts is not None:
+        limits["restarts"] = f"/{restarts}"
+    requeues = (spec.get("spot") or {}).get("max_requeues")
+    if requeues is not None:
+        limits["requeues"] = f"/{requeues}"
+    return limits
 
 
 @app.command()
@@ -150,7 +212,14 @@ def submit(
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Submit a task from a YAML file; prints the task id and any warnings."""
+    """Submit a task from a YAML file; prints the task id and any warnings.
+
+    The launch command runs on the workers, not on this machine: a worker sees
+    the image, its mounted volumes and its own working directory and /tmp,
+    never your /tmp or home folder. Put your code in the image or on a volume
+    the task mounts (e.g. `python /mnt/code/train.py`); a path that is in
+    neither gets a `command.path_not_on_worker` warning.
+    """
     task = call(url, token, "POST", "/v1/tasks", json=load_yaml(file))
     show_json(task) if as_json else print_task(task)
 
@@ -289,9 +358,12 @@ def watch(
                 if line.startswith("data: ") and line != "data: {}":
                     event = json.loads(line[6:])
                     if as_json:
-                        out.print(json.dumps(event))
+                        out.print(json.dumps(event), markup=False, highlight=False)
                     else:
-                        out.print(f"{event['occurred_at']}  {event['type']}  {event['actor']}")
+                        when, kind, actor = (
+                            clean(event[k]) for k in ("occurred_at", "type", "actor")
+                        )
+                        out.print(f"{when}  {kind}  {actor}", markup=False, highlight=False)
     except httpx.TransportError as exc:
         err.print(f"[red]error:[/red] cannot reach the gateway: {exc}")
         raise typer.Exit(EXIT_UNREACHABLE) from exc
@@ -336,7 +408,7 @@ def capacity(
         ["spec", "launchable"],
         [[name, count] for name, count in (cap.get("launchable") or {}).items()],
     )
-    out.print(f"custom GPU count up to {cap.get('custom_gpus_max')}")
+    out.print(f"custom GPU count up to {markup(cap.get('custom_gpus_max'))}")
 
 
 # --- groups -------------------------------------------------------------------
@@ -417,7 +489,66 @@ def print_group(group: dict[str, Any], as_json: bool) -> None:
         ["id", "name", "status", "pool"],
         [[t["task_id"], t["name"], t["status"], t["pool"]] for t in group["tasks"]],
     )
-    out.print(", ".join(f"{k}: {v}" for k, v in group["status_counts"].items()))
+    counts = ", ".join(f"{k}: {v}" for k, v in group["status_counts"].items())
+    out.print(clean(counts), markup=False, highlight=False)
+
+
+# --- login --------------------------------------------------------------------
+
+
+@app.command()
+def login(url: UrlOpt = None) -> None:
+    """Save your API token for the CLI, in `$XDG_CONFIG_HOME/runyard/token`
+    (default `~/.config/runyard/token`, mode 0600).
+
+    The token is asked for without echo, or read from standard input when that
+    is not a terminal (`runyard login < token.txt`); it is never an argument, so
+    it stays out of the shell's history. It is checked against the gateway
+    before it is saved. `--token`, RUNYARD_TOKEN and `./.runyard/token` (the dev
+    token of `runyard up`) still come first when present.
+    """
+    secret = _read_secret()
+    call(url, secret, "GET", "/v1/pools")  # 401 or unreachable: exits, nothing saved
+    path = config_dir() / "token"
+    save_token(path, secret)
+    out.print(f"token saved to {markup(path)}")
+    for earlier in _earlier_tokens():
+        out.print(f"note: {earlier} comes first while it is set")
+
+
+def _read_secret() -> str:
+    if sys.stdin.isatty():
+        secret = str(typer.prompt("API token", hide_input=True))
+    else:
+        secret = sys.stdin.readline()
+    secret = secret.strip()
+    if not secret or any(c.isspace() for c in secret):
+        err.print("[red]error:[/red] no token given (a token is one word, without spaces)")
+        err.print("hint: paste the token your admin gave you, or pipe it in: runyard login < FILE")
+        raise typer.Exit(2)
+    return secret
+
+
+def save_token(path: Path, secret: str) -> None:
+    """Write `secret` to `path` readable by its owner only, replacing any earlier file whole."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as sink:
+            sink.write(secret + "\n")
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+
+
+def _earlier_tokens() -> list[str]:
+    """Token sources that take precedence over the config folder's file, when present."""
+    found = ["RUNYARD_TOKEN"] if os.environ.get("RUNYARD_TOKEN") else []
+    if TOKEN_FILE.is_file() and TOKEN_FILE.read_text().strip():
+        found.append(f"{TOKEN_FILE} (in this folder)")
+    return found
 
 
 # --- stack --------------------------------------------------------------------

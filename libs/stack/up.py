@@ -23,6 +23,7 @@ from pathlib import Path
 
 import asyncpg
 from rich.console import Console
+from runyard.cli.terminal import markup
 from runyard.contracts import default_mapper
 from runyard.eventstore import (
     Migration,
@@ -354,11 +355,12 @@ async def tail(dsn: str, after: int = 0, follow: bool = True) -> None:
             for e in batch:
                 meta = e.metadata
                 when = e.occurred_at.strftime("%H:%M:%S.%f")[:-3]
-                console.print(
-                    f"[dim]{e.global_position:>8}[/] {when} [cyan]{e.stream_id}[/]"
-                    f" v{e.stream_version} [bold]{e.type}[/]"
-                    f" [dim]actor={meta.actor} corr={meta.correlation_id}[/]",
+                console.print(  # ids and the actor come from users: one inert line each
+                    f"[dim]{e.global_position:>8}[/] {when} [cyan]{markup(e.stream_id)}[/]"
+                    f" v{e.stream_version} [bold]{markup(e.type)}[/]"
+                    f" [dim]actor={markup(meta.actor)} corr={markup(meta.correlation_id)}[/]",
                     highlight=False,
+                    soft_wrap=True,
                 )
             if not batch:
                 if not follow:

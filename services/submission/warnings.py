@@ -23,4 +23,5 @@ class WarningCode(StrEnum):
     COMMAND_PIPE_WITHOUT_PIPEFAIL = "command.pipe_without_pipefail"
     COMMAND_MASKS_FAILURE = "command.masks_failure"
     COMMAND_CONDA_NOT_INITIALISED = "command.conda_not_initialised"
+    COMMAND_PATH_NOT_ON_WORKER = "command.path_not_on_worker"
     WORKERS_UNEVEN_GPUS = "workers.uneven_gpus"
