@@ -7,7 +7,15 @@ ingester, exports, and the gateway router.
 
 from runyard.logs.errors import ExportNotFound, InvalidQuery, LogError
 from runyard.logs.exports import Exports
-from runyard.logs.firsterror import Classification, classify, error_block, is_error
+from runyard.logs.firsterror import (
+    Classification,
+    Traceback,
+    choose_traceback,
+    classify,
+    error_block,
+    is_error,
+    is_warning,
+)
 from runyard.logs.ingest import LogIngester
 from runyard.logs.records import LogRecord, MalformedRecord, parse
 from runyard.logs.search import LogQuery
@@ -27,9 +35,12 @@ __all__ = [
     "LogRecord",
     "LogStore",
     "MalformedRecord",
+    "Traceback",
+    "choose_traceback",
     "classify",
     "error_block",
     "is_error",
+    "is_warning",
     "logs_migrations",
     "parse",
 ]

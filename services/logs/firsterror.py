@@ -1,10 +1,25 @@
 """First error (R-42): which line looks like the first failure, and which layer
 it most likely comes from.
 
-Pure: no I/O. `is_error(line)` says whether a line is an error candidate;
+Pure: no I/O. The store (`LogStore.first_error`) reads the lines; the rules
+here decide:
+
+1. A Python traceback names the failure best. Each worker's *final*
+   traceback is the last one it printed, leaving out launcher wrappers
+   (`ChildFailedError`, `CalledProcessError`: torchrun, accelerate and
+   deepspeed print the real traceback above them) and preferring the worker's
+   own exception over "the peer went away" (`Connection closed by peer`, an
+   aborted NCCL communicator), which is what the other ranks print when one
+   dies. The first error is the final traceback of the failing worker: an own
+   exception before a peer loss, then the latest attempt, then the earliest
+   (`choose_traceback`).
+2. Without one, the earliest error line (`is_error`) that is not a warning
+   (`is_warning`: `UserWarning: ...`, `WARNING`, torch's `[W ...]`);
+   a warning only when nothing else is there.
+
 `classify(block)` takes the error line and the lines of the same worker that
-follow it (a Python traceback names its exception at the end) and returns the
-first rule, in the order of `RULES`, that matches one of them.
+follow it (a traceback names its exception at the end) and returns the first
+rule, in the order of `RULES`, that matches one of them.
 
 Layers:
 - platform: the machine, the GPUs, the network, the host's limits;
@@ -19,6 +34,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal
 
 Layer = Literal["platform", "image", "training_code", "launch_command", "unknown"]
@@ -43,12 +59,52 @@ _BENIGN = re.compile(
 )
 
 
-_RANK_PREFIX = re.compile(r"^\[(rank|default)\d+\]:")
+#: The first line of a Python traceback.
+TRACEBACK = "Traceback (most recent call last)"
+#: torch's prefix of an uncaught exception's lines in a process group (`[rank0]: `).
+_RANK_PREFIX = re.compile(r"^\[(rank|default)\d+\]: ?")
+#: The same prefix in Postgres regex syntax (the store groups tracebacks by it).
+SQL_RANK_PREFIX = r"^\[(?:rank|default)[0-9]+\]: ?"
+#: Terminal escapes (colours, cursor moves).
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]")
+#: Lines that warn: `UserWarning: ...` (Python), `WARNING`/`WARN` (loggers, NCCL),
+#: `[W socket.cpp:...]` / `[W1201 ...]` (torch's C++), `W1201 12:00:00` (glog).
+_WARNING = re.compile(
+    r"\b\w*Warning\b|\bWARN(ING)?\b|^\[W[\d ]|^W\d{4} \d|^\s*warnings\.warn\("
+)
+#: Exceptions of launchers that wrap a worker's own failure (printed above them).
+_LAUNCHER = re.compile(r"\b(ChildFailedError|CalledProcessError)\b")
+#: Exceptions a rank raises because another rank went away.
+_PEER_LOSS = re.compile(
+    r"Connection (closed|reset) by peer|NCCL communicator was aborted|Broken pipe|"
+    r"DistNetworkError|ECONNRESET|the remote (side|end) closed",
+    re.IGNORECASE,
+)
 
 
 def is_error(line: str) -> bool:
     """Whether `line` looks like a failure (and not a benign mention)."""
     return bool(_CANDIDATE.search(line)) and not _BENIGN.search(line)
+
+
+def is_warning(line: str) -> bool:
+    """Whether `line` is a warning: never the first error when an error follows."""
+    return bool(_WARNING.search(bare(line)))
+
+
+def rank_prefix(line: str) -> str:
+    """torch's `[rankN]: ` prefix of `line`, or ""."""
+    found = _RANK_PREFIX.match(line)
+    return found.group(0) if found else ""
+
+
+def bare(line: str) -> str:
+    """`line` as the program wrote it: no rank prefix, no terminal escapes."""
+    return _ANSI.sub("", _RANK_PREFIX.sub("", line, count=1))
+
+
+def is_traceback(line: str) -> bool:
+    return TRACEBACK in line
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +181,7 @@ RULES: tuple[Rule, ...] = (
         "platform",
         r"Watchdog caught collective operation timeout|NCCL (error|WARN)|ncclSystemError|"
         r"ncclRemoteError|ncclInternalError|NCCL communicator was aborted|"
-        r"Connection (reset|refused) by peer|socketTimeout",
+        r"Connection (reset|refused|closed) by peer|socketTimeout|DistNetworkError",
         "collective communication between workers failed (network, peers, or a hung rank)",
     ),
     _rule(
@@ -157,7 +213,7 @@ RULES: tuple[Rule, ...] = (
         "training.model",
         "training_code",
         r"\bforward\b|\bbackward\b|\bloss\b|shape mismatch|size mismatch|"
-        r"Expected .* to have|mat1 and mat2|NaN|inf",
+        r"Expected .* to have|mat1 and mat2|\bNaN\b|\binf\b",
         "the model's forward, backward or loss failed",
     ),
     _rule(
@@ -196,14 +252,65 @@ def classify(block: Sequence[str]) -> Classification:
     return UNKNOWN
 
 
+def traceback_exception(lines: Sequence[str], limit: int = 200) -> int | None:
+    """In `lines` (a traceback's first line, then the same rank's next lines), the
+    index of the line naming the exception: the first one not indented as a frame.
+    None when the traceback is not complete or not as Python writes it."""
+    if not lines or not is_traceback(lines[0]):
+        return None
+    for i, line in enumerate(lines[1:limit], start=1):
+        text = bare(line)
+        if text[:1].isspace():
+            continue  # a frame: `  File "...", line N, in f`, its source, `^^^^`
+        if not text.strip() or is_traceback(text):
+            return None
+        return i
+    return None
+
+
 def error_block(lines: Sequence[str], limit: int = 60) -> list[str]:
     """The error line and what explains it: a traceback up to its exception line
     (at most `limit` lines), any other error line with the two lines after it."""
-    block = list(lines[:1])
-    traceback = bool(lines) and "Traceback (most recent call last)" in lines[0]
-    for line in lines[1 : limit if traceback else 3]:
-        block.append(line)
-        bare = _RANK_PREFIX.sub("", line)
-        if traceback and bare and not bare[0].isspace() and not bare.startswith("Traceback"):
-            break  # the exception line closes a traceback
-    return block
+    if lines and is_traceback(lines[0]):
+        end = traceback_exception(lines, limit)
+        return list(lines[: (end + 1) if end is not None else limit])
+    return list(lines[:3])
+
+
+@dataclass(frozen=True, slots=True)
+class Traceback:
+    """A traceback the store found: where, when, and the line naming its exception."""
+
+    attempt: int
+    worker: int
+    at: datetime
+    id: int
+    #: The exception line (None: the traceback never got to it).
+    exception: str | None
+
+    @property
+    def weight(self) -> int:
+        """How surely it names the failure: 3 the program's own exception, 2 a
+        traceback cut short, 1 a peer that went away, 0 a launcher's wrapper."""
+        if self.exception is None or is_traceback(self.exception):
+            return 2
+        text = bare(self.exception)
+        if _LAUNCHER.search(text):
+            return 0
+        return 1 if _PEER_LOSS.search(text) else 3
+
+
+def choose_traceback(tracebacks: Sequence[Traceback]) -> Traceback | None:
+    """The traceback of the failing worker near its exit (see the module docstring):
+    each worker's final traceback (its last of its best weight, launchers never),
+    then the best weight, the latest attempt, the earliest time."""
+    final: dict[tuple[int, int], Traceback] = {}
+    for tb in sorted(tracebacks, key=lambda t: (t.at, t.id)):
+        if tb.weight == 0:
+            continue
+        seen = final.get((tb.attempt, tb.worker))
+        if seen is None or tb.weight >= seen.weight:
+            final[(tb.attempt, tb.worker)] = tb
+    if not final:
+        return None
+    return min(final.values(), key=lambda t: (-t.weight, -t.attempt, t.at, t.id))

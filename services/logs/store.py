@@ -34,9 +34,41 @@ ON CONFLICT DO NOTHING
 """
 
 
+#: Tracebacks looked at for the first error: the run's last ones (the failure is
+#: near the workers' exits).
+MAX_TRACEBACKS = 200
+#: The run's last tracebacks, each with the line naming its exception: the next
+#: line of the same worker and rank prefix not indented as a frame (within 10 min).
+_TRACEBACKS = rf"""
+WITH heads AS (
+    SELECT at, id, task_id, run, attempt, worker, stream, seq, line,
+           coalesce(substring(line FROM '{firsterror.SQL_RANK_PREFIX}'), '') AS prefix
+    FROM log_lines
+    WHERE task_id = $1 AND run = $2 AND line LIKE '%{firsterror.TRACEBACK}%'
+    ORDER BY at DESC, id DESC LIMIT $3
+)
+SELECT h.at, h.id, h.task_id, h.run, h.attempt, h.worker, h.stream, h.seq, h.line,
+       x.line AS exception
+FROM heads h LEFT JOIN LATERAL (
+    SELECT l.line FROM log_lines l
+    WHERE l.task_id = $1 AND l.worker = h.worker AND l.run = $2 AND l.attempt = h.attempt
+      AND (l.at, l.id) > (h.at, h.id) AND l.at < h.at + interval '10 minutes'
+      AND starts_with(l.line, h.prefix)
+      AND (h.prefix <> '' OR l.line !~ '{firsterror.SQL_RANK_PREFIX}')
+      AND substr(l.line, length(h.prefix) + 1) ~ '^[^[:space:]]'
+    ORDER BY l.at, l.id LIMIT 1
+) x ON true
+ORDER BY h.at, h.id
+"""
+
+
 def logs_migrations() -> list[Migration]:
     """The log service's tables."""
     return load_migrations("logs", Path(str(resources.files("runyard.logs") / "migrations")))
+
+
+def _line(row: asyncpg.Record) -> LogLine:
+    return LogLine(**{k: row[k] for k in LogLine.__slots__})
 
 
 def partition_name(day: date) -> str:
@@ -95,11 +127,14 @@ class FirstError:
     before: list[LogLine]
     after: list[LogLine]
     classification: firsterror.Classification
+    #: For a traceback, the line naming its exception (None: not one, or cut short).
+    exception: LogLine | None = None
 
     def to_json(self) -> dict[str, Any]:
         c = self.classification
         return {
             "line": self.line.to_json(),
+            "exception": self.exception.to_json() if self.exception else None,
             "before": [ln.to_json() for ln in self.before],
             "after": [ln.to_json() for ln in self.after],
             "layer": c.layer,
@@ -231,17 +266,36 @@ class LogStore:
     async def first_error(
         self, task_id: str, run: int | None = None, *, before: int = 5
     ) -> FirstError | None:
-        """The earliest error line of a run (the latest by default), across workers."""
+        """The first error of a run (the latest by default), across workers: the failing
+        worker's final traceback, else the earliest error line that is not a warning,
+        else the earliest warning (the rules: `runyard.logs.firsterror`)."""
         if run is None and (run := await self.latest_run(task_id)) is None:
             return None
+        rows = await self.pool.fetch(_TRACEBACKS, task_id, run, MAX_TRACEBACKS)
+        heads = {(r["at"], r["id"]): _line(r) for r in rows}
+        chosen = firsterror.choose_traceback(
+            [
+                firsterror.Traceback(r["attempt"], r["worker"], r["at"], r["id"], r["exception"])
+                for r in rows
+            ]
+        )
+        if chosen is not None:
+            return await self._explain(heads[(chosen.at, chosen.id)], before)
+        warning: LogLine | None = None
         query = LogQuery(task_id, run=run, regex=firsterror.SQL_CANDIDATE, ignore_case=True)
         async for lines in self.scan(query, batch=500):
             for line in lines:
-                if firsterror.is_error(line.line):
+                if not firsterror.is_error(line.line):
+                    continue
+                if not firsterror.is_warning(line.line):
                     return await self._explain(line, before)
-        return None
+                warning = warning or line
+        return None if warning is None else await self._explain(warning, before)
 
     async def _explain(self, line: LogLine, before: int) -> FirstError:
+        """`line` with its context: the lines before it of its worker, and after it
+        those of the same rank (a traceback's lines carry the rank's prefix), up to a
+        traceback's exception line; the layer from that block."""
         same = "task_id = $1 AND run = $2 AND attempt = $3 AND worker = $4"
         args = (line.task_id, line.run, line.attempt, line.worker, line.at, line.id)
         columns = "at, id, task_id, run, attempt, worker, stream, seq, line"
@@ -252,16 +306,22 @@ class LogStore:
         )
         later = await self.pool.fetch(
             f"SELECT {columns} FROM log_lines WHERE {same} AND (at, id) > ($5, $6)"
-            " ORDER BY at, id LIMIT 60",
+            " ORDER BY at, id LIMIT 240",
             *args,
         )
         after = [LogLine(**dict(r)) for r in later]
-        block = firsterror.error_block([line.line] + [a.line for a in after])
+        if firsterror.is_traceback(line.line):
+            rank = firsterror.rank_prefix(line.line)
+            after = [a for a in after if firsterror.rank_prefix(a.line) == rank]
+        texts = [line.line] + [a.line for a in after]
+        block = firsterror.error_block(texts)
+        end = firsterror.traceback_exception(texts)
         return FirstError(
             line,
             [LogLine(**dict(r)) for r in reversed(earlier)],
             after[: max(len(block) - 1, 5)],
             firsterror.classify(block),
+            after[end - 1] if end is not None else None,
         )
 
     async def _check(self, query: LogQuery) -> None:

@@ -1,5 +1,6 @@
 """First error (R-42) on a table of realistic failure logs, through the real
-store: the earliest error line across workers, its context, its layer and rule."""
+store: the failing worker's final traceback (or else the earliest error line
+that is not a warning), its context, the exception it names, its layer and rule."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
-from runyard.logs import LogRecord, LogStore, classify, is_error
+from runyard.logs import LogRecord, LogStore, classify, is_error, is_warning
 
 pytestmark = pytest.mark.integration
 
@@ -151,6 +152,243 @@ CASES: dict[str, tuple[list[tuple[int, str]], int, str, str]] = {
 }
 
 
+#: torch's warning when NumPy is missing, printed at import, long before any failure.
+NUMPY_WARNING = (
+    "/usr/local/lib/python3.11/site-packages/torch/_subclasses/functional_tensor.py:276:"
+    " UserWarning: Failed to initialize NumPy: No module named 'numpy' (Triggered internally"
+    " at /pytorch/torch/csrc/utils/tensor_numpy.cpp:84.)"
+)
+NUMPY_SOURCE = '  cpu = _conversion_method_template(device=torch.device("cpu"))'
+GLOO_PEER = (
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534]"
+    " Connection closed by peer [10.0.0.13]:38211"
+)
+
+CASES |= {
+    "a warning, then the crash": (
+        [
+            (0, NUMPY_WARNING),
+            (0, NUMPY_SOURCE),
+            (1, NUMPY_WARNING),
+            (1, NUMPY_SOURCE),
+            (0, "step 1 loss=2.30"),
+            (0, "Traceback (most recent call last):"),
+            (0, '  File "/workspace/train.py", line 9, in <module>'),
+            (0, '    raise RuntimeError("injected crash")'),
+            (0, "RuntimeError: injected crash"),
+        ],
+        5,
+        "training_code",
+        "training.exception",
+    ),
+    "a warning, then a KeyError in a DDP rank": (
+        [
+            (0, NUMPY_WARNING),
+            (0, NUMPY_SOURCE),
+            (0, "[rank0]: Traceback (most recent call last):"),
+            (0, '[rank0]:   File "/workspace/train.py", line 21, in <module>'),
+            (0, '[rank0]:     ids = batch["input_ids"]'),
+            (0, "[rank0]:           ~~~~~^^^^^^^^^^^^^"),
+            (0, "[rank0]: KeyError: 'input_ids'"),
+        ],
+        2,
+        "training_code",
+        "training.exception",
+    ),
+    "the crashing rank, not the peer that lost it (printed first)": (
+        [
+            (0, "[rank0]: Traceback (most recent call last):"),
+            (0, '[rank0]:   File "/workspace/train.py", line 30, in <module>'),
+            (0, "[rank0]:     dist.all_reduce(grad)"),
+            (0, "[rank0]: " + GLOO_PEER),
+            (1, "[rank1]: Traceback (most recent call last):"),
+            (1, '[rank1]:   File "/workspace/train.py", line 21, in <module>'),
+            (1, "[rank1]: KeyError: 'input_ids'"),
+        ],
+        4,
+        "training_code",
+        "training.exception",
+    ),
+    "torchrun's ChildFailedError below the real traceback": (
+        [
+            (0, "[rank1]: Traceback (most recent call last):"),
+            (0, '[rank1]:   File "/workspace/train.py", line 57, in <module>'),
+            (0, "[rank1]:     out = step(batch)"),
+            (0, '[rank1]:   File "/workspace/train.py", line 40, in step'),
+            (0, '[rank1]:     raise RuntimeError("injected crash")'),
+            (0, "[rank1]: RuntimeError: injected crash"),
+            (0, "[rank0]: Traceback (most recent call last):"),
+            (0, '[rank0]:   File "/workspace/train.py", line 58, in <module>'),
+            (0, "[rank0]: " + GLOO_PEER),
+            (
+                0,
+                "W1201 03:04:05.123000 140 torch/distributed/elastic/multiprocessing/api.py:897]"
+                " Sending process 141 closing signal SIGTERM",
+            ),
+            (
+                0,
+                "E1201 03:04:05.456000 140 torch/distributed/elastic/multiprocessing/api.py:869]"
+                " failed (exitcode: 1) local_rank: 1 (pid: 142) of binary: /usr/bin/python3",
+            ),
+            (0, "Traceback (most recent call last):"),
+            (0, '  File "/usr/local/bin/torchrun", line 8, in <module>'),
+            (0, "    sys.exit(main())"),
+            (0, "    raise ChildFailedError("),
+            (0, "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: "),
+            (0, "============================================================"),
+            (0, "train.py FAILED"),
+        ],
+        0,
+        "training_code",
+        "training.exception",
+    ),
+    "accelerate's CalledProcessError below the real traceback": (
+        [
+            (0, "Traceback (most recent call last):"),
+            (0, '  File "/workspace/train.py", line 12, in <module>'),
+            (0, "    ds = load_from_disk('/mnt/data/wiki')"),
+            (
+                0,
+                "FileNotFoundError: [Errno 2] No such file or directory:"
+                " '/mnt/data/wiki/dataset_info.json'",
+            ),
+            (0, "Traceback (most recent call last):"),
+            (0, '  File "/usr/local/bin/accelerate", line 8, in <module>'),
+            (
+                0,
+                "subprocess.CalledProcessError: Command '['/usr/bin/python3', 'train.py']'"
+                " returned non-zero exit status 1.",
+            ),
+        ],
+        0,
+        "training_code",
+        "training.data",
+    ),
+    "a chained exception: the last one ended the worker": (
+        [
+            (0, "Traceback (most recent call last):"),
+            (0, '  File "/workspace/data.py", line 30, in read'),
+            (0, "    return self.rows[i]['input_ids']"),
+            (0, "KeyError: 'input_ids'"),
+            (0, ""),
+            (0, "The above exception was the direct cause of the following exception:"),
+            (0, ""),
+            (0, "Traceback (most recent call last):"),
+            (0, '  File "/workspace/train.py", line 88, in <module>'),
+            (0, "    batch = next(it)"),
+            (0, "RuntimeError: bad sample 17"),
+        ],
+        7,
+        "training_code",
+        "training.exception",
+    ),
+    "a handled traceback, then the fatal one": (
+        [
+            (0, "ERROR:root:sample 3 unreadable, skipped"),
+            (0, "Traceback (most recent call last):"),
+            (0, '  File "/workspace/io.py", line 12, in read'),
+            (0, "OSError: image file is truncated"),
+            (0, "epoch 0 step 30 loss=3.1"),
+            (0, "Traceback (most recent call last):"),
+            (0, '  File "/workspace/train.py", line 99, in <module>'),
+            (0, "ValueError: Expected input batch_size (16) to match target batch_size (8)."),
+        ],
+        5,
+        "training_code",
+        "training.exception",
+    ),
+    "NCCL error in a rank's traceback": (
+        [
+            (1, "NCCL WARN NET/Socket : peer 10.0.0.13<53211> shut down while reading data"),
+            (1, "[rank1]: Traceback (most recent call last):"),
+            (1, '[rank1]:   File "/workspace/train.py", line 131, in <module>'),
+            (1, "[rank1]:     dist.all_reduce(grad)"),
+            (
+                1,
+                "[rank1]: torch.distributed.DistBackendError: NCCL error in:"
+                " ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, unhandled system"
+                " error (run with NCCL_DEBUG=INFO for details), NCCL version 2.20.5",
+            ),
+        ],
+        1,
+        "platform",
+        "platform.nccl",
+    ),
+    "a warning, then CUDA OOM": (
+        [
+            (0, NUMPY_WARNING),
+            (0, "[rank0]: Traceback (most recent call last):"),
+            (0, "[rank0]:     logits = model(**batch)"),
+            (0, "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB."),
+        ],
+        1,
+        "training_code",
+        "training.cuda_oom",
+    ),
+    "a warning, then permission denied on the script": (
+        [
+            (0, NUMPY_WARNING),
+            (0, "bash: line 1: /workspace/run.sh: Permission denied"),
+        ],
+        1,
+        "launch_command",
+        "launch.permission",
+    ),
+    "a warning, then the host killed the worker": (
+        [(0, NUMPY_WARNING), (0, NUMPY_SOURCE), (0, "step 3 loss=2.0"), (0, "Killed")],
+        3,
+        "platform",
+        "platform.resources",
+    ),
+    "only the launcher's traceback: its exit line first": (
+        [
+            (
+                0,
+                "E1201 03:04:05.456000 140 torch/distributed/elastic/multiprocessing/api.py:869]"
+                " failed (exitcode: -11) local_rank: 0 (pid: 77) of binary: /usr/bin/python3",
+            ),
+            (0, "Traceback (most recent call last):"),
+            (0, '  File "/usr/local/bin/torchrun", line 8, in <module>'),
+            (0, "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: "),
+        ],
+        0,
+        "launch_command",
+        "launch.exit_code",
+    ),
+    "only a warning: the warning it is": (
+        [(0, NUMPY_WARNING), (0, NUMPY_SOURCE), (0, "epoch 0 step 10 loss=4.0")],
+        0,
+        "image",
+        "image.missing_package",
+    ),
+}
+
+#: The line naming the exception, for the cases whose first error is a traceback.
+EXCEPTION_OF = {
+    "python traceback in the collator": "KeyError: 'input_ids'",
+    "CUDA OOM": CASES["CUDA OOM"][0][3][1],
+    "ModuleNotFoundError": "ModuleNotFoundError: No module named 'flash_attn'",
+    "permission denied on the output dir": (
+        "PermissionError: [Errno 13] Permission denied: '/output/run1/ckpt-500.pt'"
+    ),
+    "a warning, then the crash": "RuntimeError: injected crash",
+    "a warning, then a KeyError in a DDP rank": "[rank0]: KeyError: 'input_ids'",
+    "the crashing rank, not the peer that lost it (printed first)": (
+        "[rank1]: KeyError: 'input_ids'"
+    ),
+    "torchrun's ChildFailedError below the real traceback": "[rank1]: RuntimeError: injected crash",
+    "accelerate's CalledProcessError below the real traceback": CASES[
+        "accelerate's CalledProcessError below the real traceback"
+    ][0][3][1],
+    "a chained exception: the last one ended the worker": "RuntimeError: bad sample 17",
+    "a handled traceback, then the fatal one": (
+        "ValueError: Expected input batch_size (16) to match target batch_size (8)."
+    ),
+    "NCCL error in a rank's traceback": CASES["NCCL error in a rank's traceback"][0][4][1],
+    "a warning, then CUDA OOM": CASES["a warning, then CUDA OOM"][0][3][1],
+}
+
+
 @pytest.fixture
 async def store(dsn: str) -> AsyncIterator[LogStore]:
     pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
@@ -162,6 +400,25 @@ async def store(dsn: str) -> AsyncIterator[LogStore]:
 
 def test_boot_lines_are_not_errors() -> None:
     assert not [text for _, text in BOOT if is_error(text)]
+
+
+def test_warnings_are_told_from_errors() -> None:
+    warnings = [
+        NUMPY_WARNING,
+        "[W socket.cpp:663] [c10d] The client socket has failed to connect to [localhost]:29500",
+        "[rank0]:[W1201 03:04:05.000] Warning: failed to destroy the process group",
+        "W1201 03:04:05.123000 140 api.py:897] Sending process 141 closing signal SIGTERM",
+        "FutureWarning: `torch.cuda.amp.autocast(args...)` is deprecated",
+    ]
+    errors = [
+        "RuntimeError: injected crash",
+        "[rank0]: KeyError: 'input_ids'",
+        "bash: line 1: /workspace/run.sh: Permission denied",
+        "E1201 03:04:05.456000 140 api.py:869] failed (exitcode: 1) local_rank: 1",
+        "Killed",
+    ]
+    assert [w for w in warnings if not is_warning(w)] == []
+    assert [e for e in errors if is_warning(e)] == []
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -182,6 +439,8 @@ async def test_first_error_is_found_and_classified(store: LogStore, name: str) -
     assert (found.classification.layer, found.classification.rule) == (layer, rule), (
         found.classification
     )
+    exception = found.exception.line if found.exception else None
+    assert exception == EXCEPTION_OF.get(name), found.exception
     # context: lines of the same worker only, before and after
     assert all(ln.worker == worker for ln in found.before + found.after)
     expected_before = [t for w, t in everything[: len(BOOT) + first] if w == worker][-5:]
