@@ -154,6 +154,10 @@ def print_first_error(found: dict[str, Any], as_json: bool) -> None:
         f"first error ({markup(found['layer'])}, rule {markup(found['rule'])}):"
         f" {markup(found['why'])}"
     )
+    if exception := found.get("exception"):
+        where = f"worker {exception['worker']}, attempt {exception['attempt']}"
+        text = clean_output(exception["line"])
+        out.print(f"exception ({where}): {text}", markup=False, highlight=False, soft_wrap=True)
     for line in found["before"]:
         out.print("  " + render(line), markup=False, highlight=False, soft_wrap=True)
     out.print("> " + render(found["line"]), markup=False, highlight=False, soft_wrap=True)

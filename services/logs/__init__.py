@@ -15,6 +15,7 @@ from runyard.logs.firsterror import (
     error_block,
     is_error,
     is_warning,
+    traceback_exception,
 )
 from runyard.logs.ingest import LogIngester
 from runyard.logs.records import LogRecord, MalformedRecord, parse
@@ -43,4 +44,5 @@ __all__ = [
     "is_warning",
     "logs_migrations",
     "parse",
+    "traceback_exception",
 ]

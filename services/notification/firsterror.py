@@ -1,10 +1,11 @@
-"""The first error of a run (R-42) for an alert card, read from the log service's store.
+"""The first error of a run (R-42) for an alert card, as the log service finds it.
 
-The log service keeps the workers' output in the same database (`log_lines`)
-and `LogStore.first_error(task_id, run)` finds the run's earliest error line
-across workers and its likely layer. The notification service only reads it,
-when it builds the card of a `failed` or `abnormal` alert (so the last lines
-the workers wrote have had the group window to arrive).
+The log service owns the first error: `LogStore.first_error(task_id, run)`
+(its public surface, the same call behind `GET /v1/tasks/{id}/first-error`)
+picks the line, the exception a traceback names and the likely layer. This
+module only asks it, when it builds the card of a `failed` or `abnormal`
+alert (so the last lines the workers wrote have had the group window to
+arrive), and turns the answer into what a card shows: no rules of its own.
 
 A lookup never fails an alert: when the log service never ran (no
 `log_lines` table), when the run has no logs or no error line, when the
@@ -24,9 +25,6 @@ from runyard.notification.feishu import MAX_LINE_CHARS, FirstErrorFact
 
 log = logging.getLogger("runyard.notification")
 
-_TRACEBACK = "Traceback (most recent call last)"
-#: torchrun's prefix of a rank's lines (`[rank0]: `): the line as the program wrote it follows.
-_RANK_PREFIX = re.compile(r"^\[(rank|default)\d+\]: ?")
 #: Terminal escapes (colours, cursor moves) and other control characters but tab.
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
@@ -53,6 +51,7 @@ def fact(found: FirstError) -> FirstErrorFact:
     """What a card says of the log service's answer: the line (clean, cut), its worker
     and attempt, the layer with its rule, and a traceback's exception line."""
     c = found.classification
+    exception = found.exception
     return FirstErrorFact(
         line=clean(found.line.line),
         worker=found.line.worker,
@@ -60,7 +59,7 @@ def fact(found: FirstError) -> FirstErrorFact:
         layer=c.layer,
         rule=c.rule,
         why=c.why,
-        exception=_exception(found),
+        exception=clean(exception.line) if exception is not None else None,
     )
 
 
@@ -69,20 +68,3 @@ def clean(line: str, chars: int = MAX_LINE_CHARS) -> str:
     no trailing blanks, at most `chars` characters (cut with `…`)."""
     text = _CONTROL.sub(" ", _ANSI.sub("", line)).rstrip()
     return text if len(text) <= chars else text[: chars - 1] + "…"
-
-
-def _exception(found: FirstError) -> str | None:
-    """The line that closes a traceback starting at the first error (it names the
-    exception; the first line says nothing), when the worker's next lines have it:
-    the first of them not indented as a frame is (with torchrun's `[rankN]: ` prefix
-    taken off first)."""
-    if _TRACEBACK not in found.line.line:
-        return None
-    for later in found.after:
-        bare = _RANK_PREFIX.sub("", _ANSI.sub("", later.line))
-        if bare[:1].isspace():
-            continue  # a frame: `  File "...", line N, in f` or its source line
-        if not bare.strip() or bare.startswith("Traceback"):
-            return None  # not a traceback as Python writes it
-        return clean(later.line)
-    return None  # the traceback is not complete (yet)

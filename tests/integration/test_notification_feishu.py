@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from runyard.logs import FirstError, LogLine, classify
+from runyard.logs import FirstError, LogLine, classify, traceback_exception
 from runyard.notification import feishu, firsterror
 from runyard.notification.feishu import AlertFacts, FirstErrorFact
 from runyard.notification.ratelimit import BotLimiter, Limits
@@ -185,7 +185,10 @@ def _found(lines: list[str], worker: int = 0) -> FirstError:
     logged = [
         LogLine(at, i, "t", 1, 1, worker, "stderr", None, text) for i, text in enumerate(lines)
     ]
-    return FirstError(logged[0], [], logged[1:], classify(lines))
+    end = traceback_exception(lines)  # the log service says which line names the exception
+    return FirstError(
+        logged[0], [], logged[1:], classify(lines), logged[end] if end is not None else None
+    )
 
 
 def test_the_log_services_answer_as_the_card_says_it() -> None:
