@@ -42,9 +42,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -54,10 +55,13 @@ from runyard.contracts.task_events import (
     DeployStageName,
     EnvCheckFinished,
     EnvCheckStarted,
+    TaskFailed,
     TaskPlaced,
+    TaskRerunRequested,
     TaskRescheduleRequested,
     TaskRestartScheduled,
     TaskStopRequested,
+    TaskSubmitted,
 )
 from runyard.deployer.runtime import (
     UNKNOWN_EXIT_CODE,
@@ -88,6 +92,11 @@ from runyard.domain.task import (
 from runyard.eventstore import ConcurrencyError, PostgresEventStore
 
 log = logging.getLogger("runyard.deployer")
+
+#: What a masked creator-only value reads as in messages (as in API answers).
+MASK = "******"
+#: The kernel's limit on one argument of a new process (MAX_ARG_STRLEN).
+MAX_ARG_BYTES = 128 * 1024
 
 ACTOR = "service:deployer"
 MAX_CONFLICT_RETRIES = 8
@@ -139,6 +148,7 @@ REACTS_TO = frozenset(
         TaskRescheduleRequested,
         EnvCheckStarted,
         EnvCheckFinished,
+        TaskFailed,
     )
 )
 
@@ -201,6 +211,12 @@ class DeployerApp:
             active = self._active.get(task_id)
             if active is not None and active.deployment.attempt == payload.attempt:
                 active.may_start.set()
+        elif isinstance(payload, TaskFailed):
+            # a failure decided elsewhere (a hang with no restart left) while workers
+            # still run: they end with their run (a worker's own exit already did)
+            active = self._active.get(task_id)
+            if active is not None and not active.stopping:
+                self._spawn(self._end(active))
 
     async def drain(self) -> None:
         """Wait until all background work (deployments, stops) has finished."""
@@ -324,11 +340,17 @@ class DeployerApp:
 
     async def _deploy(self, active: _Active, meta: Metadata, state: TaskState) -> None:
         d = active.deployment
+
+        async def init_env(deployment: Deployment) -> None:
+            values = await self._creator_values(deployment.task_id)
+            active.deployment = replace(deployment, creator_values=values)
+            await self.runtime.init_env(active.deployment)
+
         steps = {
             "resource_allocation": self.runtime.allocate,
             "image_pull": self.runtime.pull_image,
             "storage_mount": self.runtime.mount_storage,
-            "env_init": self.runtime.init_env,
+            "env_init": init_env,
         }
         for stage in DEPLOY_STAGES:
             if active.stopping:
@@ -348,10 +370,18 @@ class DeployerApp:
             await self._wait_for_start(active)
         if active.stopping:
             return
-        end_env_check = getattr(self.runtime, "end_env_check", None)
-        if active.env_check_started and end_env_check is not None:
-            await end_env_check(d.key)  # finished (its lines are out); kill any straggler
-        await self.runtime.start_workers(d, self.on_output, self._on_exit)
+        d = active.deployment  # with the creator-only values env_init resolved
+        try:
+            end_env_check = getattr(self.runtime, "end_env_check", None)
+            if active.env_check_started and end_env_check is not None:
+                await end_env_check(d.key)  # finished (its lines are out); kill any straggler
+            await self.runtime.start_workers(d, self.on_output, self._on_exit)
+        except Exception as exc:
+            # Never a task left in deploying: the attempt fails (its GPUs are released).
+            reason = _masked(d, f"workers could not start (stage {START_STAGE}): {_why(exc, d)}")
+            log.error("%s: %s", d.task_id, reason)
+            await self._decide_quietly(d.task_id, [Fail(d.task_id, reason)], meta)
+            return
         try:
             commands = [StartWorker(d.task_id, d.run, d.attempt, w.index) for w in d.workers]
             await self._decide(d.task_id, commands, meta)
@@ -403,8 +433,9 @@ class DeployerApp:
             await step(d)
         except Exception as exc:
             why = exc.reason if isinstance(exc, StageFailed) else f"{type(exc).__name__}: {exc}"
-            reason = (
-                f"deploy stage {stage} could not be prepared again after a deployer restart: {why}"
+            reason = _masked(
+                active.deployment,
+                f"deploy stage {stage} could not be prepared again after a deployer restart: {why}",
             )
             await self._decide_quietly(d.task_id, [Fail(d.task_id, reason)], meta)
             return False
@@ -430,12 +461,12 @@ class DeployerApp:
         try:
             await step(d)
         except StageFailed as failed:
-            await self._decide_quietly(
-                d.task_id, [FailStage(d.task_id, stage, failed.reason)], meta
-            )
+            reason = _masked(active.deployment, failed.reason)
+            await self._decide_quietly(d.task_id, [FailStage(d.task_id, stage, reason)], meta)
             return False
         except Exception as exc:
-            reason = f"{type(exc).__name__}: {exc}"
+            reason = _masked(active.deployment, f"{type(exc).__name__}: {exc}")
+            log.error("%s: stage %s failed: %s", d.task_id, stage, reason)
             await self._decide_quietly(d.task_id, [FailStage(d.task_id, stage, reason)], meta)
             return False
         if active.stopping:
@@ -640,6 +671,50 @@ class DeployerApp:
         if state.status in PLACED_STATUSES:
             await self._decide_quietly(task_id, [ConfirmStop(task_id)], meta)
 
+    # -- creator-only values (R-12) --------------------------------------------------------
+
+    async def _creator_values(self, task_id: str) -> dict[str, str]:
+        """Values of the creator-only variables, by name, for the task's current run.
+
+        Only a run its creator started (submitted, cloned or reran: the actor of the
+        run's `TaskSubmitted` / `TaskRerunRequested`) gets them, read from the secret
+        store of the task's tenant; a run started by anyone else runs with them unset.
+        A creator's run whose value is gone from the store fails `env_init`, naming
+        the variables (never a value).
+        """
+        events = await self.store.read_stream(task_stream(task_id))
+        state = fold(events, task_id=task_id)
+        wanted = {v.name: v.secret_ref for v in state.spec.env if v.creator_only}
+        if not wanted:
+            return {}
+        starter = _run_starter(events, state.run)
+        creator = f"user:{state.tenant}/{state.creator}"
+        if starter is None or starter.metadata.actor != creator:
+            who = starter.metadata.actor if starter is not None else "nobody known"
+            log.info(
+                "%s: run %d was started by %s, not by its creator: its creator-only "
+                "variables (%s) stay unset",
+                task_id,
+                state.run,
+                who,
+                ", ".join(sorted(wanted)),
+            )
+            return {}
+        refs = [ref for ref in wanted.values() if ref]
+        rows = await self.store.pool.fetch(
+            "SELECT ref, value FROM secrets WHERE tenant = $1 AND ref = ANY($2)",
+            state.tenant,
+            refs,
+        )
+        stored = {r["ref"]: r["value"] for r in rows}
+        missing = sorted(name for name, ref in wanted.items() if ref not in stored)
+        if missing:
+            raise StageFailed(
+                f"creator-only variable(s) {', '.join(missing)} have no value in the secret "
+                "store: clone the task and give them again"
+            )
+        return {name: stored[ref] for name, ref in wanted.items() if ref is not None}
+
     # -- decisions -------------------------------------------------------------------
 
     async def _load(self, task_id: str) -> TaskState | None:
@@ -677,6 +752,44 @@ class DeployerApp:
         except DomainError as exc:
             log.info("%s: %s", task_id, exc)
             return []
+
+
+#: The name failures to start a deployment's workers give as their stage (after env_init).
+START_STAGE = "worker_start"
+#: Creator-only values shorter than this are not masked in messages (they would mask
+#: ordinary words; a value that short protects nothing).
+MIN_MASKED_LENGTH = 4
+
+
+def _run_starter(events: Sequence[RecordedEvent[Event]], run: int) -> RecordedEvent[Event] | None:
+    """The event that started run `run` of a task: its submission or its rerun."""
+    found: RecordedEvent[Event] | None = None
+    for recorded in events:
+        payload = recorded.event
+        submitted = isinstance(payload, TaskSubmitted) and run == 1
+        if submitted or (isinstance(payload, TaskRerunRequested) and payload.run == run):
+            found = recorded
+    return found
+
+
+def _masked(deployment: Deployment, text: str) -> str:
+    """`text` with every creator-only value of the deployment replaced by `******`."""
+    for value in sorted(deployment.creator_values.values(), key=len, reverse=True):
+        if len(value) >= MIN_MASKED_LENGTH:
+            text = text.replace(value, MASK)
+    return text
+
+
+def _why(exc: BaseException, deployment: Deployment) -> str:
+    """What went wrong starting the workers, and what to do about it when known."""
+    if isinstance(exc, OSError) and exc.errno == errno.E2BIG:
+        size = len(deployment.spec.command.encode())
+        return (
+            f"the launch command ({size} bytes) or the environment is over the kernel's "
+            f"argument size limit ({MAX_ARG_BYTES} bytes for one argument): put a long "
+            "script in a file on a volume and run that file"
+        )
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _log_failure(task: asyncio.Task[Any]) -> None:

@@ -97,6 +97,7 @@ import contextlib
 import json
 import logging
 import os
+import pwd
 import shlex
 import shutil
 import signal
@@ -139,6 +140,9 @@ class Deployment:
     attempt: int
     spec: TaskSpec
     workers: tuple[WorkerPlacement, ...]
+    #: Values of the spec's creator-only variables, by name, resolved by the deployer
+    #: at deploy time for a run its creator started (never logged, never in events).
+    creator_values: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def key(self) -> DeploymentKey:
@@ -235,10 +239,15 @@ class LocalRuntimeConfig:
     grace_s: float = 10.0
     #: Output lines buffered per deployment before lines are dropped.
     output_buffer: int = 10_000
-    #: Resolves a creator-only variable's `secret_ref` to its value (None: unset).
-    resolve_secret: Callable[[str], str | None] | None = None
-    #: Private mount namespace per worker (`unshare -m`): None detects it once.
+    #: Sandboxed workers (private mount, PID, network and IPC namespaces, an
+    #: unprivileged user): None detects once whether this machine permits it.
     namespaces: bool | None = None
+    #: The unprivileged user sandboxed workers run as: a name (created as a system
+    #: user when missing) or `uid[:gid]`.
+    worker_user: str = "runyard-worker"
+    #: Control-plane paths hidden from sandboxed workers (an empty tmpfs over each),
+    #: besides `scratch_root` and `volumes_root`, which are always hidden.
+    hidden: tuple[Path, ...] = ()
     #: Seconds between looks at an adopted worker (one this process did not start).
     poll_s: float = 0.2
 
@@ -257,6 +266,8 @@ class LocalRuntimeConfig:
             grace_s=float(raw.get("grace_s", 10.0)),
             output_buffer=int(raw.get("output_buffer", 10_000)),
             namespaces=raw.get("namespaces"),
+            worker_user=str(raw.get("worker_user") or "runyard-worker"),
+            hidden=(data_dir, *(Path(str(p)) for p in raw.get("hide") or ())),
         )
 
 
@@ -269,14 +280,10 @@ def _runyard_root() -> Path:
     return checkout if (checkout / "pyproject.toml").exists() else package.parent
 
 
-def _under_tmp(paths: list[Path]) -> list[Path]:
-    """The distinct paths below /tmp, outermost only (a parent bind covers its children)."""
-    resolved = sorted({p.resolve() for p in paths if p.resolve().is_relative_to("/tmp")})
-    kept: list[Path] = []
-    for path in resolved:
-        if path != Path("/tmp") and not any(path.is_relative_to(k) for k in kept):
-            kept.append(path)
-    return kept
+def _covered(path: Path, covers: list[Path]) -> bool:
+    """Whether `path` lies in one of `covers` (and so is hidden once they are covered)."""
+    resolved = path.resolve()
+    return any(resolved.is_relative_to(c) for c in covers)
 
 
 def _image_dir(where: str, base_dir: Path) -> Path:
@@ -339,11 +346,30 @@ class LocalRuntime:
         self.config = config
         self._deps: dict[DeploymentKey, _Local] = {}
         self.dropped_lines = 0
-        self.namespaces = config.namespaces if config.namespaces is not None else _can_unshare()
-        if not self.namespaces:
+        self.tools = _Tools.find()
+        why_not = _sandbox_unavailable(self.tools) if config.namespaces is not False else None
+        if config.namespaces is None:
+            self.namespaces = why_not is None
+        elif config.namespaces and why_not is not None:
+            raise RuntimeError(
+                f"local.namespaces is true but workers cannot be sandboxed here: {why_not}; "
+                "run the deployer as root with util-linux installed, or remove the setting"
+            )
+        else:
+            self.namespaces = bool(config.namespaces)
+        #: The unprivileged user sandboxed workers run as (None: not sandboxed).
+        self.worker_ids: tuple[int, int, str] | None = None
+        if self.namespaces:
+            self.worker_ids = _worker_user(config.worker_user, self.tools)
+        else:
             log.warning(
-                "no private mount namespace (`unshare -m` is not permitted here): volumes are "
-                "symlinks relative to the working directory and /tmp is shared"
+                "workers are NOT sandboxed (%s): they run as this deployer's user, in its "
+                "PID, network and mount namespaces, so they can read every file this user "
+                "can (the dev token, Postgres data, other tasks' scratch), see and signal "
+                "its processes and connect to Postgres, the broker and the gateway on "
+                "127.0.0.1; volumes are symlinks relative to the working directory and "
+                "/tmp is shared. Run the deployer as root for sandboxed workers",
+                why_not or "local.namespaces is false",
             )
 
     # -- stages ------------------------------------------------------------------
@@ -353,16 +379,39 @@ class LocalRuntime:
         if key in self._deps:
             return
         task, run, attempt = key
+        self.config.scratch_root.mkdir(parents=True, exist_ok=True)
+        self.config.scratch_root.chmod(0o700)
         root = self.config.scratch_root / task / f"run{run}-a{attempt}"
         workers: dict[int, _Worker] = {}
         for placement in deployment.workers:
             scratch = root / f"w{placement.index}"
+            scratch.mkdir(parents=True, exist_ok=True)
+            # The worker's own folders; the folder above them (logs, exit status,
+            # offsets) stays the runtime's, so a worker can neither replace nor
+            # redirect what the runtime reads back.
             for sub in ("home", "tmp", "work"):
-                (scratch / sub).mkdir(parents=True, exist_ok=True)
-            scratch.chmod(0o700)
+                (scratch / sub).mkdir(exist_ok=True)
+                self._give(scratch / sub)
+            scratch.chmod(0o755 if self.namespaces else 0o700)
             workers[placement.index] = _Worker(placement.index, placement, scratch)
         self._deps[key] = local = _Local(deployment, root, workers)
         self._write_state(local, "allocated")
+        if self.namespaces:
+            (root / "shm").mkdir(exist_ok=True)
+            self._give(root / "shm")
+            try:
+                await asyncio.to_thread(_make_namespaces, root, self.tools)
+            except (OSError, subprocess.SubprocessError) as exc:
+                raise StageFailed(
+                    f"the deployment's network namespace could not be created: {exc}"
+                ) from exc
+
+    def _give(self, path: Path) -> None:
+        """Hand a folder to the worker user (mode 0700), when workers are sandboxed."""
+        path.chmod(0o700)
+        if self.worker_ids is not None:
+            uid, gid, _ = self.worker_ids
+            os.chown(path, uid, gid)
 
     async def pull_image(self, deployment: Deployment) -> None:
         local = self._get(deployment.key)
@@ -385,7 +434,10 @@ class LocalRuntime:
         for mount in deployment.spec.mounts:
             host = self.config.volumes_root / mount.file_system / mount.volume
             try:
+                created = not host.exists()
                 host.mkdir(parents=True, exist_ok=True)
+                if created and self.worker_ids is not None:
+                    os.chown(host, self.worker_ids[0], self.worker_ids[1])
             except OSError as exc:
                 raise StageFailed(
                     f"volume {mount.file_system}/{mount.volume} cannot be prepared at {host}: {exc}"
@@ -404,13 +456,17 @@ class LocalRuntime:
         local = self._get(deployment.key)
         if local.image_bin is None:
             raise StageFailed("the image was not prepared (image_pull did not run)")
-        port = free_port(DEFAULT_MASTER_PORT) if deployment.spec.framework == "pytorch_ddp" else 0
-        hostfile: Path | None = None
-        if deployment.spec.framework == "mpi":
-            hostfile = local.root / "hostfile"
-            slots = "".join(f"127.0.0.1 slots={len(w.gpus)}\n" for w in deployment.workers)
-            hostfile.write_text(slots)
+        _check_env(deployment)
+        port = 0
+        if deployment.spec.framework == "pytorch_ddp":
+            # A sandboxed deployment has a network namespace of its own: every port is free.
+            port = DEFAULT_MASTER_PORT if self.namespaces else free_port(DEFAULT_MASTER_PORT)
         for worker in local.workers.values():
+            hostfile: Path | None = None
+            if deployment.spec.framework == "mpi":
+                hostfile = worker.scratch / "hostfile"
+                slots = "".join(f"127.0.0.1 slots={len(w.gpus)}\n" for w in deployment.workers)
+                hostfile.write_text(slots)
             worker.env = self.worker_env(
                 deployment, worker, local, master_port=port, hostfile=hostfile
             )
@@ -418,7 +474,7 @@ class LocalRuntime:
                 "# written by the Runyard local runtime: the image's bin/ first on PATH\n"
                 f'export PATH="{local.image_bin}:$PATH"\n'
             )
-            (worker.scratch / "home" / ".bash_profile").write_text(profile)
+            _write_private(worker.scratch / "home" / ".bash_profile", profile, self.worker_ids)
 
     def worker_env(
         self,
@@ -429,17 +485,30 @@ class LocalRuntime:
         master_port: int,
         hostfile: Path | None,
     ) -> dict[str, str]:
-        """The environment of one worker (R-15). Values of user variables are never logged."""
+        """The environment of one worker (R-15). Values of user variables are never logged.
+
+        The user's variables come first and the platform's last, so a platform value
+        (PATH, CUDA_VISIBLE_DEVICES, RUNYARD_*, the framework's) always wins. A
+        creator-only variable gets the value the deployer resolved for this run
+        (`Deployment.creator_values`); without one it is left unset.
+        """
         spec = deployment.spec
+        env: dict[str, str] = {}
+        for var in spec.env:
+            value = deployment.creator_values.get(var.name) if var.creator_only else var.value
+            if value is not None:
+                env[var.name] = value
         home = worker.scratch / "home"
         base_path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
-        env: dict[str, str] = {
+        user = self.worker_ids[2] if self.worker_ids else os.environ.get("USER", "runyard")
+        env |= {
             "PATH": f"{local.image_bin}:{base_path}",
             "HOME": str(home),
             "TMPDIR": str(worker.scratch / "tmp"),
             "PWD": str(worker.scratch / "work"),
             "LANG": os.environ.get("LANG", "C.UTF-8"),
-            "USER": os.environ.get("USER", "runyard"),
+            "USER": user,
+            "LOGNAME": user,
             "PYTHONUNBUFFERED": "1",
             "RUNYARD_TASK_ID": deployment.task_id,
             "RUNYARD_RUN_ID": deployment.run_id,
@@ -468,12 +537,6 @@ class LocalRuntime:
         elif spec.framework == "ray":
             env["RAY_ADDRESS"] = "127.0.0.1:6379"
             env["RUNYARD_RAY_HEAD"] = "1" if worker.index == 0 else "0"
-        for var in spec.env:
-            value = var.value
-            if value is None and var.secret_ref and self.config.resolve_secret is not None:
-                value = self.config.resolve_secret(var.secret_ref)
-            if value is not None:
-                env[var.name] = value
         return env
 
     # -- workers -----------------------------------------------------------------
@@ -488,28 +551,58 @@ class LocalRuntime:
         # the next one follows (it ends stray processes instead of starting a second gang).
         self._write_state(local, "starting")
         pids: dict[int, int] = {}
-        for worker in local.workers.values():
-            args = self._launch_args(local, worker)
-            files = [open(worker.scratch / f"{s}.log", "ab") for s in ("stdout", "stderr")]  # noqa: SIM115, ASYNC230
-            try:
-                worker.process = await asyncio.create_subprocess_exec(
-                    *args,
-                    cwd=worker.scratch / "work",
-                    env=worker.env,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=files[0],
-                    stderr=files[1],
-                    start_new_session=True,
-                )
-            finally:
-                for f in files:
-                    f.close()
-            worker.pid = worker.process.pid
-            worker.starttime = _starttime(worker.pid)
-            pids[worker.index] = worker.pid
+        try:
+            for worker in local.workers.values():
+                env_file = self._write_env(worker, worker.env, "env")
+                args = self._launch_args(local, worker, env_file=env_file)
+                files = [open(worker.scratch / f"{s}.log", "ab") for s in ("stdout", "stderr")]  # noqa: SIM115, ASYNC230
+                try:
+                    worker.process = await asyncio.create_subprocess_exec(
+                        *args,
+                        cwd=worker.scratch / "work",
+                        env=_wrapper_env(local.deployment, worker.index),
+                        stdin=asyncio.subprocess.DEVNULL,
+                        stdout=files[0],
+                        stderr=files[1],
+                        start_new_session=True,
+                    )
+                finally:
+                    for f in files:
+                        f.close()
+                worker.pid = worker.process.pid
+                worker.starttime = _starttime(worker.pid)
+                pids[worker.index] = worker.pid
+        except BaseException:
+            # No half-started gang: the workers already started go, the caller fails the
+            # attempt (e.g. E2BIG for a launch command over the kernel's argument limit).
+            await self._kill_started(local)
+            raise
         self._write_state(local, "started")
         self._watch_all(local, on_output, on_exit)
         return pids
+
+    async def _kill_started(self, local: _Local) -> None:
+        """SIGKILL the process groups of the workers started so far, and wait for them."""
+        for worker in local.workers.values():
+            if worker.pid is None:
+                continue
+            _signal_group(worker.pid, signal.SIGKILL)
+            if worker.process is not None:
+                await worker.process.wait()
+            await _until_gone(worker.pid)
+            worker.pid = worker.process = None
+
+    def _write_env(self, worker: _Worker, env: Mapping[str, str], name: str) -> Path:
+        """The worker's variables as a shell file its unprivileged shell sources.
+
+        The processes that run as root (nsenter, unshare, the wrapper, mount) never
+        get the worker's variables (an LD_PRELOAD or BASH_ENV there would run as root):
+        only the shell that has already dropped privileges reads them.
+        """
+        text = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
+        path = worker.scratch / name
+        _write_private(path, text, self.worker_ids)
+        return path
 
     # -- env check (R-30) ----------------------------------------------------------
 
@@ -532,12 +625,15 @@ class LocalRuntime:
         for worker in local.workers.values():
             command = bootcheck_command(deployment, worker.index)
             status = worker.scratch / "bootcheck_status"
-            args = self._launch_args(local, worker, command=command, status_file=status)
             env = {**worker.env, "RUNYARD_BOOTCHECK_PORT": str(port)}
+            env_file = self._write_env(worker, env, "bootcheck.env")
+            args = self._launch_args(
+                local, worker, command=command, status_file=status, env_file=env_file
+            )
             process = await asyncio.create_subprocess_exec(
                 *args,
                 cwd=worker.scratch / "work",
-                env=env,
+                env=_wrapper_env(local.deployment, worker.index),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
@@ -607,66 +703,119 @@ class LocalRuntime:
         local: _Local,
         worker: _Worker,
         *,
+        env_file: Path,
         command: str | None = None,
         status_file: Path | None = None,
     ) -> list[str]:
-        """`bash -c WRAPPER` (inside `unshare -m` when possible) running the launch command.
+        """The command line of one worker process: a bash wrapper running the launch command.
 
-        The wrapper runs `bash --login -c "<launch command>"`, then writes its exit status
-        to the worker's `exit_status` file (so a deployer that restarts meanwhile still
-        learns it exactly) and exits with it. It survives SIGTERM itself (`trap :`), so a
-        stop's grace period is the launch command's, as if it ran alone.
+        The wrapper runs `bash --login -c "<launch command>"` with the worker's variables
+        (sourced from `env_file` by a shell of the worker's own), then writes its exit
+        status to the worker's `exit_status` file (so a deployer that restarts meanwhile
+        still learns it exactly) and exits with it. It survives SIGTERM itself (`trap :`),
+        so a stop's grace period is the launch command's, as if it ran alone.
+
+        Sandboxed, the wrapper is the first process of a PID namespace of its own, in a
+        mount namespace of its own, inside the deployment's network and IPC namespaces:
+        it sets up the worker's view of the file system as root (`_mount_script`), then
+        runs the launch command as the worker user with no capabilities and
+        `no_new_privs` (setpriv).
         """
+        t = self.tools
+        q = shlex.quote
+        user_shell = f'{q(t.bash)} -c \'. "$0" && exec {q(t.bash)} --login -c "$1"\' "$3" "$1"'
         setup = ""
         if self.namespaces:
+            assert self.worker_ids is not None
+            uid, gid, _ = self.worker_ids
             setup = self._mount_script(local, worker)
+            user_shell = (
+                f"{q(t.setpriv)} --reuid={uid} --regid={gid} --clear-groups --inh-caps=-all "
+                f"--bounding-set=-all --no-new-privs -- {user_shell}"
+            )
         wrapper = (
-            f"{setup}cd {shlex.quote(str(worker.scratch / 'work'))} || exit 111\n"
+            f"{setup}cd {q(str(worker.scratch / 'work'))} || exit 111\n"
             "trap : TERM INT HUP\n"
             # The wrapper's own messages ("Terminated") are not the worker's output.
             "exec 3>&2 2>/dev/null\n"
-            'bash --login -c "$1" 2>&3 3>&-\n'
+            f"{user_shell} 2>&3 3>&-\n"
             "rc=$?\n"
-            'printf "%s\\n" "$rc" > "$2.tmp" && mv -f "$2.tmp" "$2"\n'
+            f'printf "%s\\n" "$rc" > "$2.tmp" && {q(t.mv)} -f "$2.tmp" "$2"\n'
             'exit "$rc"\n'
         )
-        args = ["bash", "-c", wrapper, "runyard-worker", command or local.deployment.spec.command]
-        args.append(str(status_file or worker.status_file))
-        if self.namespaces:
-            return ["unshare", "-m", "--propagation", "private", *args]
-        return args
+        args = [t.bash, "-c", wrapper, "runyard-worker", command or local.deployment.spec.command]
+        args += [str(status_file or worker.status_file), str(env_file)]
+        if not self.namespaces:
+            return args
+        root = local.root
+        return [
+            t.nsenter,
+            f"--net={root / 'netns'}",
+            f"--ipc={root / 'ipcns'}",
+            "--",
+            t.unshare,
+            "--mount",
+            "--propagation",
+            "private",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--kill-child",
+            "--",
+            *args,
+        ]
 
     def _mount_script(self, local: _Local, worker: _Worker) -> str:
-        """Shell lines, run in the worker's own mount namespace, that set up its view.
+        """Shell lines, run as root in the worker's own mount namespace, that set up its view.
 
-        Each volume is bind-mounted at its mount path (read-only when asked), then the
-        worker's scratch `tmp/` is bind-mounted over /tmp. When the scratch itself is
-        under /tmp, it is first bind-mounted inside its own `tmp/` at the same relative
-        path, so HOME, TMPDIR and the working directory keep their paths afterwards.
+        In order: every folder the worker must see again later (its scratch; the image
+        and Runyard itself when they would be hidden) is opened; each volume is
+        bind-mounted at its mount path (read-only when asked); the deployment's shared
+        `shm/` goes over /dev/shm and the worker's scratch `tmp/` over /tmp (so nothing
+        of the host's /tmp is visible); an empty tmpfs goes over every hidden
+        control-plane path (the scratch and volume roots, the data dir, `local.hide`);
+        then the opened folders are bind-mounted back at their own paths through
+        /proc/self/fd. Any failure ends the worker (exit 112) before the launch command
+        runs: a worker never runs with a partial view.
         """
+        t = self.tools
         q = shlex.quote
-        lines = ["set -e"]
-        for mount_path, host, read_only in local.mounts:
-            lines.append(f"mkdir -p {q(mount_path)}")
-            lines.append(f"mount --bind {q(str(host))} {q(mount_path)}")
-            if read_only:
-                lines.append(f"mount -o remount,bind,ro {q(mount_path)}")
+        hidden = self._hidden_paths()
         scratch = worker.scratch.resolve()
-        tmp = scratch / "tmp"
-        # What the worker needs that lives under the host's /tmp (its scratch, the
-        # image, Runyard itself for the env check) is bound into its own /tmp at
-        # the same relative path, so the private /tmp hides nothing it must see.
-        image = local.image_bin.parent if local.image_bin is not None else None
-        keep = [scratch, *(p for p in (image, _runyard_root()) if p is not None)]
-        for host in _under_tmp(keep):
-            inner = tmp / host.relative_to("/tmp")
-            lines.append(f"mkdir -p {q(str(inner))}")
-            lines.append(f"mount --bind {q(str(host))} {q(str(inner))}")
-        lines.append(f"mount --rbind {q(str(tmp))} /tmp")
-        lines.append("set +e")
-        return "".join(
-            f"{line} || exit 112\n" if line.startswith("mount") else f"{line}\n" for line in lines
-        )
+        image = local.image_bin.parent.resolve() if local.image_bin is not None else None
+        keep = [scratch]
+        for path in (image, _runyard_root()):
+            if path is not None and _covered(path, [Path("/tmp"), *hidden]):
+                keep.append(path)
+        lines = [f"exec {10 + n}<{q(str(path))}" for n, path in enumerate(keep)]
+        for mount_path, host, read_only in local.mounts:
+            lines.append(f"{q(t.mkdir)} -p {q(mount_path)}")
+            lines.append(f"{q(t.mount)} --bind {q(str(host))} {q(mount_path)}")
+            if read_only:
+                lines.append(f"{q(t.mount)} -o remount,bind,ro {q(mount_path)}")
+        lines.append(f"{q(t.mount)} --bind {q(str(local.root / 'shm'))} /dev/shm")
+        lines.append(f"{q(t.mount)} --bind {q(str(scratch / 'tmp'))} /tmp")
+        for path in hidden:
+            p = q(str(path))
+            lines.append(
+                f"if [ -d {p} ]; then {q(t.mount)} -t tmpfs -o size=1m,mode=0755,nosuid,nodev "
+                f"runyard-hidden {p}; elif [ -e {p} ]; then {q(t.mount)} --bind /dev/null {p}; fi"
+            )
+        for n, path in enumerate(keep):
+            lines.append(f"{q(t.mkdir)} -p {q(str(path))}")
+            lines.append(f"{q(t.mount)} -c --bind /proc/self/fd/{10 + n} {q(str(path))}")
+            lines.append(f"exec {10 + n}<&-")
+        return "".join(f"{line} || exit 112\n" for line in lines)
+
+    def _hidden_paths(self) -> list[Path]:
+        """The control-plane paths a sandboxed worker must not see, outermost only."""
+        wanted = [self.config.scratch_root, self.config.volumes_root, *self.config.hidden]
+        resolved = sorted({p.resolve() for p in wanted})
+        kept: list[Path] = []
+        for path in resolved:
+            if not any(path.is_relative_to(k) for k in kept):
+                kept.append(path)
+        return kept
 
     def _watch_all(self, local: _Local, on_output: OnOutput, on_exit: OnExit) -> None:
         local.queue = asyncio.Queue(maxsize=self.config.output_buffer)
@@ -860,6 +1009,7 @@ class LocalRuntime:
                 local.pump.cancel()
             with contextlib.suppress(BaseException):
                 await local.pump
+        await asyncio.to_thread(_release_namespaces, local.root, self.tools)
         await asyncio.to_thread(shutil.rmtree, local.root, True)
         with contextlib.suppress(OSError):
             local.root.parent.rmdir()  # the task's folder, when no other run is in it
@@ -954,6 +1104,7 @@ class LocalRuntime:
             await asyncio.sleep(0.05)
         for pgid in groups:
             await _until_gone(pgid)
+        await asyncio.to_thread(_release_namespaces, root, self.tools)
         await asyncio.to_thread(shutil.rmtree, root, True)
         with contextlib.suppress(OSError):
             root.parent.rmdir()
@@ -1002,20 +1153,177 @@ class LocalRuntime:
 UNKNOWN_EXIT_CODE = -1
 
 
-def _can_unshare() -> bool:
-    """Whether a private mount namespace with bind mounts works here (checked once)."""
-    if shutil.which("unshare") is None or shutil.which("mount") is None:
-        return False
+#: PATH of the processes that run as root before a worker drops its privileges.
+_SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+#: Brings `lo` up in the network namespace it runs in (a new one has it down).
+_LOOPBACK_UP = """
+import fcntl, socket, struct
+with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+    req = struct.pack("16sH14x", b"lo", 0)
+    flags = struct.unpack("16sH14x", fcntl.ioctl(s, 0x8913, req))[1]
+    fcntl.ioctl(s, 0x8914, struct.pack("16sH14x", b"lo", flags | 1))
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class _Tools:
+    """Absolute paths of the programs the runtime runs (never looked up in a worker's PATH)."""
+
+    bash: str
+    mv: str
+    mkdir: str
+    mount: str
+    umount: str
+    unshare: str
+    nsenter: str
+    setpriv: str
+    true: str
+
+    @classmethod
+    def find(cls) -> _Tools:
+        path = f"{os.environ.get('PATH', '')}:{_SYSTEM_PATH}"
+        found = {name: shutil.which(name, path=path) or "" for name in cls.__slots__}
+        found["bash"] = found["bash"] or "bash"
+        return cls(**found)
+
+    def missing(self) -> list[str]:
+        return [name for name in self.__slots__ if not getattr(self, name)]
+
+
+def _sandbox_unavailable(tools: _Tools) -> str | None:
+    """Why workers cannot be sandboxed here (None: they can). Checked once, at start."""
+    if os.geteuid() != 0:
+        return "the deployer does not run as root"
+    if missing := tools.missing():
+        return f"{', '.join(missing)} not found (install util-linux)"
+    probe = [tools.unshare, "--mount", "--propagation", "private", "--pid", "--fork"]
+    probe += ["--mount-proc", "--net", "--ipc", tools.mount, "--bind", "/", "/"]
     try:
-        done = subprocess.run(
-            ["unshare", "-m", "--propagation", "private", "mount", "--bind", "/", "/"],
-            capture_output=True,
-            timeout=10,
-            check=False,
+        done = subprocess.run(probe, capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"`unshare` failed: {exc}"
+    if done.returncode != 0:
+        return f"`unshare` is not permitted: {done.stderr.decode(errors='replace').strip()}"
+    return None
+
+
+def _worker_user(spec: str, tools: _Tools) -> tuple[int, int, str]:
+    """(uid, gid, name) of the user sandboxed workers run as; a missing name is created."""
+    if spec.replace(":", "", 1).isdigit():
+        uid_text, _, gid_text = spec.partition(":")
+        uid, gid = int(uid_text), int(gid_text or uid_text)
+        try:
+            name = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            name = f"uid{uid}"
+    else:
+        try:
+            entry = pwd.getpwnam(spec)
+        except KeyError:
+            entry = _create_user(spec)
+        uid, gid, name = entry.pw_uid, entry.pw_gid, entry.pw_name
+    if uid == 0 or gid == 0:
+        raise RuntimeError(
+            f"local.worker_user {spec!r} is root: workers must run as an unprivileged user"
         )
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return done.returncode == 0
+    return uid, gid, name
+
+
+def _create_user(name: str) -> pwd.struct_passwd:
+    """Create `name` as a system user with a group of its own, no home and no login shell."""
+    useradd = shutil.which("useradd", path=f"{os.environ.get('PATH', '')}:{_SYSTEM_PATH}")
+    if useradd is None:
+        raise RuntimeError(
+            f"the worker user {name!r} does not exist and useradd is not installed: create "
+            "it, or set local.worker_user in runtime.yaml to an unused `uid:gid`"
+        )
+    args = [useradd, "--system", "--user-group", "--no-create-home"]
+    args += ["--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin", name]
+    done = subprocess.run(args, capture_output=True, timeout=30, check=False)
+    try:
+        entry = pwd.getpwnam(name)  # also when another process created it meanwhile
+    except KeyError:
+        why = done.stderr.decode(errors="replace").strip()
+        raise RuntimeError(
+            f"the worker user {name!r} could not be created ({why}): create it, or set "
+            "local.worker_user in runtime.yaml to an unused `uid:gid`"
+        ) from None
+    log.info("created the system user %r (uid %d) for sandboxed workers", name, entry.pw_uid)
+    return entry
+
+
+def _make_namespaces(root: Path, tools: _Tools) -> None:
+    """The deployment's network and IPC namespaces, kept by bind mounts on two files.
+
+    Every worker of the deployment enters both (`nsenter`): they share a loopback of
+    their own (DDP rendezvous on 127.0.0.1) and nothing else; the host's loopback
+    (Postgres, the broker, the gateway) is not reachable from there.
+    """
+    _release_namespaces(root, tools)
+    net, ipc = root / "netns", root / "ipcns"
+    net.touch()
+    ipc.touch()
+    for args in (
+        [tools.unshare, f"--net={net}", f"--ipc={ipc}", tools.true],
+        [tools.nsenter, f"--net={net}", sys.executable, "-c", _LOOPBACK_UP],
+    ):
+        done = subprocess.run(args, capture_output=True, timeout=30, check=False)
+        if done.returncode != 0:
+            raise OSError(done.stderr.decode(errors="replace").strip() or f"{args[0]} failed")
+
+
+def _release_namespaces(root: Path, tools: _Tools) -> None:
+    """Unmount the files that keep a deployment's namespaces (they go with the last user)."""
+    for name in ("netns", "ipcns"):
+        path = root / name
+        if tools.umount and os.path.ismount(path):
+            subprocess.run(
+                [tools.umount, "-l", str(path)], capture_output=True, timeout=30, check=False
+            )
+
+
+def _write_private(path: Path, text: str, owner: tuple[int, int, str] | None) -> None:
+    """Write a new file (mode 0600) that never follows a link a worker may have left there."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with open(fd, "wb") as f:
+        if owner is not None:
+            os.fchown(fd, owner[0], owner[1])
+        f.write(text.encode())
+
+
+def _check_env(deployment: Deployment) -> None:
+    """Refuse variables a shell cannot carry (the message names them, never a value)."""
+    for var in deployment.spec.env:
+        if (
+            not var.name.isascii()
+            or not var.name.replace("_", "a").isalnum()
+            or (var.name[:1].isdigit())
+        ):
+            raise StageFailed(
+                f"environment variable name {var.name!r} is not a valid shell name: use "
+                "letters, digits and _ (not first a digit)"
+            )
+        value = deployment.creator_values.get(var.name) if var.creator_only else var.value
+        if value is not None and "\0" in value:
+            raise StageFailed(f"the value of environment variable {var.name} has a NUL byte")
+
+
+def _wrapper_env(deployment: Deployment, worker: int) -> dict[str, str]:
+    """The environment of a worker's wrapper: no user variable (see `_write_env`).
+
+    The ids let a new deployer find the processes of a deployment cut while starting.
+    """
+    return {
+        "PATH": _SYSTEM_PATH,
+        "LANG": "C.UTF-8",
+        "RUNYARD_TASK_ID": deployment.task_id,
+        "RUNYARD_RUN_ID": deployment.run_id,
+        "RUNYARD_ATTEMPT": str(deployment.attempt),
+        "RUNYARD_WORKER_INDEX": str(worker),
+    }
 
 
 def _starttime(pid: int) -> int | None:

@@ -265,3 +265,99 @@ async def test_pytorch_ddp_env_is_injected(h: Harness) -> None:
     assert int(port) > 0
     assert fields[0] == ["2", "127.0.0.1", port, "0", "ddp-run1", "bar"]
     assert fields[1] == ["2", "127.0.0.1", port, "1", "ddp-run1", "bar"]
+
+
+async def _wait_stages_done(h: Harness, task_id: str) -> None:
+    for _ in range(400):
+        if len((await h.state(task_id)).stages_done) == len(DEPLOY_STAGES):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the deploy stages of {task_id} did not complete")
+
+
+async def test_a_launch_command_over_the_argument_limit_cannot_start_and_leaves_nothing(
+    h: Harness,
+) -> None:
+    """200 KB: over the kernel's limit for one argument. The spec's own limit is lower (so
+    no event can carry it), hence the runtime directly: the start raises E2BIG, which the
+    deployer turns into a failed attempt like any error at worker start (next test)."""
+    import errno
+
+    from runyard.deployer.app import _why
+    from runyard.deployer.runtime import Deployment
+
+    huge = "true # " + "x" * (200 * 1024)
+    spec = make_spec("true", workers=2).model_copy(update={"command": huge})
+    workers = tuple(WorkerPlacement(index=i, node="n", gpus=(i,)) for i in range(2))
+    deployment = Deployment("huge", 1, 1, spec, workers)
+    runtime = h.runtime
+    for step in (runtime.allocate, runtime.pull_image, runtime.mount_storage, runtime.init_env):
+        await step(deployment)
+
+    async def no_exit(*_: Any) -> None:
+        raise AssertionError("no worker may start")
+
+    with pytest.raises(OSError) as raised:
+        await runtime.start_workers(deployment, h.app.on_output, no_exit)
+    assert raised.value.errno == errno.E2BIG
+    assert "argument size limit" in _why(raised.value, deployment)
+    assert runtime.pids(deployment.key) == {}
+    leftover = [p for p in os.listdir("/proc") if p.isdigit() and _runs_task(int(p), "huge")]
+    assert leftover == []
+    await runtime.cleanup(deployment.key)
+    assert not (runtime.config.scratch_root / "huge").exists()
+
+
+async def test_an_error_while_starting_workers_fails_the_task_and_leaves_no_process(
+    h: Harness,
+) -> None:
+    """Worker 0 starts, worker 1 cannot (its scratch is gone): the attempt fails, none runs."""
+    from runyard.domain.task import FinishEnvCheck, StartEnvCheck
+
+    spec = make_spec("sleep 30", workers=2, fault_tolerance={"env_check": True})
+    await h.launch("broken", spec, wait=False)
+    await _wait_stages_done(h, "broken")
+    scratch = h.runtime.scratch_dir(("broken", 1, 1), 1)
+    assert scratch is not None
+    import shutil
+
+    shutil.rmtree(scratch)
+    state = await h.state("broken")
+    now = state.submitted_at
+    started = decide(state, StartEnvCheck("broken"), now=now, ids=lambda: "x")
+    await h.append("broken", started)  # not delivered: no env check program runs
+    state = await h.state("broken")
+    finished = decide(state, FinishEnvCheck("broken"), now=now, ids=lambda: "x")
+    await h.deliver(await h.append("broken", finished))
+    await asyncio.wait_for(h.app.drain(), 8)
+    state = await h.state("broken")
+    assert state.status == "failed"
+    reason = state.last_failure_reason or ""
+    assert "worker_start" in reason and "FileNotFoundError" in reason, reason
+    assert "WorkerStarted" not in await h.types("broken")
+    assert h.runtime.deployments() == []
+    leftover = [p for p in os.listdir("/proc") if p.isdigit() and _runs_task(int(p), "broken")]
+    assert leftover == [], "a worker process is left"
+
+
+def _runs_task(pid: int, task_id: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f"RUNYARD_TASK_ID={task_id}".encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+async def test_platform_values_win_over_user_variables(h: Harness) -> None:
+    env = (
+        {"name": "PATH", "value": "x"},
+        {"name": "CUDA_VISIBLE_DEVICES", "value": "7"},
+        {"name": "RUNYARD_TASK_ID", "value": "someone-else"},
+        {"name": "MINE", "value": "kept"},
+    )
+    command = 'echo "$CUDA_VISIBLE_DEVICES $RUNYARD_TASK_ID $MINE"; command -v bash'
+    spec = make_spec(command, env=env)
+    await h.launch("env", spec)
+    assert (await h.state("env")).status == "succeeded"
+    out = h.output("env")
+    assert out[0] == "0:0 env kept" and out[1].endswith("/bash"), out

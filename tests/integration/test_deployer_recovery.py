@@ -317,6 +317,11 @@ async def test_a_reschedule_ends_the_old_attempt_and_deploys_the_new_one(world: 
     async with pumping(world, app):
         await world.submit_and_place("move", make_spec(command, workers=2))
         await world.until("move", lambda s: s.status == "running")
+        # both workers of attempt 1 are under way (their first line is out)
+        for _ in range(400):
+            if len(world.output("move")) == 2:
+                break
+            await asyncio.sleep(0.02)
         old = list(runtime.pids(("move", 1, 1)).values())
         assert len(old) == 2 and all(alive_group(p) for p in old)
         await world.do(
