@@ -9,7 +9,9 @@ OpenAPI document declares the scheme.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,12 +20,15 @@ from typing import Any
 import grpc
 import httpx
 import pytest
+import uvicorn
+from runyard.cli.main import app as cli_app
 from runyard.gateway.app import Gateway
 from runyard.gateway.auth import authenticate, create_token, ensure_dev_token, token_hash
 from runyard.gateway.grpc_gen import tasks_pb2 as pb
 from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
 from runyard.gateway.grpc_server import start_server
 from runyard.gateway.http import create_app
+from typer.testing import CliRunner, Result
 
 from tests.integration.test_gateway import BASE, config_dir
 
@@ -356,3 +361,44 @@ async def test_old_admin_tokens_become_platform_admins_and_the_dev_token_works(
         assert (await authenticate(gateway.db, token)).role == "platform_admin"
     finally:
         await gateway.close()
+
+
+async def _cli(url: str, token: str, *args: str) -> Result:
+    env = {"RUNYARD_URL": url, "RUNYARD_TOKEN": token, "COLUMNS": "250"}
+    return await asyncio.to_thread(CliRunner().invoke, cli_app, list(args), env=env)
+
+
+async def test_cli_admin_tokens_create_list_revoke(world: World) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = uvicorn.Config(
+        create_app(world.gateway), port=port, log_level="warning", lifespan="off"
+    )
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve())
+    try:
+        for _ in range(500):
+            if server.started:
+                break
+            await asyncio.sleep(0.02)
+        url, admin = f"http://127.0.0.1:{port}", world.tokens["ta_admin"]
+        made = await _cli(
+            url, admin, "admin", "tokens", "create", "ta", "ci-bot", "--role", "service",
+            "--ttl", "7d", "--description", "nightly CI", "--json",
+        )  # fmt: skip
+        assert made.exit_code == 0, made.output
+        created = json.loads(made.output)
+        assert (created["role"], created["description"]) == ("service", "nightly CI")
+        table = await _cli(url, admin, "admin", "tokens", "list")
+        assert table.exit_code == 0, table.output
+        assert created["token_id"] in table.output and "ci-bot" in table.output
+        assert created["token"] not in table.output
+        revoked = await _cli(url, admin, "admin", "tokens", "revoke", created["token_id"])
+        assert revoked.exit_code == 0, revoked.output
+        assert f"token {created['token_id']} of ta/ci-bot: revoked" in revoked.output
+        other = await _cli(url, admin, "admin", "tokens", "create", "tb", "x")
+        assert other.exit_code == 3 and "auth.other_tenant" in other.output
+    finally:
+        server.should_exit = True
+        await serving
