@@ -381,12 +381,14 @@ class TaskFailed(_TaskEvent):
     """The run failed. Terminal.
 
     When: a worker exited non-zero and no restart is allowed; a deploy stage
-    failed; or a reschedule found no healthy node (then appended by the
-    scheduler, with `unrecoverable` set).
+    failed; a reschedule found no healthy node (then appended by the
+    scheduler, with `unrecoverable` set); or the task hung and may not restart
+    (then appended by fault tolerance with `HangDetected`'s id as its cause,
+    reason "hang, no restarts left": the deployer ends the workers).
     """
 
     emitted_by = "deployer"
-    reacted_by = ("scheduler", "notification")
+    reacted_by = ("deployer", "scheduler", "notification")
 
     run: Run
     attempt: int = Field(ge=0)

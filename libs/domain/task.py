@@ -1312,10 +1312,14 @@ def _record(s: TaskState, c: Record, ctx: _Context) -> list[Event]:
     event = c.event
     if isinstance(event, AlertDelivered | AlertFailed):
         return [event]
-    if isinstance(event, HangDetected | SlowdownDetected):
+    if isinstance(event, HangDetected):
         _require_status(s, f"record {event.type_name()} for", frozenset({"running"}))
     if isinstance(event, SlowdownDetected):
+        # judged on the run's lines, which may come after its end (a script that
+        # prints its log and exits at once): any status once the run was placed
         _require_current(s, event.run, s.attempt)
+        if s.status in ("new", "queued"):
+            raise InvalidCommand(s.task_id, "record SlowdownDetected for", "it has not run")
     else:
         _require_current(s, event.run, event.attempt)
     return [event]

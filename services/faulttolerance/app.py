@@ -21,7 +21,9 @@ Reactions:
   step advance for that long: `HangDetected`; then the workers' stacks are
   captured (when the worker processes are known), aggregated, stored, and
   `StacksCaptured`; then `TaskRestartScheduled` (reason `hang`) when auto
-  restart allows it.
+  restart allows it, else `TaskFailed` ("hang, no restarts left", or "hang,
+  auto restart is off"): the deployer ends the workers, the scheduler frees
+  the GPUs, the notification service alerts as for any failure.
 - resume (R-32): in an attempt that follows one that ran, the first
   checkpoint-load line gives `ResumeObserved` (step, path); none within
   `resume_wait_s` after the attempt started running, or before the run
@@ -29,15 +31,24 @@ Reactions:
   the attempt that come before its TaskRunning is known are kept and replayed
   then, and a run that ended waits `late_lines_s` for late lines.
 - slowdown (R-34): with `slowdown_detection` on, step times from the lines of
-  the first worker that reports them; a window over the threshold gives
-  `SlowdownDetected` with the R-34 line, once per slow spell.
+  the first worker of each attempt that reports them; every window over the
+  threshold gives `SlowdownDetected` with the R-34 line. Every line of the run
+  counts, whether the task still runs or has just ended (a script that prints
+  its log and exits at once is analysed all the same): the slowdown watch
+  follows the lines' own run and attempt, apart from the task's status.
+
+Audit chain (R-62): every event this service appends names its cause: the
+event it reacts to, or for what it reads in worker lines and timers, the
+task event the detection follows from (the attempt's `TaskRunning`, or
+`EnvCheckStarted` for env check items), and `HangDetected` for the stacks,
+restart or failure that follow a hang. Each keeps its cause's correlation id.
 
 Apps started by `main.run` are registered per database (`publish_in_process`)
 so that the gateway in the same process can ask for stacks on demand.
 
 The watches live in memory and are rebuilt from the task's stream on the first
 event or line of a task after a service restart (a hang timer then counts from
-that moment).
+that moment; a slowdown watch starts a new warm-up and baseline).
 """
 
 from __future__ import annotations
@@ -49,7 +60,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeAlias, cast
 
 from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent
 from runyard.contracts.pool_events import NodeMarkedFaulty
@@ -57,6 +68,7 @@ from runyard.contracts.task_events import (
     DeployStageCompleted,
     EnvCheckItemName,
     EnvCheckItemResult,
+    EnvCheckStarted,
     HangDetected,
     ResumeNotObserved,
     ResumeObserved,
@@ -68,6 +80,7 @@ from runyard.domain.errors import DomainError
 from runyard.domain.task import (
     PLACED_STATUSES,
     Command,
+    Fail,
     FinishEnvCheck,
     Record,
     ReportEnvCheckItem,
@@ -83,9 +96,10 @@ from runyard.domain.task import (
 from runyard.eventstore import ConcurrencyError, EventStore
 from runyard.faulttolerance.bootcheck import ITEMS, is_finished_line, parse_line
 from runyard.faulttolerance.hang import HangDetector
+from runyard.faulttolerance.patterns import UserPatternError
 from runyard.faulttolerance.reports import StackReportStore
 from runyard.faulttolerance.resume import ResumeMatcher
-from runyard.faulttolerance.slowdown import SlowdownDetector, StepTimeParser
+from runyard.faulttolerance.slowdown import SlowdownDetector, StepTime, StepTimeParser
 from runyard.faulttolerance.stacks import ProcessStacks, StackReport, aggregate, capture_worker
 
 log = logging.getLogger("runyard.faulttolerance")
@@ -99,6 +113,8 @@ ENV_CHECK_TIMEOUT_S = 600.0
 EARLY_LINES = 2000
 #: After a run ended, how long its lines may still come (they travel apart from events).
 LATE_LINES_S = 10.0
+#: Slowdown watches of ended runs kept for late lines (the oldest go first).
+ENDED_SLOW_WATCHES = 1000
 Clock = Callable[[], datetime]
 DeploymentKey = tuple[str, int, int]
 
@@ -170,6 +186,66 @@ class _EnvCheck:
     done: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Because:
+    """The task event a detection follows from, when no event triggered it (a worker
+    line, a timer): the latest `kind` event of (run, attempt) in the stream, else the
+    stream's last event. Its id becomes the causation id, its correlation id is kept."""
+
+    kind: type[Event]
+    run: int
+    attempt: int | None = None
+    actor: str = ACTOR
+
+    def find(self, events: Sequence[RecordedEvent[Event]]) -> RecordedEvent[Event] | None:
+        for recorded in reversed(events):
+            e = recorded.event
+            if (
+                isinstance(e, self.kind)
+                and getattr(e, "run", None) == self.run
+                and (self.attempt is None or getattr(e, "attempt", None) == self.attempt)
+            ):
+                return recorded
+        return events[-1] if events else None
+
+
+#: Why an append happens: the metadata itself (a reaction to a known event, a
+#: person's request), or the task event to name as its cause (`Because`).
+Why: TypeAlias = Metadata | Because
+
+
+def after(new: NewEvent[Event]) -> Metadata:
+    """Metadata for what follows from `new` (appended by this service): it is the cause."""
+    return Metadata(
+        actor=new.metadata.actor,
+        causation_id=str(new.event_id),
+        correlation_id=new.metadata.correlation_id or str(new.event_id),
+        trace_context=dict(new.metadata.trace_context),
+    )
+
+
+@dataclass
+class _SlowWatch:
+    """Step times of one task's lines, by the lines' own run and attempt (R-34).
+
+    Apart from `_Watch`: lines of a run that just ended still count, and a task
+    first seen finished (a script that printed its log and exited at once) too.
+    """
+
+    run: int
+    attempt: int
+    #: The run's spec asks for slowdown detection (step times still feed the hang timer).
+    on: bool
+    detector: SlowdownDetector = field(default_factory=SlowdownDetector)
+    parsers: dict[int, StepTimeParser] = field(default_factory=dict)
+    step_worker: int | None = None
+
+    def next_attempt(self, attempt: int) -> None:
+        self.attempt = attempt
+        self.parsers, self.step_worker = {}, None
+        self.detector.restart()
+
+
 @dataclass
 class _Watch:
     """What the service follows of one task (its current run and attempt)."""
@@ -179,10 +255,6 @@ class _Watch:
     attempt: int
     state: TaskState
     hang: HangDetector | None = None
-    slowdown: SlowdownDetector = field(default_factory=SlowdownDetector)
-    parsers: dict[int, StepTimeParser] = field(default_factory=dict)
-    step_worker: int | None = None
-    slow_spell: bool = False
     resume: ResumeMatcher | None = None
     resume_deadline: datetime | None = None
     resume_since: datetime | None = None
@@ -229,6 +301,9 @@ class FaultToleranceApp:
         self.native_stacks = native_stacks
         self._watches: dict[str, _Watch] = {}
         self._finished: set[str] = set()
+        self._slow: dict[str, _SlowWatch] = {}
+        #: Tasks whose run ended, oldest first: their slowdown watches wait for late lines.
+        self._ended: dict[str, None] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._background: set[asyncio.Task[Any]] = set()
 
@@ -264,6 +339,7 @@ class FaultToleranceApp:
     ) -> _Watch | None:
         """Bring the task's watch in line with its state; None once the task is finished."""
         watch = self._watches.get(task_id)
+        self._note_ended(task_id, state)
         if state.finished:
             self._finished.add(task_id)
             if watch is not None and watch.run == state.run:
@@ -278,11 +354,9 @@ class FaultToleranceApp:
             self._watches[task_id] = watch
         elif watch.attempt != state.attempt:
             watch.attempt = state.attempt
-            watch.hang, watch.env_check, watch.parsers = None, None, {}
-            watch.step_worker, watch.slow_spell = None, False
+            watch.hang, watch.env_check = None, None
             watch.resume = watch.resume_deadline = watch.resume_since = None
             watch.early, watch.started, watch.closed = [], False, False
-            watch.slowdown.restart()
         watch.state = state
         options = state.spec.fault_tolerance
         if state.status == "env_checking" and watch.env_check is None:
@@ -296,7 +370,7 @@ class FaultToleranceApp:
             if options.hang_timeout_s is not None:
                 watch.hang = HangDetector(float(options.hang_timeout_s), started)
             if _follows_a_run(state, cause):
-                watch.resume = ResumeMatcher(options.resume_pattern)
+                watch.resume = _resume_matcher(task_id, options.resume_pattern)
                 watch.resume_since = started
                 watch.resume_deadline = started + timedelta(seconds=self.resume_wait_s)
             early, watch.early = watch.early, []
@@ -341,7 +415,8 @@ class FaultToleranceApp:
         waited = max(0.0, (now - watch.resume_since).total_seconds())
         watch.resume = None
         event = ResumeNotObserved(run=watch.run, attempt=watch.attempt, waited_s=waited)
-        await self._decide_quietly(watch.task_id, [Record(watch.task_id, event)], self._meta(cause))
+        why = self._meta(cause) if cause is not None else self._because(watch)
+        await self._decide_quietly(watch.task_id, [Record(watch.task_id, event)], why)
 
     async def _on_node_faulty(self, fault: NodeMarkedFaulty, cause: RecordedEvent[Event]) -> None:
         meta = Metadata(actor=ACTOR).caused_by(cause, ACTOR)
@@ -361,6 +436,7 @@ class FaultToleranceApp:
 
     async def on_log(self, line: LogLine) -> None:
         """One worker output line of the logs topic."""
+        sample = await self._step_time(line)
         watch = await self._watch_for(line.task_id)
         if watch is None:
             return
@@ -387,20 +463,76 @@ class FaultToleranceApp:
             if len(watch.early) < EARLY_LINES:
                 watch.early.append(line)
             return
-        await self._running_line(watch, line)
+        await self._running_line(watch, line, sample)
 
-    async def _running_line(self, watch: _Watch, line: LogLine) -> None:
-        """A line of the running attempt: step times, hang timer, resume."""
-        step = None
-        parser = watch.parsers.setdefault(line.worker, StepTimeParser())
-        sample = parser.feed(line.line)
-        if sample is not None:
-            step = sample.iteration
-            await self._slowdown(watch, line, sample)
+    async def _running_line(
+        self, watch: _Watch, line: LogLine, sample: StepTime | None = None
+    ) -> None:
+        """A line of the running attempt: hang timer (a step advance counts), resume."""
+        step = sample.iteration if sample is not None else None
         if watch.hang is not None:
             watch.hang.line(line.worker, line.at, step)
         if watch.resume is not None:
             await self._resume(watch, line)
+
+    # -- slowdown ------------------------------------------------------------------------
+
+    async def _step_time(self, line: LogLine) -> StepTime | None:
+        """Feed the line to its task's slowdown watch; the step time it gives, if any.
+
+        Lines of the watch's run and attempt count whatever the task's status; a
+        later attempt restarts the detector (warm-up, window alignment), a later
+        run starts a new watch, lines of earlier attempts or runs are ignored.
+        """
+        slow = self._slow.get(line.task_id)
+        if slow is None or line.run > slow.run:
+            slow = await self._new_slow_watch(line)
+            if slow is None:
+                return None
+        if (line.run, line.attempt) < (slow.run, slow.attempt):
+            return None
+        if line.attempt > slow.attempt:
+            slow.next_attempt(line.attempt)
+        sample = slow.parsers.setdefault(line.worker, StepTimeParser()).feed(line.line)
+        if sample is None or not slow.on:
+            return sample
+        if slow.step_worker is None:
+            slow.step_worker = line.worker
+        if line.worker == slow.step_worker:
+            for warning in slow.detector.observe(sample):
+                event = SlowdownDetected(
+                    run=slow.run,
+                    first_iter=warning.first_iter,
+                    last_iter=warning.last_iter,
+                    mean_ms=warning.mean_ms,
+                    baseline_ms=warning.baseline_ms,
+                    ratio=warning.ratio,
+                    message=warning.message,
+                )
+                why = Because(TaskRunning, slow.run, slow.attempt)
+                await self._decide_quietly(line.task_id, [Record(line.task_id, event)], why)
+        return sample
+
+    async def _new_slow_watch(self, line: LogLine) -> _SlowWatch | None:
+        state = await self._load(line.task_id)
+        if state is None or line.run != state.run:
+            return None  # an unknown task, or a line of a run since replaced
+        slow = _SlowWatch(line.run, line.attempt, state.spec.fault_tolerance.slowdown_detection)
+        self._slow[line.task_id] = slow
+        self._note_ended(line.task_id, state)
+        return slow
+
+    def _note_ended(self, task_id: str, state: TaskState) -> None:
+        """Keep the slowdown watches of the last ENDED_SLOW_WATCHES ended runs only."""
+        if not state.finished:
+            self._ended.pop(task_id, None)
+            return
+        self._ended.pop(task_id, None)
+        self._ended[task_id] = None
+        while len(self._ended) > ENDED_SLOW_WATCHES:
+            oldest = next(iter(self._ended))
+            del self._ended[oldest]
+            self._slow.pop(oldest, None)
 
     async def _watch_for(self, task_id: str) -> _Watch | None:
         watch = self._watches.get(task_id)
@@ -440,7 +572,7 @@ class FaultToleranceApp:
             item.detail or "-",
             blocking,
         )
-        await self._decide_quietly(watch.task_id, [command], Metadata(actor=ACTOR))
+        await self._decide_quietly(watch.task_id, [command], self._env_check_cause(watch))
         return True
 
     async def _finish_env_check(self, watch: _Watch, check: _EnvCheck) -> None:
@@ -450,35 +582,7 @@ class FaultToleranceApp:
             nodes = tuple(sorted(check.faulty_nodes))
             reason = f"env check found a hardware fault on {', '.join(nodes)}"
             commands.append(RequestReschedule(watch.task_id, reason, nodes))
-        await self._decide_quietly(watch.task_id, commands, Metadata(actor=ACTOR))
-
-    async def _slowdown(self, watch: _Watch, line: LogLine, sample: Any) -> None:
-        if not watch.state.spec.fault_tolerance.slowdown_detection:
-            return
-        if watch.step_worker is None:
-            watch.step_worker = line.worker
-        if line.worker != watch.step_worker:
-            return
-        warning = watch.slowdown.observe(sample)
-        if warning is None:
-            if watch.slowdown.last_ratio is not None and watch.slowdown.window_just_closed:
-                watch.slow_spell = False  # a window closed below the threshold
-            return
-        if watch.slow_spell:
-            return
-        watch.slow_spell = True
-        event = SlowdownDetected(
-            run=watch.run,
-            first_iter=warning.first_iter,
-            last_iter=warning.last_iter,
-            mean_ms=warning.mean_ms,
-            baseline_ms=warning.baseline_ms,
-            ratio=warning.ratio,
-            message=warning.message,
-        )
-        await self._decide_quietly(
-            watch.task_id, [Record(watch.task_id, event)], Metadata(actor=ACTOR)
-        )
+        await self._decide_quietly(watch.task_id, commands, self._env_check_cause(watch))
 
     async def _resume(self, watch: _Watch, line: LogLine) -> None:
         assert watch.resume is not None
@@ -494,7 +598,7 @@ class FaultToleranceApp:
             line=found.line[:2000],
         )
         await self._decide_quietly(
-            watch.task_id, [Record(watch.task_id, event)], Metadata(actor=ACTOR)
+            watch.task_id, [Record(watch.task_id, event)], self._because(watch)
         )
 
     # -- timers ----------------------------------------------------------------------
@@ -529,15 +633,19 @@ class FaultToleranceApp:
             ReportEnvCheckItem(watch.task_id, w, "runtime", "fail", detail) for w in missing
         ]
         check.finished_workers.update(missing)
-        await self._decide_quietly(watch.task_id, commands, Metadata(actor=ACTOR))
+        await self._decide_quietly(watch.task_id, commands, self._env_check_cause(watch))
         await self._finish_env_check(watch, check)
 
     async def _on_hang(self, watch: _Watch, idle_s: float, last_log_at: datetime | None) -> None:
+        """R-33 then R-32: HangDetected, the stacks, and a restart or, with none left, the
+        failure; what follows the hang names it as its cause."""
         task_id, run, attempt = watch.task_id, watch.run, watch.attempt
-        meta = Metadata(actor=ACTOR)
         try:
             hang = HangDetected(run=run, attempt=attempt, idle_s=idle_s, last_log_at=last_log_at)
-            if not await self._decide_quietly(task_id, [Record(task_id, hang)], meta):
+            recorded = await self._decide_quietly(
+                task_id, [Record(task_id, hang)], self._because(watch)
+            )
+            if not recorded:
                 return
             commands: list[Command] = []
             report = await self.capture_stacks(task_id, run, attempt)
@@ -551,19 +659,28 @@ class FaultToleranceApp:
                 )
                 commands.append(Record(task_id, captured))
             state = await self._load(task_id)
-            if state is not None and restart_refusal(state, "hang") is None:
-                commands.append(ScheduleRestart(task_id, "hang"))
-            elif state is not None:
-                log.info("%s hung; no restart: %s", task_id, restart_refusal(state, "hang"))
+            if state is not None and (state.run, state.attempt) == (run, attempt):
+                refusal = restart_refusal(state, "hang")
+                if refusal is None:
+                    commands.append(ScheduleRestart(task_id, "hang"))
+                else:
+                    log.info("%s hung; no restart: %s", task_id, refusal)
+                    commands.append(Fail(task_id, hang_failure_reason(state)))
             if commands:
-                await self._decide_quietly(task_id, commands, meta)
+                await self._decide_quietly(
+                    task_id, commands, after(recorded[0]), still=(run, attempt, "running")
+                )
         finally:
             watch.hang_handling = False
 
-    async def request_stacks(self, task_id: str, actor: str = ACTOR) -> StackReport | None:
+    async def request_stacks(
+        self, task_id: str, actor: str = ACTOR, meta: Metadata | None = None
+    ) -> StackReport | None:
         """Stacks on demand (API/CLI, R-33): capture the current attempt, record StacksCaptured.
 
-        None when the task has no running workers known here.
+        `meta` is the request's (the caller's request id as causation and correlation);
+        without it the attempt's `TaskRunning` is named as the cause. None when the task
+        has no running workers known here.
         """
         state = await self._load(task_id)
         if state is None or state.status not in PLACED_STATUSES:
@@ -578,7 +695,8 @@ class FaultToleranceApp:
             report_id=report.report_id,
             summary=report.summary or "no stack",
         )
-        await self._decide_quietly(task_id, [Record(task_id, captured)], Metadata(actor=actor))
+        why = meta or Because(TaskRunning, state.run, state.attempt, actor)
+        await self._decide_quietly(task_id, [Record(task_id, captured)], why)
         return report
 
     async def capture_stacks(self, task_id: str, run: int, attempt: int) -> StackReport | None:
@@ -613,42 +731,65 @@ class FaultToleranceApp:
 
     # -- decisions -----------------------------------------------------------------
 
-    def _meta(self, cause: RecordedEvent[Event] | None) -> Metadata:
-        meta = Metadata(actor=ACTOR)
-        return meta.caused_by(cause, ACTOR) if cause is not None else meta
+    def _meta(self, cause: RecordedEvent[Event]) -> Metadata:
+        return Metadata(actor=ACTOR).caused_by(cause, ACTOR)
+
+    def _because(self, watch: _Watch) -> Because:
+        """What a detection in the running attempt follows from: its TaskRunning."""
+        return Because(TaskRunning, watch.run, watch.attempt)
+
+    def _env_check_cause(self, watch: _Watch) -> Because:
+        return Because(EnvCheckStarted, watch.run, watch.attempt)
 
     async def _load(self, task_id: str) -> TaskState | None:
         events = await self.store.read_stream(task_stream(task_id))
         return fold(events, task_id=task_id) if events else None
 
     async def _decide(
-        self, task_id: str, commands: Sequence[Command], meta: Metadata
-    ) -> list[Event]:
-        """Decide `commands` in order on the task's current state and append them together."""
+        self,
+        task_id: str,
+        commands: Sequence[Command],
+        why: Why,
+        still: tuple[int, int, str] | None = None,
+    ) -> list[NewEvent[Event]]:
+        """Decide `commands` in order on the task's current state and append them together.
+
+        `still` (run, attempt, status): decide only while the task is there (a hang's
+        verdict must not fail an attempt that replaced the hung one meanwhile).
+        """
         lock = self._locks.setdefault(task_id, asyncio.Lock())
         async with lock:
             for _ in range(MAX_CONFLICT_RETRIES):
-                state = await self._load(task_id)
+                events = await self.store.read_stream(task_stream(task_id))
+                state = fold(events, task_id=task_id) if events else None
+                if still is not None and (
+                    state is None or (state.run, state.attempt, state.status) != still
+                ):
+                    return []
                 now = self.clock()
                 new = decide_all(state, commands, now=now, ids=self.ids)
                 if not new:
                     return []
+                meta = why if isinstance(why, Metadata) else _metadata_of(why, events)
                 version = state.version if state is not None else 0
+                appended = [NewEvent(e, meta, now) for e in new]
                 try:
-                    await self.store.append(
-                        task_stream(task_id), [NewEvent(e, meta, now) for e in new], version
-                    )
+                    await self.store.append(task_stream(task_id), appended, version)
                 except ConcurrencyError:
                     continue
-                return new
+                return appended
         raise ConcurrencyError(task_stream(task_id), "retries", None)
 
     async def _decide_quietly(
-        self, task_id: str, commands: Sequence[Command], meta: Metadata
-    ) -> list[Event]:
+        self,
+        task_id: str,
+        commands: Sequence[Command],
+        why: Why,
+        still: tuple[int, int, str] | None = None,
+    ) -> list[NewEvent[Event]]:
         """`_decide`, where a refusal (finished, stale attempt) means there is nothing to do."""
         try:
-            return await self._decide(task_id, commands, meta)
+            return await self._decide(task_id, commands, why, still)
         except DomainError as exc:
             log.info("%s: %s", task_id, exc)
             return []
@@ -697,3 +838,27 @@ def _follows_a_run(state: TaskState, cause: RecordedEvent[Event] | None) -> bool
 def _log_failure(task: asyncio.Task[Any]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("fault-tolerance background work failed", exc_info=task.exception())
+
+
+def hang_failure_reason(state: TaskState) -> str:
+    """Why a hung task fails instead of restarting (R-32, R-33)."""
+    if not state.spec.fault_tolerance.auto_restart:
+        return "hang, auto restart is off"
+    return "hang, no restarts left"
+
+
+def _metadata_of(why: Because, events: Sequence[RecordedEvent[Event]]) -> Metadata:
+    cause = why.find(events)
+    if cause is None:
+        return Metadata(actor=why.actor)
+    return Metadata(actor=why.actor).caused_by(cause, why.actor)
+
+
+def _resume_matcher(task_id: str, pattern: str | None) -> ResumeMatcher:
+    """The task's resume matcher; a pattern RE2 refuses (a spec accepted before patterns
+    were checked) is left out, with a log line, and the built-in patterns still apply."""
+    try:
+        return ResumeMatcher(pattern)
+    except UserPatternError as exc:
+        log.warning("%s: resume_pattern ignored: %s", task_id, exc)
+        return ResumeMatcher(None)

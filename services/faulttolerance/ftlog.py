@@ -4,7 +4,10 @@ Every line comes from one event of the task's stream, so the log needs no
 table of its own and a replay gives the same lines: env check items and the
 `Bootcheck Finished` line, restarts and reschedules with their running counts,
 hang detections and stack reports, slowdown warnings (the R-34 line as is),
-resume observed or not, and an unrecoverable failure.
+resume observed or not, an unrecoverable failure, and a failure that ends
+fault tolerance: a hang or a crash with auto restart on and no restart left
+("Task failed: hang, no restarts left (1 of 1 used)"), or a hang with auto
+restart off.
 
     lines = fault_tolerance_log(await store.read_stream(f"task-{task_id}"))
 """
@@ -33,6 +36,7 @@ from runyard.contracts.task_events import (
     TaskRescheduleRequested,
     TaskRestartScheduled,
 )
+from runyard.domain.task import TaskState, evolve
 from runyard.eventstore import EventStore
 
 
@@ -85,9 +89,36 @@ class FaultToleranceLog:
 def fault_tolerance_log(events: Iterable[RecordedEvent[Event]]) -> FaultToleranceLog:
     """The fault-tolerance log of one task's stream (events in stream order)."""
     log = FaultToleranceLog()
+    state: TaskState | None = None
     for recorded in events:
-        _apply(log, recorded.event, recorded.occurred_at)
+        if isinstance(recorded.event, TaskFailed) and state is not None:
+            _failure(log, recorded.event, recorded.occurred_at, state)
+        else:
+            _apply(log, recorded.event, recorded.occurred_at)
+        state = evolve(state, recorded)
     return log
+
+
+def _failure(log: FaultToleranceLog, e: TaskFailed, at: datetime, before: TaskState) -> None:
+    """A failure in the FT log: unrecoverable, or fault tolerance had no restart left."""
+    options = before.spec.fault_tolerance
+    # the failures a restart would have answered: a worker's exit, a hang
+    restartable = e.worker is not None or e.reason.startswith("hang")
+    exhausted = restartable and options.auto_restart and before.restarts >= options.max_restarts
+    if e.unrecoverable:
+        text = f"Task failed: {e.reason}"
+    elif exhausted:
+        left = "" if "no restarts left" in e.reason else "; no restarts left"
+        text = (
+            f"Task failed: {e.reason}{left} "
+            f"({before.restarts} of {options.max_restarts} restarts used)"
+        )
+    elif e.reason.startswith("hang"):
+        text = f"Task failed: {e.reason}"
+    else:
+        return
+    line = FaultToleranceLine(at, log.run, e.attempt or None, "failure", "error", text)
+    log.lines.append(line)
 
 
 def _apply(log: FaultToleranceLog, e: Event, at: datetime) -> None:
@@ -165,8 +196,6 @@ def _apply_observation(log: FaultToleranceLog, e: Event, add: Any) -> None:
             "the training may have started from scratch"
         )
         add("resume", "warning", text, e.attempt)
-    elif isinstance(e, TaskFailed) and e.unrecoverable:
-        add("failure", "error", f"Task failed: {e.reason}", e.attempt or None)
 
 
 async def read_fault_tolerance_log(store: EventStore, task_id: str) -> FaultToleranceLog:

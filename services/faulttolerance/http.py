@@ -20,16 +20,20 @@ a task with no running attempt is 409 `stacks.not_running`.
 """
 
 import asyncio
+import uuid
 from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Header
+from runyard.contracts import Metadata
 from runyard.faulttolerance.app import database_key, in_process_app
 from runyard.faulttolerance.ftlog import read_fault_tolerance_log
 from runyard.faulttolerance.reports import StackReportStore
 from runyard.gateway.app import Gateway
 from runyard.gateway.auth import Principal
 from runyard.gateway.errors import Conflict, GatewayError, NotFound
+from runyard.gateway.inputs import reject_nul
 from runyard.gateway.security import caller_dependency
+from runyard.telemetry import current_trace_context
 
 #: Statuses with worker processes whose stacks can be captured.
 CAPTURABLE = {"env_checking", "running"}
@@ -104,8 +108,11 @@ def faulttolerance_router(gateway: Gateway) -> APIRouter:
         status_code=201,
         responses={503: {"description": "no fault-tolerance service or workers here"}},
     )
-    async def capture_stacks(caller: Caller, task_id: str) -> dict[str, Any]:
+    async def capture_stacks(
+        caller: Caller, task_id: str, x_request_id: Annotated[str | None, Header()] = None
+    ) -> dict[str, Any]:
         """Capture the stacks of every worker of the current attempt now; answers the report."""
+        reject_nul(x_request_id, "x-request-id")
         task = await api.task(caller, task_id)
         if task.get("status") not in CAPTURABLE:
             raise Conflict(
@@ -121,7 +128,14 @@ def faulttolerance_router(gateway: Gateway) -> APIRouter:
                 "on-demand capture needs the gateway, deployer and fault-tolerance service "
                 "in one process (`runyard up`); reports captured after a hang are listed by GET",
             )
-        report = await service.request_stacks(task_id, actor=caller.actor)
+        request_id = x_request_id or str(uuid.uuid4())
+        meta = Metadata(  # the request is the cause, as for every request's events (R-62)
+            actor=caller.actor,
+            causation_id=request_id,
+            correlation_id=request_id,
+            trace_context=current_trace_context(),
+        )
+        report = await service.request_stacks(task_id, actor=caller.actor, meta=meta)
         if report is None:
             raise Unavailable(
                 "stacks.unavailable",

@@ -18,7 +18,9 @@ looks for a checkpoint-load line. Recognised (case-insensitive):
   `  Continuing training from global step 500`, `Resuming training from
   /out/checkpoint-500.`;
 - the task's own `resume_pattern` (spec `fault_tolerance.resume_pattern`); its
-  named groups `step` and `path`, when present, give the step and path.
+  named groups `step` and `path`, when present, give the step and path. It is
+  a user's pattern, so it runs with RE2 (`runyard.faulttolerance.patterns`:
+  linear time, refused when RE2 cannot compile it).
 
 Lines that say a checkpoint was *not* loaded (Megatron's `will not load any
 checkpoints and will start from random`, `no checkpoint found`) never count.
@@ -31,6 +33,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Final
+
+from runyard.faulttolerance.patterns import UserMatch, compile_user_pattern
 
 _FLAGS: Final = re.IGNORECASE
 
@@ -91,10 +95,13 @@ class ResumeLine:
 
 
 class ResumeMatcher:
-    """Finds checkpoint-load lines; `extra` is the task's own regular expression, if any."""
+    """Finds checkpoint-load lines; `extra` is the task's own regular expression, if any.
+
+    `extra` is compiled with RE2; `UserPatternError` when RE2 refuses it.
+    """
 
     def __init__(self, extra: str | None = None) -> None:
-        self.extra = re.compile(extra) if extra else None
+        self.extra = compile_user_pattern(extra) if extra else None
 
     def match(self, line: str) -> ResumeLine | None:
         text = line.strip()
@@ -113,7 +120,7 @@ class ResumeMatcher:
         return None
 
 
-def _from_custom(text: str, found: re.Match[str]) -> ResumeLine:
+def _from_custom(text: str, found: UserMatch) -> ResumeLine:
     groups = found.groupdict()
     path = groups.get("path") or extract_path(text)
     raw_step = groups.get("step")

@@ -22,15 +22,23 @@ Supported log formats (one worker output line at a time):
   "0:01:23", ...}`): the step time is the elapsed time between two records
   divided by the steps between them.
 
-Windows: the first `warmup` samples of an attempt (2 by default: compilation,
-data loader start) are not counted; then every 5 consecutive samples form a
-window, so a log that starts at iteration 1 has windows 3-7, 8-12, ... 83-87,
-88-92 (the SPEC's example). The baseline is the fastest window mean seen so
-far in the run (a restart keeps it and starts a new alignment); the ratio is
-(mean - baseline) / baseline and a window whose ratio exceeds 0.8 gives the
-warning line::
+Windows are aligned to iteration numbers: window k holds iterations
+`3 + 5k` to `7 + 5k` (3-7, 8-12, ..., 83-87, 88-92: the SPEC's example;
+iterations 1 and 2, a training's start-up, are in none). The first `warmup`
+samples of every attempt (2: compilation, data loader start, checkpoint load)
+are not counted, whatever their iteration. A window is judged once a sample at
+or past its last iteration is logged in the same attempt, on the samples it
+got: its smoothed mean is their mean. The baseline is the fastest window mean
+seen before it in the run (a restart keeps it); the ratio is
+(mean - baseline) / baseline, and every window whose ratio exceeds 0.8 gives
+a warning line::
 
     Smoothed mean (iters 83-87: 9465.00 ms, baseline: 3101.00 ms), threshold ratio:2.05. Warning
+
+So a Megatron-LM log that starts at iteration 3 (a resumed run), 3101 ms per
+iteration up to 82, then 9000-9860 ms for 83-87 and 16000-17316 ms for 88-92,
+gives exactly two lines: 83-87 (9465.00 ms, ratio 2.05) and 88-92
+(16704.00 ms, ratio 4.39).
 """
 
 from __future__ import annotations
@@ -43,6 +51,8 @@ from typing import Final
 WINDOW: Final = 5
 THRESHOLD: Final = 0.8
 WARMUP: Final = 2
+#: The first iteration of the first window (1 and 2 are a training's start-up).
+FIRST_WINDOW_START: Final = 3
 
 _MEGATRON = re.compile(
     r"\biteration\s+(?P<it>\d+)\s*/\s*\d+\s*\|.*?"
@@ -166,58 +176,80 @@ class StepTimeParser:
         return self._fresh(StepTime(record[0], ms))
 
 
+def window_of(iteration: int, window: int = WINDOW) -> int | None:
+    """The index of the window that holds `iteration` (None for the start-up iterations)."""
+    if iteration < FIRST_WINDOW_START:
+        return None
+    return (iteration - FIRST_WINDOW_START) // window
+
+
+def window_bounds(index: int, window: int = WINDOW) -> tuple[int, int]:
+    """The first and last iteration of window `index`."""
+    first = FIRST_WINDOW_START + index * window
+    return first, first + window - 1
+
+
 @dataclass
 class SlowdownDetector:
-    """Windows of `window` samples against the fastest window so far (one per run).
+    """Iteration-aligned windows against the fastest window so far (one per run).
 
-    `observe` takes samples in log order and returns a warning when a window that
-    closes with this sample is too slow. A sample whose iteration does not move
-    forward (a restart from a checkpoint) starts a new alignment with its own
-    warm-up; `restart()` does the same explicitly. The baseline stays.
+    `observe` takes samples in log order and returns the warnings of the windows
+    this sample closes (none, one, or two when it jumps past a window and also
+    ends its own). A sample whose iteration does not move forward (a restart from
+    a checkpoint) starts a new attempt with its own warm-up, dropping the window
+    left open; `restart()` does the same explicitly. The baseline stays.
     """
 
     window: int = WINDOW
     threshold: float = THRESHOLD
     warmup: int = WARMUP
     baseline_ms: float | None = None
-    #: Ratio of the last window closed (None before the first comparison).
+    #: Ratio of the last window judged (None before the first comparison).
     last_ratio: float | None = None
-    #: Whether the last sample observed closed a window.
-    window_just_closed: bool = False
     _seen: int = 0
     _last_iter: int | None = None
-    _current: list[StepTime] = field(default_factory=list)
+    _open: int | None = None
+    _samples: list[StepTime] = field(default_factory=list)
 
     def restart(self) -> None:
-        """A new attempt: warm-up and window alignment start again; the baseline stays."""
+        """A new attempt: warm-up starts again, the open window is dropped; the baseline stays."""
         self._seen = 0
         self._last_iter = None
-        self._current = []
+        self._open = None
+        self._samples = []
 
-    def observe(self, sample: StepTime) -> SlowdownWarning | None:
+    def observe(self, sample: StepTime) -> list[SlowdownWarning]:
         if self._last_iter is not None and sample.iteration <= self._last_iter:
             self.restart()
         self._last_iter = sample.iteration
         self._seen += 1
-        self.window_just_closed = False
         if self._seen <= self.warmup:
-            return None
-        self._current.append(sample)
-        if len(self._current) < self.window:
-            return None
-        closed, self._current = self._current, []
-        self.window_just_closed = True
-        return self._close(closed)
+            return []
+        index = window_of(sample.iteration, self.window)
+        if index is None:
+            return []
+        warnings: list[SlowdownWarning] = []
+        if self._open is not None and index != self._open:
+            warnings += self._judge()
+        self._open = index
+        self._samples.append(sample)
+        if sample.iteration == window_bounds(index, self.window)[1]:
+            warnings += self._judge()
+        return warnings
 
-    def _close(self, samples: list[StepTime]) -> SlowdownWarning | None:
+    def _judge(self) -> list[SlowdownWarning]:
+        """Close the open window: compare its mean with the baseline, then update the baseline."""
+        assert self._open is not None
+        first, last = window_bounds(self._open, self.window)
+        samples, self._open, self._samples = self._samples, None, []
         mean = sum(s.ms for s in samples) / len(samples)
         baseline = self.baseline_ms
         if baseline is None or mean < baseline:
             self.baseline_ms = mean
         if baseline is None or baseline <= 0:
-            return None
+            return []
         ratio = (mean - baseline) / baseline
         self.last_ratio = ratio
         if ratio <= self.threshold:
-            return None
-        return SlowdownWarning(samples[0].iteration, samples[-1].iteration, mean, baseline, ratio)
+            return []
+        return [SlowdownWarning(first, last, mean, baseline, ratio)]

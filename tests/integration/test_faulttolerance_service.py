@@ -35,9 +35,11 @@ from runyard.contracts.task_events import (
     ResumeObserved,
     SlowdownDetected,
     StacksCaptured,
+    TaskFailed,
     TaskPlaced,
     TaskRescheduleRequested,
     TaskRestartScheduled,
+    TaskRunning,
     WorkerPlacement,
 )
 from runyard.domain.task import (
@@ -58,7 +60,7 @@ from runyard.faulttolerance.ftlog import read_fault_tolerance_log
 from runyard.faulttolerance.reports import StackReportStore
 from runyard.faulttolerance.stacks import py_spy_binary
 
-from tests.unit.test_faulttolerance_slowdown import SPEC_LINE, megatron_log
+from tests.unit.test_faulttolerance_slowdown import SEED_LINES, seed_megatron_log
 
 pytestmark = pytest.mark.integration
 
@@ -188,21 +190,62 @@ def spec(workers: int = 1, **options: Any) -> TaskSpec:
     )
 
 
-async def test_megatron_slowdown_gives_the_spec_warning(h: Harness) -> None:
+async def caused_by(h: Harness, task_id: str, kind: type[Any]) -> list[tuple[Any, Any]]:
+    """(event of `kind`, the event its causation id names) for each `kind` in the stream."""
+    events = await h.events(task_id)
+    by_id = {str(e.event_id): e for e in events}
+    found = []
+    for e in events:
+        if isinstance(e.event, kind):
+            cause = by_id.get(e.metadata.causation_id or "")
+            assert cause is not None, f"{e.type} names no event of the task as its cause"
+            assert e.metadata.correlation_id == (
+                cause.metadata.correlation_id or str(cause.event_id)
+            ), f"{e.type} does not keep its cause's correlation id"
+            found.append((e, cause))
+    return found
+
+
+async def test_megatron_slowdown_gives_the_seed_warnings(h: Harness) -> None:
     await h.launch("slow", spec(slowdown_detection=True))
-    await h.lines("slow", 0, megatron_log())
-    (warning,) = await h.payloads("slow", SlowdownDetected)  # once per slow spell
-    assert warning.message == SPEC_LINE
-    assert (warning.first_iter, warning.last_iter) == (83, 87)
-    assert warning.mean_ms == pytest.approx(9465.0) and warning.baseline_ms == pytest.approx(3101)
+    await h.lines("slow", 0, seed_megatron_log())
+    warnings = await h.payloads("slow", SlowdownDetected)  # one per slow window
+    assert [w.message for w in warnings] == SEED_LINES
+    assert [(w.first_iter, w.last_iter) for w in warnings] == [(83, 87), (88, 92)]
+    assert warnings[0].mean_ms == pytest.approx(9465.0)
+    assert warnings[0].baseline_ms == pytest.approx(3101)
     ft = await read_fault_tolerance_log(h.store, "slow")
-    assert ft.counts()["slowdowns"] == 1
-    assert ft.lines[-1].text == SPEC_LINE and ft.lines[-1].level == "warning"
+    assert ft.counts()["slowdowns"] == 2
+    assert [line.text for line in ft.lines[-2:]] == SEED_LINES
+    assert {line.level for line in ft.lines[-2:]} == {"warning"}
+    causes = await caused_by(h, "slow", SlowdownDetected)
+    assert [type(cause.event) for _, cause in causes] == [TaskRunning, TaskRunning]
+
+
+async def test_lines_that_come_after_the_task_ended_are_analysed(h: Harness) -> None:
+    """A script that prints its log and exits at once: its lines come after its end."""
+    await h.launch("brief", spec(slowdown_detection=True))
+    await h.act("brief", ExitWorker("brief", 1, 1, 0, 0))
+    assert fold(await h.events("brief")).status == "succeeded"
+    await h.lines("brief", 0, seed_megatron_log())
+    warnings = await h.payloads("brief", SlowdownDetected)
+    assert [w.message for w in warnings] == SEED_LINES
+
+
+async def test_a_task_first_seen_after_it_ended_is_analysed(h: Harness) -> None:
+    """The service never saw the task run (its events came while it was down)."""
+    await h.launch("unseen", spec(slowdown_detection=True))
+    await h.act("unseen", ExitWorker("unseen", 1, 1, 0, 0))
+    fresh = FaultToleranceApp(h.store, clock=h.clock)
+    for text in seed_megatron_log():
+        await fresh.on_log(LogLine(h.clock(), "unseen", 1, 1, 0, text))
+    warnings = await h.payloads("unseen", SlowdownDetected)
+    assert [w.message for w in warnings] == SEED_LINES
 
 
 async def test_slowdown_off_by_default(h: Harness) -> None:
     await h.launch("quiet", spec())
-    await h.lines("quiet", 0, megatron_log())
+    await h.lines("quiet", 0, seed_megatron_log())
     assert await h.payloads("quiet", SlowdownDetected) == []
 
 
@@ -259,6 +302,11 @@ async def test_hang_is_detected_stacks_captured_and_the_task_restarted(
     assert (restart.reason, restart.attempt) == ("hang", 2)
     types = [e.type for e in await h.events("hang")]
     assert types[-3:] == ["HangDetected", "StacksCaptured", "TaskRestartScheduled"]
+    ((_, running),) = await caused_by(h, "hang", HangDetected)
+    assert isinstance(running.event, TaskRunning)
+    for kind in (StacksCaptured, TaskRestartScheduled):
+        ((_, cause),) = await caused_by(h, "hang", kind)
+        assert isinstance(cause.event, HangDetected)
     ft = await read_fault_tolerance_log(h.store, "hang")
     assert ft.counts() == {"restarts": 1, "reschedules": 0, "hangs": 1, "slowdowns": 0}
     kinds = [line.kind for line in ft.lines]
@@ -279,13 +327,54 @@ async def test_stacks_on_demand_are_recorded(h: Harness, hung_worker: int) -> No
     assert await h.app.request_stacks("nobody") is None
 
 
-async def test_hang_without_auto_restart_is_only_reported(h: Harness) -> None:
+async def test_hang_without_auto_restart_fails_the_task(h: Harness) -> None:
     await h.launch("stuck", spec(hang_timeout_s=10))
     h.clock.advance(11)
     await h.tick("stuck")
     assert len(await h.payloads("stuck", HangDetected)) == 1
     assert await h.payloads("stuck", StacksCaptured) == []  # no worker process known
     assert await h.payloads("stuck", TaskRestartScheduled) == []
+    (failed,) = await h.payloads("stuck", TaskFailed)
+    assert failed.reason == "hang, auto restart is off"
+    ft = await read_fault_tolerance_log(h.store, "stuck")
+    assert ft.lines[-1].text == "Task failed: hang, auto restart is off"
+
+
+@pytest.mark.parametrize("max_restarts", [0, 1])
+async def test_a_hang_with_no_restart_left_fails_the_task(h: Harness, max_restarts: int) -> None:
+    task_id = f"last-{max_restarts}"
+    await h.launch(task_id, spec(hang_timeout_s=10, auto_restart=True, max_restarts=max_restarts))
+    for attempt in range(1, max_restarts + 2):
+        await h.lines(task_id, 0, ["step 1"], attempt=attempt)
+        h.clock.advance(11)
+        await h.tick(task_id)
+        if attempt <= max_restarts:  # restarted: the next attempt runs
+            assert fold(await h.events(task_id)).status == "restarting"
+            await h.launch(task_id, spec(hang_timeout_s=10), attempt=attempt + 1)
+    state = fold(await h.events(task_id))
+    assert (state.status, state.restarts) == ("failed", max_restarts)
+    (failed,) = await h.payloads(task_id, TaskFailed)
+    assert failed.reason == "hang, no restarts left"
+    assert failed.attempt == max_restarts + 1
+    ((_, cause),) = await caused_by(h, task_id, TaskFailed)
+    assert isinstance(cause.event, HangDetected) and cause.event.attempt == max_restarts + 1
+    ft = await read_fault_tolerance_log(h.store, task_id)
+    assert ft.counts()["hangs"] == max_restarts + 1
+    assert ft.lines[-1].text == (
+        f"Task failed: hang, no restarts left ({max_restarts} of {max_restarts} restarts used)"
+    )
+    assert ft.lines[-1].level == "error"
+
+
+async def test_a_crash_with_no_restart_left_says_so_in_the_ft_log(h: Harness) -> None:
+    await h.launch("crash", spec(auto_restart=True, max_restarts=0))
+    await h.act("crash", ExitWorker("crash", 1, 1, 0, 3))
+    (failed,) = await h.payloads("crash", TaskFailed)
+    assert failed.reason == "worker 0 exited with code 3"
+    ft = await read_fault_tolerance_log(h.store, "crash")
+    assert [line.text for line in ft.lines] == [
+        "Task failed: worker 0 exited with code 3; no restarts left (0 of 0 restarts used)"
+    ]
 
 
 async def test_resume_is_observed_after_a_restart(h: Harness) -> None:

@@ -10,6 +10,8 @@ from runyard.faulttolerance.slowdown import (
     parse_elapsed_s,
     parse_megatron,
     parse_tqdm,
+    window_bounds,
+    window_of,
 )
 
 SPEC_LINE = (
@@ -27,24 +29,34 @@ def megatron_line(iteration: int, ms: float, total: int = 1000) -> str:
     )
 
 
-def megatron_log() -> list[str]:
-    """About 3101 ms per iteration up to 82 (with jitter), about 9465 ms from 83 on."""
-    fast = [3100.0, 3102.0, 3101.0, 3099.0, 3103.0]  # mean 3101.0
-    jitter = [3105.0, 3110.0, 3108.0, 3112.0, 3104.0]  # slower windows: the baseline stays
-    slow = [9463.0, 9467.0, 9465.0, 9464.0, 9466.0]  # mean 9465.0
-    lines = ["building GPT model ...", megatron_line(1, 15000.0), megatron_line(2, 4000.0)]
+SEED_SLOW = {83: 9000.0, 84: 9400.0, 85: 9465.0, 86: 9600.0, 87: 9860.0}
+SEED_SLOWER = {88: 16000.0, 89: 16500.0, 90: 16704.0, 91: 17000.0, 92: 17316.0}
+SEED_LINES = [
+    SPEC_LINE,
+    "Smoothed mean (iters 88-92: 16704.00 ms, baseline: 3101.00 ms), "
+    "threshold ratio:4.39. Warning",
+]
+
+
+def seed_ms(iteration: int) -> float:
+    """The seed's example: 3101 ms up to 82, then two slow windows."""
+    return {**SEED_SLOW, **SEED_SLOWER}.get(iteration, 3101.0)
+
+
+def seed_megatron_log() -> list[str]:
+    """A resumed Megatron-LM run: its log starts at iteration 3 and ends at 92."""
+    lines = ["building GPT model ...", " loading checkpoint from /ckpt at iteration 2"]
     for it in range(3, 93):
-        k = (it - 3) % 5
-        if it >= 83:
-            ms = slow[k]
-        elif 43 <= it <= 47:
-            ms = fast[k]
-        else:
-            ms = jitter[k]
-        lines.append(megatron_line(it, ms))
+        lines.append(megatron_line(it, seed_ms(it)))
         if it == 50:
             lines.append(" [after training is done] datetime: 2026-11-30 02:00:50")
     return lines
+
+
+def tqdm_line(step: int, seconds: float, total: int = 1000) -> str:
+    """A transformers Trainer (LLaMA-Factory) progress bar as it reaches the log."""
+    percent = step * 100 // total
+    return f"{percent:3d}%|▍         | {step}/{total} [01:23<45:06, {seconds:5.2f}s/it]"
 
 
 def run_detector(lines: list[str]) -> list[str]:
@@ -52,16 +64,83 @@ def run_detector(lines: list[str]) -> list[str]:
     warnings = []
     for line in lines:
         sample = parser.feed(line)
-        if sample is not None and (w := detector.observe(sample)) is not None:
-            warnings.append(w.message)
+        if sample is not None:
+            warnings += [w.message for w in detector.observe(sample)]
     return warnings
 
 
-def test_megatron_log_reproduces_the_spec_warning_line() -> None:
-    warnings = run_detector(megatron_log())
-    assert warnings[0] == SPEC_LINE
-    # 88-92 is still slow against the same baseline.
-    assert warnings == [SPEC_LINE, SPEC_LINE.replace("83-87", "88-92")]
+def test_the_seed_megatron_log_gives_exactly_the_seed_lines() -> None:
+    assert run_detector(seed_megatron_log()) == SEED_LINES
+
+
+def test_the_seed_log_from_iteration_1_gives_the_same_lines() -> None:
+    lines = [megatron_line(it, 20000.0 if it < 3 else seed_ms(it)) for it in range(1, 93)]
+    assert run_detector(lines) == SEED_LINES
+
+
+def test_llamafactory_progress_bars_give_the_same_windows() -> None:
+    """tqdm prints seconds per step to 2 decimals: 3.10 s, then the seed's slow spell."""
+    slow = [9.00, 9.40, 9.47, 9.60, 9.86, 16.00, 16.50, 16.70, 17.00, 17.32]
+    lines = ["***** Running training *****", "  Num examples = 8,000"]
+    for step in range(3, 93):
+        seconds = slow[step - 83] if step >= 83 else 3.10
+        lines.append(tqdm_line(step, seconds))
+        lines.append(tqdm_line(step, seconds))  # a redraw of the same step
+    assert run_detector(lines) == [
+        "Smoothed mean (iters 83-87: 9466.00 ms, baseline: 3100.00 ms), "
+        "threshold ratio:2.05. Warning",
+        "Smoothed mean (iters 88-92: 16704.00 ms, baseline: 3100.00 ms), "
+        "threshold ratio:4.39. Warning",
+    ]
+
+
+def test_llamafactory_trainer_log_records_are_judged_per_window() -> None:
+    """Records every 5 steps: one step time per window, from the elapsed difference."""
+    lines = []
+    elapsed = 0.0
+    for step in range(5, 101, 5):
+        elapsed += 5 * (3.0 if step <= 80 else 9.0)
+        whole = int(elapsed)
+        stamp = f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
+        lines.append(
+            f'{{"current_steps": {step}, "total_steps": 100, "loss": 1.5, '
+            f'"elapsed_time": "{stamp}"}}'
+        )
+    # samples at 10, 15, ...: warm-up 10 and 15; windows 18-22 (20), 23-27 (25), ...
+    # the window of 85 is judged when 90 comes, ..., the one of 100 stays open
+    assert run_detector(lines) == [
+        f"Smoothed mean (iters {first}-{first + 4}: 9000.00 ms, baseline: 3000.00 ms), "
+        "threshold ratio:2.00. Warning"
+        for first in (83, 88, 93)
+    ]
+
+
+def test_windows_are_aligned_to_iteration_numbers() -> None:
+    assert [window_of(i) for i in (1, 2, 3, 7, 8, 82, 83, 87, 88, 92)] == [
+        None, None, 0, 0, 1, 15, 16, 16, 17, 17
+    ]
+    assert window_bounds(16) == (83, 87) and window_bounds(17) == (88, 92)
+
+
+def test_every_slow_window_warns_and_the_warm_up_is_per_attempt() -> None:
+    detector = SlowdownDetector()
+    # warm-up 10 and 11 (slow: ignored); window 8-12 judged on 12 alone
+    samples = [StepTime(10, 900.0), StepTime(11, 900.0)]
+    samples += [StepTime(i, 100.0) for i in range(12, 18)]
+    samples += [StepTime(i, 300.0) for i in range(18, 33)]
+    warnings = [w for s in samples for w in detector.observe(s)]
+    assert [(w.first_iter, w.last_iter) for w in warnings] == [(18, 22), (23, 27), (28, 32)]
+    assert {w.baseline_ms for w in warnings} == {100.0}
+
+
+def test_a_window_is_judged_when_the_log_jumps_past_it() -> None:
+    """With a log interval of 10 the samples are 10, 20, ...: each window holds one."""
+    detector = SlowdownDetector(warmup=0)
+    out = [detector.observe(StepTime(i, ms)) for i, ms in ((10, 100.0), (20, 100.0), (30, 500.0))]
+    assert out[:2] == [[], []]  # 8-12 judged at 20 (the baseline), 18-22 open
+    assert out[2] == []  # 18-22 judged at 30: not slow; 28-32 open
+    (warning,) = detector.observe(StepTime(40, 100.0))
+    assert (warning.first_iter, warning.last_iter, warning.mean_ms) == (28, 32, 500.0)
 
 
 def test_parse_megatron_line() -> None:
@@ -118,30 +197,36 @@ def test_llamafactory_trainer_log_records_give_step_times() -> None:
 
 def test_no_warning_at_or_below_the_threshold() -> None:
     detector = SlowdownDetector(warmup=0)
-    samples = [StepTime(i, 100.0) for i in range(1, 6)] + [StepTime(i, 180.0) for i in range(6, 11)]
-    assert [detector.observe(s) for s in samples] == [None] * 10  # ratio 0.80 exactly
-    slow = [detector.observe(StepTime(i, 181.0)) for i in range(11, 16)]
-    assert slow[-1] is not None and slow[-1].ratio == pytest.approx(0.81)
+    fast = [StepTime(i, 100.0) for i in range(3, 8)]  # window 3-7: the baseline
+    edge = [StepTime(i, 180.0) for i in range(8, 13)]  # window 8-12: ratio 0.80 exactly
+    assert [detector.observe(s) for s in fast + edge] == [[]] * 10
+    (slow,) = [w for i in range(13, 18) for w in detector.observe(StepTime(i, 181.0))]
+    assert (slow.first_iter, slow.last_iter) == (13, 17)
+    assert slow.ratio == pytest.approx(0.81)
 
 
 def test_baseline_is_the_fastest_window_so_far() -> None:
     detector = SlowdownDetector(warmup=0)
-    for i in range(1, 6):
+    for i in range(3, 8):
         detector.observe(StepTime(i, 200.0))
-    for i in range(6, 11):
+    for i in range(8, 13):
         detector.observe(StepTime(i, 100.0))
     assert detector.baseline_ms == 100.0
-    warnings = [detector.observe(StepTime(i, 300.0)) for i in range(11, 16)]
-    assert warnings[-1] is not None and warnings[-1].baseline_ms == 100.0
-    assert warnings[-1].message.endswith("threshold ratio:2.00. Warning")
+    (warning,) = [w for i in range(13, 18) for w in detector.observe(StepTime(i, 300.0))]
+    assert warning.baseline_ms == 100.0
+    assert warning.message == (
+        "Smoothed mean (iters 13-17: 300.00 ms, baseline: 100.00 ms), "
+        "threshold ratio:2.00. Warning"
+    )
 
 
-def test_a_restart_realigns_windows_and_keeps_the_baseline() -> None:
+def test_a_restart_starts_a_warm_up_drops_the_open_window_and_keeps_the_baseline() -> None:
     detector = SlowdownDetector()
-    for i in range(1, 13):  # warm-up 1-2, windows 3-7, 8-12
-        detector.observe(StepTime(i, 100.0))
-    # the restarted attempt resumes from iteration 10: warm-up 10-11, window 12-16
-    out = [detector.observe(StepTime(i, 500.0)) for i in range(10, 17)]
-    assert out[:-1] == [None] * 6
-    assert out[-1] is not None
-    assert (out[-1].first_iter, out[-1].last_iter, out[-1].baseline_ms) == (12, 16, 100.0)
+    for i in range(1, 11):  # warm-up 1-2, window 3-7 judged, window 8-12 left open
+        assert detector.observe(StepTime(i, 100.0 if i < 8 else 900.0)) == []
+    # the restarted attempt resumes from iteration 6: warm-up 6-7, then 8-12 again
+    out = [detector.observe(StepTime(i, 500.0)) for i in range(6, 13)]
+    assert out[:-1] == [[]] * 6
+    (warning,) = out[-1]
+    assert (warning.first_iter, warning.last_iter) == (8, 12)
+    assert (warning.mean_ms, warning.baseline_ms) == (500.0, 100.0)  # 900s were dropped
