@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import pwd
 import shutil
@@ -224,7 +225,16 @@ def tansu_binary() -> str:
 
 @dataclass
 class EmbeddedKafka:
-    """A Tansu broker process (memory storage) on 127.0.0.1:PORT."""
+    """A Tansu broker process (memory storage) on 127.0.0.1:PORT.
+
+    It has no authentication: Tansu 0.6 can require SASL/SCRAM
+    (`--authentication`), but its users can only be created through an
+    authenticated connection, and memory storage starts with none, so there
+    is no first user to make the others. What keeps tasks off it is that it
+    listens on loopback only and that workers run in a network namespace of
+    their own (docs/operations.md, Security). `host` must stay a loopback
+    address.
+    """
 
     port: int = 0
     host: str = "127.0.0.1"
@@ -236,25 +246,34 @@ class EmbeddedKafka:
         return f"{self.host}:{self.port}"
 
     def start(self) -> str:
+        if not ipaddress.ip_address(self.host).is_loopback:
+            raise ValueError(
+                f"the embedded broker has no authentication and must listen on a loopback"
+                f" address, not {self.host}: use Apache Kafka with SASL (docker-compose.yml)"
+            )
         if self.port == 0:
             self.port = free_port(self.host)
         url = f"tcp://{self.host}:{self.port}"
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        self.process = subprocess.Popen(
-            [
-                tansu_binary(),
-                "broker",
-                "--listener-url",
-                url,
-                "--advertised-listener-url",
-                url,
-                "--storage-engine",
-                "memory://tansu/",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        try:
+            self.process = subprocess.Popen(
+                [
+                    tansu_binary(),
+                    "broker",
+                    "--listener-url",  # loopback only: see the class docstring
+                    url,
+                    "--advertised-listener-url",
+                    url,
+                    "--storage-engine",
+                    "memory://tansu/",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()  # the broker has its own copy of the descriptor
         wait_for_port(self.host, self.port)
         return self.bootstrap
 

@@ -1,0 +1,236 @@
+"""The infrastructure `runyard up` starts gives the services no superuser power.
+
+The stack here is the one `runyard up` builds (runyard.stack.up.Stack, embedded
+Postgres, on a home of the test's own): it used to hand every service the
+superuser with trust auth, so a task read the `secrets` table in clear and ran
+`COPY ... TO PROGRAM` on the host. Now each service connects as a
+non-superuser role with a scram password, and these tests prove what those
+credentials can no longer do.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import asyncpg
+import pytest
+from runyard.stack import roles
+from runyard.stack.embedded import EmbeddedKafka, free_port
+from runyard.stack.up import Stack, _write_private, migrate
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def stack(kafka_bootstrap: str) -> Iterator[Stack]:
+    """Postgres as `runyard up` starts it, migrated by the owner role, grants applied."""
+    import asyncio
+
+    # Not under pytest's basetemp, which is private to root: the server's own
+    # system user must reach its data directory.
+    home = Path(tempfile.mkdtemp(prefix="runyard-test-home-"))
+    (home / "run").mkdir(mode=0o700)
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv("DATABASE_URL", raising=False)
+        env.setenv("RUNYARD_PG_PORT", str(free_port()))
+        env.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)  # the session's broker
+        up = Stack(home)
+        up.start_infrastructure()
+    try:
+        asyncio.run(migrate(up.owner_dsn, grants=True))
+        yield up
+    finally:
+        up.stop_infrastructure()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _service_role_dsns(stack: Stack) -> dict[str, str]:
+    """Every DSN a service (or the CLI, through .runyard/env) is given."""
+    dsns = {"relay": stack.dsn, "migrations": stack.owner_dsn}
+    dsns.update(stack.service_dsns)
+    return dsns
+
+
+def _without_password(dsn: str) -> str:
+    parts = urlsplit(dsn)
+    return dsn.replace(f":{parts.password}@", "@")
+
+
+async def test_services_get_non_superuser_scram_roles_over_loopback(stack: Stack) -> None:
+    assert stack.postgres is not None
+    dsns = _service_role_dsns(stack)
+    assert set(stack.service_dsns) == {"gateway", "deployer", "notification", "logs"}
+    seen = set()
+    for service, dsn in dsns.items():
+        parts = urlsplit(dsn)
+        assert parts.hostname == "127.0.0.1" and parts.password, (service, "no TCP password")
+        conn = await asyncpg.connect(dsn)
+        try:
+            row = await conn.fetchrow(
+                """SELECT current_user AS name, rolsuper, rolcreaterole, rolcreatedb,
+                          rolreplication, rolbypassrls
+                   FROM pg_roles WHERE rolname = current_user"""
+            )
+            ssl_or_tcp = await conn.fetchval("SELECT inet_client_addr()::text")
+        finally:
+            await conn.close()
+        assert row["name"] in roles.ROLES, service
+        assert not any(v for k, v in row.items() if k.startswith("rol")), dict(row)
+        assert ssl_or_tcp == "127.0.0.1/32"
+        seen.add(row["name"])
+    assert seen == set(roles.ROLES)
+    admin = await asyncpg.connect(stack.postgres.dsn)
+    try:
+        verifiers = await admin.fetch(
+            "SELECT rolname, rolpassword FROM pg_authid WHERE rolname = ANY($1)",
+            list(roles.ROLES),
+        )
+        rules = await admin.fetch("SELECT type, auth_method FROM pg_hba_file_rules")
+        listen = await admin.fetchval("SHOW listen_addresses")
+    finally:
+        await admin.close()
+    assert all(v["rolpassword"].startswith("SCRAM-SHA-256$") for v in verifiers)
+    assert {(r["type"], r["auth_method"]) for r in rules} == {
+        ("local", "peer"),
+        ("host", "scram-sha-256"),
+    }
+    assert listen == "127.0.0.1"
+
+
+async def test_service_roles_cannot_run_programs_or_read_server_files(
+    stack: Stack, tmp_path: Path
+) -> None:
+    marker = tmp_path / "pwned"
+    for service, dsn in _service_role_dsns(stack).items():
+        conn = await asyncpg.connect(dsn)
+        try:
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await conn.execute(f"COPY (SELECT 1) TO PROGRAM 'touch {marker}'")
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await conn.fetchval("SELECT pg_read_file('/etc/passwd')")
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await conn.execute("CREATE TEMP TABLE leak (line text)")
+                await conn.execute("COPY leak FROM '/etc/passwd'")
+            for capability in roles.FORBIDDEN_MEMBERSHIPS:
+                member = await conn.fetchval(
+                    "SELECT pg_has_role(current_user, $1, 'MEMBER')", capability
+                )
+                assert not member, (service, capability)
+        finally:
+            await conn.close()
+        assert not marker.exists(), service
+
+
+async def test_connections_without_the_password_are_refused(stack: Stack) -> None:
+    assert stack.postgres is not None
+    for service, dsn in _service_role_dsns(stack).items():
+        with pytest.raises(asyncpg.InvalidPasswordError):
+            await asyncpg.connect(_without_password(dsn), password="")
+        with pytest.raises(asyncpg.InvalidPasswordError):
+            await asyncpg.connect(_without_password(dsn), password="guess")
+        # Over the socket (no password asked): only the superuser's OS user may.
+        user = urlsplit(dsn).username
+        with pytest.raises(asyncpg.InvalidAuthorizationSpecificationError):
+            await asyncpg.connect(
+                stack.postgres.dsn_for(roles.DATABASE).replace("postgres@", f"{user}@")
+            )
+        assert service
+    # The superuser has no password at all: over TCP it cannot log in.
+    with pytest.raises(asyncpg.InvalidPasswordError):
+        await asyncpg.connect(f"postgresql://postgres@127.0.0.1:{stack.postgres.port}/postgres")
+
+
+async def test_only_the_secrets_role_reads_creator_only_values(stack: Stack) -> None:
+    secrets_dsn = stack.service_dsns["gateway"]
+    assert stack.service_dsns["deployer"] == secrets_dsn
+    writer = await asyncpg.connect(secrets_dsn)
+    try:
+        await writer.execute(
+            "INSERT INTO secrets (tenant, ref, value) VALUES ('ta', 'r1', 'hunter2')"
+            " ON CONFLICT DO NOTHING"
+        )
+        assert await writer.fetchval("SELECT value FROM secrets WHERE ref = 'r1'") == "hunter2"
+    finally:
+        await writer.close()
+    for dsn in (stack.dsn, stack.service_dsns["logs"]):
+        conn = await asyncpg.connect(dsn)
+        try:
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await conn.fetch("SELECT value FROM secrets")
+            # ... while the rest of the store is theirs to read and write.
+            assert await conn.fetchval("SELECT count(*) FROM events") >= 0
+        finally:
+            await conn.close()
+
+
+async def test_service_roles_change_no_schema(stack: Stack) -> None:
+    for dsn in (stack.dsn, stack.service_dsns["gateway"]):
+        conn = await asyncpg.connect(dsn)
+        try:
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await conn.execute("CREATE TABLE intruder (x int)")
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await conn.execute("DROP TABLE events")
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await conn.execute("INSERT INTO schema_migrations VALUES ('x', 1, 'x')")
+        finally:
+            await conn.close()
+    # The maintenance database is closed to them.
+    conn_dsn = stack.dsn.rpartition("/")[0] + "/postgres"
+    with pytest.raises(asyncpg.InsufficientPrivilegeError):
+        await asyncpg.connect(conn_dsn)
+
+
+def test_passwords_are_readable_by_their_owner_only(stack: Stack) -> None:
+    assert stat.S_IMODE(stack.credentials_path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(stack.credentials_path.parent.stat().st_mode) == 0o700
+    credentials = roles.StackCredentials.load_or_create(stack.credentials_path)
+    assert set(credentials.passwords) == set(roles.ROLES)
+    assert len(set(credentials.passwords.values())) == len(roles.ROLES)
+    env = stack.home / "env"
+    _write_private(env, f"DATABASE_URL={stack.dsn}\n")
+    assert stat.S_IMODE(env.stat().st_mode) == 0o600
+
+
+def test_a_readable_password_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "postgres-roles.json"
+    roles.StackCredentials.load_or_create(path)
+    os.chmod(path, 0o644)
+    with pytest.raises(PermissionError, match="chmod 600"):
+        roles.StackCredentials.load_or_create(path)
+
+
+def _listening(port: int) -> set[str]:
+    """Local addresses (hex, as /proc/net/tcp* shows them) listening on `port`."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if not os.path.exists(table):
+            continue
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            address, _, hex_port = fields[1].rpartition(":")
+            if int(hex_port, 16) == port and fields[3] == "0A":  # LISTEN
+                found.add(address)
+    return found
+
+
+def test_embedded_servers_listen_on_loopback_only(stack: Stack, tmp_path: Path) -> None:
+    assert stack.postgres is not None
+    assert _listening(stack.postgres.port) == {"0100007F"}  # 127.0.0.1
+    broker = EmbeddedKafka(log_path=tmp_path / "tansu.log")
+    broker.start()
+    try:
+        assert _listening(broker.port) == {"0100007F"}
+    finally:
+        broker.stop()
+
+
+def test_the_embedded_broker_refuses_to_listen_beyond_loopback() -> None:
+    with pytest.raises(ValueError, match="loopback"):
+        EmbeddedKafka(host="0.0.0.0").start()
