@@ -54,8 +54,11 @@ def emit(lines: list[dict[str, Any]], as_json: bool, raw: bool = False) -> None:
     for line in lines:
         if as_json:
             out.print(json.dumps(line), markup=False, highlight=False, soft_wrap=True)
+        elif raw:  # written as is: rich would drop the control characters
+            out.file.write(render(line, raw) + "\n")
+            out.file.flush()
         else:
-            out.print(render(line, raw), markup=False, highlight=False, soft_wrap=True)
+            out.print(render(line), markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()

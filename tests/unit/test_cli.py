@@ -6,11 +6,26 @@ import asyncio
 import json
 import socket
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 import uvicorn
-from runyard.cli.main import app
+from runyard.cli.main import app, config_dir, token_files
+from runyard.contracts import Event, Metadata, NewEvent
+from runyard.contracts.task_events import DEPLOY_STAGES, TaskPlaced, WorkerPlacement
+from runyard.domain.task import (
+    Command,
+    CompleteStage,
+    ExitWorker,
+    StartStage,
+    StartWorker,
+    decide,
+    evolve,
+    fold,
+)
+from runyard.eventstore import PostgresEventStore
 from runyard.gateway.app import Gateway
 from runyard.gateway.auth import create_token
 from runyard.gateway.http import create_app
@@ -25,9 +40,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass
+class Served:
+    url: str
+    token: str
+    gateway: Gateway
+
+
 @pytest.fixture
-async def served(dsn: str) -> AsyncIterator[tuple[str, str]]:
+async def served(served_gateway: Served) -> tuple[str, str]:
     """A gateway over the repo's config on a free port: (url, alice's token)."""
+    return served_gateway.url, served_gateway.token
+
+
+@pytest.fixture
+async def served_gateway(dsn: str) -> AsyncIterator[Served]:
+    """A gateway over the repo's config on a free port, with alice's token and its store."""
     gateway = await Gateway.connect(dsn, REPO / "infra/config")
     token = await create_token(gateway.db, "t1", "alice", "member")
     port = free_port()
@@ -38,15 +66,23 @@ async def served(dsn: str) -> AsyncIterator[tuple[str, str]]:
         if server.started:
             break
         await asyncio.sleep(0.02)
-    yield f"http://127.0.0.1:{port}", token
+    yield Served(f"http://127.0.0.1:{port}", token, gateway)
     server.should_exit = True
     await task
     await gateway.close()
 
 
-async def cli(url: str, token: str | None, *args: str) -> Result:
-    env = {"RUNYARD_URL": url, "RUNYARD_TOKEN": token or "", "COLUMNS": "250"}
-    return await asyncio.to_thread(CliRunner().invoke, app, list(args), env=env)
+#: No user config folder: a token saved by `runyard login` on this machine is not used.
+NO_CONFIG = "/nonexistent/runyard-tests"
+
+
+async def cli(
+    url: str, token: str | None, *args: str, env: dict[str, str] | None = None, stdin: str = ""
+) -> Result:
+    base = {"RUNYARD_URL": url, "RUNYARD_TOKEN": token or "", "XDG_CONFIG_HOME": NO_CONFIG}
+    return await asyncio.to_thread(
+        CliRunner().invoke, app, list(args), env={**base, **(env or {})}, input=stdin
+    )
 
 
 async def test_submit_then_events_show_actor_and_correlation(served: tuple[str, str]) -> None:
@@ -103,3 +139,106 @@ async def test_ddp_warnings_pools_capacity_and_groups(served: tuple[str, str]) -
     group_id = json.loads(group.stdout)["group_id"]
     listed = await cli(url, token, "group", "ls", group_id)
     assert "sweep-lr-0.01" in listed.stdout and "new: 2" in listed.stdout
+
+
+# --- show: attempts and counters ---------------------------------------------------------
+
+
+async def drive(store: PostgresEventStore, task_id: str, *commands: Command) -> None:
+    """Decide and append as the platform's services would (no service runs here)."""
+    events = await store.read_stream(f"task-{task_id}")
+    state = fold(events, task_id=task_id)
+    now = datetime.now(UTC)
+    new: list[Event] = []
+    for command in commands:
+        for event in decide(state, command, now=now, ids=lambda: "x"):
+            state = evolve(state, (event, now))
+            new.append(event)
+    meta = Metadata(actor="service:test")
+    await store.append(f"task-{task_id}", [NewEvent(e, meta, now) for e in new], len(events))
+
+
+async def start_attempt(store: PostgresEventStore, task_id: str, attempt: int) -> None:
+    stages = [c for s in DEPLOY_STAGES for c in (StartStage(task_id, s), CompleteStage(task_id, s))]
+    await drive(store, task_id, *stages, StartWorker(task_id, 1, attempt, 0))
+
+
+async def test_show_prints_the_attempt_counters_and_stages_of_each_attempt(
+    served_gateway: Served, tmp_path: Path
+) -> None:
+    url, token, store = served_gateway.url, served_gateway.token, served_gateway.gateway.store
+    spec = tmp_path / "restart.yaml"
+    spec.write_text(
+        (REPO / "examples/hello.yaml").read_text()
+        + "fault_tolerance: {auto_restart: true, max_restarts: 2}\n"
+    )
+    submitted = await cli(url, token, "submit", "-f", str(spec), "--json")
+    assert submitted.exit_code == 0, submitted.output
+    task_id = json.loads(submitted.stdout)["task_id"]
+    placed = TaskPlaced(
+        run=1, attempt=1, pool="dev-a100", workers=(WorkerPlacement(index=0, node="n", gpus=(0,)),)
+    )
+    version = await store.stream_version(f"task-{task_id}")
+    meta = Metadata(actor="service:test")
+    await store.append(f"task-{task_id}", [NewEvent(placed, meta, datetime.now(UTC))], version)
+    await start_attempt(store, task_id, 1)
+    await drive(store, task_id, ExitWorker(task_id, 1, 1, 0, 1))  # fails: restart as attempt 2
+    await start_attempt(store, task_id, 2)
+
+    shown = await cli(url, token, "show", task_id)
+    assert shown.exit_code == 0, shown.output
+    lines = shown.stdout.splitlines()
+    assert "status=running  run=1  attempt=2" in lines[0]
+    assert lines[1] == (
+        "this run: restarts=1/2 reschedules=0 requeues=0 preemptions=0 hangs=0 slowdowns=0"
+    )
+    header = lines.index("run\tattempt\tstage\tresult\tstarted\tduration ms\treason")
+    rows = [line.split("\t") for line in lines[header + 1 :]]
+    per_attempt = [(r[0], r[1], r[2], r[3]) for r in rows]
+    assert per_attempt == [
+        ("1", str(attempt), stage, "completed") for attempt in (1, 2) for stage in DEPLOY_STAGES
+    ]
+
+
+# --- the token: login, config folder, precedence ----------------------------------------
+
+
+async def test_login_checks_the_token_then_saves_it_for_the_owner_only(
+    served: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, token = served
+    monkeypatch.chdir(tmp_path)  # no ./.runyard/token here
+    config = {"XDG_CONFIG_HOME": str(tmp_path / "config")}
+    saved = tmp_path / "config/runyard/token"
+
+    refused = await cli(url, None, "login", env=config, stdin="ry_not-a-token\n")
+    assert refused.exit_code == 3 and not saved.exists()
+    assert (await cli(url, None, "login", env=config, stdin="\n")).exit_code == 2
+    assert (await cli(url, None, "ls", env=config)).exit_code == 3
+
+    logged_in = await cli(url, None, "login", env=config, stdin=f"{token}\n")
+    assert logged_in.exit_code == 0, logged_in.output
+    assert saved.read_text() == f"{token}\n"
+    assert saved.stat().st_mode & 0o777 == 0o600
+    assert saved.parent.stat().st_mode & 0o777 == 0o700
+    assert token not in logged_in.output
+    assert (await cli(url, None, "ls", env=config)).exit_code == 0
+
+    (tmp_path / ".runyard").mkdir()
+    (tmp_path / ".runyard/token").write_text("ry_stale-dev-token\n")
+    assert (await cli(url, None, "ls", env=config)).exit_code == 3  # ./.runyard/token first
+    assert (await cli(url, token, "ls", env=config)).exit_code == 0  # RUNYARD_TOKEN before it
+    again = await cli(url, None, "login", env=config, stdin=f"{token}\n")
+    assert "note: .runyard/token (in this folder) comes first" in again.stdout
+
+
+def test_the_config_folder_follows_xdg_and_ignores_a_relative_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    assert config_dir() == tmp_path / "runyard"
+    monkeypatch.setenv("XDG_CONFIG_HOME", "relative/dir")
+    assert config_dir() == Path.home() / ".config/runyard"
+    monkeypatch.delenv("XDG_CONFIG_HOME")
+    assert config_dir() == Path.home() / ".config/runyard"
+    assert token_files() == [Path(".runyard/token"), Path.home() / ".config/runyard/token"]

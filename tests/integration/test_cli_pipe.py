@@ -1,0 +1,73 @@
+"""The installed `runyard` command writing into a pipe (`runyard events ID | cat`): every
+table row is one whole line, nothing cut to a terminal width, against a real gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_cli import NO_CONFIG, REPO, Served, cli
+from tests.unit.test_cli import served_gateway as served_gateway  # the fixture
+
+pytestmark = pytest.mark.integration
+
+RUNYARD = Path(sys.executable).parent / "runyard"
+
+
+async def piped(served: Served, command: str) -> list[str]:
+    """Run `runyard COMMAND | cat` in a shell (stdout a pipe, no COLUMNS); its lines."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    env |= {"RUNYARD_URL": served.url, "RUNYARD_TOKEN": served.token}
+    env |= {"XDG_CONFIG_HOME": NO_CONFIG, "TERM": "xterm-256color"}
+    shell = await asyncio.create_subprocess_shell(
+        f"{shlex.quote(str(RUNYARD))} {command} | cat",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    stdout, stderr = await shell.communicate()
+    assert shell.returncode == 0, stderr.decode()
+    return stdout.decode().splitlines()
+
+
+async def test_events_into_a_pipe_keep_time_and_correlation_id_whole(
+    served_gateway: Served,
+) -> None:
+    url, token = served_gateway.url, served_gateway.token
+    submitted = await cli(url, token, "submit", "-f", str(REPO / "examples/hello.yaml"), "--json")
+    task_id = json.loads(submitted.stdout)["task_id"]
+    assert (await cli(url, token, "stop", task_id)).exit_code == 0
+    timeline = json.loads((await cli(url, token, "events", task_id, "--json")).stdout)
+    assert len(timeline) >= 2
+
+    lines = await piped(served_gateway, f"events {task_id}")
+    assert lines[0] == "#\ttime\ttype\tactor\tcorrelation id"
+    assert lines[1:] == [
+        f"{e['version']}\t{e['occurred_at']}\t{e['type']}\t{e['actor']}\t{e['correlation_id']}"
+        for e in timeline
+    ]
+    assert all("…" not in line and "\x1b" not in line for line in lines)
+
+    grepped = await piped(served_gateway, f"events {task_id} | grep TaskStopped")
+    (stopped,) = [e for e in timeline if e["type"] == "TaskStopped"]
+    assert grepped == [lines[1:][timeline.index(stopped)]]
+    assert stopped["correlation_id"] in grepped[0] and stopped["occurred_at"] in grepped[0]
+
+
+async def test_list_into_a_pipe_is_one_line_per_task(served_gateway: Served) -> None:
+    url, token = served_gateway.url, served_gateway.token
+    ids = []
+    for _ in range(2):
+        submitted = await cli(url, token, "submit", "-f", str(REPO / "examples/hello.yaml"))
+        assert submitted.exit_code == 0, submitted.output
+        ids.append(submitted.stdout.split()[0])
+    lines = await piped(served_gateway, "ls")
+    assert lines[0] == "id\tname\tstatus\tpool\trun\tcreator\tcreated"
+    assert [line.split("\t")[0] for line in lines[1:]] == ids[::-1]
+    assert all(len(line.split("\t")) == 7 for line in lines)
