@@ -96,7 +96,7 @@ def call(url: str | None, token: str | None, method: str, path: str, **kw: Any) 
         with make_client(url, token) as client:
             answer = client.request(method, path, **kw)
     except httpx.TransportError as exc:
-        err.print(f"[red]error:[/red] cannot reach the gateway: {exc}")
+        err.print(f"[red]error:[/red] cannot reach the gateway: {markup(exc)}")
         err.print("hint: start it with `runyard up`, or set --url / RUNYARD_URL")
         raise typer.Exit(EXIT_UNREACHABLE) from exc
     if answer.status_code >= 400:
@@ -136,10 +136,10 @@ def load_yaml(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
-        err.print(f"[red]error:[/red] cannot read {path}: {exc}")
+        err.print(f"[red]error:[/red] cannot read {markup(path)}: {markup(exc)}")
         raise typer.Exit(2) from exc
     if not isinstance(data, dict):
-        err.print(f"[red]error:[/red] {path}: expected a mapping of task spec fields")
+        err.print(f"[red]error:[/red] {markup(path)}: expected a mapping of task spec fields")
         raise typer.Exit(2)
     return data
 
@@ -261,7 +261,7 @@ def list_tasks(
         ],
     )
     if page["next_cursor"]:
-        out.print(f"more: --cursor {page['next_cursor']}")
+        out.print(f"more: --cursor {markup(page['next_cursor'])}")
 
 
 @app.command()
@@ -365,7 +365,7 @@ def watch(
                         )
                         out.print(f"{when}  {kind}  {actor}", markup=False, highlight=False)
     except httpx.TransportError as exc:
-        err.print(f"[red]error:[/red] cannot reach the gateway: {exc}")
+        err.print(f"[red]error:[/red] cannot reach the gateway: {markup(exc)}")
         raise typer.Exit(EXIT_UNREACHABLE) from exc
 
 
