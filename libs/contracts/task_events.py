@@ -596,7 +596,12 @@ class AlertDelivered(_TaskEvent):
 
 
 class AlertFailed(_TaskEvent):
-    """An alert delivery attempt failed (R-50); `retryable` says whether another follows."""
+    """Alert delivery attempts failed (R-50); `retryable` says whether another follows.
+
+    Failures to one webhook are coalesced: one event per webhook and window
+    (on the task of the window's first failed alert), with how many attempts
+    and tasks it stands for.
+    """
 
     emitted_by = "notification"
     reacted_by = ()
@@ -604,9 +609,14 @@ class AlertFailed(_TaskEvent):
     alert: Text
     channel: Text
     reason: Text
+    """Fixed words for the failure (never the remote end's own text)."""
     code: int | None = None
     """HTTP status or Feishu error code, if the channel gave one."""
     retryable: bool
+    count: int = Field(default=1, ge=1)
+    """Failed attempts to this webhook the event stands for (this one included)."""
+    tasks: int = Field(default=1, ge=1)
+    """Distinct tasks among them."""
 
 
 #: Every task event, in the order of a task's life.

@@ -16,11 +16,18 @@ Three steps, each safe to repeat and to restart:
    task's alerts go in one card; more than `burst_threshold` tasks at once go
    as summary cards naming every task. Each request needs a token of the
    bot's buckets (5/s, 100/min); what does not get one waits for the next
-   pass. Every attempt's outcome is appended to the task's stream
-   (`AlertDelivered` / `AlertFailed`, through the task domain's `Record`),
-   in the same transaction as the row's new status. Network errors, 5xx and
-   11232 are retried with exponential backoff up to `max_attempts`; other
-   refusals (19021 signature, 9499 bad request) are final at once.
+   pass. A delivery is appended to the task's stream (`AlertDelivered`,
+   through the task domain's `Record`) in the same transaction as the row's
+   new status. Failed attempts to one webhook are coalesced: they are counted
+   per webhook in a window of `failure_window_s` (`alert_failures`, in the
+   same transaction), and when the window closes one `AlertFailed` with the
+   counts goes to the task of its first failure (0: one event per attempt).
+   Network errors, 5xx and 11232 are retried with exponential backoff up to
+   `max_attempts`; other refusals (19021 signature, 9499 bad request, a
+   redirect) are final at once. Only webhooks the `WebhookPolicy` allows
+   are called (checked again before each request); redirects are not
+   followed, at most `max_answer_bytes` of an answer are read, and only its
+   code is kept.
    The card of a `failed` or `abnormal` alert carries the run's first error
    when the log service knows it (looked up then, never failing the alert).
 
@@ -66,7 +73,8 @@ from runyard.notification.rules import (
     spec_words,
     task_subscriptions,
 )
-from runyard.notification.store import Cause, PendingAlert, QueueWait
+from runyard.notification.store import Cause, FailureWindow, PendingAlert, QueueWait
+from runyard.notification.webhooks import WebhookPolicy
 
 log = logging.getLogger("runyard.notification")
 
@@ -111,6 +119,12 @@ class NotificationConfig:
     claim_s: float = 300.0
     #: Longest wait for the log service's first error of a run (then the card goes without).
     first_error_timeout_s: float = 5.0
+    #: Where alerts may go (Feishu's bot endpoints; `webhook_origins` in notification.yaml).
+    webhooks: WebhookPolicy = field(default_factory=WebhookPolicy)
+    #: Failed attempts to one webhook within this long are one `AlertFailed` (0: one each).
+    failure_window_s: float = 60.0
+    #: The most of a webhook's answer that is read (Feishu's is a few dozen bytes).
+    max_answer_bytes: int = 16 * 1024
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any]) -> NotificationConfig:
@@ -168,7 +182,9 @@ class NotificationApp:
         """Create the tables; the outbox and queue waits already hold what a restart needs."""
         await store.migrate(self.db)
         if self.http is None:
-            self.http = httpx.AsyncClient(timeout=self.config.http_timeout_s)
+            self.http = httpx.AsyncClient(
+                timeout=self.config.http_timeout_s, follow_redirects=False
+            )
 
     async def close(self) -> None:
         if self.http is not None:
@@ -326,6 +342,7 @@ class NotificationApp:
         finally:
             unsent = [a.id for a in due if a.id not in self._sent]
             await store.release(self.db, unsent, now)
+        await self.record_closed_windows()
         return requests
 
     def _still_gathering(self, alerts: Sequence[PendingAlert], now: datetime) -> bool:
@@ -427,15 +444,18 @@ class NotificationApp:
 
     async def _post(self, bot: str, body: bytes) -> Outcome:
         assert self.http is not None, "start() first"
+        if (refused := self.config.webhooks.problem(bot)) is not None:
+            return Outcome(False, False, f"webhook not allowed: {refused}", None)
         try:
-            answer = await self.http.post(
-                bot, content=body, headers={"Content-Type": "application/json"}
-            )
+            async with self.http.stream(
+                "POST", bot, content=body, headers={"Content-Type": "application/json"}
+            ) as answer:
+                head = await _read_at_most(answer, self.config.max_answer_bytes)
         except httpx.HTTPError as exc:
-            # The URL holds the bot's token: it must not reach the task's timeline.
-            detail = str(exc).replace(bot, feishu.mask_url(bot))
-            return Outcome(False, True, f"network error: {type(exc).__name__}: {detail}", None)
-        return feishu.outcome(answer.status_code, answer.content)
+            # Only the kind of error: its text may hold the URL (the bot's token) or
+            # words of the remote end, and it goes into the task's timeline.
+            return Outcome(False, True, f"network error: {type(exc).__name__}", None)
+        return feishu.outcome(answer.status_code, head)
 
     async def _record(self, members: list[PendingAlert], outcome: Outcome) -> None:
         """Append each alert's attempt outcome to its task and settle its outbox row."""
@@ -448,27 +468,75 @@ class NotificationApp:
     async def _record_task(self, task_id: str, rows: list[PendingAlert], outcome: Outcome) -> None:
         now = self.clock()
         verdicts = [(row, *self._verdict(row, outcome, now)) for row in rows]
+        window_s = self.config.failure_window_s
         for _ in range(_APPEND_RETRIES):
             try:
                 async with self.store.transaction() as conn:
                     state = fold(await self.store.read_stream(f"task-{task_id}"), task_id=task_id)
                     new: list[NewEvent[Event]] = []
                     for row, event, status, next_at in verdicts:
-                        meta = Metadata(
-                            actor=ACTOR,
-                            causation_id=row.cause.causation_id,
-                            correlation_id=row.cause.correlation_id,
-                        )
-                        decided = decide(state, Record(task_id, event), now=now, ids=_no_ids)
-                        new += [NewEvent(e, meta, now) for e in decided]
+                        if isinstance(event, AlertFailed) and window_s > 0:
+                            await store.count_failure(
+                                conn,
+                                row,
+                                reason=event.reason,
+                                code=event.code,
+                                retryable=event.retryable,
+                                now=now,
+                                window_s=window_s,
+                            )
+                        else:
+                            decided = decide(state, Record(task_id, event), now=now, ids=_no_ids)
+                            new += [NewEvent(e, _meta(row.cause), now) for e in decided]
                         await store.settle(
                             conn, [row.id], status, row.attempts + 1, next_at, _error(outcome)
                         )
-                    await self.store.append_in(conn, f"task-{task_id}", new, state.version)
+                    if new:
+                        await self.store.append_in(conn, f"task-{task_id}", new, state.version)
                 return
             except ConcurrencyError:
                 continue  # another service appended to the task meanwhile: fold again
         log.warning("could not record alert outcome on task %s: it kept changing", task_id)
+
+    async def record_closed_windows(self) -> int:
+        """One `AlertFailed` per closed window of coalesced failures, on the task of its
+        first failure, in the transaction that marks it recorded; how many were."""
+        recorded = 0
+        while await self._record_one_window():
+            recorded += 1
+        return recorded
+
+    async def _record_one_window(self) -> bool:
+        for _ in range(_APPEND_RETRIES):
+            try:
+                async with self.store.transaction() as conn:
+                    window = await store.take_closed_window(conn, self.clock())
+                    if window is None:
+                        return False
+                    await self._append_window(conn, window)
+                    await store.mark_recorded(conn, window.id)
+                return True
+            except ConcurrencyError:
+                continue  # the task changed meanwhile: fold again
+        log.warning("could not record coalesced alert failures: the task kept changing")
+        return False
+
+    async def _append_window(self, conn: asyncpg.Connection, window: FailureWindow) -> None:
+        now = self.clock()
+        stream = f"task-{window.task_id}"
+        state = fold(await self.store.read_stream(stream), task_id=window.task_id)
+        failed = AlertFailed(
+            alert=window.alert,
+            channel=window.channel,
+            reason=window.reason,
+            code=window.code,
+            retryable=window.retryable,
+            count=window.failures,
+            tasks=window.tasks,
+        )
+        decided = decide(state, Record(window.task_id, failed), now=now, ids=_no_ids)
+        new = [NewEvent(e, _meta(window.cause), now) for e in decided]
+        await self.store.append_in(conn, stream, new, state.version)
 
     def _verdict(
         self, row: PendingAlert, outcome: Outcome, now: datetime
@@ -501,6 +569,22 @@ def _ready(message: dict[str, Any]) -> _Build:
         return message
 
     return build
+
+
+def _meta(cause: Cause) -> Metadata:
+    return Metadata(
+        actor=ACTOR, causation_id=cause.causation_id, correlation_id=cause.correlation_id
+    )
+
+
+async def _read_at_most(answer: httpx.Response, limit: int) -> bytes:
+    """The first `limit` bytes of an answer's body (the rest is not read)."""
+    head = bytearray()
+    async for chunk in answer.aiter_bytes():
+        head += chunk[: limit - len(head)]
+        if len(head) >= limit:
+            break
+    return bytes(head)
 
 
 def _error(outcome: Outcome) -> str | None:

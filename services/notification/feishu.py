@@ -25,6 +25,15 @@ MAX_BODY_BYTES = 20 * 1024
 #: Feishu codes: rate limited (retry later), bad signature or timestamp, bad request.
 RATE_LIMITED, SIGN_MISMATCH, BAD_REQUEST = 11232, 19021, 9499
 _RETRYABLE_CODES = frozenset({RATE_LIMITED})
+#: What a Feishu code means, in fixed words (the answer's own `msg` is never kept).
+FEISHU_REASONS = {
+    RATE_LIMITED: "rate limited",
+    SIGN_MISMATCH: "signature or timestamp rejected (sign match fail): check the secret",
+    BAD_REQUEST: "bad request (body, size or message type)",
+    19022: "the bot's IP allow-list refused the request",
+    19024: "the message lacks the bot's security keywords",
+}
+REDIRECT_REFUSED = "redirect not followed (a webhook must be the bot's own URL)"
 _ELLIPSIS = "…"
 #: Longest text kept for one fact (reason, first error) before the body-size fit.
 MAX_FACT_CHARS = 2000
@@ -297,7 +306,12 @@ class Outcome:
 
 
 def outcome(status: int, body: bytes) -> Outcome:
-    """Classify an HTTP answer: accepted, worth retrying (5xx, 11232), or refused for good."""
+    """Classify an HTTP answer: accepted, worth retrying (5xx, 11232), or refused for good.
+
+    The reason is fixed text chosen by the code (`feishu 19021: signature or
+    timestamp rejected`, `HTTP 404`): nothing the remote end wrote is kept, so
+    an answer cannot put its own text into a task's events. A redirect is not
+    followed and not a delivery."""
     try:
         data = json.loads(body) if body else {}
     except ValueError:
@@ -305,18 +319,19 @@ def outcome(status: int, body: bytes) -> Outcome:
     if not isinstance(data, dict):
         data = {}
     code = data.get("code", data.get("StatusCode"))
-    message = str(data.get("msg") or data.get("StatusMessage") or "").strip()
-    if isinstance(code, int):
+    if 300 <= status < 400:
+        return Outcome(False, False, f"HTTP {status}: {REDIRECT_REFUSED}", status)
+    if isinstance(code, int) and not isinstance(code, bool):
         if code == 0 and status < 400:
-            return Outcome(True, False, message or "success", 0)
+            return Outcome(True, False, "success", 0)
         if code != 0:
-            reason = f"feishu {code}: {message or 'no message'}"
+            reason = f"feishu {code}: {FEISHU_REASONS.get(code, 'refused by the bot')}"
             return Outcome(False, code in _RETRYABLE_CODES or status >= 500, reason, code)
     if status >= 500 or status == 429:
         return Outcome(False, True, f"HTTP {status}", status)
     if status < 400:
-        return Outcome(True, False, message or f"HTTP {status}", None)
-    return Outcome(False, False, f"HTTP {status}: {body[:200].decode(errors='replace')}", status)
+        return Outcome(True, False, f"HTTP {status}", None)
+    return Outcome(False, False, f"HTTP {status}", status)
 
 
 def mask_url(url: str) -> str:

@@ -7,14 +7,19 @@
 
 Answers never carry the signing secret, and show the webhook's token masked.
 `secret_ref` may be named by a task spec's `alerts[].secret_ref` to sign with
-the same secret. Refusals use the gateway's JSON error `{code, field,
+the same secret. The webhook must be a Feishu bot's (`webhooks.py`: the
+origins of `notification.yaml` in the gateway's config folder), and a tenant
+has at most 20 subscriptions. Refusals use the gateway's JSON error `{code, field,
 message, hint}`: 400 a bad field, 401 no token, 404 no such subscription.
 The notification tables are created on first use, so the gateway needs no
 migration of its own for them.
 """
 
+import asyncio
+from pathlib import Path
 from typing import Annotated, Any
 
+import yaml
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 from runyard.gateway.app import Gateway, Request
@@ -26,6 +31,7 @@ from runyard.notification.subscriptions import (
     NewSubscription,
     SubscriptionNotFound,
 )
+from runyard.notification.webhooks import WebhookPolicy
 
 
 class SubscriptionBody(BaseModel):
@@ -67,8 +73,12 @@ def notification_router(gateway: Gateway) -> APIRouter:
             text_only=body.text_only,
         )
         principal = req.principal
+        # Read at each creation: operators change the allow-list without a restart.
+        webhooks = await asyncio.to_thread(webhook_policy, gateway.config_dir)
         try:
-            return await subscriptions.create(gateway.db, principal.tenant, principal.actor, new)
+            return await subscriptions.create(
+                gateway.db, principal.tenant, principal.actor, new, webhooks=webhooks
+            )
         except InvalidSubscription as exc:
             raise BadRequest("alerts.invalid_subscription", str(exc), exc.hint, exc.field) from exc
 
@@ -89,3 +99,10 @@ def notification_router(gateway: Gateway) -> APIRouter:
         return {"id": sub_id, "deleted": True}
 
     return router
+
+
+def webhook_policy(config_dir: Path) -> WebhookPolicy:
+    """The webhook origins of `notification.yaml` in `config_dir` (absent: Feishu's)."""
+    path = config_dir / "notification.yaml"
+    loaded = yaml.safe_load(path.read_text()) if path.exists() else None
+    return WebhookPolicy.from_config(loaded or {})

@@ -8,7 +8,9 @@ runs the "queued too long" timer and a delivery pass. The consumer is given
 event is skipped before any database work. Settings:
 `notification_<field>` of `NotificationConfig` (e.g. `notification_gateway_url`,
 `notification_queued_after_s`); without `notification_gateway_url`, task
-links point at `http_host`:`http_port` (the gateway of the same stack).
+links point at `http_host`:`http_port` (the gateway of the same stack). The
+webhook origins alerts may go to come from `notification.yaml` of the config
+folder (`webhook_origins`; absent: Feishu's and Lark's bot endpoints).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import asyncpg
 from runyard.eventstore import PostgresEventStore
 from runyard.messaging.consumer import IdempotentConsumer, make_broker
 from runyard.notification.app import EVENT_TYPES, NotificationApp, NotificationConfig
+from runyard.notification.webhooks import WebhookPolicy
 from runyard.stack.context import ServiceContext
 
 CONSUMER = "notification"
@@ -33,6 +36,9 @@ async def run(ctx: ServiceContext) -> None:
     if "http_port" in settings:  # links point at this stack's gateway
         gateway = f"http://{settings.get('http_host', '127.0.0.1')}:{settings['http_port']}"
         settings.setdefault("notification_gateway_url", gateway)
+    settings.setdefault(
+        "notification_webhooks", WebhookPolicy.from_config(ctx.config("notification.yaml"))
+    )
     config = NotificationConfig.from_settings(settings)
     store = await PostgresEventStore.connect(ctx.dsn, ctx.mapper, min_size=2, max_size=6)
     broker = make_broker(ctx.kafka)

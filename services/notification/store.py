@@ -1,4 +1,5 @@
-"""The notification service's tables: subscriptions, secrets, the alert outbox, queue waits.
+"""The notification service's tables: subscriptions, secrets, the alert outbox, queue waits,
+and the failed attempts per webhook being coalesced (`alert_failures`).
 
 Every function takes a connection or pool, so the consumer can write in its
 inbox transaction and the API on the gateway's pool.
@@ -261,6 +262,109 @@ async def outbox(db: Db, task_id: str | None = None) -> list[dict[str, Any]]:
         task_id,
     )
     return [dict(r) for r in rows]
+
+
+# --- failed attempts, coalesced per webhook ----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FailureWindow:
+    """Failed attempts to one webhook of a tenant in one window: one AlertFailed when it closes.
+
+    Task, alert, channel and cause are those of the window's first failure;
+    reason, code and retryable those of its latest."""
+
+    id: int
+    tenant: str
+    task_id: str
+    alert: str
+    channel: str
+    cause: Cause
+    reason: str
+    code: int | None
+    retryable: bool
+    failures: int
+    tasks: int
+
+
+async def count_failure(
+    db: Db,
+    alert: PendingAlert,
+    *,
+    reason: str,
+    code: int | None,
+    retryable: bool,
+    now: datetime,
+    window_s: float,
+) -> None:
+    """Count one failed attempt in its webhook's open window (opening one if none is)."""
+    await db.execute(
+        """INSERT INTO alert_failures
+               (tenant, webhook_url, opened_at, closes_at, task_id, alert, channel,
+                causation_id, correlation_id, reason, code, retryable, failures, tasks)
+           VALUES ($1, $2, $3::timestamptz, $3::timestamptz + make_interval(secs => $4::float8),
+                   $5, $6, $7, $8, $9, $10, $11,
+                   $12, 1, ARRAY[$5])
+           ON CONFLICT (tenant, webhook_url) WHERE NOT recorded DO UPDATE SET
+               failures = alert_failures.failures + 1,
+               tasks = CASE WHEN $5 = ANY(alert_failures.tasks) THEN alert_failures.tasks
+                            ELSE alert_failures.tasks || $5 END,
+               reason = $10, code = $11, retryable = $12""",
+        alert.tenant,
+        alert.webhook_url,
+        now,
+        window_s,
+        alert.task_id,
+        alert.alert,
+        alert.channel,
+        alert.cause.causation_id,
+        alert.cause.correlation_id,
+        reason,
+        code,
+        retryable,
+    )
+
+
+async def take_closed_window(conn: asyncpg.Connection, now: datetime) -> FailureWindow | None:
+    """A window closed by `now` and not recorded yet, locked for this transaction
+    (another instance skips it)."""
+    row = await conn.fetchrow(
+        """SELECT * FROM alert_failures WHERE NOT recorded AND closes_at <= $1
+           ORDER BY closes_at, id LIMIT 1 FOR UPDATE SKIP LOCKED""",
+        now,
+    )
+    if row is None:
+        return None
+    return FailureWindow(
+        id=row["id"],
+        tenant=row["tenant"],
+        task_id=row["task_id"],
+        alert=row["alert"],
+        channel=row["channel"],
+        cause=Cause(row["causation_id"], row["correlation_id"]),
+        reason=row["reason"],
+        code=row["code"],
+        retryable=row["retryable"],
+        failures=row["failures"],
+        tasks=len(row["tasks"]),
+    )
+
+
+async def mark_recorded(db: Db, window_id: int) -> None:
+    await db.execute("UPDATE alert_failures SET recorded = true WHERE id = $1", window_id)
+
+
+async def count_subscriptions(db: Db, tenant: str) -> int:
+    return int(
+        await db.fetchval("SELECT count(*) FROM alert_subscriptions WHERE tenant = $1", tenant)
+    )
+
+
+async def lock_tenant_subscriptions(conn: asyncpg.Connection, tenant: str) -> None:
+    """Serialise subscription changes of one tenant (for the count limit), until commit."""
+    await conn.execute(
+        "SELECT pg_advisory_xact_lock(hashtext('alert_subscriptions:' || $1))", tenant
+    )
 
 
 # --- queue waits ----------------------------------------------------------------------

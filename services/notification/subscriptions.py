@@ -3,8 +3,10 @@
 A subscription's signing secret goes into the secret store (`secrets`) under
 a fresh reference in the same transaction as the subscription; it is never
 returned, logged or put in an event. The webhook URL holds the bot's token,
-so answers show it masked. Refusals are `InvalidSubscription` (field, reason)
-and `SubscriptionNotFound`.
+so answers show it masked. The webhook must be one the `WebhookPolicy`
+allows (Feishu's bot endpoints), and a tenant has at most
+`MAX_TENANT_SUBSCRIPTIONS`. Refusals are `InvalidSubscription` (field,
+reason, hint), `TooManySubscriptions` and `SubscriptionNotFound`.
 """
 
 from __future__ import annotations
@@ -12,12 +14,15 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import asyncpg
 from runyard.notification import store
 from runyard.notification.feishu import mask_url
 from runyard.notification.rules import DEFAULT_ALERTS, InvalidAlerts, Subscription, check_alerts
+from runyard.notification.webhooks import WebhookPolicy, WebhookRefused
+
+#: Subscriptions one tenant may have (each is one more request per alert).
+MAX_TENANT_SUBSCRIPTIONS = 20
 
 
 class SubscriptionError(Exception):
@@ -32,6 +37,18 @@ class InvalidSubscription(SubscriptionError):
         self.field = field
         self.reason = reason
         self.hint = hint
+
+
+class TooManySubscriptions(InvalidSubscription):
+    """The tenant has `MAX_TENANT_SUBSCRIPTIONS` already."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            "webhook_url",
+            f"the tenant has {limit} alert subscriptions, the most it may have",
+            "delete one first (DELETE /v1/alert-subscriptions/{id}), or send several"
+            " alert kinds to one bot",
+        )
 
 
 class SubscriptionNotFound(SubscriptionError):
@@ -53,9 +70,19 @@ class NewSubscription:
     text_only: bool = False
 
 
-async def create(db: asyncpg.Pool, tenant: str, actor: str, new: NewSubscription) -> dict[str, Any]:
+async def create(
+    db: asyncpg.Pool,
+    tenant: str,
+    actor: str,
+    new: NewSubscription,
+    *,
+    webhooks: WebhookPolicy | None = None,
+) -> dict[str, Any]:
     """Store a tenant subscription (its secret in the secret store); answer its view."""
-    _check_url(new.webhook_url)
+    try:
+        (webhooks or WebhookPolicy()).check(new.webhook_url)
+    except WebhookRefused as exc:
+        raise InvalidSubscription("webhook_url", exc.reason, exc.hint) from exc
     try:
         alerts = check_alerts(new.alerts)
     except InvalidAlerts as exc:
@@ -68,6 +95,9 @@ async def create(db: asyncpg.Pool, tenant: str, actor: str, new: NewSubscription
         sub_id, tenant, new.webhook_url, alerts, ref, new.queued_after_s, new.text_only
     )
     async with db.acquire() as conn, conn.transaction():
+        await store.lock_tenant_subscriptions(conn, tenant)
+        if await store.count_subscriptions(conn, tenant) >= MAX_TENANT_SUBSCRIPTIONS:
+            raise TooManySubscriptions(MAX_TENANT_SUBSCRIPTIONS)
         if ref is not None and new.secret:
             await store.put_secret(conn, tenant, ref, new.secret)
         await store.insert_subscription(conn, sub, actor)
@@ -101,13 +131,3 @@ def view(sub: Subscription) -> dict[str, Any]:
         "queued_after_s": sub.queued_after_s,
         "text_only": sub.text_only,
     }
-
-
-def _check_url(url: str) -> None:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise InvalidSubscription(
-            "webhook_url",
-            "must be an http(s) URL",
-            "the custom bot's webhook, e.g. https://open.feishu.cn/open-apis/bot/v2/hook/<token>",
-        )

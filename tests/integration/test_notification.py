@@ -32,6 +32,7 @@ from runyard.notification import store as tables
 from runyard.notification.app import NotificationApp, NotificationConfig
 from runyard.notification.ratelimit import Limits
 from runyard.notification.rules import Subscription
+from runyard.notification.webhooks import WebhookPolicy
 
 from tests.feishu_fake import FeishuFake
 
@@ -44,7 +45,15 @@ FAST = NotificationConfig(
     backoff_s=0.05,
     backoff_max_s=0.4,
     poll_s=0.05,
+    # One AlertFailed per attempt, to follow retries; coalescing has its own tests.
+    failure_window_s=0.0,
 )
+
+
+def allowing(config: NotificationConfig, fake: FeishuFake) -> NotificationConfig:
+    """`config` with the fake Feishu's origin as the only allowed one (as an operator
+    adds a self-hosted Feishu in notification.yaml)."""
+    return replace(config, webhooks=WebhookPolicy((f"http://127.0.0.1:{fake.port}",)))
 
 
 class Clock:
@@ -79,6 +88,8 @@ class Harness:
 
     async def new_app(self, config: NotificationConfig | None = None) -> NotificationApp:
         """A fresh service instance (as after a restart): nothing kept in memory."""
+        if config is not None and config.webhooks == WebhookPolicy():
+            config = allowing(config, self.fake)
         app = NotificationApp(self.store, config or self.config, clock=self.clock)
         await app.start()
         self.apps.append(app)
@@ -149,7 +160,7 @@ async def harness(
     if serve:
         await feishu.start()
     store = await PostgresEventStore.connect(dsn, default_mapper())
-    h = Harness(store, feishu, Clock(), config)
+    h = Harness(store, feishu, Clock(), allowing(config, feishu))
     await h.new_app()
     try:
         yield h
@@ -598,6 +609,10 @@ async def test_through_kafka_a_failed_task_is_delivered_by_the_running_service(
     store = await PostgresEventStore.connect(dsn, default_mapper())
     fake = FeishuFake(bots={"bot-signed": SECRET})
     await fake.start()
+    # The fake is a self-hosted Feishu to the service: allowed in its config folder.
+    (tmp_path / "notification.yaml").write_text(
+        f"webhook_origins: ['http://127.0.0.1:{fake.port}']\n"
+    )
     relay = OutboxRelay(store, kafka, broker_check_interval=0.2)
     tasks = [asyncio.create_task(relay.run()), asyncio.create_task(run(ctx))]
     try:
