@@ -261,6 +261,7 @@ def make_broker(kafka: KafkaSettings, **options: Any) -> KafkaBroker:
 
     return KafkaBroker(
         kafka.bootstrap,
+        security=kafka.security.faststream(),  # SASL/TLS when the environment asks
         log_level=logging.DEBUG,  # per-message access logs only when asked for
         enable_idempotence=False,
         request_timeout_ms=kafka.request_timeout_ms,

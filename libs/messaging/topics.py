@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
@@ -82,9 +83,11 @@ class Topics:
         return {self.name(t): n for t, n in PARTITIONS.items() if t != BROKER_EPOCH}
 
 
-async def ensure_topics(bootstrap: str, topics: Topics) -> list[str]:
-    """Create the missing topics with their partition counts; return those created."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+async def ensure_topics(bootstrap: str, topics: Topics, **security: Any) -> list[str]:
+    """Create the missing topics with their partition counts; return those created.
+
+    `security`: the client's SASL/TLS options (KafkaSettings.security.client_options())."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **security)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
@@ -101,9 +104,9 @@ async def ensure_topics(bootstrap: str, topics: Topics) -> list[str]:
         await admin.close()
 
 
-async def create_marker(bootstrap: str, topics: Topics) -> None:
+async def create_marker(bootstrap: str, topics: Topics, **security: Any) -> None:
     """Create the broker-epoch marker topic (the relay's job, once per broker life)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **security)
     await admin.start()
     try:
         with contextlib.suppress(TopicAlreadyExistsError):
@@ -112,8 +115,8 @@ async def create_marker(bootstrap: str, topics: Topics) -> None:
         await admin.close()
 
 
-async def list_topics(bootstrap: str) -> set[str]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+async def list_topics(bootstrap: str, **security: Any) -> set[str]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **security)
     await admin.start()
     try:
         return set(await admin.list_topics())

@@ -33,6 +33,7 @@ from runyard.eventstore import (
     load_migrations,
 )
 from runyard.messaging import KafkaSettings, Topics, ensure_topics
+from runyard.messaging.settings import KafkaSecurity
 from runyard.relay import OutboxRelay
 from runyard.stack import roles
 from runyard.stack.context import ServiceContext, service_dsns_from_env
@@ -140,12 +141,14 @@ async def _watch_broker(stack: Stack, kafka: KafkaSettings) -> None:
             stack.kafka.start()
             # Topics, yes; the relay's epoch marker, no: its absence is how the
             # relay learns that the broker lost everything and must be refilled.
-            await ensure_topics(kafka.bootstrap, kafka.topics)
+            await ensure_topics(kafka.bootstrap, kafka.topics, **kafka.security.client_options())
 
 
 async def serve(stack: Stack, settings: dict[str, object]) -> None:
     setup_tracing("runyard")
-    kafka = KafkaSettings(bootstrap=stack.bootstrap, topics=Topics(""))
+    kafka = KafkaSettings(
+        bootstrap=stack.bootstrap, topics=Topics(""), security=KafkaSecurity.from_env()
+    )
     ctx = ServiceContext(
         dsn=stack.dsn,
         kafka=kafka,
@@ -187,7 +190,9 @@ async def run_platform(
             console.print(f"  [dim]{name}: not built yet, skipped")
             continue
         loaded[name] = runner
-    await ensure_topics(ctx.kafka.bootstrap, ctx.kafka.topics)
+    await ensure_topics(
+        ctx.kafka.bootstrap, ctx.kafka.topics, **ctx.kafka.security.client_options()
+    )
     store = await PostgresEventStore.connect(ctx.dsn, ctx.mapper)
     try:
         relay = OutboxRelay(store, ctx.kafka)

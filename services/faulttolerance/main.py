@@ -67,7 +67,7 @@ async def follow_logs(app: FaultToleranceApp, kafka: KafkaSettings) -> None:
     """Feed every line of the logs topic to `app.on_log`, until cancelled."""
     consumer = AIOKafkaConsumer(
         kafka.topics.logs,
-        bootstrap_servers=kafka.bootstrap,
+        **kafka.client_options(),
         group_id=kafka.topics.prefix + LOGS_GROUP,
         enable_auto_commit=False,
         **kafka.consumer_options(),

@@ -64,7 +64,7 @@ class LogIngester:
         """Consume the logs topic until cancelled."""
         consumer = AIOKafkaConsumer(
             self.kafka.topics.logs,
-            bootstrap_servers=self.kafka.bootstrap,
+            **self.kafka.client_options(),
             group_id=self.kafka.topics.prefix + self.group,
             enable_auto_commit=False,
             max_poll_records=self.max_records,

@@ -97,9 +97,11 @@ class OutboxRelay:
             await self._producer.stop()
 
     async def _start_producer(self) -> None:
-        await ensure_topics(self.kafka.bootstrap, self.kafka.topics)
+        await ensure_topics(
+            self.kafka.bootstrap, self.kafka.topics, **self.kafka.security.client_options()
+        )
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=self.kafka.bootstrap,
+            **self.kafka.client_options(),
             enable_idempotence=False,  # the embedded broker rejects InitProducerId
             acks=1,
             linger_ms=0,
@@ -110,7 +112,9 @@ class OutboxRelay:
 
     async def _mark_epoch(self) -> None:
         assert self._producer is not None
-        await create_marker(self.kafka.bootstrap, self.kafka.topics)
+        await create_marker(
+            self.kafka.bootstrap, self.kafka.topics, **self.kafka.security.client_options()
+        )
         await self._producer.send_and_wait(
             self.kafka.topics.broker_epoch, str(time.time()).encode()
         )
@@ -157,7 +161,9 @@ class OutboxRelay:
         if self.kafka.topics.broker_epoch in metadata.topics():
             return False
         log.warning("broker lost its topics: recreating them and publishing again from 0")
-        await ensure_topics(self.kafka.bootstrap, self.kafka.topics)
+        await ensure_topics(
+            self.kafka.bootstrap, self.kafka.topics, **self.kafka.security.client_options()
+        )
         await self._mark_epoch()
         self.stats.broker_resets += 1
         return True
