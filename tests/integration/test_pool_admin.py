@@ -282,7 +282,7 @@ async def test_members_are_refused_and_nothing_is_written(
     before = await env.store.head_position()
     answer = await env.call("alice", method, path, json=body)
     assert answer.status_code == 403, answer.text
-    assert answer.json()["code"] == "auth.admin_only"
+    assert answer.json()["code"] == "auth.platform_admin_only"
     assert set(answer.json()) >= {"code", "field", "message", "hint"}
     unauthenticated = await env.http.request(method, path, json=body)
     assert unauthenticated.status_code == 401
@@ -395,7 +395,7 @@ async def test_cli_admin_commands(env: Env) -> None:
         assert unknown.exit_code == 1
         assert "scheduler.node_unknown" in unknown.output and "hint:" in unknown.output
         member = await cli(url, alice, "admin", "node", "uncordon", "dev-a100", "a-1")
-        assert member.exit_code == 3 and "auth.admin_only" in member.output
+        assert member.exit_code == 3 and "auth.platform_admin_only" in member.output
 
         await env.submit("low", spec("8gpu", pool="dev-spot"))
         shrunk = await cli(url, root, "admin", "spot", "dev-spot", "--remove", "2")
