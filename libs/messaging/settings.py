@@ -9,11 +9,15 @@ KAFKA_SECURITY_PROTOCOL (PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL),
 KAFKA_SASL_MECHANISM (SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN),
 KAFKA_SASL_USERNAME, KAFKA_SASL_PASSWORD and, for TLS, KAFKA_SSL_CAFILE.
 Every client Runyard builds (aiokafka producers, consumers and admin
-clients, FastStream brokers) takes them from `KafkaSettings`.
+clients, FastStream brokers) takes them from `KafkaSettings`. Where several
+services share one process (`runyard up`), each may authenticate as a user of
+its own: KAFKA_SASL_USERNAME_<SERVICE> / KAFKA_SASL_PASSWORD_<SERVICE>
+(e.g. _SCHEDULER) replace the shared pair for that service.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import ssl
 from collections.abc import Mapping
@@ -80,6 +84,22 @@ class KafkaSecurity:
             ssl_cafile=env.get("KAFKA_SSL_CAFILE", ""),
         )
 
+    def for_service(self, service: str, env: Mapping[str, str] | None = None) -> KafkaSecurity:
+        """The user `service` authenticates as: KAFKA_SASL_USERNAME_<SERVICE> and
+        KAFKA_SASL_PASSWORD_<SERVICE> when set, else the shared one."""
+        env = os.environ if env is None else env
+        suffix = service.upper().replace("-", "_")
+        username = env.get(f"KAFKA_SASL_USERNAME_{suffix}", "")
+        password = env.get(f"KAFKA_SASL_PASSWORD_{suffix}", "")
+        if not self.sasl or not (username or password):
+            return self
+        if not (username and password):
+            raise KafkaConfigError(
+                f"set both KAFKA_SASL_USERNAME_{suffix} and KAFKA_SASL_PASSWORD_{suffix}"
+                f" (only one is set), or neither to share KAFKA_SASL_USERNAME"
+            )
+        return dataclasses.replace(self, username=username, password=password)
+
     def ssl_context(self) -> ssl.SSLContext | None:
         if not self.tls:
             return None
@@ -144,6 +164,11 @@ class KafkaSettings:
             topics=Topics(os.environ.get("RUNYARD_TOPIC_PREFIX", "")),
             security=KafkaSecurity.from_env(),
         )
+
+    def for_service(self, service: str) -> KafkaSettings:
+        """These settings as `service` uses them (its own broker user, if it has one)."""
+        security = self.security.for_service(service)
+        return self if security == self.security else dataclasses.replace(self, security=security)
 
     def client_options(self) -> dict[str, Any]:
         """`bootstrap_servers` and the security options of an aiokafka client."""

@@ -36,10 +36,13 @@ class ServiceContext:
     service_dsns: dict[str, str] = field(default_factory=dict)
 
     def for_service(self, name: str) -> ServiceContext:
-        """This context as service `name` sees it: its own DSN, if it has one.
-        Settings are shared (services publish their apps there)."""
-        dsn = self.service_dsns.get(name)
-        return self if dsn is None else dataclasses.replace(self, dsn=dsn)
+        """This context as service `name` sees it: its own DSN and broker user,
+        if it has them. Settings are shared (services publish their apps there)."""
+        dsn = self.service_dsns.get(name, self.dsn)
+        kafka = self.kafka.for_service(name)
+        if dsn == self.dsn and kafka is self.kafka:
+            return self
+        return dataclasses.replace(self, dsn=dsn, kafka=kafka)
 
     def config(self, name: str) -> dict[str, Any]:
         """The parsed YAML file `name` of the config folder ({} when absent)."""

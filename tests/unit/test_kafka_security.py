@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ssl
+from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -92,3 +93,41 @@ def test_incomplete_settings_are_refused_with_the_variable_to_fix(
 ) -> None:
     with pytest.raises(KafkaConfigError, match=hint):
         KafkaSecurity.from_env(env)
+
+
+def test_a_service_may_have_a_broker_user_of_its_own() -> None:
+    env = {
+        **SCRAM,
+        "KAFKA_SASL_USERNAME_SCHEDULER": "runyard-scheduler",
+        "KAFKA_SASL_PASSWORD_SCHEDULER": "sched-pw",
+    }
+    shared = KafkaSettings(bootstrap="kafka:9092", security=KafkaSecurity.from_env(env))
+    scheduler = shared.security.for_service("scheduler", env)
+    assert (scheduler.username, scheduler.password) == ("runyard-scheduler", "sched-pw")
+    assert shared.security.for_service("deployer", env) is shared.security
+    with pytest.raises(KafkaConfigError, match="KAFKA_SASL_PASSWORD_LOGS"):
+        shared.security.for_service("logs", {**SCRAM, "KAFKA_SASL_USERNAME_LOGS": "x"})
+    # Without SASL there is no user to swap.
+    assert KafkaSecurity().for_service("scheduler", env) == KafkaSecurity()
+
+
+def test_each_service_of_one_process_gets_its_own_user_and_dsn(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from runyard.stack.context import ServiceContext
+
+    monkeypatch.setenv("KAFKA_SASL_USERNAME_DEPLOYER", "runyard-deployer")
+    monkeypatch.setenv("KAFKA_SASL_PASSWORD_DEPLOYER", "dep-pw")
+    kafka = KafkaSettings(bootstrap="kafka:9092", security=KafkaSecurity.from_env(SCRAM))
+    ctx = ServiceContext(
+        "postgresql://app@db/runyard",
+        kafka,
+        tmp_path,
+        tmp_path,
+        service_dsns={"deployer": "postgresql://secrets@db/runyard"},
+    )
+    deployer = ctx.for_service("deployer")
+    assert deployer.dsn == "postgresql://secrets@db/runyard"
+    assert deployer.kafka.security.username == "runyard-deployer"
+    assert deployer.settings is ctx.settings  # apps published by one service are seen by all
+    assert ctx.for_service("scheduler") is ctx
