@@ -29,7 +29,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal, cast, get_args
+from typing import Any, Literal, get_args
 
 import asyncpg
 from runyard.gateway.errors import BadRequest, PermissionDenied, Unauthenticated
@@ -178,7 +178,7 @@ def normalise_role(role: object) -> Role:
     if isinstance(role, str) and role in LEGACY_ROLES:
         return LEGACY_ROLES[role]
     if isinstance(role, str) and role in ROLES:
-        return cast(Role, role)
+        return role
     raise BadRequest(
         "auth.invalid_role",
         f"role must be one of {', '.join(ROLES)}",
