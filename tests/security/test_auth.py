@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import grpc
 import httpx
 import pytest
 import uvicorn
 from runyard.cli.main import app as cli_app
-from runyard.gateway.app import Gateway
+from runyard.eventstore import apply_migrations
+from runyard.gateway.app import Gateway, gateway_migrations
 from runyard.gateway.auth import authenticate, create_token, ensure_dev_token, token_hash
 from runyard.gateway.grpc_gen import tasks_pb2 as pb
 from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
@@ -361,6 +363,37 @@ async def test_old_admin_tokens_become_platform_admins_and_the_dev_token_works(
         assert (await authenticate(gateway.db, token)).role == "platform_admin"
     finally:
         await gateway.close()
+
+
+async def test_migration_keeps_tokens_stored_before_scoped_roles(dsn: str) -> None:
+    """Rows written by the single-`admin` schema: after the migration each has an id
+    and an expiry, `admin` reads as platform_admin, and the same clear token works."""
+    old = [m for m in gateway_migrations() if m.version < 3]
+    conn = await asyncpg.connect(dsn)
+    try:
+        await apply_migrations(conn, old)
+        for token, role in (("ry_old-admin", "admin"), ("ry_old-member", "member")):
+            await conn.execute(
+                "INSERT INTO api_tokens (token_sha256, tenant, user_name, role)"
+                " VALUES ($1, 't1', $2, $3)",
+                token_hash(token),
+                role,
+                role,
+            )
+        await apply_migrations(conn, gateway_migrations())
+        rows = await conn.fetch(
+            "SELECT role, token_id, expires_at > now() AS live FROM api_tokens ORDER BY role"
+        )
+        assert [(r["role"], r["live"]) for r in rows] == [
+            ("member", True),
+            ("platform_admin", True),
+        ]
+        assert all(r["token_id"].startswith("tok_") for r in rows)
+        admin = await authenticate(conn, "ry_old-admin")
+        assert (admin.tenant, admin.user, admin.role) == ("t1", "admin", "platform_admin")
+        assert (await authenticate(conn, "ry_old-member")).role == "member"
+    finally:
+        await conn.close()
 
 
 async def _cli(url: str, token: str, *args: str) -> Result:
