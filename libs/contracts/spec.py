@@ -34,6 +34,7 @@ MAX_COMMAND = 65536
 MAX_ENV_VARS = 256
 MAX_ENV_NAME = 128
 MAX_ENV_VALUE = 16384
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 MAX_MOUNTS = 16
 MAX_PATH = 1024
 MAX_OUTPUT_DIRS = 16
@@ -63,7 +64,9 @@ class EnvVar(_Frozen):
     the runtime resolves it when it starts the workers (R-12).
     """
 
-    name: str = Field(max_length=MAX_ENV_NAME)
+    #: The pattern is published for clients; the submission rules refuse other names
+    #: with their own hint (env.invalid_name).
+    name: str = Field(max_length=MAX_ENV_NAME, json_schema_extra={"pattern": ENV_NAME_PATTERN})
     value: str | None = Field(default=None, max_length=MAX_ENV_VALUE)
     creator_only: bool = False
     secret_ref: ShortText | None = None

@@ -8,6 +8,7 @@ from runyard.eventstore.errors import (
     ConcurrencyError,
     DuplicateEventError,
     EventStoreError,
+    EventTooLarge,
     StoreUnavailable,
     StreamNotFound,
 )
@@ -21,6 +22,7 @@ from runyard.eventstore.migrate import (
 from runyard.eventstore.postgres import PostgresAllReader, PostgresEventStore, StoredEvent
 from runyard.eventstore.store import (
     ANY,
+    MAX_EVENT_BYTES,
     NO_STREAM,
     AllReader,
     AppendRequest,
@@ -31,6 +33,7 @@ from runyard.eventstore.store import (
 
 __all__ = [
     "ANY",
+    "MAX_EVENT_BYTES",
     "NO_STREAM",
     "AllReader",
     "AppendRequest",
@@ -39,6 +42,7 @@ __all__ = [
     "DuplicateEventError",
     "EventStore",
     "EventStoreError",
+    "EventTooLarge",
     "ExpectedVersion",
     "InMemoryEventStore",
     "Migration",

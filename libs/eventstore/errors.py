@@ -5,6 +5,8 @@ EventStoreError
 │                           reload the stream, decide again, append again)
 ├── DuplicateEventError     an event id is already stored, in another stream or order
 ├── StreamNotFound          reading a stream that has no events
+├── EventTooLarge           an event's encoded size is over the store's limit (not retryable:
+│                           the same event is always too large)
 └── StoreUnavailable        the database cannot be reached (retryable)
 """
 
@@ -53,3 +55,20 @@ class StoreUnavailable(EventStoreError):
     """The database could not be reached or closed the connection."""
 
     retryable = True
+
+
+class EventTooLarge(EventStoreError):
+    """An event whose encoded payload and metadata exceed the store's `max_event_bytes`.
+
+    Every event is published to Kafka as one message; the limit keeps each one well
+    under the broker's message size, so no stored event can wedge the relay."""
+
+    def __init__(self, stream_id: str, event_type: str, size: int, limit: int) -> None:
+        super().__init__(
+            f"stream {stream_id!r}: a {event_type} event takes {size} bytes encoded, "
+            f"at most {limit} are allowed"
+        )
+        self.stream_id = stream_id
+        self.event_type = event_type
+        self.size = size
+        self.limit = limit

@@ -11,9 +11,10 @@ import asyncio
 from collections.abc import Sequence
 
 from runyard.contracts import Event, EventMapper, NewEvent, RecordedEvent
-from runyard.eventstore.errors import ConcurrencyError, DuplicateEventError
+from runyard.eventstore.errors import ConcurrencyError, DuplicateEventError, EventTooLarge
 from runyard.eventstore.store import (
     ANY,
+    MAX_EVENT_BYTES,
     NO_STREAM,
     AllReader,
     AppendRequest,
@@ -24,8 +25,11 @@ from runyard.eventstore.store import (
 
 
 class InMemoryEventStore(EventStore):
-    def __init__(self, mapper: EventMapper | None = None) -> None:
+    def __init__(
+        self, mapper: EventMapper | None = None, *, max_event_bytes: int = MAX_EVENT_BYTES
+    ) -> None:
         self.mapper = mapper
+        self.max_event_bytes = max_event_bytes
         self._log: list[RecordedEvent[Event]] = []
         self._streams: dict[str, list[RecordedEvent[Event]]] = {}
         self._by_id: dict[str, RecordedEvent[Event]] = {}
@@ -73,6 +77,12 @@ class InMemoryEventStore(EventStore):
     def _check(self, request: AppendRequest) -> None:
         if not request.events:
             raise ValueError("append needs at least one event")
+        for new in request.events:
+            data, meta = new.event.model_dump_json(), new.metadata.model_dump_json()
+            size = len(data.encode()) + len(meta.encode())
+            if size > self.max_event_bytes:
+                name = new.event.type_name()
+                raise EventTooLarge(request.stream_id, name, size, self.max_event_bytes)
         actual = len(self._streams.get(request.stream_id, ()))
         expected = request.expected
         if expected == ANY:

@@ -35,11 +35,13 @@ from runyard.contracts import (
 from runyard.eventstore.errors import (
     ConcurrencyError,
     DuplicateEventError,
+    EventTooLarge,
     StoreUnavailable,
 )
 from runyard.eventstore.migrate import apply_migrations, eventstore_migrations
 from runyard.eventstore.store import (
     ANY,
+    MAX_EVENT_BYTES,
     NO_STREAM,
     AllReader,
     AppendRequest,
@@ -107,15 +109,27 @@ def _expected_code(expected: ExpectedVersion) -> int:
 
 
 class PostgresEventStore(EventStore):
-    """Event store over an asyncpg pool; see the module docstring for ordering."""
+    """Event store over an asyncpg pool; see the module docstring for ordering.
 
-    def __init__(self, pool: asyncpg.Pool, mapper: EventMapper) -> None:
+    An append whose event encodes to more than `max_event_bytes` (payload and
+    metadata JSON) raises `EventTooLarge` and writes nothing."""
+
+    def __init__(
+        self, pool: asyncpg.Pool, mapper: EventMapper, *, max_event_bytes: int = MAX_EVENT_BYTES
+    ) -> None:
         self.pool = pool
         self.mapper = mapper
+        self.max_event_bytes = max_event_bytes
 
     @classmethod
     async def connect(
-        cls, dsn: str, mapper: EventMapper, *, min_size: int = 1, max_size: int = 10
+        cls,
+        dsn: str,
+        mapper: EventMapper,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        max_event_bytes: int = MAX_EVENT_BYTES,
     ) -> PostgresEventStore:
         """Open a pool on `dsn` and apply the store's migrations."""
         try:
@@ -126,7 +140,7 @@ class PostgresEventStore(EventStore):
             raise StoreUnavailable(f"cannot reach Postgres at {dsn}: {exc}") from exc
         async with pool.acquire() as conn:
             await apply_migrations(conn, eventstore_migrations())
-        return cls(pool, mapper)
+        return cls(pool, mapper, max_event_bytes=max_event_bytes)
 
     async def close(self) -> None:
         await self.pool.close()
@@ -195,6 +209,11 @@ class PostgresEventStore(EventStore):
     ) -> tuple[Any, ...]:
         encode = self.mapper.encode
         encoded = [encode(e.event) for e in events]
+        metadata = [e.metadata.model_dump_json() for e in events]
+        for (event_type, _, data), meta in zip(encoded, metadata, strict=True):
+            size = len(data.encode()) + len(meta.encode())
+            if size > self.max_event_bytes:
+                raise EventTooLarge(stream_id, event_type, size, self.max_event_bytes)
         return (
             stream_id,
             _expected_code(expected),
@@ -202,7 +221,7 @@ class PostgresEventStore(EventStore):
             [t for t, _, _ in encoded],
             [v for _, v, _ in encoded],
             [d for _, _, d in encoded],
-            [e.metadata.model_dump_json() for e in events],
+            metadata,
             [e.occurred_at for e in events],
         )
 

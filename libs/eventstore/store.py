@@ -24,6 +24,12 @@ NO_STREAM: Final = "no_stream"
 
 ExpectedVersion = int | Literal["any", "no_stream"]
 
+#: Largest event, payload and metadata JSON together (docs/limits.md). The relay
+#: publishes each event as one Kafka message, and brokers refuse messages over
+#: 1 MiB by default (Kafka's `message.max.bytes`, the producer's `max.request.size`):
+#: half of that leaves room for the envelope and headers. Checked at append.
+MAX_EVENT_BYTES: Final = 512 * 1024
+
 
 @dataclass(frozen=True, slots=True)
 class AppendResult:

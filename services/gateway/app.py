@@ -57,6 +57,7 @@ from runyard.gateway.errors import (
     PermissionDenied,
     task_not_found,
 )
+from runyard.gateway.inputs import group_id_of
 from runyard.gateway.pools import PoolInfo, capacity, describe, load_pools
 from runyard.gateway.projection import TaskListProjector
 from runyard.gateway.views import event_view, task_view
@@ -422,7 +423,7 @@ class Gateway:
         specs = expand_group(template, items)
         pools = {i.view.pool_id: i.view for i in (await self._pools()).values()}
         warnings = check_group(specs, self.catalogue, pools)
-        group_id = str(body.get("group_id") or self.new_id())
+        group_id = group_id_of(body) or self.new_id()
         task_ids = [self.new_id() for _ in specs]
         async with self.store.transaction() as conn:
             for task_id, spec, warned in zip(task_ids, specs, warnings, strict=True):

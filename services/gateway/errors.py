@@ -9,7 +9,9 @@ so every refusal answers the same JSON shape `{code, field, message, hint}`.
     ├── Unauthenticated           401 (auth.missing_token, auth.invalid_token)
     ├── PermissionDenied          403 (auth.admin_only)
     ├── NotFound                  404 (task_not_found, group.not_found, pool.not_found)
-    └── Conflict                  409 (a domain refusal or a concurrent write)
+    ├── Conflict                  409 (a domain refusal or a concurrent write)
+    └── PayloadTooLarge           413 (request.too_large: a body over the limit;
+                                       event.too_large: an event over the store's limit)
 
 A value the database cannot take (asyncpg `DataError`: a number out of its
 column's range, text Postgres cannot store) is the caller's input, so it is a
@@ -23,7 +25,7 @@ from typing import Any
 import asyncpg
 from asyncpg.exceptions import _base as asyncpg_base
 from runyard.domain import DomainError, RerunChangeNotAllowed, TaskNotFound
-from runyard.eventstore import ConcurrencyError
+from runyard.eventstore import ConcurrencyError, EventTooLarge
 from runyard.submission.errors import SubmissionError
 
 
@@ -76,6 +78,12 @@ class Conflict(GatewayError):
     status = 409
 
 
+class PayloadTooLarge(GatewayError):
+    """A request body, or the event it would write, over a size limit (docs/limits.md)."""
+
+    status = 413
+
+
 #: Errors of values the database cannot take (server-side class 22, client-side encoding).
 DATA_ERRORS: tuple[type[Exception], ...] = (asyncpg.DataError, asyncpg_base.DataError)
 
@@ -94,6 +102,12 @@ def translate(error: Exception) -> GatewayError | None:
         return BadRequest(error.code, error.message, error.hint)
     if isinstance(error, DomainError):
         return Conflict(error.code, error.message, error.hint)
+    if isinstance(error, EventTooLarge):
+        return PayloadTooLarge(
+            "event.too_large",
+            str(error),
+            "shorten the longest texts of the request (command, description, variables)",
+        )
     if isinstance(error, ConcurrencyError):
         return Conflict("conflict", str(error), "the task changed meanwhile: try again")
     if isinstance(error, DATA_ERRORS):

@@ -23,7 +23,7 @@ from runyard.gateway.auth import Principal, bearer_token
 from runyard.gateway.errors import BadRequest, GatewayError, translate
 from runyard.gateway.grpc_gen import tasks_pb2 as pb
 from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
-from runyard.gateway.inputs import reject_nul
+from runyard.gateway.inputs import MAX_BODY_BYTES, check_request_id, reject_unstorable
 from runyard.logs.http import FOLLOW_POLL_S, LogApi, LogFilter, log_api_of
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,11 @@ STATUS: dict[int, grpc.StatusCode] = {
     403: grpc.StatusCode.PERMISSION_DENIED,
     404: grpc.StatusCode.NOT_FOUND,
     409: grpc.StatusCode.FAILED_PRECONDITION,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
+#: Largest request message the server reads (as HTTP bodies; bigger ones are
+#: refused by gRPC itself with RESOURCE_EXHAUSTED before any handler runs).
+MAX_MESSAGE_BYTES = MAX_BODY_BYTES
 DEFAULT_PAGE = 50
 #: Lines per page of SearchLogs and FollowLogs when `limit` is 0 (as HTTP /logs).
 LOG_PAGE = 200
@@ -79,13 +83,20 @@ def _json_object(text: str, field: str) -> dict[str, Any]:
         return {}
     try:
         value = json.loads(text)
+    except RecursionError as exc:  # nested far deeper than any spec: refuse, never crash
+        raise BadRequest(
+            "request.invalid",
+            f"{field}: JSON nested too deep",
+            "send the spec as a plain JSON object (docs/limits.md)",
+            field,
+        ) from exc
     except ValueError as exc:
         raise BadRequest(
             "request.invalid", f"{field}: not valid JSON ({exc})", "send a JSON object", field
         ) from exc
     if not isinstance(value, dict):
         raise BadRequest("request.invalid", f"{field} must be a JSON object", "send {...}", field)
-    reject_nul(value, field)
+    reject_unstorable(value, field)
     return value
 
 
@@ -94,11 +105,11 @@ def check_fields(message: Any) -> None:
     (nested messages too: the field is named as HTTP names it)."""
     for descriptor, value in message.ListFields():
         if isinstance(value, str):
-            reject_nul(value, descriptor.name)
+            reject_unstorable(value, descriptor.name)
         elif descriptor.message_type is not None and not descriptor.is_repeated:
             check_fields(value)
         elif descriptor.is_repeated:
-            reject_nul(list(value), descriptor.name)
+            reject_unstorable(list(value), descriptor.name)
 
 
 def _limit(limit: int) -> int:
@@ -230,7 +241,9 @@ class TasksService(pb_grpc.TasksServicer):  # type: ignore[misc]  # generated, u
 
     async def _request(self, context: grpc.aio.ServicerContext) -> Request:
         metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ())}
-        request_id = str(metadata.get("x-request-id") or uuid.uuid4())
+        given = metadata.get("x-request-id")
+        check_request_id(str(given) if given else None)
+        request_id = str(given or uuid.uuid4())
         # A caller's W3C context continues into the events this call writes.
         trace = {k: str(metadata[k]) for k in ("traceparent", "tracestate") if k in metadata}
         return Request(await self._caller(context), request_id, trace)
@@ -498,7 +511,12 @@ async def start_server(
     gateway: Gateway, host: str, port: int, *, follow_poll_s: float = FOLLOW_POLL_S
 ) -> tuple[grpc.aio.Server, int]:
     """A started grpc.aio server for `gateway` on host:port; returns it and the bound port."""
-    server = grpc.aio.server()
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_metadata_size", 16 * 1024),
+        ]
+    )
     service = TasksService(gateway, follow_poll_s=follow_poll_s)
     pb_grpc.add_TasksServicer_to_server(service, server)
     bound = server.add_insecure_port(f"{host}:{port}")

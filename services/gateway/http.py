@@ -16,13 +16,19 @@ from fastapi import Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from runyard.domain import DomainError
-from runyard.eventstore import ConcurrencyError
+from runyard.eventstore import ConcurrencyError, EventTooLarge
 from runyard.faulttolerance.http import faulttolerance_router
 from runyard.gateway.admin_pools import admin_pools_router
 from runyard.gateway.app import Gateway, Request
 from runyard.gateway.auth import Principal
 from runyard.gateway.errors import DATA_ERRORS, BadRequest, GatewayError, translate
-from runyard.gateway.inputs import reject_nul
+from runyard.gateway.inputs import (
+    MAX_BODY_BYTES,
+    BodyLimit,
+    check_request_id,
+    reject_unstorable,
+)
+from runyard.gateway.schemas import body_schemas, request_body
 from runyard.gateway.security import caller_dependency
 from runyard.logs.http import logs_router
 from runyard.notification.http import notification_router
@@ -33,7 +39,7 @@ from runyard.telemetry import TracingMiddleware, current_trace_context
 async def _json_body(
     body: Annotated[dict[str, Any], Body(default_factory=dict)],
 ) -> dict[str, Any]:
-    reject_nul(body)
+    reject_unstorable(body)
     return body
 
 
@@ -47,8 +53,15 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (403, "the caller's role does not allow it"),
         (404, "no such task, group or pool in your tenant"),
         (409, "the task's state does not allow it"),
+        (413, f"the request body is over {MAX_BODY_BYTES} bytes"),
     )
 }
+#: Longest path or query parameter value (ids, filters, cursors; docs/limits.md).
+MAX_PARAM = 1024
+#: Published bounds (the application refuses others with its own hint, as over gRPC).
+PageLimit = Annotated[
+    int, Query(description="1 to 200", json_schema_extra={"minimum": 1, "maximum": 200})
+]
 
 
 def create_app(gateway: Gateway) -> FastAPI:
@@ -61,6 +74,7 @@ def create_app(gateway: Gateway) -> FastAPI:
     )
     app.state.gateway = gateway
     app.add_middleware(TracingMiddleware)
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
     _error_handlers(app)
     _task_routes(app, gateway)
     _group_routes(app, gateway)
@@ -70,6 +84,7 @@ def create_app(gateway: Gateway) -> FastAPI:
     app.include_router(logs_router(gateway))
     app.include_router(notification_router(gateway))
     app.include_router(faulttolerance_router(gateway))
+    body_schemas(app)
     return app
 
 
@@ -80,7 +95,8 @@ def _error_handlers(app: FastAPI) -> None:
             raise exc
         return JSONResponse(error.to_dict(), status_code=error.status)
 
-    for kind in (GatewayError, SubmissionError, DomainError, ConcurrencyError, *DATA_ERRORS):
+    handled = (GatewayError, SubmissionError, DomainError, ConcurrencyError, EventTooLarge)
+    for kind in (*handled, *DATA_ERRORS):
         app.add_exception_handler(kind, typed)
 
     @app.exception_handler(RequestValidationError)
@@ -97,9 +113,18 @@ def _error_handlers(app: FastAPI) -> None:
 
 
 async def _no_nul_in_url(request: HttpRequest) -> None:
-    """A NUL character in a path parameter or the query is a 400 naming it, on every route."""
-    reject_nul(dict(request.path_params))
-    reject_nul(dict(request.query_params))
+    """Path and query parameters the store cannot hold (NUL, a lone surrogate) or over
+    `MAX_PARAM` characters are a 400 naming them, on every route."""
+    for params in (request.path_params, request.query_params):
+        reject_unstorable(dict(params))
+        for name, value in params.items():
+            if isinstance(value, str) and len(value) > MAX_PARAM:
+                raise BadRequest(
+                    "request.invalid",
+                    f"{name}: {len(value)} characters, at most {MAX_PARAM} are allowed",
+                    f"send a shorter {name}",
+                    name,
+                )
 
 
 def _principal_dependency(gateway: Gateway) -> Any:
@@ -111,7 +136,7 @@ def _request_dependency(gateway: Gateway) -> Any:
         principal: Annotated[Principal, _principal_dependency(gateway)],
         x_request_id: Annotated[str | None, Header()] = None,
     ) -> Request:
-        reject_nul(x_request_id, "x-request-id")
+        check_request_id(x_request_id)
         # The request's server span (TracingMiddleware) is the events' parent.
         return Request(principal, x_request_id or str(uuid.uuid4()), current_trace_context())
 
@@ -122,7 +147,7 @@ def _task_routes(app: FastAPI, gw: Gateway) -> None:
     Caller = Annotated[Principal, _principal_dependency(gw)]
     Req = Annotated[Request, _request_dependency(gw)]
 
-    @app.post("/v1/tasks", status_code=201, tags=["tasks"])
+    @app.post("/v1/tasks", status_code=201, tags=["tasks"], openapi_extra=request_body("TaskSpec"))
     async def create_task(req: Req, body: JsonBody) -> dict[str, Any]:
         """Submit a task spec; answers the task with its warnings."""
         return await gw.create_task(req, body)
@@ -135,7 +160,7 @@ def _task_routes(app: FastAPI, gw: Gateway) -> None:
         tag: str | None = None,
         pool: str | None = None,
         creator: str | None = None,
-        limit: Annotated[int, Query(description="1 to 200")] = 50,
+        limit: PageLimit = 50,
         cursor: str | None = None,
         tenant: Annotated[str | None, Query(description=TENANT_QUERY)] = None,
     ) -> dict[str, Any]:
@@ -153,12 +178,19 @@ def _task_routes(app: FastAPI, gw: Gateway) -> None:
         """Ask to stop the task."""
         return await gw.stop_task(req, task_id)
 
-    @app.post("/v1/tasks/{task_id}/rerun", tags=["tasks"])
+    @app.post(
+        "/v1/tasks/{task_id}/rerun", tags=["tasks"], openapi_extra=request_body("RerunChanges")
+    )
     async def rerun_task(req: Req, task_id: str, body: JsonBody) -> dict[str, Any]:
         """Rerun a finished task; body: changes of command, worker spec/count, image."""
         return await gw.rerun_task(req, task_id, body)
 
-    @app.post("/v1/tasks/{task_id}/clone", status_code=201, tags=["tasks"])
+    @app.post(
+        "/v1/tasks/{task_id}/clone",
+        status_code=201,
+        tags=["tasks"],
+        openapi_extra=request_body("SpecOverrides"),
+    )
     async def clone_task(req: Req, task_id: str, body: JsonBody) -> dict[str, Any]:
         """A new task from this one's spec; body: any field overrides, the pool too."""
         return await gw.clone_task(req, task_id, body)
@@ -187,7 +219,9 @@ def _group_routes(app: FastAPI, gw: Gateway) -> None:
     Caller = Annotated[Principal, _principal_dependency(gw)]
     Req = Annotated[Request, _request_dependency(gw)]
 
-    @app.post("/v1/groups", status_code=201, tags=["groups"])
+    @app.post(
+        "/v1/groups", status_code=201, tags=["groups"], openapi_extra=request_body("TaskGroup")
+    )
     async def create_group(req: Req, body: JsonBody) -> dict[str, Any]:
         """A task group: body {template: spec, items: [overrides, ...]}; all tasks or none."""
         return await gw.create_group(req, body)
@@ -195,7 +229,7 @@ def _group_routes(app: FastAPI, gw: Gateway) -> None:
     @app.get("/v1/groups", tags=["groups"])
     async def list_groups(
         caller: Caller,
-        limit: Annotated[int, Query(description="1 to 200")] = 50,
+        limit: PageLimit = 50,
         tenant: Annotated[str | None, Query(description=TENANT_QUERY)] = None,
     ) -> dict[str, Any]:
         """The tenant's task groups, newest first: `{items: [{group_id, tasks, status_counts}]}`."""
@@ -215,7 +249,9 @@ def _group_routes(app: FastAPI, gw: Gateway) -> None:
         """Stop every task of the group that has not ended."""
         return await gw.stop_group(req, group_id)
 
-    @app.post("/v1/groups/{group_id}/rerun", tags=["groups"])
+    @app.post(
+        "/v1/groups/{group_id}/rerun", tags=["groups"], openapi_extra=request_body("RerunChanges")
+    )
     async def rerun_group(req: Req, group_id: str, body: JsonBody) -> dict[str, Any]:
         """Rerun every finished task of the group; body: allowed changes for each (optional)."""
         return await gw.rerun_group(req, group_id, body)
@@ -244,22 +280,36 @@ def _admin_routes(app: FastAPI, gw: Gateway) -> None:
         """Images, volumes and public data the submission rules use."""
         return gw.catalogue_view(caller)
 
-    @app.post("/v1/admin/images", status_code=201, tags=["admin"])
+    @app.post(
+        "/v1/admin/images", status_code=201, tags=["admin"], openapi_extra=request_body("Image")
+    )
     async def add_image(req: Req, body: JsonBody) -> dict[str, Any]:
         """Platform admin: add or replace an image {name, zones, services}."""
         return await gw.add_image(req, body)
 
-    @app.post("/v1/admin/volumes", status_code=201, tags=["admin"])
+    @app.post(
+        "/v1/admin/volumes", status_code=201, tags=["admin"], openapi_extra=request_body("Volume")
+    )
     async def add_volume(req: Req, body: JsonBody) -> dict[str, Any]:
         """Platform admin: add a volume {file_system, volume, zone}."""
         return await gw.add_volume(req, body)
 
-    @app.post("/v1/admin/public-data", status_code=201, tags=["admin"])
+    @app.post(
+        "/v1/admin/public-data",
+        status_code=201,
+        tags=["admin"],
+        openapi_extra=request_body("PublicData"),
+    )
     async def add_public_data(req: Req, body: JsonBody) -> dict[str, Any]:
         """Platform admin: offer public data in a zone {zone, path?}."""
         return await gw.add_public_data(req, body)
 
-    @app.post("/v1/admin/tokens", status_code=201, tags=["admin"])
+    @app.post(
+        "/v1/admin/tokens",
+        status_code=201,
+        tags=["admin"],
+        openapi_extra=request_body("TokenRequest"),
+    )
     async def create_token(req: Req, body: JsonBody) -> dict[str, Any]:
         """Tenant or platform admin: a token for {tenant, user, role, ttl?, expires_at?,
         description?}; the token is in this answer only (stored hashed)."""

@@ -1,44 +1,213 @@
-"""Text the store cannot hold: Postgres text and jsonb refuse the NUL character.
+"""Input the gateway refuses before any rule sees it (docs/limits.md).
 
-Every edge (HTTP path, query, headers used, JSON bodies; gRPC fields) checks
-its input with `reject_nul` before the application layer sees it, so such a
-request is a 400 `request.invalid` naming the field, never a 500.
+Every edge (HTTP path, query, headers used, JSON bodies; gRPC fields and
+`*_json` fields) checks its input here, so such a request is a 400
+`request.invalid` naming the field, never a 500:
+
+- text the store cannot hold: Postgres text and jsonb refuse the NUL
+  character, and UTF-8 cannot encode a lone surrogate (JSON's `"\\ud800"`);
+- JSON nested deeper than `MAX_JSON_DEPTH` (no spec field nests that deep;
+  deeper input only costs stack and time);
+- request ids over `MAX_REQUEST_ID`;
+- HTTP bodies over `MAX_BODY_BYTES` (413, counted while the body arrives).
+
+The walk is iterative and linear in the size of the input.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
-from runyard.gateway.errors import BadRequest
+from runyard.gateway.errors import BadRequest, PayloadTooLarge
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 NUL = "\x00"
+#: Deepest JSON nesting accepted (a task group body is 4 levels deep; a spec 3).
+MAX_JSON_DEPTH = 32
+#: Longest request id (`X-Request-Id` header, gRPC `x-request-id` metadata).
+MAX_REQUEST_ID = 128
+#: Longest task group id a caller may choose.
+MAX_GROUP_ID = 128
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def find_nul(value: Any, field: str = "") -> str | None:
-    """The path of the first string (or key) holding a NUL character, if any."""
-    if isinstance(value, str):
-        return field or "request" if NUL in value else None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            path = f"{field}.{key}" if field else str(key)
-            if isinstance(key, str) and NUL in key:
-                return field or "request"
-            if (found := find_nul(item, path)) is not None:
-                return found
-    if isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            if (found := find_nul(item, f"{field}[{i}]")) is not None:
-                return found
+def _problem(text: str) -> str | None:
+    if NUL in text:
+        return "the NUL character (\\u0000) is not allowed"
+    found = _SURROGATE.search(text)
+    if found is not None:
+        return (
+            f"a lone surrogate (\\u{ord(found.group()):04x}) at character {found.start()} "
+            "is not text"
+        )
     return None
 
 
-def reject_nul(value: Any, field: str = "") -> None:
-    """Refuse `value` (400 request.invalid) if any string in it holds a NUL character."""
-    found = find_nul(value, field)
+_HINTS = {
+    "NUL": "remove the NUL character",
+    "surrogate": "send valid UTF-8 text (pair or remove the surrogate)",
+}
+
+
+def find_unstorable(value: Any, field: str = "") -> tuple[str, str] | None:
+    """(path, reason) of the first string or key the store cannot hold, or of
+    nesting deeper than `MAX_JSON_DEPTH`; None when all is well."""
+    stack: list[tuple[Any, str, int]] = [(value, field, 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        if isinstance(item, str):
+            if (reason := _problem(item)) is not None:
+                return path or "request", reason
+            continue
+        if isinstance(item, dict | list | tuple) and depth >= MAX_JSON_DEPTH:
+            return path or "request", f"nested deeper than {MAX_JSON_DEPTH} levels"
+        if isinstance(item, dict):
+            children = []
+            for key, child in item.items():
+                key_path = f"{path}.{key}" if path else str(key)
+                if isinstance(key, str) and (reason := _problem(key)) is not None:
+                    return path or "request", reason
+                children.append((child, key_path, depth + 1))
+            stack.extend(reversed(children))
+        elif isinstance(item, list | tuple):
+            stack.extend(
+                (child, f"{path}[{i}]", depth + 1) for i, child in reversed(list(enumerate(item)))
+            )
+    return None
+
+
+def reject_unstorable(value: Any, field: str = "") -> None:
+    """Refuse `value` (400 request.invalid) if any string in it holds a NUL character or a
+    lone surrogate, or it nests too deep; the error names the field and says what to do."""
+    found = find_unstorable(value, field)
     if found is not None:
+        path, reason = found
+        hint = next((h for word, h in _HINTS.items() if word in reason), None)
         raise BadRequest(
             "request.invalid",
-            f"{found}: the NUL character (\\u0000) is not allowed",
-            "remove the NUL character",
-            found,
+            f"{path}: {reason}",
+            hint or f"send JSON nested at most {MAX_JSON_DEPTH} levels deep",
+            path,
         )
+
+
+#: The name other modules use for the same check (NUL was its first case).
+reject_nul = reject_unstorable
+
+
+def check_request_id(request_id: str | None, field: str = "x-request-id") -> None:
+    """Refuse a request id that is too long or not storable text (it becomes the
+    events' correlation id)."""
+    if request_id is None:
+        return
+    reject_unstorable(request_id, field)
+    if len(request_id) > MAX_REQUEST_ID:
+        raise BadRequest(
+            "request.invalid",
+            f"{field}: {len(request_id)} characters, at most {MAX_REQUEST_ID} are allowed",
+            "send a shorter request id (a UUID is 36 characters), or none",
+            field,
+        )
+
+
+#: Largest HTTP request body (a task group of many items fits; a spec is far smaller).
+MAX_BODY_BYTES = 1024 * 1024
+
+
+def body_too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        "request.too_large",
+        f"the request body is over {limit} bytes",
+        "send a smaller body: keep long commands in a script on a volume or in the image, "
+        "and split large task groups (see docs/limits.md)",
+        "body",
+    )
+
+
+class _Exceeded(Exception):
+    """The body went over the limit while the application read it."""
+
+
+class BodyLimit:
+    """ASGI middleware: refuse a body over `max_bytes` with 413 while it arrives.
+
+    A declared Content-Length over the limit is refused before anything is
+    read; a chunked body is counted as it is received and refused as soon as
+    it goes over, so a client can never make the gateway buffer more than the
+    limit. Whatever the application answered meanwhile is replaced by the 413.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if _declared_length(scope) > self.max_bytes:
+            await self._refuse(send)
+            return
+        state = {"received": 0, "exceeded": False, "started": False}
+
+        async def limited() -> Message:
+            message = await receive()
+            if message["type"] == "http.request":
+                state["received"] += len(message.get("body", b""))
+                if state["received"] > self.max_bytes:
+                    state["exceeded"] = True
+                    raise _Exceeded
+            return message
+
+        async def guarded(message: Message) -> None:
+            if state["exceeded"]:
+                if message["type"] == "http.response.start" and not state["started"]:
+                    state["started"] = True
+                    await self._refuse(send)
+                return
+            if message["type"] == "http.response.start":
+                state["started"] = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited, guarded)
+        except _Exceeded:
+            if not state["started"]:
+                await self._refuse(send)
+
+    async def _refuse(self, send: Send) -> None:
+        error = body_too_large(self.max_bytes)
+        body = json.dumps(error.to_dict()).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": error.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+def _declared_length(scope: Scope) -> int:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return 0
+    return 0
+
+
+def group_id_of(body: Any) -> str | None:
+    """The `group_id` a task group body names, if any: a string of at most `MAX_GROUP_ID`
+    characters (it is stored in every task's event and indexed in the task list)."""
+    value = body.get("group_id") if isinstance(body, dict) else None
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or len(value) > MAX_GROUP_ID:
+        shown = f"{len(value)} characters" if isinstance(value, str) else type(value).__name__
+        raise BadRequest(
+            "request.invalid",
+            f"group_id: {shown}; a string of at most {MAX_GROUP_ID} characters is needed",
+            "leave group_id out to get a generated one, or send a short name",
+            "group_id",
+        )
+    return value

@@ -6,6 +6,12 @@ event of the batch and upserts the task's row. Rows and the checkpoint are
 written in one transaction, so a crash never skips or double-applies a
 batch; a row depends only on the events up to the checkpoint, so applying a
 batch twice, or rebuilding from position 0, gives identical rows.
+
+A batch that fails to apply is read again from the checkpoint on the next
+call (the reader is dropped), so no event is ever passed over. A row the
+database refuses (text too long for the index, a value out of range: events
+written before today's limits) is written with its text fields clipped, so
+one task can neither vanish from the list nor stop the projection for all.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -22,7 +29,12 @@ from runyard.contracts import Event, RecordedEvent
 from runyard.domain import TaskState, fold
 from runyard.eventstore import PostgresEventStore
 
+log = logging.getLogger(__name__)
+
 NAME = "task_list"
+#: Clipped lengths of a row's text when the full row does not fit (see the docstring).
+_CLIP = {"name": 200, "group_id": 128, "tag": 64, "tags": 32}
+_ROW_REFUSALS = (asyncpg.DataError, asyncpg.ProgramLimitExceededError)
 _UPSERT = """
 INSERT INTO task_list (task_id, tenant, creator, name, status, stage, pool, tags, group_id,
                        cloned_from, run, version, created_at, updated_at)
@@ -56,7 +68,11 @@ class TaskListProjector:
                 self._reader = self.store.all_reader(await self._checkpoint())
             total = 0
             while batch := await self._reader.read(self.batch_size):
-                await self._apply(batch)
+                try:
+                    await self._apply(batch)
+                except BaseException:
+                    self._reader = None  # read this batch again from the checkpoint
+                    raise
                 total += len(batch)
             return total
 
@@ -86,12 +102,30 @@ class TaskListProjector:
         states = [await self._state(stream, version) for stream, version in last_version.items()]
         async with self.store.transaction() as conn:
             for state, updated_at in states:
-                await conn.execute(_UPSERT, *_row(state, updated_at))
+                await _upsert(conn, _row(state, updated_at))
             await conn.execute(_CHECKPOINT, NAME, batch[-1].global_position)
 
     async def _state(self, stream_id: str, version: int) -> tuple[TaskState, datetime]:
         events = [e for e in await self.store.read_stream(stream_id) if e.stream_version <= version]
         return fold(events, task_id=stream_id.removeprefix("task-")), events[-1].occurred_at
+
+
+async def _upsert(conn: asyncpg.Connection, row: tuple[Any, ...]) -> None:
+    try:
+        async with conn.transaction():  # a savepoint: a refused row leaves the batch intact
+            await conn.execute(_UPSERT, *row)
+    except _ROW_REFUSALS as exc:
+        log.error("task %s: its list row does not fit (%s); writing it clipped", row[0], exc)
+        await conn.execute(_UPSERT, *_clipped(row))
+
+
+def _clipped(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The row with name, tags and group id cut to lengths the table and index take."""
+    clipped = list(row)
+    clipped[3] = row[3][: _CLIP["name"]]
+    clipped[7] = [tag[: _CLIP["tag"]] for tag in row[7][: _CLIP["tags"]]]
+    clipped[8] = row[8][: _CLIP["group_id"]] if row[8] is not None else None
+    return tuple(clipped)
 
 
 def _row(state: TaskState, updated_at: datetime) -> tuple[Any, ...]:

@@ -28,6 +28,7 @@ from runyard.domain import is_terminal
 from runyard.gateway.app import Gateway
 from runyard.gateway.auth import Principal
 from runyard.gateway.errors import BadRequest, GatewayError, NotFound
+from runyard.gateway.schemas import request_body
 from runyard.gateway.security import caller_dependency
 from runyard.logs.errors import ExportNotFound, InvalidQuery, LogError
 from runyard.logs.exports import Exports
@@ -208,8 +209,16 @@ def logs_router(gateway: Gateway, export_dir: Path | None = None) -> APIRouter:
         caller: Caller,
         task_id: str,
         params: Annotated[LogParams, Depends()],
-        order: Annotated[str, Query(description="oldest or newest")] = "oldest",
-        limit: Annotated[int, Query(description="page size, 1 to 1000")] = 200,
+        order: Annotated[
+            str, Query(description="oldest or newest", json_schema_extra={"enum": ORDERS})
+        ] = "oldest",
+        limit: Annotated[
+            int,
+            Query(
+                description="page size, 1 to 1000",
+                json_schema_extra={"minimum": 1, "maximum": 1000},
+            ),
+        ] = 200,
         cursor: str | None = None,
     ) -> dict[str, Any]:
         """Lines of the task in time order; pass `next_cursor` back for the next page."""
@@ -222,7 +231,11 @@ def logs_router(gateway: Gateway, export_dir: Path | None = None) -> APIRouter:
         """The earliest error line across workers, with context and its likely layer."""
         return await api.first_error(caller, task_id, run)
 
-    @router.post("/v1/tasks/{task_id}/logs/exports", status_code=202)
+    @router.post(
+        "/v1/tasks/{task_id}/logs/exports",
+        status_code=202,
+        openapi_extra=request_body("LogExport"),
+    )
     async def start_export(
         caller: Caller,
         task_id: str,
@@ -250,6 +263,9 @@ def logs_router(gateway: Gateway, export_dir: Path | None = None) -> APIRouter:
         return FileResponse(path, media_type=media, filename=path.name)
 
     return router
+
+
+ORDERS = ["oldest", "newest"]
 
 
 def log_api_of(gateway: Gateway) -> LogApi:

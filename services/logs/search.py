@@ -13,15 +13,32 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from runyard.logs.errors import InvalidQuery
 
 Order = Literal["oldest", "newest"]
 MAX_LIMIT = 1000
+#: The time bounds a search accepts (no line is older than Runyard or from year 3000).
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(3000, 1, 1, tzinfo=UTC)
 #: Runs and workers are Postgres `int` (and proto `int32`) columns.
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def check_time(name: str, value: datetime | None) -> None:
+    """A time bound within `EARLIEST`..`LATEST` (year 9999 and year 1 with an offset
+    overflow on the way to the database); leave the bound out for an open range."""
+    if value is None or value.tzinfo is None:
+        return
+    if not EARLIEST <= value <= LATEST:
+        raise InvalidQuery(
+            "logs.time_range",
+            f"{name} must be between {EARLIEST.date()} and {LATEST.date()}",
+            f"leave {name} out for an open range",
+            name,
+        )
 
 
 def check_int32(name: str, value: int | None) -> None:
@@ -78,6 +95,7 @@ class LogQuery:
                 raise InvalidQuery(
                     "logs.time_zone", f"{name} needs a time zone", "e.g. 2026-01-02T03:04:05Z", name
                 )
+            check_time(name, value)
         if self.since and self.until and self.since.replace(microsecond=0) > self.until:
             raise InvalidQuery("logs.time_range", "since is after until", "swap them", "since")
         if self.words is not None and not self.words.strip():

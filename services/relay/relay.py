@@ -10,18 +10,33 @@ The embedded broker keeps everything in memory. The relay writes a marker
 topic when it initialises a broker; if the marker is gone, the broker lost its
 memory: the relay recreates the topics and publishes again from position 0
 (consumers dedupe), instead of assuming the broker kept anything.
+
+One event that the broker can never take (over its message size, or refused
+as a record) must not stop the log for everyone: the relay dead-letters it,
+a small reference with the reason on the dead-letter topic (the event itself
+stays in the store), counts it in `RelayStats.dead_lettered`, logs an error
+and goes on with the next event. Errors that concern the broker rather than
+one message (unreachable, timeouts, leadership changes) are retried as
+before. docs/operations.md says how to find and replay a dead-lettered event.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass
 
 import asyncpg
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
+from aiokafka.errors import (
+    CorruptRecordException,
+    InvalidTimestampError,
+    KafkaError,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+)
 from runyard.eventstore import PostgresEventStore, StoredEvent
 from runyard.messaging import codec
 from runyard.messaging.settings import KafkaSettings
@@ -30,6 +45,16 @@ from runyard.messaging.topics import create_marker, ensure_topics
 log = logging.getLogger("runyard.relay")
 
 CHECKPOINT = "relay"
+#: The producer's largest message: Kafka's default `message.max.bytes` (1 MiB). The
+#: event store keeps every event well under it (MAX_EVENT_BYTES).
+MAX_MESSAGE_BYTES = 1024 * 1024
+#: Errors about one message that sending it again can never fix.
+MESSAGE_ERRORS: tuple[type[KafkaError], ...] = (
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    CorruptRecordException,
+    InvalidTimestampError,
+)
 
 
 @dataclass
@@ -38,6 +63,8 @@ class RelayStats:
     batches: int = 0
     broker_resets: int = 0
     publish_errors: int = 0
+    #: Events the broker could never take, parked on the dead-letter topic.
+    dead_lettered: int = 0
 
 
 async def load_checkpoint(pool: asyncpg.Pool, name: str = CHECKPOINT) -> int:
@@ -65,12 +92,14 @@ class OutboxRelay:
         batch_size: int = 500,
         poll_interval: float = 0.005,
         broker_check_interval: float = 1.0,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
         self.store = store
         self.kafka = kafka
         self.batch_size = batch_size
         self.poll_interval = poll_interval
         self.broker_check_interval = broker_check_interval
+        self.max_message_bytes = max_message_bytes
         self.stats = RelayStats()
         self._producer: AIOKafkaProducer | None = None
         self._last_broker_check = 0.0
@@ -106,6 +135,7 @@ class OutboxRelay:
             acks=1,
             linger_ms=0,
             request_timeout_ms=self.kafka.request_timeout_ms,
+            max_request_size=self.max_message_bytes,
         )
         await self._producer.start()
         await self._mark_epoch()
@@ -122,22 +152,15 @@ class OutboxRelay:
     async def _publish(self, batch: list[StoredEvent]) -> bool:
         """Send a batch and wait for every ack, retrying on errors.
 
-        False when the broker turned out to have lost its memory meanwhile:
-        the caller then starts again from position 0.
+        An event the broker can never take is dead-lettered, not retried (see the
+        module docstring). False when the broker turned out to have lost its
+        memory meanwhile: the caller then starts again from position 0.
         """
-        assert self._producer is not None
-        topics = self.kafka.topics
+        parked: set[int] = set()
         while True:
             try:
-                futures = []
-                for stored in batch:
-                    key, value, headers = codec.encode_stored(stored)
-                    topic = topics.for_category(stored.category)
-                    futures.append(
-                        await self._producer.send(topic, value, key=key, headers=headers)
-                    )
-                await asyncio.gather(*futures)
-                self.stats.published += len(batch)
+                await self._send_all(batch, parked)
+                self.stats.published += len(batch) - len(parked)
                 self.stats.batches += 1
                 return True
             except KafkaError as exc:
@@ -146,6 +169,68 @@ class OutboxRelay:
                 await asyncio.sleep(0.5)
                 if await self._broker_lost(force=True):
                     return False
+
+    async def _send_all(self, batch: list[StoredEvent], parked: set[int]) -> None:
+        """Send every event not parked yet; park the ones the broker can never take."""
+        assert self._producer is not None
+        pending: list[tuple[StoredEvent, asyncio.Future[object]]] = []
+        for stored in batch:
+            if stored.global_position in parked:
+                continue
+            key, value, headers = codec.encode_stored(stored)
+            topic = self.kafka.topics.for_category(stored.category)
+            try:
+                future = await self._producer.send(topic, value, key=key, headers=headers)
+            except MESSAGE_ERRORS as exc:
+                await self._dead_letter(stored, len(value), exc, parked)
+                continue
+            pending.append((stored, future))
+        results = await asyncio.gather(*(f for _, f in pending), return_exceptions=True)
+        for (stored, _), result in zip(pending, results, strict=True):
+            if isinstance(result, MESSAGE_ERRORS):
+                await self._dead_letter(stored, None, result, parked)
+            elif isinstance(result, BaseException):
+                raise result
+
+    async def _dead_letter(
+        self, stored: StoredEvent, size: int | None, error: Exception, parked: set[int]
+    ) -> None:
+        """Park a reference to `stored` on the dead-letter topic, with why."""
+        assert self._producer is not None
+        reason = f"relay could not publish: {type(error).__name__}: {error}"[:1000]
+        log.error(
+            "dead-lettering event %s (%s of %s, position %s, %s bytes): %s",
+            stored.event_id,
+            stored.event_type,
+            stored.stream_id,
+            stored.global_position,
+            size if size is not None else "?",
+            reason,
+        )
+        reference = {
+            "event_id": str(stored.event_id),
+            "stream_id": stored.stream_id,
+            "stream_version": stored.stream_version,
+            "global_position": stored.global_position,
+            "type": stored.event_type,
+            "size": size,
+            "reason": reason,
+        }
+        headers = [
+            ("reason", reason.encode()),
+            ("source", b"relay"),
+            ("event_id", str(stored.event_id).encode()),
+            ("event_type", stored.event_type.encode()),
+            ("global_position", str(stored.global_position).encode()),
+        ]
+        await self._producer.send_and_wait(
+            self.kafka.topics.dead_letter,
+            json.dumps(reference).encode(),
+            key=stored.stream_id.encode(),
+            headers=headers,
+        )
+        parked.add(stored.global_position)
+        self.stats.dead_lettered += 1
 
     async def _broker_lost(self, *, force: bool = False) -> bool:
         """Detect a broker that lost its memory; recreate topics and say so."""

@@ -43,7 +43,9 @@ def _one_component(name: str) -> str:
     return name
 
 
-Name = Annotated[str, AfterValidator(_one_component)]
+Name = Annotated[
+    str, AfterValidator(_one_component), Field(json_schema_extra={"pattern": NAME_PATTERN})
+]
 
 
 class _Frozen(BaseModel):

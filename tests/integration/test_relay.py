@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator
+from typing import Any
 
 import asyncpg
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from runyard.contracts import Event, RecordedEvent
+from aiokafka.structs import ConsumerRecord
+from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent
+from runyard.contracts.envelope import utcnow
 from runyard.eventstore import PostgresEventStore
 from runyard.messaging import KafkaSettings
 from runyard.messaging.consumer import IdempotentConsumer, make_broker
 from runyard.relay import OutboxRelay
 from runyard.stack.embedded import EmbeddedKafka
 
-from tests.contract.sample_events import happened, sample_mapper
+from tests.contract.sample_events import Renamed, happened, sample_mapper
 
 pytestmark = pytest.mark.integration
 
@@ -235,3 +240,56 @@ async def test_broker_crash_mid_stream_loses_nothing(dsn: str, postgres_url: str
     finally:
         broker.stop()
         await store.close()
+
+
+def renamed(first: str) -> NewEvent[Renamed]:
+    return NewEvent(
+        Renamed(first=first, last="x"), Metadata(actor="user:acme/alice"), occurred_at=utcnow()
+    )
+
+
+async def dead_letters(kafka: KafkaSettings, count: int) -> list[ConsumerRecord[Any, Any]]:
+    dlq = AIOKafkaConsumer(
+        kafka.topics.dead_letter,
+        bootstrap_servers=kafka.bootstrap,
+        auto_offset_reset="earliest",
+        group_id=f"dlq-{uuid.uuid4().hex[:8]}",
+    )
+    await dlq.start()
+    try:
+        return [await asyncio.wait_for(dlq.getone(), 30) for _ in range(count)]
+    finally:
+        await dlq.stop()
+
+
+async def test_an_event_the_broker_cannot_take_is_dead_lettered_and_the_log_goes_on(
+    dsn: str, kafka: KafkaSettings
+) -> None:
+    """An event over the broker's message size (here a relay whose limit is 4 KiB)
+    stops nothing: it is parked with the reason, later events of every stream flow."""
+    store = await PostgresEventStore.connect(dsn, sample_mapper())
+    await store.append("test-1", [happened(1)])
+    await store.append("test-2", [renamed("a" * 10_000)])
+    await store.append("test-3", [happened(3)])
+    async with running_consumer(dsn, kafka) as (consumer, collector):
+        relay = OutboxRelay(store, kafka, broker_check_interval=0.2, max_message_bytes=4096)
+        task = asyncio.create_task(relay.run())
+        try:
+            await wait_until(lambda: consumer.stats.processed == 2, within=60)
+            await store.append("test-4", [happened(4)])
+            await wait_until(lambda: consumer.stats.processed == 3, within=60)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    assert [e.event.n for e in collector.seen] == [1, 3, 4]  # type: ignore[attr-defined]
+    assert relay.stats.dead_lettered == 1
+    (parked,) = await dead_letters(kafka, 1)
+    headers = {k: v.decode() for k, v in parked.headers}
+    reference = json.loads(parked.value)
+    assert headers["source"] == "relay" and "MessageSizeTooLarge" in headers["reason"]
+    assert (reference["stream_id"], reference["type"]) == ("test-2", "Renamed")
+    assert await store.pool.fetchval(
+        "SELECT position FROM checkpoints WHERE name = 'relay'"
+    ) == await store.head_position()
+    await store.close()
