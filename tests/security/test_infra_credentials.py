@@ -10,9 +10,12 @@ credentials can no longer do.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
+import signal
 import stat
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +24,7 @@ from urllib.parse import urlsplit
 import asyncpg
 import pytest
 from runyard.stack import roles
-from runyard.stack.embedded import EmbeddedKafka, free_port
+from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres, _pg_bin, free_port
 from runyard.stack.up import Stack, _write_private, migrate
 
 pytestmark = pytest.mark.integration
@@ -30,8 +33,6 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def stack(kafka_bootstrap: str) -> Iterator[Stack]:
     """Postgres as `runyard up` starts it, migrated by the owner role, grants applied."""
-    import asyncio
-
     # Not under pytest's basetemp, which is private to root: the server's own
     # system user must reach its data directory.
     home = Path(tempfile.mkdtemp(prefix="runyard-test-home-"))
@@ -136,10 +137,11 @@ async def test_connections_without_the_password_are_refused(stack: Stack) -> Non
             await asyncpg.connect(_without_password(dsn), password="guess")
         # Over the socket (no password asked): only the superuser's OS user may.
         user = urlsplit(dsn).username
-        with pytest.raises(asyncpg.InvalidAuthorizationSpecificationError):
+        with pytest.raises(asyncpg.InvalidAuthorizationSpecificationError) as refused:
             await asyncpg.connect(
                 stack.postgres.dsn_for(roles.DATABASE).replace("postgres@", f"{user}@")
             )
+        assert "no pg_hba.conf entry" in str(refused.value)
         assert service
     # The superuser has no password at all: over TCP it cannot log in.
     with pytest.raises(asyncpg.InvalidPasswordError):
@@ -234,3 +236,70 @@ def test_embedded_servers_listen_on_loopback_only(stack: Stack, tmp_path: Path) 
 def test_the_embedded_broker_refuses_to_listen_beyond_loopback() -> None:
     with pytest.raises(ValueError, match="loopback"):
         EmbeddedKafka(host="0.0.0.0").start()
+
+
+async def test_the_compose_init_script_makes_the_same_roles() -> None:
+    """infra/postgres/init-roles.sh (docker-compose's Postgres), run as the
+    postgres image runs it, on a fresh server: then `runyard up` migrates and
+    grants as the owner, and the roles hold as on the embedded stack."""
+    root = Path(tempfile.mkdtemp(prefix="runyard-test-init-"))
+    server = EmbeddedPostgres(root / "data")
+    server.start()
+    try:
+        passwords = {role: f"pw-{role}" for role in roles.ROLES}
+        env = {
+            **os.environ,
+            "PATH": f"{_pg_bin()}:{os.environ['PATH']}",
+            "POSTGRES_USER": "postgres",
+            "PGHOST": str(server.data_dir),
+            "PGPORT": str(server.port),
+            "PGDATA": str(server.data_dir),
+            **{f"RUNYARD_DB_{r.removeprefix('runyard_').upper()}_PASSWORD": p
+               for r, p in passwords.items()},
+        }
+        script = Path(__file__).parents[2] / "infra/postgres/init-roles.sh"
+        done = await asyncio.to_thread(
+            subprocess.run, ["bash", str(script)], env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        pid = int((server.data_dir / "postmaster.pid").read_text().split()[0])
+        os.kill(pid, signal.SIGHUP)  # the image restarts the server after its init scripts
+        await _until_superuser_refused_over_tcp(server)
+
+        def dsn(role: str) -> str:
+            return server.tcp_dsn(role, passwords[role], roles.DATABASE)
+
+        await migrate(dsn(roles.OWNER), grants=True)
+        for role in roles.ROLES:
+            conn = await asyncpg.connect(dsn(role))
+            try:
+                assert not await conn.fetchval(
+                    "SELECT rolsuper OR rolcreaterole OR rolcreatedb FROM pg_roles"
+                    " WHERE rolname = current_user"
+                )
+                with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                    await conn.execute("COPY (SELECT 1) TO PROGRAM 'true'")
+            finally:
+                await conn.close()
+        app = await asyncpg.connect(dsn(roles.APP))
+        try:
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await app.fetch("SELECT * FROM secrets")
+        finally:
+            await app.close()
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def _until_superuser_refused_over_tcp(server: EmbeddedPostgres) -> None:
+    """Wait for the script's pg_hba.conf to be loaded: it has no rule at all
+    for the superuser over TCP (the embedded one asked for a password)."""
+    for _ in range(200):
+        try:
+            await asyncpg.connect(server.tcp_dsn("postgres", "anything", "postgres"))
+        except asyncpg.InvalidPasswordError:  # (a subclass): the old rules still hold
+            await asyncio.sleep(0.05)
+        except asyncpg.InvalidAuthorizationSpecificationError:  # "no pg_hba.conf entry"
+            return
+    raise AssertionError("the server did not load the init script's pg_hba.conf")
