@@ -49,8 +49,9 @@ UrlOpt = Annotated[str | None, typer.Option("--url", help="Gateway URL (RUNYARD_
 TokenOpt = Annotated[str | None, typer.Option("--token", help="Bearer token (RUNYARD_TOKEN).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the API's JSON.")]
 
-out = Console(soft_wrap=True)
-err = Console(stderr=True)
+#: `emoji=False`: a task named `:fire:` prints as such, not as an emoji.
+out = Console(soft_wrap=True, emoji=False)
+err = Console(stderr=True, emoji=False)
 
 
 # --- talking to the gateway ---------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from runyard.cli.main import app
@@ -150,3 +151,20 @@ async def test_worker_output_loses_its_escape_sequences_unless_raw(served_gatewa
     raw = await cli(s.url, s.token, "logs", task_id, "--raw")
     assert raw.exit_code == 0, raw.output
     assert raw.stdout.rstrip("\n").endswith(f" | {text}")
+
+
+async def test_a_name_with_rich_markup_or_emoji_codes_prints_as_written(
+    served_gateway: Served, tmp_path: Path
+) -> None:
+    s = served_gateway
+    name = "sft [red]x[/] [/bold] :fire:"
+    spec = tmp_path / "task.yaml"
+    spec.write_text(
+        (REPO / "examples/hello.yaml").read_text().replace("name: hello", f"name: '{name}'")
+    )
+    submitted = await cli(s.url, s.token, "submit", "-f", str(spec))
+    assert submitted.exit_code == 0, submitted.output  # a closing tag once crashed the CLI
+    task_id = submitted.stdout.split()[0]
+    assert f"{task_id}  {name}  status=new" in submitted.stdout
+    listed = await cli(s.url, s.token, "ls")
+    assert f"{task_id}\t{name}\tnew\t" in listed.stdout
