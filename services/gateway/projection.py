@@ -115,7 +115,8 @@ async def _upsert(conn: asyncpg.Connection, row: tuple[Any, ...]) -> None:
         async with conn.transaction():  # a savepoint: a refused row leaves the batch intact
             await conn.execute(_UPSERT, *row)
     except _ROW_REFUSALS as exc:
-        log.error("task %s: its list row does not fit (%s); writing it clipped", row[0], exc)
+        # %r: the error may quote the row's values, which come from users
+        log.error("task %r: its list row does not fit (%r); writing it clipped", row[0], exc)
         await conn.execute(_UPSERT, *_clipped(row))
 
 
