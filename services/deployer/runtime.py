@@ -102,6 +102,7 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -280,6 +281,47 @@ def _runyard_root() -> Path:
     return checkout if (checkout / "pyproject.toml").exists() else package.parent
 
 
+def _python_home(image: Path | None) -> Path | None:
+    """The base interpreter's prefix of a virtualenv image (its pyvenv.cfg `home`'s parent)."""
+    if image is None:
+        return None
+    try:
+        text = (image / "pyvenv.cfg").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "home" and value.strip():
+            return Path(value.strip()).resolve().parent
+    return None
+
+
+def _enterable(folder: Path, ids: tuple[int, int, str]) -> bool:
+    """Whether the user `ids` may list and enter `folder` (by its mode bits)."""
+    st = folder.stat()
+    if st.st_uid == ids[0]:
+        bits = stat.S_IRUSR | stat.S_IXUSR
+    elif st.st_gid == ids[1]:
+        bits = stat.S_IRGRP | stat.S_IXGRP
+    else:
+        bits = stat.S_IROTH | stat.S_IXOTH
+    return st.st_mode & bits == bits
+
+
+def _untraversable(path: Path) -> Path | None:
+    """The outermost folder above (or at) `path` that other users cannot enter, if any."""
+    current = Path("/")
+    for part in path.resolve().parts[1:]:
+        current = current / part
+        try:
+            mode = current.stat().st_mode
+        except OSError:
+            return None
+        if stat.S_ISDIR(mode) and not mode & stat.S_IXOTH:
+            return current
+    return None
+
+
 def _covered(path: Path, covers: list[Path]) -> bool:
     """Whether `path` lies in one of `covers` (and so is hidden once they are covered)."""
     resolved = path.resolve()
@@ -426,6 +468,15 @@ class LocalRuntime:
             raise StageFailed(
                 f"image {image!r} maps to {where}, which has no bin/ directory on this machine"
             )
+        if self.worker_ids is not None:
+            for folder in (where, where / "bin"):
+                if not _enterable(folder, self.worker_ids):
+                    raise StageFailed(
+                        f"image {image!r} maps to {where}, but the worker user "
+                        f"{self.worker_ids[2]!r} cannot read {folder} (mode "
+                        f"{stat.S_IMODE(folder.stat().st_mode):04o}): make it readable by "
+                        "others (chmod o+rx)"
+                    )
         local.image_bin = where / "bin"
 
     async def mount_storage(self, deployment: Deployment) -> None:
@@ -768,25 +819,31 @@ class LocalRuntime:
     def _mount_script(self, local: _Local, worker: _Worker) -> str:
         """Shell lines, run as root in the worker's own mount namespace, that set up its view.
 
-        In order: every folder the worker must see again later (its scratch; the image
-        and Runyard itself when they would be hidden) is opened; each volume is
-        bind-mounted at its mount path (read-only when asked); the deployment's shared
-        `shm/` goes over /dev/shm and the worker's scratch `tmp/` over /tmp (so nothing
-        of the host's /tmp is visible); an empty tmpfs goes over every hidden
-        control-plane path (the scratch and volume roots, the data dir, `local.hide`);
-        then the opened folders are bind-mounted back at their own paths through
-        /proc/self/fd. Any failure ends the worker (exit 112) before the launch command
-        runs: a worker never runs with a partial view.
+        First every folder the worker must see but that would be hidden is opened: its
+        scratch, and the image, the image's base interpreter (a virtualenv's `home`),
+        Runyard itself and the interpreter it runs on, when they lie under a hidden path,
+        under /tmp, or below a folder the worker user cannot traverse (e.g. an
+        interpreter under /root). Then each
+        volume is bind-mounted at its mount path (read-only when asked); the
+        deployment's shared `shm/` goes over /dev/shm and the worker's scratch `tmp/`
+        over /tmp (nothing of the host's /tmp stays visible). Then, outermost first, an
+        empty tmpfs goes over every hidden path (the scratch and volume roots, the data
+        dir, `local.hide`, and those untraversable folders) and the opened folders are
+        bind-mounted back at their own paths through /proc/self/fd (a hidden path inside
+        one of them is covered again after it). Any failure ends the worker (exit 112)
+        before the launch command runs: a worker never runs with a partial view.
         """
         t = self.tools
         q = shlex.quote
-        hidden = self._hidden_paths()
         scratch = worker.scratch.resolve()
         image = local.image_bin.parent.resolve() if local.image_bin is not None else None
-        keep = [scratch]
-        for path in (image, _runyard_root()):
-            if path is not None and _covered(path, [Path("/tmp"), *hidden]):
-                keep.append(path)
+        # Runyard and its interpreter too: the env check runs Runyard's bootcheck module.
+        runyard = (_runyard_root(), Path(sys.prefix), Path(sys.base_prefix))
+        needed = [p for p in (image, _python_home(image), *runyard) if p is not None]
+        blocked = [a for a in map(_untraversable, needed) if a is not None]
+        hidden = sorted({*self._hidden_paths(), *blocked})
+        covers = [Path("/tmp"), *hidden]
+        keep = list(dict.fromkeys([scratch, *(p for p in needed if _covered(p, covers))]))
         lines = [f"exec {10 + n}<{q(str(path))}" for n, path in enumerate(keep)]
         for mount_path, host, read_only in local.mounts:
             lines.append(f"{q(t.mkdir)} -p {q(mount_path)}")
@@ -795,27 +852,26 @@ class LocalRuntime:
                 lines.append(f"{q(t.mount)} -o remount,bind,ro {q(mount_path)}")
         lines.append(f"{q(t.mount)} --bind {q(str(local.root / 'shm'))} /dev/shm")
         lines.append(f"{q(t.mount)} --bind {q(str(scratch / 'tmp'))} /tmp")
-        for path in hidden:
+        steps = [(len(p.parts), 0, p, -1) for p in hidden]
+        steps += [(len(p.parts), 1, p, 10 + n) for n, p in enumerate(keep)]
+        for _, bind, path, fd in sorted(steps):
             p = q(str(path))
-            lines.append(
-                f"if [ -d {p} ]; then {q(t.mount)} -t tmpfs -o size=1m,mode=0755,nosuid,nodev "
-                f"runyard-hidden {p}; elif [ -e {p} ]; then {q(t.mount)} --bind /dev/null {p}; fi"
-            )
-        for n, path in enumerate(keep):
-            lines.append(f"{q(t.mkdir)} -p {q(str(path))}")
-            lines.append(f"{q(t.mount)} -c --bind /proc/self/fd/{10 + n} {q(str(path))}")
-            lines.append(f"exec {10 + n}<&-")
+            if bind:
+                lines.append(f"{q(t.mkdir)} -p {p}")
+                lines.append(f"{q(t.mount)} -c --bind /proc/self/fd/{fd} {p}")
+                lines.append(f"exec {fd}<&-")
+            else:
+                lines.append(
+                    f"if [ -d {p} ]; then {q(t.mount)} -t tmpfs -o size=1m,mode=0755,nosuid,"
+                    f"nodev runyard-hidden {p}; elif [ -e {p} ]; then {q(t.mount)} --bind "
+                    f"/dev/null {p}; fi"
+                )
         return "".join(f"{line} || exit 112\n" for line in lines)
 
     def _hidden_paths(self) -> list[Path]:
-        """The control-plane paths a sandboxed worker must not see, outermost only."""
+        """The control-plane paths a sandboxed worker must not see."""
         wanted = [self.config.scratch_root, self.config.volumes_root, *self.config.hidden]
-        resolved = sorted({p.resolve() for p in wanted})
-        kept: list[Path] = []
-        for path in resolved:
-            if not any(path.is_relative_to(k) for k in kept):
-                kept.append(path)
-        return kept
+        return sorted({p.resolve() for p in wanted})
 
     def _watch_all(self, local: _Local, on_output: OnOutput, on_exit: OnExit) -> None:
         local.queue = asyncio.Queue(maxsize=self.config.output_buffer)

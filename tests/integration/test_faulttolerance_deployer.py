@@ -457,6 +457,7 @@ def gpu_image() -> Any:
     build = Path(__file__).resolve().parents[2] / "build"
     build.mkdir(exist_ok=True)
     image = Path(tempfile.mkdtemp(prefix="runyard-gpu-image-", dir=build))
+    image.chmod(0o755)  # readable by the unprivileged user sandboxed workers run as
     (image / "bin").mkdir(parents=True)
     for name, text in (
         ("nvidia-smi", FAKE_SMI),
