@@ -264,8 +264,11 @@ class SchedulerApp:
         if await self.store.stream_version(stream):
             return
         now = self.clock()
+        # the operator's configuration is the cause: the root of the pool's chain
+        root = f"config:pools/{config.pool_id}"
+        meta = Metadata(actor=ACTOR, causation_id=root, correlation_id=root)
         events = [
-            NewEvent(event, Metadata(actor=ACTOR), now, event_id=event_id)
+            NewEvent(event, meta, now, event_id=event_id)
             for event_id, event in config.registration()
         ]
         try:
@@ -756,10 +759,15 @@ class SchedulerApp:
         runtime = self.pools[decision.pool_id] if decision.pool_id else None
         if decision.pool_events:
             assert runtime is not None
+            # an allocation or release is caused by what its task went through, not by
+            # whichever event triggered the placement pass
             requests.append(
                 AppendRequest(
                     pool_stream(runtime.pool_id),
-                    [NewEvent(e, metadata, now) for e in decision.pool_events],
+                    [
+                        NewEvent(e, self._causes.get(getattr(e, "task_id", ""), metadata), now)
+                        for e in decision.pool_events
+                    ],
                     runtime.version,
                 )
             )

@@ -10,6 +10,10 @@ check that processes are gone.
 
 RUNYARD_E2E_SKIP=logs,faulttolerance (service names, comma-separated) leaves
 services out, to tell a service's own failure from the path under test.
+
+After a test that passed, every event of its database must keep the audit
+chain (R-62, `audit.py`): each names its cause, and the causes lead back to a
+person's request or an admin's action.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from runyard.gateway.auth import create_token
 from runyard.messaging import KafkaSettings
 from runyard.stack.context import ServiceContext
 from runyard.stack.up import SERVICES, run_platform
+
+from tests.e2e.audit import assert_audit_chain
 
 REPO = Path(__file__).resolve().parents[2]
 TERMINAL = {"succeeded", "failed", "stopped"}
@@ -171,6 +177,7 @@ async def running_platform(
         run.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await run
+    await assert_audit_chain(dsn)  # only after a test that passed (R-62)
 
 
 @pytest.fixture

@@ -20,11 +20,14 @@ from typing import Any
 
 import pytest
 import yaml
+from runyard.deployer.runtime import group_members
 from runyard.faulttolerance.stacks import py_spy_binary
 
 from tests.e2e import conftest as e2e
 from tests.e2e.conftest import Platform, running_platform
+from tests.feishu_fake import FeishuFake
 from tests.unit.test_cli import cli
+from tests.unit.test_faulttolerance_slowdown import SEED_LINES, seed_ms
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -33,11 +36,25 @@ RESUME_WAIT_S = 2.0
 HANG_TIMEOUT_S = 10  # the spec's minimum
 
 
+FEISHU_BOT = "ft-alerts"
+
+
+@pytest.fixture
+async def feishu() -> AsyncIterator[FeishuFake]:
+    fake = FeishuFake(bots={FEISHU_BOT: None})
+    await fake.start()
+    try:
+        yield fake
+    finally:
+        await fake.stop()
+
+
 @pytest.fixture
 async def ft_platform(
-    dsn: str, kafka: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    dsn: str, kafka: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, feishu: FeishuFake
 ) -> AsyncIterator[Platform]:
-    """The platform with restarts after at most 0.5 s and a short resume wait."""
+    """The platform with restarts after at most 0.5 s, a short resume wait, and alerts
+    allowed to the fake Feishu bot (sent without waiting for a group window)."""
     copy = e2e.copy_config
 
     def short_restarts(target: Path, *, grace_s: float = 2.0) -> Path:
@@ -45,11 +62,18 @@ async def ft_platform(
         runtime = yaml.safe_load((copied / "runtime.yaml").read_text())
         runtime["deployer"] = {**(runtime.get("deployer") or {}), "max_restart_delay_s": 0.5}
         (copied / "runtime.yaml").write_text(yaml.safe_dump(runtime))
+        origins = {"webhook_origins": [f"http://127.0.0.1:{feishu.port}"]}
+        (copied / "notification.yaml").write_text(yaml.safe_dump(origins))
         return copied
 
     monkeypatch.setattr(e2e, "copy_config", short_restarts)
     async with running_platform(
-        dsn, kafka, tmp_path, faulttolerance_resume_wait_s=RESUME_WAIT_S
+        dsn,
+        kafka,
+        tmp_path,
+        faulttolerance_resume_wait_s=RESUME_WAIT_S,
+        notification_group_window_s=0.1,
+        notification_poll_s=0.1,
     ) as platform:
         await _ft_ready(platform)
         yield platform
@@ -295,3 +319,118 @@ async def test_a_faulty_node_reschedules_and_ft_log_counts_it(ft_platform: Platf
     assert "Restart 1 scheduled after hardware fault: attempt 2 on healthy nodes" in shown.stdout
     as_json = json.loads((await cli(url, token, "ft-log", task_id, "--json")).stdout)
     assert as_json["counts"] == {"restarts": 1, "reschedules": 1, "hangs": 0, "slowdowns": 0}
+
+
+def megatron_line(iteration: str, ms: str) -> str:
+    """A Megatron-LM training log line (bash printf arguments)."""
+    return (
+        f"printf ' iteration %8d/    1000 | consumed samples: %8d | elapsed time per "
+        f"iteration (ms): %.1f | learning rate: 3.000E-04 | global batch size:     8 | "
+        f"lm loss: 2.345E+00 | loss scale: 1.0 |\\n' {iteration} $(({iteration} * 8)) {ms}"
+    )
+
+
+def tqdm_line(iteration: str, seconds: str) -> str:
+    """A transformers Trainer (LLaMA-Factory) progress bar (bash printf arguments)."""
+    return (
+        f"printf '%3d%%|▍         | %d/1000 [01:23<45:06, %5.2fs/it]\\n' "
+        f"$(({iteration} / 10)) {iteration} {seconds}"
+    )
+
+
+def seed_log_command(line: Any, unit: float) -> str:
+    """Prints the seed's resumed log (iterations 3-92) at once, then exits 0."""
+    cases = " ".join(
+        f"{it}) t={seed_ms(it) / unit:g};;" for it in range(83, 93)
+    )
+    return (
+        "echo 'resuming from iteration 2'; "
+        f"for i in {{3..92}}; do t={3101 / unit:g}; case $i in {cases} esac; "
+        f"{line('$i', '$t')}; done"
+    )
+
+
+@pytest.mark.parametrize(
+    ("form", "expected"),
+    [
+        ("megatron", SEED_LINES),
+        (
+            "llamafactory",
+            [
+                line.replace("9465.00", "9466.00").replace("3101.00", "3100.00")
+                for line in SEED_LINES
+            ],
+        ),
+    ],
+)
+async def test_a_log_printed_at_once_gives_one_slowdown_line_per_slow_window(
+    ft_platform: Platform, form: str, expected: list[str]
+) -> None:
+    """The seed's example (a run resumed at iteration 3): 83-87 and 88-92 are slow. The
+    script prints its whole log and exits at once: every line still counts."""
+    if form == "megatron":
+        command = seed_log_command(megatron_line, 1.0)
+    else:  # tqdm shows seconds to 2 decimals: 3.10, 9.00 ... 17.32 (83-87: 9.47 -> 9466 ms)
+        command = seed_log_command(tqdm_line, 1000.0)
+    created = await ft_platform.submit(
+        name=f"slow-{form}", command=command, fault_tolerance={"slowdown_detection": True}
+    )
+    task_id = created["task_id"]
+    await ft_platform.wait_status(task_id, "succeeded", within=20)
+    events = await wait_events(
+        ft_platform, task_id, lambda es: len(of(es, "SlowdownDetected")) >= 2, within=20
+    )
+    assert [e["message"] for e in of(events, "SlowdownDetected")] == expected
+    body = await ft_log(ft_platform, task_id)
+    slow = [line for line in body["lines"] if line["kind"] == "slowdown"]
+    assert [line["text"] for line in slow] == expected
+    assert body["counts"]["slowdowns"] == 2
+
+
+@pytest.mark.skipif(py_spy_binary() is None, reason="py-spy is not installed")
+async def test_a_hang_with_no_restart_left_fails_the_task_and_alerts(
+    ft_platform: Platform, feishu: FeishuFake
+) -> None:
+    created = await ft_platform.submit(
+        name="hang-twice",
+        image="pytorch:2.3-cuda12",
+        command=HANGING,
+        fault_tolerance={
+            "auto_restart": True,
+            "max_restarts": 1,
+            "hang_timeout_s": HANG_TIMEOUT_S,
+        },
+        alerts=[{"webhook_url": feishu.url(FEISHU_BOT), "alerts": ["failed"]}],
+    )
+    task_id = created["task_id"]
+    await ft_platform.wait_for(task_id, lambda t: t["attempt"] == 2 and t["status"] == "running")
+    running = await ft_platform.task(task_id)
+    pids = ft_platform.deployer.runtime.pids((task_id, running["run"], 2))
+    assert pids, "the second attempt's workers run"
+    failed = await ft_platform.wait_status(task_id, "failed", within=HANG_TIMEOUT_S + 20)
+    assert failed["last_failure_reason"] == "hang, no restarts left"
+
+    events = await wait_events(
+        ft_platform, task_id, lambda es: bool(of(es, "ResourcesReleased")), within=10
+    )
+    assert [h["attempt"] for h in of(events, "HangDetected")] == [1, 2]
+    assert len(of(events, "TaskRestartScheduled")) == 1
+    (fail,) = of(events, "TaskFailed")
+    assert (fail["attempt"], fail["reason"]) == (2, "hang, no restarts left")
+    left = {i: group_members(pid) for i, pid in pids.items()}
+    assert not any(left.values()), f"worker processes left: {left}"
+
+    body = await ft_log(ft_platform, task_id)
+    assert body["status"] == "failed"
+    assert body["counts"]["hangs"] == 2 and body["counts"]["restarts"] == 1
+    assert body["lines"][-1]["text"] == (
+        "Task failed: hang, no restarts left (1 of 1 restarts used)"
+    )
+
+    deadline = time.monotonic() + 15
+    while not feishu.accepted(FEISHU_BOT):
+        assert time.monotonic() < deadline, f"no alert: {feishu.received}"
+        await asyncio.sleep(0.1)
+    (card,) = feishu.accepted(FEISHU_BOT)
+    assert "hang, no restarts left" in card.text
+    await wait_events(ft_platform, task_id, lambda es: bool(of(es, "AlertDelivered")), within=10)
