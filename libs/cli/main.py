@@ -262,7 +262,7 @@ def list_tasks(
         ],
     )
     if page["next_cursor"]:
-        out.print(f"more: --cursor {markup(page['next_cursor'])}")
+        err.print(f"more: --cursor {markup(page['next_cursor'])}")  # not a row of the table
 
 
 @app.command()

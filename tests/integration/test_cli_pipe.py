@@ -71,3 +71,5 @@ async def test_list_into_a_pipe_is_one_line_per_task(served_gateway: Served) -> 
     assert lines[0] == "id\tname\tstatus\tpool\trun\tcreator\tcreated"
     assert [line.split("\t")[0] for line in lines[1:]] == ids[::-1]
     assert all(len(line.split("\t")) == 7 for line in lines)
+    paged = await piped(served_gateway, "ls --limit 1")  # `more: --cursor` goes to stderr
+    assert paged == lines[:2]
