@@ -514,6 +514,25 @@ async def test_a_node_marked_faulty_reschedules_its_tasks(h: Harness) -> None:
     assert fold(await h.events("busy")).status == "restarting"
 
 
+async def test_a_faulty_node_with_no_restart_left_fails_the_task(h: Harness) -> None:
+    await h.launch("stuck-node", spec(max_restarts=0))
+    fault = NodeMarkedFaulty(node="n-0", reason="GPU 0 fell off the bus")
+    await h.store.append("pool-dev", [NewEvent(fault, Metadata(actor="user:admin"), h.clock())], 0)
+    (recorded,) = await h.store.read_stream("pool-dev")
+    await h.app.handle(recorded)
+    state = fold(await h.events("stuck-node"))
+    assert (state.status, state.restarts) == ("failed", 0)
+    (failed,) = await h.payloads("stuck-node", TaskFailed)
+    assert failed.unrecoverable and "no restart left" in failed.reason
+    (failure,) = [e for e in await h.events("stuck-node") if isinstance(e.event, TaskFailed)]
+    assert failure.metadata.causation_id == str(recorded.event_id)  # the fault is the cause
+    ft = await read_fault_tolerance_log(h.store, "stuck-node")
+    assert [line.kind for line in ft.lines] == ["reschedule", "reschedule", "failure"]
+    assert ft.lines[-1].text.startswith(
+        "Task failed: cannot be recovered: no restart left: it reached its restart limit (0)"
+    )
+
+
 async def test_redelivered_log_lines_do_not_report_twice(h: Harness) -> None:
     await h.launch("again", spec(workers=1, env_check=True))
     line = ItemResult(0, "runtime", "pass", "Python 3.11").to_line()
