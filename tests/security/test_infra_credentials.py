@@ -11,23 +11,30 @@ credentials can no longer do.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
 import stat
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import asyncpg
+import httpx
 import pytest
+from runyard.gateway.auth import create_token
+from runyard.messaging import KafkaSettings
 from runyard.stack import roles
+from runyard.stack.context import ServiceContext
 from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres, _pg_bin, free_port
-from runyard.stack.up import Stack, _write_private, migrate
+from runyard.stack.up import Stack, _write_private, migrate, run_platform
 
 pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -257,7 +264,7 @@ async def test_the_compose_init_script_makes_the_same_roles() -> None:
             **{f"RUNYARD_DB_{r.removeprefix('runyard_').upper()}_PASSWORD": p
                for r, p in passwords.items()},
         }
-        script = Path(__file__).parents[2] / "infra/postgres/init-roles.sh"
+        script = REPO / "infra/postgres/init-roles.sh"
         done = await asyncio.to_thread(
             subprocess.run, ["bash", str(script)], env=env, capture_output=True, text=True
         )
@@ -303,3 +310,84 @@ async def _until_superuser_refused_over_tcp(server: EmbeddedPostgres) -> None:
         except asyncpg.InvalidAuthorizationSpecificationError:  # "no pg_hba.conf entry"
             return
     raise AssertionError("the server did not load the init script's pg_hba.conf")
+
+
+@pytest.mark.slow
+async def test_the_platform_runs_on_the_service_roles(
+    stack: Stack, kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    """Every service started as `runyard up` starts it, each on its own role:
+    a task is placed, deployed and its output stored (the log service makes
+    its day partition as `runyard_logs`). Proves no service needs more."""
+    http_port = free_port()
+    ctx = ServiceContext(
+        dsn=stack.dsn,
+        kafka=kafka,
+        data_dir=tmp_path / "data",
+        config_dir=Path(shutil.copytree(REPO / "infra/config", tmp_path / "config")),
+        settings={"http_port": http_port, "grpc_port": free_port(), "scheduler_tick_s": 1.0},
+        service_dsns=dict(stack.service_dsns),
+    )
+    run = asyncio.create_task(run_platform(ctx), name="platform")
+    try:
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{http_port}", timeout=30
+        ) as http:
+            await _until(run, lambda: _ready(ctx, http))
+            conn = await asyncpg.connect(stack.dsn)
+            try:
+                token = await create_token(conn, "sec", "alice", "member")
+            finally:
+                await conn.close()
+            http.headers["Authorization"] = f"Bearer {token}"
+            body = {
+                "name": "on-roles",
+                "pool": "dev-a100",
+                "worker_spec": "1gpu",
+                "image": "bash-only",
+                "command": "echo hello-from-a-role",
+            }
+            answer = await http.post("/v1/tasks", json=body)
+            assert answer.status_code == 201, answer.text
+            task_id = answer.json()["task_id"]
+
+            async def finished() -> bool:
+                task = (await http.get(f"/v1/tasks/{task_id}")).json()
+                return task["status"] in ("succeeded", "failed", "stopped")
+
+            await _until(run, finished)
+            task = (await http.get(f"/v1/tasks/{task_id}")).json()
+            assert task["status"] == "succeeded", task["last_failure_reason"]
+
+            async def logged() -> bool:
+                lines = (await http.get(f"/v1/tasks/{task_id}/logs")).json()["lines"]
+                return any(line["line"] == "hello-from-a-role" for line in lines)
+
+            await _until(run, logged)
+    finally:
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+
+
+async def _ready(ctx: ServiceContext, http: httpx.AsyncClient) -> bool:
+    relay = ctx.settings.get("relay")
+    if relay is None or not relay.ready.is_set() or "deployer_app" not in ctx.settings:
+        return False
+    try:
+        return (await http.get("/openapi.json")).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+async def _until(
+    run: asyncio.Task[None], check: Callable[[], Awaitable[bool]], within_s: float = 60.0
+) -> None:
+    """Poll `check` until true; fail if the platform stops or `within_s` passes."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while not await check():
+        if run.done():
+            raise AssertionError(f"the platform stopped: {run.exception()!r}")
+        assert loop.time() < deadline, f"not done within {within_s:.0f} s: {check}"
+        await asyncio.sleep(0.1)
