@@ -49,23 +49,42 @@ class _Body(BaseModel):
 class AddNode(_Body):
     """A node to add: its name and GPUs (8 unless said)."""
 
-    node: str = Field(min_length=1, pattern=r"^[^/]+$")
+    node: str = Field(min_length=1, max_length=128, pattern=r"^[^/]+$")
     gpus: int = Field(default=GPUS_PER_NODE, ge=1, le=GPUS_PER_NODE)
 
 
 class Fault(_Body):
     """Why the node is faulty (shown on the node and in the event)."""
 
-    reason: str = Field(min_length=1)
+    reason: str = Field(min_length=1, max_length=1000)
+
+
+#: The document says what the handler checks: exactly one of `remove` and `add`.
+_ONE_OF_REMOVE_ADD = {
+    "oneOf": [
+        {
+            "required": ["remove"],
+            "properties": {"remove": {"type": "integer"}, "add": {"type": "null"}},
+        },
+        {
+            "required": ["add"],
+            "properties": {"add": {"type": "array"}, "remove": {"type": "null"}},
+        },
+    ]
+}
 
 
 class SpotChange(_Body):
     """Either `remove` n nodes (preempting spot tasks as needed) or `add` named nodes."""
 
-    remove: int | None = Field(default=None, ge=1)
-    add: list[str] | None = Field(default=None, min_length=1)
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_ONE_OF_REMOVE_ADD)
+
+    remove: int | None = Field(default=None, ge=1, le=10_000)
+    add: list[Annotated[str, Field(max_length=128)]] | None = Field(
+        default=None, min_length=1, max_length=1000
+    )
     gpus_per_node: int = Field(default=GPUS_PER_NODE, ge=1, le=GPUS_PER_NODE)
-    reason: str = Field(default="spot capacity changed by an admin", min_length=1)
+    reason: str = Field(default="spot capacity changed by an admin", min_length=1, max_length=1000)
 
 
 def admin_pools_router(gateway: Gateway) -> APIRouter:

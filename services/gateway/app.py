@@ -324,7 +324,7 @@ class Gateway:
             )
         except ValueError as exc:
             raise BadRequest(
-                "request.invalid", str(exc), "pass back a next_cursor as given", "cursor"
+                "cursor.invalid", str(exc), "pass back a next_cursor as given", "cursor"
             ) from exc
         return {"items": rows, "next_cursor": next_cursor}
 
