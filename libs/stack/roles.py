@@ -96,10 +96,12 @@ class StackCredentials:
         return cls(dict(passwords))
 
 
-async def create_roles(superuser_dsn: str, credentials: StackCredentials) -> None:
+async def create_roles(superuser_dsn: str, credentials: StackCredentials) -> int:
     """As the bootstrap superuser: the roles (with their current passwords),
-    their memberships and the `runyard` database owned by `runyard_owner`.
-    Idempotent; run at every start so a changed password file takes effect."""
+    their memberships and the `runyard` database owned by `runyard_owner`
+    (an older Runyard's tables adopted into it: `adopt_legacy_tables`, whose
+    count it returns). Idempotent; run at every start so a changed password
+    file takes effect."""
     conn = await asyncpg.connect(superuser_dsn)
     try:
         for role in ROLES:
@@ -114,11 +116,17 @@ async def create_roles(superuser_dsn: str, credentials: StackCredentials) -> Non
         # role, so that migrations can still alter the tables it owns.
         await conn.execute(f"GRANT {APP} TO {SECRETS}, {LOGS}")
         await conn.execute(f"GRANT {LOGS} TO {OWNER}")
+    finally:
+        await conn.close()
+    adopted = await adopt_legacy_tables(superuser_dsn)
+    conn = await asyncpg.connect(superuser_dsn)
+    try:
         await _ensure_database(conn)
         # No Runyard role may connect to the maintenance database.
         await conn.execute("REVOKE CONNECT ON DATABASE postgres FROM PUBLIC")
     finally:
         await conn.close()
+    return adopted
 
 
 async def _ensure_database(conn: asyncpg.Connection) -> None:

@@ -100,9 +100,8 @@ class Stack:
         """The services' roles on the embedded server (the superuser, over the
         socket, is for this only), and their DSNs."""
         credentials = roles.StackCredentials.load_or_create(self.credentials_path)
-        if await roles.adopt_legacy_tables(postgres.dsn):
+        if await roles.create_roles(postgres.dsn, credentials):
             console.print(f"  moved the existing tables to database {roles.DATABASE!r}")
-        await roles.create_roles(postgres.dsn, credentials)
 
         def dsn(role: str) -> str:
             return postgres.tcp_dsn(role, credentials.passwords[role], roles.DATABASE)

@@ -25,12 +25,13 @@ from urllib.parse import urlsplit
 import asyncpg
 import httpx
 import pytest
+from runyard.eventstore import apply_migrations
 from runyard.gateway.auth import create_token
 from runyard.messaging import KafkaSettings
 from runyard.stack import roles
 from runyard.stack.context import ServiceContext
 from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres, _pg_bin, free_port
-from runyard.stack.up import Stack, _write_private, migrate, run_platform
+from runyard.stack.up import Stack, _write_private, all_migrations, migrate, run_platform
 
 pytestmark = pytest.mark.integration
 
@@ -391,3 +392,63 @@ async def _until(
             raise AssertionError(f"the platform stopped: {run.exception()!r}")
         assert loop.time() < deadline, f"not done within {within_s:.0f} s: {check}"
         await asyncio.sleep(0.1)
+
+
+async def test_a_data_directory_of_an_older_runyard_is_closed_and_adopted(
+    kafka_bootstrap: str,
+) -> None:
+    """Before the roles, `runyard up` ran with trust auth and kept its tables
+    in database `postgres`, owned by the superuser. The next start closes the
+    door and hands the data to the owner role, in database `runyard`."""
+    home = Path(tempfile.mkdtemp(prefix="runyard-test-legacy-"))
+    (home / "run").mkdir(mode=0o700)
+    old = EmbeddedPostgres(home / "pg", port=free_port())
+    old.start()
+    conn = await asyncpg.connect(old.dsn)
+    try:
+        await apply_migrations(conn, all_migrations())
+        await conn.execute(
+            "INSERT INTO checkpoints (name, position) VALUES ('legacy-marker', 42)"
+        )
+    finally:
+        await conn.close()
+    old.stop()
+    (home / "pg/pg_hba.conf").write_text("local all all trust\nhost all all 127.0.0.1/32 trust\n")
+    up = Stack(home)
+    try:
+        with pytest.MonkeyPatch.context() as env:
+            env.delenv("DATABASE_URL", raising=False)
+            env.setenv("RUNYARD_PG_PORT", str(old.port))
+            env.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
+            await asyncio.to_thread(up.start_infrastructure)
+        await migrate(up.owner_dsn, grants=True)
+        with pytest.raises(asyncpg.InvalidPasswordError):
+            await asyncpg.connect(f"postgresql://postgres@127.0.0.1:{old.port}/postgres")
+        app = await asyncpg.connect(up.dsn)
+        try:
+            marker = await app.fetchval(
+                "SELECT position FROM checkpoints WHERE name = 'legacy-marker'"
+            )
+            owners = await app.fetch(
+                """SELECT DISTINCT pg_get_userbyid(c.relowner) AS owner FROM pg_class c
+                   JOIN pg_namespace n ON n.oid = c.relnamespace
+                   WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p')"""
+            )
+            functions = await app.fetch(
+                """SELECT DISTINCT pg_get_userbyid(p.proowner) AS owner FROM pg_proc p
+                   JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'public'"""
+            )
+        finally:
+            await app.close()
+        assert marker == 42
+        assert {r["owner"] for r in owners} == {roles.OWNER, roles.LOGS}
+        assert {r["owner"] for r in functions} == {roles.OWNER}
+        assert up.postgres is not None
+        admin = await asyncpg.connect(up.postgres.dsn)  # a fresh, empty `postgres`
+        try:
+            assert not await admin.fetchval("SELECT to_regclass('public.checkpoints')")
+        finally:
+            await admin.close()
+    finally:
+        up.stop_infrastructure()
+        shutil.rmtree(home, ignore_errors=True)
