@@ -61,6 +61,7 @@ from runyard.gateway.inputs import group_id_of
 from runyard.gateway.pools import PoolInfo, capacity, describe, load_pools
 from runyard.gateway.projection import TaskListProjector
 from runyard.gateway.views import event_view, task_view
+from runyard.notification.webhooks import policy_of
 from runyard.submission.catalogue import Catalogue, Image, PublicData, Volume
 from runyard.submission.changes import check_group, clone_spec, expand_group, rerun_with_changes
 from runyard.submission.env import MASK, parse_env
@@ -188,6 +189,11 @@ class Gateway:
         self.clock = clock
         self.new_id = new_id
 
+
+    def webhook_refusal(self, url: str) -> tuple[str, str] | None:
+        """Why a task's alerts may not go to `url`, with a hint (None: they may): the
+        notification service's allow-list, `notification.yaml` of the config folder."""
+        return policy_of(self.config_dir).refusal(url)
     @classmethod
     async def connect(
         cls, dsn: str, config_dir: Path, mapper: EventMapper | None = None
@@ -285,7 +291,9 @@ class Gateway:
         """Check a spec against the rules and submit it as a new task."""
         req.principal.require_write()
         spec = parse_spec(body)
-        warnings = check_spec(spec, self.catalogue, await self._pool_view(spec.pool))
+        warnings = check_spec(
+            spec, self.catalogue, await self._pool_view(spec.pool), webhooks=self.webhook_refusal
+        )
         task_id = self.new_id()
         async with self.store.transaction() as conn:
             sealed = await self._seal(conn, req.principal.tenant, spec)
@@ -340,7 +348,9 @@ class Gateway:
         """Run a finished task again, with only the changes a rerun allows (R-16)."""
         state, _ = await self._load(req.principal, task_id, write=True)
         spec = rerun_with_changes(state.spec, changes)
-        check_spec(spec, self.catalogue, await self._pool_view(spec.pool))
+        check_spec(
+            spec, self.catalogue, await self._pool_view(spec.pool), webhooks=self.webhook_refusal
+        )
         await self._decide_and_append(req, state, Rerun(task_id, spec))
         return await self.get_task(req.principal, task_id)
 
@@ -351,7 +361,9 @@ class Gateway:
         state, _ = await self._load(req.principal, task_id, write=True)
         by_creator = _is_creator(req.principal, state)
         spec = clone_spec(state.spec, _env_text(overrides), by_creator=by_creator)
-        warnings = check_spec(spec, self.catalogue, await self._pool_view(spec.pool))
+        warnings = check_spec(
+            spec, self.catalogue, await self._pool_view(spec.pool), webhooks=self.webhook_refusal
+        )
         new_id = self.new_id()
         cloned = decide(state, Clone(task_id), now=self.clock(), ids=lambda: new_id)
         async with self.store.transaction() as conn:
@@ -422,7 +434,7 @@ class Gateway:
             )
         specs = expand_group(template, items)
         pools = {i.view.pool_id: i.view for i in (await self._pools()).values()}
-        warnings = check_group(specs, self.catalogue, pools)
+        warnings = check_group(specs, self.catalogue, pools, webhooks=self.webhook_refusal)
         group_id = group_id_of(body) or self.new_id()
         task_ids = [self.new_id() for _ in specs]
         async with self.store.transaction() as conn:
@@ -496,7 +508,8 @@ class Gateway:
             if not is_terminal(state.status):
                 continue
             spec = rerun_with_changes(state.spec, changes)
-            check_spec(spec, self.catalogue, await self._pool_view(spec.pool))
+            pool = await self._pool_view(spec.pool)
+            check_spec(spec, self.catalogue, pool, webhooks=self.webhook_refusal)
             events = decide(state, Rerun(state.task_id, spec), now=self.clock(), ids=self.new_id)
             planned.append((state, list(events)))
         if not planned:

@@ -15,11 +15,8 @@ The notification tables are created on first use, so the gateway needs no
 migration of its own for them.
 """
 
-import asyncio
-from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 from runyard.gateway.app import Gateway, Request
@@ -31,7 +28,7 @@ from runyard.notification.subscriptions import (
     NewSubscription,
     SubscriptionNotFound,
 )
-from runyard.notification.webhooks import WebhookPolicy
+from runyard.notification.webhooks import policy_of
 
 
 class SubscriptionBody(BaseModel):
@@ -73,8 +70,7 @@ def notification_router(gateway: Gateway) -> APIRouter:
             text_only=body.text_only,
         )
         principal = req.principal
-        # Read at each creation: operators change the allow-list without a restart.
-        webhooks = await asyncio.to_thread(webhook_policy, gateway.config_dir)
+        webhooks = policy_of(gateway.config_dir)  # a changed file is read again
         try:
             return await subscriptions.create(
                 gateway.db, principal.tenant, principal.actor, new, webhooks=webhooks
@@ -99,10 +95,3 @@ def notification_router(gateway: Gateway) -> APIRouter:
         return {"id": sub_id, "deleted": True}
 
     return router
-
-
-def webhook_policy(config_dir: Path) -> WebhookPolicy:
-    """The webhook origins of `notification.yaml` in `config_dir` (absent: Feishu's)."""
-    path = config_dir / "notification.yaml"
-    loaded = yaml.safe_load(path.read_text()) if path.exists() else None
-    return WebhookPolicy.from_config(loaded or {})

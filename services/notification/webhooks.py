@@ -13,10 +13,12 @@ reach. So a webhook must be
 - a custom bot's hook path: `/open-apis/bot/v2/hook/<token>`;
 - without user info, query or fragment (`https://open.feishu.cn@evil/`).
 
-The policy is checked when a subscription is made (tenant subscriptions; a
-refusal names the field and the allowed origins) and again before every
-request (so a subscription made under an older, wider policy, or a task
-spec's webhook, cannot be used to reach anything else). Pure: no I/O.
+The policy is checked when a subscription is made (a tenant subscription,
+or a task spec's `alerts`, refused with the field and the allowed origins)
+and again before every request (so a subscription made under an older, wider
+policy cannot be used to reach anything else). Pure but `policy_of`, which
+reads `notification.yaml` (again when the file changes, so operators change
+the list without a restart).
 """
 
 from __future__ import annotations
@@ -24,8 +26,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+import yaml
 
 #: Feishu's and Lark's public bot endpoints (https only).
 DEFAULT_ORIGINS = ("https://open.feishu.cn", "https://open.larksuite.com")
@@ -113,8 +118,35 @@ class WebhookPolicy:
 
     def problem(self, url: str) -> str | None:
         """Why alerts may not go to `url` (None: they may)."""
+        refused = self.refusal(url)
+        return None if refused is None else refused[0]
+
+    def refusal(self, url: str) -> tuple[str, str] | None:
+        """Why alerts may not go to `url` and what would be accepted (None: they may)."""
         try:
             self.check(url)
         except WebhookRefused as exc:
-            return exc.reason
+            return exc.reason, exc.hint
         return None
+
+
+_LOADED: dict[Path, tuple[int | None, WebhookPolicy]] = {}
+
+
+def policy_of(config_dir: Path) -> WebhookPolicy:
+    """The policy of `notification.yaml` in `config_dir` (absent: the default), read
+    again only when the file changed."""
+    path = config_dir / "notification.yaml"
+    try:
+        changed: int | None = path.stat().st_mtime_ns
+    except FileNotFoundError:
+        changed = None
+    known = _LOADED.get(path)
+    if known is not None and known[0] == changed:
+        return known[1]
+    loaded = yaml.safe_load(path.read_text()) if changed is not None else None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level")
+    policy = WebhookPolicy.from_config(loaded or {})
+    _LOADED[path] = (changed, policy)
+    return policy

@@ -21,7 +21,7 @@ from runyard.submission.errors import (
     SpecError,
     SubmissionError,
 )
-from runyard.submission.rules import check_spec
+from runyard.submission.rules import WebhookRule, check_spec
 from runyard.submission.warnings import SubmissionWarning
 
 #: What a rerun with changes (改配重跑) may change: launch command, worker spec and count, image.
@@ -97,13 +97,17 @@ def expand_group(template: TaskSpec, overrides_list: Sequence[Mapping[str, Any]]
 
 
 def check_group(
-    specs: Sequence[TaskSpec], catalogue: Catalogue, pools: Mapping[str, PoolView]
+    specs: Sequence[TaskSpec],
+    catalogue: Catalogue,
+    pools: Mapping[str, PoolView],
+    *,
+    webhooks: WebhookRule | None = None,
 ) -> list[list[SubmissionWarning]]:
     """`check_spec` on every item of a group; the first refusal names its item index."""
     warnings: list[list[SubmissionWarning]] = []
     for i, spec in enumerate(specs):
         try:
-            warnings.append(check_spec(spec, catalogue, pools.get(spec.pool)))
+            warnings.append(check_spec(spec, catalogue, pools.get(spec.pool), webhooks=webhooks))
         except SubmissionError as e:
             raise GroupItemError.wrap(i, e) from e
     return warnings

@@ -12,6 +12,7 @@ launch command warnings (R-14) in `runyard.submission.command`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from urllib.parse import urlparse
 
 import re2
@@ -33,8 +34,17 @@ RE2_MAX_MEM = 8 << 20
 _RDMA_HINT = "RDMA needs 8-GPU workers on a RoCE/IB pool: turn RDMA off, or choose such a spec"
 
 
+#: Why alerts may not go to a webhook URL and what would be accepted, None when
+#: they may: the notification service's allow-list, passed in by the gateway.
+WebhookRule = Callable[[str], tuple[str, str] | None]
+
+
 def check_spec(
-    spec: TaskSpec, catalogue: Catalogue, pool: PoolView | None
+    spec: TaskSpec,
+    catalogue: Catalogue,
+    pool: PoolView | None,
+    *,
+    webhooks: WebhookRule | None = None,
 ) -> list[SubmissionWarning]:
     """Accept `spec` for `pool` (None: the pool does not exist) or raise why not.
 
@@ -50,7 +60,7 @@ def check_spec(
     check_image(spec.image, catalogue, checked)
     check_env(spec)
     check_storage(spec, catalogue, checked)
-    check_other_fields(spec)
+    check_other_fields(spec, webhooks)
     return [
         *worker_warnings(spec),
         *output_path_warnings(spec),
@@ -236,13 +246,13 @@ def check_image(name: str, catalogue: Catalogue, pool: PoolView) -> None:
         )
 
 
-def check_other_fields(spec: TaskSpec) -> None:
-    """Name, fault-tolerance resume pattern and alert webhooks."""
+def check_other_fields(spec: TaskSpec, webhooks: WebhookRule | None = None) -> None:
+    """Name, fault-tolerance resume pattern and alert webhooks (where alerts may go)."""
     if not spec.name.strip():
         raise SpecError(ErrorCode.NAME_BLANK, "name", "the task name is blank", "give a name")
     _check_resume_pattern(spec.fault_tolerance.resume_pattern)
     for i, alert in enumerate(spec.alerts):
-        _check_webhook(alert.webhook_url, f"alerts[{i}].webhook_url")
+        _check_webhook(alert.webhook_url, f"alerts[{i}].webhook_url", webhooks)
 
 
 def _check_resume_pattern(pattern: str | None) -> None:
@@ -274,7 +284,7 @@ def _re2_options() -> re2.Options:
     return options
 
 
-def _check_webhook(url: str, field: str) -> None:
+def _check_webhook(url: str, field: str, webhooks: WebhookRule | None) -> None:
     parts = urlparse(url)
     if parts.scheme not in ("https", "http") or not parts.netloc:
         raise SpecError(
@@ -284,6 +294,10 @@ def _check_webhook(url: str, field: str) -> None:
             "paste the Feishu custom bot webhook, "
             "e.g. https://open.feishu.cn/open-apis/bot/v2/hook/...",
         )
+    refused = webhooks(url) if webhooks is not None else None
+    if refused is not None:
+        reason, hint = refused
+        raise SpecError(ErrorCode.ALERT_INVALID_WEBHOOK, field, reason, hint)
 
 
 def worker_warnings(spec: TaskSpec) -> list[SubmissionWarning]:

@@ -1,8 +1,9 @@
 """Webhooks cannot be turned against the platform or its users (SSRF and friends).
 
 One test per finding: a subscription to the platform's own address or the
-cloud's metadata service is refused (and a task spec's such webhook is never
-called); plain http is refused; a redirect is not followed; what the remote
+cloud's metadata service is refused, a tenant's or a task spec's (and a task
+spec's such webhook is never called, should one be stored); plain http is
+refused; a redirect is not followed; what the remote
 end answers is never stored; failures to one webhook are one event per window.
 The subscription API runs on a real gateway; delivery runs the notification
 service on a real Postgres against real local HTTP servers.
@@ -85,6 +86,30 @@ async def test_ssrf_to_the_platform_or_the_metadata_service_is_refused(
     assert (body["code"], body["field"]) == ("alerts.invalid_subscription", "webhook_url")
     assert "open.feishu.cn/open-apis/bot/v2/hook/" in body["hint"]
     assert await gateway.db.fetchval("SELECT count(*) FROM alert_subscriptions") == 0
+
+
+@pytest.mark.parametrize(
+    "url", [f"http://169.254.169.254{HOOK_PATH}abc", f"http://127.0.0.1:8080{HOOK_PATH}abc"]
+)
+async def test_a_task_spec_webhook_to_the_platform_is_refused_at_submission(
+    api: tuple[httpx.AsyncClient, Gateway], url: str
+) -> None:
+    client, gateway = api
+    before = await gateway.db.fetchval("SELECT count(*) FROM events")
+    spec = {
+        "name": "ssrf",
+        "pool": "pool-a",
+        "worker_spec": "1gpu",
+        "image": "pytorch:2.3-cuda12",
+        "command": "echo hello",
+        "alerts": [{"webhook_url": url, "alerts": ["failed"]}],
+    }
+    answer = await client.post("/v1/tasks", json=spec)
+    assert answer.status_code == 400, answer.text
+    body = answer.json()
+    assert (body["code"], body["field"]) == ("alert.invalid_webhook", "alerts[0].webhook_url")
+    assert "open.feishu.cn/open-apis/bot/v2/hook/" in body["hint"]
+    assert await gateway.db.fetchval("SELECT count(*) FROM events") == before
 
 
 async def test_plain_http_is_refused_even_to_feishu(
