@@ -235,7 +235,9 @@ def token_expiry(now: datetime, ttl: object = None, expires_at: object = None) -
     if expires_at is not None:
         when, field = _instant(expires_at), "expires_at"
     elif ttl is not None:
-        when, field = now + _duration(ttl), "ttl"
+        # Compared before adding: `now` plus 999999999 days is past the last datetime.
+        duration = _duration(ttl)
+        when, field = (now + duration if duration <= MAX_TTL else now + 2 * MAX_TTL), "ttl"
     else:
         return now + DEFAULT_TTL
     if not now < when <= now + MAX_TTL:

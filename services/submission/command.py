@@ -20,6 +20,7 @@ a script is judged only by what the launch command itself shows.
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ MAX_WARNINGS_PER_CHECK = 3
 #: How much of a simple command a warning quotes.
 _QUOTE = 200
 _SEPARATORS = ("&&", "||", "|&", ";", "\n", "|", "&")
+_SEPARATOR_STARTS = frozenset("&|;\n")
 _PREFIX_WORDS = frozenset(
     {
         "if",
@@ -87,6 +89,12 @@ def command_warnings(command: str) -> list[SubmissionWarning]:
 
 def split_command(command: str) -> list[Segment]:
     """Split a launch command into simple commands at `;`, newlines, `&&`, `||`, `|`, `&`."""
+    return list(_split(command))
+
+
+@functools.lru_cache(maxsize=8)
+def _split(command: str) -> tuple[Segment, ...]:
+    # Cached: every check of one submission (R-13, R-14, launch paths) splits the same text.
     pieces = _Splitter(command.replace("\\\n", " ")).run()
     segments: list[Segment] = []
     for text, after in pieces:
@@ -94,7 +102,7 @@ def split_command(command: str) -> list[Segment]:
             segments.append(Segment(text.strip(), after))
         elif segments and after and segments[-1].after in ("\n", ";"):
             segments[-1] = Segment(segments[-1].text, after)
-    return segments
+    return tuple(segments)
 
 
 class _Splitter:
@@ -129,6 +137,8 @@ class _Splitter:
             self._take(1)
 
     def _separator(self) -> bool:
+        if self.text[self.i] not in _SEPARATOR_STARTS:
+            return False
         for sep in _SEPARATORS:
             if self.text.startswith(sep, self.i) and not self._is_redirection(sep):
                 self.pieces.append(("".join(self.current), "|" if sep == "|&" else sep))
@@ -187,13 +197,25 @@ class _Splitter:
 
 def program(segment: Segment) -> list[str]:
     """The words of a simple command from its program on (keywords, `A=b` prefixes dropped)."""
-    words = _words(segment.text)
+    text = segment.text
+    # Short segments are cached (each check asks again); long ones are rare and would
+    # make the cache large.
+    return list(_short_program(text) if len(text) <= 512 else _program(text))
+
+
+@functools.lru_cache(maxsize=2048)
+def _short_program(text: str) -> tuple[str, ...]:
+    return _program(text)
+
+
+def _program(text: str) -> tuple[str, ...]:
+    words = _words(text)
     first = 0
     while first < len(words) and (
         words[first] in _PREFIX_WORDS or _ASSIGNMENT.fullmatch(words[first])
     ):
         first += 1
-    return words[first:]
+    return tuple(words[first:])
 
 
 def _words(text: str) -> list[str]:

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 from runyard.contracts.spec import EnvVar, TaskSpec, VolumeMount
 from runyard.submission.catalogue import PUBLIC_DATA_PATH, Catalogue, PoolView
+from runyard.submission.command import MAX_WARNINGS_PER_CHECK
 from runyard.submission.errors import ErrorCode, StorageError
 from runyard.submission.warnings import SubmissionWarning, WarningCode
 
@@ -125,16 +126,31 @@ def _check_public_data(spec: TaskSpec, catalogue: Catalogue, pool: PoolView) -> 
 
 
 def output_path_warnings(spec: TaskSpec) -> list[SubmissionWarning]:
-    """R-13 warnings for output, checkpoint and TensorBoard paths off mounted shared storage."""
+    """R-13 warnings for output, checkpoint and TensorBoard paths off mounted shared storage.
+
+    One warning per path, and at most `MAX_WARNINGS_PER_CHECK` for the paths of the
+    launch command (a command may name thousands; warnings travel in the events)."""
     warnings: list[SubmissionWarning] = []
+    seen: set[tuple[str, str]] = set()
+    from_command = 0
     for field, raw in _output_paths(spec):
         path = _expand(raw, spec.env)
-        if path.startswith("$"):
-            continue  # set by a variable we cannot see; nothing sure to say
-        warning = _path_warning(field, raw, path, spec.mounts)
-        if warning is not None:
-            warnings.append(warning)
+        if path.startswith("$") or (field, raw) in seen:
+            continue  # set by a variable we cannot see, or said already
+        seen.add((field, raw))
+        warning = _path_warning(field, _clip(raw), path, spec.mounts)
+        if warning is None:
+            continue
+        if field == "command":
+            from_command += 1
+            if from_command > MAX_WARNINGS_PER_CHECK:
+                continue
+        warnings.append(warning)
     return warnings
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def _output_paths(spec: TaskSpec) -> Iterator[tuple[str, str]]:
