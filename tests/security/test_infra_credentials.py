@@ -319,7 +319,9 @@ async def test_the_platform_runs_on_the_service_roles(
 ) -> None:
     """Every service started as `runyard up` starts it, each on its own role:
     a task is placed, deployed and its output stored (the log service makes
-    its day partition as `runyard_logs`). Proves no service needs more."""
+    its day partition as `runyard_logs`), so no service needs more. And a
+    task can neither connect to the stack's Postgres or broker nor read the
+    roles' passwords."""
     http_port = free_port()
     ctx = ServiceContext(
         dsn=stack.dsn,
@@ -341,34 +343,58 @@ async def test_the_platform_runs_on_the_service_roles(
             finally:
                 await conn.close()
             http.headers["Authorization"] = f"Bearer {token}"
-            body = {
-                "name": "on-roles",
-                "pool": "dev-a100",
-                "worker_spec": "1gpu",
-                "image": "bash-only",
-                "command": "echo hello-from-a-role",
-            }
-            answer = await http.post("/v1/tasks", json=body)
-            assert answer.status_code == 201, answer.text
-            task_id = answer.json()["task_id"]
-
-            async def finished() -> bool:
-                task = (await http.get(f"/v1/tasks/{task_id}")).json()
-                return task["status"] in ("succeeded", "failed", "stopped")
-
-            await _until(run, finished)
-            task = (await http.get(f"/v1/tasks/{task_id}")).json()
-            assert task["status"] == "succeeded", task["last_failure_reason"]
-
-            async def logged() -> bool:
-                lines = (await http.get(f"/v1/tasks/{task_id}/logs")).json()["lines"]
-                return any(line["line"] == "hello-from-a-role" for line in lines)
-
-            await _until(run, logged)
+            lines = await _run_task(http, run, "echo hello-from-a-role; echo done")
+            assert "hello-from-a-role" in lines
+            # ... and a task cannot reach the servers or read the passwords.
+            assert stack.postgres is not None
+            broker_port = kafka.bootstrap.rpartition(":")[2]
+            probe = (
+                f"for port in {stack.postgres.port} {broker_port}; do"
+                " if (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null;"
+                " then echo reached-$port; else echo refused-$port; fi; done;"
+                f" cat {stack.credentials_path} >/dev/null 2>&1"
+                " && echo read-credentials || echo no-credentials; echo done"
+            )
+            lines = await _run_task(http, run, probe)
+            assert f"refused-{stack.postgres.port}" in lines, lines
+            assert f"refused-{broker_port}" in lines, lines
+            assert "no-credentials" in lines, lines
     finally:
         run.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await run
+
+
+async def _run_task(http: httpx.AsyncClient, run: asyncio.Task[None], command: str) -> list[str]:
+    """Submit `command`, wait for it to succeed, return its output lines
+    (all of them: the command's last line is `done`)."""
+    body = {
+        "name": "on-roles",
+        "pool": "dev-a100",
+        "worker_spec": "1gpu",
+        "image": "bash-only",
+        "command": command,
+    }
+    answer = await http.post("/v1/tasks", json=body)
+    assert answer.status_code == 201, answer.text
+    task_id = answer.json()["task_id"]
+
+    async def finished() -> bool:
+        task = (await http.get(f"/v1/tasks/{task_id}")).json()
+        return task["status"] in ("succeeded", "failed", "stopped")
+
+    await _until(run, finished)
+    task = (await http.get(f"/v1/tasks/{task_id}")).json()
+    assert task["status"] == "succeeded", task["last_failure_reason"]
+    lines: list[str] = []
+
+    async def logged() -> bool:
+        page = (await http.get(f"/v1/tasks/{task_id}/logs")).json()["lines"]
+        lines[:] = [line["line"] for line in page]
+        return "done" in lines
+
+    await _until(run, logged)
+    return lines
 
 
 async def _ready(ctx: ServiceContext, http: httpx.AsyncClient) -> bool:
