@@ -44,22 +44,36 @@ The local runtime
 Each worker is a real process group on this machine (`start_new_session`),
 running `bash --login -c "<launch command>"`:
 
+- sandbox (when the deployer runs as root and `unshare` is permitted; detected
+  once, `namespaces:` in runtime.yaml overrides): every worker runs in a PID
+  namespace and a mount namespace of its own, inside a network and an IPC
+  namespace per deployment (its workers share a loopback of their own; the
+  host's is unreachable), as an unprivileged user (`local.worker_user`,
+  default `runyard-worker`, created as a system user when missing) with no
+  capabilities and `no_new_privs`. An empty tmpfs covers the control plane's
+  paths (scratch and volume roots, the data dir, `local.hide`); the worker's
+  own scratch, the image and Runyard's interpreter are bound back at their
+  paths (see `_mount_script`). The processes that run as root before the
+  privilege drop get no user variable; the worker's shell sources them from a
+  file. Without the sandbox (the fallback) workers run as the deployer's user
+  in its namespaces, and a warning says what is then not isolated;
 - images: a local catalogue maps an image name to a directory whose `bin/`
   goes first on PATH (a virtualenv is such a directory). `bash --login` reads
   /etc/profile, which may reset PATH, so the worker's private HOME gets a
   `.bash_profile` that puts the image's `bin/` first again;
-- storage: each volume is a host directory `<volumes_root>/<file system>/<volume>`.
-  Where a private mount namespace is permitted (`unshare -m`: root or
-  CAP_SYS_ADMIN; detected once, `namespaces:` in runtime.yaml overrides),
-  the worker runs in its own one: each volume is bind-mounted at its mount
-  path (read-only volumes read-only) and the worker's scratch `tmp/` is
-  bind-mounted over /tmp, so nothing it writes outside volumes outlives it.
-  Otherwise (the fallback) a worker cannot see a volume at the absolute mount
-  path: it is a symlink at the mount path taken relative to the worker's
-  working directory (`/mnt/ckpt` -> `./mnt/ckpt`), read-only is not enforced,
-  and /tmp is shared. Both set `RUNYARD_MOUNT_<N>=<mount path>=<host dir>`;
+- storage: each volume is a host directory `<volumes_root>/<file system>/<volume>`
+  (owned by the worker user when the runtime creates it). Sandboxed, each
+  volume is bind-mounted at its mount path (read-only volumes read-only) and
+  the worker's scratch `tmp/` is bind-mounted over /tmp, so nothing it writes
+  outside volumes outlives it. In the fallback a worker cannot see a volume at
+  the absolute mount path: it is a symlink at the mount path taken relative to
+  the worker's working directory (`/mnt/ckpt` -> `./mnt/ckpt`), read-only is
+  not enforced, and /tmp is shared. Both set
+  `RUNYARD_MOUNT_<N>=<mount path>=<host dir>`;
 - scratch: a private directory per worker (HOME, TMPDIR and working
-  directory), removed at cleanup;
+  directory, owned by the worker user), removed at cleanup; the runtime's own
+  files of the worker (output, exit status, offsets) sit in the folder above,
+  which the worker cannot change;
 - exit status: a small bash wrapper runs the launch command and writes its
   exit status to `<worker scratch>/exit_status` before exiting with it, so
   the status survives a restart of the deployer;
