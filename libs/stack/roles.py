@@ -7,8 +7,8 @@ and reading server files are refused to every one of them):
 
 - `runyard_owner` owns the `runyard` database, its schema and tables: the
   migrations run as it, then `apply_grants` hands out the rights below.
-- `runyard_app`: SELECT/INSERT/UPDATE/DELETE on every table but `secrets`
-  (relay, scheduler, fault tolerance, the CLI).
+- `runyard_app`: SELECT/INSERT/UPDATE/DELETE on every table but `secrets`,
+  and only SELECT/INSERT on `events` (relay, scheduler, fault tolerance, the CLI).
 - `runyard_secrets`: what `runyard_app` has, plus the `secrets` table
   (creator-only values and webhook signing secrets): gateway, deployer and
   notification service, the ones that write or resolve them.
@@ -213,6 +213,9 @@ async def apply_grants(owner_dsn: str) -> None:
             await conn.execute(
                 f"GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA public TO {APP}"
             )
+            if await _exists(conn, "events"):
+                # The event log is append-only: no service rewrites history.
+                await conn.execute(f"REVOKE UPDATE, DELETE ON events FROM {APP}")
             if await _exists(conn, "schema_migrations"):
                 # Services check that their migrations are applied; only the owner applies.
                 await conn.execute(f"REVOKE INSERT, UPDATE, DELETE ON schema_migrations FROM {APP}")

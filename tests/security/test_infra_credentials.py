@@ -179,7 +179,7 @@ async def test_only_the_secrets_role_reads_creator_only_values(stack: Stack) -> 
             await conn.close()
 
 
-async def test_service_roles_change_no_schema(stack: Stack) -> None:
+async def test_service_roles_change_no_schema_nor_history(stack: Stack) -> None:
     for dsn in (stack.dsn, stack.service_dsns["gateway"]):
         conn = await asyncpg.connect(dsn)
         try:
@@ -189,6 +189,9 @@ async def test_service_roles_change_no_schema(stack: Stack) -> None:
                 await conn.execute("DROP TABLE events")
             with pytest.raises(asyncpg.InsufficientPrivilegeError):
                 await conn.execute("INSERT INTO schema_migrations VALUES ('x', 1, 'x')")
+            for rewrite in ("DELETE FROM events", "UPDATE events SET stream_id = stream_id"):
+                with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                    await conn.execute(rewrite)
         finally:
             await conn.close()
     # The maintenance database is closed to them.
