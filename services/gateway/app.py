@@ -291,9 +291,7 @@ class Gateway:
         """Check a spec against the rules and submit it as a new task."""
         req.principal.require_write()
         spec = parse_spec(body)
-        warnings = check_spec(
-            spec, self.catalogue, await self._pool_view(spec.pool), webhooks=self.webhook_refusal
-        )
+        warnings = await self._check(spec)
         task_id = self.new_id()
         async with self.store.transaction() as conn:
             sealed = await self._seal(conn, req.principal.tenant, spec)
@@ -348,9 +346,7 @@ class Gateway:
         """Run a finished task again, with only the changes a rerun allows (R-16)."""
         state, _ = await self._load(req.principal, task_id, write=True)
         spec = rerun_with_changes(state.spec, changes)
-        check_spec(
-            spec, self.catalogue, await self._pool_view(spec.pool), webhooks=self.webhook_refusal
-        )
+        await self._check(spec)
         await self._decide_and_append(req, state, Rerun(task_id, spec))
         return await self.get_task(req.principal, task_id)
 
@@ -361,9 +357,7 @@ class Gateway:
         state, _ = await self._load(req.principal, task_id, write=True)
         by_creator = _is_creator(req.principal, state)
         spec = clone_spec(state.spec, _env_text(overrides), by_creator=by_creator)
-        warnings = check_spec(
-            spec, self.catalogue, await self._pool_view(spec.pool), webhooks=self.webhook_refusal
-        )
+        warnings = await self._check(spec)
         new_id = self.new_id()
         cloned = decide(state, Clone(task_id), now=self.clock(), ids=lambda: new_id)
         async with self.store.transaction() as conn:
@@ -434,7 +428,10 @@ class Gateway:
             )
         specs = expand_group(template, items)
         pools = {i.view.pool_id: i.view for i in (await self._pools()).values()}
-        warnings = check_group(specs, self.catalogue, pools, webhooks=self.webhook_refusal)
+        # In a worker thread, like `_check`: a group of long commands is the slowest check.
+        warnings = await asyncio.to_thread(
+            check_group, specs, self.catalogue, pools, webhooks=self.webhook_refusal
+        )
         group_id = group_id_of(body) or self.new_id()
         task_ids = [self.new_id() for _ in specs]
         async with self.store.transaction() as conn:
@@ -508,8 +505,7 @@ class Gateway:
             if not is_terminal(state.status):
                 continue
             spec = rerun_with_changes(state.spec, changes)
-            pool = await self._pool_view(spec.pool)
-            check_spec(spec, self.catalogue, pool, webhooks=self.webhook_refusal)
+            await self._check(spec)
             events = decide(state, Rerun(state.task_id, spec), now=self.clock(), ids=self.new_id)
             planned.append((state, list(events)))
         if not planned:
@@ -659,6 +655,14 @@ class Gateway:
 
     async def _pools(self) -> dict[str, PoolInfo]:
         return await load_pools(self.db, self.config_dir)
+
+    async def _check(self, spec: TaskSpec) -> list[SubmissionWarning]:
+        """`check_spec` in a worker thread: the rules are pure but take time linear in the
+        spec (a 64 KiB launch command), and the event loop keeps answering meanwhile."""
+        pool = await self._pool_view(spec.pool)
+        return await asyncio.to_thread(
+            check_spec, spec, self.catalogue, pool, webhooks=self.webhook_refusal
+        )
 
     async def _pool_view(self, pool_id: str) -> Any:
         info = (await self._pools()).get(pool_id)

@@ -21,13 +21,16 @@ from runyard.submission.errors import (
     SpecError,
     SubmissionError,
 )
-from runyard.submission.rules import WebhookRule, check_spec
+from runyard.submission.rules import WebhookRule, check_name, check_size, check_spec
 from runyard.submission.warnings import SubmissionWarning
 
 #: What a rerun with changes (改配重跑) may change: launch command, worker spec and count, image.
 RERUN_CHANGEABLE = frozenset({"command", "worker_spec", "worker_count", "custom_gpus", "image"})
 #: Most tasks one task group may create.
 MAX_GROUP_SIZE = 1000
+#: All the specs of one task group together, JSON-encoded (they are written in one
+#: transaction, one event each).
+MAX_GROUP_BYTES = 16 * 1024 * 1024
 
 _LABELS = {
     "resource_type": "resource type",
@@ -103,14 +106,47 @@ def check_group(
     *,
     webhooks: WebhookRule | None = None,
 ) -> list[list[SubmissionWarning]]:
-    """`check_spec` on every item of a group; the first refusal names its item index."""
+    """`check_spec` on every item of a group; the first refusal names its item index.
+
+    Items usually differ only in name, description or tags, which no rule but
+    `name.blank` and the size check reads: the rules run once per distinct rest
+    of the spec, so a long launch command shared by 1000 items is checked once,
+    not 1000 times. The group's specs together are bounded (`MAX_GROUP_BYTES`).
+    """
+    _check_group_bytes(specs)
     warnings: list[list[SubmissionWarning]] = []
+    checked: dict[str, list[SubmissionWarning]] = {}
     for i, spec in enumerate(specs):
+        key = _rules_key(spec)
         try:
-            warnings.append(check_spec(spec, catalogue, pools.get(spec.pool), webhooks=webhooks))
+            if key not in checked:
+                pool = pools.get(spec.pool)
+                checked[key] = check_spec(spec, catalogue, pool, webhooks=webhooks)
+            else:
+                check_size(spec)
+                check_name(spec)
         except SubmissionError as e:
             raise GroupItemError.wrap(i, e) from e
+        warnings.append(list(checked[key]))
     return warnings
+
+
+def _rules_key(spec: TaskSpec) -> str:
+    """The spec without the fields only `name.blank` and the size check read."""
+    return spec.model_copy(update={"name": "-", "description": "", "tags": ()}).model_dump_json()
+
+
+def _check_group_bytes(specs: Sequence[TaskSpec]) -> None:
+    size = sum(len(spec.model_dump_json()) for spec in specs)
+    if size > MAX_GROUP_BYTES:
+        raise GroupItemError(
+            ErrorCode.GROUP_TOO_LARGE,
+            "items",
+            f"the task group's specs take {size} bytes in all, at most {MAX_GROUP_BYTES} "
+            "are allowed",
+            "put a long launch command in a script on a volume or in the image, "
+            "or split the group",
+        )
 
 
 def _check_group_size(size: int) -> None:

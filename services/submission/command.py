@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import re
-import shlex
 from dataclasses import dataclass
 
 from runyard.submission.warnings import SubmissionWarning, WarningCode
@@ -219,10 +218,45 @@ def _program(text: str) -> tuple[str, ...]:
 
 
 def _words(text: str) -> list[str]:
-    try:
-        return shlex.split(text, comments=False)
-    except ValueError:
+    """The words of a simple command as a POSIX shell reads them (quotes and backslashes
+    removed); text with an unclosed quote is split on blanks. Linear in the text
+    (`shlex` grows each token one character at a time: quadratic on one long word)."""
+    words: list[str] = []
+    word: list[str] = []
+    in_word, quote, i = False, "", 0
+    while i < len(text):
+        char = text[i]
+        if quote == "'":
+            quote = "" if char == "'" else quote
+            if quote:
+                word.append(char)
+        elif quote == '"':
+            if char == "\\" and text[i + 1 : i + 2] in ('"', "\\", "$", "`"):
+                i += 1
+                word.append(text[i])
+            elif char == '"':
+                quote = ""
+            else:
+                word.append(char)
+        elif char in " \t\n":
+            if in_word:
+                words.append("".join(word))
+                word, in_word = [], False
+        else:
+            in_word = True
+            if char in "'\"":
+                quote = char
+            elif char == "\\" and i + 1 < len(text):
+                i += 1
+                word.append(text[i])
+            else:
+                word.append(char)
+        i += 1
+    if quote:
         return text.split()
+    if in_word:
+        words.append("".join(word))
+    return words
 
 
 def is_training(segment: Segment) -> bool:

@@ -246,10 +246,15 @@ def check_image(name: str, catalogue: Catalogue, pool: PoolView) -> None:
         )
 
 
-def check_other_fields(spec: TaskSpec, webhooks: WebhookRule | None = None) -> None:
-    """Name, fault-tolerance resume pattern and alert webhooks (where alerts may go)."""
+def check_name(spec: TaskSpec) -> None:
+    """The task has a name that is not only blanks."""
     if not spec.name.strip():
         raise SpecError(ErrorCode.NAME_BLANK, "name", "the task name is blank", "give a name")
+
+
+def check_other_fields(spec: TaskSpec, webhooks: WebhookRule | None = None) -> None:
+    """Name, fault-tolerance resume pattern and alert webhooks (where alerts may go)."""
+    check_name(spec)
     _check_resume_pattern(spec.fault_tolerance.resume_pattern)
     for i, alert in enumerate(spec.alerts):
         _check_webhook(alert.webhook_url, f"alerts[{i}].webhook_url", webhooks)

@@ -787,6 +787,34 @@ def test_a_group_needs_items() -> None:
     refusal(GroupItemError, lambda: expand_group(make_spec(), too_many), "group.too_large", "items")
 
 
+def test_group_rules_run_once_per_distinct_spec_and_blank_names_are_still_refused() -> None:
+    """1000 items sharing a long command cost one check of it, not 1000."""
+    urls: list[str] = []
+
+    def webhooks(url: str) -> None:
+        urls.append(url)
+
+    template = make_spec(
+        alerts=({"webhook_url": "https://open.feishu.cn/open-apis/bot/v2/hook/x"},)
+    )
+    specs = expand_group(template, [{"name": f"n{i}"} for i in range(MAX_GROUP_SIZE)])
+    warnings = check_group(specs, CATALOGUE, POOLS, webhooks=webhooks)
+    assert len(warnings) == MAX_GROUP_SIZE and len(urls) == 1
+    blank = expand_group(template, [{"name": "a"}, {"name": " "}])
+    err = refusal(
+        GroupItemError, lambda: check_group(blank, CATALOGUE, POOLS), "name.blank", "items[1].name"
+    )
+    assert isinstance(err, GroupItemError) and err.item == 1
+
+
+def test_a_group_of_long_commands_is_bounded_in_total() -> None:
+    template = make_spec(command="python train.py # " + "x" * 60_000)
+    specs = expand_group(template, [{"name": f"n{i}"} for i in range(300)])
+    refusal(
+        GroupItemError, lambda: check_group(specs, CATALOGUE, POOLS), "group.too_large", "items"
+    )
+
+
 def test_a_refused_group_item_is_named_by_its_index() -> None:
     items = [{}, {"worker_count": 2}, {"worker_count": 0}]
     err = refusal(
