@@ -409,10 +409,17 @@ class DeployerApp:
             return
         active.env_check_started = True
         port = free_port(0)
+        d = active.deployment
         try:
-            await start(active.deployment, self.on_output, port=port)
-        except Exception:
-            log.exception("env check of %s could not start", active.deployment.key)
+            await start(d, self.on_output, port=port)
+        except Exception as exc:
+            # As for the workers: the attempt fails now rather than wait for a timeout.
+            reason = _masked(d, f"the env check could not start (stage env_check): {_why(exc, d)}")
+            log.error("%s: %s", d.task_id, reason)
+            meta = active.meta or Metadata(actor=ACTOR)
+            await self._decide_quietly(d.task_id, [Fail(d.task_id, reason)], meta)
+            active.stopping = True
+            active.may_start.set()
 
     async def _wait_for_start(self, active: _Active) -> None:
         while not active.stopping and not active.may_start.is_set():
@@ -785,9 +792,9 @@ def _why(exc: BaseException, deployment: Deployment) -> str:
     if isinstance(exc, OSError) and exc.errno == errno.E2BIG:
         size = len(deployment.spec.command.encode())
         return (
-            f"the launch command ({size} bytes) or the environment is over the kernel's "
-            f"argument size limit ({MAX_ARG_BYTES} bytes for one argument): put a long "
-            "script in a file on a volume and run that file"
+            f"the launch command ({size} bytes) is over the kernel's argument size limit "
+            f"({MAX_ARG_BYTES} bytes for one argument): put a long script in a file on a "
+            "volume and run that file"
         )
     return f"{type(exc).__name__}: {exc}"
 

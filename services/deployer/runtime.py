@@ -275,14 +275,14 @@ class LocalRuntimeConfig:
         for name, where in (raw.get("images") or {}).items():
             images[str(name)] = _image_dir(str(where), base_dir)
         return cls(
-            scratch_root=Path(raw.get("scratch_root") or data_dir / "scratch"),
-            volumes_root=Path(raw.get("volumes_root") or data_dir / "volumes"),
+            scratch_root=Path(raw.get("scratch_root") or data_dir / "scratch").absolute(),
+            volumes_root=Path(raw.get("volumes_root") or data_dir / "volumes").absolute(),
             images=images,
             grace_s=float(raw.get("grace_s", 10.0)),
             output_buffer=int(raw.get("output_buffer", 10_000)),
             namespaces=raw.get("namespaces"),
             worker_user=str(raw.get("worker_user") or "runyard-worker"),
-            hidden=(data_dir, *(Path(str(p)) for p in raw.get("hide") or ())),
+            hidden=(data_dir.absolute(), *(Path(str(p)) for p in raw.get("hide") or ())),
         )
 
 

@@ -361,3 +361,30 @@ async def test_platform_values_win_over_user_variables(h: Harness) -> None:
     assert (await h.state("env")).status == "succeeded"
     out = h.output("env")
     assert out[0] == "0:0 env kept" and out[1].endswith("/bash"), out
+
+
+async def test_an_env_check_that_cannot_start_fails_the_task_and_leaves_no_process(
+    h: Harness,
+) -> None:
+    from runyard.domain.task import StartEnvCheck
+
+    spec = make_spec("sleep 30", workers=2, fault_tolerance={"env_check": True})
+    await h.launch("nocheck", spec, wait=False)
+    await _wait_stages_done(h, "nocheck")
+    scratch = h.runtime.scratch_dir(("nocheck", 1, 1), 1)
+    assert scratch is not None
+    import shutil
+
+    shutil.rmtree(scratch)
+    state = await h.state("nocheck")
+    started = decide(state, StartEnvCheck("nocheck"), now=state.submitted_at, ids=lambda: "x")
+    await h.deliver(await h.append("nocheck", started))
+    await asyncio.wait_for(h.app.drain(), 8)
+    state = await h.state("nocheck")
+    assert state.status == "failed"
+    reason = state.last_failure_reason or ""
+    assert "env_check" in reason and "FileNotFoundError" in reason, reason
+    assert "WorkerStarted" not in await h.types("nocheck")
+    assert h.runtime.deployments() == []
+    leftover = [p for p in os.listdir("/proc") if p.isdigit() and _runs_task(int(p), "nocheck")]
+    assert leftover == [], "an env check process is left"
