@@ -18,7 +18,7 @@ import signal
 import stat
 import subprocess
 import tempfile
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -316,21 +316,18 @@ async def _until_superuser_refused_over_tcp(server: EmbeddedPostgres) -> None:
     raise AssertionError("the server did not load the init script's pg_hba.conf")
 
 
-@pytest.mark.slow
-async def test_the_platform_runs_on_the_service_roles(
-    stack: Stack, kafka: KafkaSettings, tmp_path: Path
-) -> None:
-    """Every service started as `runyard up` starts it, each on its own role:
-    a task is placed, deployed and its output stored (the log service makes
-    its day partition as `runyard_logs`), so no service needs more. And a
-    task can neither connect to the stack's Postgres or broker nor read the
-    roles' passwords."""
+@contextlib.asynccontextmanager
+async def _platform(
+    stack: Stack, kafka: KafkaSettings, home: Path
+) -> AsyncIterator[tuple[httpx.AsyncClient, asyncio.Task[None]]]:
+    """Every service, as `runyard up` starts them, each on its own role; an
+    HTTP client with a member's token, and the task running them."""
     http_port = free_port()
     ctx = ServiceContext(
         dsn=stack.dsn,
         kafka=kafka,
-        data_dir=tmp_path / "data",
-        config_dir=Path(shutil.copytree(REPO / "infra/config", tmp_path / "config")),
+        data_dir=home / "data",
+        config_dir=Path(shutil.copytree(REPO / "infra/config", home / "config")),
         settings={"http_port": http_port, "grpc_port": free_port(), "scheduler_tick_s": 1.0},
         service_dsns=dict(stack.service_dsns),
     )
@@ -346,26 +343,45 @@ async def test_the_platform_runs_on_the_service_roles(
             finally:
                 await conn.close()
             http.headers["Authorization"] = f"Bearer {token}"
-            lines = await _run_task(http, run, "echo hello-from-a-role; echo done")
-            assert "hello-from-a-role" in lines
-            # ... and a task cannot reach the servers or read the passwords.
-            assert stack.postgres is not None
-            broker_port = kafka.bootstrap.rpartition(":")[2]
-            probe = (
-                f"for port in {stack.postgres.port} {broker_port}; do"
-                " if (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null;"
-                " then echo reached-$port; else echo refused-$port; fi; done;"
-                f" cat {stack.credentials_path} >/dev/null 2>&1"
-                " && echo read-credentials || echo no-credentials; echo done"
-            )
-            lines = await _run_task(http, run, probe)
-            assert f"refused-{stack.postgres.port}" in lines, lines
-            assert f"refused-{broker_port}" in lines, lines
-            assert "no-credentials" in lines, lines
+            yield http, run
     finally:
         run.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await run
+
+
+@pytest.mark.slow
+async def test_the_platform_runs_on_the_service_roles(
+    stack: Stack, kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    """A task is placed, deployed and its output stored (the log service
+    makes its day partition as `runyard_logs`): no service needs more."""
+    async with _platform(stack, kafka, tmp_path) as (http, run):
+        lines = await _run_task(http, run, "echo hello-from-a-role; echo done")
+    assert "hello-from-a-role" in lines
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="workers are sandboxed only when the deployer runs as root"
+)
+async def test_a_task_cannot_reach_the_stack_servers_nor_read_their_passwords(
+    stack: Stack, kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    assert stack.postgres is not None
+    broker_port = kafka.bootstrap.rpartition(":")[2]
+    probe = (
+        f"for port in {stack.postgres.port} {broker_port}; do"
+        " if (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null;"
+        " then echo reached-$port; else echo refused-$port; fi; done;"
+        f" cat {stack.credentials_path} >/dev/null 2>&1"
+        " && echo read-credentials || echo no-credentials; echo done"
+    )
+    async with _platform(stack, kafka, tmp_path) as (http, run):
+        lines = await _run_task(http, run, probe)
+    assert f"refused-{stack.postgres.port}" in lines, lines
+    assert f"refused-{broker_port}" in lines, lines
+    assert "no-credentials" in lines, lines
 
 
 async def _run_task(http: httpx.AsyncClient, run: asyncio.Task[None], command: str) -> list[str]:
