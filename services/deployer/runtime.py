@@ -837,14 +837,14 @@ class LocalRuntime:
         scratch, and the image, the image's base interpreter (a virtualenv's `home`),
         Runyard itself and the interpreter it runs on, when they lie under a hidden path,
         under /tmp, or below a folder the worker user cannot traverse (e.g. an
-        interpreter under /root). Then each
-        volume is bind-mounted at its mount path (read-only when asked); the
-        deployment's shared `shm/` goes over /dev/shm and the worker's scratch `tmp/`
-        over /tmp (nothing of the host's /tmp stays visible). Then, outermost first, an
-        empty tmpfs goes over every hidden path (the scratch and volume roots, the data
-        dir, `local.hide`, and those untraversable folders) and the opened folders are
-        bind-mounted back at their own paths through /proc/self/fd (a hidden path inside
-        one of them is covered again after it). Any failure ends the worker (exit 112)
+        interpreter under /root). Then each volume is bind-mounted at its mount path
+        (read-only when asked); the deployment's shared `shm/` goes over /dev/shm and
+        the worker's scratch `tmp/` over /tmp and /var/tmp (nothing of the host's /tmp
+        stays visible). Then, outermost first, an empty tmpfs goes over every hidden
+        path (the scratch and volume roots, the data dir, `local.hide`, and those
+        untraversable folders) and the opened folders are bind-mounted back at their
+        own paths through /proc/self/fd (a hidden path inside one of them is covered
+        again after it). Any failure ends the worker (exit 112)
         before the launch command runs: a worker never runs with a partial view.
         """
         t = self.tools
@@ -865,6 +865,10 @@ class LocalRuntime:
             if read_only:
                 lines.append(f"{q(t.mount)} -o remount,bind,ro {q(mount_path)}")
         lines.append(f"{q(t.mount)} --bind {q(str(local.root / 'shm'))} /dev/shm")
+        # The host's other folder anyone may write to: no channel between tasks there.
+        lines.append(
+            f"if [ -d /var/tmp ]; then {q(t.mount)} --bind {q(str(scratch / 'tmp'))} /var/tmp; fi"
+        )
         lines.append(f"{q(t.mount)} --bind {q(str(scratch / 'tmp'))} /tmp")
         steps = [(len(p.parts), 0, p, -1) for p in hidden]
         steps += [(len(p.parts), 1, p, 10 + n) for n, p in enumerate(keep)]
