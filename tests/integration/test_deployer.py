@@ -388,3 +388,72 @@ async def test_an_env_check_that_cannot_start_fails_the_task_and_leaves_no_proce
     assert h.runtime.deployments() == []
     leftover = [p for p in os.listdir("/proc") if p.isdigit() and _runs_task(int(p), "nocheck")]
     assert leftover == [], "an env check process is left"
+
+
+class _StartBreaks(LocalRuntime):
+    """The local runtime with a bug at worker start: what any exception there must do."""
+
+    async def start_workers(self, deployment: Any, on_output: Any, on_exit: Any) -> dict[int, int]:
+        raise RuntimeError("no worker started (a bug in the runtime)")
+
+
+async def test_a_runtime_exception_at_start_fails_the_task_and_frees_its_gpus(
+    dsn: str, tmp_path: Path
+) -> None:
+    from datetime import UTC, datetime
+
+    from runyard.scheduler.app import SchedulerApp
+
+    from tests.integration.test_faulttolerance_deployer import pools
+
+    store = await PostgresEventStore.connect(dsn, default_mapper())
+    scheduler = SchedulerApp(store, pools(1))
+    await scheduler.start()
+    runtime = _StartBreaks(
+        LocalRuntimeConfig(
+            scratch_root=tmp_path / "scratch",
+            volumes_root=tmp_path / "volumes",
+            images={"bash-only": Path("/usr")},
+        )
+    )
+    deployer = DeployerApp(store, runtime, stop_grace_s=1.0)
+
+    async def pump() -> None:
+        reader = store.all_reader(0)
+        while True:
+            for event in await reader.read(500):
+                for app in (scheduler, deployer):
+                    await app.handle(event)
+            await asyncio.sleep(0.02)
+
+    pumping = asyncio.create_task(pump())
+    try:
+        submitted = decide(
+            None,
+            Submit("bug", "acme", "alice", make_spec("true", workers=2)),
+            now=datetime.now(UTC),
+            ids=lambda: "x",
+        )
+        await store.append(
+            "task-bug",
+            [NewEvent(e, Metadata(actor="user:acme/alice"), datetime.now(UTC)) for e in submitted],
+            0,
+        )
+        for _ in range(400):
+            types = [e.type for e in await store.read_stream("task-bug")]
+            if "ResourcesReleased" in types:
+                break
+            await asyncio.sleep(0.05)
+        state = fold(await store.read_stream("task-bug"))
+        assert state.status == "failed", types
+        reason = state.last_failure_reason or ""
+        assert "worker_start" in reason and "a bug in the runtime" in reason, reason
+        assert "TaskPlaced" in types and "WorkerStarted" not in types
+        assert "ResourcesReleased" in types and state.held is None, types
+        await asyncio.wait_for(deployer.drain(), 8)
+        assert runtime.deployments() == []
+    finally:
+        pumping.cancel()
+        with contextlib.suppress(BaseException):
+            await pumping
+        await store.close()
