@@ -31,7 +31,7 @@ from runyard.faulttolerance.reports import StackReportStore
 from runyard.gateway.app import Gateway
 from runyard.gateway.auth import Principal
 from runyard.gateway.errors import Conflict, GatewayError, NotFound
-from runyard.gateway.inputs import reject_nul
+from runyard.gateway.inputs import check_request_id
 from runyard.gateway.security import caller_dependency
 from runyard.telemetry import current_trace_context
 
@@ -112,7 +112,7 @@ def faulttolerance_router(gateway: Gateway) -> APIRouter:
         caller: Caller, task_id: str, x_request_id: Annotated[str | None, Header()] = None
     ) -> dict[str, Any]:
         """Capture the stacks of every worker of the current attempt now; answers the report."""
-        reject_nul(x_request_id, "x-request-id")
+        check_request_id(x_request_id)
         task = await api.task(caller, task_id)
         if task.get("status") not in CAPTURABLE:
             raise Conflict(

@@ -34,6 +34,7 @@ from runyard.logs.http import logs_router
 from runyard.notification.http import notification_router
 from runyard.submission.errors import SubmissionError
 from runyard.telemetry import TracingMiddleware, current_trace_context
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 
 async def _json_body(
@@ -99,6 +100,16 @@ def _error_handlers(app: FastAPI) -> None:
     for kind in (*handled, *DATA_ERRORS):
         app.add_exception_handler(kind, typed)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: HttpRequest, exc: StarletteHTTPException) -> JSONResponse:
+        # FastAPI's own refusals (a body it cannot parse, e.g. JSON nested too deep for
+        # the parser; an unknown route or method) in the same shape as every other error.
+        code, field, hint = _HTTP_ERRORS.get(
+            exc.status_code, ("request.refused", "", "see /openapi.json")
+        )
+        body = {"code": code, "field": field, "message": str(exc.detail), "hint": hint}
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
     @app.exception_handler(RequestValidationError)
     async def invalid(_: HttpRequest, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
@@ -125,6 +136,17 @@ async def _no_nul_in_url(request: HttpRequest) -> None:
                     f"send a shorter {name}",
                     name,
                 )
+
+
+_HTTP_ERRORS = {
+    400: (
+        "request.invalid",
+        "body",
+        "send a JSON object (UTF-8, nested at most 32 levels; docs/limits.md)",
+    ),
+    404: ("route.not_found", "", "see /openapi.json for the routes"),
+    405: ("method.not_allowed", "", "see /openapi.json for the methods of this route"),
+}
 
 
 def _principal_dependency(gateway: Gateway) -> Any:

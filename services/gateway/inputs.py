@@ -34,26 +34,31 @@ MAX_GROUP_ID = 128
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _problem(text: str) -> str | None:
+#: (what is wrong, how to fix it) of a refused input.
+Problem = tuple[str, str]
+
+
+def _problem(text: str) -> Problem | None:
     if NUL in text:
-        return "the NUL character (\\u0000) is not allowed"
+        return "the NUL character (\\u0000) is not allowed", "remove the NUL character"
     found = _SURROGATE.search(text)
     if found is not None:
         return (
             f"a lone surrogate (\\u{ord(found.group()):04x}) at character {found.start()} "
-            "is not text"
+            "is not text",
+            "send valid UTF-8 text (pair or remove the surrogate)",
         )
     return None
 
 
-_HINTS = {
-    "NUL": "remove the NUL character",
-    "surrogate": "send valid UTF-8 text (pair or remove the surrogate)",
-}
+_TOO_DEEP: Problem = (
+    f"nested deeper than {MAX_JSON_DEPTH} levels",
+    f"send JSON nested at most {MAX_JSON_DEPTH} levels deep",
+)
 
 
-def find_unstorable(value: Any, field: str = "") -> tuple[str, str] | None:
-    """(path, reason) of the first string or key the store cannot hold, or of
+def find_unstorable(value: Any, field: str = "") -> tuple[str, Problem] | None:
+    """(path, problem) of the first string or key the store cannot hold, or of
     nesting deeper than `MAX_JSON_DEPTH`; None when all is well."""
     stack: list[tuple[Any, str, int]] = [(value, field, 0)]
     while stack:
@@ -63,7 +68,7 @@ def find_unstorable(value: Any, field: str = "") -> tuple[str, str] | None:
                 return path or "request", reason
             continue
         if isinstance(item, dict | list | tuple) and depth >= MAX_JSON_DEPTH:
-            return path or "request", f"nested deeper than {MAX_JSON_DEPTH} levels"
+            return path or "request", _TOO_DEEP
         if isinstance(item, dict):
             children = []
             for key, child in item.items():
@@ -84,18 +89,8 @@ def reject_unstorable(value: Any, field: str = "") -> None:
     lone surrogate, or it nests too deep; the error names the field and says what to do."""
     found = find_unstorable(value, field)
     if found is not None:
-        path, reason = found
-        hint = next((h for word, h in _HINTS.items() if word in reason), None)
-        raise BadRequest(
-            "request.invalid",
-            f"{path}: {reason}",
-            hint or f"send JSON nested at most {MAX_JSON_DEPTH} levels deep",
-            path,
-        )
-
-
-#: The name other modules use for the same check (NUL was its first case).
-reject_nul = reject_unstorable
+        path, (reason, hint) = found
+        raise BadRequest("request.invalid", f"{path}: {reason}", hint, path)
 
 
 def check_request_id(request_id: str | None, field: str = "x-request-id") -> None:

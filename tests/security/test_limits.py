@@ -185,8 +185,7 @@ async def test_deeply_nested_json_is_a_400(api: Api) -> None:
         content=f'{{"name": "x", "description": {deep}}}',
         headers={"content-type": "application/json"},
     )
-    assert answer.status_code == 400
-    assert await written(api) == before
+    await refused(api, answer, "request.invalid", "body", before)
     nested: Any = "x"
     for _ in range(40):
         nested = {"a": nested}
