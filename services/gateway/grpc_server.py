@@ -23,7 +23,12 @@ from runyard.gateway.auth import Principal, bearer_token
 from runyard.gateway.errors import BadRequest, GatewayError, translate
 from runyard.gateway.grpc_gen import tasks_pb2 as pb
 from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
-from runyard.gateway.inputs import MAX_BODY_BYTES, check_request_id, reject_unstorable
+from runyard.gateway.inputs import (
+    MAX_BODY_BYTES,
+    check_param,
+    check_request_id,
+    reject_unstorable,
+)
 from runyard.logs.http import FOLLOW_POLL_S, LogApi, LogFilter, log_api_of
 
 log = logging.getLogger(__name__)
@@ -106,6 +111,8 @@ def check_fields(message: Any) -> None:
     for descriptor, value in message.ListFields():
         if isinstance(value, str):
             reject_unstorable(value, descriptor.name)
+            if not descriptor.name.endswith("_json"):  # JSON is bounded by the message size
+                check_param(descriptor.name, value)
         elif descriptor.message_type is not None and not descriptor.is_repeated:
             check_fields(value)
         elif descriptor.is_repeated:

@@ -25,6 +25,7 @@ from runyard.gateway.errors import DATA_ERRORS, BadRequest, GatewayError, transl
 from runyard.gateway.inputs import (
     MAX_BODY_BYTES,
     BodyLimit,
+    check_param,
     check_request_id,
     reject_unstorable,
 )
@@ -57,8 +58,6 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (413, f"the request body is over {MAX_BODY_BYTES} bytes"),
     )
 }
-#: Longest path or query parameter value (ids, filters, cursors; docs/limits.md).
-MAX_PARAM = 1024
 #: Published bounds (the application refuses others with its own hint, as over gRPC).
 PageLimit = Annotated[
     int, Query(description="1 to 200", json_schema_extra={"minimum": 1, "maximum": 200})
@@ -129,13 +128,7 @@ async def _no_nul_in_url(request: HttpRequest) -> None:
     for params in (request.path_params, request.query_params):
         reject_unstorable(dict(params))
         for name, value in params.items():
-            if isinstance(value, str) and len(value) > MAX_PARAM:
-                raise BadRequest(
-                    "request.invalid",
-                    f"{name}: {len(value)} characters, at most {MAX_PARAM} are allowed",
-                    f"send a shorter {name}",
-                    name,
-                )
+            check_param(name, str(value))
 
 
 _HTTP_ERRORS = {

@@ -30,6 +30,9 @@ MAX_JSON_DEPTH = 32
 MAX_REQUEST_ID = 128
 #: Longest task group id a caller may choose.
 MAX_GROUP_ID = 128
+#: Longest path or query parameter (gRPC: string field other than `*_json`): ids,
+#: filters, cursors.
+MAX_PARAM = 1024
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -206,3 +209,14 @@ def group_id_of(body: Any) -> str | None:
             "group_id",
         )
     return value
+
+
+def check_param(name: str, value: str) -> None:
+    """Refuse a parameter (id, filter, cursor) over `MAX_PARAM` characters."""
+    if len(value) > MAX_PARAM:
+        raise BadRequest(
+            "request.invalid",
+            f"{name}: {len(value)} characters, at most {MAX_PARAM} are allowed",
+            f"send a shorter {name}",
+            name,
+        )

@@ -342,6 +342,9 @@ async def test_deeply_nested_spec_json_over_grpc_is_invalid_argument(api: Api) -
             request = pb.CreateTaskRequest(spec_json=json.dumps(BASE))
             await stub.CreateTask(request, metadata=long_id)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.GetTask(pb.TaskRef(task_id="t" * 5000), metadata=auth)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert await written(api) == before
 
 
