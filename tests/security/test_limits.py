@@ -92,6 +92,8 @@ async def test_a_chunked_body_over_1mib_is_413_while_it_arrives(api: Api) -> Non
     answer = await api.call("alice", "POST", "/v1/tasks", content=chunks())
     assert answer.status_code == 413
     await refused(api, answer, "request.too_large", "body", before)
+    # The 16th 64 KiB chunk takes the body past 1 MiB; nothing after it is read.
+    assert len(sent) == 16
 
 
 async def test_a_512kb_command_is_refused_and_other_requests_are_answered(api: Api) -> None:
