@@ -76,7 +76,13 @@ async def key_line(http: httpx.AsyncClient, task_id: str, run: int) -> str:
 
 
 async def rerun(http: httpx.AsyncClient, task_id: str, run: int, **changes: Any) -> str:
-    answer = await http.post(f"/v1/tasks/{task_id}/rerun", json=changes)
+    # A finished run may still get an event (the scheduler's ResourcesReleased): a 409
+    # then says "try again", as its hint does.
+    for _ in range(50):
+        answer = await http.post(f"/v1/tasks/{task_id}/rerun", json=changes)
+        if answer.status_code != 409:
+            break
+        await asyncio.sleep(0.1)
     assert answer.status_code == 200, answer.text
     await wait_finished(http, task_id, run)
     return await key_line(http, task_id, run)
