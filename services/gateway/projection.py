@@ -20,7 +20,7 @@ import asyncio
 import base64
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -30,6 +30,7 @@ from runyard.domain import TaskState, fold
 from runyard.eventstore import PostgresEventStore
 
 log = logging.getLogger(__name__)
+Upsert = Callable[[asyncpg.Connection, tuple[Any, ...]], Awaitable[None]]
 
 NAME = "task_list"
 #: Clipped lengths of a row's text when the full row does not fit (see the docstring).
@@ -100,10 +101,18 @@ class TaskListProjector:
             if recorded.category == "task":
                 last_version[recorded.stream_id] = recorded.stream_version
         states = [await self._state(stream, version) for stream, version in last_version.items()]
+        rows = [_row(state, updated_at) for state, updated_at in states]
+        try:
+            await self._write(rows, batch[-1].global_position, _upsert)
+        except _ROW_REFUSALS:
+            # Rare (events from before the limits): again, row by row, each in a savepoint.
+            await self._write(rows, batch[-1].global_position, _upsert_or_clip)
+
+    async def _write(self, rows: list[tuple[Any, ...]], position: int, upsert: Upsert) -> None:
         async with self.store.transaction() as conn:
-            for state, updated_at in states:
-                await _upsert(conn, _row(state, updated_at))
-            await conn.execute(_CHECKPOINT, NAME, batch[-1].global_position)
+            for row in rows:
+                await upsert(conn, row)
+            await conn.execute(_CHECKPOINT, NAME, position)
 
     async def _state(self, stream_id: str, version: int) -> tuple[TaskState, datetime]:
         events = [e for e in await self.store.read_stream(stream_id) if e.stream_version <= version]
@@ -111,6 +120,10 @@ class TaskListProjector:
 
 
 async def _upsert(conn: asyncpg.Connection, row: tuple[Any, ...]) -> None:
+    await conn.execute(_UPSERT, *row)
+
+
+async def _upsert_or_clip(conn: asyncpg.Connection, row: tuple[Any, ...]) -> None:
     try:
         async with conn.transaction():  # a savepoint: a refused row leaves the batch intact
             await conn.execute(_UPSERT, *row)
