@@ -1463,6 +1463,7 @@ def _end_strays(key: DeploymentKey) -> None:
         f"RUNYARD_RUN_ID={task}-run{run}".encode(),
         f"RUNYARD_ATTEMPT={attempt}".encode(),
     }
+    groups: set[int] = set()
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -1473,7 +1474,16 @@ def _end_strays(key: DeploymentKey) -> None:
             continue
         if wanted <= env:
             with contextlib.suppress(OSError):
-                _signal_group(os.getpgid(int(entry.name)), signal.SIGKILL)
+                groups.add(os.getpgid(int(entry.name)))
+    for pgid in groups:
+        _signal_group(pgid, signal.SIGKILL)
+    # Gone before the deployment is started again (a PID namespace takes a moment to
+    # empty once its first process is killed).
+    deadline = time.monotonic() + 5.0
+    while any(group_members(g) for g in groups) and time.monotonic() < deadline:
+        for pgid in groups:
+            _signal_group(pgid, signal.SIGKILL)
+        time.sleep(0.01)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
