@@ -721,6 +721,7 @@ def parse_spec(body: Mapping[str, Any]) -> TaskSpec:
         data["env"] = parse_env(data["env"], creator_only=creator_only)
     elif creator_only:
         data["env"] = [_mark(v, creator_only) for v in data.get("env") or []]
+    _refuse_secret_refs(data.get("env"), "env")
     try:
         return TaskSpec.model_validate(data)
     except ValidationError as exc:
@@ -741,7 +742,28 @@ def _env_text(overrides: Any) -> Any:
     creator_only = data.pop("creator_only", []) or []
     if isinstance(data.get("env"), str):
         data["env"] = parse_env(data["env"], creator_only=creator_only)
+    _refuse_secret_refs(data.get("env"), "env")
     return data
+
+
+def _refuse_secret_refs(env: Any, field: str) -> None:
+    """A creator-only value's `secret_ref` is the platform's to assign, never a client's.
+
+    The deployer resolves a ref for runs that the task's creator started, so a
+    ref sent by a client would let one member run with another member's value.
+    """
+    if not isinstance(env, list | tuple):
+        return
+    for i, var in enumerate(env):
+        ref = var.get("secret_ref") if isinstance(var, Mapping) else var.secret_ref
+        if ref is not None:
+            raise BadRequest(
+                "env.secret_ref",
+                f"{field}[{i}].secret_ref is assigned by the platform and cannot be sent",
+                "send the creator-only variable's value (or `******` to keep the one "
+                "you set before); Runyard stores it and assigns the reference",
+                f"{field}[{i}].secret_ref",
+            )
 
 
 def _field(body: Mapping[str, Any], name: str, kind: type) -> Any:

@@ -26,9 +26,10 @@ def spec_view(spec: TaskSpec, is_creator: bool, secrets: Mapping[str, str]) -> d
     """The spec as the viewer may see it."""
     if not is_creator:
         return mask_spec(spec, viewer_is_creator=False).model_dump(mode="json")
+    # The creator sees the values; the references stay the platform's (never sent back).
     env = tuple(
-        v.model_copy(update={"value": secrets[v.secret_ref]})
-        if v.creator_only and v.secret_ref in secrets
+        v.model_copy(update={"value": secrets.get(v.secret_ref or ""), "secret_ref": None})
+        if v.creator_only
         else v
         for v in spec.env
     )
@@ -115,11 +116,15 @@ def stage_timeline(events: Sequence[RecordedEvent[Event]]) -> list[dict[str, Any
 
 
 def event_view(recorded: RecordedEvent[Event], is_creator: bool) -> dict[str, Any]:
-    """One event of the audit timeline, with actor and correlation id."""
+    """One event of the audit timeline, with actor and correlation id.
+
+    Events never hold creator-only values, only references to them, and a
+    reference is shown to nobody (`is_creator` included): it is the platform's.
+    """
     data = recorded.event.model_dump(mode="json")
     spec = getattr(recorded.event, "spec", None)
     if isinstance(spec, TaskSpec):
-        data["spec"] = mask_spec(spec, viewer_is_creator=is_creator).model_dump(mode="json")
+        data["spec"] = mask_spec(spec, viewer_is_creator=False).model_dump(mode="json")
     meta = recorded.metadata
     return {
         "position": recorded.global_position,

@@ -1,0 +1,91 @@
+"""A creator-only value's secret reference is the platform's: no client may send one.
+
+The deployer resolves a creator-only variable's `secret_ref` for runs that the
+task's creator started. Were a client able to name a reference in its own
+spec, a member who learned another member's reference could run with that
+member's value. Every way a spec enters (submit, clone overrides, group
+template and items) refuses `secret_ref`, and no answer ever shows one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.integration.test_gateway import BASE
+from tests.security.test_auth import World, _submit
+from tests.security.test_auth import world as world  # the fixture
+
+pytestmark = pytest.mark.integration
+
+
+async def _alices_ref(world: World, task_id: str) -> str:
+    row = await world.gateway.db.fetchrow("SELECT ref FROM secrets WHERE tenant = 'ta'")
+    assert row is not None
+    return str(row["ref"])
+
+
+def _stolen(ref: str) -> list[dict[str, Any]]:
+    return [{"name": "API_KEY", "creator_only": True, "secret_ref": ref}]
+
+
+def _refused(answer: Any, field_end: str) -> None:
+    assert answer.status_code == 400, answer.text
+    body = answer.json()
+    assert body["code"] == "env.secret_ref", body
+    assert body["field"].endswith(field_end), body
+    assert "value" in body["hint"]
+
+
+async def test_a_client_cannot_name_a_secret_reference_anywhere(world: World) -> None:
+    alices = await _submit(world, "ta_alice", env="API_KEY=s3cret", creator_only=["API_KEY"])
+    ref = await _alices_ref(world, alices)
+    world.tokens["ta_mallory"] = await _mint_member(world, "mallory")
+    before = await world.gateway.db.fetchval("SELECT count(*) FROM events")
+
+    submit = await world.call("ta_mallory", "POST", "/v1/tasks", json={**BASE, "env": _stolen(ref)})
+    _refused(submit, "env[0].secret_ref")
+
+    clone = await world.call(
+        "ta_mallory", "POST", f"/v1/tasks/{alices}/clone", json={"env": _stolen(ref)}
+    )
+    _refused(clone, "env[0].secret_ref")
+
+    group_template = await world.call(
+        "ta_mallory",
+        "POST",
+        "/v1/groups",
+        json={"template": {**BASE, "env": _stolen(ref)}, "items": [{}]},
+    )
+    _refused(group_template, "env[0].secret_ref")
+
+    items = [{"env": _stolen(ref)}]
+    group_item = await world.call(
+        "ta_mallory", "POST", "/v1/groups", json={"template": BASE, "items": items}
+    )
+    _refused(group_item, "env[0].secret_ref")
+
+    assert await world.gateway.db.fetchval("SELECT count(*) FROM events") == before
+
+
+async def test_no_answer_shows_a_secret_reference(world: World) -> None:
+    task_id = await _submit(world, "ta_alice", env="API_KEY=s3cret", creator_only=["API_KEY"])
+    ref = await _alices_ref(world, task_id)
+    for who in ("ta_alice", "ta_admin", "root", "sre"):
+        seen = await world.call(who, "GET", f"/v1/tasks/{task_id}")
+        assert seen.status_code == 200, (who, seen.text)
+        assert ref not in seen.text, who
+        events = await world.call(who, "GET", f"/v1/tasks/{task_id}/events")
+        assert events.status_code == 200 and ref not in events.text, who
+    # The creator still sees the value, and may send the spec she was shown back as is.
+    mine = (await world.call("ta_alice", "GET", f"/v1/tasks/{task_id}")).json()
+    assert [v["value"] for v in mine["spec"]["env"]] == ["s3cret"]
+    again = await world.call("ta_alice", "POST", "/v1/tasks", json=mine["spec"])
+    assert again.status_code == 201, again.text
+
+
+async def _mint_member(world: World, user: str) -> str:
+    from runyard.gateway.auth import create_token
+
+    return await create_token(world.gateway.db, "ta", user, "member")
