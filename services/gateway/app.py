@@ -755,7 +755,10 @@ def _refuse_secret_refs(env: Any, field: str) -> None:
     if not isinstance(env, list | tuple):
         return
     for i, var in enumerate(env):
-        ref = var.get("secret_ref") if isinstance(var, Mapping) else var.secret_ref
+        # Anything else (a string, a number) is left to the spec's own validation.
+        ref = var.get("secret_ref") if isinstance(var, Mapping) else None
+        if isinstance(var, EnvVar):
+            ref = var.secret_ref
         if ref is not None:
             raise BadRequest(
                 "env.secret_ref",

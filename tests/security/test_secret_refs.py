@@ -66,6 +66,10 @@ async def test_a_client_cannot_name_a_secret_reference_anywhere(world: World) ->
     )
     _refused(group_item, "env[0].secret_ref")
 
+    # An item that is not an object is left to the spec's own check: a 400, not a 500.
+    odd = await world.call("ta_mallory", "POST", "/v1/tasks", json={**BASE, "env": ["A=x"]})
+    assert odd.status_code == 400, odd.text
+
     assert await world.gateway.db.fetchval("SELECT count(*) FROM events") == before
 
 
