@@ -63,6 +63,7 @@ from runyard.contracts.task_events import (
     TaskStopRequested,
     TaskSubmitted,
 )
+from runyard.deployer.retry import until_done
 from runyard.deployer.runtime import (
     UNKNOWN_EXIT_CODE,
     Deployment,
@@ -223,12 +224,31 @@ class DeployerApp:
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
 
-    async def close(self) -> None:
-        """Stop every deployment this deployer drives (service shutdown)."""
+    async def close(self, *, record_within_s: float = 10.0) -> None:
+        """Stop every deployment this deployer drives (service shutdown).
+
+        The workers are ended and their exits recorded as usual. What cannot be recorded
+        within `record_within_s` (the store is away) is left exactly as a crash leaves
+        it: exit statuses and output stay in the workers' scratch, and the next
+        deployer's `reconcile` records them. Shutdown never removes the scratch of a
+        worker whose exit is not in the log.
+        """
         for active in list(self._active.values()):
             active.stopping = True
             await self.runtime.stop(active.deployment.key, self.stop_grace_s)
-        await self.drain()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + record_within_s
+        while self._background and loop.time() < deadline:
+            # asyncio.wait, not wait_for: a timeout must not cancel the drivers (a
+            # cancelled driver would clean up what is not recorded yet)
+            await asyncio.wait(list(self._background), timeout=deadline - loop.time())
+        if self._background:
+            log.warning(
+                "shutting down with %d deployment(s) not fully recorded: their exit "
+                "statuses and output stay on disk for the next deployer",
+                len(self._active),
+            )
+            self.detach()
 
     def detach(self) -> None:
         """Drop everything without touching a worker: what a crash of the deployer does.
@@ -487,7 +507,14 @@ class DeployerApp:
             return False
         return True
 
-    async def _on_exit(self, key: DeploymentKey, worker: int, exit_code: int) -> None:
+    async def _on_exit(
+        self, key: DeploymentKey, worker: int, exit_code: int, exited_at: datetime | None = None
+    ) -> None:
+        """Record a worker's exit at the time it happened; returns once it is in the log.
+
+        The runtime keeps the worker's exit status and output until this returns (its
+        cleanup comes after), so a store outage delays the record, never loses it.
+        """
         task_id, run, attempt = key
         active = self._active.get(task_id)
         if active is not None and active.deployment.key != key:
@@ -496,7 +523,7 @@ class DeployerApp:
             await active.started_recorded.wait()
         meta = (active.meta if active is not None else None) or Metadata(actor=ACTOR)
         await self._decide_quietly(
-            task_id, [ExitWorker(task_id, run, attempt, worker, exit_code)], meta
+            task_id, [ExitWorker(task_id, run, attempt, worker, exit_code)], meta, at=exited_at
         )
         if exit_code != 0 and active is not None and not active.stopping:
             # R-21: the first failing worker decides the run; its peers end with it.
@@ -724,38 +751,71 @@ class DeployerApp:
 
     # -- decisions -------------------------------------------------------------------
 
+    async def _read(self, task_id: str) -> list[RecordedEvent[Event]]:
+        """The task's stream; waits out a store outage."""
+
+        async def read() -> list[RecordedEvent[Event]]:
+            return await self.store.read_stream(task_stream(task_id))
+
+        return await until_done(read, what=f"reading task {task_id}")
+
     async def _load(self, task_id: str) -> TaskState | None:
-        events = await self.store.read_stream(task_stream(task_id))
+        events = await self._read(task_id)
         return fold(events, task_id=task_id) if events else None
 
     async def _decide(
-        self, task_id: str, commands: Sequence[Command], meta: Metadata
+        self,
+        task_id: str,
+        commands: Sequence[Command],
+        meta: Metadata,
+        *,
+        at: datetime | None = None,
     ) -> list[Event]:
-        """Decide `commands` in order on the task's current state and append them together."""
+        """Decide `commands` in order on the task's current state and append them together.
+
+        `at`: when the fact happened, when it is known (a worker's exit, from its status
+        file); the events carry that time rather than the time they are appended. A store
+        outage is waited out (retries with backoff): what the deployer saw is recorded
+        once the store is back, never given up.
+        """
         lock = self._locks.setdefault(task_id, asyncio.Lock())
         async with lock:
             for _ in range(MAX_CONFLICT_RETRIES):
-                state = await self._load(task_id)
+                recorded = await self._read(task_id)
+                state = fold(recorded, task_id=task_id) if recorded else None
                 now = self.clock()
+                if at is not None:  # never before what the stream holds already
+                    floor = recorded[-1].occurred_at if recorded else at
+                    now = max(floor, min(at, now))
                 new = decide_all(state, commands, now=now, ids=_no_ids)
                 if not new:
                     return []
                 version = state.version if state is not None else 0
+                events = [NewEvent(e, meta, now) for e in new]
+
+                async def append(
+                    events: list[NewEvent[Event]] = events, version: int = version
+                ) -> None:
+                    await self.store.append(task_stream(task_id), events, version)
+
                 try:
-                    await self.store.append(
-                        task_stream(task_id), [NewEvent(e, meta, now) for e in new], version
-                    )
+                    await until_done(append, what=f"recording {new[0].type_name()} of {task_id}")
                 except ConcurrencyError:
                     continue
                 return new
         raise ConcurrencyError(task_stream(task_id), "retries", None)
 
     async def _decide_quietly(
-        self, task_id: str, commands: Sequence[Command], meta: Metadata
+        self,
+        task_id: str,
+        commands: Sequence[Command],
+        meta: Metadata,
+        *,
+        at: datetime | None = None,
     ) -> list[Event]:
         """`_decide`, where a refusal (finished, stale attempt) means there is nothing to do."""
         try:
-            return await self._decide(task_id, commands, meta)
+            return await self._decide(task_id, commands, meta, at=at)
         except DomainError as exc:
             log.info("%s: %s", task_id, exc)
             return []

@@ -4,11 +4,14 @@ It builds the local runtime from `runtime.yaml` of the config folder (its
 `local:` section: image catalogue, scratch and volume roots, stop grace),
 starts `DeployerApp`, and subscribes one idempotent consumer to the task
 event topic. Worker output goes to the `runyard.logs` topic, one JSON record
-per line (time, task, run, attempt, worker, stream, line); the runtime's
-bounded buffer drops (and counts) lines rather than stall a worker when the
-broker is slow. On cancel every worker it started is stopped.
+per line (time, task, run, attempt, worker, stream, line); workers write to
+files, so a slow or absent broker never stalls a worker: the runtime retries
+a line until the broker takes it and only then moves its saved offset on. On
+cancel every worker it started is stopped; what cannot be recorded then stays
+on disk for the next deployer.
 
-Before the consumer starts, `DeployerApp.reconcile` takes over what an earlier
+The producer is connected first; then, before the consumer starts,
+`DeployerApp.reconcile` takes over what an earlier
 deployer process left (workers still running, exits nobody recorded,
 deployments cut mid-stage, placements nobody deployed); see docs/deployer.md.
 `runtime.yaml`'s `deployer:` section may cap restart delays
@@ -23,6 +26,7 @@ import json
 import logging
 
 from runyard.deployer.app import REACTS_TO, DeployerApp
+from runyard.deployer.retry import until_done
 from runyard.deployer.runtime import LocalRuntime, LocalRuntimeConfig, OutputLine
 from runyard.eventstore import PostgresEventStore
 from runyard.messaging.consumer import IdempotentConsumer, make_broker
@@ -59,9 +63,6 @@ async def run(ctx: ServiceContext) -> None:
     )
     ctx.settings["deployer_app"] = app
     try:
-        taken = await app.reconcile()
-        if taken:
-            log.info("took over %d task(s) from an earlier deployer: %s", len(taken), taken)
         consumer = IdempotentConsumer(
             CONSUMER,
             pool=store.pool,
@@ -71,6 +72,13 @@ async def run(ctx: ServiceContext) -> None:
             event_types=REACTS_TO,
         )
         consumer.subscribe(broker, ctx.kafka.topics.task_events)
+        # The producer first: adopted workers' output (the rest of it, from the saved
+        # offsets) is published from the moment reconcile adopts them. Consuming starts
+        # after reconcile, so placements are never deployed twice.
+        await until_done(broker.connect, what="connecting to the broker", transient=(Exception,))
+        taken = await app.reconcile()
+        if taken:
+            log.info("took over %d task(s) from an earlier deployer: %s", len(taken), taken)
         await broker.start()
         await asyncio.Event().wait()  # until cancelled
     finally:

@@ -128,6 +128,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from runyard.contracts.spec import TaskSpec
 from runyard.contracts.task_events import WorkerPlacement
+from runyard.deployer.retry import until_done
 
 log = logging.getLogger("runyard.deployer.runtime")
 
@@ -200,8 +201,10 @@ class OutputLine:
 
 
 OnOutput = Callable[[OutputLine], Awaitable[None]]
-OnExit = Callable[[DeploymentKey, int, int], Awaitable[None]]
-"""(deployment key, worker index, exit code): 128+N when killed by signal N."""
+OnExit = Callable[[DeploymentKey, int, int, datetime], Awaitable[None]]
+"""(deployment key, worker index, exit code, when it exited): the code is 128+N when
+killed by signal N; the time is the one the worker's wrapper wrote with the status (so
+an exit seen late, e.g. by a restarted deployer, keeps its own time)."""
 
 
 @runtime_checkable
@@ -360,6 +363,8 @@ class _Worker:
     pid: int | None = None
     starttime: int | None = None
     exit_code: int | None = None
+    #: When the worker exited (from its `exit_status`; when it was found gone otherwise).
+    exited_at: datetime | None = None
     #: Set once the worker's process group is gone (its output is complete).
     gone: asyncio.Event = field(default_factory=asyncio.Event)
     done: asyncio.Event = field(default_factory=asyncio.Event)
@@ -385,6 +390,8 @@ class _Local:
     queue: asyncio.Queue[tuple[OutputLine, _Worker, int] | None] | None = None
     pump: asyncio.Task[None] | None = None
     watchers: list[asyncio.Task[None]] = field(default_factory=list)
+    #: The tasks following each worker's output files.
+    readers: list[asyncio.Task[None]] = field(default_factory=list)
     dropped: int = 0
     stopping: bool = False
     #: Found on disk after a restart (workers not started by this process).
@@ -805,7 +812,9 @@ class LocalRuntime:
             "exec 3>&2 2>/dev/null\n"
             f"{user_shell} 2>&3 3>&-\n"
             "rc=$?\n"
-            f'printf "%s\\n" "$rc" > "$2.tmp" && {q(t.mv)} -f "$2.tmp" "$2"\n'
+            # The status and the time it was known (bash's EPOCHREALTIME): a deployer
+            # that reads it later records the exit at the time it happened.
+            f'printf "%s %s\\n" "$rc" "$EPOCHREALTIME" > "$2.tmp" && {q(t.mv)} -f "$2.tmp" "$2"\n'
             'exit "$rc"\n'
         )
         args = [t.bash, "-c", wrapper, "runyard-worker", command or local.deployment.spec.command]
@@ -898,10 +907,17 @@ class LocalRuntime:
             local.watchers.append(asyncio.create_task(self._watch(local, worker, on_exit)))
 
     async def _watch(self, local: _Local, worker: _Worker, on_exit: OnExit) -> None:
+        """Follow one worker until it is gone, its output is read and its exit reported.
+
+        `on_exit` is awaited to the end: the deployer's handler returns once the exit is
+        recorded (it retries through a store outage), so everything after a worker's
+        `wait` (cleanup: scratch removed) happens only once its exit is in the log.
+        """
         readers = [
             asyncio.create_task(self._tail(local, worker, "stdout")),
             asyncio.create_task(self._tail(local, worker, "stderr")),
         ]
+        local.readers.extend(readers)
         assert worker.pid is not None
         if worker.process is not None:
             code: int | None = await worker.process.wait()
@@ -914,18 +930,18 @@ class LocalRuntime:
         # The launch command ended: whatever it left in its group goes with it.
         _signal_group(worker.pid, signal.SIGKILL)
         await _until_gone(worker.pid)
+        exited_at = datetime.now(UTC)  # when the wrapper itself was killed: no status
         worker.gone.set()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*readers, return_exceptions=True), 5.0)
-        for reader in readers:
-            reader.cancel()
+        # Every line is read (a full queue only slows this down; lines are never cut off).
+        await asyncio.gather(*readers, return_exceptions=True)
         status = _read_status(worker.status_file)
         if status is not None:
-            code = status
+            code, exited_at = status[0], min(status[1], exited_at)
         worker.exit_code = UNKNOWN_EXIT_CODE if code is None else code
+        worker.exited_at = exited_at
         worker.done.set()
         try:
-            await on_exit(local.deployment.key, worker.index, worker.exit_code)
+            await on_exit(local.deployment.key, worker.index, worker.exit_code, exited_at)
         except Exception:
             log.exception(
                 "exit handler failed for %s worker %s", local.deployment.key, worker.index
@@ -991,6 +1007,12 @@ class LocalRuntime:
         await local.queue.put((line, worker, end))
 
     async def _pump(self, local: _Local, on_output: OnOutput) -> None:
+        """Publish the read lines in order; a line the sink refuses is tried again.
+
+        A sink that fails (the broker is away) is retried with backoff, never skipped:
+        the offsets saved are those of published lines, so the worker's output files
+        hold what is not out yet, and cleanup waits for this pump to finish.
+        """
         assert local.queue is not None
         while True:
             item = await local.queue.get()
@@ -998,7 +1020,7 @@ class LocalRuntime:
                 if item is None:
                     return
                 line, worker, end = item
-                await on_output(line)
+                await _until_published(local, on_output, line)
                 # What was published: a new deployer resumes after it. Saved at the end
                 # of every burst and at least once a second within one (a crash in a
                 # burst repeats at most about a second of lines, and loses none).
@@ -1008,10 +1030,6 @@ class LocalRuntime:
                 if local.queue.empty() or now - local.offsets_saved > 1.0:
                     local.offsets_saved = now
                     _save_offsets(worker)
-            except Exception:
-                log.exception("output sink failed; line of %s dropped", local.deployment.key)
-                local.dropped += 1
-                self.dropped_lines += 1
             finally:
                 local.queue.task_done()
 
@@ -1077,10 +1095,10 @@ class LocalRuntime:
             with contextlib.suppress(BaseException):
                 await task
         if local.queue is not None and local.pump is not None:
-            with contextlib.suppress(asyncio.QueueFull):
-                local.queue.put_nowait(None)
-            if local.queue.full():
-                local.pump.cancel()
+            # Every line read is published before the output files go (the pump retries a
+            # sink that fails; only a detach, i.e. a crash, leaves lines to the next one).
+            if not local.pump.done():
+                await local.queue.put(None)
             with contextlib.suppress(BaseException):
                 await local.pump
         await asyncio.to_thread(_release_namespaces, local.root, self.tools)
@@ -1186,7 +1204,7 @@ class LocalRuntime:
     def detach(self) -> None:
         """Forget every deployment without touching its processes (what a crash does)."""
         for local in self._deps.values():
-            for task in [*local.watchers, local.pump]:
+            for task in [*local.watchers, *local.readers, local.pump]:
                 if task is not None:
                     task.cancel()
         self._deps.clear()
@@ -1424,11 +1442,30 @@ def _alive(pid: int, starttime: int | None) -> bool:
     return starttime is None or (len(fields) > 19 and int(fields[19]) == starttime)
 
 
-def _read_status(path: Path) -> int | None:
+def _read_status(path: Path) -> tuple[int, datetime] | None:
+    """The exit status a worker's wrapper wrote, and when: `<code> <epoch seconds>`.
+
+    The time is the wrapper's (bash's EPOCHREALTIME); a file without one (an older
+    wrapper) gives its modification time, which the wrapper set at the same moment.
+    """
     try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
+        text = path.read_text().split()
+        code = int(text[0])
+        # EPOCHREALTIME is written with the locale's decimal point
+        at = float(text[1].replace(",", ".")) if len(text) > 1 else path.stat().st_mtime
+    except (OSError, ValueError, IndexError):
         return None
+    return code, datetime.fromtimestamp(at, UTC)
+
+
+async def _until_published(local: _Local, on_output: OnOutput, line: OutputLine) -> None:
+    """Hand `line` to the sink, again and again with backoff while the sink fails."""
+
+    async def publish() -> None:
+        await on_output(line)
+
+    what = f"publishing output of {local.deployment.key} worker {line.worker}"
+    await until_done(publish, what=what, transient=(Exception,))
 
 
 def _save_offsets(worker: _Worker) -> None:
