@@ -1,0 +1,209 @@
+"""Faults an operator meets, one per scenario, while short tasks flow.
+
+Each scenario submits its tasks (every one prints numbered lines and its exit
+time, see harness.py), waits until a share of them have ended, injects its
+fault, waits until every task has ended (or a deadline passed), and then holds
+the platform to its promises: every task terminal, none failed by the
+platform, none ran twice, every output line stored once, every exit recorded
+within a second of when it happened, no process left, every read model equal
+to its rebuild. It prints one line:
+
+    chaos <scenario>: tasks=<n> lost=0 doubled=0 failed_by_platform=0 stall_s=<x>
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from tests.chaos.conftest import ChaosStack
+from tests.chaos.harness import (
+    TERMINAL_EVENTS,
+    analyse,
+    processes_matching,
+    read_model_mismatches,
+    worker_command,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.chaos]
+
+TASKS = 120
+LINES = 5
+#: Share of the tasks that have ended when the fault is injected.
+FAULT_AT = 0.3
+#: How long the tasks may take to end after the fault (a bound, not a measure).
+SETTLE_S = 150.0
+
+Fault = Callable[[ChaosStack, httpx.AsyncClient], Awaitable[None]]
+
+
+async def _terminal(dsn: str, task_ids: list[str]) -> int | None:
+    """How many of the tasks have ended (None while the database cannot be reached)."""
+    try:
+        conn = await asyncpg.connect(dsn, timeout=2)
+    except (TimeoutError, OSError, asyncpg.PostgresError):
+        return None
+    try:
+        count = await conn.fetchval(
+            "SELECT count(DISTINCT stream_id) FROM events"
+            " WHERE stream_id = ANY($1) AND event_type = ANY($2)",
+            [f"task-{t}" for t in task_ids],
+            list(TERMINAL_EVENTS),
+        )
+        return int(count)
+    except (OSError, asyncpg.PostgresError):
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            await conn.close()
+
+
+async def _wait_terminal(
+    stack: ChaosStack, task_ids: list[str], at_least: int, within: float
+) -> None:
+    """Until `at_least` tasks ended or `within` s passed; fails at once if the platform died."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        stack.check_alive()
+        done = await _terminal(stack.dsn, task_ids)
+        if done is not None and done >= at_least:
+            return
+        await asyncio.sleep(0.25)
+
+
+async def _wait_task_list_caught_up(stack: ChaosStack, within: float = 30.0) -> None:
+    """Until the gateway's task list has applied the whole log (its checkpoint is the end)."""
+    deadline = time.monotonic() + within
+    conn = await asyncpg.connect(stack.dsn)
+    try:
+        while time.monotonic() < deadline:
+            end = await conn.fetchval("SELECT coalesce(max(global_position), 0) FROM events")
+            at = await conn.fetchval("SELECT position FROM checkpoints WHERE name = 'task_list'")
+            if at == end:
+                return
+            await asyncio.sleep(0.2)
+    finally:
+        await conn.close()
+
+
+async def _submit(http: httpx.AsyncClient, run_id: str, count: int, **spec: Any) -> list[str]:
+    body = {
+        "pool": "dev-a100",
+        "worker_spec": "1gpu",
+        "image": "bash-only",
+        "command": worker_command(LINES),
+        "env": [{"name": "CHAOS_RUN", "value": run_id}],
+        **spec,
+    }
+    gate = asyncio.Semaphore(8)
+
+    async def one(i: int) -> str:
+        async with gate:
+            answer = await http.post("/v1/tasks", json={**body, "name": f"chaos-{i}"})
+        assert answer.status_code == 201, answer.text
+        return str(answer.json()["task_id"])
+
+    return list(await asyncio.gather(*(one(i) for i in range(count))))
+
+
+async def run_scenario(
+    stack: ChaosStack, scenario: str, fault: Fault, *, tasks: int = TASKS, **spec: Any
+) -> None:
+    run_id = uuid.uuid4().hex
+    headers = {"Authorization": f"Bearer {stack.token()}"}
+    async with httpx.AsyncClient(base_url=stack.base_url, headers=headers, timeout=30) as http:
+        task_ids = await _submit(http, run_id, tasks, **spec)
+        await _wait_terminal(stack, task_ids, int(tasks * FAULT_AT), within=SETTLE_S)
+        # The fault hits running workers (and the process check below can see them).
+        assert processes_matching(environ=f"CHAOS_RUN={run_id}"), "no worker runs at the fault"
+        await fault(stack, http)
+        await _wait_terminal(stack, task_ids, tasks, within=SETTLE_S)
+    stack.check_alive()
+    await _wait_task_list_caught_up(stack)
+    # Every task has ended: no worker of this scenario may be alive now.
+    left = [f"worker pid {p}" for p in processes_matching(environ=f"CHAOS_RUN={run_id}")]
+    stack.stop()
+    left += [f"broker pid {p} after runyard up stopped" for p in stack.broker_pids()]
+
+    report = await analyse(scenario, stack.dsn, task_ids, LINES)
+    report.processes_left = left
+    report.read_models = await read_model_mismatches(stack.dsn, stack.root / "config")
+    print(report.summary())
+    report.assert_clean()
+
+
+# -- faults ---------------------------------------------------------------------------------
+
+
+async def kill_the_platform(stack: ChaosStack, http: httpx.AsyncClient) -> None:
+    """kill -9 of `runyard up`; a few seconds later, the same command again."""
+    stack.kill_platform()
+    await asyncio.sleep(3)  # workers end meanwhile: their exits wait for adoption
+    stack.start()
+    await stack.wait_ready()
+
+
+async def postgres_outage(stack: ChaosStack, http: httpx.AsyncClient) -> None:
+    """Postgres gone for 20 s (immediate shutdown), then back on the same port."""
+    stack.postgres_down()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        stack.check_alive()  # the platform waits an outage out
+        await asyncio.sleep(0.5)
+    stack.postgres_up()
+
+
+async def kill_the_broker(stack: ChaosStack, http: httpx.AsyncClient) -> None:
+    """kill -9 of the embedded broker; `runyard up` must bring a new one up by itself."""
+    killed = stack.kill_broker()
+    deadline = time.monotonic() + 30
+    while not [p for p in stack.broker_pids() if p != killed]:
+        stack.check_alive()
+        assert time.monotonic() < deadline, "runyard up did not restart its broker within 30 s"
+        await asyncio.sleep(0.2)
+
+
+async def preempt_spot_capacity(stack: ChaosStack, http: httpx.AsyncClient) -> None:
+    """The provider takes one of the two spot nodes back while its tasks run."""
+    answer = await http.post(
+        "/v1/admin/pools/dev-spot/spot-capacity",
+        json={"remove": 1, "reason": "chaos: the provider reclaimed a node"},
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["preempted"], f"nothing was preempted: {answer.json()}"
+
+
+# -- scenarios ----------------------------------------------------------------------------------
+
+
+async def test_kill_9_of_the_platform(chaos_stack: ChaosStack) -> None:
+    await run_scenario(chaos_stack, "platform_kill", kill_the_platform)
+
+
+async def test_postgres_outage_of_20_s(chaos_stack: ChaosStack) -> None:
+    await run_scenario(chaos_stack, "postgres_outage", postgres_outage)
+
+
+async def test_broker_killed_and_restarted(chaos_stack: ChaosStack) -> None:
+    await run_scenario(chaos_stack, "broker_restart", kill_the_broker)
+
+
+async def test_spot_preemption(chaos_stack: ChaosStack) -> None:
+    spot = {"max_requeues": 20, "max_queue_duration_s": 3600}
+    await run_scenario(
+        chaos_stack,
+        "spot_preemption",
+        preempt_spot_capacity,
+        tasks=100,
+        pool="dev-spot",
+        resource_type="spot",
+        spot=spot,
+    )
