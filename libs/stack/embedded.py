@@ -11,11 +11,19 @@
   when its process dies, topics, groups and offsets are gone. Postgres holds
   the truth; `runyard up` (runyard.stack.up) restarts the broker and the relay,
   seeing its marker topic gone, publishes again (see docs/operations.md).
+
+Both are found again after their owner crashed (kill -9 included): a start
+first ends what a previous owner left running on the same data directory or
+pid file, checking that the pid still is that program, so that a pid the
+kernel has given to another program since is never signalled
+(runyard.stack.processes). The broker also dies with its owner where the
+kernel allows it (PR_SET_PDEATHSIG); Postgres cannot (pg_ctl daemonises it).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import pwd
 import shutil
@@ -26,6 +34,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
+
+from runyard.stack.processes import (
+    ProcessIdentity,
+    command_line,
+    die_with_parent,
+    end_recorded,
+    write_pid_file,
+)
+
+log = logging.getLogger("runyard.stack")
 
 PG_USER = "embedded_postgres"
 SUPERUSER = "postgres"
@@ -39,9 +57,33 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_for_port(host: str, port: int, timeout: float = 15.0) -> None:
+def port_taken(host: str, port: int) -> bool:
+    """Whether something listens on host:port (a socket lingering after a
+    closed connection does not count: the new listener may reuse it)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def wait_for_port(
+    host: str,
+    port: int,
+    timeout: float = 15.0,
+    process: subprocess.Popen[bytes] | None = None,
+) -> None:
+    """Wait until host:port accepts connections; fail early if `process`, the
+    one meant to listen there, exits first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(
+                f"process {process.pid} exited ({process.returncode}) before listening"
+                f" on {host}:{port}"
+            )
         with socket.socket() as sock:
             sock.settimeout(0.2)
             if sock.connect_ex((host, port)) == 0:
@@ -147,6 +189,7 @@ class EmbeddedPostgres:
                 SUPERUSER,
             )
         self._write_auth_files(run_as)
+        self._end_leftover(run_as)
         if self.port == 0:
             self.port = free_port(self.host)
         self._check_socket_path()
@@ -172,6 +215,57 @@ class EmbeddedPostgres:
             "start",
         )
         return self.dsn
+
+    def postmaster_pid(self) -> int | None:
+        """The pid postmaster.pid names, if that process is a postmaster of
+        this data directory (only a postmaster runs `postgres -D <dir>`: its
+        other processes retitle themselves). None when no server runs here."""
+        try:
+            first = (self.data_dir / "postmaster.pid").read_text().split("\n", 1)[0]
+        except FileNotFoundError:
+            return None
+        if not first.strip().isdigit():
+            return None  # half written: Postgres itself reports it
+        pid = int(first)
+        argv = command_line(pid) or []
+        if not argv or Path(argv[0]).name != "postgres" or "-D" not in argv[:-1]:
+            return None
+        served = Path(argv[argv.index("-D") + 1])
+        return pid if served.resolve() == self.data_dir.resolve() else None
+
+    def _end_leftover(self, run_as: dict[str, int]) -> None:
+        """Make way for this start on a data directory a crashed owner left.
+
+        A server still running here (the owner was killed; pg_ctl had made it
+        a daemon, so it outlived its owner) is shut down (fast: it has no
+        client left), so that this start runs with this start's settings and
+        auth files. A postmaster.pid naming a pid that now belongs to another
+        program (after a reboot, say) is removed: Postgres would refuse to
+        start while that pid lives, and it must not be signalled. The caller
+        makes sure no other owner uses the directory (`runyard up` holds a
+        lock on its home)."""
+        lock = self.data_dir / "postmaster.pid"
+        pid = self.postmaster_pid()
+        if pid is not None:
+            log.warning(
+                "PostgreSQL (pid %d) is still running on %s, left by a previous owner"
+                " that did not stop it: stopping it before starting again",
+                pid,
+                self.data_dir,
+            )
+            try:
+                self.stop()
+            except RuntimeError:  # stuck: no shutdown checkpoint, recovery at start
+                self._run(run_as, "pg_ctl", "-D", str(self.data_dir), "-m", "immediate", "stop")
+        elif lock.exists():
+            stale = lock.read_text().split("\n", 1)[0].strip()
+            if stale.isdigit() and command_line(int(stale)) is not None:
+                log.warning(
+                    "%s names pid %s, which is now another program: removing the stale file",
+                    lock,
+                    stale,
+                )
+                lock.unlink()
 
     def _write_auth_files(self, run_as: dict[str, int]) -> None:
         """pg_hba.conf and pg_ident.conf, rewritten at every start: a data
@@ -234,12 +328,19 @@ class EmbeddedKafka:
     listens on loopback only and that workers run in a network namespace of
     their own (docs/operations.md, Security). `host` must stay a loopback
     address.
+
+    Started from the main thread, it is killed by the kernel when the process
+    that started it dies (PR_SET_PDEATHSIG; it keeps nothing on disk). With a
+    `pid_file`, a start first ends the broker that file records, if that very
+    process still runs (its owner died without it being killed).
     """
 
     port: int = 0
     host: str = "127.0.0.1"
     log_path: Path | None = None
     process: subprocess.Popen[bytes] | None = None
+    #: Where the running broker's identity is recorded (see the class docstring).
+    pid_file: Path | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -251,30 +352,46 @@ class EmbeddedKafka:
                 f"the embedded broker has no authentication and must listen on a loopback"
                 f" address, not {self.host}: use Apache Kafka with SASL (docker-compose.yml)"
             )
+        if self.pid_file is not None and (pid := end_recorded(self.pid_file)) is not None:
+            log.warning("killed the broker (pid %d) a previous owner left running", pid)
         if self.port == 0:
             self.port = free_port(self.host)
+        elif port_taken(self.host, self.port):
+            raise RuntimeError(
+                f"another program listens on {self.host}:{self.port}: the broker cannot;"
+                " stop that program or give the broker another port"
+                " (RUNYARD_KAFKA_PORT for `runyard up`)"
+            )
         url = f"tcp://{self.host}:{self.port}"
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         try:
             self.process = subprocess.Popen(
-                [
-                    tansu_binary(),
-                    "broker",
-                    "--listener-url",  # loopback only: see the class docstring
-                    url,
-                    "--advertised-listener-url",
-                    url,
-                    "--storage-engine",
-                    "memory://tansu/",
-                ],
+                die_with_parent(
+                    [
+                        tansu_binary(),
+                        "broker",
+                        "--listener-url",  # loopback only: see the class docstring
+                        url,
+                        "--advertised-listener-url",
+                        url,
+                        "--storage-engine",
+                        "memory://tansu/",
+                    ]
+                ),
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,
+                start_new_session=True,  # a Ctrl-C in the terminal is for its owner
             )
         finally:
             if out is not subprocess.DEVNULL:
                 out.close()  # the broker has its own copy of the descriptor
-        wait_for_port(self.host, self.port)
+        if self.pid_file is not None and (me := ProcessIdentity.of(self.process.pid)):
+            write_pid_file(self.pid_file, me)  # the same process after its exec
+        try:
+            wait_for_port(self.host, self.port, process=self.process)
+        except RuntimeError as exc:
+            where = f": see {self.log_path}" if self.log_path else ""
+            raise RuntimeError(f"the broker did not start ({exc}){where}") from None
         return self.bootstrap
 
     def alive(self) -> bool:
@@ -294,6 +411,8 @@ class EmbeddedKafka:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=5)
+        if self.pid_file is not None:
+            self.pid_file.unlink(missing_ok=True)
 
     def restart(self) -> str:
         """Start a fresh (empty) broker on the same port."""

