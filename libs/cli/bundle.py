@@ -1,0 +1,105 @@
+"""`runyard bundle ID [-o FILE]`: a task's support bundle (R-70), one zip file.
+
+    runyard bundle ID                  writes runyard-bundle-ID.zip here
+    runyard bundle ID -o FILE          writes FILE
+    runyard bundle ID --json           prints {"path", "bytes"} when done
+
+The gateway gathers the bundle (docs/support-bundle.md) and refuses one that
+would be too large or would hold a secret: then no file is written. The
+download goes to `FILE.part` first and takes the file's name only when it is
+whole, so a cut connection never leaves a bundle that looks complete.
+Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import httpx
+import typer
+from runyard.cli.main import (
+    EXIT_UNREACHABLE,
+    JsonOpt,
+    TokenOpt,
+    UrlOpt,
+    app,
+    err,
+    fail,
+    make_client,
+    out,
+    show_json,
+)
+from runyard.cli.terminal import markup
+
+#: Gathering a bundle of a long task takes time before the first byte comes.
+READ_TIMEOUT_S = 300.0
+#: How often the download reports progress.
+PROGRESS_BYTES = 8 * 1024 * 1024
+
+
+def default_target(task_id: str) -> Path:
+    """`runyard-bundle-ID.zip` in the current folder (a `/` in the id cannot escape it)."""
+    return Path(f"runyard-bundle-{task_id.replace('/', '_')}.zip")
+
+
+def download(url: str | None, token: str | None, task_id: str, target: Path) -> int:
+    """Stream the bundle into `target` (through `target.part`); its size in bytes."""
+    partial = target.with_name(target.name + ".part")
+    timeout = httpx.Timeout(30.0, read=READ_TIMEOUT_S)
+    try:
+        with (
+            make_client(url, token) as client,
+            client.stream("GET", f"/v1/tasks/{task_id}/bundle", timeout=timeout) as answer,
+        ):
+            if answer.status_code >= 400:
+                answer.read()
+                fail(answer)
+            size = _save(answer, partial)
+    except httpx.TransportError as exc:
+        partial.unlink(missing_ok=True)
+        err.print(f"[red]error:[/red] the bundle did not arrive whole: {markup(exc)}")
+        err.print("hint: check that the gateway runs (`runyard up`, --url), then try again")
+        raise typer.Exit(EXIT_UNREACHABLE) from exc
+    partial.replace(target)
+    return size
+
+
+def _save(answer: httpx.Response, partial: Path) -> int:
+    expected = int(answer.headers.get("content-length") or 0)
+    done, reported = 0, 0
+    try:
+        with partial.open("wb") as sink:
+            for chunk in answer.iter_bytes():
+                sink.write(chunk)
+                done += len(chunk)
+                if done - reported >= PROGRESS_BYTES:
+                    reported = done
+                    err.print(f"received {done // 1024} KiB of {expected // 1024} KiB")
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    if expected and done != expected:
+        partial.unlink(missing_ok=True)
+        raise httpx.ReadError(f"got {done} of {expected} bytes")
+    return done
+
+
+@app.command("bundle")
+def bundle(
+    task_id: str,
+    output: Annotated[
+        Path | None,
+        typer.Option("-o", "--output", help="The file to write (default runyard-bundle-ID.zip)."),
+    ] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """A task's support bundle: summary, spec, events, FT log, log tails, in one zip."""
+    target = output or default_target(task_id)
+    err.print(f"gathering the bundle of task {markup(task_id)}...")
+    size = download(url, token, task_id, target)
+    if as_json:
+        return show_json({"path": str(target.resolve()), "bytes": size})
+    out.print(f"wrote {markup(target)} ({size} bytes)")
