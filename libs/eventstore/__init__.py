@@ -30,20 +30,24 @@ from runyard.eventstore.store import (
     EventStore,
     ExpectedVersion,
 )
+from runyard.eventstore.transient import HEALTH, Backoff, Health, is_transient, retrying
 
 __all__ = [
     "ANY",
+    "HEALTH",
     "MAX_EVENT_BYTES",
     "NO_STREAM",
     "AllReader",
     "AppendRequest",
     "AppendResult",
+    "Backoff",
     "ConcurrencyError",
     "DuplicateEventError",
     "EventStore",
     "EventStoreError",
     "EventTooLarge",
     "ExpectedVersion",
+    "Health",
     "InMemoryEventStore",
     "Migration",
     "PostgresAllReader",
@@ -53,5 +57,7 @@ __all__ = [
     "StreamNotFound",
     "apply_migrations",
     "eventstore_migrations",
+    "is_transient",
     "load_migrations",
+    "retrying",
 ]

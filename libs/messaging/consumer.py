@@ -6,8 +6,15 @@
 - Never blocks a partition: a message that cannot be decoded, or whose
   handler keeps failing, goes to the dead-letter topic with the reason, and
   the next message is processed.
-- Retryable errors (a stream that moved on, a database hiccup) are retried a
-  few times with backoff first; the handler reloads and decides again.
+- Retryable errors (a stream that moved on) are retried a few times with
+  backoff first; the handler reloads and decides again.
+- Outages are waited out: while the database (or the broker, for a dead
+  letter) cannot be reached, the batch is retried with backoff and jitter,
+  the consumer is marked down in the process's health, and nothing is dead-
+  lettered or skipped; the partition simply waits.
+- Each batch's transaction also raises the group's positions per partition
+  (`runyard.messaging.positions`): after a broker loss, the relay publishes
+  again only what some group had not handled.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import asyncpg
@@ -26,7 +34,9 @@ from faststream.middlewares import AckPolicy
 from opentelemetry import trace
 from opentelemetry.propagate import extract
 from runyard.contracts import Event, EventMapper, RecordedEvent
+from runyard.eventstore.transient import is_transient, retrying
 from runyard.messaging import codec
+from runyard.messaging.positions import Positions, positions_of, save_positions
 from runyard.messaging.settings import KafkaSettings
 
 log = logging.getLogger("runyard.consumer")
@@ -83,6 +93,8 @@ class IdempotentConsumer:
         self.stats = ConsumerStats()
         self._broker: KafkaBroker | None = None
         self._commits_paused_until = 0.0
+        #: Subscribed topics whose registration row is not written yet.
+        self._unregistered: set[str] = set()
 
     @property
     def group_id(self) -> str:
@@ -93,6 +105,7 @@ class IdempotentConsumer:
     def subscribe(self, broker: KafkaBroker, *topics: str) -> None:
         """Register the subscriber on `broker` (FastStream) for `topics`."""
         self._broker = broker
+        self._unregistered.update(topics)
 
         @broker.subscriber(  # type: ignore[misc]
             *topics,
@@ -129,7 +142,10 @@ class IdempotentConsumer:
         await self.process_batch([record])
 
     async def process_batch(self, records: list[ConsumerRecord[Any, Any]]) -> None:
-        """Decode, filter and handle a batch; never raises for one bad message."""
+        """Decode, filter and handle a batch; never raises for one bad message.
+
+        While the database cannot be reached it waits (retrying with backoff) and
+        does not return: the batch is handled once the database is back."""
         wanted: list[tuple[ConsumerRecord[Any, Any], RecordedEvent[Event]]] = []
         for record in records:
             if not self._wants(record):
@@ -139,24 +155,60 @@ class IdempotentConsumer:
                 wanted.append((record, codec.decode(record.value, self.mapper)))
             except codec.UndecodableMessage as exc:
                 await self.dead_letter(record, exc.reason)
+        positions = positions_of(records)
+        component = f"consumer {self.name}"
         if not wanted:
+            if positions:
+                await retrying(lambda: self._save_positions(positions), component=component)
             return
+        done = await retrying(lambda: self._handle_batch(wanted, positions), component=component)
+        self.stats.processed += sum(done)
+
+    async def _handle_batch(
+        self,
+        wanted: list[tuple[ConsumerRecord[Any, Any], RecordedEvent[Event]]],
+        positions: Positions,
+    ) -> list[bool]:
+        """Handle `wanted` in one transaction (or one by one if that fails);
+        transient errors raise, for `retrying` to wait out."""
         try:
             async with self.pool.acquire() as conn, conn.transaction():
                 done = [await self._handle(conn, record, event) for record, event in wanted]
                 if self.after_batch is not None:
                     await self.after_batch(conn)
-        except Exception:
-            # The batch transaction itself failed (e.g. the connection dropped):
-            # nothing of it is committed; handle each event on its own instead.
+                await self._write_positions(conn, positions)
+            self._registered()
+            return done
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            # The batch transaction itself failed: nothing of it is committed;
+            # handle each event on its own instead.
             log.warning("%s: batch of %d failed; one by one", self.name, len(wanted))
-            done = []
-            for record, event in wanted:
-                async with self.pool.acquire() as conn, conn.transaction():
-                    done.append(await self._handle(conn, record, event))
-                    if self.after_batch is not None:
-                        await self.after_batch(conn)
-        self.stats.processed += sum(done)
+        done = []
+        for record, event in wanted:
+            async with self.pool.acquire() as conn, conn.transaction():
+                done.append(await self._handle(conn, record, event))
+                if self.after_batch is not None:
+                    await self.after_batch(conn)
+        await self._save_positions(positions)
+        return done
+
+    async def _save_positions(self, positions: Positions) -> None:
+        async with self.pool.acquire() as conn, conn.transaction():
+            await self._write_positions(conn, positions)
+        self._registered()
+
+    async def _write_positions(self, conn: asyncpg.Connection, positions: Positions) -> None:
+        """Raise the group's positions; the first time, also register every subscribed
+        topic (partition -1), so a topic it has not received anything from yet counts."""
+        rows = dict(positions)
+        for topic in self._unregistered:
+            rows.setdefault((topic, -1), 0)
+        await save_positions(conn, self.name, rows)
+
+    def _registered(self) -> None:
+        self._unregistered.clear()
 
     def _wants(self, record: ConsumerRecord[Any, Any]) -> bool:
         if self.event_types is None:
@@ -196,6 +248,8 @@ class IdempotentConsumer:
                 async with conn.transaction():  # a savepoint: this event alone
                     return await self._handle_once(conn, event)
             except Exception as exc:
+                if is_transient(exc):
+                    raise  # the database is away: the whole batch waits, nothing is parked
                 if getattr(exc, "retryable", False) and attempt < self.max_attempts:
                     self.stats.retries += 1
                     await asyncio.sleep(0.05 * 2**attempt)
@@ -231,7 +285,9 @@ class IdempotentConsumer:
             record.offset,
             reason,
         )
-        await self._broker.publish(
+        broker = self._broker
+        publish = partial(
+            broker.publish,
             record.value or b"",
             topic=self.kafka.topics.dead_letter,
             key=record.key,
@@ -243,6 +299,7 @@ class IdempotentConsumer:
                 "source_offset": str(record.offset),
             },
         )
+        await retrying(publish, component=f"consumer {self.name}")
 
 
 def _link_to_current() -> list[trace.Link]:

@@ -23,10 +23,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from functools import partial
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
-from runyard.eventstore import PostgresEventStore
+from runyard.eventstore import PostgresEventStore, retrying
 from runyard.faulttolerance.app import (
     RESUME_WAIT_S,
     DeploymentKey,
@@ -80,8 +81,8 @@ async def follow_logs(app: FaultToleranceApp, kafka: KafkaSettings) -> None:
                 line = LogLine.from_bytes(message.value)
                 if line is None:
                     continue
-                try:
-                    await app.on_log(line)
+                try:  # a database outage is waited out: the line is not dropped
+                    await retrying(partial(app.on_log, line), component="log follower")
                 except Exception:
                     log.exception("log line of %s not handled", line.task_id)
             if batches:

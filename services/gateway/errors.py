@@ -10,8 +10,14 @@ so every refusal answers the same JSON shape `{code, field, message, hint}`.
     ├── PermissionDenied          403 (auth.admin_only)
     ├── NotFound                  404 (task_not_found, group.not_found, pool.not_found)
     ├── Conflict                  409 (a domain refusal or a concurrent write)
-    └── PayloadTooLarge           413 (request.too_large: a body over the limit;
-                                       event.too_large: an event over the store's limit)
+    ├── PayloadTooLarge           413 (request.too_large: a body over the limit;
+    │                                  event.too_large: an event over the store's limit)
+    └── Unavailable               503 (service.unavailable: the database or the broker
+                                       cannot be reached now; answered with Retry-After)
+
+An outage is not the caller's fault and not a bug: an error that only says the
+database or the broker cannot be reached now (`is_transient`) is a 503 with
+Retry-After, never a 500; the request can be sent again as it is.
 
 A value the database cannot take (asyncpg `DataError`: a number out of its
 column's range, text Postgres cannot store) is the caller's input, so it is a
@@ -23,9 +29,11 @@ from __future__ import annotations
 from typing import Any
 
 import asyncpg
+from aiokafka.errors import KafkaError
 from asyncpg.exceptions import _base as asyncpg_base
 from runyard.domain import DomainError, RerunChangeNotAllowed, TaskNotFound
 from runyard.eventstore import ConcurrencyError, EventTooLarge
+from runyard.eventstore.transient import DATABASE_ERRORS, is_transient
 from runyard.submission.errors import SubmissionError
 
 
@@ -84,6 +92,26 @@ class PayloadTooLarge(GatewayError):
     status = 413
 
 
+class Unavailable(GatewayError):
+    """The database or the broker cannot be reached now; send the request again later."""
+
+    status = 503
+    #: Seconds the answer's Retry-After header asks the client to wait.
+    retry_after_s = 2
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}
+
+
+#: Errors that may be an outage: their handler answers 503 when `is_transient` says so.
+OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
+    *DATABASE_ERRORS,
+    OSError,
+    asyncpg.InterfaceError,
+    KafkaError,
+)
+
 #: Errors of values the database cannot take (server-side class 22, client-side encoding).
 DATA_ERRORS: tuple[type[Exception], ...] = (asyncpg.DataError, asyncpg_base.DataError)
 
@@ -110,6 +138,13 @@ def translate(error: Exception) -> GatewayError | None:
         )
     if isinstance(error, ConcurrencyError):
         return Conflict("conflict", str(error), "the task changed meanwhile: try again")
+    if is_transient(error):
+        return Unavailable(
+            "service.unavailable",
+            f"the database or the broker cannot be reached now ({type(error).__name__})",
+            f"send the request again in {Unavailable.retry_after_s} s; the platform resumes"
+            " by itself when the outage ends",
+        )
     if isinstance(error, DATA_ERRORS):
         return BadRequest(
             "request.invalid",

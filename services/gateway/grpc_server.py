@@ -41,6 +41,7 @@ STATUS: dict[int, grpc.StatusCode] = {
     404: grpc.StatusCode.NOT_FOUND,
     409: grpc.StatusCode.FAILED_PRECONDITION,
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    503: grpc.StatusCode.UNAVAILABLE,  # the database or broker is away: retry
 }
 #: Largest request message the server reads (as HTTP bodies; bigger ones are
 #: refused by gRPC itself with RESOURCE_EXHAUSTED before any handler runs).

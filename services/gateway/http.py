@@ -21,7 +21,14 @@ from runyard.faulttolerance.http import faulttolerance_router
 from runyard.gateway.admin_pools import admin_pools_router
 from runyard.gateway.app import Gateway, Request
 from runyard.gateway.auth import Principal
-from runyard.gateway.errors import DATA_ERRORS, BadRequest, GatewayError, translate
+from runyard.gateway.errors import (
+    DATA_ERRORS,
+    OUTAGE_ERRORS,
+    BadRequest,
+    GatewayError,
+    Unavailable,
+    translate,
+)
 from runyard.gateway.inputs import (
     MAX_BODY_BYTES,
     BodyLimit,
@@ -93,10 +100,11 @@ def _error_handlers(app: FastAPI) -> None:
         error = translate(exc)
         if error is None:  # pragma: no cover - only registered for translatable errors
             raise exc
-        return JSONResponse(error.to_dict(), status_code=error.status)
+        headers = error.headers if isinstance(error, Unavailable) else None
+        return JSONResponse(error.to_dict(), status_code=error.status, headers=headers)
 
     handled = (GatewayError, SubmissionError, DomainError, ConcurrencyError, EventTooLarge)
-    for kind in (*handled, *DATA_ERRORS):
+    for kind in (*handled, *DATA_ERRORS, *OUTAGE_ERRORS):
         app.add_exception_handler(kind, typed)
 
     @app.exception_handler(StarletteHTTPException)

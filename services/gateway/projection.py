@@ -27,7 +27,7 @@ from typing import Any
 import asyncpg
 from runyard.contracts import Event, RecordedEvent
 from runyard.domain import TaskState, fold
-from runyard.eventstore import PostgresEventStore
+from runyard.eventstore import PostgresEventStore, retrying
 
 log = logging.getLogger(__name__)
 Upsert = Callable[[asyncpg.Connection, tuple[Any, ...]], Awaitable[None]]
@@ -86,9 +86,9 @@ class TaskListProjector:
         return await self.catch_up()
 
     async def follow(self, poll_interval: float = 0.2) -> None:
-        """Catch up forever (until cancelled)."""
+        """Catch up forever (until cancelled); a database outage is waited out."""
         while True:
-            await self.catch_up()
+            await retrying(self.catch_up, component="task list projector")
             await asyncio.sleep(poll_interval)
 
     async def _checkpoint(self) -> int:

@@ -5,7 +5,8 @@ broker has (up to `max_records`), stores it in one multi-row insert, and only
 then commits the offsets (it parses the next batch while others are written). A
 crash between the two redelivers the batch, and the store's dedupe key turns
 the repeats into no-ops. A message that is not a
-log line is counted and skipped: a log pipeline must not stall on one.
+log line is counted and skipped: a log pipeline must not stall on one. A
+database outage is waited out (retried with backoff) rather than fatal.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
-import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from runyard.eventstore.transient import retrying
 from runyard.logs.records import LogRecord, MalformedRecord, parse
 from runyard.logs.store import LogStore
 from runyard.messaging import KafkaSettings
@@ -138,12 +139,6 @@ class LogIngester:
         return stored
 
     async def _store(self, records: list[LogRecord]) -> int:
-        for attempt in range(5):
-            try:
-                return await self.store.ingest(records)
-            except (OSError, asyncpg.PostgresConnectionError) as exc:
-                if attempt == 4:
-                    raise
-                log.warning("storing a log batch failed (%r); retrying", exc)
-                await asyncio.sleep(0.2 * 2**attempt)
-        return 0
+        """Store `records`, waiting out a database outage (with backoff) for as long
+        as it lasts: offsets are committed only after, so nothing is skipped."""
+        return await retrying(lambda: self.store.ingest(records), component="log ingest")

@@ -20,7 +20,7 @@ import contextlib
 import logging
 
 import asyncpg
-from runyard.eventstore import PostgresEventStore
+from runyard.eventstore import PostgresEventStore, retrying
 from runyard.messaging.consumer import IdempotentConsumer, make_broker
 from runyard.notification.app import EVENT_TYPES, NotificationApp, NotificationConfig
 from runyard.notification.webhooks import WebhookPolicy
@@ -50,9 +50,9 @@ async def run(ctx: ServiceContext) -> None:
         consumer.subscribe(broker, ctx.kafka.topics.task_events)
         await broker.start()
         while True:
-            try:
-                await app.step()
-            except Exception:  # a pass that failed (database hiccup) is tried again next time
+            try:  # an outage is waited out (backoff), then the pass runs
+                await retrying(app.step, component="notification delivery")
+            except Exception:  # a pass that failed otherwise is tried again next time
                 log.exception("notification pass failed")
             await asyncio.sleep(config.poll_s)
     finally:

@@ -8,8 +8,15 @@ publishes a batch twice; consumers dedupe by event id (at-least-once).
 
 The embedded broker keeps everything in memory. The relay writes a marker
 topic when it initialises a broker; if the marker is gone, the broker lost its
-memory: the relay recreates the topics and publishes again from position 0
-(consumers dedupe), instead of assuming the broker kept anything.
+memory: the relay recreates the topics and publishes again what some consumer
+group had not handled yet: from the lowest position a group lags at in a
+partition (`runyard.messaging.positions`), not from the start of the log.
+It remembers the highest position it published to each partition, with its
+checkpoint (consumers dedupe what they see twice).
+
+Outages are waited out: a database or broker that cannot be reached is retried
+with backoff (`runyard.eventstore.transient`), the relay is marked down in the
+process's health meanwhile, and it resumes where it was.
 
 One event that the broker can never take (over its message size, or refused
 as a record) must not stop the log for everyone: the relay dead-letters it,
@@ -27,6 +34,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import asyncpg
 from aiokafka import AIOKafkaProducer
@@ -37,8 +45,10 @@ from aiokafka.errors import (
     MessageSizeTooLargeError,
     RecordListTooLargeError,
 )
-from runyard.eventstore import PostgresEventStore, StoredEvent
+from runyard.eventstore import PostgresAllReader, PostgresEventStore, StoredEvent
+from runyard.eventstore.transient import Backoff, retrying
 from runyard.messaging import codec
+from runyard.messaging.positions import Positions, load_consumer_positions, replay_start
 from runyard.messaging.settings import KafkaSettings
 from runyard.messaging.topics import create_marker, ensure_topics
 
@@ -65,6 +75,8 @@ class RelayStats:
     publish_errors: int = 0
     #: Events the broker could never take, parked on the dead-letter topic.
     dead_lettered: int = 0
+    #: Events published again after the broker lost its memory (the unconfirmed tail).
+    republished: int = 0
 
 
 async def load_checkpoint(pool: asyncpg.Pool, name: str = CHECKPOINT) -> int:
@@ -72,13 +84,36 @@ async def load_checkpoint(pool: asyncpg.Pool, name: str = CHECKPOINT) -> int:
     return int(value or 0)
 
 
-async def save_checkpoint(pool: asyncpg.Pool, position: int, name: str = CHECKPOINT) -> None:
-    await pool.execute(
-        """INSERT INTO checkpoints (name, position) VALUES ($1, $2)
-           ON CONFLICT (name) DO UPDATE SET position = $2, updated_at = now()""",
-        name,
-        position,
-    )
+async def save_checkpoint(
+    pool: asyncpg.Pool,
+    position: int,
+    name: str = CHECKPOINT,
+    published: Positions | None = None,
+) -> None:
+    """Save the checkpoint, and with it the highest position published per partition."""
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            """INSERT INTO checkpoints (name, position) VALUES ($1, $2)
+               ON CONFLICT (name) DO UPDATE SET position = $2, updated_at = now()""",
+            name,
+            position,
+        )
+        if published:
+            keys = list(published)
+            await conn.execute(
+                """INSERT INTO relay_partitions (topic, partition, position)
+                   SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[])
+                   ON CONFLICT (topic, partition) DO UPDATE SET position = EXCLUDED.position""",
+                [t for t, _ in keys],
+                [p for _, p in keys],
+                [published[k] for k in keys],
+            )
+
+
+async def load_published(pool: asyncpg.Pool) -> Positions:
+    """The highest position published per partition, as saved with the checkpoint."""
+    rows = await pool.fetch("SELECT topic, partition, position FROM relay_partitions")
+    return {(r["topic"], r["partition"]): r["position"] for r in rows}
 
 
 class OutboxRelay:
@@ -103,27 +138,65 @@ class OutboxRelay:
         self.stats = RelayStats()
         self._producer: AIOKafkaProducer | None = None
         self._last_broker_check = 0.0
+        #: (topic, partition) -> highest global position published there.
+        self._published: Positions = {}
+        self._published_complete = True
+        #: Events up to here were published before the last broker loss.
+        self._replay_until = 0
         self.ready = asyncio.Event()
 
     async def run(self) -> None:
-        """Run until cancelled."""
-        await self._start_producer()
+        """Run until cancelled; outages of the database or the broker are waited out."""
+        pool = self.store.pool
+        await retrying(self._start_producer, component="relay")
         assert self._producer is not None
-        reader = self.store.all_reader(await load_checkpoint(self.store.pool))
+        position = await retrying(lambda: load_checkpoint(pool), component="relay")
+        self._published = await retrying(lambda: load_published(pool), component="relay")
+        # Saved partitions cover the log up to the checkpoint only if they were kept
+        # from the start (not for a log published before they were): else replay it all.
+        self._published_complete = position == 0 or bool(self._published)
+        reader = self.store.all_reader(position)
         try:
             while True:
                 if await self._broker_lost():
-                    reader = self.store.all_reader(0)
-                batch = await reader.read_stored(self.batch_size)
+                    reader = await self._replay_reader(reader.position)
+                start = reader.position
+                batch = await retrying(
+                    partial(reader.read_stored, self.batch_size), component="relay"
+                )
                 self.ready.set()
                 if not batch:
                     await asyncio.sleep(reader.idle_delay(self.poll_interval))
                 elif await self._publish(batch):
-                    await save_checkpoint(self.store.pool, reader.position)
+                    self._count_replayed(batch)
+                    published = dict(self._published)
+                    save = partial(save_checkpoint, pool, reader.position, published=published)
+                    await retrying(save, component="relay")
                 else:
-                    reader = self.store.all_reader(0)
+                    reader = await self._replay_reader(start)
         finally:
             await self._producer.stop()
+
+    async def _replay_reader(self, upto: int) -> PostgresAllReader:
+        """A reader from where the refilled broker must start again.
+
+        `upto`: the relay's position before any event it may have lost (every event
+        up to it was published and is covered by `_published`)."""
+        start = 0
+        if self._published_complete:
+            confirmed = await retrying(
+                lambda: load_consumer_positions(self.store.pool), component="relay"
+            )
+            start = replay_start(self._published, confirmed, upto)
+        log.warning("publishing again from position %d (the relay had reached %d)", start, upto)
+        self._replay_until = max(self._replay_until, upto)
+        return self.store.all_reader(start)
+
+    def _count_replayed(self, batch: list[StoredEvent]) -> None:
+        if batch[0].global_position <= self._replay_until:
+            self.stats.republished += sum(
+                1 for e in batch if e.global_position <= self._replay_until
+            )
 
     async def _start_producer(self) -> None:
         await ensure_topics(
@@ -138,6 +211,12 @@ class OutboxRelay:
             max_request_size=self.max_message_bytes,
         )
         await self._producer.start()
+        await self._mark_epoch()
+
+    async def _recreate_topics(self) -> None:
+        await ensure_topics(
+            self.kafka.bootstrap, self.kafka.topics, **self.kafka.security.client_options()
+        )
         await self._mark_epoch()
 
     async def _mark_epoch(self) -> None:
@@ -157,16 +236,17 @@ class OutboxRelay:
         memory meanwhile: the caller then starts again from position 0.
         """
         parked: set[int] = set()
+        backoff = Backoff(base=0.25, cap=2.0)
         while True:
             try:
                 await self._send_all(batch, parked)
                 self.stats.published += len(batch) - len(parked)
                 self.stats.batches += 1
                 return True
-            except KafkaError as exc:
+            except (KafkaError, OSError) as exc:
                 self.stats.publish_errors += 1
                 log.warning("publish failed (%s); retrying the batch", exc)
-                await asyncio.sleep(0.5)
+                await backoff.wait()
                 if await self._broker_lost(force=True):
                     return False
 
@@ -186,11 +266,17 @@ class OutboxRelay:
                 continue
             pending.append((stored, future))
         results = await asyncio.gather(*(f for _, f in pending), return_exceptions=True)
+        sent: Positions = {}
         for (stored, _), result in zip(pending, results, strict=True):
             if isinstance(result, MESSAGE_ERRORS):
                 await self._dead_letter(stored, None, result, parked)
             elif isinstance(result, BaseException):
                 raise result
+            else:
+                key = (result.topic, result.partition)  # type: ignore[attr-defined]
+                sent[key] = max(sent.get(key, 0), stored.global_position)
+        for key, position in sent.items():  # the whole batch is in: remember where it went
+            self._published[key] = max(self._published.get(key, 0), position)
 
     async def _dead_letter(
         self, stored: StoredEvent, size: int | None, error: Exception, parked: set[int]
@@ -245,10 +331,7 @@ class OutboxRelay:
             return False
         if self.kafka.topics.broker_epoch in metadata.topics():
             return False
-        log.warning("broker lost its topics: recreating them and publishing again from 0")
-        await ensure_topics(
-            self.kafka.bootstrap, self.kafka.topics, **self.kafka.security.client_options()
-        )
-        await self._mark_epoch()
+        log.warning("broker lost its topics: recreating them and publishing the unconfirmed tail")
+        await retrying(self._recreate_topics, component="relay")
         self.stats.broker_resets += 1
         return True

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from runyard.eventstore import PostgresEventStore
+from runyard.eventstore import PostgresEventStore, retrying
 from runyard.messaging.consumer import IdempotentConsumer, make_broker
 from runyard.scheduler.app import IGNORED, SchedulerApp
 from runyard.scheduler.config import load_pools_file
@@ -47,7 +47,7 @@ async def run(ctx: ServiceContext) -> None:
         tick_s = float(ctx.settings.get("scheduler_tick_s", TICK_S))
         while True:
             await asyncio.sleep(tick_s)
-            await app.tick()
+            await retrying(app.tick, component="scheduler tick")  # outages are waited out
     finally:
         with contextlib.suppress(Exception):
             await broker.stop()

@@ -1,0 +1,115 @@
+"""Which errors are outages (waited out) and which are not (raised at once)."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+
+import asyncpg
+import pytest
+from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError
+from runyard.eventstore import StoreUnavailable
+from runyard.eventstore.transient import Backoff, Health, is_transient, retrying
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ConnectionRefusedError(errno.ECONNREFUSED, "refused"),
+        ConnectionResetError(),
+        OSError("Multiple exceptions: [Errno 111] Connect call failed ('::1', 5432, 0, 0)"),
+        OSError(errno.EHOSTUNREACH, "no route"),
+        FileNotFoundError(errno.ENOENT, "No such file or directory"),  # a unix socket gone
+        TimeoutError(),
+        asyncpg.CannotConnectNowError("the database system is starting up"),
+        asyncpg.AdminShutdownError("terminating connection due to administrator command"),
+        asyncpg.ConnectionDoesNotExistError("connection was closed in the middle of operation"),
+        asyncpg.InterfaceError("cannot call Connection.fetch(): connection is closed"),
+        StoreUnavailable("down"),
+        KafkaConnectionError("no broker"),
+    ],
+)
+def test_outages_are_transient(error: BaseException) -> None:
+    assert is_transient(error)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ValueError("a bug"),
+        FileNotFoundError(errno.ENOENT, "No such file or directory", "/etc/runyard/pools.yaml"),
+        PermissionError(errno.EACCES, "denied", "/data"),
+        asyncpg.UniqueViolationError("duplicate key"),
+        asyncpg.InsufficientPrivilegeError("permission denied for table events"),
+        asyncpg.InterfaceError("cannot perform operation: another operation is in progress"),
+        MessageSizeTooLargeError(),
+    ],
+)
+def test_other_errors_are_not_transient(error: BaseException) -> None:
+    assert not is_transient(error)
+
+
+def test_an_error_caused_by_an_outage_is_transient() -> None:
+    try:
+        try:
+            raise ConnectionResetError()
+        except ConnectionResetError as exc:
+            raise RuntimeError("could not save") from exc
+    except RuntimeError as wrapped:
+        assert is_transient(wrapped)
+
+
+def test_backoff_grows_to_its_cap_with_jitter() -> None:
+    backoff = Backoff(base=0.1, cap=1.0)
+    delays = [backoff.next_delay() for _ in range(10)]
+    assert all(0.05 <= d <= 0.1 for d in delays[:1])
+    assert all(0.5 <= d <= 1.0 for d in delays[5:])  # capped
+    assert len(set(delays)) > 1  # jittered
+    backoff.reset()
+    assert backoff.next_delay() <= 0.1
+
+
+async def test_retrying_waits_out_transient_errors_and_reports_health() -> None:
+    health = Health()
+    calls = 0
+    seen_down: list[bool] = []
+
+    async def flaky() -> str:
+        nonlocal calls
+        calls += 1
+        seen_down.append("store" in health.down)
+        if calls < 4:
+            raise ConnectionRefusedError(errno.ECONNREFUSED, "refused")
+        return "done"
+
+    result = await retrying(flaky, component="store", backoff=Backoff(base=0.001), health=health)
+    assert (result, calls) == ("done", 4)
+    assert seen_down == [False, True, True, True]  # down while waiting
+    assert health.ready and health.report() == {}
+
+
+async def test_retrying_raises_other_errors_at_once() -> None:
+    calls = 0
+
+    async def broken() -> None:
+        nonlocal calls
+        calls += 1
+        raise ValueError("a bug")
+
+    with pytest.raises(ValueError):
+        await retrying(broken, component="x", health=Health())
+    assert calls == 1
+
+
+async def test_retrying_ends_on_cancel() -> None:
+    health = Health()
+
+    async def down() -> None:
+        raise ConnectionRefusedError(errno.ECONNREFUSED, "refused")
+
+    task = asyncio.create_task(retrying(down, component="db", health=health))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert "db" in health.report()
