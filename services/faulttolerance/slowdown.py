@@ -22,11 +22,14 @@ Supported log formats (one worker output line at a time):
   "0:01:23", ...}`): the step time is the elapsed time between two records
   divided by the steps between them.
 
-Windows are aligned to iteration numbers: window k holds iterations
-`3 + 5k` to `7 + 5k` (3-7, 8-12, ..., 83-87, 88-92: the SPEC's example;
-iterations 1 and 2, a training's start-up, are in none). The first `warmup`
-samples of every attempt (2: compilation, data loader start, checkpoint load)
-are not counted, whatever their iteration. A window is judged once a sample at
+Windows are aligned to iteration numbers, from the first iteration the run
+logged (its anchor): window k holds iterations `anchor + 5k` to
+`anchor + 5k + 4`. A log that starts at iteration 3 (a resumed run, the SPEC's
+example) has windows 3-7, 8-12, ..., 83-87, 88-92; one that starts at 1 has
+1-5, 6-10, ... The anchor is the run's, so a restarted attempt that resumes from
+a checkpoint keeps the same windows. The first `warmup` samples of every
+attempt (2: compilation, data loader start, checkpoint load) are not counted,
+whatever their iteration. A window is judged once a sample at
 or past its last iteration is logged in the same attempt, on the samples it
 got: its smoothed mean is their mean. The baseline is the fastest window mean
 seen before it in the run (a restart keeps it); the ratio is
@@ -51,8 +54,6 @@ from typing import Final
 WINDOW: Final = 5
 THRESHOLD: Final = 0.8
 WARMUP: Final = 2
-#: The first iteration of the first window (1 and 2 are a training's start-up).
-FIRST_WINDOW_START: Final = 3
 
 _MEGATRON = re.compile(
     r"\biteration\s+(?P<it>\d+)\s*/\s*\d+\s*\|.*?"
@@ -176,16 +177,17 @@ class StepTimeParser:
         return self._fresh(StepTime(record[0], ms))
 
 
-def window_of(iteration: int, window: int = WINDOW) -> int | None:
-    """The index of the window that holds `iteration` (None for the start-up iterations)."""
-    if iteration < FIRST_WINDOW_START:
+def window_of(iteration: int, anchor: int, window: int = WINDOW) -> int | None:
+    """The index of the window that holds `iteration` in a run whose first logged
+    iteration is `anchor` (None before it)."""
+    if iteration < anchor:
         return None
-    return (iteration - FIRST_WINDOW_START) // window
+    return (iteration - anchor) // window
 
 
-def window_bounds(index: int, window: int = WINDOW) -> tuple[int, int]:
-    """The first and last iteration of window `index`."""
-    first = FIRST_WINDOW_START + index * window
+def window_bounds(index: int, anchor: int, window: int = WINDOW) -> tuple[int, int]:
+    """The first and last iteration of window `index` of a run anchored at `anchor`."""
+    first = anchor + index * window
     return first, first + window - 1
 
 
@@ -204,6 +206,8 @@ class SlowdownDetector:
     threshold: float = THRESHOLD
     warmup: int = WARMUP
     baseline_ms: float | None = None
+    #: The first iteration the run logged: windows start there (kept across restarts).
+    anchor: int | None = None
     #: Ratio of the last window judged (None before the first comparison).
     last_ratio: float | None = None
     _seen: int = 0
@@ -222,10 +226,12 @@ class SlowdownDetector:
         if self._last_iter is not None and sample.iteration <= self._last_iter:
             self.restart()
         self._last_iter = sample.iteration
+        if self.anchor is None:
+            self.anchor = sample.iteration
         self._seen += 1
         if self._seen <= self.warmup:
             return []
-        index = window_of(sample.iteration, self.window)
+        index = window_of(sample.iteration, self.anchor, self.window)
         if index is None:
             return []
         warnings: list[SlowdownWarning] = []
@@ -233,14 +239,14 @@ class SlowdownDetector:
             warnings += self._judge()
         self._open = index
         self._samples.append(sample)
-        if sample.iteration == window_bounds(index, self.window)[1]:
+        if sample.iteration == window_bounds(index, self.anchor, self.window)[1]:
             warnings += self._judge()
         return warnings
 
     def _judge(self) -> list[SlowdownWarning]:
         """Close the open window: compare its mean with the baseline, then update the baseline."""
-        assert self._open is not None
-        first, last = window_bounds(self._open, self.window)
+        assert self._open is not None and self.anchor is not None
+        first, last = window_bounds(self._open, self.anchor, self.window)
         samples, self._open, self._samples = self._samples, None, []
         mean = sum(s.ms for s in samples) / len(samples)
         baseline = self.baseline_ms

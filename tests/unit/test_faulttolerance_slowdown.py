@@ -73,9 +73,21 @@ def test_the_seed_megatron_log_gives_exactly_the_seed_lines() -> None:
     assert run_detector(seed_megatron_log()) == SEED_LINES
 
 
-def test_the_seed_log_from_iteration_1_gives_the_same_lines() -> None:
-    lines = [megatron_line(it, 20000.0 if it < 3 else seed_ms(it)) for it in range(1, 93)]
-    assert run_detector(lines) == SEED_LINES
+def test_windows_start_at_the_first_logged_iteration() -> None:
+    """A fresh run logged from iteration 1 has windows 1-5, ..., 81-85, 86-90: the
+    seed's slow spell then straddles them (the seed's log starts at 3); 91-92 stay open."""
+    lines = [megatron_line(it, seed_ms(it)) for it in range(1, 93)]
+    assert run_detector(lines) == [
+        "Smoothed mean (iters 81-85: 6813.40 ms, baseline: 3101.00 ms), "
+        "threshold ratio:1.20. Warning",
+        "Smoothed mean (iters 86-90: 13732.80 ms, baseline: 3101.00 ms), "
+        "threshold ratio:3.43. Warning",
+    ]
+    slow_81_85 = [megatron_line(it, 9000.0 if 81 <= it <= 85 else 3000.0) for it in range(1, 91)]
+    assert run_detector(slow_81_85) == [
+        "Smoothed mean (iters 81-85: 9000.00 ms, baseline: 3000.00 ms), "
+        "threshold ratio:2.00. Warning",
+    ]
 
 
 def test_llamafactory_progress_bars_give_the_same_windows() -> None:
@@ -106,30 +118,33 @@ def test_llamafactory_trainer_log_records_are_judged_per_window() -> None:
             f'{{"current_steps": {step}, "total_steps": 100, "loss": 1.5, '
             f'"elapsed_time": "{stamp}"}}'
         )
-    # samples at 10, 15, ...: warm-up 10 and 15; windows 18-22 (20), 23-27 (25), ...
-    # the window of 85 is judged when 90 comes, ..., the one of 100 stays open
+    # samples at 10, 15, ...: the anchor is 10, warm-up 10 and 15; windows 20-24 (20),
+    # 25-29 (25), ...; the window of 85 is judged when 90 comes, ..., the one of 100
+    # stays open
     assert run_detector(lines) == [
         f"Smoothed mean (iters {first}-{first + 4}: 9000.00 ms, baseline: 3000.00 ms), "
         "threshold ratio:2.00. Warning"
-        for first in (83, 88, 93)
+        for first in (85, 90, 95)
     ]
 
 
-def test_windows_are_aligned_to_iteration_numbers() -> None:
-    assert [window_of(i) for i in (1, 2, 3, 7, 8, 82, 83, 87, 88, 92)] == [
+def test_windows_are_aligned_to_iteration_numbers_from_the_anchor() -> None:
+    assert [window_of(i, 3) for i in (1, 2, 3, 7, 8, 82, 83, 87, 88, 92)] == [
         None, None, 0, 0, 1, 15, 16, 16, 17, 17
     ]
-    assert window_bounds(16) == (83, 87) and window_bounds(17) == (88, 92)
+    assert window_bounds(16, 3) == (83, 87) and window_bounds(17, 3) == (88, 92)
+    assert [window_of(i, 1) for i in (1, 5, 6, 81, 85, 86)] == [0, 0, 1, 16, 16, 17]
+    assert window_bounds(16, 1) == (81, 85)
 
 
 def test_every_slow_window_warns_and_the_warm_up_is_per_attempt() -> None:
     detector = SlowdownDetector()
-    # warm-up 10 and 11 (slow: ignored); window 8-12 judged on 12 alone
+    # anchor 10; warm-up 10 and 11 (slow: ignored); window 10-14 judged on 12-14
     samples = [StepTime(10, 900.0), StepTime(11, 900.0)]
-    samples += [StepTime(i, 100.0) for i in range(12, 18)]
-    samples += [StepTime(i, 300.0) for i in range(18, 33)]
+    samples += [StepTime(i, 100.0) for i in range(12, 20)]
+    samples += [StepTime(i, 300.0) for i in range(20, 35)]
     warnings = [w for s in samples for w in detector.observe(s)]
-    assert [(w.first_iter, w.last_iter) for w in warnings] == [(18, 22), (23, 27), (28, 32)]
+    assert [(w.first_iter, w.last_iter) for w in warnings] == [(20, 24), (25, 29), (30, 34)]
     assert {w.baseline_ms for w in warnings} == {100.0}
 
 
@@ -137,10 +152,10 @@ def test_a_window_is_judged_when_the_log_jumps_past_it() -> None:
     """With a log interval of 10 the samples are 10, 20, ...: each window holds one."""
     detector = SlowdownDetector(warmup=0)
     out = [detector.observe(StepTime(i, ms)) for i, ms in ((10, 100.0), (20, 100.0), (30, 500.0))]
-    assert out[:2] == [[], []]  # 8-12 judged at 20 (the baseline), 18-22 open
-    assert out[2] == []  # 18-22 judged at 30: not slow; 28-32 open
+    assert out[:2] == [[], []]  # anchor 10: 10-14 judged at 20 (the baseline), 20-24 open
+    assert out[2] == []  # 20-24 judged at 30: not slow; 30-34 open
     (warning,) = detector.observe(StepTime(40, 100.0))
-    assert (warning.first_iter, warning.last_iter, warning.mean_ms) == (28, 32, 500.0)
+    assert (warning.first_iter, warning.last_iter, warning.mean_ms) == (30, 34, 500.0)
 
 
 def test_parse_megatron_line() -> None:
@@ -222,11 +237,13 @@ def test_baseline_is_the_fastest_window_so_far() -> None:
 
 def test_a_restart_starts_a_warm_up_drops_the_open_window_and_keeps_the_baseline() -> None:
     detector = SlowdownDetector()
-    for i in range(1, 11):  # warm-up 1-2, window 3-7 judged, window 8-12 left open
-        assert detector.observe(StepTime(i, 100.0 if i < 8 else 900.0)) == []
-    # the restarted attempt resumes from iteration 6: warm-up 6-7, then 8-12 again
-    out = [detector.observe(StepTime(i, 500.0)) for i in range(6, 13)]
+    for i in range(1, 14):  # anchor 1, warm-up 1-2, 1-5 and 6-10 judged, 11-15 left open
+        assert detector.observe(StepTime(i, 100.0 if i < 11 else 900.0)) == []
+    # the restarted attempt resumes from iteration 9: warm-up 9-10, then 11-15 again,
+    # in the run's windows (the anchor stays 1)
+    out = [detector.observe(StepTime(i, 500.0)) for i in range(9, 16)]
     assert out[:-1] == [[]] * 6
     (warning,) = out[-1]
-    assert (warning.first_iter, warning.last_iter) == (8, 12)
+    assert (warning.first_iter, warning.last_iter) == (11, 15)
     assert (warning.mean_ms, warning.baseline_ms) == (500.0, 100.0)  # 900s were dropped
+    assert detector.anchor == 1
