@@ -39,9 +39,10 @@ Bounds: the archive is built in a temporary file (deleted when closed), never
 in memory, and refused past 64 MiB (422 `bundle.too_large`); a log tail line
 is cut at 4096 characters, the tails together at 32 MiB, a stack report at
 1 MiB (see docs/limits.md). The HTTP answer streams the finished file.
-"""
 
-from __future__ import annotations
+(No `from __future__ import annotations` here: FastAPI must see the route's
+`caller_dependency(gateway)` when it reads the handler's signature.)
+"""
 
 import asyncio
 import json
@@ -404,8 +405,7 @@ def _story_line(e: Event) -> str | None:
     if isinstance(e, DeployStageFailed):
         return f"attempt {e.attempt}: deploy stage {e.stage} failed: {e.reason}"
     if isinstance(e, TaskFailed):
-        worker = f", worker {e.worker} exit {e.exit_code}" if e.worker is not None else ""
-        return f"run {e.run} failed in attempt {e.attempt}: {e.reason}{worker}"
+        return f"run {e.run} failed in attempt {e.attempt}: {e.reason}"
     if isinstance(e, TaskMarkedAbnormal):
         return f"run {e.run} abnormal: {e.reason}"
     if isinstance(e, TaskSucceeded):
@@ -670,7 +670,7 @@ class BundleApi:
         self._ready = False
         self._lock = asyncio.Lock()
 
-    async def ready(self) -> BundleApi:
+    async def ready(self) -> "BundleApi":
         """The log and stack report tables exist (migrated on first use, as their routes do)."""
         if not self._ready:
             async with self._lock:

@@ -21,6 +21,7 @@ from runyard.faulttolerance.http import faulttolerance_router
 from runyard.gateway.admin_pools import admin_pools_router
 from runyard.gateway.app import Gateway, Request
 from runyard.gateway.auth import Principal
+from runyard.gateway.bundle import bundle_router
 from runyard.gateway.errors import (
     DATA_ERRORS,
     OUTAGE_ERRORS,
@@ -91,6 +92,7 @@ def create_app(gateway: Gateway) -> FastAPI:
     app.include_router(logs_router(gateway))
     app.include_router(notification_router(gateway))
     app.include_router(faulttolerance_router(gateway))
+    app.include_router(bundle_router(gateway))
     body_schemas(app)
     return app
 
