@@ -168,6 +168,8 @@ def print_task(task: dict[str, Any]) -> None:
     if task.get("queue"):
         q = task["queue"]
         out.print(f"queued: {markup(q['reason'])} (position {markup(q['position'])})")
+    if task.get("stop_reason"):
+        out.print(f"stop: {markup(task['stop_reason'])}")
     if task.get("last_failure_reason"):
         out.print(f"last failure: {markup(task['last_failure_reason'])}")
     for w in task.get("warnings", []):

@@ -158,6 +158,13 @@ class TaskStopRequested(_TaskEvent):
     reacted_by = ("scheduler", "deployer")
 
     reason: str
+    """Who stopped it and in what role, e.g. `stopped by alice (member)`."""
+    stopped_by: str | None = None
+    """The user or service account that asked (None in events written before it was kept)."""
+    role: str | None = None
+    """Its role when it asked: member, tenant_admin, platform_admin or service."""
+    group_id: str | None = None
+    """The task group it was stopped with (a group stop, R-17), if any."""
 
 
 # --- scheduler --------------------------------------------------------------
@@ -166,8 +173,14 @@ class TaskStopRequested(_TaskEvent):
 class TaskQueued(_TaskEvent):
     """The task waits for resources, with a reason a person can act on (R-07).
 
-    When: the scheduler cannot place the task now; appended again whenever the
-    reason or the position changes, never for an unchanged one.
+    When: a wait starts (the scheduler could not place a new, rerun or requeued
+    task at once), and again only when the wait changes kind: the pool's
+    schedulable nodes could no longer start the task even if idle (`blocked`:
+    a person must act), or could again. Position, reason and launchable count
+    move as other tasks come and go; they are derived data, kept current in the
+    scheduler's queue read model (`GET /v1/tasks/{id}` shows them), never
+    appended here. Logs written before this rule hold a TaskQueued per change
+    of reason or position; they fold the same way.
     """
 
     emitted_by = "scheduler"
@@ -175,12 +188,14 @@ class TaskQueued(_TaskEvent):
 
     run: Run
     reason: Text
-    """E.g. `needs 4 x 8-GPU workers, pool can start 2; 3 tasks ahead`."""
+    """When appended, e.g. `needs 4 x 8-GPU workers, pool can start 2; 3 tasks ahead`."""
     position: int = Field(ge=0)
-    """Tasks ahead of it in its pool's queue."""
+    """Tasks ahead of it in its pool's queue when appended."""
     gpus_needed: int = Field(ge=1)
     launchable: int = Field(ge=0)
-    """Workers of its spec the pool can start right now (R-03)."""
+    """Workers of its spec the pool could start when appended (R-03)."""
+    blocked: bool = False
+    """The pool could not start it even if idle: it waits for a person, not for capacity."""
 
 
 class TaskPlaced(_TaskEvent):

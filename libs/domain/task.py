@@ -172,12 +172,19 @@ class WorkerState:
 
 @dataclass(frozen=True, slots=True)
 class QueueInfo:
-    """Why the task waits and where it stands in its pool's queue (R-07)."""
+    """Why the task waits, as its last TaskQueued said (R-07).
+
+    The values are those of the moment the event was appended (the start of
+    the wait, or a change of its kind); the current position and reason are
+    derived data in the scheduler's queue read model, not in the fold.
+    """
 
     reason: str
     position: int
     gpus_needed: int
     launchable: int
+    #: The pool could not start the task even if idle: it waits for a person.
+    blocked: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +234,8 @@ class TaskState:
     hangs: int = 0
     slowdowns: int = 0
     stop_requested: bool = False
+    #: Who asked to stop the run and in what role (`stopped by bob (member)`).
+    stop_reason: str | None = None
     queue: QueueInfo | None = None
     last_failure_reason: str | None = None
     warnings: tuple[SubmissionWarning, ...] = ()
@@ -251,6 +260,8 @@ class TaskState:
 
     @property
     def queue_position(self) -> int | None:
+        """Tasks ahead when the last TaskQueued was appended (the current place is in
+        the scheduler's queue read model)."""
         return self.queue.position if self.queue else None
 
 
@@ -375,7 +386,7 @@ def _rerun(s: TaskState, e: TaskRerunRequested, at: datetime) -> TaskState:
 
 @_applies(TaskQueued)
 def _queued(s: TaskState, e: TaskQueued, at: datetime) -> TaskState:
-    info = QueueInfo(e.reason, e.position, e.gpus_needed, e.launchable)
+    info = QueueInfo(e.reason, e.position, e.gpus_needed, e.launchable, e.blocked)
     since = s.queued_at if s.status == "queued" and s.queued_at else at
     return replace(s, status="queued", queue=info, queued_at=since)
 
@@ -454,7 +465,7 @@ def _failed(s: TaskState, e: TaskFailed, at: datetime) -> TaskState:
 
 @_applies(TaskStopRequested)
 def _stop_requested(s: TaskState, e: TaskStopRequested, at: datetime) -> TaskState:
-    return replace(s, stop_requested=True)
+    return replace(s, stop_requested=True, stop_reason=e.reason)
 
 
 @_applies(TaskStopped)
@@ -562,13 +573,16 @@ class Rerun:
 
 @dataclass(frozen=True, slots=True)
 class Queue:
-    """Put the task in (or update its place in) its pool's queue."""
+    """The task waits in its pool's queue, for this reason (see `_queue` for when
+    that is a new event)."""
 
     task_id: str
     reason: str
     position: int
     gpus_needed: int
     launchable: int
+    #: The pool could not start it even if idle (a person must change something).
+    blocked: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -663,10 +677,27 @@ class Fail:
 
 @dataclass(frozen=True, slots=True)
 class RequestStop:
-    """A person asks to stop the task."""
+    """A person (or service account) asks to stop the task.
+
+    `by` and `role` name who asked and in what role; the event's reason is
+    built from them (`stop_reason`) unless `reason` is given.
+    """
 
     task_id: str
-    reason: str = "stopped by its owner"
+    reason: str = ""
+    by: str | None = None
+    role: str | None = None
+    #: The task group stopped as a whole, when the stop came with a group stop.
+    group_id: str | None = None
+
+
+def stop_reason(by: str | None, role: str | None, group_id: str | None = None) -> str:
+    """`stopped by alice (member)`: who stopped a task and in what role, never a guess
+    (a stop by another member of the tenant must not read as the creator's own)."""
+    who = f"stopped by {by} ({role})" if by and role else f"stopped by {by}" if by else ""
+    if not who:
+        who = "stop requested"
+    return f"{who} with task group {group_id}" if group_id else who
 
 
 @dataclass(frozen=True, slots=True)
@@ -974,7 +1005,12 @@ def _request_stop(s: TaskState, c: RequestStop, ctx: _Context) -> list[Event]:
     _require_open(s, "stop")
     if s.stop_requested:
         return []
-    requested = TaskStopRequested(reason=c.reason)
+    requested = TaskStopRequested(
+        reason=c.reason or stop_reason(c.by, c.role, c.group_id),
+        stopped_by=c.by,
+        role=c.role,
+        group_id=c.group_id,
+    )
     if s.placement is None:
         return [requested, TaskStopped(run=s.run)]
     return [requested]
@@ -993,20 +1029,22 @@ def _confirm_stop(s: TaskState, c: ConfirmStop, ctx: _Context) -> list[Event]:
 
 @_decides(Queue)
 def _queue(s: TaskState, c: Queue, ctx: _Context) -> list[Event]:
+    """TaskQueued when a wait starts (new, rerun, requeued) or changes kind (`blocked`);
+    nothing for a new reason or position in the same wait: those are derived data."""
     _require_status(s, "queue", frozenset({"new", "queued"}))
     _require_not_stopping(s, "queue")
     if queue_expired(s, ctx.now):
         limit = _spot(s).max_queue_duration_s
         return [_abnormal_event(s, f"queued longer than its limit of {limit} s")]
-    info = QueueInfo(c.reason, c.position, c.gpus_needed, c.launchable)
-    if s.status == "queued" and s.queue == info:
-        return []
+    if s.status == "queued" and s.queue is not None and s.queue.blocked == c.blocked:
+        return []  # same wait, same kind: position and reason live in the read model
     queued = TaskQueued(
         run=s.run,
         reason=c.reason,
         position=c.position,
         gpus_needed=c.gpus_needed,
         launchable=c.launchable,
+        blocked=c.blocked,
     )
     return [queued]
 

@@ -62,6 +62,7 @@ from runyard.gateway.pools import PoolInfo, capacity, describe, load_pools
 from runyard.gateway.projection import TaskListProjector
 from runyard.gateway.views import event_view, task_view
 from runyard.notification.webhooks import policy_of
+from runyard.scheduler.views import read_queue_entries
 from runyard.submission.catalogue import Catalogue, Image, PublicData, Volume
 from runyard.submission.changes import check_group, clone_spec, expand_group, rerun_with_changes
 from runyard.submission.env import MASK, parse_env
@@ -306,7 +307,21 @@ class Gateway:
         state, events = await self._load(caller, task_id)
         is_creator = _is_creator(caller, state)
         secrets = await self._secrets(caller.tenant, state.spec) if is_creator else {}
-        return task_view(state, events, is_creator, secrets)
+        view = task_view(state, events, is_creator, secrets)
+        await self._with_queue([view])
+        return view
+
+    async def _with_queue(self, tasks: Sequence[dict[str, Any]]) -> None:
+        """Where each queued task stands now and why, from the scheduler's queue read
+        model (R-07); a task it has no row for keeps what its last TaskQueued said."""
+        for task in tasks:
+            task.setdefault("queue", None)
+        queued = [t for t in tasks if t["status"] == "queued"]
+        entries = await read_queue_entries(self.db, [t["task_id"] for t in queued])
+        for task in queued:
+            entry = entries.get(task["task_id"])
+            if entry is not None and entry["run"] == task["run"]:
+                task["queue"] = {k: v for k, v in entry.items() if k not in ("pool", "run")}
 
     async def list_tasks(
         self,
@@ -332,12 +347,13 @@ class Gateway:
             raise BadRequest(
                 "cursor.invalid", str(exc), "pass back a next_cursor as given", "cursor"
             ) from exc
+        await self._with_queue(rows)
         return {"items": rows, "next_cursor": next_cursor}
 
     async def stop_task(self, req: Request, task_id: str) -> dict[str, Any]:
         """Ask to stop a task (a task holding no workers stops at once)."""
         state, _ = await self._load(req.principal, task_id, write=True)
-        await self._decide_and_append(req, state, RequestStop(task_id))
+        await self._decide_and_append(req, state, _stop(req.principal, task_id))
         return await self.get_task(req.principal, task_id)
 
     async def rerun_task(
@@ -475,7 +491,8 @@ class Gateway:
         for row in group["tasks"]:
             state, _ = await self._load(req.principal, row["task_id"], write=True)
             if not is_terminal(state.status):
-                await self._decide_and_append(req, state, RequestStop(state.task_id))
+                stop = _stop(req.principal, state.task_id, group_id)
+                await self._decide_and_append(req, state, stop)
         return await self.get_group(req.principal, group_id)
 
     async def list_groups(
@@ -767,6 +784,11 @@ def _refuse_secret_refs(env: Any, field: str) -> None:
                 "you set before); Runyard stores it and assigns the reference",
                 f"{field}[{i}].secret_ref",
             )
+
+
+def _stop(caller: Principal, task_id: str, group_id: str | None = None) -> RequestStop:
+    """A stop that names who asked and in what role (never "its owner" by default)."""
+    return RequestStop(task_id, by=caller.user, role=caller.role, group_id=group_id)
 
 
 def _field(body: Mapping[str, Any], name: str, kind: type) -> Any:

@@ -63,6 +63,7 @@ def task_view(
         "finished_at": _iso(state.finished_at),
         "queue": _queue(state),
         "last_failure_reason": state.last_failure_reason,
+        "stop_reason": state.stop_reason,
         "counters": _counters(state),
         "stages": stage_timeline(events),
         "version": state.version,
@@ -73,11 +74,16 @@ def _queue(state: TaskState) -> dict[str, Any] | None:
     if state.queue is None:
         return None
     q = state.queue
+    # what the last TaskQueued said; the gateway replaces it with the scheduler's
+    # queue read model, where the current position and reason are
     return {
         "reason": q.reason,
         "position": q.position,
         "gpus_needed": q.gpus_needed,
         "launchable": q.launchable,
+        "blocked": q.blocked,
+        "queued_at": _iso(state.queued_at),
+        "as_of": None,
     }
 
 

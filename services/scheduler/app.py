@@ -31,9 +31,12 @@ event changes nothing):
   `ResourcesReleased`, out of the queue, and a placement pass at once.
 
 A placement pass places what `plan_queue` allows (backfill behind the head),
-then appends `TaskQueued` for the tasks whose reason or position changed,
-looking at the first `status_window` tasks of the queue and at new arrivals
-(at most `max_reports` per pass; the rest are reported by later passes).
+then explains the first `status_window` tasks of the queue and the new
+arrivals (at most `max_reports` per pass; the rest are explained by later
+passes). What changed goes to the queue read model (`scheduler_queue`, written
+with the pool views, in the consumer's transaction); `TaskQueued` is appended
+only when a wait starts or changes kind (blocked or not), never for a new
+position or reason, which are derived data.
 """
 
 from __future__ import annotations
@@ -93,7 +96,6 @@ from runyard.scheduler.domain import (
     check_request,
     evolve_pool,
     explain,
-    launchable,
     plan_queue,
     plan_reschedule,
     queue_status,
@@ -102,7 +104,15 @@ from runyard.scheduler.domain import (
     timed_out,
 )
 from runyard.scheduler.errors import ConflictPersisted, UnknownPool
-from runyard.scheduler.views import build_view, ensure_schema, write_view
+from runyard.scheduler.views import (
+    QueueRow,
+    build_view,
+    ensure_schema,
+    queue_row,
+    replace_queue_rows,
+    write_queue_rows,
+    write_view,
+)
 
 log = logging.getLogger("runyard.scheduler")
 
@@ -135,14 +145,37 @@ class PoolRuntime:
     version: int = 0
     queue: WaitingQueue = field(default_factory=WaitingQueue)
     plan: QueuePlan | None = None
-    #: Queued tasks that never got a TaskQueued for their current wait.
+    #: Queued tasks not explained yet in their current wait (no TaskQueued, no row).
     unreported: dict[str, None] = field(default_factory=dict)
+    #: Queue read-model rows as last written, rows to write at the next flush, and
+    #: tasks that left the queue since (their rows go).
+    rows: dict[str, QueueRow] = field(default_factory=dict)
+    pending: dict[str, QueueRow] = field(default_factory=dict)
+    left: set[str] = field(default_factory=set)
     #: Rescheduled tasks' nodes to avoid, from their TaskRescheduleRequested.
     exclude: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def pool_id(self) -> str:
         return self.state.pool_id
+
+    def dequeue(self, task_id: str) -> None:
+        """The task leaves the queue (placed, stopped, finished, gone elsewhere)."""
+        self.queue.remove(task_id)
+        self.unreported.pop(task_id, None)
+        self.left.add(task_id)
+
+    def queue_changes(self) -> tuple[list[QueueRow], list[str]]:
+        """(rows to upsert, task ids whose rows go) since the last flush; then forgets them."""
+        rows = [row for task_id, row in self.pending.items() if task_id in self.queue]
+        fresh = {row.task_id for row in rows}
+        gone = [t for t in self.left if t in self.rows and t not in fresh]
+        for task_id in gone:
+            del self.rows[task_id]
+        self.rows.update((row.task_id, row) for row in rows)
+        self.pending.clear()
+        self.left.clear()
+        return rows, gone
 
 
 @dataclass
@@ -199,7 +232,7 @@ class SchedulerApp:
         pools: Sequence[PoolConfig],
         *,
         clock: Clock = _utcnow,
-        status_window: int = 50,
+        status_window: int = 1000,
         max_reports: int = 1000,
         batch_size: int = 500,
         write_views: bool = True,
@@ -250,7 +283,19 @@ class SchedulerApp:
             for runtime in self.pools.values():
                 if plan:
                     await self._pass(runtime, now)
+                await self._rebuild_queue_rows(runtime)
             await self._flush_views(None)
+
+    async def _rebuild_queue_rows(self, runtime: PoolRuntime) -> None:
+        """Write the pool's queue read model afresh from memory (after a rebuild)."""
+        runtime.pending.clear()
+        runtime.left.clear()
+        if not self.write_views:
+            return
+        rows = self.queue_rows(runtime.pool_id)
+        async with self.store.pool.acquire() as conn, conn.transaction():
+            await replace_queue_rows(conn, runtime.pool_id, rows)
+        runtime.rows = {row.task_id: row for row in rows}
 
     async def place(self, pool_id: str, *, limit: int | None = None) -> int:
         """Run a placement pass on the pool now (at most `limit` placements); placements made."""
@@ -401,7 +446,7 @@ class SchedulerApp:
         if state.finished:
             await self._finish(runtime, state, now)
         elif state.stop_requested and state.placement is None:
-            runtime.queue.remove(task_id)
+            runtime.dequeue(task_id)
             await self._decide_and_commit(runtime, state, [ConfirmStop(task_id)], now)
             await self._finish(runtime, self.tasks[task_id], now)
         elif state.status == "restarting" and state.placement is None:
@@ -414,8 +459,7 @@ class SchedulerApp:
 
     async def _finish(self, runtime: PoolRuntime, state: TaskState, now: datetime) -> None:
         """Give back what a finished task holds and forget it."""
-        runtime.queue.remove(state.task_id)
-        runtime.unreported.pop(state.task_id, None)
+        runtime.dequeue(state.task_id)
         runtime.exclude.pop(state.task_id, None)
         decision = _Decision(runtime.pool_id)
         reason = f"task {state.status}"
@@ -531,7 +575,7 @@ class SchedulerApp:
         for placement in plan.placements:
             state = self.tasks.get(placement.task_id)
             if state is None:
-                runtime.queue.remove(placement.task_id)
+                runtime.dequeue(placement.task_id)
                 continue
             placement = _for_task(placement, state)
             command = _place_command(runtime.pool_id, placement)
@@ -539,7 +583,7 @@ class SchedulerApp:
                 events = decide(state, command, now=now, ids=_no_ids)
             except DomainError as exc:
                 log.info("not placing %s: %s", placement.task_id, exc)
-                runtime.queue.remove(placement.task_id)
+                runtime.dequeue(placement.task_id)
                 continue
             decision.pool_events.append(placement.event())
             decision.add_task(placement.task_id, events)
@@ -547,13 +591,13 @@ class SchedulerApp:
             return 0
         await self._commit(decision, now)
         for task_id in decision.tasks:
-            runtime.queue.remove(task_id)
-            runtime.unreported.pop(task_id, None)
+            runtime.dequeue(task_id)
         self._dirty.add(runtime.pool_id)
         return len(decision.tasks)
 
     async def _report_queue(self, runtime: PoolRuntime, now: datetime) -> None:
-        """Append TaskQueued for waiting tasks whose reason or position changed."""
+        """Explain waiting tasks: changed rows for the read model, and TaskQueued where
+        a wait starts or changes kind (the task domain's `decide` says when)."""
         statuses = queue_status(
             runtime.state, runtime.queue, runtime.plan, limit=self.status_window
         )
@@ -566,17 +610,22 @@ class SchedulerApp:
             state = self.tasks[status.task_id]
             request = runtime.queue.get(status.task_id)
             assert request is not None
+            row = queue_row(runtime.state, request, status)
             command = Queue(
                 status.task_id,
                 reason=status.reason,
                 position=status.ahead,
-                gpus_needed=request.request.gpus,
-                launchable=launchable(runtime.state, max(request.request.worker_gpus)),
+                gpus_needed=row.gpus_needed,
+                launchable=row.launchable,
+                blocked=status.blocked,
             )
             try:
                 decision.add_task(status.task_id, decide(state, command, now=now, ids=_no_ids))
             except DomainError as exc:
                 log.info("not reporting %s: %s", status.task_id, exc)
+            else:
+                if self.write_views and runtime.rows.get(status.task_id) != row:
+                    runtime.pending[status.task_id] = row
             runtime.unreported.pop(status.task_id, None)
         if not decision.empty:
             await self._commit_each_on_conflict(runtime, decision, now)
@@ -737,6 +786,15 @@ class SchedulerApp:
             runtime.state, runtime.queue, runtime.plan, version=runtime.version, now=self.clock()
         )
 
+    def queue_rows(self, pool_id: str) -> list[QueueRow]:
+        """Every waiting task's queue read-model row, explained now, in queue order."""
+        runtime = self._runtime(pool_id)
+        statuses = queue_status(runtime.state, runtime.queue, runtime.plan)
+        return [
+            queue_row(runtime.state, task, status)
+            for task, status in zip(runtime.queue, statuses, strict=True)
+        ]
+
     # -- appending and reloading -------------------------------------------------------
 
     def _decide(self, state: TaskState, commands: Sequence[Command], now: datetime) -> list[Event]:
@@ -840,14 +898,18 @@ class SchedulerApp:
             and task_id in runtime.queue
             and state.status not in ("new", "queued")
         ):
-            runtime.queue.remove(task_id)
-            runtime.unreported.pop(task_id, None)
+            runtime.dequeue(task_id)
 
     async def _flush_views(self, conn: asyncpg.Connection | None) -> None:
-        """Rewrite the read-model rows of the pools changed since the last flush."""
+        """Rewrite the read-model rows of the pools changed since the last flush, and
+        the queue rows that changed."""
         if not self.write_views:
             self._dirty.clear()
             return
+        for runtime in self.pools.values():
+            if runtime.pending or runtime.left:
+                rows, gone = runtime.queue_changes()
+                await write_queue_rows(conn if conn is not None else self.store.pool, rows, gone)
         now = self.clock()
         for pool_id in sorted(self._dirty):
             runtime = self.pools.get(pool_id)

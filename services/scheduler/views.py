@@ -1,4 +1,7 @@
-"""The capacity read model: one JSON document per pool in `scheduler_pool_views`.
+"""The scheduler's read models: pool capacity (`scheduler_pool_views`) and the queue
+(`scheduler_queue`).
+
+Capacity: one JSON document per pool in `scheduler_pool_views`.
 
 The scheduler rewrites a pool's row after every change it makes to the pool
 or its queue (in the consumer's transaction when it handles an event, so the
@@ -12,12 +15,21 @@ occupancy (which task holds which GPUs on which node, R-05) and queue load
 R-07). Listings are capped (`NODE_LIMIT`, `TASK_LIMIT`, `QUEUE_LIMIT`) so a
 10,000-node pool still writes a small row; totals are always exact and
 `truncated` says when a listing was cut.
+
+Queue: one row per waiting task in `scheduler_queue` (its queue order key,
+why it waits, whether it is blocked, GPUs needed, launchable count). Where a
+task stands is derived when it is read (`read_queue_entries` counts the rows
+ahead of it in queue order), so a task leaving the queue rewrites no row
+behind it, and the task's own event stream never records a position
+(`TaskQueued` marks only the start of a wait and changes of its kind).
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import astuple, dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -26,11 +38,15 @@ import asyncpg
 from runyard.eventstore import apply_migrations, load_migrations
 from runyard.scheduler.domain import (
     PoolState,
+    QueuedTask,
     QueuePlan,
+    QueueStatus,
     WaitingQueue,
     capacity,
+    launchable,
     queue_load,
     queue_status,
+    with_place,
 )
 
 NODE_LIMIT = 1000
@@ -209,3 +225,130 @@ async def list_pools(conn: Queryable) -> list[dict[str, Any]]:
         summary["updated_at"] = row["updated_at"].isoformat()
         pools.append(summary)
     return pools
+
+
+# -- queue read model ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRow:
+    """One waiting task's row of `scheduler_queue`: all but its position, which is derived."""
+
+    task_id: str
+    pool_id: str
+    run: int
+    rank: int
+    neg_priority: int
+    submitted_at: datetime
+    queued_at: datetime
+    why: str
+    blocked: bool
+    gpus_needed: int
+    launchable: int
+
+
+def queue_row(pool: PoolState, task: QueuedTask, status: QueueStatus) -> QueueRow:
+    """The row of a waiting task as `status` explains it now."""
+    rank, neg_priority, submitted_at, task_id = task.key
+    return QueueRow(
+        task_id=task_id,
+        pool_id=pool.pool_id,
+        run=task.request.run,
+        rank=rank,
+        neg_priority=neg_priority,
+        submitted_at=submitted_at,
+        queued_at=task.queued_at,
+        why=status.why,
+        blocked=status.blocked,
+        gpus_needed=task.request.gpus,
+        launchable=launchable(pool, max(task.request.worker_gpus)),
+    )
+
+
+_UPSERT_ROW = """
+INSERT INTO scheduler_queue (task_id, pool_id, run, rank, neg_priority, submitted_at, queued_at,
+                             why, blocked, gpus_needed, launchable, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, now())
+ON CONFLICT (task_id) DO UPDATE SET
+    pool_id = EXCLUDED.pool_id, run = EXCLUDED.run, rank = EXCLUDED.rank,
+    neg_priority = EXCLUDED.neg_priority, submitted_at = EXCLUDED.submitted_at,
+    queued_at = EXCLUDED.queued_at, why = EXCLUDED.why, blocked = EXCLUDED.blocked,
+    gpus_needed = EXCLUDED.gpus_needed, launchable = EXCLUDED.launchable, updated_at = now()
+"""
+
+
+async def write_queue_rows(
+    conn: Queryable, rows: Iterable[QueueRow], gone: Sequence[str] = ()
+) -> None:
+    """Delete the rows of tasks that left the queue, then upsert `rows`."""
+    if gone:
+        await conn.execute(
+            "DELETE FROM scheduler_queue WHERE task_id = ANY($1::text[])", list(gone)
+        )
+    records = [astuple(row) for row in rows]
+    if records:
+        await conn.executemany(_UPSERT_ROW, records)
+
+
+async def replace_queue_rows(
+    conn: asyncpg.Connection, pool_id: str, rows: Iterable[QueueRow]
+) -> None:
+    """The pool's rows, rebuilt: every earlier row of the pool goes (call in a transaction)."""
+    await conn.execute("DELETE FROM scheduler_queue WHERE pool_id = $1", pool_id)
+    await write_queue_rows(conn, rows)
+
+
+_ENTRIES = """
+SELECT q.task_id, q.pool_id, q.run, q.why, q.blocked, q.gpus_needed, q.launchable,
+       q.queued_at, q.updated_at,
+       (SELECT count(*) FROM scheduler_queue a
+         WHERE a.pool_id = q.pool_id
+           AND (a.rank, a.neg_priority, a.submitted_at, a.task_id)
+             < (q.rank, q.neg_priority, q.submitted_at, q.task_id)) AS ahead
+FROM scheduler_queue q
+WHERE q.task_id = ANY($1::text[])
+"""
+
+
+async def read_queue_entries(conn: Queryable, task_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Where each of these waiting tasks stands and why (R-07), by task id.
+
+    `position` is the number of tasks ahead of it in its pool's queue, counted
+    now; `reason` is why it waits with that place (`...; 3 tasks ahead`).
+    Tasks not in a queue are absent; so is everything when the scheduler has
+    not created its read model yet.
+    """
+    if not task_ids:
+        return {}
+    try:
+        rows = await conn.fetch(_ENTRIES, list(task_ids))
+    except asyncpg.UndefinedTableError:
+        return {}
+    return {row["task_id"]: _entry(row) for row in rows}
+
+
+def _entry(row: asyncpg.Record) -> dict[str, Any]:
+    return {
+        "reason": with_place(row["why"], row["ahead"]),
+        "position": row["ahead"],
+        "gpus_needed": row["gpus_needed"],
+        "launchable": row["launchable"],
+        "blocked": row["blocked"],
+        "pool": row["pool_id"],
+        "run": row["run"],
+        "queued_at": row["queued_at"].isoformat(),
+        "as_of": row["updated_at"].isoformat(),
+    }
+
+
+async def read_queue(conn: Queryable, pool_id: str) -> list[dict[str, Any]]:
+    """Every row of a pool's queue in queue order, with its position (rebuild checks)."""
+    rows = await conn.fetch(
+        """SELECT task_id, run, why, blocked, gpus_needed, launchable, queued_at,
+                  row_number() OVER (ORDER BY rank, neg_priority, submitted_at, task_id) - 1
+                    AS position
+           FROM scheduler_queue WHERE pool_id = $1
+           ORDER BY rank, neg_priority, submitted_at, task_id""",
+        pool_id,
+    )
+    return [dict(row) for row in rows]

@@ -35,7 +35,7 @@ from runyard.messaging import KafkaSettings
 from runyard.scheduler.app import SchedulerApp
 from runyard.scheduler.config import parse_pools
 from runyard.scheduler.domain import fold_pool
-from runyard.scheduler.views import list_pools, read_pool_view
+from runyard.scheduler.views import list_pools, read_pool_view, read_queue, read_queue_entries
 
 pytestmark = pytest.mark.integration
 
@@ -211,19 +211,92 @@ async def test_gang_waits_holding_nothing_then_starts_after_a_release(dsn: str) 
         assert isinstance(released, WorkersReleased) and released.task_id == "one"
 
 
-async def test_queue_reason_is_updated_only_when_it_changes(dsn: str) -> None:
+async def test_a_wait_is_one_task_queued_while_the_read_model_follows_the_queue(
+    dsn: str,
+) -> None:
     async with harness(dsn) as h:
         await h.submit("big", spec("8gpu", count=4))
         await h.submit("w1", spec("8gpu", count=4))
         await h.submit("w2", spec("8gpu", count=4))
         assert await h.types("w2") == ["TaskSubmitted", "TaskQueued"]
+        entries = await read_queue_entries(h.store.pool, ["w1", "w2", "big"])
+        assert set(entries) == {"w1", "w2"}, "only waiting tasks have a row"
+        assert entries["w2"]["position"] == 1
+        assert entries["w2"]["reason"] == "needs 4 x 8-GPU workers, pool can start 0; 1 task ahead"
         await h.app.tick()  # nothing changed: nothing appended
         assert await h.types("w2") == ["TaskSubmitted", "TaskQueued"]
         await h.finish("big")
         assert (await h.types("w1"))[-1] == "TaskPlaced"
-        w2 = await h.events("task-w2")
-        assert [e.type for e in w2] == ["TaskSubmitted", "TaskQueued", "TaskQueued"]
-        assert w2[1].event.position == 1 and w2[2].event.position == 0  # type: ignore[attr-defined]
+        # w2 moved up: the read model says so, the task's history does not
+        assert await h.types("w2") == ["TaskSubmitted", "TaskQueued"]
+        entries = await read_queue_entries(h.store.pool, ["w1", "w2"])
+        assert set(entries) == {"w2"}
+        assert entries["w2"]["position"] == 0
+        assert entries["w2"]["reason"].endswith("; first in queue")
+
+
+async def test_task_queued_again_only_when_the_wait_changes_kind(dsn: str) -> None:
+    async with harness(dsn) as h:
+        await h.submit("big", spec("8gpu", count=4))
+        await h.submit("gang", spec("8gpu", count=4))
+        node = next(iter((await h.pool()).nodes))
+        await h.app.cordon_node("dev-a100", node)  # 3 schedulable nodes: 4 workers never fit
+        await h.app.cordon_node("dev-a100", node)
+        events = [e.event for e in await h.events("task-gang")]
+        assert [getattr(e, "blocked", None) for e in events[1:]] == [False, True]
+        assert "even if idle" in events[-1].reason  # type: ignore[attr-defined]
+        entry = (await read_queue_entries(h.store.pool, ["gang"]))["gang"]
+        assert entry["blocked"] and "could start only 3 even if idle" in entry["reason"]
+        await h.app.uncordon_node("dev-a100", node)
+        events = [e.event for e in await h.events("task-gang")]
+        assert [getattr(e, "blocked", None) for e in events[1:]] == [False, True, False]
+
+
+async def test_150_queued_tasks_append_one_task_queued_each_and_the_api_shows_them_move(
+    dsn: str,
+) -> None:
+    """Positions are derived data: 150 waiting tasks moving up the queue add no event
+    to their streams, while the read model (and so the API) shows where each stands;
+    the read model equals a rebuild from the log."""
+    async with harness(dsn) as h:
+        await h.submit("full", spec("8gpu", count=4))
+        ids = [f"q{n:03}" for n in range(150)]
+        for n, task_id in enumerate(ids):
+            h.clock.now += timedelta(seconds=1)
+            await h.submit(task_id, spec("1gpu" if n % 3 else "2gpu", priority=n % 2))
+        order = sorted(ids, key=lambda t: (-(int(t[1:]) % 2), t))  # priority, then submission
+        await _expect_positions(h, order)
+
+        await h.finish("full")  # 32 GPUs free: the first tasks start, the rest move up
+        placed = [t for t in ids if "TaskPlaced" in await h.types(t)]
+        assert placed and len(placed) < len(ids)
+        waiting = [t for t in order if t not in placed]
+        assert waiting == order[len(placed) :], "the queue starts in order"
+        await _expect_positions(h, waiting)
+        for task_id in ids:
+            counts = (await h.types(task_id)).count("TaskQueued")
+            assert counts == 1, f"{task_id}: {counts} TaskQueued for one wait"
+
+        # a placed task leaving makes room: positions move again, still no event
+        await h.finish(placed[0])
+        moved = [t for t in waiting if "TaskPlaced" not in await h.types(t)]
+        assert len(moved) < len(waiting)
+        await _expect_positions(h, moved)
+        assert [(await h.types(t)).count("TaskQueued") for t in ids] == [1] * len(ids)
+
+        live = await read_queue(h.store.pool, "dev-a100")
+        assert [row["task_id"] for row in live] == moved
+    async with harness(dsn) as rebuilt:  # a fresh scheduler rebuilds from the log
+        assert await read_queue(rebuilt.store.pool, "dev-a100") == live
+        assert [(await rebuilt.types(t)).count("TaskQueued") for t in ids] == [1] * len(ids)
+
+
+async def _expect_positions(h: Harness, order: list[str]) -> None:
+    entries = await read_queue_entries(h.store.pool, order)
+    assert [entries[t]["position"] for t in order] == list(range(len(order)))
+    for n, task_id in enumerate(order):
+        place = "first in queue" if n == 0 else f"{n} task{'s' if n > 1 else ''} ahead"
+        assert entries[task_id]["reason"].endswith(f"; {place}"), entries[task_id]
 
 
 async def test_stop_of_a_queued_task(dsn: str) -> None:
@@ -445,3 +518,98 @@ async def test_placement_names_its_cause_and_keeps_the_correlation(dsn: str) -> 
         assert placed.metadata.actor == "service:scheduler"
         assert placed.metadata.causation_id == str(submitted.event_id)
         assert placed.metadata.correlation_id == str(submitted.event_id)
+
+
+async def test_api_shows_where_a_task_waits_and_who_stopped_it(
+    dsn: str, tmp_path: Path
+) -> None:
+    """Over HTTP: the task's queue position and reason come from the scheduler's read
+    model and move as a task ahead leaves; a stop by another member of the tenant, or
+    by a tenant admin for a whole group, names who stopped it and in what role."""
+    import shutil
+
+    import httpx
+    from runyard.gateway.app import Gateway
+    from runyard.gateway.auth import create_token
+    from runyard.gateway.http import create_app
+
+    repo = Path(__file__).resolve().parents[2]
+    shutil.copy(repo / "infra/config/catalogue.yaml", tmp_path / "catalogue.yaml")
+    async with harness(dsn) as h:
+        gateway = await Gateway.connect(dsn, tmp_path)
+        tokens = {
+            who: await create_token(gateway.db, "acme", who, role)
+            for who, role in [("alice", "member"), ("bob", "member"), ("carol", "tenant_admin")]
+        }
+        transport = httpx.ASGITransport(app=create_app(gateway))
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as http:
+
+            async def call(who: str, method: str, path: str, **kw: Any) -> Any:
+                auth = {"Authorization": f"Bearer {tokens[who]}"}
+                answer = await http.request(method, path, headers=auth, **kw)
+                assert answer.status_code < 300, answer.json()
+                return answer.json()
+
+            async def submit(**changes: Any) -> str:
+                body = {"name": "t", "pool": "dev-a100", "worker_spec": "8gpu"}
+                body |= {"image": "pytorch:2.3-cuda12", "command": "python train.py"}
+                task_id: str = (await call("alice", "POST", "/v1/tasks", json=body | changes))[
+                    "task_id"
+                ]
+                await h.deliver(await h.events(f"task-{task_id}"))
+                return task_id
+
+            await submit(worker_count=4, framework="pytorch_ddp")  # takes every GPU
+            first, second, third = [await submit() for _ in range(3)]
+            shown = await call("alice", "GET", f"/v1/tasks/{third}")
+            assert shown["status"] == "queued"
+            assert shown["queue"]["position"] == 2 and shown["queue"]["as_of"]
+            assert shown["queue"]["reason"] == (
+                "needs 1 x 8-GPU worker, pool can start 0; 2 tasks ahead"
+            )
+
+            stopped = await call("bob", "POST", f"/v1/tasks/{first}/stop")
+            await h.deliver(await h.events(f"task-{first}"))
+            assert stopped["status"] == "stopped"
+            assert stopped["stop_reason"] == "stopped by bob (member)"
+            timeline = await call("alice", "GET", f"/v1/tasks/{first}/events")
+            request = next(e for e in timeline if e["type"] == "TaskStopRequested")
+            assert request["actor"] == "user:acme/bob"
+            assert request["data"] | {"reason": "?"} == {
+                "reason": "?",
+                "stopped_by": "bob",
+                "role": "member",
+                "group_id": None,
+            }
+            assert "owner" not in request["data"]["reason"]
+
+            shown = await call("alice", "GET", f"/v1/tasks/{third}")
+            assert shown["queue"]["position"] == 1
+            assert shown["queue"]["reason"].endswith("; 1 task ahead")
+            listed = await call("alice", "GET", "/v1/tasks", params={"status": "queued"})
+            positions = {row["task_id"]: row["queue"]["position"] for row in listed["items"]}
+            assert positions == {second: 0, third: 1}
+            assert (await h.types(third)).count("TaskQueued") == 1
+
+            group = await call(
+                "alice",
+                "POST",
+                "/v1/groups",
+                json={
+                    "template": {
+                        "name": "sweep",
+                        "pool": "dev-a100",
+                        "worker_spec": "1gpu",
+                        "image": "pytorch:2.3-cuda12",
+                        "command": "python train.py",
+                    },
+                    "items": [{"name": "a"}, {"name": "b"}],
+                },
+            )
+            await call("carol", "POST", f"/v1/groups/{group['group_id']}/stop")
+            for row in group["tasks"]:
+                task = await call("alice", "GET", f"/v1/tasks/{row['task_id']}")
+                assert task["stop_reason"] == (
+                    f"stopped by carol (tenant_admin) with task group {group['group_id']}"
+                )
+        await gateway.close()

@@ -235,15 +235,22 @@ def test_a_command_for_another_task_is_refused() -> None:
 # --- queue --------------------------------------------------------------------
 
 
-def test_queue_records_reason_and_position_and_reemits_only_changes() -> None:
+def test_queue_records_the_start_of_a_wait_and_changes_of_its_kind_only() -> None:
     story = Story().queue()
     s = story.state
     assert s.status == "queued" and s.queue_position == 0
     assert s.queue_reason == "needs 2 x 8-GPU workers, pool can start 1"
     first_queued_at = s.queued_at
     assert story.do(Queue(TASK, "needs 2 x 8-GPU workers, pool can start 1", 0, 16, 1)) == []
-    assert types_of(story.do(Queue(TASK, "3 tasks ahead", 3, 16, 0))) == (TaskQueued,)
-    assert story.state.queue_position == 3
+    # a new position or reason in the same wait is derived data: no event
+    assert story.do(Queue(TASK, "3 tasks ahead", 3, 16, 0)) == []
+    assert story.state.queue_position == 0
+    # the pool can no longer start it even if idle: the wait changed kind
+    blocked = story.do(Queue(TASK, "even if idle", 3, 16, 0, blocked=True))
+    assert types_of(blocked) == (TaskQueued,) and blocked[0].blocked
+    assert story.do(Queue(TASK, "even if idle; 2 tasks ahead", 2, 16, 0, blocked=True)) == []
+    assert types_of(story.do(Queue(TASK, "can start", 2, 16, 1))) == (TaskQueued,)
+    assert story.state.queue_position == 2 and not story.state.queue.blocked
     assert story.state.queued_at == first_queued_at
 
 
@@ -550,6 +557,19 @@ def test_stopping_a_queued_task_stops_it_at_once() -> None:
         TaskStopped,
     )
     assert story.status() == "stopped"
+
+
+def test_a_stop_names_who_asked_and_in_what_role() -> None:
+    by_member = Story().queue().do(RequestStop(TASK, by="bob", role="member"))[0]
+    assert isinstance(by_member, TaskStopRequested)
+    assert by_member.reason == "stopped by bob (member)"
+    assert (by_member.stopped_by, by_member.role, by_member.group_id) == ("bob", "member", None)
+    grouped = Story().running().do(
+        RequestStop(TASK, by="carol", role="tenant_admin", group_id="sweep-1")
+    )[0]
+    assert grouped.reason == "stopped by carol (tenant_admin) with task group sweep-1"
+    anonymous = Story().queue().do(RequestStop(TASK))[0]
+    assert anonymous.reason == "stop requested" and "owner" not in anonymous.reason
 
 
 def test_stopping_a_running_task_waits_for_its_workers() -> None:

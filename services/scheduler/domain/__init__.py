@@ -70,6 +70,7 @@ from runyard.scheduler.domain.queue import (
     explain,
     plan_queue,
     queue_status,
+    with_place,
 )
 from runyard.scheduler.domain.reschedule import Reschedule, plan_reschedule, release
 from runyard.scheduler.domain.spot import (
@@ -144,4 +145,5 @@ __all__ = [
     "request_for",
     "startable_workers",
     "timed_out",
+    "with_place",
 ]

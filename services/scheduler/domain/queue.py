@@ -347,12 +347,29 @@ class QueueStatus:
     position: int
     can_start: int
     workers: int
-    reason: str
+    #: Why it waits, without where it stands (`needs ..., pool can start 2`).
+    why: str
+    #: The pool could not start it even if idle: it waits for a person, not for capacity.
+    blocked: bool = False
 
     @property
     def ahead(self) -> int:
         """Tasks ahead of it in the queue."""
         return self.position - 1
+
+    @property
+    def reason(self) -> str:
+        """Why it waits and where it stands: `...; 3 tasks ahead`."""
+        return with_place(self.why, self.ahead)
+
+
+def with_place(why: str, ahead: int) -> str:
+    """A waiting reason with the task's place: `why; first in queue` or `why; N tasks ahead`.
+
+    The place is derived from the queue at the moment it is read, so readers
+    of the queue read model join it to a stored `why` themselves.
+    """
+    return f"{why}; {_ahead(ahead)}"
 
 
 def explain(
@@ -387,8 +404,9 @@ class _Explainer:
         """The task's status at this position."""
         request = task.request
         startable, most = self._counts(request)
-        reason = self._reason(request, startable, most, position - 1)
-        return QueueStatus(task.task_id, position, startable, len(request.worker_gpus), reason)
+        workers = len(request.worker_gpus)
+        why = self._why(request, startable, most)
+        return QueueStatus(task.task_id, position, startable, workers, why, most < workers)
 
     def _counts(self, request: PlacementRequest) -> tuple[int, int]:
         """(workers that could start now, workers that could start on the idle pool)."""
@@ -398,9 +416,8 @@ class _Explainer:
             self._shapes[shape] = (now, count_startable(self.pool.size_counts(), shape[0]))
         return self._shapes[shape]
 
-    def _reason(self, request: PlacementRequest, startable: int, most: int, ahead: int) -> str:
+    def _why(self, request: PlacementRequest, startable: int, most: int) -> str:
         needs = f"needs {describe_workers(request.worker_gpus)}"
-        where = _ahead(ahead)
         workers = len(request.worker_gpus)
         if request.task_id in self.placed:
             return f"{needs}; placed by this scheduling pass"
@@ -408,18 +425,16 @@ class _Explainer:
             return (
                 f"{needs}, but the pool's {self.pool.schedulable_nodes} schedulable nodes could "
                 f"start only {most} even if idle; reduce the worker count, add nodes or choose "
-                f"another pool; {where}"
+                "another pool"
             )
         if startable < workers:
-            return f"{needs}, pool can start {startable}; {where}"
+            return f"{needs}, pool can start {startable}"
         if self.head is not None and self.head != request.task_id:
             return (
                 f"{needs}, pool can start {startable}, but those GPUs are held for task "
-                f"{self.head} ahead of it (backfill never delays the head); {where}"
+                f"{self.head} ahead of it (backfill never delays the head)"
             )
-        return (
-            f"{needs}, pool can start {startable}; it starts at the next scheduling pass; {where}"
-        )
+        return f"{needs}, pool can start {startable}; it starts at the next scheduling pass"
 
 
 def _ahead(ahead: int) -> str:
