@@ -51,6 +51,7 @@ pytestmark = pytest.mark.integration
 
 SECRET = "hf_Zq81-secret-value-of-alice"
 REQUEST_ID = "req-bundle-1"
+HOOK = "https://open.feishu.cn/open-apis/bot/v2/hook/0f1e2d3c-5a6b-4c7d-8e9f-a0b1c2d3e4f5"
 SPEC = {
     "name": "llama-sft",
     "pool": "pool-a",
@@ -63,6 +64,7 @@ SPEC = {
     "creator_only": ["HF_TOKEN"],
     "output_dirs": ["/mnt/shared/ckpt"],
     "fault_tolerance": {"auto_restart": True, "max_restarts": 2, "hang_timeout_s": 10},
+    "alerts": [{"webhook_url": HOOK}],
 }
 OOM = [
     "Traceback (most recent call last):",
@@ -201,9 +203,10 @@ async def test_a_failed_task_tells_its_story(api: Api) -> None:
         assert name in names
     assert [n for n in names if n.startswith("stacks/")], names
 
-    # no secret value anywhere: not the creator-only value, not the caller's token
+    # no secret value anywhere: not the creator-only value, the webhook, the caller's token
     for name, data in files.items():
         assert SECRET.encode() not in data, name
+        assert b"0f1e2d3c-5a6b-4c7d-8e9f-a0b1c2d3e4f5" not in data, name
         assert api.tokens["alice"].encode() not in data, name
 
     summary = files["summary.md"].decode()
@@ -230,6 +233,7 @@ async def test_a_failed_task_tells_its_story(api: Api) -> None:
     env = {v["name"]: v for v in spec["env"]}
     assert env["HF_TOKEN"]["value"] == "******" and env["HF_TOKEN"]["secret_ref"] is None
     assert env["RUN_ID"]["value"] == "exp-001"
+    assert spec["alerts"][0]["webhook_url"] == "https://open.feishu.cn/******"
 
     stream = await api.gateway.store.read_stream(f"task-{task_id}")
     events = [json.loads(line) for line in files["events.jsonl"].splitlines()]
