@@ -222,6 +222,10 @@ class TaskState:
     placement: Placement | None = None
     #: The placement whose GPUs are still allocated, until ResourcesReleased.
     held: Placement | None = None
+    #: Workers of the held placement that started and have not exited although their
+    #: attempt was withdrawn (preempted or rescheduled): its GPUs stay held until the
+    #: deployer has ended them and recorded their exits (`WorkerExited` of that attempt).
+    held_live: tuple[int, ...] = ()
     workers: tuple[WorkerState, ...] = ()
     env_check: EnvCheckState | None = None
     #: The current attempt was started by a restart after a reschedule and waits for the
@@ -376,6 +380,7 @@ def _rerun(s: TaskState, e: TaskRerunRequested, at: datetime) -> TaskState:
         submitted_at=s.submitted_at,
         run=e.run,
         held=s.held,
+        held_live=s.held_live,
         warnings=s.warnings,
         group_id=s.group_id,
         cloned_from=s.cloned_from,
@@ -445,7 +450,25 @@ def _worker_started(s: TaskState, e: WorkerStarted, at: datetime) -> TaskState:
 
 @_applies(WorkerExited)
 def _worker_exited(s: TaskState, e: WorkerExited, at: datetime) -> TaskState:
+    if _withdrawn(s, e.run, e.attempt):
+        return replace(s, held_live=tuple(w for w in s.held_live if w != e.worker))
     return _set_worker(s, e.worker, exit_code=e.exit_code)
+
+
+def _withdrawn(s: TaskState, run: int, attempt: int) -> bool:
+    """Whether (run, attempt) is the held placement's attempt, withdrawn with workers alive."""
+    held = s.held
+    return (
+        bool(s.held_live)
+        and held is not None
+        and held != s.placement
+        and (run, attempt) == (held.run, held.attempt)
+    )
+
+
+def _live_workers(s: TaskState) -> tuple[int, ...]:
+    """Workers of the current attempt that started and have not exited."""
+    return tuple(w.index for w in s.workers if w.started and not w.exited)
 
 
 @_applies(TaskRunning)
@@ -489,7 +512,11 @@ def _restart_scheduled(s: TaskState, e: TaskRestartScheduled, at: datetime) -> T
 def _reschedule_requested(s: TaskState, e: TaskRescheduleRequested, at: datetime) -> TaskState:
     moved = _new_attempt(s, s.attempt, None)
     return replace(
-        moved, status="restarting", reschedules=s.reschedules + 1, last_failure_reason=e.reason
+        moved,
+        status="restarting",
+        reschedules=s.reschedules + 1,
+        last_failure_reason=e.reason,
+        held_live=_live_workers(s),
     )
 
 
@@ -502,7 +529,12 @@ def _reschedule_failed(s: TaskState, e: TaskRescheduleFailed, at: datetime) -> T
 def _preempted(s: TaskState, e: TaskPreempted, at: datetime) -> TaskState:
     waiting = _new_attempt(s, s.attempt, None)
     return replace(
-        waiting, status="queued", queue=None, queued_at=at, preemptions=s.preemptions + 1
+        waiting,
+        status="queued",
+        queue=None,
+        queued_at=at,
+        preemptions=s.preemptions + 1,
+        held_live=_live_workers(s),
     )
 
 
@@ -518,7 +550,7 @@ def _abnormal(s: TaskState, e: TaskMarkedAbnormal, at: datetime) -> TaskState:
 
 @_applies(ResourcesReleased)
 def _released(s: TaskState, e: ResourcesReleased, at: datetime) -> TaskState:
-    return replace(s, held=None)
+    return replace(s, held=None, held_live=())
 
 
 @_applies(HangDetected)
@@ -1106,6 +1138,13 @@ def _release(s: TaskState, c: ReleaseResources, ctx: _Context) -> list[Event]:
         raise InvalidCommand(s.task_id, action, "it holds no GPUs")
     if s.held == s.placement and not is_terminal(s.status):
         raise InvalidCommand(s.task_id, action, "its workers still use them")
+    if s.held_live:
+        live = ", ".join(str(w) for w in s.held_live)
+        why = (
+            f"worker(s) {live} of its withdrawn attempt {s.held.attempt} have no recorded "
+            "exit yet: the deployer ends them and records their exits first"
+        )
+        raise InvalidCommand(s.task_id, action, why)
     return [ResourcesReleased(run=s.held.run, attempt=s.held.attempt, reason=c.reason)]
 
 
@@ -1208,6 +1247,10 @@ def _require_env_check_passed(s: TaskState, action: str) -> None:
 @_decides(ExitWorker)
 def _exit_worker(s: TaskState, c: ExitWorker, ctx: _Context) -> list[Event]:
     action = f"record the exit of worker {c.worker} of"
+    if _withdrawn(s, c.run, c.attempt) and c.worker in s.held_live:
+        # a worker of a preempted or rescheduled attempt, ended by the deployer: its exit
+        # decides nothing (the attempt is over) but frees its GPUs once all are recorded
+        return [WorkerExited(run=c.run, attempt=c.attempt, worker=c.worker, exit_code=c.exit_code)]
     _require_status(s, action, PLACED_STATUSES)
     _require_current(s, c.run, c.attempt)
     worker = _worker(s, c.worker, action)

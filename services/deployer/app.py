@@ -57,6 +57,7 @@ from runyard.contracts.task_events import (
     EnvCheckStarted,
     TaskFailed,
     TaskPlaced,
+    TaskPreempted,
     TaskRerunRequested,
     TaskRescheduleRequested,
     TaskRestartScheduled,
@@ -147,6 +148,7 @@ REACTS_TO = frozenset(
         TaskStopRequested,
         TaskRestartScheduled,
         TaskRescheduleRequested,
+        TaskPreempted,
         EnvCheckStarted,
         EnvCheckFinished,
         TaskFailed,
@@ -200,6 +202,8 @@ class DeployerApp:
             self._spawn(self._on_restart(task_id, payload, event))
         elif isinstance(payload, TaskRescheduleRequested):
             self._spawn(self._on_reschedule(task_id, payload))
+        elif isinstance(payload, TaskPreempted):
+            self._spawn(self._on_preempted(task_id, payload))
         elif isinstance(payload, EnvCheckStarted):
             active = self._active.get(task_id)
             if active is not None and active.deployment.key == (
@@ -576,9 +580,20 @@ class DeployerApp:
         await self._drive(deployment, state, Metadata(actor=ACTOR).caused_by(cause, ACTOR))
 
     async def _on_reschedule(self, task_id: str, reschedule: TaskRescheduleRequested) -> None:
-        """The attempt's workers leave their (faulty) nodes; the scheduler places them again."""
+        """The attempt's workers leave their (faulty) nodes; the scheduler places them again.
+
+        Their exits are recorded (`WorkerExited` of the withdrawn attempt); the last one
+        lets the scheduler release the attempt's GPUs and place the next attempt.
+        """
         active = self._active.get(task_id)
         if active is not None and active.deployment.attempt <= reschedule.attempt:
+            await self._end(active)
+
+    async def _on_preempted(self, task_id: str, preempted: TaskPreempted) -> None:
+        """Spot capacity was reclaimed: the run's workers end now, and their exits are
+        recorded; the task's GPUs count as free only after the last of them."""
+        active = self._active.get(task_id)
+        if active is not None and active.deployment.run == preempted.run:
             await self._end(active)
 
     # -- reconciliation after a restart ----------------------------------------------------
@@ -612,8 +627,9 @@ class DeployerApp:
         for task_id, (state, _) in tasks.items():
             if not state.stop_requested and state.placement is not None:
                 current.add((task_id, state.run, state.attempt))
+        retired = await self._retire_withdrawn(tasks, found)
         for key in found:
-            if key not in current:
+            if key not in current and key not in retired:
                 discard = getattr(self.runtime, "discard", None)
                 if discard is not None:
                     await discard(key, self.stop_grace_s)
@@ -658,10 +674,62 @@ class DeployerApp:
             taken.append(task_id)
         return taken
 
+    async def _retire_withdrawn(
+        self,
+        tasks: dict[str, tuple[TaskState, RecordedEvent[Event] | None]],
+        found: dict[DeploymentKey, dict[int, int]],
+    ) -> set[DeploymentKey]:
+        """End the workers of preempted or rescheduled attempts and record their exits.
+
+        A withdrawn attempt whose workers have no recorded exit (`held_live`) keeps its
+        GPUs until they are recorded. Found on disk: its workers are followed (their
+        output too), ended, and each exit recorded with the status its wrapper wrote.
+        Not on disk (the machine restarted): they are gone, recorded as
+        `UNKNOWN_EXIT_CODE` (an exit of a withdrawn attempt decides nothing). Returns
+        the deployments taken over this way.
+        """
+        taken: set[DeploymentKey] = set()
+        adopt = getattr(self.runtime, "adopt", None)
+        for task_id, (state, _) in tasks.items():
+            held = state.held
+            if not state.held_live or held is None:
+                continue
+            key = (task_id, held.run, held.attempt)
+            meta = Metadata(actor=ACTOR)
+            if key in found and adopt is not None and task_id not in self._active:
+                d = Deployment(task_id, held.run, held.attempt, state.spec, held.workers)
+                active = _Active(d, stopping=True, meta=meta)
+                active.started_recorded.set()
+                active.may_start.set()
+                self._active[task_id] = active
+                await adopt(d, self.on_output, self._on_exit)
+                self._spawn(self._retire(active))
+                taken.add(key)
+                continue
+            for worker in state.held_live:
+                lost = ExitWorker(task_id, held.run, held.attempt, worker, UNKNOWN_EXIT_CODE)
+                await self._decide_quietly(task_id, [lost], meta)
+        return taken
+
+    async def _retire(self, active: _Active) -> None:
+        """End an adopted withdrawn attempt; its exits are recorded as they come."""
+        active.task = asyncio.current_task()
+        key = active.deployment.key
+        try:
+            await self.runtime.stop(key, self.stop_grace_s)
+            await self._wait_workers(key)
+        finally:
+            if not self._detached:
+                with contextlib.suppress(Exception):
+                    await self.runtime.cleanup(key)
+            if self._active.get(key[0]) is active:
+                del self._active[key[0]]
+
     async def _placed_tasks(
         self,
     ) -> dict[str, tuple[TaskState, RecordedEvent[Event] | None]]:
-        """Tasks the log says are placed, with the event that placed or restarted them last.
+        """Tasks the log says are placed, with the event that placed or restarted them last,
+        and tasks whose withdrawn attempt has workers with no recorded exit (`held_live`).
 
         Reads the whole log once (a deployer restart is rare; a read model of open
         tasks would make this cheaper).
@@ -685,7 +753,7 @@ class DeployerApp:
         return {
             task_id: (state, causes.get(task_id))
             for task_id, state in states.items()
-            if not state.finished and state.status in PLACED_STATUSES
+            if (not state.finished and state.status in PLACED_STATUSES) or state.held_live
         }
 
     # -- stop ------------------------------------------------------------------------

@@ -329,14 +329,17 @@ async def change_spot_capacity(
             if stream:
                 task = fold(stream, task_id=victim.task_id)
                 try:
-                    events = _decide_all(
-                        task,
-                        [
-                            Preempt(victim.task_id, f"spot capacity reclaimed: {reason}"),
-                            ReleaseResources(victim.task_id, "preempted"),
-                        ],
-                        when,
-                    )
+                    preempt = Preempt(victim.task_id, f"spot capacity reclaimed: {reason}")
+                    events = _decide_all(task, [preempt], when)
+                    after = task
+                    for event in events:
+                        after = evolve(after, (event, when))
+                    if not after.held_live:
+                        events += _decide_all(
+                            after, [ReleaseResources(victim.task_id, "preempted")], when
+                        )
+                    # else: workers of the attempt still run; the task's GPUs are released
+                    # once the deployer has ended them and recorded their exits
                 except DomainError as exc:  # it ended meanwhile: its GPUs go back anyway
                     log.info("not preempting %s: %s", victim.task_id, exc)
                 else:

@@ -198,7 +198,8 @@ class _Decision:
 #: checks, detections, alerts, and what it appended itself (already folded when
 #: it committed). The consumer skips them before any database work; a later
 #: event the scheduler does need finds its state a few versions behind and
-#: reloads the stream (`_sync_task`).
+#: reloads the stream (`_sync_task`). `WorkerExited` is not among them: the exits
+#: of a preempted or rescheduled attempt's workers free its GPUs (`held_live`).
 IGNORED = frozenset(
     {
         "DeployStageStarted",
@@ -207,7 +208,6 @@ IGNORED = frozenset(
         "EnvCheckItemReported",
         "EnvCheckFinished",
         "WorkerStarted",
-        "WorkerExited",
         "TaskRunning",
         "HangDetected",
         "StacksCaptured",
@@ -442,6 +442,11 @@ class SchedulerApp:
         state = self.tasks.get(task_id)
         if state is None:
             return None
+        if state.held_live:
+            # A withdrawn (preempted or rescheduled) attempt's workers still run: nothing
+            # of it is released, moved or placed again until the deployer has recorded
+            # their exits; the last WorkerExited brings the task back here.
+            return None
         runtime = self.pools[state.spec.pool]
         if state.finished:
             await self._finish(runtime, state, now)
@@ -544,6 +549,20 @@ class SchedulerApp:
         runtime.exclude.pop(task_id, None)
         self._dirty.add(runtime.pool_id)
 
+    def _draining(self, runtime: PoolRuntime) -> bool:
+        """Whether a preempted task's workers still run on GPUs the pool shows free.
+
+        A spot shrink releases the victims' GPUs on the pool at once (the capacity
+        change needs them), while the deployer is still ending their workers: nothing
+        is placed in the pool until those exits are recorded (`held_live` empty), so
+        a GPU is never given to a second task while a process of the first is alive.
+        """
+        return any(
+            state.held_live and state.task_id not in runtime.state.allocations
+            for state in self.tasks.values()
+            if state.spec.pool == runtime.pool_id
+        )
+
     @staticmethod
     def _release_cmds(state: TaskState) -> list[Command]:
         if state.held is None:
@@ -554,6 +573,8 @@ class SchedulerApp:
 
     async def _pass(self, runtime: PoolRuntime, now: datetime, *, limit: int | None = None) -> int:
         """Place what the queue allows, in batches, then report queue reasons; placements made."""
+        if self._draining(runtime):
+            return 0
         placed = conflicts = 0
         while (limit is None or placed < limit) and conflicts < MAX_CONFLICT_RETRIES:
             batch = self.batch_size if limit is None else min(self.batch_size, limit - placed)

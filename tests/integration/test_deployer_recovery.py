@@ -266,13 +266,21 @@ async def test_reconcile_ends_workers_of_an_attempt_the_log_moved_past(world: Wo
     await world.until("moved", lambda s: s.status == "running")
     (pid,) = runtime1.pids(("moved", 1, 1)).values()
     app1.detach()
-    # While no deployer runs, the task is rescheduled (its node went bad).
+    # While no deployer runs, the task is rescheduled (its node went bad): its GPUs stay
+    # held until the withdrawn attempt's worker is ended and its exit recorded.
     await world.do("moved", RequestReschedule("moved", "GPU dropped", ("n-0",)))
-    await world.do("moved", ReleaseResources("moved", "reschedule"))
+    assert (await world.state("moved")).held_live == (0,)
     app2, _ = world.deployer()
     await app2.reconcile()
+    await asyncio.wait_for(app2.drain(), 8)
     assert not alive_group(pid)
     assert not (world.tmp / "scratch" / "moved" / "run1-a1").exists()
+    events = [e.event for e in await world.events("moved")]
+    exited = [(e.attempt, e.exit_code) for e in events if isinstance(e, WorkerExited)]
+    assert exited == [(1, 143)]  # `sleep` ended by SIGTERM, recorded for attempt 1
+    state = await world.state("moved")
+    assert state.held_live == () and state.status == "restarting"
+    await world.do("moved", ReleaseResources("moved", "reschedule"))  # now it may
 
 
 # --- restarts and reschedules -----------------------------------------------------------
@@ -324,9 +332,12 @@ async def test_a_reschedule_ends_the_old_attempt_and_deploys_the_new_one(world: 
             await asyncio.sleep(0.02)
         old = list(runtime.pids(("move", 1, 1)).values())
         assert len(old) == 2 and all(alive_group(p) for p in old)
+        await world.do("move", RequestReschedule("move", "GPU dropped", ("n-0",)))
+        # the scheduler's part: the GPUs go once both exits of attempt 1 are recorded
+        await world.until("move", lambda s: s.held_live == ())
+        assert not any(alive_group(p) for p in old)
         await world.do(
             "move",
-            RequestReschedule("move", "GPU dropped", ("n-0",)),
             ReleaseResources("move", "reschedule"),
             Place("move", "dev", placement(2, node="m")),
         )
@@ -337,6 +348,8 @@ async def test_a_reschedule_ends_the_old_attempt_and_deploys_the_new_one(world: 
     events = [e.event for e in await world.events("move")]
     started = sorted((e.attempt, e.node) for e in events if isinstance(e, WorkerStarted))
     assert started == [(1, "n-0"), (1, "n-1"), (2, "m-0"), (2, "m-1")]
+    exited = sorted((e.attempt, e.worker) for e in events if isinstance(e, WorkerExited))
+    assert exited == [(1, 0), (1, 1), (2, 0), (2, 1)]
     assert sorted(world.output("move")) == ["on m-0", "on m-1", "on n-0", "on n-1"]
 
 

@@ -628,6 +628,18 @@ def test_a_reschedule_moves_the_workers_to_new_nodes_as_a_restart() -> None:
     assert (s.attempt, s.attempt_unplaced, next_attempt(s)) == (2, True, 2)
     story.refuse(ScheduleRestart(TASK, "hang"), InvalidCommand)  # nothing placed to restart
     story.refuse(Place(TASK, "pool-a", workers_for(s.spec, "spare")), InvalidCommand)  # held
+    # attempt 1's workers still run: its GPUs stay held until their exits are recorded
+    assert s.held_live == (0, 1)
+    story.refuse(ReleaseResources(TASK, "rescheduled"), InvalidCommand)
+    assert types_of(story.do(ExitWorker(TASK, 1, 1, 0, 143))) == (WorkerExited,)
+    story.refuse(ReleaseResources(TASK, "rescheduled"), InvalidCommand)
+    story.do(ExitWorker(TASK, 1, 1, 1, 143))
+    story.refuse(ExitWorker(TASK, 1, 1, 1, 143), StaleAttempt)  # recorded once
+    assert (story.state.held_live, story.state.status, story.state.workers) == (
+        (),
+        "restarting",
+        (),
+    )
     story.do(ReleaseResources(TASK, "rescheduled"))
     assert story.state.held is None
     ((placed, _),) = story.place("spare").events[-1:]
@@ -697,6 +709,12 @@ def test_a_preempted_spot_task_is_requeued_then_abnormal_past_its_limit() -> Non
     s = story.state
     assert (s.status, s.preemptions, s.requeues, s.placement) == ("queued", 1, 1, None)
     assert s.queued_at == story.now
+    assert s.held_live == (0, 1)  # its GPUs stay held until the workers' exits are recorded
+    story.refuse(ReleaseResources(TASK, "preempted"), InvalidCommand)
+    for worker in (0, 1):
+        (exited,) = story.do(ExitWorker(TASK, 1, 1, worker, 137))
+        assert isinstance(exited, WorkerExited) and exited.attempt == 1
+    assert story.state.status == "queued"  # an exit of a withdrawn attempt decides nothing
     story.do(ReleaseResources(TASK, "preempted"))
     story.queue().place().start_all()
     assert story.state.attempt == 2
