@@ -44,6 +44,7 @@ from runyard.domain import (
 from runyard.eventstore import (
     ANY,
     NO_STREAM,
+    ConcurrencyError,
     PostgresEventStore,
     apply_migrations,
     load_migrations,
@@ -71,6 +72,8 @@ from runyard.submission.rules import check_spec
 from runyard.submission.warnings import SubmissionWarning
 
 MAX_PAGE = 200
+#: Decisions on a task made again when its stream moved on meanwhile (then 409).
+CONFLICT_RETRIES = 5
 #: The fields of `POST /v1/admin/tokens`.
 TOKEN_FIELDS = frozenset({"tenant", "user", "role", "ttl", "expires_at", "description"})
 
@@ -375,19 +378,26 @@ class Gateway:
         spec = clone_spec(state.spec, _env_text(overrides), by_creator=by_creator)
         warnings = await self._check(spec)
         new_id = self.new_id()
-        cloned = decide(state, Clone(task_id), now=self.clock(), ids=lambda: new_id)
-        async with self.store.transaction() as conn:
-            sealed = await self._seal(conn, req.principal.tenant, spec)
-            await self._write(conn, req, task_id, cloned, state.version)
-            submit = Submit(
-                new_id,
-                req.principal.tenant,
-                req.principal.user,
-                sealed,
-                tuple(warnings),
-                cloned_from=task_id,
-            )
-            await self._append(conn, req, None, submit, NO_STREAM)
+        for attempt in range(1, CONFLICT_RETRIES + 1):
+            cloned = decide(state, Clone(task_id), now=self.clock(), ids=lambda: new_id)
+            try:
+                async with self.store.transaction() as conn:
+                    sealed = await self._seal(conn, req.principal.tenant, spec)
+                    await self._write(conn, req, task_id, cloned, state.version)
+                    submit = Submit(
+                        new_id,
+                        req.principal.tenant,
+                        req.principal.user,
+                        sealed,
+                        tuple(warnings),
+                        cloned_from=task_id,
+                    )
+                    await self._append(conn, req, None, submit, NO_STREAM)
+                break
+            except ConcurrencyError as exc:
+                if exc.stream_id != _stream(task_id) or attempt == CONFLICT_RETRIES:
+                    raise
+                state = await self._reload(task_id)
         return await self.get_task(req.principal, new_id)
 
     async def task_events(self, caller: Principal, task_id: str) -> list[dict[str, Any]]:
@@ -616,10 +626,23 @@ class Gateway:
         return state, events
 
     async def _decide_and_append(self, req: Request, state: TaskState, command: Command) -> None:
-        events = decide(state, command, now=self.clock(), ids=self.new_id)
-        if events:
-            async with self.store.transaction() as conn:
-                await self._write(conn, req, state.task_id, events, state.version)
+        """Decide and append; when the task moved on meanwhile (the scheduler's or the
+        deployer's event landed first), fold what is new and decide again."""
+        for attempt in range(1, CONFLICT_RETRIES + 1):
+            events = decide(state, command, now=self.clock(), ids=self.new_id)
+            if not events:
+                return
+            try:
+                async with self.store.transaction() as conn:
+                    await self._write(conn, req, state.task_id, events, state.version)
+                return
+            except ConcurrencyError:
+                if attempt == CONFLICT_RETRIES:
+                    raise
+                state = await self._reload(state.task_id)
+
+    async def _reload(self, task_id: str) -> TaskState:
+        return fold(await self.store.read_stream(_stream(task_id)), task_id=task_id)
 
     async def _append(
         self,
