@@ -106,6 +106,8 @@ TAIL_LINES = 500
 MAX_LINE_CHARS = 4096
 #: All tails together, uncompressed; workers past it get no tail (the summary says so).
 MAX_TAIL_BYTES = 32 * 1024 * 1024
+#: What a tail adds to each line: its number, time and stream.
+TAIL_LINE_OVERHEAD = 60
 #: The latest stack reports kept, and the size of one (larger: left out, named).
 MAX_STACK_REPORTS = 20
 MAX_REPORT_BYTES = 1024 * 1024
@@ -254,6 +256,23 @@ def _cut(line: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class TailPlan:
+    """One worker's tail before it is read: `total` lines in all, the last `shown` of
+    them in the bundle, about `size` bytes."""
+
+    run: int
+    attempt: int
+    worker: int
+    total: int
+    shown: int
+    size: int
+
+    @property
+    def name(self) -> str:
+        return f"logs/run-{self.run}-attempt-{self.attempt}/worker-{self.worker}.log"
+
+
+@dataclass(frozen=True, slots=True)
 class Tail:
     """The last lines of one worker of one attempt: `total` lines in all."""
 
@@ -287,7 +306,8 @@ class Facts:
     ft_log: FaultToleranceLog
     first_error: FirstError | None
     platform: dict[str, Any]
-    tails: list[Tail] = field(default_factory=list)
+    #: The tails to write, read one at a time while the archive is written.
+    tails: list[TailPlan] = field(default_factory=list)
     #: (run, attempt, worker) of the workers whose tails were over the budget.
     tails_left_out: list[tuple[int, int, int]] = field(default_factory=list)
     reports: list[dict[str, Any]] = field(default_factory=list)
@@ -463,8 +483,7 @@ def _platform_section(info: Mapping[str, Any]) -> list[str]:
 def _files_section(facts: Facts) -> list[str]:
     lines = ["## Files", ""]
     for tail in facts.tails:
-        shown = len(tail.lines)
-        lines.append(f"- {tail.name}: the last {shown} of {tail.total} lines")
+        lines.append(f"- {tail.name}: the last {tail.shown} of {tail.total} lines")
     for run, attempt, worker in facts.tails_left_out:
         lines.append(
             f"- run {run} attempt {attempt} worker {worker}: no tail (the tails are over "
@@ -644,19 +663,22 @@ class Bundle:
 
 # --- gathering ------------------------------------------------------------------------
 
-#: The last `n` lines of one worker of one attempt, and how many lines it wrote.
+#: Each worker of one attempt: how many lines it wrote, and the bytes of its last `$4`
+#: (each counted up to `$5` bytes, as a tail cuts it).
+_TAIL_PLAN = """
+SELECT worker, count(*) AS total, count(*) FILTER (WHERE n <= $4) AS shown,
+       coalesce(sum(least(octet_length(line), $5)) FILTER (WHERE n <= $4), 0) AS size
+FROM (SELECT worker, line, row_number() OVER (PARTITION BY worker ORDER BY at DESC, id DESC) AS n
+      FROM log_lines WHERE task_id = $1 AND run = $2 AND attempt = $3) numbered
+GROUP BY worker ORDER BY worker
+"""
+#: The last `$5` lines of one worker of one attempt, oldest first.
 _TAIL = """
-SELECT at, stream, line,
-       (SELECT count(*) FROM log_lines
-        WHERE task_id = $1 AND run = $2 AND attempt = $3 AND worker = $4) AS total
+SELECT at, stream, line
 FROM (SELECT at, id, stream, line FROM log_lines
       WHERE task_id = $1 AND run = $2 AND attempt = $3 AND worker = $4
       ORDER BY at DESC, id DESC LIMIT $5) last
 ORDER BY at, id
-"""
-_WORKERS = """
-SELECT DISTINCT worker FROM log_lines WHERE task_id = $1 AND run = $2 AND attempt = $3
-ORDER BY worker
 """
 
 
@@ -761,24 +783,28 @@ class BundleApi:
         return list(dict.fromkeys(wanted))
 
     async def _tails(self, facts: Facts) -> None:
+        """Which tails go in, within `MAX_TAIL_BYTES` (their lines are read when written)."""
         budget = MAX_TAIL_BYTES
         for run, attempt in self.attempts(facts):
-            workers = await self.gateway.db.fetch(_WORKERS, facts.state.task_id, run, attempt)
-            for row in workers:
-                worker = row["worker"]
-                tail = await self._tail(facts.state.task_id, run, attempt, worker)
-                cost = sum(min(len(line), MAX_LINE_CHARS) + 60 for _, _, line in tail.lines)
-                if cost > budget:
-                    facts.tails_left_out.append((run, attempt, worker))
+            rows = await self.gateway.db.fetch(
+                _TAIL_PLAN, facts.state.task_id, run, attempt, TAIL_LINES, MAX_LINE_CHARS
+            )
+            for row in rows:
+                shown = int(row["shown"])
+                size = int(row["size"]) + TAIL_LINE_OVERHEAD * shown
+                if size > budget:
+                    facts.tails_left_out.append((run, attempt, row["worker"]))
                     continue
-                budget -= cost
-                facts.tails.append(tail)
+                budget -= size
+                plan = TailPlan(run, attempt, row["worker"], int(row["total"]), shown, size)
+                facts.tails.append(plan)
 
-    async def _tail(self, task_id: str, run: int, attempt: int, worker: int) -> Tail:
-        rows = await self.gateway.db.fetch(_TAIL, task_id, run, attempt, worker, TAIL_LINES)
-        total = int(rows[0]["total"]) if rows else 0
+    async def _tail(self, task_id: str, plan: TailPlan) -> Tail:
+        rows = await self.gateway.db.fetch(
+            _TAIL, task_id, plan.run, plan.attempt, plan.worker, TAIL_LINES
+        )
         lines = [(r["at"], r["stream"], r["line"]) for r in rows]
-        return Tail(run, attempt, worker, total, lines)
+        return Tail(plan.run, plan.attempt, plan.worker, plan.total, lines)
 
     async def _fill(self, archive: Archive, facts: Facts) -> None:
         """Every member, the summary first; big ones written off the event loop."""
@@ -800,7 +826,8 @@ class BundleApi:
         await self._stack_reports(archive, facts)
         await asyncio.to_thread(archive.json, "platform.json", facts.platform)
         await self._events(archive, events)
-        for tail in facts.tails:
+        for plan in facts.tails:  # one at a time: only one tail is in memory
+            tail = await self._tail(state.task_id, plan)
             await asyncio.to_thread(archive.text, tail.name, tail.text(archive.secrets))
 
     async def _stack_reports(self, archive: Archive, facts: Facts) -> None:

@@ -36,6 +36,7 @@ from runyard.contracts.task_events import (
 from runyard.domain.task import CompleteStage, ExitWorker, StartStage
 from runyard.faulttolerance.app import FaultToleranceApp
 from runyard.faulttolerance.reports import StackReportStore
+from runyard.gateway import bundle
 from runyard.gateway.app import Gateway
 from runyard.gateway.auth import create_token
 from runyard.gateway.bundle import MAX_BUNDLE_BYTES, TAIL_LINES
@@ -320,6 +321,48 @@ async def test_a_secret_the_redaction_cannot_reach_refuses_the_bundle(api: Api) 
     body = answer.json()
     assert body["code"] == "bundle.secret_found"
     assert "nothing was written" in body["message"] and body["hint"]
+
+
+async def placed_task(api: Api) -> str:
+    """A submitted task whose first attempt was placed (two workers)."""
+    task_id = await api.submit()
+    placed = TaskPlaced(
+        run=1, attempt=1, pool="pool-a",
+        workers=tuple(WorkerPlacement(index=i, node=f"n-{i}", gpus=(0,)) for i in range(2)),
+    )
+    meta = Metadata(actor="service:scheduler")
+    await api.gateway.store.append(
+        f"task-{task_id}", [NewEvent(placed, meta, datetime.now(UTC))], 1
+    )
+    return task_id
+
+
+async def test_tails_over_the_budget_are_named_not_written(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task_id = await placed_task(api)
+    t0 = datetime.now(UTC) - timedelta(minutes=5)
+    for worker in range(3):
+        await api.print_lines(task_id, 1, worker, [f"w{worker} line {i}" for i in range(10)], t0)
+    # each tail is 10 lines of 9 bytes, plus the number, time and stream of each
+    monkeypatch.setattr(bundle, "MAX_TAIL_BYTES", 2 * 10 * (9 + bundle.TAIL_LINE_OVERHEAD))
+    answer = await api.bundle("alice", task_id)
+    assert answer.status_code == 200, answer.text
+    files = unpack(answer.content)
+    tails = sorted(n for n in files if n.startswith("logs/"))
+    assert tails == [f"logs/run-1-attempt-1/worker-{w}.log" for w in (0, 1)]
+    summary = files["summary.md"].decode()
+    assert "- run 1 attempt 1 worker 2: no tail (the tails are over" in summary
+
+
+async def test_a_bundle_over_the_size_limit_is_refused(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task_id = await placed_task(api)
+    monkeypatch.setattr(bundle, "MAX_BUNDLE_BYTES", 2048)
+    answer = await api.bundle("alice", task_id)
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["code"] == "bundle.too_large"
 
 
 async def test_a_big_task_fits_the_limit(api: Api) -> None:
