@@ -116,6 +116,10 @@ class Health:
         since = self.down.get(component, ("", time.monotonic()))[1]
         self.down[component] = (reason, since)
 
+    def forget(self, component: str) -> None:
+        """`component` stopped (cancelled) while it waited: it reports nothing any more."""
+        self.down.pop(component, None)
+
     def mark_up(self, component: str) -> None:
         if self.down.pop(component, None) is not None:
             log.warning("%s: reachable again, resuming", component)
@@ -157,7 +161,11 @@ async def retrying(
             if not is_transient(exc):
                 raise
             health.mark_down(component, f"{type(exc).__name__}: {exc}"[:300])
-            await backoff.wait()
+            try:
+                await backoff.wait()
+            except asyncio.CancelledError:
+                health.forget(component)
+                raise
             continue
         health.mark_up(component)
         return result

@@ -16,7 +16,7 @@ from fastapi import Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from runyard.domain import DomainError
-from runyard.eventstore import ConcurrencyError, EventTooLarge
+from runyard.eventstore import HEALTH, ConcurrencyError, EventTooLarge, is_transient
 from runyard.faulttolerance.http import faulttolerance_router
 from runyard.gateway.admin_pools import admin_pools_router
 from runyard.gateway.app import Gateway, Request
@@ -88,6 +88,7 @@ def create_app(gateway: Gateway) -> FastAPI:
     _group_routes(app, gateway)
     _pool_routes(app, gateway)
     _admin_routes(app, gateway)
+    _readiness_route(app, gateway)
     app.include_router(admin_pools_router(gateway))
     app.include_router(logs_router(gateway))
     app.include_router(notification_router(gateway))
@@ -95,6 +96,25 @@ def create_app(gateway: Gateway) -> FastAPI:
     app.include_router(bundle_router(gateway))
     body_schemas(app)
     return app
+
+
+def _readiness_route(app: FastAPI, gw: Gateway) -> None:
+    @app.get("/readyz", include_in_schema=False)
+    async def readyz() -> JSONResponse:
+        """200 when the database answers and nothing in this process is waiting out an
+        outage; else 503 with Retry-After and the components that wait (no credentials
+        needed, so no error texts: those are in the logs)."""
+        waiting = {name: state["down_s"] for name, state in HEALTH.report().items()}
+        try:
+            await gw.db.fetchval("SELECT 1")
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            waiting["gateway"] = 0.0
+        if not waiting:
+            return JSONResponse({"ready": True})
+        headers = {"Retry-After": str(Unavailable.retry_after_s)}
+        return JSONResponse({"ready": False, "waiting": waiting}, status_code=503, headers=headers)
 
 
 def _error_handlers(app: FastAPI) -> None:

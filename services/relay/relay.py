@@ -220,13 +220,23 @@ class OutboxRelay:
         await self._mark_epoch()
 
     async def _mark_epoch(self) -> None:
-        assert self._producer is not None
+        """Create the marker topic and write the epoch to it, with a producer of its own:
+        the publishing producer never asks the broker about the marker (a metadata
+        refresh after a restart could otherwise have the broker create it again,
+        empty, before the relay looks, and hide the loss)."""
         await create_marker(
             self.kafka.bootstrap, self.kafka.topics, **self.kafka.security.client_options()
         )
-        await self._producer.send_and_wait(
-            self.kafka.topics.broker_epoch, str(time.time()).encode()
+        marker = AIOKafkaProducer(
+            **self.kafka.client_options(),
+            enable_idempotence=False,
+            request_timeout_ms=self.kafka.request_timeout_ms,
         )
+        await marker.start()
+        try:
+            await marker.send_and_wait(self.kafka.topics.broker_epoch, str(time.time()).encode())
+        finally:
+            await marker.stop()
 
     async def _publish(self, batch: list[StoredEvent]) -> bool:
         """Send a batch and wait for every ack, retrying on errors.

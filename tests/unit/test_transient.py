@@ -109,7 +109,24 @@ async def test_retrying_ends_on_cancel() -> None:
 
     task = asyncio.create_task(retrying(down, component="db", health=health))
     await asyncio.sleep(0.05)
+    assert "db" in health.report()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert "db" in health.report()
+    assert health.report() == {}  # a stopped component reports nothing
+
+
+def test_an_outage_is_503_with_retry_after_and_grpc_unavailable() -> None:
+    import grpc
+    from runyard.gateway.errors import Unavailable, translate
+    from runyard.gateway.grpc_server import status_of
+
+    error = translate(asyncpg.CannotConnectNowError("the database system is starting up"))
+    assert isinstance(error, Unavailable)
+    assert (error.status, error.code, error.headers) == (
+        503,
+        "service.unavailable",
+        {"Retry-After": "2"},
+    )
+    assert status_of(error) == grpc.StatusCode.UNAVAILABLE
+    assert translate(ValueError("a bug")) is None  # a bug stays a 500
