@@ -242,3 +242,40 @@ def test_the_config_folder_follows_xdg_and_ignores_a_relative_one(
     monkeypatch.delenv("XDG_CONFIG_HOME")
     assert config_dir() == Path.home() / ".config/runyard"
     assert token_files() == [Path(".runyard/token"), Path.home() / ".config/runyard/token"]
+
+
+# --- show: where a queued task waits, who stopped it -----------------------------------------
+
+
+async def test_show_prints_the_queue_place_from_the_scheduler_and_who_stopped(
+    served_gateway: Served,
+) -> None:
+    from runyard.scheduler.app import SchedulerApp
+    from runyard.scheduler.config import load_pools_file
+
+    url, token, store = served_gateway.url, served_gateway.token, served_gateway.gateway.store
+    scheduler = SchedulerApp(store, load_pools_file(REPO / "infra/config/pools.yaml"))
+    await scheduler.start()
+    for n in range(4):  # nothing can start: every task waits
+        await scheduler.cordon_node("dev-a100", f"dev-a100-node-{n}")
+    hello = str(REPO / "examples/hello.yaml")
+    ids = []
+    for _ in range(2):
+        submitted = await cli(url, token, "submit", "-f", hello, "--json")
+        ids.append(json.loads(submitted.stdout)["task_id"])
+        for event in await store.read_stream(f"task-{ids[-1]}"):
+            await scheduler.handle(event)
+
+    shown = await cli(url, token, "show", ids[1])
+    queued = next(line for line in shown.stdout.splitlines() if line.startswith("queued: "))
+    assert queued.endswith("; 1 task ahead (position 1)"), queued
+    assert "even if idle" in queued
+
+    bob = await create_token(served_gateway.gateway.db, "t1", "bob", "member")
+    assert (await cli(url, bob, "stop", ids[0])).exit_code == 0
+    for event in await store.read_stream(f"task-{ids[0]}"):
+        await scheduler.handle(event)
+    stopped = await cli(url, token, "show", ids[0])
+    assert "stop: stopped by bob (member)" in stopped.stdout.splitlines()
+    moved = await cli(url, token, "show", ids[1])
+    assert "; first in queue (position 0)" in moved.stdout
