@@ -28,7 +28,7 @@ desktop opens one without tools.
 Secrets never enter a bundle. Specs are masked for everyone (the creator
 too): creator-only variables show `******`, alert webhooks show only their
 host. The task's secret values (creator-only variables of every run, alert
-signing secrets, webhook URLs) and the caller's bearer token are replaced
+signing secrets, webhook paths) and the caller's bearer token are replaced
 by `[redacted]` in every text written (a worker may print its own secret);
 then the finished archive is read back and searched for each value, raw and
 JSON-escaped, and a bundle that still holds one is refused (422
@@ -190,6 +190,14 @@ def mask_webhook(url: str) -> str:
     return f"{parts.scheme}://{parts.hostname}/{MASK}" if parts.hostname else MASK
 
 
+def webhook_credential(url: str) -> str:
+    """What makes a webhook URL a credential: everything after its host (a Feishu bot's
+    hook id is in the path). Searched for alone, so a log line with only the path is
+    redacted too, and the masked URL (`https://host/******`) never matches it."""
+    parts = urlsplit(url)
+    return url[url.index(parts.netloc) + len(parts.netloc) :] if parts.netloc else url
+
+
 def bundle_spec(spec: TaskSpec) -> dict[str, Any]:
     """The spec as a bundle shows it, whoever asks: creator-only values and
     webhooks masked, secret references dropped."""
@@ -218,7 +226,7 @@ async def task_secrets(
     refs = {v.secret_ref for s in specs for v in s.env if v.creator_only and v.secret_ref}
     refs |= {a.secret_ref for s in specs for a in s.alerts if a.secret_ref}
     values = [v.value for s in specs for v in s.env if v.creator_only and v.value]
-    values += [a.webhook_url for s in specs for a in s.alerts]
+    values += [webhook_credential(a.webhook_url) for s in specs for a in s.alerts]
     if refs:
         rows = await gateway.db.fetch(
             "SELECT value FROM secrets WHERE tenant = $1 AND ref = ANY($2)", tenant, sorted(refs)

@@ -167,7 +167,7 @@ async def crashed_hung_failed(api: Api) -> str:
     await start_attempt(api, task_id, 1)
     steps = [f"step {i} loss=2.{i % 10}" for i in range(600)]
     await api.print_lines(task_id, 1, 0, [*steps, f"using token {SECRET} for the hub", *OOM], t0)
-    await api.print_lines(task_id, 1, 1, ["step 0 loss=2.0", "\x1b[31mred\x1b[0m"], t0)
+    await api.print_lines(task_id, 1, 1, ["step 0 loss=2.0", f"alerts go to {HOOK}"], t0)
     await api.h.act(task_id, ExitWorker(task_id, 1, 1, 0, 1))
 
     await start_attempt(api, task_id, 2)
@@ -260,6 +260,8 @@ async def test_a_failed_task_tells_its_story(api: Api) -> None:
     assert tail[0].startswith(f"{total - TAIL_LINES + 1} ") and tail[-1].startswith(f"{total} ")
     assert tail[-1].endswith(OOM[-1])
     assert any(line.endswith("using token [redacted] for the hub") for line in tail)
+    other = files["logs/run-1-attempt-1/worker-1.log"].decode().splitlines()
+    assert other[-1].endswith("| alerts go to https://open.feishu.cn[redacted]")
     assert "logs/run-1-attempt-3/worker-1.log" in names
     assert files["logs/run-1-attempt-3/worker-1.log"].decode().splitlines()[-1].endswith(
         "| exiting"

@@ -18,6 +18,7 @@ from runyard.gateway.bundle import (
     escape_controls,
     find_secret,
     mask_webhook,
+    webhook_credential,
 )
 
 NOW = datetime(2026, 12, 1, 6, 0, tzinfo=UTC)
@@ -86,6 +87,9 @@ def test_a_webhook_shows_only_its_host() -> None:
         "https://open.feishu.cn/******"
     )
     assert mask_webhook("not a url") == "******"
+    hook = "https://open.feishu.cn:443/open-apis/bot/v2/hook/abc?x=1"
+    assert webhook_credential(hook) == "/open-apis/bot/v2/hook/abc?x=1"
+    assert webhook_credential("https://open.feishu.cn") == ""  # nothing secret: not searched
 
 
 def test_a_tail_numbers_its_lines_from_the_total_and_cuts_long_ones() -> None:
