@@ -101,5 +101,6 @@ def bundle(
     err.print(f"gathering the bundle of task {markup(task_id)}...")
     size = download(url, token, task_id, target)
     if as_json:
-        return show_json({"path": str(target.resolve()), "bytes": size})
-    out.print(f"wrote {markup(target)} ({size} bytes)")
+        show_json({"path": str(target.resolve()), "bytes": size})
+    else:
+        out.print(f"wrote {markup(target)} ({size} bytes)")
