@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 import asyncpg
+from runyard.eventstore.errors import StoreUnavailable
 
 log = logging.getLogger("runyard.deployer")
 
@@ -23,6 +24,7 @@ T = TypeVar("T")
 
 #: Errors that mean "the store (or the broker) is away now", not "this is wrong".
 STORE_OUTAGE: tuple[type[BaseException], ...] = (
+    StoreUnavailable,  # the store could not reach Postgres
     OSError,  # ConnectionRefusedError, ConnectionResetError, ...
     asyncio.TimeoutError,
     asyncpg.PostgresConnectionError,  # the connection dropped mid-query
