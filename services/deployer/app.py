@@ -366,7 +366,11 @@ class DeployerApp:
         d = active.deployment
 
         async def init_env(deployment: Deployment) -> None:
-            values = await self._creator_values(deployment.task_id)
+            async def resolve() -> dict[str, str]:
+                return await self._creator_values(deployment.task_id)
+
+            # a store outage here waits (a missing value still fails the stage at once)
+            values = await until_done(resolve, what=f"reading the secrets of {d.task_id}")
             active.deployment = replace(deployment, creator_values=values)
             await self.runtime.init_env(active.deployment)
 
