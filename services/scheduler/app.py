@@ -109,6 +109,7 @@ from runyard.scheduler.views import (
     build_view,
     ensure_schema,
     queue_row,
+    read_queue_rows,
     replace_queue_rows,
     write_queue_rows,
     write_view,
@@ -147,11 +148,13 @@ class PoolRuntime:
     plan: QueuePlan | None = None
     #: Queued tasks not explained yet in their current wait (no TaskQueued, no row).
     unreported: dict[str, None] = field(default_factory=dict)
-    #: Queue read-model rows as last written, rows to write at the next flush, and
-    #: tasks that left the queue since (their rows go).
+    #: Queue read-model rows as last written, rows to write at the next flush, tasks
+    #: that left the queue since (their rows go), and tasks whose rows were written
+    #: in a transaction that may yet roll back (checked by the next tick).
     rows: dict[str, QueueRow] = field(default_factory=dict)
     pending: dict[str, QueueRow] = field(default_factory=dict)
     left: set[str] = field(default_factory=set)
+    unconfirmed: set[str] = field(default_factory=set)
     #: Rescheduled tasks' nodes to avoid, from their TaskRescheduleRequested.
     exclude: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
@@ -166,16 +169,34 @@ class PoolRuntime:
         self.left.add(task_id)
 
     def queue_changes(self) -> tuple[list[QueueRow], list[str]]:
-        """(rows to upsert, task ids whose rows go) since the last flush; then forgets them."""
+        """(rows to upsert, task ids whose rows go) since the last flush."""
         rows = [row for task_id, row in self.pending.items() if task_id in self.queue]
         fresh = {row.task_id for row in rows}
-        gone = [t for t in self.left if t in self.rows and t not in fresh]
+        return rows, sorted(t for t in self.left if t not in fresh)
+
+    def queue_written(self, rows: list[QueueRow], gone: list[str]) -> None:
+        """The changes were written (their transaction may still roll back: see
+        `unconfirmed`); they are what the table holds from now on."""
         for task_id in gone:
-            del self.rows[task_id]
+            self.rows.pop(task_id, None)
         self.rows.update((row.task_id, row) for row in rows)
+        self.unconfirmed.update(gone)
+        self.unconfirmed.update(row.task_id for row in rows)
         self.pending.clear()
         self.left.clear()
-        return rows, gone
+
+    def queue_stored(self, stored: dict[str, QueueRow]) -> None:
+        """Compare the unconfirmed rows with what the table holds (`stored`, read back
+        for those tasks) and write again whatever a rolled-back transaction lost."""
+        for task_id in self.unconfirmed:
+            expected = self.rows.get(task_id)
+            if stored.get(task_id) == expected:
+                continue
+            if expected is None:
+                self.left.add(task_id)
+            else:
+                self.pending[task_id] = expected
+        self.unconfirmed.clear()
 
 
 @dataclass
@@ -290,6 +311,7 @@ class SchedulerApp:
         """Write the pool's queue read model afresh from memory (after a rebuild)."""
         runtime.pending.clear()
         runtime.left.clear()
+        runtime.unconfirmed.clear()
         if not self.write_views:
             return
         rows = self.queue_rows(runtime.pool_id)
@@ -671,10 +693,14 @@ class SchedulerApp:
     # -- periodic work -------------------------------------------------------------
 
     async def tick(self, now: datetime | None = None) -> None:
-        """Time limits (R-08: max single queue duration) and pending queue reports."""
+        """Time limits (R-08: max single queue duration), pending queue reports, and
+        queue rows lost with a rolled-back transaction."""
         async with self._lock:
             now = now or self.clock()
             for runtime in self.pools.values():
+                if self.write_views and runtime.unconfirmed:
+                    ids = sorted(runtime.unconfirmed)
+                    runtime.queue_stored(await read_queue_rows(self.store.pool, ids))
                 for abnormal in timed_out(runtime.queue, now):
                     await self._retrying(
                         lambda a=abnormal, r=runtime: self._time_out(r, a, now), []
@@ -931,6 +957,7 @@ class SchedulerApp:
             if runtime.pending or runtime.left:
                 rows, gone = runtime.queue_changes()
                 await write_queue_rows(conn if conn is not None else self.store.pool, rows, gone)
+                runtime.queue_written(rows, gone)
         now = self.clock()
         for pool_id in sorted(self._dirty):
             runtime = self.pools.get(pool_id)

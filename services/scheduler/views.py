@@ -298,6 +298,17 @@ async def replace_queue_rows(
     await write_queue_rows(conn, rows)
 
 
+async def read_queue_rows(conn: Queryable, task_ids: Sequence[str]) -> dict[str, QueueRow]:
+    """The stored rows of these tasks, by task id (the scheduler checks its writes)."""
+    rows = await conn.fetch(
+        """SELECT task_id, pool_id, run, rank, neg_priority, submitted_at, queued_at, why,
+                  blocked, gpus_needed, launchable
+           FROM scheduler_queue WHERE task_id = ANY($1::text[])""",
+        list(task_ids),
+    )
+    return {row["task_id"]: QueueRow(**dict(row)) for row in rows}
+
+
 _ENTRIES = """
 SELECT q.task_id, q.pool_id, q.run, q.why, q.blocked, q.gpus_needed, q.launchable,
        q.queued_at, q.updated_at,

@@ -291,6 +291,40 @@ async def test_150_queued_tasks_append_one_task_queued_each_and_the_api_shows_th
         assert [(await rebuilt.types(t)).count("TaskQueued") for t in ids] == [1] * len(ids)
 
 
+async def test_queue_rows_lost_with_a_rolled_back_transaction_come_back_at_the_tick(
+    dsn: str,
+) -> None:
+    """The consumer writes queue rows in its batch transaction; if that rolls back (a
+    database outage mid-batch), the next tick finds the rows missing and writes them."""
+    async with harness(dsn) as h:
+        await h.submit("full", spec("8gpu", count=4))
+        await h.submit("kept", spec("1gpu"))
+        await h.submit("lost", spec("1gpu"), deliver=False)
+        async with h.store.pool.acquire() as conn:
+            transaction = conn.transaction()
+            await transaction.start()
+            for event in await h.events("task-lost"):
+                await h.app.handle(event, conn)  # its row goes on the consumer's connection
+            await transaction.rollback()
+        assert (await h.types("lost"))[-1] == "TaskQueued", "the event itself was appended"
+        assert set(await read_queue_entries(h.store.pool, ["kept", "lost"])) == {"kept"}
+        await h.app.tick()
+        entries = await read_queue_entries(h.store.pool, ["kept", "lost"])
+        assert {t: e["position"] for t, e in entries.items()} == {"kept": 0, "lost": 1}
+        # the same for a delete: "kept" is stopped in a transaction that rolls back
+        await h.command("kept", RequestStop("kept", by="bob", role="member"), deliver=False)
+        async with h.store.pool.acquire() as conn:
+            transaction = conn.transaction()
+            await transaction.start()
+            for event in await h.events("task-kept"):
+                await h.app.handle(event, conn)
+            await transaction.rollback()
+        assert set(await read_queue_entries(h.store.pool, ["kept", "lost"])) == {"kept", "lost"}
+        await h.app.tick()
+        entries = await read_queue_entries(h.store.pool, ["kept", "lost"])
+        assert {t: e["position"] for t, e in entries.items()} == {"lost": 0}
+
+
 async def _expect_positions(h: Harness, order: list[str]) -> None:
     entries = await read_queue_entries(h.store.pool, order)
     assert [entries[t]["position"] for t in order] == list(range(len(order)))
