@@ -32,7 +32,7 @@ import os
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -303,7 +303,14 @@ async def _stall(pool: asyncpg.Pool, streams: list[str]) -> float:
 
 
 def _types(events: Iterable[RecordedEvent[Any]]) -> str:
-    return ", ".join(e.type for e in events)
+    """Event types, with the deploy stage or worker each names: where a task stopped."""
+    named = []
+    for e in events:
+        detail = getattr(e.event, "stage", None)
+        if detail is None and isinstance(e.event, WorkerStarted | WorkerExited):
+            detail = f"worker {e.event.worker}"
+        named.append(f"{e.type}({detail})" if detail is not None else e.type)
+    return ", ".join(named)
 
 
 # -- read models ---------------------------------------------------------------------------
@@ -327,23 +334,35 @@ async def read_model_mismatches(dsn: str, config_dir: Path) -> list[str]:
             "task_list", _by(live, "task_id"), _by(await all_rows(store.pool), "task_id")
         )
 
+        pools = load_pools_file(config_dir / "pools.yaml")
         stored = {
             r["pool_id"]: _without_time(json.loads(r["view"]))
             for r in await store.pool.fetch(
                 "SELECT pool_id, view::text AS view FROM scheduler_pool_views"
             )
         }
-        scheduler = SchedulerApp(
-            store, load_pools_file(config_dir / "pools.yaml"), write_views=False
-        )
+        queued = {
+            r["task_id"]: tuple(r.values())
+            for r in await store.pool.fetch(f"SELECT {_QUEUE_COLUMNS} FROM scheduler_queue")
+        }
+        scheduler = SchedulerApp(store, pools, write_views=False)
         await scheduler.start()
         rebuilt = {
             p: _without_time(json.loads(json.dumps(scheduler.view(p), default=str))) for p in stored
         }
         found += _differences("scheduler_pool_views", stored, rebuilt)
+        rows = [astuple(row) for p in scheduler.pools for row in scheduler.queue_rows(p)]
+        found += _differences("scheduler_queue", queued, {row[0]: row for row in rows})
     finally:
         await store.close()
     return found
+
+
+#: `scheduler_queue`'s columns but `updated_at`, in the order of `QueueRow`'s fields.
+_QUEUE_COLUMNS = (
+    "task_id, pool_id, run, rank, neg_priority, submitted_at, queued_at, why, blocked,"
+    " gpus_needed, launchable"
+)
 
 
 def _by(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
