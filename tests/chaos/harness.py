@@ -217,17 +217,17 @@ def _check_task(
         for e in events
         if isinstance(e.event, WorkerExited)
     }
-    _check_doubled(report, task_id, events, started, output)
+    check_doubled(report, task_id, events, started, output)
     missing = sorted(set(started) - set(exits))
     if missing:
         report.unrecorded_exits[task_id] = f"workers (run, attempt, worker) {missing}"
     done = [e.event for e in events if isinstance(e.event, TaskSucceeded)]
     if done:
         final = [w for w in started if w[:2] == (done[-1].run, done[-1].attempt)]
-        _check_output(report, task_id, final, output, exits, lines)
+        check_output(report, task_id, final, output, exits, lines)
 
 
-def _check_doubled(
+def check_doubled(
     report: ChaosReport,
     task_id: str,
     events: list[RecordedEvent[Any]],
@@ -259,7 +259,7 @@ def _check_doubled(
             return
 
 
-def _check_output(
+def check_output(
     report: ChaosReport,
     task_id: str,
     workers: Iterable[Worker],

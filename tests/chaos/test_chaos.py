@@ -36,13 +36,13 @@ from tests.chaos.harness import (
 # Each scenario starts its own Postgres and platform and waits out its fault.
 pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(300)]
 
-TASKS = 120
+TASKS = 100
 LINES = 5
 #: Share of the tasks that have ended when the fault is injected.
 FAULT_AT = 0.3
 #: A scenario stops waiting when no task ended for this long (a bound, not a measure:
 #: the 20 s database outage is the longest pause a scenario makes on purpose).
-STALLED_S = 45.0
+STALLED_S = 30.0
 
 Fault = Callable[[ChaosStack, httpx.AsyncClient], Awaitable[None]]
 
