@@ -152,8 +152,13 @@ class TaskStopRequested(_TaskEvent):
     When: a stop of a queued, deploying, env-checking, running or restarting
     task is accepted. For a task that holds no workers the submission service
     appends `TaskStopped` with it.
+
+    v2 (current): `stopped_by`, `role` and `group_id` name who asked;
+    `upcast_task_stop_requested_v1` lifts a v1 event (reason only) with them
+    unknown (None).
     """
 
+    schema_version = 2
     emitted_by = "submission"
     reacted_by = ("scheduler", "deployer")
 
@@ -181,8 +186,11 @@ class TaskQueued(_TaskEvent):
     scheduler's queue read model (`GET /v1/tasks/{id}` shows them), never
     appended here. Logs written before this rule hold a TaskQueued per change
     of reason or position; they fold the same way.
+
+    v2 (current): `blocked` exists; `upcast_task_queued_v1` lifts a v1 event.
     """
 
+    schema_version = 2
     emitted_by = "scheduler"
     reacted_by = ("notification",)
 
@@ -726,7 +734,34 @@ def upcast_task_submitted_v1(payload: dict[str, Any]) -> dict[str, Any]:
     return lifted
 
 
+def upcast_task_queued_v1(payload: dict[str, Any]) -> dict[str, Any]:
+    """TaskQueued v1 -> v2: `blocked` added.
+
+    A v1 event was appended for every change of reason or position, so it did
+    not need to say which kind of wait it was. Its reason did: the scheduler
+    wrote `... even if idle; ...` exactly when the pool could not start the
+    task at all, which is what `blocked` means.
+    """
+    lifted = dict(payload)
+    lifted.setdefault("blocked", " even if idle" in str(payload.get("reason", "")))
+    return lifted
+
+
+def upcast_task_stop_requested_v1(payload: dict[str, Any]) -> dict[str, Any]:
+    """TaskStopRequested v1 -> v2: who asked (`stopped_by`, `role`, `group_id`) added.
+
+    A v1 event named nobody (its reason was a fixed text); the envelope's actor
+    still says who asked. The new fields stay unknown rather than guessed.
+    """
+    lifted = dict(payload)
+    for name in ("stopped_by", "role", "group_id"):
+        lifted.setdefault(name, None)
+    return lifted
+
+
 #: (type name, from version, upcaster) for every old task event shape still readable.
 TASK_UPCASTERS: tuple[tuple[str, int, Upcaster], ...] = (
     (TaskSubmitted.type_name(), 1, upcast_task_submitted_v1),
+    (TaskQueued.type_name(), 1, upcast_task_queued_v1),
+    (TaskStopRequested.type_name(), 1, upcast_task_stop_requested_v1),
 )

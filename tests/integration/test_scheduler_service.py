@@ -325,6 +325,39 @@ async def test_queue_rows_lost_with_a_rolled_back_transaction_come_back_at_the_t
         assert {t: e["position"] for t, e in entries.items()} == {"lost": 0}
 
 
+async def test_a_log_from_before_the_rule_still_folds_and_gets_nothing_appended(
+    dsn: str,
+) -> None:
+    """A log written by an older scheduler holds a v1 TaskQueued per position change;
+    it folds, and a scheduler starting on it appends nothing for the same wait."""
+    import json
+
+    async with harness(dsn) as h:
+        await h.submit("full", spec("8gpu", count=4))
+        await h.submit("old", spec("1gpu"), deliver=False)
+        for version, ahead in enumerate([5, 4, 3, 2, 1, 0], start=2):
+            reason = f"needs 1 x 1-GPU worker, pool can start 0; {ahead} tasks ahead"
+            await h.store.pool.execute(
+                """INSERT INTO events (event_id, stream_id, stream_version, event_type,
+                       schema_version, data, metadata, occurred_at)
+                   VALUES (gen_random_uuid(), 'task-old', $1, 'TaskQueued', 1, $2, $3, now())""",
+                version,
+                json.dumps(
+                    {"run": 1, "reason": reason, "position": ahead, "gpus_needed": 1,
+                     "launchable": 0}
+                ),
+                json.dumps({"actor": "service:scheduler"}),
+            )
+    async with harness(dsn) as h:  # a scheduler of today starts on that log
+        events = await h.events("task-old")
+        assert [e.type for e in events] == ["TaskSubmitted"] + ["TaskQueued"] * 6
+        state = fold(events)
+        assert state.status == "queued" and state.queue is not None
+        assert (state.queue.position, state.queue.blocked) == (0, False)
+        entry = (await read_queue_entries(h.store.pool, ["old"]))["old"]
+        assert entry["reason"] == "needs 1 x 1-GPU worker, pool can start 0; first in queue"
+
+
 async def _expect_positions(h: Harness, order: list[str]) -> None:
     entries = await read_queue_entries(h.store.pool, order)
     assert [entries[t]["position"] for t in order] == list(range(len(order)))

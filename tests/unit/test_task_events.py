@@ -219,9 +219,37 @@ def test_task_submitted_v1_without_warnings_loads() -> None:
     assert (decoded.warnings, decoded.group_id, decoded.cloned_from) == ((), None, "t0")
 
 
-def test_upcaster_is_registered_for_the_only_older_version() -> None:
-    assert [(name, version) for name, version, _ in all_upcasters()] == [("TaskSubmitted", 1)]
-    assert TaskSubmitted.schema_version == 2
+def test_upcaster_is_registered_for_every_older_version() -> None:
+    assert [(name, version) for name, version, _ in all_upcasters()] == [
+        ("TaskSubmitted", 1),
+        ("TaskQueued", 1),
+        ("TaskStopRequested", 1),
+    ]
+    assert TaskSubmitted.schema_version == TaskQueued.schema_version == 2
+    assert TaskStopRequested.schema_version == 2
+
+
+def test_task_queued_v1_is_upcast_with_its_kind_read_from_the_reason() -> None:
+    mapper = default_mapper()
+    v1 = {"run": 1, "position": 3, "gpus_needed": 32, "launchable": 1}
+    waiting = mapper.decode(
+        "TaskQueued", 1, json.dumps(v1 | {"reason": "needs 4 x 8-GPU workers; 3 tasks ahead"})
+    )
+    assert isinstance(waiting, TaskQueued) and not waiting.blocked and waiting.position == 3
+    blocked_reason = (
+        "needs 4 x 8-GPU workers, but the pool's 3 schedulable nodes could start only 3 even "
+        "if idle; reduce the worker count, add nodes or choose another pool; first in queue"
+    )
+    blocked = mapper.decode("TaskQueued", 1, json.dumps(v1 | {"reason": blocked_reason}))
+    assert isinstance(blocked, TaskQueued) and blocked.blocked
+
+
+def test_task_stop_requested_v1_names_nobody() -> None:
+    decoded = default_mapper().decode(
+        "TaskStopRequested", 1, json.dumps({"reason": "stopped by its owner"})
+    )
+    assert isinstance(decoded, TaskStopRequested)
+    assert (decoded.stopped_by, decoded.role, decoded.group_id) == (None, None, None)
 
 
 def test_a_version_newer_than_the_code_is_refused() -> None:
