@@ -29,7 +29,7 @@ async def maintain_forever(store: LogStore, every_s: float = MAINTENANCE_EVERY_S
             dropped = await store.maintain(datetime.now(UTC))
             if dropped:
                 log.info("retention dropped %s", ", ".join(dropped))
-        except (OSError, asyncpg.PostgresError):
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):  # e.g. an outage
             log.exception("log partition maintenance failed; next try in %ss", every_s)
         await asyncio.sleep(every_s)
 
