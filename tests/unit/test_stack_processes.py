@@ -130,11 +130,11 @@ def test_a_child_started_to_die_with_its_parent_dies_on_kill_9_of_the_parent() -
             assert parent.stdout is not None
             child_pid = int(parent.stdout.readline())
             child = ProcessIdentity.of(child_pid)
-            assert child is not None and child.running()
+            assert child is not None and child.running(), f"child {child_pid} is not running"
         finally:
             parent.kill()
-    assert _exited_within(child_pid, timeout=30), "the child outlived its parent"
-    assert not child.running()
+    assert _exited_within(child_pid, timeout=30), f"child {child_pid} outlived its parent"
+    assert not child.running(), f"{child} still runs"
 
 
 def test_only_the_main_thread_ties_a_child_to_its_own_life() -> None:
