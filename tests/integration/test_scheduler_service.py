@@ -590,8 +590,8 @@ async def test_placement_names_its_cause_and_keeps_the_correlation(dsn: str) -> 
 async def test_api_shows_where_a_task_waits_and_who_stopped_it(
     dsn: str, tmp_path: Path
 ) -> None:
-    """Over HTTP: the task's queue position and reason come from the scheduler's read
-    model and move as a task ahead leaves; a stop by another member of the tenant, or
+    """Over HTTP (and gRPC): the task's queue position and reason come from the scheduler's
+    read model and move as a task ahead leaves; a stop by another member of the tenant, or
     by a tenant admin for a whole group, names who stopped it and in what role."""
     import shutil
 
@@ -657,6 +657,8 @@ async def test_api_shows_where_a_task_waits_and_who_stopped_it(
             positions = {row["task_id"]: row["queue"]["position"] for row in listed["items"]}
             assert positions == {second: 0, third: 1}
             assert (await h.types(third)).count("TaskQueued") == 1
+            by_grpc = await _grpc_positions(gateway, tokens["alice"], third)
+            assert by_grpc == (1, {second: 0, third: 1})
 
             group = await call(
                 "alice",
@@ -680,3 +682,25 @@ async def test_api_shows_where_a_task_waits_and_who_stopped_it(
                     f"stopped by carol (tenant_admin) with task group {group['group_id']}"
                 )
         await gateway.close()
+
+
+async def _grpc_positions(gateway: Any, token: str, task_id: str) -> tuple[Any, dict[str, Any]]:
+    """The queue position of `task_id` by gRPC GetTask, and of every queued task by ListTasks."""
+    import json
+
+    import grpc
+    from runyard.gateway.grpc_gen import tasks_pb2 as pb
+    from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
+    from runyard.gateway.grpc_server import start_server
+
+    server, port = await start_server(gateway, "127.0.0.1", 0)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.TasksStub(channel)
+            auth = (("authorization", f"Bearer {token}"),)
+            task = await stub.GetTask(pb.TaskRef(task_id=task_id), metadata=auth)
+            page = await stub.ListTasks(pb.ListTasksRequest(status="queued"), metadata=auth)
+    finally:
+        await server.stop(grace=None)
+    listed = {item.task_id: json.loads(item.json)["queue"]["position"] for item in page.items}
+    return json.loads(task.json)["queue"]["position"], listed
