@@ -566,6 +566,15 @@ async def test_through_kafka_a_submitted_task_gets_placed(
             await asyncio.sleep(0.1)
         view = await read_pool_view(store.pool, "dev-a100")
         assert view is not None and view["capacity"]["free_gpus"] == 30
+        # a task that must wait: its queue row is written in the consumer's transaction
+        await h.submit("waits-via-kafka", spec("8gpu", count=4))
+        while not (entries := await read_queue_entries(store.pool, ["waits-via-kafka"])):
+            assert asyncio.get_running_loop().time() < deadline, await h.types("waits-via-kafka")
+            await asyncio.sleep(0.1)
+        assert entries["waits-via-kafka"]["reason"] == (
+            "needs 4 x 8-GPU workers, pool can start 3; first in queue"
+        )
+        assert await h.types("waits-via-kafka") == ["TaskSubmitted", "TaskQueued"]
     finally:
         for task in tasks:
             task.cancel()
