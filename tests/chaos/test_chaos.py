@@ -147,7 +147,9 @@ async def run_scenario(
 
     report = await analyse(scenario, stack.dsn, task_ids, LINES)
     report.processes_left = left
-    report.read_models = await read_model_mismatches(stack.dsn, stack.root / "config")
+    if not report.still_open:
+        # Rebuilt only once nothing is open: a scheduler rebuilt over open tasks places them.
+        report.read_models = await read_model_mismatches(stack.dsn, stack.root / "config")
     print(report.summary())
     report.assert_clean()
 

@@ -12,6 +12,7 @@ from runyard.contracts.task_events import TaskRestartScheduled, WorkerExited, Wo
 from tests.chaos.harness import (
     START,
     ChaosReport,
+    _differences,
     check_doubled,
     check_output,
     expected_lines,
@@ -76,3 +77,13 @@ def test_missing_lines_are_lost_and_a_late_exit_is_counted() -> None:
     no_exit_time = complete() - Counter([f"{EXITED_AT:.6f}"])
     assert "the exit time" in checked(no_exit_time, EXITED_AT).lost["t"]
     assert "+33.0 s" in checked(complete(), EXITED_AT + 33).late_exits["t"]
+
+
+def test_a_read_model_row_unlike_its_rebuild_is_named_with_its_fields() -> None:
+    assert _differences("task_list", {"t": {"status": "done"}}, {"t": {"status": "done"}}) == []
+    found = _differences("task_list", {"t": {"status": "running", "run": 1}}, {"t": {"run": 1}})
+    assert found == [
+        "task_list: 1 of 1 rows differ; e.g. 't': (live, rebuilt) by field:"
+        " {'status': ('running', None)}"
+    ]
+    assert "rebuilt None" in _differences("scheduler_queue", {"t": ("t", "pool")}, {})[0]
