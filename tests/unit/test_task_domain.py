@@ -880,7 +880,7 @@ def _worker_index(s: TaskState, rnd: random.Random) -> int:
 
 def _queue(s: TaskState, rnd: random.Random) -> Command:
     reason = rnd.choice(["pool can start 1", "3 tasks ahead"])
-    return Queue(TASK, reason, rnd.randrange(3), 16, rnd.randrange(2))
+    return Queue(TASK, reason, rnd.randrange(3), 16, rnd.randrange(2), rnd.random() < 0.2)
 
 
 def _place(s: TaskState, rnd: random.Random) -> Command:
