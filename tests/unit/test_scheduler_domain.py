@@ -65,6 +65,7 @@ from runyard.scheduler.domain import (
     request_for,
     startable_workers,
     timed_out,
+    with_place,
 )
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -402,6 +403,27 @@ def test_a_head_that_can_never_start_does_not_block_the_queue() -> None:
     assert plan.reservation is None
     reason = explain(pool, queue, "huge", plan).reason
     assert "could start only 2 even if idle" in reason
+
+
+def test_a_status_says_why_apart_from_where_and_whether_only_a_person_can_help() -> None:
+    """The why (kept in the queue read model) does not move with the place (derived when
+    read); `blocked` is the kind of wait that a TaskQueued records when it changes."""
+    pool = make_pool(2)
+    occupy(pool, "x", "n0", 8)
+    queue = WaitingQueue()
+    queue.add(queued("huge", 8, 8, 8))
+    queue.add(queued("waits", 8, 8, minute=1))
+    plan = plan_queue(pool, queue)
+    huge, waits = (explain(pool, queue, t, plan) for t in ("huge", "waits"))
+    assert huge.blocked and not waits.blocked
+    assert waits.why == "needs 2 x 8-GPU workers, pool can start 1"
+    assert waits.reason == with_place(waits.why, 1) == f"{waits.why}; 1 task ahead"
+    assert huge.reason == with_place(huge.why, 0)
+    assert huge.reason.endswith("or choose another pool; first in queue")
+    queue.remove("huge")  # the place moves, the why does not
+    moved = explain(pool, queue, "waits", plan_queue(pool, queue))
+    assert (moved.why, moved.ahead) == (waits.why, 0)
+    assert moved.reason.endswith("; first in queue")
 
 
 def test_plan_does_not_change_pool_or_queue_and_reads_one_task_per_blocked_shape() -> None:
