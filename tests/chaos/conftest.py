@@ -201,7 +201,9 @@ def _config(target: Path) -> None:
 
 
 @pytest.fixture
-async def chaos_stack(request: pytest.FixtureRequest) -> AsyncIterator[ChaosStack]:
+async def chaos_stack(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[ChaosStack]:
     # A short path: the Postgres socket lives in the data directory (107-byte limit).
     root = Path(tempfile.mkdtemp(prefix="ry-chaos-"))
     _config(root / "config")
@@ -231,8 +233,10 @@ async def chaos_stack(request: pytest.FixtureRequest) -> AsyncIterator[ChaosStac
                 postgres.stop()
         finally:
             report = getattr(request.node, "rep_call", None)
-            if report is not None and report.failed:
-                print(stack.log_tail(8000))
+            if report is not None and report.failed and stack.log_path.exists():
+                kept = tmp_path_factory.getbasetemp() / f"{request.node.name}.platform.log"
+                shutil.copy(stack.log_path, kept)
+                print(f"{stack.log_tail(8000)}\n--- the whole platform output: {kept}")
             shutil.rmtree(root, ignore_errors=True)
 
 
