@@ -806,16 +806,18 @@ class LocalRuntime:
                 f"--bounding-set=-all --no-new-privs -- {user_shell}"
             )
         wrapper = (
-            f"{setup}cd {q(str(worker.scratch / 'work'))} || exit 111\n"
+            # Every way out writes the status and the time it was known (bash's
+            # EPOCHREALTIME): a deployer that reads it later records the exit at the
+            # time it happened, also for a worker stopped while its mounts were set up.
+            'status_file="$2"\n'
+            'finish() { printf "%s %s\\n" "$1" "$EPOCHREALTIME" > "$status_file.tmp" && '
+            f'{q(t.mv)} -f "$status_file.tmp" "$status_file"; exit "$1"; }}\n'
             "trap : TERM INT HUP\n"
+            f"{setup}cd {q(str(worker.scratch / 'work'))} || finish 111\n"
             # The wrapper's own messages ("Terminated") are not the worker's output.
             "exec 3>&2 2>/dev/null\n"
             f"{user_shell} 2>&3 3>&-\n"
-            "rc=$?\n"
-            # The status and the time it was known (bash's EPOCHREALTIME): a deployer
-            # that reads it later records the exit at the time it happened.
-            f'printf "%s %s\\n" "$rc" "$EPOCHREALTIME" > "$2.tmp" && {q(t.mv)} -f "$2.tmp" "$2"\n'
-            'exit "$rc"\n'
+            "finish $?\n"
         )
         args = [t.bash, "-c", wrapper, "runyard-worker", command or local.deployment.spec.command]
         args += [str(status_file or worker.status_file), str(env_file)]
@@ -853,7 +855,7 @@ class LocalRuntime:
         path (the scratch and volume roots, the data dir, `local.hide`, and those
         untraversable folders) and the opened folders are bind-mounted back at their
         own paths through /proc/self/fd (a hidden path inside one of them is covered
-        again after it). Any failure ends the worker (exit 112)
+        again after it). Any failure ends the worker (exit 112, written as its status)
         before the launch command runs: a worker never runs with a partial view.
         """
         t = self.tools
@@ -893,7 +895,7 @@ class LocalRuntime:
                     f"nodev runyard-hidden {p}; elif [ -e {p} ]; then {q(t.mount)} --bind "
                     f"/dev/null {p}; fi"
                 )
-        return "".join(f"{line} || exit 112\n" for line in lines)
+        return "".join(f"{line} || finish 112\n" for line in lines)
 
     def _hidden_paths(self) -> list[Path]:
         """The control-plane paths a sandboxed worker must not see."""

@@ -261,9 +261,13 @@ async def test_a_task_placed_while_no_deployer_ran_is_deployed_by_reconcile(worl
 
 async def test_reconcile_ends_workers_of_an_attempt_the_log_moved_past(world: World) -> None:
     app1, runtime1 = world.deployer()
-    for event in await world.submit_and_place("moved", make_spec("sleep 30")):
+    for event in await world.submit_and_place("moved", make_spec("echo up; sleep 30")):
         await app1.handle(event)
     await world.until("moved", lambda s: s.status == "running")
+    for _ in range(400):  # the launch command runs (past the sandbox's mounts)
+        if world.output("moved"):
+            break
+        await asyncio.sleep(0.02)
     (pid,) = runtime1.pids(("moved", 1, 1)).values()
     app1.detach()
     # While no deployer runs, the task is rescheduled (its node went bad): its GPUs stay
