@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,6 +107,8 @@ class Up:
     pg_port: int = field(default_factory=free_port)
     kafka_port: int = field(default_factory=free_port)
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    #: Put in the command of this test's tasks, to find their workers.
+    marker: str = field(default_factory=lambda: f"ry-restart-{uuid.uuid4().hex[:12]}")
 
     @property
     def home(self) -> Path:
@@ -190,6 +193,10 @@ class Up:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         return f"--- runyard up output (last {chars} characters) ---\n{text[-chars:]}"
 
+    def workers(self) -> list[int]:
+        """Live worker processes of this test's tasks."""
+        return _live(lambda argv: any(self.marker in arg for arg in argv))
+
     def end(self) -> None:
         """Every `runyard up` started here, and what it may have left running."""
         for proc in self.processes:
@@ -197,6 +204,9 @@ class Up:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=30)
+        for pid in self.workers():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(os.getpgid(pid), signal.SIGKILL)  # a worker is a process group
         _end_everything_in(self.data_dir, self.kafka_port)
 
 
@@ -228,6 +238,16 @@ async def _task(up: Up, task_id: str) -> dict[str, Any]:
     return task
 
 
+async def _worker(up: Up, task_id: str, within: float = 60.0) -> ProcessIdentity:
+    """The task's worker: the first of the processes whose command holds the
+    marker (the others, its children, end with it)."""
+    deadline = time.monotonic() + within
+    while not (found := [i for i in map(ProcessIdentity.of, up.workers()) if i is not None]):
+        assert time.monotonic() < deadline, f"{task_id}: no worker\n{up.tail()}"
+        await asyncio.sleep(0.2)
+    return min(found, key=lambda identity: identity.start_ticks)
+
+
 async def _wait_terminal(up: Up, task_id: str, within: float = 90.0) -> dict[str, Any]:
     deadline = time.monotonic() + within
     while True:
@@ -255,6 +275,10 @@ async def test_kill_9_of_runyard_up_then_the_same_command_brings_everything_back
 
     before = await _submit(up, "before-the-crash", "echo before the crash")
     assert (await _wait_terminal(up, before))["status"] == "succeeded"
+    # A worker still running at the kill: the next deployer adopts it, so
+    # nothing may end it, and it must not keep the first run's lock.
+    running = await _submit(up, "running-at-the-crash", f": {up.marker}; sleep 120")
+    worker = await _worker(up, running)
     [broker] = brokers(up.kafka_port)
     old_servers = [ProcessIdentity.of(postmaster), ProcessIdentity.of(broker)]
     assert None not in old_servers
@@ -264,6 +288,7 @@ async def test_kill_9_of_runyard_up_then_the_same_command_brings_everything_back
 
     second = up.start()  # the same command, nothing done by hand in between
     await up.wait_ready(second)
+    assert worker.running(), "the restart ended a worker it should have adopted"
     task = await _task(up, before)
     assert (task["name"], task["status"]) == ("before-the-crash", "succeeded")
     after = await _submit(up, "after-the-restart", "echo after the restart")
@@ -278,6 +303,7 @@ async def test_kill_9_of_runyard_up_then_the_same_command_brings_everything_back
     assert second.wait(timeout=60) == 0, up.tail()
     assert postmasters(up.data_dir) == [] and brokers(up.kafka_port) == []
     assert not (up.home / "run" / "tansu.pid").exists()
+    assert not worker.running() and up.workers() == [], "a clean stop ends adopted workers too"
 
 
 # -- the embedded servers on what a crashed owner left ---------------------------------
