@@ -141,7 +141,8 @@ def pg_ident(os_user: str, superuser: str = SUPERUSER) -> str:
 
 @dataclass
 class EmbeddedPostgres:
-    """A Postgres server owned by this process (or adopted if already running).
+    """A Postgres server owned by this process. `start` first stops a server a
+    previous owner left running on the data directory (see `_end_leftover`).
 
     `dsn` is the bootstrap superuser over the unix socket, for whoever runs
     the server (role provisioning, test fixtures); services get a role of

