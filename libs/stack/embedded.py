@@ -254,10 +254,11 @@ class EmbeddedPostgres:
                 pid,
                 self.data_dir,
             )
+            stop = ("pg_ctl", "-D", str(self.data_dir), "-w", "-t", "30", "stop", "-m")
             try:
-                self.stop()
+                self._run(run_as, *stop, "fast")
             except RuntimeError:  # stuck: no shutdown checkpoint, recovery at start
-                self._run(run_as, "pg_ctl", "-D", str(self.data_dir), "-m", "immediate", "stop")
+                self._run(run_as, *stop, "immediate")
         elif lock.exists():
             stale = lock.read_text().split("\n", 1)[0].strip()
             if stale.isdigit() and command_line(int(stale)) is not None:

@@ -5,7 +5,9 @@ embedded PostgreSQL and the Tansu broker, applies migrations, creates the
 topics, then runs the outbox relay and every service that is built, in one
 process. It watches the broker: the embedded one keeps everything in memory,
 so when it dies it is restarted and the relay publishes again (see
-docs/operations.md). Ctrl-C stops everything cleanly.
+docs/operations.md). Ctrl-C stops everything cleanly. One runs per home; after
+a crash (kill -9 included) the same command starts again with no manual step
+(see `main`).
 """
 
 from __future__ import annotations
