@@ -199,10 +199,11 @@ class OutboxRelay:
             )
 
     async def _start_producer(self) -> None:
+        """Topics, the producer and the marker; a try that fails leaves no client open."""
         await ensure_topics(
             self.kafka.bootstrap, self.kafka.topics, **self.kafka.security.client_options()
         )
-        self._producer = AIOKafkaProducer(
+        producer = AIOKafkaProducer(
             **self.kafka.client_options(),
             enable_idempotence=False,  # the embedded broker rejects InitProducerId
             acks=1,
@@ -210,8 +211,13 @@ class OutboxRelay:
             request_timeout_ms=self.kafka.request_timeout_ms,
             max_request_size=self.max_message_bytes,
         )
-        await self._producer.start()
-        await self._mark_epoch()
+        try:
+            await producer.start()
+            await self._mark_epoch()
+        except BaseException:
+            await producer.stop()
+            raise
+        self._producer = producer
 
     async def _recreate_topics(self) -> None:
         await ensure_topics(
@@ -232,8 +238,8 @@ class OutboxRelay:
             enable_idempotence=False,
             request_timeout_ms=self.kafka.request_timeout_ms,
         )
-        await marker.start()
         try:
+            await marker.start()
             await marker.send_and_wait(self.kafka.topics.broker_epoch, str(time.time()).encode())
         finally:
             await marker.stop()

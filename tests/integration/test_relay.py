@@ -298,3 +298,31 @@ async def test_an_event_the_broker_cannot_take_is_dead_lettered_and_the_log_goes
     assert (reference["stream_id"], reference["type"]) == ("test-2", "Renamed")
     assert await load_checkpoint(store.pool) == await store.head_position() == head
     await store.close()
+
+
+@pytest.mark.slow
+async def test_a_relay_started_without_a_broker_waits_for_one(dsn: str) -> None:
+    """No broker on the port yet: the relay is listed as waiting (not crashed), and
+    publishes the log once a broker comes up there."""
+    from runyard.eventstore import HEALTH
+    from runyard.messaging import Topics
+    from runyard.stack.embedded import free_port
+
+    broker = EmbeddedKafka(port=free_port())
+    kafka = KafkaSettings(bootstrap=broker.bootstrap, topics=Topics("late."))
+    store = await PostgresEventStore.connect(dsn, sample_mapper())
+    await store.append("test-1", [happened(i) for i in range(5)])
+    relay = OutboxRelay(store, kafka, broker_check_interval=0.2)
+    task = asyncio.create_task(relay.run())
+    try:
+        await wait_until(lambda: "relay" in HEALTH.down, within=60)
+        assert not task.done() and not relay.ready.is_set()
+        broker.start()
+        await wait_until(lambda: relay.stats.published == 5, within=60)
+        assert "relay" not in HEALTH.down
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        broker.stop()
+        await store.close()
