@@ -223,9 +223,12 @@ class TaskState:
     #: The placement whose GPUs are still allocated, until ResourcesReleased.
     held: Placement | None = None
     #: Workers of the held placement that started and have not exited although their
-    #: attempt was withdrawn (preempted or rescheduled): its GPUs stay held until the
-    #: deployer has ended them and recorded their exits (`WorkerExited` of that attempt).
+    #: attempt is over (preempted, rescheduled, or the run failed): its GPUs stay held
+    #: until the deployer has ended them and recorded their exits (`WorkerExited` of
+    #: that attempt).
     held_live: tuple[int, ...] = ()
+    #: (run, attempt) of the workers in `held_live`.
+    held_live_of: tuple[int, int] = (0, 0)
     workers: tuple[WorkerState, ...] = ()
     env_check: EnvCheckState | None = None
     #: The current attempt was started by a restart after a reschedule and waits for the
@@ -381,6 +384,7 @@ def _rerun(s: TaskState, e: TaskRerunRequested, at: datetime) -> TaskState:
         run=e.run,
         held=s.held,
         held_live=s.held_live,
+        held_live_of=s.held_live_of,
         warnings=s.warnings,
         group_id=s.group_id,
         cloned_from=s.cloned_from,
@@ -451,24 +455,24 @@ def _worker_started(s: TaskState, e: WorkerStarted, at: datetime) -> TaskState:
 @_applies(WorkerExited)
 def _worker_exited(s: TaskState, e: WorkerExited, at: datetime) -> TaskState:
     if _withdrawn(s, e.run, e.attempt):
-        return replace(s, held_live=tuple(w for w in s.held_live if w != e.worker))
+        s = replace(s, held_live=tuple(w for w in s.held_live if w != e.worker))
+        if (e.run, e.attempt) != (s.run, s.attempt):
+            return s  # the task has moved on from that attempt
     return _set_worker(s, e.worker, exit_code=e.exit_code)
 
 
 def _withdrawn(s: TaskState, run: int, attempt: int) -> bool:
-    """Whether (run, attempt) is the held placement's attempt, withdrawn with workers alive."""
-    held = s.held
-    return (
-        bool(s.held_live)
-        and held is not None
-        and held != s.placement
-        and (run, attempt) == (held.run, held.attempt)
-    )
+    """Whether (run, attempt) is an attempt that is over (preempted, rescheduled, or
+    its run failed) with workers whose exits are not recorded yet."""
+    return bool(s.held_live) and (run, attempt) == s.held_live_of
 
 
-def _live_workers(s: TaskState) -> tuple[int, ...]:
-    """Workers of the current attempt that started and have not exited."""
-    return tuple(w.index for w in s.workers if w.started and not w.exited)
+def _still_live(s: TaskState) -> dict[str, Any]:
+    """`held_live` for the current attempt, now over: its started, unexited workers."""
+    live = tuple(w.index for w in s.workers if w.started and not w.exited)
+    if s.held_live and not live:
+        return {}  # an earlier attempt's workers are still being ended: keep those
+    return {"held_live": live, "held_live_of": (s.run, s.attempt)}
 
 
 @_applies(TaskRunning)
@@ -483,7 +487,9 @@ def _succeeded(s: TaskState, e: TaskSucceeded, at: datetime) -> TaskState:
 
 @_applies(TaskFailed)
 def _failed(s: TaskState, e: TaskFailed, at: datetime) -> TaskState:
-    return replace(_finish(s, "failed", at), last_failure_reason=e.reason)
+    # the peers of a failing worker (or every worker, for a failure decided elsewhere)
+    # are still being ended: their GPUs stay held until their exits are recorded
+    return replace(_finish(s, "failed", at), last_failure_reason=e.reason, **_still_live(s))
 
 
 @_applies(TaskStopRequested)
@@ -516,7 +522,7 @@ def _reschedule_requested(s: TaskState, e: TaskRescheduleRequested, at: datetime
         status="restarting",
         reschedules=s.reschedules + 1,
         last_failure_reason=e.reason,
-        held_live=_live_workers(s),
+        **_still_live(s),
     )
 
 
@@ -534,7 +540,7 @@ def _preempted(s: TaskState, e: TaskPreempted, at: datetime) -> TaskState:
         queue=None,
         queued_at=at,
         preemptions=s.preemptions + 1,
-        held_live=_live_workers(s),
+        **_still_live(s),
     )
 
 
@@ -1141,8 +1147,9 @@ def _release(s: TaskState, c: ReleaseResources, ctx: _Context) -> list[Event]:
     if s.held_live:
         live = ", ".join(str(w) for w in s.held_live)
         why = (
-            f"worker(s) {live} of its withdrawn attempt {s.held.attempt} have no recorded "
-            "exit yet: the deployer ends them and records their exits first"
+            f"worker(s) {live} of run {s.held_live_of[0]} attempt {s.held_live_of[1]}, which "
+            "is over, have no recorded exit yet: the deployer ends them and records their "
+            "exits first"
         )
         raise InvalidCommand(s.task_id, action, why)
     return [ResourcesReleased(run=s.held.run, attempt=s.held.attempt, reason=c.reason)]
@@ -1248,8 +1255,8 @@ def _require_env_check_passed(s: TaskState, action: str) -> None:
 def _exit_worker(s: TaskState, c: ExitWorker, ctx: _Context) -> list[Event]:
     action = f"record the exit of worker {c.worker} of"
     if _withdrawn(s, c.run, c.attempt) and c.worker in s.held_live:
-        # a worker of a preempted or rescheduled attempt, ended by the deployer: its exit
-        # decides nothing (the attempt is over) but frees its GPUs once all are recorded
+        # a worker of a preempted, rescheduled or failed attempt, ended by the deployer:
+        # its exit decides nothing (the attempt is over); the last one frees its GPUs
         return [WorkerExited(run=c.run, attempt=c.attempt, worker=c.worker, exit_code=c.exit_code)]
     _require_status(s, action, PLACED_STATUSES)
     _require_current(s, c.run, c.attempt)

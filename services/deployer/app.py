@@ -629,7 +629,7 @@ class DeployerApp:
         tasks = await self._placed_tasks()
         current: set[DeploymentKey] = set()
         for task_id, (state, _) in tasks.items():
-            if not state.stop_requested and state.placement is not None:
+            if not state.stop_requested and state.placement is not None and not state.finished:
                 current.add((task_id, state.run, state.attempt))
         retired = await self._retire_withdrawn(tasks, found)
         for key in found:
@@ -643,6 +643,8 @@ class DeployerApp:
             if cause is not None:
                 meta = meta.caused_by(cause, ACTOR)
             key = (task_id, state.run, state.attempt)
+            if state.finished:
+                continue  # only its last exits were left to record (above)
             if state.stop_requested:
                 if cause is not None:
                     self._spawn(self._on_stop(task_id, cause))
@@ -683,10 +685,11 @@ class DeployerApp:
         tasks: dict[str, tuple[TaskState, RecordedEvent[Event] | None]],
         found: dict[DeploymentKey, dict[int, int]],
     ) -> set[DeploymentKey]:
-        """End the workers of preempted or rescheduled attempts and record their exits.
+        """End the workers of attempts that are over and record their exits.
 
-        A withdrawn attempt whose workers have no recorded exit (`held_live`) keeps its
-        GPUs until they are recorded. Found on disk: its workers are followed (their
+        An attempt that is over (preempted, rescheduled, or its run failed) whose
+        workers have no recorded exit (`held_live`) keeps its GPUs until they are
+        recorded. Found on disk: its workers are followed (their
         output too), ended, and each exit recorded with the status its wrapper wrote.
         Not on disk (the machine restarted): they are gone, recorded as
         `UNKNOWN_EXIT_CODE` (an exit of a withdrawn attempt decides nothing). Returns
@@ -698,10 +701,11 @@ class DeployerApp:
             held = state.held
             if not state.held_live or held is None:
                 continue
-            key = (task_id, held.run, held.attempt)
+            run, attempt = state.held_live_of
+            key = (task_id, run, attempt)
             meta = Metadata(actor=ACTOR)
             if key in found and adopt is not None and task_id not in self._active:
-                d = Deployment(task_id, held.run, held.attempt, state.spec, held.workers)
+                d = Deployment(task_id, run, attempt, state.spec, held.workers)
                 active = _Active(d, stopping=True, meta=meta)
                 active.started_recorded.set()
                 active.may_start.set()
@@ -711,7 +715,7 @@ class DeployerApp:
                 taken.add(key)
                 continue
             for worker in state.held_live:
-                lost = ExitWorker(task_id, held.run, held.attempt, worker, UNKNOWN_EXIT_CODE)
+                lost = ExitWorker(task_id, run, attempt, worker, UNKNOWN_EXIT_CODE)
                 await self._decide_quietly(task_id, [lost], meta)
         return taken
 

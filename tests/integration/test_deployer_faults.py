@@ -147,15 +147,20 @@ class World:
         self.apps.append(app)
         return app, runtime
 
-    def gated(self, command: str, *, runtime: LocalRuntime) -> tuple[TaskSpec, Path]:
-        """A task that runs `command` once the test creates the returned file."""
+    def control(self, runtime: LocalRuntime) -> tuple[str, dict[str, str], Path]:
+        """A volume shared by the workers and the test: where workers reach it, its
+        mount, and the file `go` in it as the test sees it."""
         mount = f"/mnt/runyard-test-{uuid.uuid4().hex[:8]}"
         self.mounts.append(Path(mount))
         where = mount if runtime.namespaces else mount.lstrip("/")
         gate = self.tmp / "volumes" / "fs" / "ctl" / "go"
+        return where, {"file_system": "fs", "volume": "ctl", "mount_path": mount}, gate
+
+    def gated(self, command: str, *, runtime: LocalRuntime) -> tuple[TaskSpec, Path]:
+        """A task that runs `command` once the test creates the returned file."""
+        where, mount, gate = self.control(runtime)
         wait = f"while [ ! -e {where}/go ]; do sleep 0.02; done; "
-        mounts = ({"file_system": "fs", "volume": "ctl", "mount_path": mount},)
-        return spec(wait + command, mounts=mounts), gate
+        return spec(wait + command, mounts=(mount,)), gate
 
     async def events(self, task_id: str) -> list[RecordedEvent[Event]]:
         return await self.store.read_stream(f"task-{task_id}")
@@ -386,16 +391,26 @@ async def test_an_exit_during_a_store_outage_is_recorded_once_the_store_is_back(
 # --- spot preemption --------------------------------------------------------------------------
 
 
-def spot_pool(nodes: int) -> Any:
+async def pump(world: World, *apps: Any) -> None:
+    """Hand every stored event, in log order, to each app (what their consumers do)."""
+    reader = world.store.all_reader(0)
+    while True:
+        for event in await reader.read(500):
+            for app in apps:
+                await app.handle(event)
+        await asyncio.sleep(0.02)
+
+
+def one_pool(nodes: int, resource_type: str = "spot") -> Any:
     from runyard.scheduler.config import parse_pools
 
     return parse_pools(
         {
             "pools": [
                 {
-                    "id": "spot",
+                    "id": resource_type,
                     "zone": "z",
-                    "resource_type": "spot",
+                    "resource_type": resource_type,
                     "gpu_model": "A100",
                     "network": "roce",
                     "specs": [{"name": "1gpu", "gpus": 1, "cpus": 8, "memory_gib": 64}],
@@ -415,7 +430,7 @@ async def test_a_preempted_attempt_is_ended_and_recorded_before_its_gpus_are_fre
     process of attempt 1 alive."""
     from runyard.scheduler.app import SchedulerApp
 
-    scheduler = SchedulerApp(world.store, spot_pool(2))
+    scheduler = SchedulerApp(world.store, one_pool(2))
     await scheduler.start()
     app, runtime = world.deployer()
     options = {"pool": "spot", "resource_type": "spot", "spot": SpotOptions(max_requeues=3)}
@@ -424,15 +439,7 @@ async def test_a_preempted_attempt_is_ended_and_recorded_before_its_gpus_are_fre
         "echo up; sleep 60 & wait; fi; echo done"
     )
 
-    async def pump() -> None:
-        reader = world.store.all_reader(0)
-        while True:
-            for event in await reader.read(500):
-                await scheduler.handle(event)
-                await app.handle(event)
-            await asyncio.sleep(0.02)
-
-    pumping = asyncio.create_task(pump())
+    pumping = asyncio.create_task(pump(world, scheduler, app))
     try:
         await world.submit("victim", spec(slow_to_stop, workers=2, **options))
         await world.until("victim", lambda s: s.status == "running")
@@ -471,3 +478,51 @@ async def test_a_preempted_attempt_is_ended_and_recorded_before_its_gpus_are_fre
     assert len(started_again) == 2 and min(e.global_position for e in started_again) > last_exit
     (placed_next,) = [e for e in await world.events("next") if isinstance(e.event, TaskPlaced)]
     assert placed_next.global_position > last_exit
+
+
+async def test_the_peers_of_a_failed_worker_hold_their_gpus_until_their_exits_are_recorded(
+    world: World,
+) -> None:
+    """Worker 0 fails; worker 1 takes a while to stop: its exit is recorded after the
+    task's failure, the task's GPUs are released after it, and the next task (queued
+    for those GPUs) is placed only once no process of the first is alive."""
+    from runyard.scheduler.app import SchedulerApp
+
+    scheduler = SchedulerApp(world.store, one_pool(2, "subscription"))
+    await scheduler.start()
+    app, runtime = world.deployer()
+    # worker 1 installs its TERM trap, then lets worker 0 fail (a file on a shared volume)
+    where, mount, _ = world.control(runtime)
+    fails = (
+        'if [ "$RUNYARD_WORKER_INDEX" = 0 ]; then '
+        f"while [ ! -e {where}/go ]; do sleep 0.02; done; exit 1; fi; "
+        f'trap "sleep 0.5; exit 9" TERM; touch {where}/go; echo up; sleep 60 & wait'
+    )
+    first = spec(fails, workers=2, pool="subscription", mounts=(mount,))
+    pumping = asyncio.create_task(pump(world, scheduler, app))
+    try:
+        await world.submit("first", first)
+        await world.until("first", lambda s: s.status == "running")
+        old = list(runtime.pids(("first", 1, 1)).values())
+        await world.submit("second", spec("echo second", workers=2, pool="subscription"))
+        await world.until("second", lambda s: s.status == "queued")
+        await world.until("first", lambda s: s.finished)
+        await world.until("second", lambda s: s.status != "queued")
+        assert not any(group_members(p) for p in old), "the GPUs were given while it ran"
+        await world.until("second", lambda s: s.finished)
+        await asyncio.wait_for(app.drain(), 10)
+    finally:
+        pumping.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await pumping
+    events = await world.events("first")
+    kinds = [e.type for e in events]
+    assert kinds.count("WorkerExited") == 2
+    failed_at = kinds.index("TaskFailed")
+    peer = [e for e in exits(events) if e.event.worker == 1]  # type: ignore[attr-defined]
+    assert peer[0].event.exit_code == 9  # type: ignore[attr-defined]
+    released = [e for e in events if isinstance(e.event, ResourcesReleased)]
+    assert events[failed_at].global_position < peer[0].global_position
+    assert peer[0].global_position < released[0].global_position
+    (placed,) = [e for e in await world.events("second") if isinstance(e.event, TaskPlaced)]
+    assert placed.global_position > peer[0].global_position

@@ -748,6 +748,12 @@ def test_rerun_starts_the_next_run_with_fresh_counters() -> None:
     story.start_all()
     story.exit(0, 1)
     assert (story.status(), story.state.restarts) == ("failed", 1)
+    # worker 1 is still being ended: the run's GPUs stay held until its exit is recorded
+    assert story.state.held_live == (1,)
+    story.refuse(ReleaseResources(TASK, "run 1 finished"), InvalidCommand)
+    (exited,) = story.do(ExitWorker(TASK, 1, 2, 1, 143))
+    assert isinstance(exited, WorkerExited) and story.state.held_live == ()
+    assert story.state.workers[1].exit_code == 143 and story.status() == "failed"
     new_spec = story.state.spec.model_copy(update={"command": "torchrun train.py --fix"})
     events = story.do(Rerun(TASK, new_spec))
     assert events == [TaskRerunRequested(run=2, spec=new_spec, changes=("command",))]
