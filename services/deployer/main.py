@@ -75,7 +75,12 @@ async def run(ctx: ServiceContext) -> None:
         # The producer first: adopted workers' output (the rest of it, from the saved
         # offsets) is published from the moment reconcile adopts them. Consuming starts
         # after reconcile, so placements are never deployed twice.
-        await until_done(broker.connect, what="connecting to the broker", transient=(Exception,))
+        await until_done(
+            broker.connect,
+            what="connecting to the broker",
+            component="deployer (broker)",
+            any_error=True,
+        )
         taken = await app.reconcile()
         if taken:
             log.info("took over %d task(s) from an earlier deployer: %s", len(taken), taken)

@@ -1467,7 +1467,7 @@ async def _until_published(local: _Local, on_output: OnOutput, line: OutputLine)
         await on_output(line)
 
     what = f"publishing output of {local.deployment.key} worker {line.worker}"
-    await until_done(publish, what=what, transient=(Exception,))
+    await until_done(publish, what=what, component="deployer (worker output)", any_error=True)
 
 
 def _save_offsets(worker: _Worker) -> None:
