@@ -9,9 +9,13 @@ work and returns at once, so a long deployment never holds the consumer):
   fails the run with it). Then, when the spec asks for no env check (or once
   `EnvCheckFinished` passed), every worker starts at once (gang) and one
   append records all `WorkerStarted` (the domain adds `TaskRunning`).
-- a worker exits: `WorkerExited` with its code; the domain decides the
-  outcome (R-21). A non-zero exit ends the worker's peers. Once every worker
-  is gone the runtime cleans up (scratch removed, R-22).
+- a worker exits: `WorkerExited` with its code, at the time it exited (from
+  its status file); the domain decides the outcome (R-21). A non-zero exit
+  ends the worker's peers, whose exits are recorded too (they hold the run's
+  GPUs until then). Once every worker is gone and recorded the runtime cleans
+  up (scratch removed, R-22). A store outage is waited out: nothing the
+  deployer saw is dropped, and no scratch is removed before its exit is in
+  the log.
 - `TaskStopRequested`: no new stage starts, every process group is ended
   (SIGTERM, SIGKILL after the grace period), then `TaskStopped` (R-23).
 - `TaskRestartScheduled` (a new attempt of the same run, R-32): the old
@@ -23,6 +27,10 @@ work and returns at once, so a long deployment never holds the consumer):
   ended (they leave the faulty nodes) and nothing is redeployed; the
   scheduler's `TaskPlaced` for the restart's attempt then deploys it like any
   placement (ending the old attempt first if it is still there).
+- `TaskPreempted` (spot capacity reclaimed): the run's workers are ended. For
+  a reschedule and a preemption alike their exits are recorded as
+  `WorkerExited` of that attempt, and the task's GPUs are released (by the
+  scheduler) only after the last of them.
 - `EnvCheckStarted` of the deployment being driven (R-30): the runtime runs
   the env check program in every worker (`start_env_check`); its lines go to
   `on_output` like worker lines, and the fault-tolerance service turns them
@@ -619,7 +627,10 @@ class DeployerApp:
           machine restarted): each is recorded as exited with `UNKNOWN_EXIT_CODE`,
           which fails (or, with auto restart, restarts) the attempt;
         - a restart waiting out its delay is scheduled for the rest of it;
-        - a stop that was asked for is carried out.
+        - a stop that was asked for is carried out;
+        - an attempt that is over (preempted, rescheduled, failed) with workers whose
+          exits are not recorded (`held_live`) is retired: its workers found on disk
+          are ended and their exits recorded (`_retire_withdrawn`).
 
         Workers of attempts the log has moved past (or of finished or stopping tasks)
         are ended and their scratch removed.
