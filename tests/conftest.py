@@ -120,3 +120,51 @@ async def kafka(kafka_bootstrap: str) -> KafkaSettings:
     )
     await ensure_topics(settings.bootstrap, settings.topics)
     return settings
+
+
+# --- namespace files left mounted ----------------------------------------------------
+# A sandboxed deployment keeps its network and IPC namespaces alive by bind mounts on
+# two files in its scratch folder. A deployer that a test closes while a deployment is
+# still there leaves them (as a crashed one would, for its successor to adopt), and a
+# mounted file cannot be deleted: pytest's removal of old temporary folders would fail.
+
+
+def _nsfs_mounts_under(roots: list[Path]) -> list[str]:
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        fields = line.split()
+        if " - nsfs " not in line or len(fields) < 5:
+            continue
+        where = fields[4].replace("\\040", " ")
+        if any(Path(where).is_relative_to(root) for root in roots):
+            found.append(where)
+    return found
+
+
+def _unmount_namespace_files(roots: list[Path]) -> None:
+    umount = shutil.which("umount")
+    if umount is None or os.geteuid() != 0:
+        return
+    for where in _nsfs_mounts_under(roots):
+        os.spawnv(os.P_WAIT, umount, [umount, "-l", where])
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # The folders pytest removes when this session makes its own: those it is already
+    # removing (`garbage-*`) and numbered ones past the newest two it keeps.
+    doomed: list[Path] = []
+    for user_root in Path(tempfile.gettempdir()).glob("pytest-of-*"):
+        doomed += user_root.glob("garbage-*")
+        numbered = [p for p in user_root.glob("pytest-*") if p.name[7:].isdigit()]
+        doomed += sorted(numbered, key=lambda p: int(p.name[7:]))[:-2]
+    _unmount_namespace_files(doomed)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is not None:
+        _unmount_namespace_files([factory.getbasetemp()])
