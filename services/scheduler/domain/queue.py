@@ -430,9 +430,10 @@ class _Explainer:
         if startable < workers:
             return f"{needs}, pool can start {startable}"
         if self.head is not None and self.head != request.task_id:
+            # The head may be another tenant's task: its id is not named here.
             return (
-                f"{needs}, pool can start {startable}, but those GPUs are held for task "
-                f"{self.head} ahead of it (backfill never delays the head)"
+                f"{needs}, pool can start {startable}, but those GPUs are held for the task "
+                "at the head of the queue (backfill never delays the head)"
             )
         return f"{needs}, pool can start {startable}; it starts at the next scheduling pass"
 
