@@ -37,6 +37,7 @@ import yaml
 from runyard.stack.embedded import EmbeddedPostgres, free_port
 
 from tests.chaos.harness import processes_matching
+from tests.conftest import _unmount_namespace_files
 
 REPO = Path(__file__).resolve().parents[2]
 RUNYARD = Path(sys.executable).parent / "runyard"
@@ -237,6 +238,7 @@ async def chaos_stack(
                 kept = tmp_path_factory.getbasetemp() / f"{request.node.name}.platform.log"
                 shutil.copy(stack.log_path, kept)
                 print(f"{stack.log_tail(8000)}\n--- the whole platform output: {kept}")
+            _unmount_namespace_files([root])  # what a deployer left for its successor
             shutil.rmtree(root, ignore_errors=True)
 
 
