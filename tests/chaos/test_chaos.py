@@ -2,7 +2,7 @@
 
 Each scenario submits its tasks (every one prints numbered lines and its exit
 time, see harness.py), waits until a share of them have ended, injects its
-fault, waits until every task has ended (or a deadline passed), and then holds
+fault, waits until every task has ended (or none has for `STALLED_S`), then holds
 the platform to its promises: every task terminal, none failed by the
 platform, none ran twice, every output line stored once, every exit recorded
 within a second of when it happened, no process left, every read model equal
