@@ -27,9 +27,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -73,7 +74,7 @@ class ChaosStack:
 
     @property
     def dsn(self) -> str:
-        return self.postgres.dsn
+        return str(self.postgres.dsn)
 
     @property
     def base_url(self) -> str:
@@ -234,7 +235,8 @@ async def chaos_stack(
                 postgres.stop()
         finally:
             report = getattr(request.node, "rep_call", None)
-            if report is not None and report.failed and stack.log_path.exists():
+            # failed, or failed as expected (xfail): the output says why
+            if report is not None and report.outcome != "passed" and stack.log_path.exists():
                 kept = tmp_path_factory.getbasetemp() / f"{request.node.name}.platform.log"
                 shutil.copy(stack.log_path, kept)
                 print(f"{stack.log_tail(8000)}\n--- the whole platform output: {kept}")
@@ -243,7 +245,9 @@ async def chaos_stack(
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Any, None]:
     """Keep each phase's report on the item, so the fixture knows whether the test failed."""
     outcome = yield
     report = outcome.get_result()

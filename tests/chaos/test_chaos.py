@@ -198,10 +198,23 @@ async def preempt_spot_capacity(stack: ChaosStack, http: httpx.AsyncClient) -> N
 # -- scenarios ----------------------------------------------------------------------------------
 
 
+@pytest.mark.xfail(
+    strict=False,  # the loss depends on which lines are in flight at the kill: not every run
+    reason="output lines the deployer published to the embedded broker but the log service"
+    " had not stored yet are lost at kill -9 of runyard up: the broker's memory goes with it,"
+    " and the restarted deployer reads on from the offsets it published, not from those stored",
+)
 async def test_kill_9_of_the_platform(chaos_stack: ChaosStack) -> None:
     await run_scenario(chaos_stack, "platform_kill", kill_the_platform)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="after a 20 s Postgres outage the deployer handles no more task events (its inbox"
+    " stops at the outage while the scheduler's goes on; /readyz answers ready; no database"
+    " call is pending): placed tasks stay deploying and exits during the outage are never"
+    " recorded",
+)
 async def test_postgres_outage_of_20_s(chaos_stack: ChaosStack) -> None:
     await run_scenario(chaos_stack, "postgres_outage", postgres_outage)
 
