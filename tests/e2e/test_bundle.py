@@ -7,6 +7,7 @@ the gateway, tells the story without the token.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import zipfile
@@ -36,6 +37,11 @@ async def test_the_bundle_of_a_real_failed_task(platform: Platform) -> None:
     )
     task_id = created["task_id"]
     await platform.wait_status(task_id, "failed", within=120)
+    # The scheduler's release may land after `failed`: bundle the settled stream.
+    for _ in range(200):
+        if (await platform.events(task_id))[-1]["type"] == "ResourcesReleased":
+            break
+        await asyncio.sleep(0.05)
 
     answer = await platform.http.get(f"/v1/tasks/{task_id}/bundle")
     assert answer.status_code == 200, answer.text

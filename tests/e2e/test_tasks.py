@@ -223,7 +223,14 @@ async def test_volume_files_stay_and_worker_local_files_are_gone(platform: Platf
     assert (volume / f"{mark}.pt").read_text() == "kept\n"
 
     def leftovers() -> list[Path]:
-        return [p for p in Path(platform.ctx.data_dir).rglob(f"{mark}*") if p.parent != volume]
+        # The cleanup may remove folders while the walk is in them: walk again then.
+        for _ in range(50):
+            try:
+                found = Path(platform.ctx.data_dir).rglob(f"{mark}*")
+                return [p for p in found if p.parent != volume]
+            except FileNotFoundError:
+                continue
+        raise AssertionError("the data folder kept changing under the walk")
 
     # The scratch goes right after the final event; give the cleanup a moment.
     for _ in range(100):
