@@ -150,7 +150,7 @@ async def run_scenario(
     if not report.still_open:
         # Rebuilt only once nothing is open: a scheduler rebuilt over open tasks places them.
         report.read_models = await read_model_mismatches(stack.dsn, stack.root / "config")
-    print(report.summary())
+    print("\n".join([report.summary(), *report.problems()]))
     report.assert_clean()
 
 
@@ -187,10 +187,12 @@ async def kill_the_broker(stack: ChaosStack, http: httpx.AsyncClient) -> None:
 
 async def preempt_spot_capacity(stack: ChaosStack, http: httpx.AsyncClient) -> None:
     """The provider takes one of the two spot nodes back while its tasks run."""
-    answer = await http.post(
-        "/v1/admin/pools/dev-spot/spot-capacity",
-        json={"remove": 1, "reason": "chaos: the provider reclaimed a node"},
-    )
+    body = {"remove": 1, "reason": "chaos: the provider reclaimed a node"}
+    for _ in range(10):  # a busy pool may answer 409 scheduler.conflict: "try again"
+        answer = await http.post("/v1/admin/pools/dev-spot/spot-capacity", json=body)
+        if answer.status_code != 409:
+            break
+        await asyncio.sleep(0.2)
     assert answer.status_code == 200, answer.text
     assert answer.json()["preempted"], f"nothing was preempted: {answer.json()}"
 
@@ -199,10 +201,12 @@ async def preempt_spot_capacity(stack: ChaosStack, http: httpx.AsyncClient) -> N
 
 
 @pytest.mark.xfail(
-    strict=False,  # the loss depends on which lines are in flight at the kill: not every run
+    strict=False,  # what is lost depends on what is in flight at the kill: not every run
     reason="output lines the deployer published to the embedded broker but the log service"
     " had not stored yet are lost at kill -9 of runyard up: the broker's memory goes with it,"
-    " and the restarted deployer reads on from the offsets it published, not from those stored",
+    " and the restarted deployer reads on from the offsets it published, not from those"
+    " stored; now and then a worker starting at the kill runs twice in the same attempt (two"
+    " start lines) and its exit is recorded seconds late",
 )
 async def test_kill_9_of_the_platform(chaos_stack: ChaosStack) -> None:
     await run_scenario(chaos_stack, "platform_kill", kill_the_platform)
