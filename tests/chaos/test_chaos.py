@@ -213,12 +213,9 @@ async def test_kill_9_of_the_platform(chaos_stack: ChaosStack) -> None:
 
 
 @pytest.mark.xfail(
-    strict=False,  # failed every run so far, but not always in the same way (below)
-    reason="after a 20 s Postgres outage the deployer most often handles no more task events"
-    " (its inbox stops at the outage while the scheduler's goes on; /readyz answers ready; no"
-    " database call is pending): placed tasks stay deploying and exits during the outage are"
-    " never recorded; when it does go on, an output line printed during the outage can be"
-    " missing from the log store",
+    strict=False,  # every task comes through; about one run in three ends with this (below)
+    reason="after a 20 s Postgres outage the scheduler's live pool view can end one GPU short"
+    " of its rebuild (scheduler_pool_views 'dev-a100' free_gpus 31, rebuilt 32)",
 )
 async def test_postgres_outage_of_20_s(chaos_stack: ChaosStack) -> None:
     await run_scenario(chaos_stack, "postgres_outage", postgres_outage)
