@@ -213,7 +213,7 @@ async def test_kill_9_of_the_platform(chaos_stack: ChaosStack) -> None:
 
 
 @pytest.mark.xfail(
-    strict=False,  # every task comes through; about one run in three ends with this (below)
+    strict=False,  # every task comes through; about half the runs end with this (below)
     reason="after a 20 s Postgres outage the scheduler's live pool view can end one GPU short"
     " of its rebuild (scheduler_pool_views 'dev-a100' free_gpus 31, rebuilt 32)",
 )
