@@ -271,6 +271,9 @@ class SchedulerApp:
         self._done: dict[str, int] = {}
         self._foreign: set[str] = set()
         self._dirty: set[str] = set()
+        #: Pools whose view rows were last written inside a consumer batch's transaction,
+        #: which may yet roll back (an outage): the next tick writes them again.
+        self._views_unconfirmed: set[str] = set()
         self._lock = asyncio.Lock()
         #: Per task, the metadata of the last event seen on its stream, so what the
         #: scheduler writes for a task names its cause and keeps its correlation (R-62).
@@ -707,6 +710,8 @@ class SchedulerApp:
                     )
                 if runtime.unreported or runtime.pool_id in self._dirty:
                     await self._pass(runtime, now)
+            self._dirty |= self._views_unconfirmed
+            self._views_unconfirmed.clear()
             await self._flush_views(None)
 
     async def _time_out(self, runtime: PoolRuntime, abnormal: Abnormal, now: datetime) -> None:
@@ -967,6 +972,8 @@ class SchedulerApp:
                 runtime.state, runtime.queue, runtime.plan, version=runtime.version, now=now
             )
             await write_view(conn if conn is not None else self.store.pool, view)
+        if conn is not None:
+            self._views_unconfirmed |= self._dirty
         self._dirty.clear()
 
 

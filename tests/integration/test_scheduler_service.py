@@ -325,6 +325,28 @@ async def test_queue_rows_lost_with_a_rolled_back_transaction_come_back_at_the_t
         assert {t: e["position"] for t, e in entries.items()} == {"lost": 0}
 
 
+async def test_a_pool_view_lost_with_a_rolled_back_transaction_comes_back_at_the_tick(
+    dsn: str,
+) -> None:
+    """The consumer writes pool views in its batch transaction too; if that rolls back,
+    the next tick writes the view again from what the scheduler holds."""
+    async with harness(dsn) as h:
+        await h.submit("t1", spec("4gpu", count=2), deliver=False)
+        async with h.store.pool.acquire() as conn:
+            transaction = conn.transaction()
+            await transaction.start()
+            for event in await h.events("task-t1"):
+                await h.app.handle(event, conn)
+            await transaction.rollback()
+        assert (await h.types("t1"))[-1] == "TaskPlaced", "the placement itself was appended"
+        view = await read_pool_view(h.store.pool, "dev-a100")
+        assert view is not None and view["capacity"]["free_gpus"] == 32  # the lost write
+        await h.app.tick()
+        view = await read_pool_view(h.store.pool, "dev-a100")
+        assert view is not None and view["capacity"]["free_gpus"] == 24
+        assert view["occupancy"]["items"][0]["task_id"] == "t1"
+
+
 async def test_a_log_from_before_the_rule_still_folds_and_gets_nothing_appended(
     dsn: str,
 ) -> None:
