@@ -412,6 +412,9 @@ class DeployerApp:
             if active.env_check_started and end_env_check is not None:
                 await end_env_check(d.key)  # finished (its lines are out); kill any straggler
             await self.runtime.start_workers(d, self.on_output, self._on_exit)
+            # The start's own time: a store outage may delay its record, and a worker's
+            # exit is never recorded as before its start.
+            started_at = self.clock()
         except Exception as exc:
             # Never a task left in deploying: the attempt fails (its GPUs are released).
             reason = _masked(d, f"workers could not start (stage {START_STAGE}): {_why(exc, d)}")
@@ -420,7 +423,7 @@ class DeployerApp:
             return
         try:
             commands = [StartWorker(d.task_id, d.run, d.attempt, w.index) for w in d.workers]
-            await self._decide(d.task_id, commands, meta)
+            await self._decide(d.task_id, commands, meta, at=started_at)
         except DomainError as exc:  # stopped meanwhile: the stop ends them
             log.info("workers of %s started but not recorded: %s", d.task_id, exc)
             active.stopping = True
