@@ -144,11 +144,12 @@ class NodeMarkedFaulty(_PoolEvent):
 class NodeMarkedHealthy(_PoolEvent):
     """The node was repaired and takes new workers again.
 
-    When: an admin marks it healthy. The scheduler re-plans its queue.
+    When: an admin marks it healthy. The scheduler re-plans its queue; fault
+    tolerance no longer moves tasks off it.
     """
 
     emitted_by = "scheduler"
-    reacted_by = ("scheduler", "gateway")
+    reacted_by = ("scheduler", "gateway", "faulttolerance")
 
     node: str = Field(min_length=1)
 

@@ -63,7 +63,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, TypeAlias, cast
 
 from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent
-from runyard.contracts.pool_events import NodeMarkedFaulty
+from runyard.contracts.pool_events import NodeMarkedFaulty, NodeMarkedHealthy
 from runyard.contracts.task_events import (
     DeployStageCompleted,
     EnvCheckItemName,
@@ -304,6 +304,10 @@ class FaultToleranceApp:
         self._slow: dict[str, _SlowWatch] = {}
         #: Tasks whose run ended, oldest first: their slowdown watches wait for late lines.
         self._ended: dict[str, None] = {}
+        #: Nodes marked faulty (and the event that said so), until marked healthy: a task
+        #: whose events arrive after the fault's (the two topics are not ordered) is
+        #: still moved off them.
+        self._faulty: dict[str, tuple[NodeMarkedFaulty, RecordedEvent[Event]]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._background: set[asyncio.Task[Any]] = set()
 
@@ -313,7 +317,11 @@ class FaultToleranceApp:
         """React to one task or pool event (the IdempotentConsumer's handler)."""
         payload = event.event
         if isinstance(payload, NodeMarkedFaulty):
+            self._faulty[payload.node] = (payload, event)
             await self._on_node_faulty(payload, event)
+            return
+        if isinstance(payload, NodeMarkedHealthy):
+            self._faulty.pop(payload.node, None)
             return
         if not event.stream_id.startswith("task-"):
             return
@@ -324,6 +332,7 @@ class FaultToleranceApp:
         watch = await self._sync(task_id, state, event)
         if watch is None:
             return
+        await self._off_faulty_nodes(task_id, state)
         meta = Metadata(actor=ACTOR).caused_by(event, ACTOR)
         if (
             isinstance(payload, DeployStageCompleted)
@@ -431,6 +440,19 @@ class FaultToleranceApp:
             reason = f"node {fault.node} is faulty: {fault.reason}"
             command = RequestReschedule(watch.task_id, reason, (fault.node,))
             await self._decide_quietly(watch.task_id, [command], meta)
+
+    async def _off_faulty_nodes(self, task_id: str, state: TaskState) -> None:
+        """A placed task on a node already marked faulty: the fault came first (its
+        reschedule request found no watch then), so ask for it now."""
+        if not self._faulty or state.placement is None or state.status not in PLACED_STATUSES:
+            return
+        for node in sorted({w.node for w in state.placement.workers} & self._faulty.keys()):
+            fault, cause = self._faulty[node]
+            meta = Metadata(actor=ACTOR).caused_by(cause, ACTOR)
+            reason = f"node {fault.node} is faulty: {fault.reason}"
+            command = RequestReschedule(task_id, reason, (fault.node,))
+            if await self._decide_quietly(task_id, [command], meta):
+                return
 
     # -- log lines -----------------------------------------------------------------
 

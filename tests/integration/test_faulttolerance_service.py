@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent, default_mapper
-from runyard.contracts.pool_events import NodeMarkedFaulty
+from runyard.contracts.pool_events import NodeMarkedFaulty, NodeMarkedHealthy
 from runyard.contracts.spec import FaultToleranceOptions, TaskSpec
 from runyard.contracts.task_events import (
     DEPLOY_STAGES,
@@ -512,6 +512,32 @@ async def test_a_node_marked_faulty_reschedules_its_tasks(h: Harness) -> None:
     (moved,) = await h.payloads("busy", TaskRescheduleRequested)
     assert moved.faulty_nodes == ("n-1",) and "GPU 3 fell off the bus" in moved.reason
     assert fold(await h.events("busy")).status == "restarting"
+
+
+async def test_a_fault_seen_before_the_tasks_placement_still_moves_it(h: Harness) -> None:
+    """Task and pool events come on two topics, in no set order between them: a task
+    whose placement reaches fault tolerance after its node's fault is moved all the same,
+    once, with the fault as the cause."""
+    fault = NodeMarkedFaulty(node="n-1", reason="GPU 3 fell off the bus")
+    await h.store.append("pool-dev", [NewEvent(fault, Metadata(actor="user:admin"), h.clock())], 0)
+    (recorded,) = await h.store.read_stream("pool-dev")
+    await h.app.handle(recorded)  # no task is watched yet
+    await h.act("late", Submit("late", "acme", "alice", spec(workers=2)))
+    workers = tuple(WorkerPlacement(index=i, node=f"n-{i}", gpus=(i,)) for i in range(2))
+    await h.append("late", TaskPlaced(run=1, attempt=1, pool="dev", workers=workers))
+    (moved,) = await h.payloads("late", TaskRescheduleRequested)
+    assert moved.faulty_nodes == ("n-1",) and "GPU 3 fell off the bus" in moved.reason
+    (event,) = [e for e in await h.events("late") if isinstance(e.event, TaskRescheduleRequested)]
+    assert event.metadata.causation_id == str(recorded.event_id)
+    state = fold(await h.events("late"))
+    assert (state.status, state.reschedules) == ("restarting", 1)
+    # A node marked healthy again moves nothing more.
+    healthy = NewEvent(NodeMarkedHealthy(node="n-1"), Metadata(actor="user:admin"), h.clock())
+    await h.store.append("pool-dev", [healthy], 1)
+    await h.app.handle((await h.store.read_stream("pool-dev"))[-1])
+    await h.act("other", Submit("other", "acme", "alice", spec(workers=2)))
+    await h.append("other", TaskPlaced(run=1, attempt=1, pool="dev", workers=workers))
+    assert await h.payloads("other", TaskRescheduleRequested) == []
 
 
 async def test_a_faulty_node_with_no_restart_left_fails_the_task(h: Harness) -> None:
