@@ -47,7 +47,7 @@ from typing import Any
 import asyncpg
 import httpx
 import yaml
-from runyard.gateway.auth import create_token
+from runyard.api.auth import create_token
 from runyard.messaging import KafkaSettings, Topics
 from runyard.stack.context import ServiceContext
 from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres

@@ -262,7 +262,7 @@ def _without_password(dsn: str) -> str:
 def _dev_token(stack: Stack) -> str | None:
     """Create (once) a dev admin token through the gateway, if it is built."""
     try:
-        module = importlib.import_module("runyard.gateway.auth")
+        module = importlib.import_module("runyard.api.auth")
     except ModuleNotFoundError:
         return None
     ensure = getattr(module, "ensure_dev_token", None)

@@ -24,15 +24,15 @@ import uuid
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header
+from runyard.api.auth import Principal
+from runyard.api.errors import Conflict, GatewayError, NotFound
+from runyard.api.inputs import check_request_id
+from runyard.api.security import caller_dependency
 from runyard.contracts import Metadata
 from runyard.faulttolerance.app import database_key, in_process_app
 from runyard.faulttolerance.ftlog import read_fault_tolerance_log
 from runyard.faulttolerance.reports import StackReportStore
 from runyard.gateway.app import Gateway
-from runyard.gateway.auth import Principal
-from runyard.gateway.errors import Conflict, GatewayError, NotFound
-from runyard.gateway.inputs import check_request_id
-from runyard.gateway.security import caller_dependency
 from runyard.telemetry import current_trace_context
 
 #: Statuses with worker processes whose stacks can be captured.

@@ -26,9 +26,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
+from runyard.api.errors import BadRequest, Conflict, GatewayError, NotFound
 from runyard.contracts.pool_events import GPUS_PER_NODE
 from runyard.gateway.app import Gateway, Request
-from runyard.gateway.errors import BadRequest, Conflict, GatewayError, NotFound
 from runyard.scheduler import admin
 from runyard.scheduler.admin import AdminResult, InvalidAdminRequest
 from runyard.scheduler.domain import InvalidCapacityChange, NotASpotPool, SchedulerError

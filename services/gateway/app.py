@@ -25,6 +25,10 @@ from typing import Any, TypeAlias
 import asyncpg
 import yaml
 from pydantic import ValidationError
+from runyard.api import auth
+from runyard.api.auth import Principal, TokenInfo, authenticate
+from runyard.api.errors import BadRequest, Conflict, NotFound, PermissionDenied, task_not_found
+from runyard.api.inputs import group_id_of
 from runyard.contracts import Event, EventMapper, Metadata, NewEvent, RecordedEvent, default_mapper
 from runyard.contracts.admin_events import CatalogueEntrySet, TokenIssued, TokenRevoked
 from runyard.contracts.envelope import new_event_id, utcnow
@@ -49,16 +53,7 @@ from runyard.eventstore import (
     apply_migrations,
     load_migrations,
 )
-from runyard.gateway import auth, projection
-from runyard.gateway.auth import Principal, TokenInfo, authenticate
-from runyard.gateway.errors import (
-    BadRequest,
-    Conflict,
-    NotFound,
-    PermissionDenied,
-    task_not_found,
-)
-from runyard.gateway.inputs import group_id_of
+from runyard.gateway import projection
 from runyard.gateway.pools import PoolInfo, capacity, describe, load_pools
 from runyard.gateway.projection import TaskListProjector
 from runyard.gateway.views import event_view, task_view
@@ -193,11 +188,11 @@ class Gateway:
         self.clock = clock
         self.new_id = new_id
 
-
     def webhook_refusal(self, url: str) -> tuple[str, str] | None:
         """Why a task's alerts may not go to `url`, with a hint (None: they may): the
         notification service's allow-list, `notification.yaml` of the config folder."""
         return policy_of(self.config_dir).refusal(url)
+
     @classmethod
     async def connect(
         cls, dsn: str, config_dir: Path, mapper: EventMapper | None = None

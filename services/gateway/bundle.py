@@ -62,6 +62,9 @@ import yaml
 from fastapi import APIRouter
 from fastapi import Request as HttpRequest
 from fastapi.responses import StreamingResponse
+from runyard.api.auth import Principal, bearer_token
+from runyard.api.errors import GatewayError, task_not_found
+from runyard.api.security import caller_dependency
 from runyard.contracts import Event, RecordedEvent
 from runyard.contracts.spec import TaskSpec
 from runyard.contracts.task_events import (
@@ -89,10 +92,7 @@ from runyard.domain import TaskState, fold
 from runyard.faulttolerance.ftlog import FaultToleranceLog, fault_tolerance_log
 from runyard.faulttolerance.reports import StackReportStore
 from runyard.gateway.app import Gateway
-from runyard.gateway.auth import Principal, bearer_token
-from runyard.gateway.errors import GatewayError, task_not_found
 from runyard.gateway.pools import describe, load_pools
-from runyard.gateway.security import caller_dependency
 from runyard.gateway.views import event_view, stage_timeline, task_view
 from runyard.logs.http import log_api_of
 from runyard.logs.store import FirstError

@@ -18,17 +18,18 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import grpc
-from runyard.gateway.app import Gateway, Request
-from runyard.gateway.auth import Principal, bearer_token
-from runyard.gateway.errors import BadRequest, GatewayError, translate
-from runyard.gateway.grpc_gen import tasks_pb2 as pb
-from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
-from runyard.gateway.inputs import (
+from runyard.api.auth import Principal, bearer_token
+from runyard.api.errors import BadRequest, GatewayError
+from runyard.api.inputs import (
     MAX_BODY_BYTES,
     check_param,
     check_request_id,
     reject_unstorable,
 )
+from runyard.gateway.app import Gateway, Request
+from runyard.gateway.errors import translate
+from runyard.gateway.grpc_gen import tasks_pb2 as pb
+from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
 from runyard.logs.http import FOLLOW_POLL_S, LogApi, LogFilter, log_api_of
 
 log = logging.getLogger(__name__)

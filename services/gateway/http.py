@@ -15,30 +15,24 @@ from fastapi import Body, Depends, FastAPI, Header, Query
 from fastapi import Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from runyard.domain import DomainError
-from runyard.eventstore import HEALTH, ConcurrencyError, EventTooLarge, is_transient
-from runyard.faulttolerance.http import faulttolerance_router
-from runyard.gateway.admin_pools import admin_pools_router
-from runyard.gateway.app import Gateway, Request
-from runyard.gateway.auth import Principal
-from runyard.gateway.bundle import bundle_router
-from runyard.gateway.errors import (
-    DATA_ERRORS,
-    OUTAGE_ERRORS,
-    BadRequest,
-    GatewayError,
-    Unavailable,
-    translate,
-)
-from runyard.gateway.inputs import (
+from runyard.api.auth import Principal
+from runyard.api.errors import DATA_ERRORS, OUTAGE_ERRORS, BadRequest, GatewayError, Unavailable
+from runyard.api.inputs import (
     MAX_BODY_BYTES,
     BodyLimit,
     check_param,
     check_request_id,
     reject_unstorable,
 )
+from runyard.api.security import caller_dependency
+from runyard.domain import DomainError
+from runyard.eventstore import HEALTH, ConcurrencyError, EventTooLarge, is_transient
+from runyard.faulttolerance.http import faulttolerance_router
+from runyard.gateway.admin_pools import admin_pools_router
+from runyard.gateway.app import Gateway, Request
+from runyard.gateway.bundle import bundle_router
+from runyard.gateway.errors import translate
 from runyard.gateway.schemas import body_schemas, request_body
-from runyard.gateway.security import caller_dependency
 from runyard.logs.http import logs_router
 from runyard.notification.http import notification_router
 from runyard.submission.errors import SubmissionError

@@ -17,8 +17,8 @@ from typing import Any
 
 from fastapi import FastAPI
 from pydantic import BaseModel
+from runyard.api import auth
 from runyard.contracts.spec import MAX_ENV_NAME, MAX_ENV_VARS, MAX_ID, TaskSpec
-from runyard.gateway import auth
 from runyard.submission.catalogue import Image, PublicData, Volume
 from runyard.submission.changes import MAX_GROUP_SIZE, RERUN_CHANGEABLE
 from runyard.submission.env import MAX_ENV_BYTES

@@ -24,12 +24,12 @@ from weakref import WeakKeyDictionary
 
 from fastapi import APIRouter, Body, Depends, Query
 from fastapi.responses import FileResponse
+from runyard.api.auth import Principal
+from runyard.api.errors import BadRequest, GatewayError, NotFound
+from runyard.api.security import caller_dependency
 from runyard.domain import is_terminal
 from runyard.gateway.app import Gateway
-from runyard.gateway.auth import Principal
-from runyard.gateway.errors import BadRequest, GatewayError, NotFound
 from runyard.gateway.schemas import request_body
-from runyard.gateway.security import caller_dependency
 from runyard.logs.errors import ExportNotFound, InvalidQuery, LogError
 from runyard.logs.exports import Exports
 from runyard.logs.search import LogQuery, check_int32

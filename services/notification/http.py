@@ -19,8 +19,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
+from runyard.api.errors import BadRequest, NotFound
 from runyard.gateway.app import Gateway, Request
-from runyard.gateway.errors import BadRequest, NotFound
 from runyard.notification import store, subscriptions
 from runyard.notification.rules import DEFAULT_ALERTS
 from runyard.notification.subscriptions import (

@@ -27,10 +27,10 @@ from pathlib import Path
 import asyncpg
 import httpx
 import pytest
+from runyard.api.auth import create_token
 from runyard.contracts import Event, RecordedEvent
 from runyard.eventstore import HEALTH, PostgresEventStore, retrying
 from runyard.gateway.app import Gateway
-from runyard.gateway.auth import create_token
 from runyard.gateway.http import create_app
 from runyard.messaging import KafkaSettings, Topics, ensure_topics
 from runyard.messaging.consumer import IdempotentConsumer, make_broker

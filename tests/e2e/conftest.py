@@ -33,7 +33,7 @@ import asyncpg
 import httpx
 import pytest
 import yaml
-from runyard.gateway.auth import create_token
+from runyard.api.auth import create_token
 from runyard.messaging import KafkaSettings
 from runyard.stack.context import ServiceContext
 from runyard.stack.up import SERVICES, run_platform

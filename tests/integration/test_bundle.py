@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from runyard.api.auth import create_token
 from runyard.contracts import Metadata, NewEvent
 from runyard.contracts.spec import TaskSpec
 from runyard.contracts.task_events import (
@@ -38,7 +39,6 @@ from runyard.faulttolerance.app import FaultToleranceApp
 from runyard.faulttolerance.reports import StackReportStore
 from runyard.gateway import bundle
 from runyard.gateway.app import Gateway
-from runyard.gateway.auth import create_token
 from runyard.gateway.bundle import MAX_BUNDLE_BYTES, TAIL_LINES
 from runyard.gateway.http import create_app
 from runyard.logs import LogRecord, LogStore
@@ -104,8 +104,16 @@ class Api:
         """Lines as the deployer publishes them (numbered per worker and stream)."""
         await self.logs.ingest(
             [
-                LogRecord(start + timedelta(milliseconds=i), task_id, 1, attempt, worker,
-                          "stdout", text, seq=i)
+                LogRecord(
+                    start + timedelta(milliseconds=i),
+                    task_id,
+                    1,
+                    attempt,
+                    worker,
+                    "stdout",
+                    text,
+                    seq=i,
+                )
                 for i, text in enumerate(texts)
             ]
         )
@@ -198,8 +206,14 @@ async def test_a_failed_task_tells_its_story(api: Api) -> None:
     names = list(files)
     assert names[0] == "summary.md"
     for name in (
-        "task.json", "spec.json", "first-error.json", "ft-log.txt", "env-check.json",
-        "slowdowns.txt", "platform.json", "events.jsonl",
+        "task.json",
+        "spec.json",
+        "first-error.json",
+        "ft-log.txt",
+        "env-check.json",
+        "slowdowns.txt",
+        "platform.json",
+        "events.jsonl",
     ):
         assert name in names
     assert [n for n in names if n.startswith("stacks/")], names
@@ -263,8 +277,8 @@ async def test_a_failed_task_tells_its_story(api: Api) -> None:
     other = files["logs/run-1-attempt-1/worker-1.log"].decode().splitlines()
     assert other[-1].endswith("| alerts go to https://open.feishu.cn[redacted]")
     assert "logs/run-1-attempt-3/worker-1.log" in names
-    assert files["logs/run-1-attempt-3/worker-1.log"].decode().splitlines()[-1].endswith(
-        "| exiting"
+    assert (
+        files["logs/run-1-attempt-3/worker-1.log"].decode().splitlines()[-1].endswith("| exiting")
     )
     assert not [n for n in names if "attempt-2" in n]
 
@@ -308,9 +322,13 @@ async def test_a_secret_the_redaction_cannot_reach_refuses_the_bundle(api: Api) 
     stream = f"task-{task_id}"
     now = datetime.now(UTC)
     placed = TaskPlaced(
-        run=1, attempt=1, pool="pool-a",
-        workers=(WorkerPlacement(index=0, node="n-0", gpus=(0,)),
-                 WorkerPlacement(index=1, node="n-1", gpus=(0,))),
+        run=1,
+        attempt=1,
+        pool="pool-a",
+        workers=(
+            WorkerPlacement(index=0, node="n-0", gpus=(0,)),
+            WorkerPlacement(index=1, node="n-1", gpus=(0,)),
+        ),
     )
     await api.gateway.store.append(stream, [NewEvent(placed, meta, now)], 1)
     started = DeployStageStarted(run=1, attempt=1, stage="image_pull")
@@ -329,7 +347,9 @@ async def placed_task(api: Api) -> str:
     """A submitted task whose first attempt was placed (two workers)."""
     task_id = await api.submit()
     placed = TaskPlaced(
-        run=1, attempt=1, pool="pool-a",
+        run=1,
+        attempt=1,
+        pool="pool-a",
         workers=tuple(WorkerPlacement(index=i, node=f"n-{i}", gpus=(0,)) for i in range(2)),
     )
     meta = Metadata(actor="service:scheduler")
@@ -372,7 +392,9 @@ async def test_a_big_task_fits_the_limit(api: Api) -> None:
     task_id = await api.submit()
     stream = f"task-{task_id}"
     placed = TaskPlaced(
-        run=1, attempt=1, pool="pool-a",
+        run=1,
+        attempt=1,
+        pool="pool-a",
         workers=tuple(WorkerPlacement(index=i, node=f"n-{i}", gpus=(0,)) for i in range(2)),
     )
     meta = Metadata(actor="service:notification", causation_id="c", correlation_id="r")
@@ -381,8 +403,9 @@ async def test_a_big_task_fits_the_limit(api: Api) -> None:
     version = 2
     for _ in range(20):
         alerts = [
-            NewEvent(AlertDelivered(alert=f"slowdown {i}", channel="feishu:sub-1", attempt=1),
-                     meta, now)
+            NewEvent(
+                AlertDelivered(alert=f"slowdown {i}", channel="feishu:sub-1", attempt=1), meta, now
+            )
             for i in range(1000)
         ]
         await api.gateway.store.append(stream, alerts, version)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import asyncpg
-from runyard.gateway.auth import authenticate, ensure_dev_token
+from runyard.api.auth import authenticate, ensure_dev_token
 
 
 async def test_dev_token_is_created_once_and_reused(dsn: str, tmp_path: Path) -> None:

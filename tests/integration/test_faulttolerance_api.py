@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from runyard.api.auth import create_token
 from runyard.domain.task import ExitWorker
 from runyard.faulttolerance.app import (
     FaultToleranceApp,
@@ -23,7 +24,6 @@ from runyard.faulttolerance.app import (
 )
 from runyard.faulttolerance.stacks import Frame, ProcessStacks, ThreadStack
 from runyard.gateway.app import Gateway
-from runyard.gateway.auth import create_token
 from runyard.gateway.http import create_app
 
 from tests.integration.test_faulttolerance_service import Clock, FixedProcesses, Harness, spec

@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 import pytest
+from runyard.api.auth import create_token
 from runyard.gateway.app import Gateway
-from runyard.gateway.auth import create_token
 from runyard.gateway.http import create_app
 from runyard.gateway.projection import all_rows
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import httpx
 import pytest
+from runyard.api.auth import create_token
 from runyard.contracts import Metadata, NewEvent
 from runyard.contracts.envelope import utcnow
 from runyard.contracts.task_events import AlertDelivered
 from runyard.gateway.app import Gateway
-from runyard.gateway.auth import create_token
 from runyard.gateway.http import create_app
 
 from tests.integration.test_gateway import BASE, config_dir

@@ -29,8 +29,8 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from runyard.api.auth import create_token
 from runyard.gateway.app import Gateway
-from runyard.gateway.auth import create_token
 from runyard.gateway.http import create_app
 from schemathesis import GenerationMode
 

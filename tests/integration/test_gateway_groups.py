@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
+from runyard.api.auth import create_token
 from runyard.cli.main import app as cli_app
 from runyard.gateway.app import Gateway
-from runyard.gateway.auth import create_token
 from runyard.gateway.http import create_app
 from typer.testing import CliRunner, Result
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import asyncpg
 import grpc
 import httpx
+from runyard.api.auth import create_token
 from runyard.gateway import main
-from runyard.gateway.auth import create_token
 from runyard.gateway.grpc_gen import tasks_pb2, tasks_pb2_grpc
 from runyard.messaging import KafkaSettings
 from runyard.stack.context import ServiceContext

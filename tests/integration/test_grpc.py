@@ -20,9 +20,9 @@ from typing import Any, Protocol
 import grpc
 import httpx
 import pytest
+from runyard.api.auth import create_token
+from runyard.api.errors import Conflict, PermissionDenied
 from runyard.gateway.app import Gateway
-from runyard.gateway.auth import create_token
-from runyard.gateway.errors import Conflict, PermissionDenied
 from runyard.gateway.grpc_gen import tasks_pb2 as pb
 from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
 from runyard.gateway.grpc_server import error_metadata, start_server, status_of

@@ -15,8 +15,8 @@ import asyncpg
 import httpx
 import pytest
 from aiokafka import AIOKafkaProducer
+from runyard.api.auth import create_token
 from runyard.gateway.app import Gateway
-from runyard.gateway.auth import create_token
 from runyard.gateway.http import create_app
 from runyard.logs import LogIngester, LogQuery, LogRecord, LogStore
 from runyard.logs.exports import KEEP

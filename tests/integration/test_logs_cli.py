@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import uvicorn
+from runyard.api.auth import create_token
 from runyard.gateway.app import Gateway
-from runyard.gateway.auth import create_token
 from runyard.gateway.http import create_app
 from runyard.logs import LogRecord, LogStore
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import httpx
 import pytest
+from runyard.api.auth import create_token
 from runyard.gateway.app import Gateway
-from runyard.gateway.auth import create_token
 from runyard.gateway.http import create_app
 
 from tests.feishu_fake import FeishuFake

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from runyard.api.auth import create_token
 from runyard.cli.main import app as cli_app
 from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent, default_mapper
 from runyard.contracts.pool_events import NodeCordoned, NodeMarkedFaulty, SpotCapacityChanged
@@ -33,7 +34,6 @@ from runyard.contracts.task_events import (
 from runyard.domain.task import Submit, decide, fold
 from runyard.eventstore import PostgresEventStore
 from runyard.gateway.app import Gateway
-from runyard.gateway.auth import create_token
 from runyard.gateway.http import create_app
 from runyard.scheduler.app import SchedulerApp
 from runyard.scheduler.config import parse_pools

@@ -365,8 +365,13 @@ async def test_a_log_from_before_the_rule_still_folds_and_gets_nothing_appended(
                    VALUES (gen_random_uuid(), 'task-old', $1, 'TaskQueued', 1, $2, $3, now())""",
                 version,
                 json.dumps(
-                    {"run": 1, "reason": reason, "position": ahead, "gpus_needed": 1,
-                     "launchable": 0}
+                    {
+                        "run": 1,
+                        "reason": reason,
+                        "position": ahead,
+                        "gpus_needed": 1,
+                        "launchable": 0,
+                    }
                 ),
                 json.dumps({"actor": "service:scheduler"}),
             )
@@ -618,17 +623,15 @@ async def test_placement_names_its_cause_and_keeps_the_correlation(dsn: str) -> 
         assert placed.metadata.correlation_id == str(submitted.event_id)
 
 
-async def test_api_shows_where_a_task_waits_and_who_stopped_it(
-    dsn: str, tmp_path: Path
-) -> None:
+async def test_api_shows_where_a_task_waits_and_who_stopped_it(dsn: str, tmp_path: Path) -> None:
     """Over HTTP (and gRPC): the task's queue position and reason come from the scheduler's
     read model and move as a task ahead leaves; a stop by another member of the tenant, or
     by a tenant admin for a whole group, names who stopped it and in what role."""
     import shutil
 
     import httpx
+    from runyard.api.auth import create_token
     from runyard.gateway.app import Gateway
-    from runyard.gateway.auth import create_token
     from runyard.gateway.http import create_app
 
     repo = Path(__file__).resolve().parents[2]

@@ -77,9 +77,9 @@ async def test_a_reaction_continues_the_trace_of_its_cause(dsn: str, kafka: Kafk
 async def test_a_submission_carries_the_http_requests_trace(dsn: str) -> None:
     """The gateway's request span is the parent of what the request appends."""
     import httpx
+    from runyard.api.auth import create_token
     from runyard.contracts import default_mapper
     from runyard.gateway.app import Gateway
-    from runyard.gateway.auth import create_token
     from runyard.gateway.http import create_app
 
     from tests.unit.test_cli import REPO

@@ -22,10 +22,10 @@ import grpc
 import httpx
 import pytest
 import uvicorn
+from runyard.api.auth import authenticate, create_token, ensure_dev_token, token_hash
 from runyard.cli.main import app as cli_app
 from runyard.eventstore import apply_migrations
 from runyard.gateway.app import Gateway, gateway_migrations
-from runyard.gateway.auth import authenticate, create_token, ensure_dev_token, token_hash
 from runyard.gateway.grpc_gen import tasks_pb2 as pb
 from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
 from runyard.gateway.grpc_server import start_server

@@ -20,7 +20,7 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
-from runyard.gateway.auth import create_token
+from runyard.api.auth import create_token
 from runyard.messaging import KafkaSettings
 
 from tests.e2e.conftest import Platform, running_platform

@@ -25,8 +25,8 @@ from urllib.parse import urlsplit
 import asyncpg
 import httpx
 import pytest
+from runyard.api.auth import create_token
 from runyard.eventstore import apply_migrations
-from runyard.gateway.auth import create_token
 from runyard.messaging import KafkaSettings
 from runyard.stack import roles
 from runyard.stack.context import ServiceContext
@@ -265,8 +265,10 @@ async def test_the_compose_init_script_makes_the_same_roles() -> None:
             "PGHOST": str(server.data_dir),
             "PGPORT": str(server.port),
             "PGDATA": str(server.data_dir),
-            **{f"RUNYARD_DB_{r.removeprefix('runyard_').upper()}_PASSWORD": p
-               for r, p in passwords.items()},
+            **{
+                f"RUNYARD_DB_{r.removeprefix('runyard_').upper()}_PASSWORD": p
+                for r, p in passwords.items()
+            },
         }
         script = REPO / "infra/postgres/init-roles.sh"
         done = await asyncio.to_thread(
@@ -333,9 +335,7 @@ async def _platform(
     )
     run = asyncio.create_task(run_platform(ctx), name="platform")
     try:
-        async with httpx.AsyncClient(
-            base_url=f"http://127.0.0.1:{http_port}", timeout=30
-        ) as http:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port}", timeout=30) as http:
             await _until(run, lambda: _ready(ctx, http))
             conn = await asyncpg.connect(stack.dsn)
             try:
@@ -452,9 +452,7 @@ async def test_a_data_directory_of_an_older_runyard_is_closed_and_adopted(
     conn = await asyncpg.connect(old.dsn)
     try:
         await apply_migrations(conn, all_migrations())
-        await conn.execute(
-            "INSERT INTO checkpoints (name, position) VALUES ('legacy-marker', 42)"
-        )
+        await conn.execute("INSERT INTO checkpoints (name, position) VALUES ('legacy-marker', 42)")
     finally:
         await conn.close()
     old.stop()

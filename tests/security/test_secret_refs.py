@@ -90,6 +90,6 @@ async def test_no_answer_shows_a_secret_reference(world: World) -> None:
 
 
 async def _mint_member(world: World, user: str) -> str:
-    from runyard.gateway.auth import create_token
+    from runyard.api.auth import create_token
 
     return await create_token(world.gateway.db, "ta", user, "member")

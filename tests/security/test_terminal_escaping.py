@@ -16,12 +16,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from runyard.api.auth import create_token
+from runyard.api.errors import GatewayError
 from runyard.cli.main import app
 from runyard.contracts import Metadata, NewEvent
 from runyard.contracts.task_events import TaskPlaced, WorkerPlacement
 from runyard.domain.task import FailStage, StartStage
-from runyard.gateway.auth import create_token
-from runyard.gateway.errors import GatewayError
 from runyard.logs import LogRecord, LogStore
 from typer.testing import CliRunner
 

@@ -21,11 +21,11 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from runyard.api.auth import create_token
 from runyard.contracts.spec import AlertSubscription
 from runyard.contracts.task_events import AlertFailed
 from runyard.domain import Fail, RequestStop
 from runyard.gateway.app import Gateway
-from runyard.gateway.auth import create_token
 from runyard.gateway.http import create_app
 from runyard.notification import store as tables
 from runyard.notification.webhooks import WebhookPolicy

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import uvicorn
+from runyard.api.auth import create_token
 from runyard.cli.main import app, config_dir, token_files
 from runyard.contracts import Event, Metadata, NewEvent
 from runyard.contracts.task_events import DEPLOY_STAGES, TaskPlaced, WorkerPlacement
@@ -27,7 +28,6 @@ from runyard.domain.task import (
 )
 from runyard.eventstore import PostgresEventStore
 from runyard.gateway.app import Gateway
-from runyard.gateway.auth import create_token
 from runyard.gateway.http import create_app
 from typer.testing import CliRunner, Result
 

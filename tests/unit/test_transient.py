@@ -118,7 +118,8 @@ async def test_retrying_ends_on_cancel() -> None:
 
 def test_an_outage_is_503_with_retry_after_and_grpc_unavailable() -> None:
     import grpc
-    from runyard.gateway.errors import Unavailable, translate
+    from runyard.api.errors import Unavailable
+    from runyard.gateway.errors import translate
     from runyard.gateway.grpc_server import status_of
 
     error = translate(asyncpg.CannotConnectNowError("the database system is starting up"))

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from fastapi import Depends
 from fastapi import Request as HttpRequest
 from fastapi.security import HTTPBearer
-from runyard.gateway.auth import BEARER_HINT, Principal, bearer_token
+from runyard.api.auth import BEARER_HINT, Principal, bearer_token
 
 if TYPE_CHECKING:
     from runyard.gateway.app import Gateway

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 import asyncpg
-from runyard.gateway.errors import BadRequest, PermissionDenied, Unauthenticated
+from runyard.api.errors import BadRequest, PermissionDenied, Unauthenticated
 
 Role = Literal["platform_admin", "tenant_admin", "member", "service", "sre"]
 ROLES: tuple[Role, ...] = get_args(Role)

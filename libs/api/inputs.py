@@ -20,7 +20,7 @@ import json
 import re
 from typing import Any
 
-from runyard.gateway.errors import BadRequest, PayloadTooLarge
+from runyard.api.errors import BadRequest, PayloadTooLarge
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 NUL = "\x00"
