@@ -9,6 +9,7 @@ context built from the environment.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,10 @@ class ServiceContext:
     #: A DSN of its own for a service (by name, e.g. "gateway"), which then
     #: connects as a role with other rights (runyard.stack.roles); others use `dsn`.
     service_dsns: dict[str, str] = field(default_factory=dict)
+    #: Where each service's HTTP API answers (name -> base URL). In one process a
+    #: service publishes its URL here once bound (`runyard.api.service`); apart,
+    #: whoever starts them gives them all (RUNYARD_ENDPOINTS, a JSON object).
+    endpoints: dict[str, str] = field(default_factory=dict)
 
     def for_service(self, name: str) -> ServiceContext:
         """This context as service `name` sees it: its own DSN and broker user,
@@ -63,7 +68,20 @@ class ServiceContext:
             data_dir=root,
             config_dir=Path(os.environ.get("RUNYARD_CONFIG", "infra/config")),
             service_dsns=service_dsns_from_env(),
+            settings=_json_object("RUNYARD_SETTINGS"),
+            endpoints={str(k): str(v) for k, v in _json_object("RUNYARD_ENDPOINTS").items()},
         )
+
+
+def _json_object(variable: str) -> dict[str, Any]:
+    """The JSON object in environment variable `variable` ({} when unset)."""
+    raw = os.environ.get(variable, "").strip()
+    if not raw:
+        return {}
+    loaded = json.loads(raw)
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{variable}: expected a JSON object, got {type(loaded).__name__}")
+    return loaded
 
 
 #: Environment variables naming the DSN of a role with other rights than
