@@ -10,15 +10,13 @@ is refused any method but GET/HEAD/OPTIONS before a handler runs.
 own `Depends(bearer)` when it reads `caller`'s signature.)
 """
 
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any, Protocol
 
+import asyncpg
 from fastapi import Depends
 from fastapi import Request as HttpRequest
 from fastapi.security import HTTPBearer
-from runyard.api.auth import BEARER_HINT, Principal, bearer_token
-
-if TYPE_CHECKING:
-    from runyard.gateway.app import Gateway
+from runyard.api.auth import BEARER_HINT, Principal, authenticate, bearer_token
 
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
@@ -34,7 +32,22 @@ class StrictBearer(HTTPBearer):
         return bearer_token(request.headers.get("authorization"))
 
 
-def caller_dependency(gateway: "Gateway") -> Any:
+class Authenticator(Protocol):
+    async def authenticate(self, token: str | None) -> Principal: ...
+
+
+class TokenAuthenticator:
+    """Bearer tokens checked against the tokens table (hashed, with expiry and
+    revocation): what a service that serves routes of its own authenticates with."""
+
+    def __init__(self, db: asyncpg.Pool) -> None:
+        self.db = db
+
+    async def authenticate(self, token: str | None) -> Principal:
+        return await authenticate(self.db, token)
+
+
+def caller_dependency(gateway: Authenticator) -> Any:
     """A dependency answering the caller's `Principal` (401 without a valid token;
     403 for a change asked with a read-only role)."""
     bearer = StrictBearer()
