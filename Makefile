@@ -28,6 +28,7 @@ test-fast: install
 lint: install
 	$(BIN)/ruff check libs services tests benchmarks
 	$(BIN)/python -m runyard.contracts.catalogue --check docs/events.md
+	$(BIN)/python tools/boundaries.py
 
 bench: install
 	$(BIN)/python benchmarks/eventstore.py --quick
