@@ -55,7 +55,9 @@ def check(root: Path = ROOT) -> int:
     previous = Path.cwd()
     os.chdir(root)
     try:
-        return lint_imports(config_filename=str(root / "pyproject.toml"), no_cache=True, no_logo=True)
+        return lint_imports(
+            config_filename=str(root / "pyproject.toml"), no_cache=True, no_logo=True
+        )
     finally:
         os.chdir(previous)
         sys.path.remove(str(tree))
