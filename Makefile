@@ -26,7 +26,7 @@ test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: install
-	$(BIN)/ruff check libs services tests benchmarks
+	$(BIN)/ruff check libs services tests benchmarks tools
 	$(BIN)/python -m runyard.contracts.catalogue --check docs/events.md
 	$(BIN)/python tools/boundaries.py
 

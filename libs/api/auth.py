@@ -26,6 +26,7 @@ import asyncio
 import hashlib
 import re
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -33,6 +34,9 @@ from typing import Any, Literal, get_args
 
 import asyncpg
 from runyard.api.errors import BadRequest, PermissionDenied, Unauthenticated
+from runyard.contracts import Metadata, NewEvent, default_mapper
+from runyard.contracts.admin_events import TokenIssued
+from runyard.eventstore import NO_STREAM, Migration, PostgresEventStore, apply_migrations
 
 Role = Literal["platform_admin", "tenant_admin", "member", "service", "sre"]
 ROLES: tuple[Role, ...] = get_args(Role)
@@ -445,19 +449,41 @@ async def authenticate(conn: asyncpg.Connection | asyncpg.Pool, token: str | Non
 # --- runyard up ---------------------------------------------------------------------
 
 
-async def ensure_dev_token(dsn: str, path: Path) -> str:
+def token_stream(token_id: str) -> str:
+    """The stream of one API token's events (category `access`)."""
+    return f"access-{token_id}"
+
+
+async def record_token_issued(
+    store: PostgresEventStore,
+    conn: asyncpg.Connection,
+    info: TokenInfo,
+    metadata: Metadata,
+    now: datetime,
+) -> None:
+    """Append `TokenIssued` in the transaction that stored the token's hash."""
+    event = TokenIssued(
+        token_id=info.token_id,
+        tenant=info.tenant,
+        user=info.user,
+        role=info.role,
+        description=info.description,
+        expires_at=info.expires_at,
+    )
+    new = NewEvent(event=event, metadata=metadata, occurred_at=now)
+    await store.append_in(conn, token_stream(info.token_id), [new], NO_STREAM)
+
+
+async def ensure_dev_token(dsn: str, path: Path, migrations: Sequence[Migration] = ()) -> str:
     """The dev platform admin token of `runyard up`: reuse the one in `path` while it
     works (not revoked, not expired), else mint one (tenant `dev`, user `admin`),
-    record it as an event and write it there (mode 0600)."""
-    from runyard.contracts import Metadata, default_mapper
-    from runyard.eventstore import PostgresEventStore, apply_migrations
-    from runyard.gateway.app import gateway_migrations, record_token_issued
-
+    record it as an event and write it there (mode 0600). The tokens table must
+    exist (`runyard up` migrates first), or be created by `migrations`."""
     existing = await asyncio.to_thread(_read_token, path)
     store = await PostgresEventStore.connect(dsn, default_mapper())
     try:
         async with store.pool.acquire() as conn:
-            await apply_migrations(conn, gateway_migrations())
+            await apply_migrations(conn, list(migrations))
             if existing:
                 try:
                     await authenticate(conn, existing)

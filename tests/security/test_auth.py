@@ -30,6 +30,7 @@ from runyard.gateway.grpc_gen import tasks_pb2 as pb
 from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
 from runyard.gateway.grpc_server import start_server
 from runyard.gateway.http import create_app
+from runyard.stack.up import all_migrations
 from typer.testing import CliRunner, Result
 
 from tests.integration.test_gateway import BASE, config_dir
@@ -340,7 +341,7 @@ async def test_old_admin_tokens_become_platform_admins_and_the_dev_token_works(
     """Migration: a token stored with the old `admin` role reads as platform_admin;
     `runyard up`'s dev token is a platform admin with an expiry and an event."""
     path = tmp_path / "token"
-    token = await ensure_dev_token(dsn, path)
+    token = await ensure_dev_token(dsn, path, all_migrations())
     gateway = await Gateway.connect(dsn, config_dir(tmp_path))
     try:
         principal = await authenticate(gateway.db, token)
