@@ -561,15 +561,41 @@ def _earlier_tokens() -> list[str]:
 def up(
     http_port: Annotated[int, typer.Option(help="HTTP API port")] = 8080,
     grpc_port: Annotated[int, typer.Option(help="gRPC API port")] = 50051,
+    one_process: Annotated[
+        bool, typer.Option("--one-process", help="Run every service in this one process.")
+    ] = False,
 ) -> None:
     """Start the whole stack locally (embedded Postgres and broker, every service).
 
+    Each service runs as a child process on its own port, restarted when it
+    exits (`runyard ps` lists them); with --one-process all run in this one.
     Prints where each part listens and a dev admin token (also written to
     .runyard/token, which the other commands read). Ctrl-C stops everything.
     """
     from runyard.stack import up as stack_up  # lazy: heavy, and owned by the stack
 
-    stack_up.main(http_port=http_port, grpc_port=grpc_port)
+    stack_up.main(http_port=http_port, grpc_port=grpc_port, one_process=one_process)
+
+
+@app.command()
+def serve(
+    service: Annotated[str, typer.Argument(help="relay, gateway, submission, scheduler, ...")],
+) -> None:
+    """Run one service in this process (what `runyard up` starts for each).
+
+    Reads DATABASE_URL, KAFKA_BOOTSTRAP_SERVERS, RUNYARD_TOPIC_PREFIX,
+    RUNYARD_HOME, RUNYARD_CONFIG, RUNYARD_SETTINGS, RUNYARD_ENDPOINTS and
+    RUNYARD_SERVICE_PORT; applies the service's migrations (as
+    RUNYARD_OWNER_DATABASE_URL when set) and creates the topics first.
+    SIGTERM or Ctrl-C stops it (exit 0).
+    """
+    from runyard.stack import serve as stack_serve
+
+    if service not in stack_serve.SERVICE_NAMES:
+        err.print(f"[red]error:[/red] no service {markup(service)!r}")
+        err.print(f"hint: one of {', '.join(stack_serve.SERVICE_NAMES)}")
+        raise typer.Exit(2)
+    stack_serve.main(service)
 
 
 @app.command()
@@ -592,6 +618,7 @@ def tail(
 from runyard.cli import bundle as _bundle  # noqa: E402, F401  (registers `runyard bundle`)
 from runyard.cli import ft as _ft  # noqa: E402, F401  (registers `runyard ft-log`, `stacks`)
 from runyard.cli import logs as _logs  # noqa: E402, F401  (registers `runyard logs`)
+from runyard.cli import ps as _ps  # noqa: E402, F401  (registers `runyard ps`)
 
 if __name__ == "__main__":
     app()

