@@ -5,7 +5,8 @@ Each service process serves one small FastAPI application on its own port:
     GET /healthz   200 while the process runs (liveness)
     GET /readyz    200 when its store and broker answer and nothing waits out an
                    outage; 503 with Retry-After and what waits otherwise
-    GET /metrics   Prometheus text (OpenTelemetry metrics of this process)
+    GET /metrics   Prometheus text (OpenTelemetry metrics of this process,
+                   `runyard.telemetry.metrics`; docs/metrics.md)
 
 plus the routes of the data it owns (the log service its search and exports,
 the notification service its subscriptions, ...). The gateway is the edge: it
@@ -43,7 +44,7 @@ from runyard.api.errors import (
 from runyard.api.inputs import MAX_BODY_BYTES, BodyLimit
 from runyard.domain import DomainError
 from runyard.eventstore import HEALTH, ConcurrencyError, EventTooLarge, is_transient
-from runyard.telemetry import TracingMiddleware
+from runyard.telemetry import TracingMiddleware, metrics_text, setup_metrics
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 #: A readiness probe: returns the components that are not ready (name -> seconds
@@ -62,7 +63,11 @@ def service_app(
     translate_error: Translate = translate,
     extra_errors: tuple[type[Exception], ...] = (),
 ) -> FastAPI:
-    """The FastAPI application of service `name`: health, readiness, metrics, `routers`."""
+    """The FastAPI application of service `name`: health, readiness, metrics, `routers`.
+
+    It installs the process's metrics (`setup_metrics(name)`, a no-op when the
+    service already did) so that /metrics has them; `metrics` replaces their text."""
+    setup_metrics(name)
     app = FastAPI(title=f"Runyard {name}", version="1")
     app.add_middleware(TracingMiddleware)
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
@@ -81,7 +86,8 @@ def health_routes(
     metrics: Callable[[], str] | None = None,
 ) -> None:
     """/healthz, /readyz and /metrics on `app` (no credentials needed, so no error
-    texts in the answers: those are in the service's log)."""
+    texts in the answers: those are in the service's log). /metrics serves
+    `metrics()`, by default the process's (`metrics_text`)."""
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> JSONResponse:
@@ -105,7 +111,7 @@ def health_routes(
 
     @app.get("/metrics", include_in_schema=False)
     async def prometheus() -> PlainTextResponse:
-        text = metrics() if metrics is not None else ""
+        text = (metrics or metrics_text)()
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 

@@ -49,6 +49,7 @@ from runyard.eventstore.store import (
     EventStore,
     ExpectedVersion,
 )
+from runyard.telemetry.metrics import count_appended
 
 _APPEND = "SELECT o_version, o_positions FROM runyard_append($1, $2, $3, $4, $5, $6, $7, $8)"
 _WRONG_VERSION = "RY001"  # raised by runyard_append
@@ -202,6 +203,7 @@ class PostgresEventStore(EventStore):
             raise ConcurrencyError(stream_id, expected, None if actual < 0 else actual) from exc
         except _CONNECTION_ERRORS as exc:
             raise StoreUnavailable(str(exc)) from exc
+        count_appended(args[3])
         return _result(stream_id, row)
 
     def _append_args(

@@ -15,19 +15,26 @@
 - Each batch's transaction also raises the group's positions per partition
   (`runyard.messaging.positions`): after a broker loss, the relay publishes
   again only what some group had not handled.
+- Scales out: N instances with one name form one consumer group and share the
+  topics' partitions. A partition that moves to another instance in a
+  rebalance is read again from its last committed offset; what the previous
+  owner handled after that offset finds its inbox rows and is skipped.
+- Measured (`runyard.telemetry.metrics`): events taken by outcome, handler
+  time, and the lag of the partitions it holds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
+from time import perf_counter
 from typing import Any
 
 import asyncpg
-from aiokafka import ConsumerRecord
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from faststream.kafka import KafkaBroker
 from faststream.kafka.annotations import KafkaMessage
 from faststream.middlewares import AckPolicy
@@ -38,6 +45,7 @@ from runyard.eventstore.transient import is_transient, retrying
 from runyard.messaging import codec
 from runyard.messaging.positions import Positions, positions_of, save_positions
 from runyard.messaging.settings import KafkaSettings
+from runyard.telemetry.metrics import ConsumerMetrics, track_lag
 
 log = logging.getLogger("runyard.consumer")
 _tracer = trace.get_tracer("runyard.messaging")
@@ -91,7 +99,9 @@ class IdempotentConsumer:
         self.max_records = max_records
         self.after_batch = after_batch
         self.stats = ConsumerStats()
+        self.metrics = ConsumerMetrics(name)
         self._broker: KafkaBroker | None = None
+        self._subscriber: Any = None
         self._commits_paused_until = 0.0
         #: Subscribed topics whose registration row is not written yet.
         self._unregistered: set[str] = set()
@@ -106,8 +116,7 @@ class IdempotentConsumer:
         """Register the subscriber on `broker` (FastStream) for `topics`."""
         self._broker = broker
         self._unregistered.update(topics)
-
-        @broker.subscriber(  # type: ignore[misc]
+        self._subscriber = broker.subscriber(  # type: ignore[call-overload]
             *topics,
             group_id=self.group_id,
             batch=True,
@@ -117,11 +126,27 @@ class IdempotentConsumer:
             decoder=_raw_body,  # we decode ourselves, so a bad message can be dead-lettered
             **self.kafka.consumer_options(),  # type: ignore[arg-type]
         )
+        track_lag(self.name, self.lag)
+
+        @self._subscriber  # type: ignore[misc]
         async def on_messages(body: list[bytes], message: KafkaMessage) -> None:
             records = message.raw_message
             batch = records if isinstance(records, tuple) else (records,)
             await self.process_batch(list(batch))  # type: ignore[arg-type]
             await self._commit(message)
+
+    def lag(self) -> Mapping[str, int]:
+        """topic -> messages not taken yet in the partitions this instance holds."""
+        return kafka_lag(self._kafka_consumer())
+
+    def assignment(self) -> set[TopicPartition]:
+        """The partitions this instance holds now (none before the broker starts)."""
+        consumer = self._kafka_consumer()
+        return set(consumer.assignment()) if consumer is not None else set()
+
+    def _kafka_consumer(self) -> AIOKafkaConsumer | None:
+        # FastStream's subscriber holds its aiokafka consumer while it runs.
+        return getattr(self._subscriber, "consumer", None)
 
     async def _commit(self, message: KafkaMessage) -> None:
         """Commit the offsets after processing; a failed commit only means a
@@ -154,6 +179,7 @@ class IdempotentConsumer:
             try:
                 wanted.append((record, codec.decode(record.value, self.mapper)))
             except codec.UndecodableMessage as exc:
+                self.metrics.handled("unknown", "undecodable")
                 await self.dead_letter(record, exc.reason)
         positions = positions_of(records)
         component = f"consumer {self.name}"
@@ -255,6 +281,7 @@ class IdempotentConsumer:
                     await asyncio.sleep(0.05 * 2**attempt)
                     continue
                 log.exception("%s: handler failed on %s", self.name, event.event_id)
+                self.metrics.handled(event.type, "failed")
                 await self.dead_letter(record, f"handler failed: {type(exc).__name__}: {exc}")
                 return False
         return False
@@ -269,8 +296,12 @@ class IdempotentConsumer:
         )
         if not fresh:
             self.stats.duplicates += 1
+            self.metrics.handled(event.type, "duplicate")
             return False
+        started = perf_counter()
         await self.handler(event, conn)
+        self.metrics.latency(perf_counter() - started)
+        self.metrics.handled(event.type)
         return True
 
     async def dead_letter(self, record: ConsumerRecord[Any, Any], reason: str) -> None:
@@ -300,6 +331,28 @@ class IdempotentConsumer:
             },
         )
         await retrying(publish, component=f"consumer {self.name}")
+
+
+def kafka_lag(consumer: AIOKafkaConsumer | None) -> dict[str, int]:
+    """topic -> messages not taken yet by `consumer`, over its assigned partitions:
+    the last known log end offset (from its fetches) minus its position. Reads only
+    what the consumer already holds, so a scrape costs no broker call; a partition
+    not fetched yet counts for nothing."""
+    if consumer is None:
+        return {}
+    # aiokafka keeps highwater and position on each partition's state (what its
+    # `highwater()` reads) and has no synchronous way to read the position.
+    subscription = consumer._subscription.subscription
+    assignment = subscription.assignment if subscription is not None else None
+    if assignment is None:
+        return {}
+    lag: dict[str, int] = {}
+    for tp in assignment.tps:
+        state = assignment.state_value(tp)
+        if state is None or state.highwater is None or not state.has_valid_position:
+            continue
+        lag[tp.topic] = lag.get(tp.topic, 0) + max(0, state.highwater - state.position)
+    return lag
 
 
 def _link_to_current() -> list[trace.Link]:

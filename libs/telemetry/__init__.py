@@ -10,6 +10,10 @@
 - The relay copies that context into Kafka headers; FastStream's telemetry
   middleware on every consumer continues the trace; and what a service writes
   in reaction (`Metadata.caused_by`) carries the consumer span's context.
+
+Metrics (`runyard.telemetry.metrics`): `setup_metrics(service)` and
+`metrics_text()` behind every service's /metrics, the consumers' and the
+store's instruments, and `register_gauge` for a service's own gauges.
 """
 
 from __future__ import annotations
@@ -27,8 +31,23 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
 )
 from runyard.contracts.envelope import set_trace_context_source
+from runyard.telemetry.metrics import (
+    metrics_text,
+    register_gauge,
+    setup_metrics,
+    track_lag,
+)
 
-__all__ = ["TracingMiddleware", "current_trace_context", "setup_tracing", "tracer"]
+__all__ = [
+    "TracingMiddleware",
+    "current_trace_context",
+    "metrics_text",
+    "register_gauge",
+    "setup_metrics",
+    "setup_tracing",
+    "tracer",
+    "track_lag",
+]
 
 _configured = False
 

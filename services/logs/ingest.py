@@ -7,6 +7,12 @@ crash between the two redelivers the batch, and the store's dedupe key turns
 the repeats into no-ops. A message that is not a
 log line is counted and skipped: a log pipeline must not stall on one. A
 database outage is waited out (retried with backoff) rather than fatal.
+
+N ingesters with one group share the topic's partitions (lines are keyed by
+task, so one task's lines stay in order in one partition); a partition that
+moves in a rebalance is read again from its last committed offset, and the
+dedupe key stores each line once. Lines by outcome and the lag of the
+partitions held are metrics (`runyard.telemetry.metrics`).
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from runyard.eventstore.transient import retrying
 from runyard.logs.records import LogRecord, MalformedRecord, parse
 from runyard.logs.store import LogStore
 from runyard.messaging import KafkaSettings
+from runyard.messaging.consumer import kafka_lag
+from runyard.telemetry.metrics import count_log_lines, track_lag
 
 log = logging.getLogger("runyard.logs.ingest")
 GROUP = "logs"
@@ -60,6 +68,7 @@ class LogIngester:
         #: Batches written at once (each on its own connection).
         self.writers = writers
         self.stats = IngestStats()
+        self._consumer: AIOKafkaConsumer | None = None
 
     async def run(self) -> None:
         """Consume the logs topic until cancelled."""
@@ -71,12 +80,24 @@ class LogIngester:
             max_poll_records=self.max_records,
             **self.kafka.consumer_options(),  # type: ignore[arg-type]
         )
+        self._consumer = consumer
+        untrack = track_lag(self.group, self.lag)
         try:
             await consumer.start()  # inside: a cancel during the group join still stops it
             await self.pipeline(self._polled(consumer))
         finally:
+            untrack()
+            self._consumer = None
             with contextlib.suppress(Exception):
                 await consumer.stop()
+
+    def assignment(self) -> set[TopicPartition]:
+        """The partitions of the logs topic this instance holds now (none when stopped)."""
+        return set(self._consumer.assignment()) if self._consumer is not None else set()
+
+    def lag(self) -> dict[str, int]:
+        """topic -> lines not taken yet in the partitions this instance holds."""
+        return kafka_lag(self._consumer)
 
     async def _polled(self, consumer: AIOKafkaConsumer) -> AsyncIterator[Batch]:
         while True:
@@ -128,6 +149,8 @@ class LogIngester:
             except MalformedRecord as exc:
                 self.stats.malformed += 1
                 log.warning("skipping a malformed log record: %s", exc)
+        if len(records) < len(values):
+            count_log_lines(self.group, stored=0, duplicate=0, malformed=len(values) - len(records))
         return records
 
     async def _store_counted(self, records: list[LogRecord], received: int) -> int:
@@ -135,6 +158,7 @@ class LogIngester:
         self.stats.received += received
         self.stats.stored += stored
         self.stats.duplicates += len(records) - stored
+        count_log_lines(self.group, stored=stored, duplicate=len(records) - stored, malformed=0)
         self.stats.batches += 1
         return stored
 
