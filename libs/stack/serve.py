@@ -101,7 +101,7 @@ async def prepare(name: str, ctx: ServiceContext) -> None:
         lambda: migrate_service(name, owner, grants=owner != ctx.dsn), component=f"{name}.migrate"
     )
     if applied:
-        log.warning("%s: applied migrations %s", name, ", ".join(applied))
+        log.info("%s: applied migrations %s", name, ", ".join(applied))
     kafka = ctx.kafka
     await retrying(
         lambda: ensure_topics(kafka.bootstrap, kafka.topics, **kafka.security.client_options()),

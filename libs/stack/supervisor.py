@@ -28,6 +28,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from runyard.stack.context import ROLE_DSN_VARIABLES, ServiceContext
 from runyard.stack.processes import (
     ProcessIdentity,
     boot_id,
@@ -239,6 +241,47 @@ def _signal_group(child: Child, sig: int) -> None:
         return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(child.process.pid, sig)
+
+
+def service_specs(ctx: ServiceContext, names: Sequence[str]) -> list[ChildSpec]:
+    """How to start each of `names` as a child on the platform `ctx` describes:
+    `python -m runyard.stack.serve <name>` with the environment from which
+    `ServiceContext.from_env` builds that context again (its own DSN, the broker
+    and topic prefix, home, config, settings, every service's URL) and its port
+    (RUNYARD_SERVICE_PORT). Settings that are not JSON (a bound socket) stay
+    behind, and so does the dev token (each reads its file)."""
+    settings = {k: v for k, v in ctx.settings.items() if k != "token" and _is_json(v)}
+    for name, url in ctx.endpoints.items():
+        if port := urlsplit(url if "://" in url else f"//{url}").port:
+            settings[f"{name.replace('-', '_')}_port"] = port
+    private = {"DATABASE_URL", "RUNYARD_OWNER_DATABASE_URL", *ROLE_DSN_VARIABLES.values()}
+    base = {k: v for k, v in os.environ.items() if k not in private}
+    base.update(
+        KAFKA_BOOTSTRAP_SERVERS=ctx.kafka.bootstrap,
+        RUNYARD_TOPIC_PREFIX=ctx.kafka.topics.prefix,
+        RUNYARD_HOME=str(Path(ctx.data_dir).resolve()),
+        RUNYARD_CONFIG=str(Path(ctx.config_dir).resolve()),
+        RUNYARD_SETTINGS=json.dumps(settings),
+        RUNYARD_ENDPOINTS=json.dumps(ctx.endpoints),
+        PYTHONUNBUFFERED="1",
+    )
+    specs = []
+    for name in names:
+        url = ctx.endpoints.get(name, "")
+        env = {**base, "DATABASE_URL": ctx.service_dsns.get(name, ctx.dsn)}
+        if url.startswith("http") and (port := urlsplit(url).port):
+            env["RUNYARD_SERVICE_PORT"] = str(port)
+        argv = [sys.executable, "-m", "runyard.stack.serve", name]
+        specs.append(ChildSpec(name, argv, env, url))
+    return specs
+
+
+def _is_json(value: object) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def read_state(path: Path) -> dict[str, Any] | None:

@@ -24,11 +24,9 @@ import logging
 import os
 import signal
 import socket
-import sys
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import asyncpg
 from rich.console import Console
@@ -44,11 +42,11 @@ from runyard.eventstore import (
 from runyard.messaging import KafkaSettings, Topics, ensure_topics
 from runyard.messaging.settings import KafkaSecurity
 from runyard.stack import roles
-from runyard.stack.context import ROLE_DSN_VARIABLES, ServiceContext, service_dsns_from_env
+from runyard.stack.context import ServiceContext, service_dsns_from_env
 from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres
 from runyard.stack.processes import AlreadyRunning, exclusive
 from runyard.stack.serve import SERVICE_NAMES, Runner, load_runner, service_migrations
-from runyard.stack.supervisor import ChildSpec, Supervisor, end_leftovers
+from runyard.stack.supervisor import ChildSpec, Supervisor, end_leftovers, service_specs
 from runyard.telemetry import setup_tracing
 
 log = logging.getLogger("runyard.up")
@@ -410,34 +408,17 @@ def service_endpoints(settings: Mapping[str, object]) -> dict[str, str]:
 def child_specs(
     stack: Stack, settings: Mapping[str, object], names: Sequence[str] = SERVICE_NAMES
 ) -> list[ChildSpec]:
-    """How the supervisor starts each of `names`: `python -m runyard.stack.serve <name>`,
-    with the environment `ServiceContext.from_env` reads (its own DSN, the broker,
-    the home, the config, the settings and every service's URL)."""
-    endpoints = service_endpoints(settings)
-    shared = {k: v for k, v in settings.items() if k != "token"}  # each reads its file
-    for name, url in endpoints.items():
-        if port := urlsplit(url if "://" in url else f"//{url}").port:
-            shared[f"{name.replace('-', '_')}_port"] = port
-    private = {"DATABASE_URL", "RUNYARD_OWNER_DATABASE_URL", *ROLE_DSN_VARIABLES.values()}
-    base = {k: v for k, v in os.environ.items() if k not in private}
-    base.update(
-        KAFKA_BOOTSTRAP_SERVERS=stack.bootstrap,
-        RUNYARD_TOPIC_PREFIX="",
-        RUNYARD_HOME=str(stack.home),
-        RUNYARD_CONFIG=str(_config_dir().resolve()),
-        RUNYARD_SETTINGS=json.dumps(shared),
-        RUNYARD_ENDPOINTS=json.dumps(endpoints),
-        PYTHONUNBUFFERED="1",
+    """How the supervisor starts each of `names` on this stack (`service_specs`)."""
+    ctx = ServiceContext(
+        dsn=stack.dsn,
+        kafka=_stack_kafka(stack),
+        data_dir=stack.home,
+        config_dir=_config_dir(),
+        settings=dict(settings),
+        service_dsns=dict(stack.service_dsns),
+        endpoints=service_endpoints(settings),
     )
-    specs = []
-    for name in names:
-        url = endpoints.get(name, "")
-        env = {**base, "DATABASE_URL": stack.service_dsns.get(name, stack.dsn)}
-        if port := urlsplit(url).port:
-            env["RUNYARD_SERVICE_PORT"] = str(port)
-        argv = [sys.executable, "-m", "runyard.stack.serve", name]
-        specs.append(ChildSpec(name, argv, env, url))
-    return specs
+    return service_specs(ctx, names)
 
 
 async def supervise(stack: Stack, settings: dict[str, object]) -> None:

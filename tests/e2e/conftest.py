@@ -1,12 +1,22 @@
-"""The whole platform in-process, on the test's own database and topic prefix.
+"""The whole platform on the test's own database and topic prefix.
 
-`platform` starts what `runyard up` starts (`run_platform`: the outbox relay,
-then every built service's `run(ctx)`: gateway on a free port, scheduler,
-deployer with the local runtime) on the `dsn` and `kafka` fixtures, with a
-copy of infra/config in the test's temp folder (a short stop grace), and
-gives the test an HTTP client and an admin token of tenant `e2e`. Tests only
-talk to the gateway's HTTP API; they peek into the running deployer only to
-check that processes are gone.
+`platform` starts what `runyard up` starts, every built service (relay,
+gateway on a free port, submission, scheduler, deployer with the local
+runtime, fault tolerance, logs, notification) on the `dsn` and `kafka`
+fixtures, with a copy of infra/config in the test's temp folder (a short stop
+grace), and gives the test an HTTP client and an admin token of tenant `e2e`.
+
+Layouts (RUNYARD_E2E_LAYOUT):
+- `processes` (the default): each service is a child process
+  (`python -m runyard.stack.serve <name>`, started together, each on a free
+  port, every URL in RUNYARD_ENDPOINTS), as `runyard up` runs them; a child
+  that exits fails the test, and none outlives it (its process group is
+  killed at teardown, whatever happened);
+- `one-process`: all in the test's event loop (`run_platform`).
+The platform is ready when every service answers /readyz with 200.
+
+Tests talk to the gateway's HTTP API only, and look at the OS for worker
+processes (`Platform.worker_pids`, by the variables the runtime gives them).
 
 RUNYARD_E2E_SKIP=logs,faulttolerance (service names, comma-separated) leaves
 services out, to tell a service's own failure from the path under test.
@@ -22,6 +32,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
@@ -36,7 +47,9 @@ import yaml
 from runyard.api.auth import create_token
 from runyard.messaging import KafkaSettings
 from runyard.stack.context import ServiceContext
-from runyard.stack.up import SERVICES, run_platform
+from runyard.stack.serve import SERVICE_NAMES, load_runner
+from runyard.stack.supervisor import Supervisor, service_specs
+from runyard.stack.up import run_platform
 
 from tests.e2e.audit import assert_audit_chain
 
@@ -64,15 +77,38 @@ class Platform:
     ctx: ServiceContext
     http: httpx.AsyncClient
     token: str
-    runner: asyncio.Task[None]
+    #: Raises when the platform stopped (a service process exited, or the
+    #: in-process platform returned).
+    check: Callable[[], None]
 
     @property
     def kafka(self) -> KafkaSettings:
         return self.ctx.kafka
 
-    @property
-    def deployer(self) -> Any:
-        return self.ctx.settings["deployer_app"]
+    def worker_pids(self, key: tuple[str, str, int]) -> dict[int, int]:
+        """Worker index -> pid (its process group) of the live workers of `key`
+        (task id, run id, attempt), found in /proc by the variables the local
+        runtime gives each worker's wrapper."""
+        task_id, run_id, attempt = key
+        wanted = {
+            f"RUNYARD_TASK_ID={task_id}".encode(),
+            f"RUNYARD_RUN_ID={run_id}".encode(),
+            f"RUNYARD_ATTEMPT={attempt}".encode(),
+        }
+        found: dict[int, int] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
+                environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if stat[0] in ("Z", "X") or int(stat[2]) != int(entry) or not wanted <= set(environ):
+                continue  # gone, not a group's leader, or not of this attempt
+            index = next(v for v in environ if v.startswith(b"RUNYARD_WORKER_INDEX="))
+            found[int(index.partition(b"=")[2])] = int(entry)
+        return found
 
     async def submit(self, **spec: Any) -> dict[str, Any]:
         body = {"pool": "dev-a100", "worker_spec": "1gpu", "image": "bash-only", **spec}
@@ -120,26 +156,95 @@ class Platform:
         return task
 
     def check_alive(self) -> None:
-        if self.runner.done():
-            raise AssertionError(f"the platform stopped: {self.runner.exception()!r}")
+        self.check()
 
 
-async def _wait_ready(
-    ctx: ServiceContext, http: httpx.AsyncClient, run: asyncio.Task[None]
+LAYOUT = os.environ.get("RUNYARD_E2E_LAYOUT", "processes")
+
+
+def built_services() -> list[str]:
+    skip = set(os.environ.get("RUNYARD_E2E_SKIP", "").split(","))
+    return [n for n in SERVICE_NAMES if n not in skip and load_runner(n) is not None]
+
+
+async def wait_ready(
+    http: httpx.AsyncClient, endpoints: dict[str, str], names: list[str], check: Callable[[], None]
 ) -> None:
+    """Until every service of `names` answers /readyz with 200 (30 s at most)."""
     deadline = time.monotonic() + 30
-    while True:
+    waiting = set(names)
+    while waiting:
+        check()
+        for name in sorted(waiting):
+            with contextlib.suppress(httpx.TransportError, KeyError):
+                answer = await http.get(f"{endpoints[name]}/readyz", timeout=1)
+                if answer.status_code == 200:
+                    waiting.discard(name)
+        assert time.monotonic() < deadline, f"not ready within 30 s: {sorted(waiting)}"
+        if waiting:
+            await asyncio.sleep(0.1)
+
+
+@contextlib.asynccontextmanager
+async def _in_process(ctx: ServiceContext, names: list[str]) -> AsyncIterator[Callable[[], None]]:
+    """Every service of `names` in this event loop (`run_platform`)."""
+    services = [f"runyard.{name}.main:run" for name in names]
+    run = asyncio.create_task(run_platform(ctx, services=services), name="platform")
+
+    def check() -> None:
         if run.done():
-            run.result()
-            raise AssertionError("the platform returned before it was ready")
-        ready = "scheduler_app" in ctx.settings and "deployer_app" in ctx.settings
-        relay = ctx.settings.get("relay")
-        if ready and relay is not None and relay.ready.is_set():
-            with contextlib.suppress(httpx.TransportError):
-                await http.get("/openapi.json")
-                return
-        assert time.monotonic() < deadline, "the platform did not start within 30 s"
-        await asyncio.sleep(0.05)
+            raise AssertionError(f"the platform stopped: {run.exception()!r}")
+
+    try:
+        while not set(names) <= set(ctx.endpoints):  # bound before any service starts
+            check()
+            await asyncio.sleep(0.02)
+        yield check
+    finally:
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+
+
+def free_endpoints(ctx: ServiceContext, names: list[str]) -> None:
+    """A free port for each service of `names` (the gateway: `http_port`) and the
+    submission service's gRPC API, in `ctx.settings` and `ctx.endpoints`."""
+    for name in names:
+        if name != "gateway":
+            ctx.settings[f"{name}_port"] = free_port()
+            ctx.endpoints[name] = f"http://127.0.0.1:{ctx.settings[f'{name}_port']}"
+    ctx.endpoints["gateway"] = f"http://127.0.0.1:{ctx.settings['http_port']}"
+    ctx.settings["submission_grpc_port"] = free_port()
+    ctx.endpoints["submission-grpc"] = f"127.0.0.1:{ctx.settings['submission_grpc_port']}"
+
+
+def kill_groups(supervisor: Supervisor) -> None:
+    """SIGKILL to every child's process group: nothing of theirs outlives a test."""
+    for child in supervisor.children.values():
+        if child.process is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.process.pid, signal.SIGKILL)
+
+
+@contextlib.asynccontextmanager
+async def _processes(ctx: ServiceContext, names: list[str]) -> AsyncIterator[Callable[[], None]]:
+    """Every service of `names` as a child process, all started at once."""
+    free_endpoints(ctx, names)
+    ctx.settings["log_level"] = os.environ.get("RUNYARD_LOG_LEVEL", "warning").lower()
+    supervisor = Supervisor(service_specs(ctx, names), restart=False, grace_s=15)
+
+    def check() -> None:
+        if exited := supervisor.exited():
+            raise AssertionError(f"service processes exited: {exited}")
+
+    try:
+        await supervisor.start()
+        yield check
+    finally:
+        try:
+            await supervisor.stop()
+        finally:
+            kill_groups(supervisor)
 
 
 @contextlib.asynccontextmanager
@@ -147,36 +252,35 @@ async def running_platform(
     dsn: str, kafka: KafkaSettings, home: Path, **settings: Any
 ) -> AsyncIterator[Platform]:
     """The platform on `dsn` / `kafka` with config and data under `home`."""
-    port, grpc_port = free_port(), free_port()
     ctx = ServiceContext(
         dsn=dsn,
         kafka=kafka,
         data_dir=home / "data",
         config_dir=copy_config(home / "config"),
         settings={
-            "http_port": port,
-            "grpc_port": grpc_port,
+            "http_port": free_port(),
+            "grpc_port": free_port(),
             "scheduler_tick_s": 1.0,
             **settings,
         },
     )
-    skip = set(os.environ.get("RUNYARD_E2E_SKIP", "").split(","))
-    services = [s for s in SERVICES if s.split(".")[1].split(":")[0] not in skip]
-    run = asyncio.create_task(run_platform(ctx, services=services), name="platform")
-    try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
-            await _wait_ready(ctx, http, run)
-            conn = await asyncpg.connect(dsn)
-            try:
-                token = await create_token(conn, "e2e", "alice", "admin")
-            finally:
-                await conn.close()
-            http.headers["Authorization"] = f"Bearer {token}"
-            yield Platform(ctx, http, token, run)
-    finally:
-        run.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await run
+    ctx.data_dir.mkdir(parents=True, exist_ok=True)
+    names = built_services()
+    layout = _in_process if LAYOUT == "one-process" else _processes
+    async with (
+        layout(ctx, names) as check,
+        httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{ctx.settings['http_port']}", timeout=30
+        ) as http,
+    ):
+        await wait_ready(http, ctx.endpoints, names, check)
+        conn = await asyncpg.connect(dsn)
+        try:
+            token = await create_token(conn, "e2e", "alice", "admin")
+        finally:
+            await conn.close()
+        http.headers["Authorization"] = f"Bearer {token}"
+        yield Platform(ctx, http, token, check)
     await assert_audit_chain(dsn)  # only after a test that passed (R-62)
 
 

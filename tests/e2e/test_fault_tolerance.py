@@ -1,9 +1,10 @@
 """Fault tolerance end to end (issue 8, "Must show"), through the gateway's HTTP API.
 
-The whole platform runs in-process (conftest.py): scheduler, deployer with the
-local runtime (real worker processes), fault-tolerance service reading the real
-logs topic, gateway. Short knobs come from settings and the test's config copy,
-never from changed defaults: the deployer's `max_restart_delay_s` (runtime.yaml
+The whole platform runs as in `runyard up`, each service in its own process by
+default (conftest.py): scheduler, deployer with the local runtime (real worker
+processes), fault-tolerance service reading the real logs topic, gateway.
+Short knobs come from settings and the test's config copy, never from changed
+defaults: the deployer's `max_restart_delay_s` (runtime.yaml
 `deployer:`) so a restart follows in about a second, and the FT service's
 `faulttolerance_resume_wait_s` so the "no checkpoint loaded" warning comes soon.
 """
@@ -75,16 +76,7 @@ async def ft_platform(
         notification_group_window_s=0.1,
         notification_poll_s=0.1,
     ) as platform:
-        await _ft_ready(platform)
         yield platform
-
-
-async def _ft_ready(platform: Platform) -> None:
-    deadline = time.monotonic() + 30
-    while "faulttolerance_app" not in platform.ctx.settings:
-        platform.check_alive()
-        assert time.monotonic() < deadline, "the fault-tolerance service did not start"
-        await asyncio.sleep(0.05)
 
 
 async def ft_log(platform: Platform, task_id: str) -> dict[str, Any]:
@@ -340,9 +332,7 @@ def tqdm_line(iteration: str, seconds: str) -> str:
 
 def seed_log_command(line: Any, unit: float) -> str:
     """Prints the seed's resumed log (iterations 3-92) at once, then exits 0."""
-    cases = " ".join(
-        f"{it}) t={seed_ms(it) / unit:g};;" for it in range(83, 93)
-    )
+    cases = " ".join(f"{it}) t={seed_ms(it) / unit:g};;" for it in range(83, 93))
     return (
         "echo 'resuming from iteration 2'; "
         f"for i in {{3..92}}; do t={3101 / unit:g}; case $i in {cases} esac; "
@@ -405,7 +395,7 @@ async def test_a_hang_with_no_restart_left_fails_the_task_and_alerts(
     task_id = created["task_id"]
     await ft_platform.wait_for(task_id, lambda t: t["attempt"] == 2 and t["status"] == "running")
     running = await ft_platform.task(task_id)
-    pids = ft_platform.deployer.runtime.pids((task_id, running["run"], 2))
+    pids = ft_platform.worker_pids((task_id, running["run"], 2))
     assert pids, "the second attempt's workers run"
     failed = await ft_platform.wait_status(task_id, "failed", within=HANG_TIMEOUT_S + 20)
     assert failed["last_failure_reason"] == "hang, no restarts left"

@@ -1,8 +1,9 @@
 """Tasks really run, end to end (issue 5, "Must show").
 
-Every test goes through the gateway's HTTP API to the whole platform running
-in-process (relay, scheduler, deployer with the local runtime) on its own
-Postgres database and Kafka topic prefix; see conftest.py.
+Every test goes through the gateway's HTTP API to the whole platform (relay,
+scheduler, deployer with the local runtime, ...; each service in its own
+process by default) on its own Postgres database and Kafka topic prefix; see
+conftest.py.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ async def test_stop_ends_every_process_frees_the_gpus_and_the_queued_task_starts
     )
     running = await platform.wait_status(gang["task_id"], "running")
     key = (gang["task_id"], running["run"], running["attempt"])
-    pids = platform.deployer.runtime.pids(key)
+    pids = platform.worker_pids(key)
     assert len(pids) == 4
     assert all(group_members(pid) for pid in pids.values())
 

@@ -1,0 +1,167 @@
+"""The supervisor `runyard up` runs: every service a child process, kept running.
+
+On the test's own database and topic prefix, every built service is started
+as `runyard up` starts it (`service_specs`: `python -m runyard.stack.serve
+<name>`), under the supervisor with its state file; `runyard ps --json` reads
+that file and asks each service. A service killed with -9 comes back (its
+restart counted) while the others go on serving; stopping the supervisor
+leaves no process behind. Also: migrations applied by many services starting
+at once on an empty database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from runyard.api.auth import create_token
+from runyard.deployer.runtime import group_members
+from runyard.eventstore import apply_migrations
+from runyard.messaging import KafkaSettings
+from runyard.stack.context import ServiceContext
+from runyard.stack.processes import ProcessIdentity
+from runyard.stack.serve import service_migrations
+from runyard.stack.supervisor import Supervisor, restart_delay, service_specs
+
+from tests.e2e.conftest import (
+    built_services,
+    copy_config,
+    free_endpoints,
+    free_port,
+    kill_groups,
+    wait_ready,
+)
+
+pytestmark = pytest.mark.integration
+
+RUNYARD = Path(sys.executable).parent / "runyard"
+
+
+def test_restart_delays_double_with_jitter_up_to_the_cap() -> None:
+    rng = random.Random(7)
+    for quick_exits, bound in [(0, 0.5), (1, 0.5), (2, 1.0), (3, 2.0), (7, 30.0), (40, 30.0)]:
+        delay = restart_delay(quick_exits, base_s=0.5, cap_s=30.0, rng=rng)
+        assert bound / 2 <= delay <= bound, (quick_exits, delay)
+
+
+async def test_services_starting_together_apply_each_migration_once(dsn: str) -> None:
+    conns = [await asyncpg.connect(dsn) for _ in range(6)]
+    try:
+        wanted = service_migrations("logs")
+        applied = await asyncio.gather(*(apply_migrations(c, wanted) for c in conns))
+        rows = await conns[0].fetch("SELECT component, version FROM schema_migrations")
+    finally:
+        await asyncio.gather(*(c.close() for c in conns))
+    names = [name for each in applied for name in each]
+    assert sorted(names) == sorted(f"{m.component}/{m.name}" for m in wanted)
+    assert sorted((r["component"], r["version"]) for r in rows) == sorted(
+        (m.component, m.version) for m in wanted
+    )
+
+
+@pytest.fixture
+async def supervised(
+    dsn: str, kafka: KafkaSettings, tmp_path: Path
+) -> AsyncIterator[tuple[Supervisor, ServiceContext]]:
+    ctx = ServiceContext(
+        dsn=dsn,
+        kafka=kafka,
+        data_dir=tmp_path / "home",
+        config_dir=copy_config(tmp_path / "config"),
+        settings={"http_host": "127.0.0.1", "http_port": free_port(), "grpc_port": free_port()},
+    )
+    (ctx.data_dir / "run").mkdir(parents=True)
+    names = built_services()
+    free_endpoints(ctx, names)
+    supervisor = Supervisor(
+        service_specs(ctx, names),
+        state_path=ctx.data_dir / "run" / "services.json",
+        base_s=1.0,
+        grace_s=15,
+    )
+    try:
+        await supervisor.start()
+        yield supervisor, ctx
+    finally:
+        try:
+            await supervisor.stop()
+        finally:
+            kill_groups(supervisor)
+
+
+async def runyard_ps(home: Path) -> tuple[int, list[dict[str, Any]]]:
+    proc = await asyncio.create_subprocess_exec(
+        str(RUNYARD), "ps", "--home", str(home), "--json", stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, json.loads(out)
+
+
+def state_of(path: Path, name: str) -> dict[str, Any]:
+    (service,) = [s for s in json.loads(path.read_text())["services"] if s["name"] == name]
+    found: dict[str, Any] = service
+    return found
+
+
+@pytest.mark.timeout(90)
+async def test_every_service_a_child_restarted_after_kill_9_and_none_left_after_stop(
+    supervised: tuple[Supervisor, ServiceContext],
+) -> None:
+    supervisor, ctx = supervised
+    names = list(supervisor.children)
+    assert {"relay", "gateway", "scheduler", "deployer"} <= set(names)
+    pids = {n: c.process.pid for n, c in supervisor.children.items() if c.process}
+    assert len(set(pids.values())) == len(names) and os.getpid() not in pids.values()
+    async with httpx.AsyncClient(base_url=ctx.endpoints["gateway"], timeout=10) as http:
+        await wait_ready(http, ctx.endpoints, names, lambda: None)
+
+        code, listed = await runyard_ps(ctx.data_dir)
+        assert code == 0, [s for s in listed if not s["healthy"]]
+        assert {s["name"]: s["pid"] for s in listed} == pids
+        assert all(s["healthy"] and s["ready"] and s["restarts"] == 0 for s in listed), listed
+
+        conn = await asyncpg.connect(ctx.dsn)
+        try:
+            token = await create_token(conn, "e2e", "alice", "admin")
+        finally:
+            await conn.close()
+        http.headers["Authorization"] = f"Bearer {token}"
+        victim = supervisor.children["scheduler"]
+        first = ProcessIdentity.of(pids["scheduler"])
+        os.kill(pids["scheduler"], signal.SIGKILL)
+        answer = await http.get("/v1/tasks")  # the others keep serving meanwhile
+        assert answer.status_code == 200, answer.text
+
+        deadline = time.monotonic() + 30
+        while not (victim.restarts == 1 and victim.running):
+            assert time.monotonic() < deadline, supervisor.exited()
+            await asyncio.sleep(0.1)
+        assert victim.process is not None and victim.process.pid != pids["scheduler"]
+        assert victim.last_exit == -signal.SIGKILL
+        recorded = state_of(ctx.data_dir / "run" / "services.json", "scheduler")
+        assert (recorded["restarts"], recorded["pid"]) == (1, victim.process.pid)
+        assert recorded["last_exit"] == -signal.SIGKILL
+        await wait_ready(http, ctx.endpoints, ["scheduler"], lambda: None)
+        others = {n: c.process.pid for n, c in supervisor.children.items() if c.process}
+        assert {n: p for n, p in others.items() if n != "scheduler"} == {
+            n: p for n, p in pids.items() if n != "scheduler"
+        }
+
+    started = [ProcessIdentity.of(p) for p in others.values()] + [first]
+    await supervisor.stop()
+    assert all(c.last_exit is not None for c in supervisor.children.values())
+    assert not any(i.running() for i in started if i is not None)
+    assert not any(group_members(p) for p in [*pids.values(), *others.values()])
+    assert not (ctx.data_dir / "run" / "services.json").exists()
