@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from runyard.contracts.base import Event
 from runyard.contracts.mapper import Upcaster
 from runyard.contracts.spec import TaskSpec
+from runyard.contracts.stacks import WorkerStacks
 
 #: Services that append or react to events (the catalogue's vocabulary).
 SERVICES = (
@@ -538,20 +539,28 @@ class HangDetected(_TaskEvent):
 
 
 class StacksCaptured(_TaskEvent):
-    """Process stacks of workers were captured and aggregated into a report (R-33).
+    """Process stacks of workers were captured (R-33).
 
-    When: automatically after a hang, or on a person's request.
+    When: the deployer holding the attempt's workers carried out a
+    `CaptureStacks` command (runyard.contracts.commands), sent by the
+    fault-tolerance service after a hang or on a person's request; the metadata
+    is the command's (the asker as actor, `HangDetected` or the request as
+    cause). The fault-tolerance service keeps the report built from `stacks`.
     """
 
-    emitted_by = "faulttolerance"
-    reacted_by = ()
+    emitted_by = "deployer"
+    reacted_by = ("faulttolerance",)
 
     run: Run
     attempt: Attempt
     workers: tuple[int, ...]
     report_id: Text
-    """Id of the stored report (per-function statistics plus raw per-thread stacks)."""
+    """Id of the report (per-function statistics plus raw per-thread stacks)."""
     summary: str
+    stacks: tuple[WorkerStacks, ...] = ()
+    """The raw stacks per worker, trimmed to fit the event (see `note`)."""
+    note: str = ""
+    """What was cut from `stacks` to keep the event under its size limit ("" if nothing)."""
 
 
 class SlowdownDetected(_TaskEvent):

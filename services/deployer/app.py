@@ -58,11 +58,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent
+from runyard.contracts.commands import CaptureStacks
+from runyard.contracts.stacks import bounded, by_worker, digest
 from runyard.contracts.task_events import (
     DEPLOY_STAGES,
     DeployStageName,
     EnvCheckFinished,
     EnvCheckStarted,
+    StacksCaptured,
     TaskFailed,
     TaskPlaced,
     TaskPreempted,
@@ -92,6 +95,7 @@ from runyard.domain.task import (
     ExitWorker,
     Fail,
     FailStage,
+    Record,
     StartStage,
     StartWorker,
     TaskState,
@@ -230,6 +234,38 @@ class DeployerApp:
             active = self._active.get(task_id)
             if active is not None and not active.stopping:
                 self._spawn(self._end(active))
+
+    # -- commands ------------------------------------------------------------------
+
+    async def capture_stacks(self, command: CaptureStacks) -> StacksCaptured | None:
+        """Carry out a `CaptureStacks` command (R-33): dump the stacks of the attempt's
+        workers and append `StacksCaptured` with the command's metadata.
+
+        Nothing is done for a command that expired (its asker stopped waiting) or whose
+        attempt this deployer does not hold (another node agent's, or already ended);
+        None then, or when the attempt changed before the append."""
+        if command.expired(self.clock()):
+            log.info("%s: stack capture %s expired; skipped", command.task_id, command.report_id)
+            return None
+        key = (command.task_id, command.run, command.attempt)
+        if key not in self.runtime.deployments():
+            return None
+        stacks = await self.runtime.capture_stacks(key)
+        if not stacks:
+            return None
+        kept, note = bounded(stacks)
+        captured = StacksCaptured(
+            run=command.run,
+            attempt=command.attempt,
+            workers=tuple(w.worker for w in stacks),
+            report_id=command.report_id,
+            summary=digest(by_worker(stacks)).summary,
+            stacks=kept,
+            note=note,
+        )
+        record = Record(command.task_id, captured)
+        appended = await self._decide_quietly(command.task_id, [record], command.metadata())
+        return captured if appended else None
 
     async def drain(self) -> None:
         """Wait until all background work (deployments, stops) has finished."""

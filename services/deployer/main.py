@@ -16,6 +16,16 @@ deployer process left (workers still running, exits nobody recorded,
 deployments cut mid-stage, placements nobody deployed); see docs/deployer.md.
 `runtime.yaml`'s `deployer:` section may cap restart delays
 (`max_restart_delay_s`, for development stacks).
+
+Commands: the deployer reads its command topic (`runyard.deployer-commands`,
+created here when missing) in a consumer group of its own node agent
+(`deployer-commands`, or `deployer-commands.<deployer_node_agent>` when that
+setting names the agent), so every agent sees every command and carries out
+those for the workers it holds: `CaptureStacks` dumps an attempt's stacks and
+appends `StacksCaptured` (`DeployerApp.capture_stacks`).
+
+HTTP: /healthz, /readyz and /metrics (`runyard.api.service`) on the port the
+settings give (`deployer_socket`, `deployer_port`, RUNYARD_SERVICE_PORT).
 """
 
 from __future__ import annotations
@@ -25,15 +35,80 @@ import contextlib
 import json
 import logging
 
+from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+from runyard.api.service import serve_service, service_app
+from runyard.contracts.commands import (
+    DEPLOYER_COMMANDS,
+    DEPLOYER_COMMANDS_PARTITIONS,
+    CaptureStacks,
+    parse_command,
+)
 from runyard.deployer.app import REACTS_TO, DeployerApp
 from runyard.deployer.retry import until_done
 from runyard.deployer.runtime import LocalRuntime, LocalRuntimeConfig, OutputLine
 from runyard.eventstore import PostgresEventStore
+from runyard.messaging import KafkaSettings
 from runyard.messaging.consumer import IdempotentConsumer, make_broker
 from runyard.stack.context import ServiceContext
 
 CONSUMER = "deployer"
+COMMANDS_GROUP = "deployer-commands"
 log = logging.getLogger("runyard.deployer")
+
+
+async def ensure_command_topic(kafka: KafkaSettings) -> None:
+    """Create the deployer's command topic with its partition count, if missing."""
+    admin = AIOKafkaAdminClient(**kafka.client_options())
+    await admin.start()
+    try:
+        name = kafka.topics.name(DEPLOYER_COMMANDS)
+        if name not in set(await admin.list_topics()):
+            with contextlib.suppress(TopicAlreadyExistsError):
+                await admin.create_topics([NewTopic(name, DEPLOYER_COMMANDS_PARTITIONS, 1)])
+    finally:
+        await admin.close()
+
+
+async def follow_commands(app: DeployerApp, kafka: KafkaSettings, group: str) -> None:
+    """Carry out the commands of the deployer's topic, until cancelled.
+
+    Each command runs in the background (a capture must not hold up the next
+    one); offsets are committed once read: a command is worth doing only while
+    its asker waits, so one lost in a crash is not redone."""
+    consumer = AIOKafkaConsumer(
+        kafka.topics.name(DEPLOYER_COMMANDS),
+        **kafka.client_options(),
+        group_id=kafka.topics.prefix + group,
+        enable_auto_commit=False,
+        **kafka.consumer_options(),
+    )
+    running: set[asyncio.Task[object]] = set()
+    try:
+        await consumer.start()
+        while True:
+            batches = await consumer.getmany(timeout_ms=200, max_records=100)
+            for message in (m for part in batches.values() for m in part):
+                command = parse_command(message.value)
+                if isinstance(command, CaptureStacks):
+                    task = asyncio.create_task(app.capture_stacks(command))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                    task.add_done_callback(_log_failure)
+            if batches:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(consumer.commit(), timeout=5)
+    finally:
+        for task in running:
+            task.cancel()
+        with contextlib.suppress(Exception):
+            await consumer.stop()
+
+
+def _log_failure(task: asyncio.Task[object]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("deployer command failed", exc_info=task.exception())
 
 
 def build_runtime(ctx: ServiceContext) -> LocalRuntime:
@@ -61,7 +136,22 @@ async def run(ctx: ServiceContext) -> None:
         on_output=publish,
         max_restart_delay_s=float(cap) if cap is not None else None,
     )
-    ctx.settings["deployer_app"] = app
+    agent = ctx.settings.get("deployer_node_agent")
+    group = f"{COMMANDS_GROUP}.{agent}" if agent else COMMANDS_GROUP
+
+    async def ready() -> dict[str, float]:
+        await store.pool.fetchval("SELECT 1")
+        return {}
+
+    http = asyncio.create_task(
+        serve_service(
+            "deployer",
+            service_app("deployer", ready=ready),
+            settings=ctx.settings,
+            endpoints=ctx.endpoints,
+        )
+    )
+    commands: asyncio.Task[None] | None = None
     try:
         consumer = IdempotentConsumer(
             CONSUMER,
@@ -85,8 +175,24 @@ async def run(ctx: ServiceContext) -> None:
         if taken:
             log.info("took over %d task(s) from an earlier deployer: %s", len(taken), taken)
         await broker.start()
-        await asyncio.Event().wait()  # until cancelled
+        await until_done(
+            lambda: ensure_command_topic(ctx.kafka),
+            what="creating the command topic",
+            component="deployer (broker)",
+            any_error=True,
+        )
+        commands = asyncio.create_task(follow_commands(app, ctx.kafka, group))
+        await asyncio.wait([http, commands], return_when=asyncio.FIRST_COMPLETED)
+        for done in (http, commands):
+            if done.done():
+                done.result()  # a server or consumer that ended is an error of the service
+        raise RuntimeError("the deployer's HTTP face or command consumer ended")
     finally:
+        for task in (commands, http):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
         with contextlib.suppress(Exception):
             await app.close()
         with contextlib.suppress(Exception):

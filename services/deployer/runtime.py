@@ -127,8 +127,10 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from runyard.contracts.spec import TaskSpec
+from runyard.contracts.stacks import WorkerStacks
 from runyard.contracts.task_events import WorkerPlacement
 from runyard.deployer.retry import until_done
+from runyard.deployer.stacks import capture_group
 
 log = logging.getLogger("runyard.deployer.runtime")
 
@@ -229,7 +231,12 @@ class Runtime(Protocol):
         """End every worker of the deployment; returns once all of them are gone."""
         ...
 
-    async def capture_stacks(self, key: DeploymentKey) -> dict[int, str]: ...
+    async def capture_stacks(
+        self, key: DeploymentKey, *, native: bool = True
+    ) -> tuple[WorkerStacks, ...]:
+        """The stacks of every worker of the deployment that has a process here, by
+        worker index; empty when the deployment is not held here."""
+        ...
 
     async def cleanup(self, key: DeploymentKey) -> None:
         """Release what the deployment holds (scratch space); stops it first if needed."""
@@ -1084,9 +1091,18 @@ class LocalRuntime:
             await asyncio.gather(*local.watchers, return_exceptions=True)
         return {i: w.exit_code for i, w in local.workers.items() if w.exit_code is not None}
 
-    async def capture_stacks(self, key: DeploymentKey) -> dict[int, str]:
-        # Not implemented locally yet (would run py-spy dump on each group's processes).
-        return {}
+    async def capture_stacks(
+        self, key: DeploymentKey, *, native: bool = True
+    ) -> tuple[WorkerStacks, ...]:
+        """py-spy dumps of every Python process of each worker's process group."""
+        pids = self.pids(key)
+        indexes = sorted(pids)
+        dumps = await asyncio.gather(
+            *(capture_group(pids[i], group_members, native=native) for i in indexes)
+        )
+        return tuple(
+            WorkerStacks(worker=i, processes=tuple(d)) for i, d in zip(indexes, dumps, strict=True)
+        )
 
     async def cleanup(self, key: DeploymentKey) -> None:
         local = self._deps.get(key)

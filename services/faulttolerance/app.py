@@ -18,12 +18,16 @@ Reactions:
   failed (warning) `runtime` item and the check finishes without it.
 - a node marked faulty (R-31) while a task has workers on it: reschedule.
 - hang (R-33): a running attempt with `hang_timeout_s` and no new line and no
-  step advance for that long: `HangDetected`; then the workers' stacks are
-  captured (when the worker processes are known), aggregated, stored, and
-  `StacksCaptured`; then `TaskRestartScheduled` (reason `hang`) when auto
-  restart allows it, else `TaskFailed` ("hang, no restarts left", or "hang,
-  auto restart is off"): the deployer ends the workers, the scheduler frees
-  the GPUs, the notification service alerts as for any failure.
+  step advance for that long: `HangDetected`; then a `CaptureStacks` command
+  to the deployer (which owns the worker processes), and a wait of up to
+  `stacks_wait_s` for its `StacksCaptured`; then `TaskRestartScheduled`
+  (reason `hang`) when auto restart allows it, else `TaskFailed` ("hang, no
+  restarts left", or "hang, auto restart is off"): the deployer ends the
+  workers, the scheduler frees the GPUs, the notification service alerts as
+  for any failure. No answer (no deployer, no worker process): the restart
+  or failure follows all the same, without stacks.
+- stacks (R-33): every `StacksCaptured` (after a hang, or asked for through
+  `request_stacks`) becomes a stored report (`report_of`), read by the API.
 - resume (R-32): in an attempt that follows one that ran, the first
   checkpoint-load line gives `ResumeObserved` (step, path); none within
   `resume_wait_s` after the attempt started running, or before the run
@@ -43,9 +47,6 @@ task event the detection follows from (the attempt's `TaskRunning`, or
 `EnvCheckStarted` for env check items), and `HangDetected` for the stacks,
 restart or failure that follow a hang. Each keeps its cause's correlation id.
 
-Apps started by `main.run` are registered per database (`publish_in_process`)
-so that the gateway in the same process can ask for stacks on demand.
-
 The watches live in memory and are rebuilt from the task's stream on the first
 event or line of a task after a service restart (a hang timer then counts from
 that moment; a slowdown watch starts a new warm-up and baseline).
@@ -60,9 +61,10 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol, TypeAlias, cast
+from typing import Any, Literal, Protocol, TypeAlias, cast
 
 from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent
+from runyard.contracts.commands import CaptureStacks
 from runyard.contracts.pool_events import NodeMarkedFaulty, NodeMarkedHealthy
 from runyard.contracts.task_events import (
     DeployStageCompleted,
@@ -100,7 +102,7 @@ from runyard.faulttolerance.patterns import UserPatternError
 from runyard.faulttolerance.reports import StackReportStore
 from runyard.faulttolerance.resume import ResumeMatcher
 from runyard.faulttolerance.slowdown import SlowdownDetector, StepTime, StepTimeParser
-from runyard.faulttolerance.stacks import ProcessStacks, StackReport, aggregate, capture_worker
+from runyard.faulttolerance.stacks import StackReport, report_of
 
 log = logging.getLogger("runyard.faulttolerance")
 
@@ -115,8 +117,13 @@ EARLY_LINES = 2000
 LATE_LINES_S = 10.0
 #: Slowdown watches of ended runs kept for late lines (the oldest go first).
 ENDED_SLOW_WATCHES = 1000
+#: How long a stack capture is awaited (the deployer's py-spy dumps take seconds).
+STACKS_WAIT_S = 20.0
+#: How often the stream is read while a capture is awaited.
+STACKS_POLL_S = 0.1
+#: How long handing a command to the broker may take.
+SEND_TIMEOUT_S = 10.0
 Clock = Callable[[], datetime]
-DeploymentKey = tuple[str, int, int]
 
 
 def _utcnow() -> datetime:
@@ -131,18 +138,18 @@ def task_stream(task_id: str) -> str:
     return f"task-{task_id}"
 
 
-class WorkerProcesses(Protocol):
-    """Where the processes of an attempt's workers are: worker index -> process group id.
+class DeployerCommands(Protocol):
+    """Where commands to the deployer go (its command topic; a fake in tests)."""
 
-    The local runtime's `pids(key)` is one (its workers lead their own process
-    group); an empty answer means the workers are not on this machine.
-    """
-
-    def pids(self, key: DeploymentKey) -> dict[int, int]: ...
+    async def send(self, command: CaptureStacks) -> None: ...
 
 
-class StackCapturer(Protocol):
-    async def __call__(self, pgid: int, *, native: bool) -> list[ProcessStacks]: ...
+class StacksUnavailable(Exception):
+    """No capture could be asked for or none came in time; `timed_out` tells which."""
+
+    def __init__(self, message: str, *, timed_out: bool) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,25 +287,23 @@ class FaultToleranceApp:
         store: EventStore,
         *,
         reports: StackReportStore | None = None,
-        processes: WorkerProcesses | None = None,
-        capture: StackCapturer = capture_worker,
+        deployer: DeployerCommands | None = None,
         clock: Clock = _utcnow,
         ids: Callable[[], str] = _new_id,
         resume_wait_s: float = RESUME_WAIT_S,
         env_check_timeout_s: float = ENV_CHECK_TIMEOUT_S,
-        native_stacks: bool = True,
+        stacks_wait_s: float = STACKS_WAIT_S,
         late_lines_s: float = LATE_LINES_S,
     ) -> None:
         self.late_lines_s = late_lines_s
         self.store = store
         self.env_check_timeout_s = env_check_timeout_s
         self.reports = reports
-        self.processes = processes
-        self.capture = capture
+        self.deployer = deployer
+        self.stacks_wait_s = stacks_wait_s
         self.clock = clock
         self.ids = ids
         self.resume_wait_s = resume_wait_s
-        self.native_stacks = native_stacks
         self._watches: dict[str, _Watch] = {}
         self._finished: set[str] = set()
         self._slow: dict[str, _SlowWatch] = {}
@@ -326,6 +331,8 @@ class FaultToleranceApp:
         if not event.stream_id.startswith("task-"):
             return
         task_id = event.stream_id.removeprefix("task-")
+        if isinstance(payload, StacksCaptured):
+            await self._keep_report(task_id, cast(RecordedEvent[StacksCaptured], event))
         state = await self._load(task_id)
         if state is None:
             return
@@ -669,74 +676,97 @@ class FaultToleranceApp:
             )
             if not recorded:
                 return
-            commands: list[Command] = []
-            report = await self.capture_stacks(task_id, run, attempt)
-            if report is not None:
-                captured = StacksCaptured(
-                    run=run,
-                    attempt=attempt,
-                    workers=tuple(sorted(report.workers)),
-                    report_id=report.report_id,
-                    summary=report.summary or "no stack",
-                )
-                commands.append(Record(task_id, captured))
+            why = after(recorded[0])
+            try:
+                await self._capture(task_id, run, attempt, "hang", why)
+            except StacksUnavailable as exc:
+                log.info("%s hung; no stacks: %s", task_id, exc)
             state = await self._load(task_id)
-            if state is not None and (state.run, state.attempt) == (run, attempt):
-                refusal = restart_refusal(state, "hang")
-                if refusal is None:
-                    commands.append(ScheduleRestart(task_id, "hang"))
-                else:
-                    log.info("%s hung; no restart: %s", task_id, refusal)
-                    commands.append(Fail(task_id, hang_failure_reason(state)))
-            if commands:
-                await self._decide_quietly(
-                    task_id, commands, after(recorded[0]), still=(run, attempt, "running")
-                )
+            if state is None or (state.run, state.attempt) != (run, attempt):
+                return
+            refusal = restart_refusal(state, "hang")
+            command: Command
+            if refusal is None:
+                command = ScheduleRestart(task_id, "hang")
+            else:
+                log.info("%s hung; no restart: %s", task_id, refusal)
+                command = Fail(task_id, hang_failure_reason(state))
+            await self._decide_quietly(task_id, [command], why, still=(run, attempt, "running"))
         finally:
             watch.hang_handling = False
 
-    async def request_stacks(
-        self, task_id: str, actor: str = ACTOR, meta: Metadata | None = None
-    ) -> StackReport | None:
-        """Stacks on demand (API/CLI, R-33): capture the current attempt, record StacksCaptured.
+    async def request_stacks(self, task_id: str, meta: Metadata) -> StackReport:
+        """Stacks on demand (API/CLI, R-33): ask the deployer to capture the current
+        attempt's stacks and answer the report once its `StacksCaptured` is recorded.
 
-        `meta` is the request's (the caller's request id as causation and correlation);
-        without it the attempt's `TaskRunning` is named as the cause. None when the task
-        has no running workers known here.
-        """
+        `meta` is the request's (the caller as actor, the request id as causation and
+        correlation): the event carries it. Raises `StacksUnavailable` when the task
+        has no placed workers, the command cannot be sent, or no answer comes within
+        `stacks_wait_s`."""
         state = await self._load(task_id)
         if state is None or state.status not in PLACED_STATUSES:
-            return None
-        report = await self.capture_stacks(task_id, state.run, state.attempt)
-        if report is None:
-            return None
-        captured = StacksCaptured(
-            run=state.run,
-            attempt=state.attempt,
-            workers=tuple(sorted(report.workers)),
-            report_id=report.report_id,
-            summary=report.summary or "no stack",
-        )
-        why = meta or Because(TaskRunning, state.run, state.attempt, actor)
-        await self._decide_quietly(task_id, [Record(task_id, captured)], why)
-        return report
+            raise StacksUnavailable(f"task {task_id} has no worker processes", timed_out=False)
+        return await self._capture(task_id, state.run, state.attempt, "request", meta)
 
-    async def capture_stacks(self, task_id: str, run: int, attempt: int) -> StackReport | None:
-        """Capture, aggregate and store the stacks of an attempt's workers (also on demand).
+    async def _capture(
+        self,
+        task_id: str,
+        run: int,
+        attempt: int,
+        reason: Literal["hang", "request"],
+        meta: Metadata,
+    ) -> StackReport:
+        """Send `CaptureStacks` for the attempt and wait for its `StacksCaptured`; the
+        report is stored before it is answered."""
+        if self.deployer is None:
+            raise StacksUnavailable("no deployer to send the capture to", timed_out=False)
+        stream = task_stream(task_id)
+        since = await self.store.stream_version(stream)
+        now = self.clock()
+        command = CaptureStacks(
+            task_id=task_id,
+            run=run,
+            attempt=attempt,
+            report_id=self.ids(),
+            reason=reason,
+            requested_at=now,
+            expires_at=now + timedelta(seconds=self.stacks_wait_s),
+            actor=meta.actor,
+            causation_id=meta.causation_id,
+            correlation_id=meta.correlation_id,
+            trace_context=dict(meta.trace_context),
+        )
+        try:
+            await asyncio.wait_for(self.deployer.send(command), SEND_TIMEOUT_S)
+        except Exception as exc:
+            message = f"the capture command could not be sent: {type(exc).__name__}: {exc}"
+            raise StacksUnavailable(message, timed_out=False) from exc
+        captured = await self._await_captured(stream, command.report_id, since)
+        if captured is None:
+            message = f"no deployer answered within {self.stacks_wait_s:.0f} s"
+            raise StacksUnavailable(message, timed_out=True)
+        return await self._keep_report(task_id, captured)
 
-        None when the worker processes are not known here (no `processes`).
-        """
-        pids = self.processes.pids((task_id, run, attempt)) if self.processes else {}
-        if not pids:
-            log.info("%s: worker processes unknown here; no stacks captured", task_id)
-            return None
-        indexes = sorted(pids)
-        dumps = await asyncio.gather(
-            *(self.capture(pids[i], native=self.native_stacks) for i in indexes)
-        )
-        report = aggregate(
-            self.ids(), task_id, run, attempt, self.clock(), dict(zip(indexes, dumps, strict=True))
-        )
+    async def _await_captured(
+        self, stream: str, report_id: str, since: int
+    ) -> RecordedEvent[StacksCaptured] | None:
+        """The `StacksCaptured` of `report_id` once it is in the stream (None: not in time)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.stacks_wait_s
+        while True:
+            for recorded in await self.store.read_stream(stream, since + 1):
+                payload = recorded.event
+                if isinstance(payload, StacksCaptured) and payload.report_id == report_id:
+                    return cast(RecordedEvent[StacksCaptured], recorded)
+            if loop.time() >= deadline:
+                return None
+            await asyncio.sleep(STACKS_POLL_S)
+
+    async def _keep_report(
+        self, task_id: str, captured: RecordedEvent[StacksCaptured]
+    ) -> StackReport:
+        """Store the report of a capture (once: a report id is stored only the first time)."""
+        report = report_of(task_id, captured)
         if self.reports is not None:
             await self.reports.save(report)
         return report
@@ -815,37 +845,6 @@ class FaultToleranceApp:
         except DomainError as exc:
             log.info("%s: %s", task_id, exc)
             return []
-
-
-#: Apps running in this process, by the database they work on (`database_key`): the
-#: gateway's stack endpoints find the FT service of the same platform here.
-_IN_PROCESS: dict[str, FaultToleranceApp] = {}
-
-DATABASE_KEY_SQL = (
-    "SELECT current_database() || '@' || coalesce(host(inet_server_addr()), 'socket')"
-    " || ':' || current_setting('port')"
-)
-
-
-async def database_key(pool: Any) -> str:
-    """Which database a pool talks to (same for every service of one platform)."""
-    return str(await pool.fetchval(DATABASE_KEY_SQL))
-
-
-def publish_in_process(key: str, app: FaultToleranceApp) -> None:
-    """Make `app` the in-process FT service for database `key`."""
-    _IN_PROCESS[key] = app
-
-
-def withdraw_in_process(key: str, app: FaultToleranceApp) -> None:
-    """`app` stops: forget it (unless another app took its place since)."""
-    if _IN_PROCESS.get(key) is app:
-        del _IN_PROCESS[key]
-
-
-def in_process_app(key: str) -> FaultToleranceApp | None:
-    """The FT service running in this process on database `key`, if any."""
-    return _IN_PROCESS.get(key)
 
 
 def _follows_a_run(state: TaskState, cause: RecordedEvent[Event] | None) -> bool:

@@ -3,19 +3,19 @@
 It subscribes one idempotent consumer to the task and pool event topics
 (`FaultToleranceApp.handle`), reads the `runyard.logs` topic in its own
 consumer group (`on_log`; log lines are not events, so no inbox: a redelivered
-line is harmless, detections are idempotent per attempt), and ticks once a
-second for hang timers and resume deadlines.
+line is harmless, detections are idempotent per attempt), ticks once a second
+for hang timers and resume deadlines, and serves its HTTP face
+(`runyard.api.service`: /healthz, /readyz, /metrics and the routes of
+`runyard.faulttolerance.http`) on the port the settings give
+(`faulttolerance_socket`, `faulttolerance_port`, RUNYARD_SERVICE_PORT).
 
-Worker processes for stack capture: when the deployer runs in the same process
-(`runyard up`), its runtime's `pids(key)` (published as
-`ctx.settings["deployer_app"].runtime`) says where the workers are; otherwise
-no stacks are captured and `HangDetected` still is. The running app is
-published as `ctx.settings["faulttolerance_app"]`, and registered by database
-(`publish_in_process`) so that an in-process gateway's `POST /v1/tasks/{id}/stacks`
-can ask it for an on-demand capture (see `runyard.faulttolerance.http`).
+Stack captures (after a hang, or on demand) are `CaptureStacks` commands on
+the deployer's command topic (`runyard.contracts.commands`), keyed by task;
+the deployer that holds the workers answers with `StacksCaptured`.
 
 Settings: `faulttolerance_tick_s` (1 s), `faulttolerance_resume_wait_s` (600 s:
-how long after a restart a checkpoint-load line is awaited; tests shorten it).
+how long after a restart a checkpoint-load line is awaited; tests shorten it),
+`faulttolerance_stacks_wait_s` (20 s: how long a capture is awaited).
 """
 
 from __future__ import annotations
@@ -24,19 +24,15 @@ import asyncio
 import contextlib
 import logging
 from functools import partial
-from typing import Any
 
 from aiokafka import AIOKafkaConsumer
+from faststream.kafka import KafkaBroker
+from runyard.api.security import TokenAuthenticator
+from runyard.api.service import serve_service, service_app
+from runyard.contracts.commands import DEPLOYER_COMMANDS, CaptureStacks
 from runyard.eventstore import PostgresEventStore, retrying
-from runyard.faulttolerance.app import (
-    RESUME_WAIT_S,
-    DeploymentKey,
-    FaultToleranceApp,
-    LogLine,
-    database_key,
-    publish_in_process,
-    withdraw_in_process,
-)
+from runyard.faulttolerance.app import RESUME_WAIT_S, STACKS_WAIT_S, FaultToleranceApp, LogLine
+from runyard.faulttolerance.http import faulttolerance_router
 from runyard.faulttolerance.reports import StackReportStore
 from runyard.messaging import KafkaSettings
 from runyard.messaging.consumer import IdempotentConsumer, make_broker
@@ -47,21 +43,20 @@ log = logging.getLogger("runyard.faulttolerance")
 CONSUMER = "faulttolerance"
 LOGS_GROUP = "faulttolerance-logs"
 TICK_S = 1.0
+NAME = "faulttolerance"
 
 
-class InProcessDeployer:
-    """Worker processes as the in-process deployer's runtime knows them (looked up late)."""
+class KafkaDeployerCommands:
+    """Commands to the deployer on its topic, keyed by task (one task's stay in order)."""
 
-    def __init__(self, settings: dict[str, Any]) -> None:
-        self.settings = settings
+    def __init__(self, broker: KafkaBroker, kafka: KafkaSettings) -> None:
+        self.broker = broker
+        self.topic = kafka.topics.name(DEPLOYER_COMMANDS)
 
-    def pids(self, key: DeploymentKey) -> dict[int, int]:
-        app = self.settings.get("deployer_app")
-        runtime = getattr(app, "runtime", None)
-        pids = getattr(runtime, "pids", None)
-        if pids is None:
-            return {}
-        return dict(pids(key))
+    async def send(self, command: CaptureStacks) -> None:
+        await self.broker.publish(
+            command.to_bytes(), topic=self.topic, key=command.task_id.encode()
+        )
 
 
 async def follow_logs(app: FaultToleranceApp, kafka: KafkaSettings) -> None:
@@ -97,40 +92,55 @@ async def run(ctx: ServiceContext) -> None:
     """Run the fault-tolerance service until cancelled."""
     store = await PostgresEventStore.connect(ctx.dsn, ctx.mapper, min_size=2, max_size=8)
     broker = make_broker(ctx.kafka)
-    logs: asyncio.Task[None] | None = None
-    key: str | None = None
+    background: list[asyncio.Task[None]] = []
     try:
         reports = StackReportStore(store.pool)
         await reports.migrate()
         app = FaultToleranceApp(
             store,
             reports=reports,
-            processes=InProcessDeployer(ctx.settings),
+            deployer=KafkaDeployerCommands(broker, ctx.kafka),
             resume_wait_s=float(ctx.settings.get("faulttolerance_resume_wait_s", RESUME_WAIT_S)),
+            stacks_wait_s=float(ctx.settings.get("faulttolerance_stacks_wait_s", STACKS_WAIT_S)),
         )
-        ctx.settings["faulttolerance_app"] = app
-        key = await database_key(store.pool)
-        publish_in_process(key, app)
+
+        async def ready() -> dict[str, float]:
+            await store.pool.fetchval("SELECT 1")
+            return {}
+
+        router = faulttolerance_router(app, reports, TokenAuthenticator(store.pool))
+        face = service_app(NAME, routers=[router], ready=ready)
+        background.append(
+            asyncio.create_task(
+                serve_service(NAME, face, settings=ctx.settings, endpoints=ctx.endpoints)
+            )
+        )
         consumer = IdempotentConsumer(
             CONSUMER, pool=store.pool, mapper=ctx.mapper, handler=app.handle, kafka=ctx.kafka
         )
         consumer.subscribe(broker, ctx.kafka.topics.task_events, ctx.kafka.topics.pool_events)
         await broker.start()
-        logs = asyncio.create_task(follow_logs(app, ctx.kafka))
-        tick_s = float(ctx.settings.get("faulttolerance_tick_s", TICK_S))
-        while True:
-            await asyncio.sleep(tick_s)
-            try:
-                await app.tick()
-            except Exception:
-                log.exception("fault-tolerance tick failed")
+        background.append(asyncio.create_task(follow_logs(app, ctx.kafka)))
+        await _tick(app, float(ctx.settings.get("faulttolerance_tick_s", TICK_S)), background)
     finally:
-        if key is not None:
-            withdraw_in_process(key, app)
-        if logs is not None:
-            logs.cancel()
+        for task in background:
+            task.cancel()
             with contextlib.suppress(BaseException):
-                await logs
+                await task
         with contextlib.suppress(Exception):
             await broker.stop()
         await store.close()
+
+
+async def _tick(app: FaultToleranceApp, tick_s: float, watched: list[asyncio.Task[None]]) -> None:
+    """`app.tick()` every `tick_s`, until cancelled or one of `watched` ends (an error)."""
+    while True:
+        await asyncio.sleep(tick_s)
+        for task in watched:
+            if task.done():
+                task.result()
+                raise RuntimeError(f"{NAME}: a part of the service ended")
+        try:
+            await app.tick()
+        except Exception:
+            log.exception("fault-tolerance tick failed")

@@ -1,76 +1,88 @@
-"""The fault-tolerance endpoints of the gateway (`runyard.faulttolerance.http`) on a real
-Postgres: the FT log as the task's events say, tenant isolation, stacks on demand
-through an in-process FT service (503 with a hint without one), reports by id.
+"""The fault-tolerance service's own routes (`runyard.faulttolerance.http` on its HTTP
+face, `runyard.api.service`) on a real Postgres: the FT log as the task's events say,
+tenant isolation, stacks on demand through a capture command that the deployer
+carries out (504 with a hint when no deployer answers), reports by id.
 
 The task is driven by the domain's commands (as in test_faulttolerance_service.py);
-the stack capture is a fake (the real py-spy capture is in tests/e2e).
+the commands go straight to a `DeployerApp` whose stack capture is a fake (the real
+py-spy capture is in test_faulttolerance_service.py and tests/e2e).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from runyard.api.auth import create_token
+from runyard.api.security import TokenAuthenticator
+from runyard.api.service import service_app
+from runyard.contracts import default_mapper
+from runyard.contracts.stacks import ProcessStacks, StackFrame, ThreadStack
 from runyard.domain.task import ExitWorker
-from runyard.faulttolerance.app import (
-    FaultToleranceApp,
-    database_key,
-    publish_in_process,
-    withdraw_in_process,
-)
-from runyard.faulttolerance.stacks import Frame, ProcessStacks, ThreadStack
-from runyard.gateway.app import Gateway
-from runyard.gateway.http import create_app
+from runyard.eventstore import PostgresEventStore
+from runyard.faulttolerance.app import FaultToleranceApp
+from runyard.faulttolerance.http import faulttolerance_router
+from runyard.faulttolerance.reports import StackReportStore
+from runyard.stack.serve import migrate_service
 
-from tests.integration.test_faulttolerance_service import Clock, FixedProcesses, Harness, spec
-from tests.integration.test_gateway import config_dir
+from tests.integration.test_faulttolerance_service import (
+    Clock,
+    CommandsToDeployer,
+    Harness,
+    spec,
+)
 
 pytestmark = pytest.mark.integration
 
 
 class Api:
-    def __init__(self, gateway: Gateway, http: httpx.AsyncClient, tokens: dict[str, str]) -> None:
-        self.gateway, self.http, self.tokens = gateway, http, tokens
+    def __init__(self, http: httpx.AsyncClient, tokens: dict[str, str]) -> None:
+        self.http, self.tokens = http, tokens
 
     async def call(self, who: str, method: str, path: str) -> httpx.Response:
         headers = {"Authorization": f"Bearer {self.tokens[who]}"}
         return await self.http.request(method, path, headers=headers)
 
 
-async def fake_capture(pgid: int, *, native: bool) -> list[ProcessStacks]:
+async def fake_capture(pgid: int, *, native: bool = True) -> list[ProcessStacks]:
     frames = (
-        Frame("clock_nanosleep", "/usr/lib/libc.so.6", 0),
-        Frame("wait_for_allreduce", "/w/train.py", 4),
-        Frame("<module>", "/w/train.py", 7),
+        StackFrame(name="clock_nanosleep", filename="/usr/lib/libc.so.6", line=0),
+        StackFrame(name="wait_for_allreduce", filename="/w/train.py", line=4),
+        StackFrame(name="<module>", filename="/w/train.py", line=7),
     )
-    return [ProcessStacks(pgid, (ThreadStack(pgid, 1, "MainThread", False, frames),))]
+    thread = ThreadStack(pid=pgid, thread_id=1, thread_name="MainThread", frames=frames)
+    return [ProcessStacks(pid=pgid, threads=(thread,))]
 
 
 @pytest.fixture
-async def api(dsn: str, tmp_path: Path) -> AsyncIterator[tuple[Api, Harness]]:
-    gateway = await Gateway.connect(dsn, config_dir(tmp_path))
+async def api(dsn: str) -> AsyncIterator[tuple[Api, Harness]]:
+    await migrate_service("gateway", dsn, grants=False)  # the tokens table
+    store = await PostgresEventStore.connect(dsn, default_mapper())
     tokens = {
-        "alice": await create_token(gateway.db, "acme", "alice", "member"),
-        "carol": await create_token(gateway.db, "other", "carol", "member"),
+        "alice": await create_token(store.pool, "acme", "alice", "member"),
+        "carol": await create_token(store.pool, "other", "carol", "member"),
     }
-    processes = FixedProcesses()
-    from runyard.faulttolerance.reports import StackReportStore
-
-    reports = StackReportStore(gateway.db)
+    reports = StackReportStore(store.pool)
     await reports.migrate()
     clock = Clock()
     ft = FaultToleranceApp(
-        gateway.store, reports=reports, processes=processes, capture=fake_capture, clock=clock
+        store,
+        reports=reports,
+        deployer=CommandsToDeployer(store, capture=fake_capture),
+        clock=clock,
+        stacks_wait_s=0.5,
     )
-    transport = httpx.ASGITransport(app=create_app(gateway))
-    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
-        yield Api(gateway, client, tokens), Harness(gateway.store, ft, clock, reports)
-    await ft.drain()
-    await gateway.close()
+    router = faulttolerance_router(ft, reports, TokenAuthenticator(store.pool))
+    face = service_app("faulttolerance", routers=[router])
+    transport = httpx.ASGITransport(app=face)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://ft") as client:
+            yield Api(client, tokens), Harness(store, ft, clock, reports)
+    finally:
+        await ft.drain()
+        await store.close()
 
 
 async def test_ft_log_counts_and_lines_for_the_tenant_only(api: tuple[Api, Harness]) -> None:
@@ -97,25 +109,19 @@ async def test_ft_log_counts_and_lines_for_the_tenant_only(api: tuple[Api, Harne
     assert missing.status_code == 404
 
 
-async def test_stacks_on_demand_need_the_in_process_service(api: tuple[Api, Harness]) -> None:
+async def test_stacks_on_demand_are_captured_by_the_deployer(api: tuple[Api, Harness]) -> None:
     a, h = api
     await h.launch("busy", spec(workers=2))
-    assert isinstance(h.app.processes, FixedProcesses)
-    h.app.processes.by_key[("busy", 1, 1)] = {0: 101, 1: 102}
 
-    refused = await a.call("alice", "POST", "/v1/tasks/busy/stacks")
-    assert refused.status_code == 503, refused.text
-    assert refused.json()["code"] == "stacks.unavailable"
-    assert "runyard up" in refused.json()["hint"]
+    unanswered = await a.call("alice", "POST", "/v1/tasks/busy/stacks")
+    assert unanswered.status_code == 504, unanswered.text
+    assert unanswered.json()["code"] == "stacks.timeout"
+    assert "deployer" in unanswered.json()["hint"]
 
-    key = await database_key(a.gateway.db)
-    publish_in_process(key, h.app)
-    try:
-        hidden = await a.call("carol", "POST", "/v1/tasks/busy/stacks")
-        assert hidden.status_code == 404
-        answer = await a.call("alice", "POST", "/v1/tasks/busy/stacks")
-    finally:
-        withdraw_in_process(key, h.app)
+    h.workers[("busy", 1, 1)] = {0: 101, 1: 102}
+    hidden = await a.call("carol", "POST", "/v1/tasks/busy/stacks")
+    assert hidden.status_code == 404
+    answer = await a.call("alice", "POST", "/v1/tasks/busy/stacks")
     assert answer.status_code == 201, answer.text
     report = answer.json()
     assert report["frames_by_worker"] == {
@@ -142,3 +148,14 @@ async def test_stacks_on_demand_need_the_in_process_service(api: tuple[Api, Harn
     await h.launch("other", spec())
     elsewhere = await a.call("alice", "GET", f"/v1/tasks/other/stacks/{report['report_id']}")
     assert elsewhere.status_code == 404, "a report is only found under its own task"
+
+
+async def test_stacks_of_a_task_that_does_not_run_are_refused(api: tuple[Api, Harness]) -> None:
+    a, h = api
+    await h.launch("done", spec())
+    await h.act("done", ExitWorker("done", 1, 1, 0, 0))
+    refused = await a.call("alice", "POST", "/v1/tasks/done/stacks")
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["code"] == "stacks.not_running"
+    anonymous = await a.http.post("/v1/tasks/done/stacks")
+    assert anonymous.status_code == 401

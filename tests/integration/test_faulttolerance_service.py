@@ -4,8 +4,10 @@ Tests drive a task through the domain's `decide` as the submission, scheduler
 and deployer services would, hand the stored events to
 `FaultToleranceApp.handle` as the Kafka consumer would, feed worker output
 lines to `on_log` as the logs consumer would, and move a fake clock for
-`tick`. Then they read the stream, the stack report table and the
-fault-tolerance log back.
+`tick`. Stack capture commands go straight to a deployer (`DeployerApp`, the
+real one) over a runtime that only knows which processes are an attempt's
+workers, as the command topic would bring them. Then they read the stream,
+the stack report table and the fault-tolerance log back.
 """
 
 from __future__ import annotations
@@ -17,15 +19,17 @@ import shlex
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent, default_mapper
+from runyard.contracts.commands import CaptureStacks
 from runyard.contracts.pool_events import NodeMarkedFaulty, NodeMarkedHealthy
 from runyard.contracts.spec import FaultToleranceOptions, TaskSpec
+from runyard.contracts.stacks import ProcessStacks, WorkerStacks
 from runyard.contracts.task_events import (
     DEPLOY_STAGES,
     EnvCheckFinished,
@@ -42,6 +46,9 @@ from runyard.contracts.task_events import (
     TaskRunning,
     WorkerPlacement,
 )
+from runyard.deployer.app import DeployerApp
+from runyard.deployer.runtime import group_members
+from runyard.deployer.stacks import capture_group, py_spy_binary
 from runyard.domain.task import (
     Command,
     CompleteStage,
@@ -54,15 +61,18 @@ from runyard.domain.task import (
     fold,
 )
 from runyard.eventstore import PostgresEventStore
-from runyard.faulttolerance.app import FaultToleranceApp, LogLine
+from runyard.faulttolerance.app import FaultToleranceApp, LogLine, StacksUnavailable
 from runyard.faulttolerance.bootcheck import FINISHED, ItemResult
 from runyard.faulttolerance.ftlog import read_fault_tolerance_log
 from runyard.faulttolerance.reports import StackReportStore
-from runyard.faulttolerance.stacks import py_spy_binary
 
 from tests.unit.test_faulttolerance_slowdown import SEED_LINES, seed_megatron_log
 
 pytestmark = pytest.mark.integration
+
+#: How long the service awaits a capture here (a deployer that does not hold the
+#: workers never answers: the tests of that case wait this long).
+STACKS_WAIT_S = 0.5
 
 
 class Clock:
@@ -76,12 +86,48 @@ class Clock:
         self.offset += timedelta(seconds=seconds)
 
 
-class FixedProcesses:
-    def __init__(self) -> None:
-        self.by_key: dict[tuple[str, int, int], dict[int, int]] = {}
+Capture = Callable[..., Awaitable[list[ProcessStacks]]]
 
-    def pids(self, key: tuple[str, int, int]) -> dict[int, int]:
-        return self.by_key.get(key, {})
+
+async def real_capture(pgid: int, *, native: bool = True) -> list[ProcessStacks]:
+    return await capture_group(pgid, group_members, native=native)
+
+
+class WorkerProcesses:
+    """A runtime that holds attempts as worker index -> process group, and captures
+    their stacks with `capture` (py-spy by default): what the deployer's
+    `capture_stacks` needs of its runtime."""
+
+    def __init__(self, capture: Capture = real_capture) -> None:
+        self.by_key: dict[tuple[str, int, int], dict[int, int]] = {}
+        self.capture = capture
+
+    def deployments(self) -> list[tuple[str, int, int]]:
+        return list(self.by_key)
+
+    async def capture_stacks(
+        self, key: tuple[str, int, int], *, native: bool = True
+    ) -> tuple[WorkerStacks, ...]:
+        pids = self.by_key.get(key, {})
+        workers = []
+        for i in sorted(pids):
+            processes = await self.capture(pids[i], native=native)
+            workers.append(WorkerStacks(worker=i, processes=tuple(processes)))
+        return tuple(workers)
+
+
+class CommandsToDeployer:
+    """The deployer's command topic, in process: each command is carried out at once by a
+    `DeployerApp` over `processes` (an attempt it does not hold: nothing, as a real one)."""
+
+    def __init__(self, store: PostgresEventStore, capture: Capture = real_capture) -> None:
+        self.processes = WorkerProcesses(capture)
+        self.deployer = DeployerApp(store, self.processes)  # type: ignore[arg-type]
+        self.sent: list[CaptureStacks] = []
+
+    async def send(self, command: CaptureStacks) -> None:
+        self.sent.append(command)
+        await self.deployer.capture_stacks(command)
 
 
 class Harness:
@@ -155,6 +201,13 @@ class Harness:
             await self.app.on_log(LogLine(self.clock(), task_id, 1, attempt, worker, text))
         await self.deliver(task_id)
 
+    @property
+    def workers(self) -> dict[tuple[str, int, int], dict[int, int]]:
+        """Attempt -> worker index -> process group, as the deployer holds them."""
+        deployer = self.app.deployer
+        assert isinstance(deployer, CommandsToDeployer)
+        return deployer.processes.by_key
+
     async def tick(self, task_id: str) -> None:
         await self.app.tick()
         await self.app.drain()
@@ -168,7 +221,12 @@ async def h(dsn: str) -> AsyncIterator[Harness]:
     await reports.migrate()
     clock = Clock()
     app = FaultToleranceApp(
-        store, reports=reports, processes=FixedProcesses(), clock=clock, resume_wait_s=60
+        store,
+        reports=reports,
+        deployer=CommandsToDeployer(store),
+        clock=clock,
+        resume_wait_s=60,
+        stacks_wait_s=STACKS_WAIT_S,
     )
     try:
         yield Harness(store, app, clock, reports)
@@ -279,8 +337,7 @@ def hung_worker(tmp_path: Path) -> Iterator[int]:
 async def test_hang_is_detected_stacks_captured_and_the_task_restarted(
     h: Harness, hung_worker: int
 ) -> None:
-    assert isinstance(h.app.processes, FixedProcesses)
-    h.app.processes.by_key[("hang", 1, 1)] = {0: hung_worker}
+    h.workers[("hang", 1, 1)] = {0: hung_worker}
     await h.launch("hang", spec(hang_timeout_s=10, auto_restart=True))
     await h.lines("hang", 0, ["step 1"])
     h.clock.advance(5)
@@ -316,15 +373,30 @@ async def test_hang_is_detected_stacks_captured_and_the_task_restarted(
 
 @pytest.mark.skipif(py_spy_binary() is None, reason="py-spy is not installed")
 async def test_stacks_on_demand_are_recorded(h: Harness, hung_worker: int) -> None:
-    assert isinstance(h.app.processes, FixedProcesses)
-    h.app.processes.by_key[("ask", 1, 1)] = {0: hung_worker}
+    h.workers[("ask", 1, 1)] = {0: hung_worker}
     await h.launch("ask", spec())
-    report = await h.app.request_stacks("ask", actor="user:acme/alice")
-    assert report is not None and report.frames_by_worker[0][0].startswith("wait_for_all_reduce")
-    (captured,) = await h.payloads("ask", StacksCaptured)
-    assert captured.report_id == report.report_id
+    asked = Metadata(actor="user:acme/alice", causation_id="req-1", correlation_id="req-1")
+    report = await h.app.request_stacks("ask", asked)
+    assert report.frames_by_worker[0][0].startswith("wait_for_all_reduce")
+    (captured,) = [e for e in await h.events("ask") if isinstance(e.event, StacksCaptured)]
+    assert captured.event.report_id == report.report_id
+    assert captured.metadata.actor == "user:acme/alice"
+    assert captured.metadata.causation_id == "req-1"
     assert [r["report_id"] for r in await h.reports.for_task("ask")] == [report.report_id]
-    assert await h.app.request_stacks("nobody") is None
+    with pytest.raises(StacksUnavailable) as refused:
+        await h.app.request_stacks("nobody", asked)
+    assert not refused.value.timed_out
+
+
+async def test_stacks_on_demand_time_out_when_no_deployer_holds_the_workers(
+    h: Harness,
+) -> None:
+    await h.launch("elsewhere", spec())
+    asked = Metadata(actor="user:acme/alice")
+    with pytest.raises(StacksUnavailable) as refused:
+        await h.app.request_stacks("elsewhere", asked)
+    assert refused.value.timed_out
+    assert await h.payloads("elsewhere", StacksCaptured) == []
 
 
 async def test_hang_without_auto_restart_fails_the_task(h: Harness) -> None:
@@ -332,7 +404,7 @@ async def test_hang_without_auto_restart_fails_the_task(h: Harness) -> None:
     h.clock.advance(11)
     await h.tick("stuck")
     assert len(await h.payloads("stuck", HangDetected)) == 1
-    assert await h.payloads("stuck", StacksCaptured) == []  # no worker process known
+    assert await h.payloads("stuck", StacksCaptured) == []  # no deployer holds its workers
     assert await h.payloads("stuck", TaskRestartScheduled) == []
     (failed,) = await h.payloads("stuck", TaskFailed)
     assert failed.reason == "hang, auto restart is off"
@@ -575,9 +647,7 @@ async def test_redelivered_log_lines_do_not_report_twice(h: Harness) -> None:
 async def test_hung_worker_of_the_local_runtime_has_its_stack_captured(
     dsn: str, tmp_path: Path
 ) -> None:
-    from runyard.deployer.app import DeployerApp
     from runyard.deployer.runtime import LocalRuntime, LocalRuntimeConfig, OutputLine
-    from runyard.faulttolerance.main import InProcessDeployer
 
     store = await PostgresEventStore.connect(dsn, default_mapper())
     reports = StackReportStore(store.pool)
@@ -591,10 +661,14 @@ async def test_hung_worker_of_the_local_runtime_has_its_stack_captured(
         )
     )
     clock = Clock()
-    settings: dict[str, Any] = {}
-    ft = FaultToleranceApp(
-        store, reports=reports, processes=InProcessDeployer(settings), clock=clock
-    )
+
+    class Commands:
+        """The command topic between the two: the deployer below carries them out."""
+
+        async def send(self, command: CaptureStacks) -> None:
+            await deployer.capture_stacks(command)
+
+    ft = FaultToleranceApp(store, reports=reports, deployer=Commands(), clock=clock)
     lines: list[OutputLine] = []
 
     async def sink(line: OutputLine) -> None:
@@ -604,7 +678,6 @@ async def test_hung_worker_of_the_local_runtime_has_its_stack_captured(
         )
 
     deployer = DeployerApp(store, runtime, on_output=sink, stop_grace_s=1.0)
-    settings["deployer_app"] = deployer
     h = Harness(store, ft, clock, reports)
     task_spec = spec(hang_timeout_s=10, auto_restart=True).model_copy(
         # inline: the worker's /tmp is its own scratch when it has a mount namespace

@@ -1,4 +1,5 @@
-"""Hang detection (R-33) and stack capture/aggregation with real processes (py-spy)."""
+"""Hang detection (R-33); the deployer's stack capture with real processes (py-spy),
+the fault-tolerance report over it, and the trimming that keeps a capture's event small."""
 
 from __future__ import annotations
 
@@ -11,16 +12,18 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from runyard.faulttolerance.hang import HangDetector
-from runyard.faulttolerance.stacks import (
-    Frame,
+from runyard.contracts.stacks import (
     ProcessStacks,
+    StackFrame,
     ThreadStack,
-    aggregate,
-    capture_pid,
-    capture_worker,
-    py_spy_binary,
+    WorkerStacks,
+    bounded,
+    size_of,
 )
+from runyard.deployer.runtime import group_members
+from runyard.deployer.stacks import capture_group, capture_pid, py_spy_binary
+from runyard.faulttolerance.hang import HangDetector
+from runyard.faulttolerance.stacks import aggregate
 
 T0 = datetime(2026, 11, 30, 2, 0, tzinfo=UTC)
 
@@ -102,7 +105,7 @@ pytestmark_spy = pytest.mark.skipif(py_spy_binary() is None, reason="py-spy is n
 async def test_captured_stack_shows_the_sleeping_frame(
     workers: list[subprocess.Popen[bytes]],
 ) -> None:
-    stacks = await capture_worker(workers[0].pid)
+    stacks = await capture_group(workers[0].pid, group_members)
     assert len(stacks) == 1, "only the Python process of the group is dumped"
     (process,) = stacks
     assert process.error is None, process.error
@@ -114,7 +117,9 @@ async def test_captured_stack_shows_the_sleeping_frame(
 
 @pytestmark_spy
 async def test_report_puts_the_odd_rank_first(workers: list[subprocess.Popen[bytes]]) -> None:
-    captured = await asyncio.gather(*(capture_worker(p.pid, native=True) for p in workers))
+    captured = await asyncio.gather(
+        *(capture_group(p.pid, group_members, native=True) for p in workers)
+    )
     report = aggregate("r1", "t1", 1, 1, T0, dict(enumerate(captured)))
     assert report.odd_ones_out == [2]
     assert report.frames_by_worker[2][0].startswith("all_reduce_stuck (train.py:")
@@ -134,9 +139,48 @@ async def test_a_process_that_is_gone_gives_an_error() -> None:
 
 
 def test_aggregate_with_identical_workers_has_no_odd_one() -> None:
-    frame = Frame("barrier", "/w/train.py", 10)
-    same = [ProcessStacks(1, (ThreadStack(1, 1, "MainThread", False, (frame,)),))]
+    frame = StackFrame(name="barrier", filename="/w/train.py", line=10)
+    thread = ThreadStack(pid=1, thread_id=1, thread_name="MainThread", frames=(frame,))
+    same = [ProcessStacks(pid=1, threads=(thread,))]
     report = aggregate("r", "t", 1, 1, T0, {0: same, 1: same})
     assert report.odd_ones_out == []
     assert report.frames_by_worker == {0: ["barrier (train.py:10)"], 1: ["barrier (train.py:10)"]}
     assert report.functions == {"barrier": {"threads": 2, "workers": [0, 1]}}
+
+
+def _deep_worker(index: int, threads: int, depth: int) -> WorkerStacks:
+    frames = tuple(
+        StackFrame(name=f"f{d}", filename=f"/w/module_{d}.py", line=d) for d in range(depth)
+    )
+    stacks = tuple(
+        ThreadStack(
+            pid=7, thread_id=t, thread_name="MainThread" if t == 0 else f"t{t}", frames=frames
+        )
+        for t in range(threads)
+    )
+    return WorkerStacks(worker=index, processes=(ProcessStacks(pid=7, threads=stacks),))
+
+
+def test_a_small_capture_is_kept_whole() -> None:
+    workers = [_deep_worker(0, 2, 10)]
+    kept, note = bounded(workers)
+    assert kept == tuple(workers) and note == ""
+
+
+def test_a_large_capture_keeps_the_innermost_frames_and_says_so() -> None:
+    workers = [_deep_worker(i, 8, 500) for i in range(4)]
+    budget = 64 * 1024
+    assert size_of(workers) > budget
+    kept, note = bounded(workers, budget)
+    assert size_of(kept) <= budget
+    first = kept[0].processes[0].threads[0].frames
+    assert first[0].name == "f0", "the innermost frame says where the thread is"
+    assert len(first) < 500 and "innermost frames per thread" in note and "500" in note
+
+
+def test_a_capture_of_too_many_threads_keeps_the_main_thread() -> None:
+    workers = [_deep_worker(0, 3000, 2)]
+    kept, note = bounded(workers, 16 * 1024)
+    assert size_of(kept) <= 16 * 1024
+    threads = kept[0].processes[0].threads
+    assert threads[0].thread_name == "MainThread" and "thread(s) per process" in note
