@@ -1,0 +1,261 @@
+"""Leadership of a singleton service (the relay, the scheduler) on Postgres.
+
+Several instances of a singleton may run; one is active, the others are
+standbys that take over within seconds when it dies. The lease is a
+session-level advisory lock (`pg_try_advisory_lock`) held on a connection of
+its own: Postgres releases it the moment that session ends, whether the holder
+closed it, was killed (-9: the kernel closes the socket) or was cut off (the
+server's TCP keepalives, set short on this connection, end the session).
+
+    async with leadership(dsn, "scheduler", scope=prefix) as lease:
+        ...                       # active: work until `lease.lost` is set
+
+    await Leadership(dsn, "scheduler", scope=prefix).run(work)   # forever:
+        # wait as standby, run `work(lease)` while active, cancel it at once
+        # when the lease may be lost, and wait again
+
+Keys. Advisory locks are per database; `scope` (the stack's topic prefix)
+keeps two stacks that share one database apart. The key is a 64-bit hash of
+scope and name (`lease_key`).
+
+Losing the lease. The holder checks its lock every `check_s` seconds with one
+cheap query on the lock's connection (does this session still hold it?). When
+the check fails, times out (`check_timeout_s`, shorter than the server's
+keepalive detection, so the old holder stops before a standby can take over)
+or the connection closes, `lease.lost` is set and `Leadership.run` cancels
+the work.
+
+What the lease does not do: fence. Between the moment a holder is cut off
+and the moment it notices, it may still write. Correctness never depends on
+the lease alone; each singleton fences its own writes:
+
+- the scheduler appends every decision with the expected versions of the
+  streams it read (the pool stream for an allocation, the task stream for a
+  placement, in one transaction), so a stale instance's append conflicts as
+  soon as the new one has written, and a decision made on a state that has
+  since moved on is never committed: no GPU is taken twice and no attempt is
+  placed twice (runyard.scheduler.app, `_commit`);
+- the relay's publishing is at-least-once with idempotent consumers (event
+  ids), so a stale relay can at worst publish an event twice, which consumers
+  drop.
+
+The lease keeps one instance doing the work at a time (no conflict storms, one
+writer of the read models) and lets a standby take over in seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+import asyncpg
+
+if TYPE_CHECKING:
+    from runyard.stack.context import ServiceContext
+
+__all__ = ["Leadership", "Lease", "Role", "leadership", "lease_key"]
+
+log = logging.getLogger("runyard.stack.leader")
+
+Role = Literal["standby", "active"]
+
+#: The lock connection's server settings: a short keepalive, so a holder cut off
+#: from Postgres loses its session (and the lock) in about 11 s, not hours.
+_KEEPALIVE = {
+    "tcp_keepalives_idle": "5",
+    "tcp_keepalives_interval": "2",
+    "tcp_keepalives_count": "3",
+}
+
+#: Does this session hold the advisory lock `$1`? (A bigint key is shown in
+#: pg_locks as classid = its high 32 bits, objid = its low 32 bits, objsubid 1.)
+_HOLDS = """
+SELECT EXISTS (
+    SELECT 1 FROM pg_locks
+    WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted AND objsubid = 1
+      AND classid::bigint = ($1::bigint >> 32) & 4294967295
+      AND objid::bigint = $1::bigint & 4294967295)
+"""
+
+
+def lease_key(name: str, scope: str = "") -> int:
+    """The advisory lock key of lease `name` in `scope` (a signed 64-bit integer)."""
+    digest = hashlib.blake2b(f"runyard-lease\0{scope}\0{name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+@dataclass
+class Lease:
+    """A held lease. `lost` is set when the holder may no longer hold it: stop at once."""
+
+    name: str
+    key: int
+    acquired_at: float = field(default_factory=time.monotonic)
+    lost: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@asynccontextmanager
+async def leadership(
+    dsn: str,
+    name: str,
+    *,
+    scope: str = "",
+    retry_s: float = 1.0,
+    check_s: float = 1.0,
+    check_timeout_s: float = 3.0,
+) -> AsyncIterator[Lease]:
+    """Wait (as a standby) until this process holds lease `name`, then yield it.
+
+    Leaving the block releases the lease (the lock's session is closed). The
+    block must watch `lease.lost` (or use `Leadership.run`, which does).
+    """
+    key = lease_key(name, scope)
+    conn = await _acquire(dsn, name, key, retry_s)
+    lease = Lease(name, key)
+    conn.add_termination_listener(lambda _: lease.lost.set())
+    watch = asyncio.create_task(_watch(conn, lease, check_s, check_timeout_s))
+    log.info("%s: active (holds the lease)", name)
+    try:
+        yield lease
+    finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+        await _close(conn)
+
+
+async def _acquire(dsn: str, name: str, key: int, retry_s: float) -> asyncpg.Connection:
+    """A connection whose session holds lock `key` (polled every `retry_s` seconds)."""
+    standby_logged = False
+    while True:
+        conn = None
+        try:
+            conn = await asyncpg.connect(
+                dsn,
+                server_settings={**_KEEPALIVE, "application_name": f"runyard-lease:{name}"},
+            )
+            while True:
+                if await conn.fetchval("SELECT pg_try_advisory_lock($1)", key):
+                    return conn
+                if not standby_logged:
+                    log.info("%s: standby (another instance holds the lease)", name)
+                    standby_logged = True
+                await asyncio.sleep(retry_s)
+        except Exception as exc:  # an outage (or a bad DSN): said in the log, waited out
+            log.warning("%s: lease connection failed (%r); retrying", name, exc)
+            if conn is not None:
+                conn.terminate()
+            await asyncio.sleep(retry_s)
+        except BaseException:
+            if conn is not None:
+                conn.terminate()  # the session ends: a lock it took goes with it
+            raise
+
+
+async def _watch(conn: asyncpg.Connection, lease: Lease, check_s: float, timeout_s: float) -> None:
+    """Set `lease.lost` when the lock's session stops answering or holding the lock."""
+    while not lease.lost.is_set():
+        await asyncio.sleep(check_s)
+        try:
+            holds = await asyncio.wait_for(conn.fetchval(_HOLDS, lease.key), timeout_s)
+        except Exception as exc:  # any failure: the lock may be gone
+            log.warning("%s: lease check failed (%r): stepping down", lease.name, exc)
+            lease.lost.set()
+            return
+        if not holds:
+            log.warning("%s: the lease's lock is gone: stepping down", lease.name)
+            lease.lost.set()
+
+
+async def _close(conn: asyncpg.Connection) -> None:
+    """End the lock's session (releasing the lock); never hang on a dead server."""
+    try:
+        await asyncio.wait_for(conn.close(), 2.0)
+    except Exception:
+        conn.terminate()
+    except BaseException:
+        conn.terminate()
+        raise
+
+
+#: The work of an active instance: runs until cancelled (or returns when done).
+Work = Callable[[Lease], Awaitable[None]]
+
+
+class Leadership:
+    """One contender for lease `name`: `run(work)` works only while it holds the lease.
+
+    `role` says what it is now ("standby" or "active"), for health answers.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        name: str,
+        *,
+        scope: str = "",
+        retry_s: float = 1.0,
+        check_s: float = 1.0,
+        check_timeout_s: float = 3.0,
+    ) -> None:
+        self.dsn = dsn
+        self.name = name
+        self.scope = scope
+        self.retry_s = retry_s
+        self.check_s = check_s
+        self.check_timeout_s = check_timeout_s
+        self.role: Role = "standby"
+        #: How many times this contender became active (tests, metrics).
+        self.terms = 0
+
+    @classmethod
+    def for_service(cls, ctx: ServiceContext, name: str, **options: float) -> Leadership:
+        """Lease `name` of the stack `ctx` belongs to (scoped by its topic prefix)."""
+        return cls(ctx.dsn, name, scope=ctx.kafka.topics.prefix, **options)
+
+    async def run(self, work: Work) -> None:
+        """Forever: wait for the lease, run `work(lease)` while holding it, and cancel it
+        as soon as the lease may be lost; then wait again. Returns when `work` returns;
+        an error of `work` is raised (after the lease is released)."""
+        while True:
+            async with leadership(
+                self.dsn,
+                self.name,
+                scope=self.scope,
+                retry_s=self.retry_s,
+                check_s=self.check_s,
+                check_timeout_s=self.check_timeout_s,
+            ) as lease:
+                self.role = "active"
+                self.terms += 1
+                try:
+                    if await _until_lost(work(lease), lease):
+                        return
+                finally:
+                    self.role = "standby"
+            log.warning("%s: lease lost; standing by", self.name)
+
+
+async def _until_lost(work: Awaitable[None], lease: Lease) -> bool:
+    """Run `work` until it ends (True) or the lease is lost (False, `work` cancelled)."""
+    task = asyncio.ensure_future(work)
+    lost = asyncio.ensure_future(lease.lost.wait())
+    try:
+        await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        lost.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():
+        return False
+    task.result()  # an error of the work is raised here
+    return True

@@ -1,0 +1,142 @@
+"""Leadership leases on the real Postgres: one active holder, a standby that takes over."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+import pytest
+from runyard.stack.leader import Leadership, Lease, leadership, lease_key
+
+pytestmark = pytest.mark.integration
+
+FAST = {"retry_s": 0.1, "check_s": 0.1, "check_timeout_s": 2.0}
+
+
+async def _terminate_holder(dsn: str, name: str, scope: str = "") -> int:
+    """End the session holding lease `name` (as a killed or cut-off holder's would end)."""
+    admin = await asyncpg.connect(dsn)
+    try:
+        return int(
+            await admin.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_locks"
+                " WHERE locktype = 'advisory' AND granted AND objsubid = 1"
+                " AND classid::bigint = ($1::bigint >> 32) & 4294967295"
+                " AND objid::bigint = $1::bigint & 4294967295",
+                lease_key(name, scope),
+            )
+        )
+    finally:
+        await admin.close()
+
+
+async def _hold(dsn: str, name: str, held: asyncio.Queue[Lease], **options: object) -> None:
+    async with leadership(dsn, name, **FAST, **options) as lease:  # type: ignore[arg-type]
+        await held.put(lease)
+        await asyncio.Event().wait()
+
+
+def test_keys_differ_by_name_and_scope() -> None:
+    keys = {lease_key("scheduler"), lease_key("relay"), lease_key("scheduler", "t1.")}
+    assert len(keys) == 3
+    assert lease_key("scheduler", "t1.") == lease_key("scheduler", "t1.")
+    assert all(-(2**63) <= k < 2**63 for k in keys)
+
+
+async def test_one_holder_the_other_stands_by_then_takes_over(dsn: str) -> None:
+    held: asyncio.Queue[Lease] = asyncio.Queue()
+    first = asyncio.create_task(_hold(dsn, "scheduler", held))
+    lease_a = await asyncio.wait_for(held.get(), 10)
+    second = asyncio.create_task(_hold(dsn, "scheduler", held))
+    try:
+        # the second contender polls ten times a second: after a few polls it still waits
+        await asyncio.sleep(0.5)
+        assert held.empty() and not second.done()
+
+        assert await _terminate_holder(dsn, "scheduler") == 1
+        await asyncio.wait_for(lease_a.lost.wait(), 10)  # the old holder knows
+        lease_b = await asyncio.wait_for(held.get(), 10)  # the standby took over
+        assert not lease_b.lost.is_set()
+    finally:
+        for task in (first, second):
+            task.cancel()
+        await asyncio.gather(first, second, return_exceptions=True)
+
+
+async def test_scopes_do_not_collide(dsn: str) -> None:
+    held: asyncio.Queue[Lease] = asyncio.Queue()
+    tasks = [
+        asyncio.create_task(_hold(dsn, "relay", held, scope="a.")),
+        asyncio.create_task(_hold(dsn, "relay", held, scope="b.")),
+    ]
+    try:
+        leases = [await asyncio.wait_for(held.get(), 10) for _ in tasks]
+        keys = {lease_key("relay", "a."), lease_key("relay", "b.")}
+        assert {lease.key for lease in leases} == keys
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_leaving_the_block_releases_the_lease(dsn: str) -> None:
+    async with leadership(dsn, "once", **FAST):  # type: ignore[arg-type]
+        pass
+    async with leadership(dsn, "once", **FAST) as lease:  # type: ignore[arg-type]
+        assert not lease.lost.is_set()
+
+
+async def test_run_cancels_the_work_on_loss_and_stands_by_again(dsn: str) -> None:
+    """Two contenders running work: exactly one works at a time; killing the active one's
+    lease cancels its work, the other starts, and the first becomes its standby."""
+    working: set[str] = set()
+    overlaps: list[set[str]] = []
+    started: asyncio.Queue[str] = asyncio.Queue()
+
+    def work_of(who: str) -> Callable[[Lease], Awaitable[None]]:
+        async def work(lease: Lease) -> None:
+            if working:
+                overlaps.append({*working, who})
+            working.add(who)
+            await started.put(who)
+            try:
+                await asyncio.Event().wait()
+            finally:
+                working.discard(who)
+
+        return work
+
+    contenders = {who: Leadership(dsn, "scheduler", **FAST) for who in ("a", "b")}  # type: ignore[arg-type]
+    tasks = [asyncio.create_task(c.run(work_of(who))) for who, c in contenders.items()]
+    try:
+        first = await asyncio.wait_for(started.get(), 10)
+        other = "b" if first == "a" else "a"
+        assert contenders[first].role == "active"
+        assert contenders[other].role == "standby"
+
+        await _terminate_holder(dsn, "scheduler")
+        second = await asyncio.wait_for(started.get(), 10)
+        if second == first:  # the old holder won the race back: fine, it stood by first
+            assert contenders[first].terms == 2
+        else:
+            assert contenders[other].role == "active"
+        assert not overlaps
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_run_returns_when_the_work_returns_and_raises_its_error(dsn: str) -> None:
+    async def done(lease: Lease) -> None:
+        return None
+
+    async def broken(lease: Lease) -> None:
+        raise ValueError("boom")
+
+    await asyncio.wait_for(Leadership(dsn, "x", **FAST).run(done), 10)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="boom"):
+        await asyncio.wait_for(Leadership(dsn, "x", **FAST).run(broken), 10)  # type: ignore[arg-type]
+    async with leadership(dsn, "x", **FAST):  # type: ignore[arg-type]
+        pass  # released after the error
