@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 from runyard.deployer.runtime import group_members
-from runyard.faulttolerance.stacks import py_spy_binary
+from runyard.deployer.stacks import py_spy_binary
 
 from tests.e2e import conftest as e2e
 from tests.e2e.conftest import Platform, running_platform
