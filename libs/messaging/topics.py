@@ -4,16 +4,26 @@ Every topic is created explicitly at start with its intended partition count:
 a broker that auto-creates topics picks its own count (Tansu: 4; a FastStream
 subscriber: 1), and partitions cannot be added later without reordering keys.
 One task's events share a key (its stream id), so they stay in one partition.
+
+Partitions are also what instances of one consumer group share: N instances of
+a stateless consumer (logs, notification) each take some partitions of its
+topics, so a topic they read needs at least as many partitions as instances
+that should work at once. A topic found with fewer partitions than intended
+(created by an older release, or auto-created by a broker) is reported, not
+changed: adding partitions would move keys, and with them one task's order.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
+
+log = logging.getLogger("runyard.messaging")
 
 TASK_EVENTS = "runyard.task-events"
 POOL_EVENTS = "runyard.pool-events"
@@ -91,17 +101,31 @@ async def ensure_topics(bootstrap: str, topics: Topics, **security: Any) -> list
     await admin.start()
     try:
         existing = set(await admin.list_topics())
-        missing = [
-            NewTopic(name, partitions, 1)
-            for name, partitions in topics.all().items()
-            if name not in existing
-        ]
+        wanted = topics.all()
+        missing = [NewTopic(n, count, 1) for n, count in wanted.items() if n not in existing]
         if missing:
             with contextlib.suppress(TopicAlreadyExistsError):
                 await admin.create_topics(missing)
+        found = [n for n in wanted if n in existing]
+        if found:
+            _report_few_partitions(await admin.describe_topics(found), wanted)
         return [t.name for t in missing]
     finally:
         await admin.close()
+
+
+def _report_few_partitions(described: list[dict[str, Any]], wanted: dict[str, int]) -> None:
+    for topic in described:
+        name, count = topic.get("topic"), len(topic.get("partitions") or ())
+        if name in wanted and 0 < count < wanted[name]:
+            log.warning(
+                "topic %s has %d partitions, not %d: at most %d instances of a consumer"
+                " group share it",
+                name,
+                count,
+                wanted[name],
+                count,
+            )
 
 
 async def create_marker(bootstrap: str, topics: Topics, **security: Any) -> None:

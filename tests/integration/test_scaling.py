@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -23,7 +25,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from runyard.contracts import Event, RecordedEvent
 from runyard.eventstore import PostgresEventStore
 from runyard.logs import LogIngester, LogRecord, LogStore
-from runyard.messaging import KafkaSettings
+from runyard.messaging import KafkaSettings, Topics, ensure_topics
 from runyard.messaging.consumer import IdempotentConsumer, make_broker
 from runyard.messaging.topics import LOGS, PARTITIONS, TASK_EVENTS
 
@@ -59,6 +61,19 @@ async def test_topics_have_partitions_for_several_instances(kafka: KafkaSettings
     """What instances share is partitions: the topics scaled consumers read have several."""
     assert await _partitions(kafka, kafka.topics.logs) == PARTITIONS[LOGS] >= 2
     assert await _partitions(kafka, kafka.topics.task_events) == PARTITIONS[TASK_EVENTS] >= 2
+
+
+async def test_a_topic_with_too_few_partitions_is_reported(
+    kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found as an older release (or a broker's auto-creation) left it: said, not changed."""
+    topics = Topics(prefix=f"t{uuid.uuid4().hex[:10]}.")
+    await _create_topic(KafkaSettings(bootstrap=kafka_bootstrap), topics.logs, 1)
+    with caplog.at_level(logging.WARNING, "runyard.messaging"):
+        created = await ensure_topics(kafka_bootstrap, topics)
+    assert topics.logs not in created and topics.task_events in created
+    assert f"topic {topics.logs} has 1 partitions, not {PARTITIONS[LOGS]}" in caplog.text
+    assert topics.task_events not in caplog.text
 
 
 # --- log ingesters -------------------------------------------------------------------
