@@ -12,12 +12,21 @@
 #   runyard-relay          create topics; write every runyard.* topic (the relay,
 #                          and `runyard up` creating the topics at start)
 #   runyard-scheduler      read task-events, pool-events (group scheduler)
-#   runyard-deployer       read task-events (group deployer); write logs
+#   runyard-deployer       read task-events (group deployer); write logs; read
+#                          and create deployer-commands (groups deployer-commands
+#                          and deployer-commands.<node agent>: one per agent)
 #   runyard-faulttolerance read task-events, pool-events, logs (groups
-#                          faulttolerance, faulttolerance-logs)
+#                          faulttolerance, faulttolerance-logs); write
+#                          deployer-commands (stack captures)
 #   runyard-notification   read task-events (group notification)
 #   runyard-logs           read logs (group logs)
-# Every event consumer may also write the dead-letter topic.
+#   runyard-gateway        (describe only, below)
+#   runyard-submission     (describe only, below)
+# Every event consumer may also write the dead-letter topic. Every user may
+# describe every runyard.* topic: a service started on its own
+# (`runyard serve <name>`) checks at start that all topics exist, and creates
+# none when they do (only the relay's user may create). One user per service,
+# so that each service's container holds its own password only.
 set -euo pipefail
 
 BOOTSTRAP=${KAFKA_SETUP_BOOTSTRAP:-127.0.0.1:9094}
@@ -52,7 +61,7 @@ consumer() {  # service group topics...
   allow "runyard-$service" --operation Read --group "${RUNYARD_TOPIC_PREFIX:-}$group"
 }
 
-for service in RELAY SCHEDULER DEPLOYER FAULTTOLERANCE NOTIFICATION LOGS; do
+for service in RELAY SCHEDULER DEPLOYER FAULTTOLERANCE NOTIFICATION LOGS GATEWAY SUBMISSION; do
   variable="KAFKA_PASSWORD_${service}"
   if [[ -z "${!variable:-}" ]]; then
     echo "kafka-setup: $variable is not set: run infra/gen-env.sh" >&2
@@ -66,6 +75,12 @@ allow runyard-relay --operation Create --operation Write --operation Describe \
 consumer scheduler scheduler task-events pool-events
 consumer deployer deployer task-events
 allow runyard-deployer --operation Write --operation Describe --topic "$(topic logs)"
+allow runyard-deployer --operation Read --operation Describe --operation Create \
+  --topic "$(topic deployer-commands)"
+allow runyard-deployer --operation Read \
+  --group "${RUNYARD_TOPIC_PREFIX:-}deployer-commands" --resource-pattern-type prefixed
+allow runyard-faulttolerance --operation Write --operation Describe \
+  --topic "$(topic deployer-commands)"
 consumer faulttolerance faulttolerance task-events pool-events
 consumer faulttolerance faulttolerance-logs logs
 consumer notification notification task-events
@@ -73,4 +88,8 @@ consumer logs logs logs
 for service in scheduler deployer faulttolerance notification; do
   allow "runyard-$service" --operation Write --operation Describe --topic "$(topic dead-letter)"
 done
-echo "kafka-setup: users and ACLs of runyard-{relay,scheduler,deployer,faulttolerance,notification,logs} in place"
+for service in scheduler deployer faulttolerance notification logs gateway submission; do
+  allow "runyard-$service" --operation Describe --topic "$PREFIX" --resource-pattern-type prefixed
+done
+echo "kafka-setup: users and ACLs of" \
+  "runyard-{relay,scheduler,deployer,faulttolerance,notification,logs,gateway,submission} in place"
