@@ -24,6 +24,9 @@ import pytest
 from runyard.messaging import KafkaSettings, Topics, ensure_topics
 from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres
 
+# Every gateway a test builds gets its submission service (tests/submission_beside.py).
+from tests.submission_beside import submission_beside_gateway  # noqa: F401
+
 
 def _docker_reachable() -> bool:
     try:

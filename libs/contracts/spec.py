@@ -46,6 +46,12 @@ MAX_CUSTOM_GPUS = 8192
 MAX_PRIORITY = 1000
 MAX_HANG_TIMEOUT_S = 7 * 24 * 3600
 MAX_QUEUE_DURATION_S = 30 * 24 * 3600
+#: Bounds of the whole environment of a task (every name and value together).
+MAX_ENV_BYTES = 65536
+#: Most tasks one task group may create (R-17).
+MAX_GROUP_SIZE = 1000
+#: What every API answer shows instead of a creator-only value (R-12).
+MASK = "******"
 
 #: A short identifier-like text: a pool, a worker spec, a file system, a volume.
 ShortText = Annotated[str, Field(max_length=MAX_ID)]
@@ -162,3 +168,22 @@ def split_custom_gpus(n: int) -> tuple[int, ...]:
         return (n,)
     full, rest = divmod(n, 8)
     return (8,) * full + ((rest,) if rest else ())
+
+
+def mask_spec(spec: TaskSpec, viewer_is_creator: bool) -> TaskSpec:
+    """The spec as `viewer` may see it: creator-only values shown as `******` to others.
+
+    Every API answer that carries a spec goes through this, whichever service
+    answers it, so the masking lives beside the spec and not in a service.
+    """
+    if viewer_is_creator or not any(v.creator_only for v in spec.env):
+        return spec
+    return spec.model_copy(update={"env": mask_env(spec.env)})
+
+
+def mask_env(env: tuple[EnvVar, ...]) -> tuple[EnvVar, ...]:
+    """Variables with creator-only values (and their secret references) hidden."""
+    return tuple(
+        v.model_copy(update={"value": MASK, "secret_ref": None}) if v.creator_only else v
+        for v in env
+    )

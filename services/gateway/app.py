@@ -2,43 +2,40 @@
 
 Each public method authenticates nothing and maps nothing: it takes the
 caller's `Principal`, does one use case, and raises typed errors
-(`runyard.gateway.errors`, submission errors, domain errors) that the edges
-map to status codes. Nothing is written when a rule refuses a request.
+(`runyard.api.errors`, domain errors) that the edges map to status codes.
+Nothing is written when a rule refuses a request.
 
-Writes go through the pure task domain (`decide`) and the event store with
-optimistic concurrency; creator-only environment values go to the `secrets`
-table in the same transaction as the event that refers to them (R-12).
+What users submit (tasks, reruns, clones, groups) and the catalogue are the
+submission service's: the gateway passes the authenticated caller and the
+body to it (`SubmissionClient`, internal gRPC) and answers what it wrote, or
+its refusal as the same coded error. A stop goes through the pure task
+domain (`decide`) and the event store with optimistic concurrency here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import uuid
+import os
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from importlib import resources
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any
 
 import asyncpg
-import yaml
-from pydantic import ValidationError
 from runyard.api import auth
 from runyard.api.auth import Principal, TokenInfo, authenticate
-from runyard.api.errors import BadRequest, Conflict, NotFound, PermissionDenied, task_not_found
-from runyard.api.inputs import group_id_of
+from runyard.api.errors import BadRequest, NotFound, PermissionDenied, task_not_found
 from runyard.contracts import Event, EventMapper, Metadata, NewEvent, RecordedEvent, default_mapper
-from runyard.contracts.admin_events import CatalogueEntrySet, TokenIssued, TokenRevoked
+from runyard.contracts.admin_events import TokenIssued, TokenRevoked
 from runyard.contracts.envelope import new_event_id, utcnow
-from runyard.contracts.spec import EnvVar, TaskSpec
+from runyard.contracts.rpc import credential
+from runyard.contracts.spec import TaskSpec
 from runyard.domain import (
-    Clone,
     Command,
     RequestStop,
-    Rerun,
-    Submit,
     TaskState,
     decide,
     evolve,
@@ -56,15 +53,9 @@ from runyard.eventstore import (
 from runyard.gateway import projection
 from runyard.gateway.pools import PoolInfo, capacity, describe, load_pools
 from runyard.gateway.projection import TaskListProjector
+from runyard.gateway.submission_client import SubmissionClient
 from runyard.gateway.views import event_view, task_view
-from runyard.notification.webhooks import policy_of
 from runyard.scheduler.views import read_queue_entries
-from runyard.submission.catalogue import Catalogue, Image, PublicData, Volume
-from runyard.submission.changes import check_group, clone_spec, expand_group, rerun_with_changes
-from runyard.submission.env import MASK, parse_env
-from runyard.submission.errors import ErrorCode, SpecError
-from runyard.submission.rules import check_spec
-from runyard.submission.warnings import SubmissionWarning
 
 MAX_PAGE = 200
 #: Decisions on a task made again when its stream moved on meanwhile (then 409).
@@ -122,89 +113,44 @@ async def record_token_issued(
     await store.append_in(conn, token_stream(info.token_id), [new], NO_STREAM)
 
 
-def load_catalogue(config_dir: Path) -> Catalogue:
-    """The catalogue of `catalogue.yaml` in the config folder (empty when absent)."""
-    path = config_dir / "catalogue.yaml"
-    data = (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
-    return Catalogue.from_dict(data)
-
-
-CatalogueEntry: TypeAlias = Image | Volume | PublicData
-_KINDS: dict[str, type[Image] | type[Volume] | type[PublicData]] = {
-    "image": Image,
-    "volume": Volume,
-    "public_data": PublicData,
-}
-
-
-def entry_key(entry: CatalogueEntry) -> tuple[str, str]:
-    """The (kind, key) an admin change is stored under: a later change replaces it."""
-    if isinstance(entry, Image):
-        return "image", entry.name
-    if isinstance(entry, Volume):
-        return "volume", f"{entry.file_system}/{entry.volume}/{entry.zone}"
-    return "public_data", entry.zone
-
-
-def with_entry(catalogue: Catalogue, entry: CatalogueEntry) -> Catalogue:
-    """The catalogue with one admin change applied."""
-    if isinstance(entry, Image):
-        return catalogue.with_image(entry)
-    if isinstance(entry, Volume):
-        return catalogue.with_volume(entry)
-    return catalogue.with_public_data(entry)
-
-
-async def overlay_catalogue(
-    conn: asyncpg.Pool | asyncpg.Connection, catalogue: Catalogue
-) -> Catalogue:
-    """`catalogue` (from the config file) with the stored admin changes, oldest first."""
-    rows = await conn.fetch(
-        "SELECT kind, body FROM catalogue_entries ORDER BY updated_at, kind, key"
-    )
-    for row in rows:
-        body = row["body"]
-        data = json.loads(body) if isinstance(body, str) else dict(body)
-        catalogue = with_entry(catalogue, _KINDS[row["kind"]].model_validate(data))
-    return catalogue
-
-
 class Gateway:
-    """Task operations over the event store, the task list and the catalogues."""
+    """Task operations over the event store, the task list and the submission service."""
 
     def __init__(
         self,
         store: PostgresEventStore,
-        catalogue: Catalogue,
         config_dir: Path,
+        submission: SubmissionClient,
         *,
         clock: Callable[[], datetime] = utcnow,
         new_id: Callable[[], str] = lambda: str(new_event_id()),
     ) -> None:
         self.store = store
-        self.catalogue = catalogue
         self.config_dir = config_dir
+        self.submission = submission
         self.projector = TaskListProjector(store)
         self.clock = clock
         self.new_id = new_id
 
-    def webhook_refusal(self, url: str) -> tuple[str, str] | None:
-        """Why a task's alerts may not go to `url`, with a hint (None: they may): the
-        notification service's allow-list, `notification.yaml` of the config folder."""
-        return policy_of(self.config_dir).refusal(url)
-
     @classmethod
     async def connect(
-        cls, dsn: str, config_dir: Path, mapper: EventMapper | None = None
+        cls,
+        dsn: str,
+        config_dir: Path,
+        mapper: EventMapper | None = None,
+        *,
+        submission: SubmissionClient | None = None,
     ) -> Gateway:
-        """Open the store, apply the gateway's migrations, load the catalogue."""
+        """Open the store and apply the gateway's migrations. `submission`: the client
+        of the submission service (default: its address from RUNYARD_ENDPOINTS, the
+        credential from RUNYARD_INTERNAL_TOKEN or RUNYARD_HOME's file)."""
         store = await PostgresEventStore.connect(dsn, mapper or default_mapper())
         async with store.pool.acquire() as conn:
             await apply_migrations(conn, gateway_migrations())
-        catalogue = await overlay_catalogue(store.pool, load_catalogue(config_dir))
-        return cls(store, catalogue, config_dir)
+        return cls(store, config_dir, submission or submission_from_env())
 
     async def close(self) -> None:
+        await self.submission.close()
         await self.store.close()
 
     @property
@@ -287,18 +233,11 @@ class Gateway:
     # --- tasks ----------------------------------------------------------------
 
     async def create_task(self, req: Request, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Check a spec against the rules and submit it as a new task."""
+        """Submit a spec: the submission service checks it against the rules and
+        appends it; the answer is the new task, with its warnings."""
         req.principal.require_write()
-        spec = parse_spec(body)
-        warnings = await self._check(spec)
-        task_id = self.new_id()
-        async with self.store.transaction() as conn:
-            sealed = await self._seal(conn, req.principal.tenant, spec)
-            submit = Submit(
-                task_id, req.principal.tenant, req.principal.user, sealed, tuple(warnings)
-            )
-            await self._append(conn, req, None, submit, NO_STREAM)
-        return await self.get_task(req.principal, task_id)
+        accepted = await self.submission.submit_task(req, body)
+        return await self.get_task(req.principal, accepted.task_id)
 
     async def get_task(self, caller: Principal, task_id: str) -> dict[str, Any]:
         """A task's detail, as the caller may see it."""
@@ -358,42 +297,17 @@ class Gateway:
         self, req: Request, task_id: str, changes: Mapping[str, Any]
     ) -> dict[str, Any]:
         """Run a finished task again, with only the changes a rerun allows (R-16)."""
-        state, _ = await self._load(req.principal, task_id, write=True)
-        spec = rerun_with_changes(state.spec, changes)
-        await self._check(spec)
-        await self._decide_and_append(req, state, Rerun(task_id, spec))
+        req.principal.require_write()
+        await self.submission.rerun_task(req, task_id, changes)
         return await self.get_task(req.principal, task_id)
 
     async def clone_task(
         self, req: Request, task_id: str, overrides: Mapping[str, Any]
     ) -> dict[str, Any]:
         """A new task from this task's spec, any field overridden (R-16)."""
-        state, _ = await self._load(req.principal, task_id, write=True)
-        by_creator = _is_creator(req.principal, state)
-        spec = clone_spec(state.spec, _env_text(overrides), by_creator=by_creator)
-        warnings = await self._check(spec)
-        new_id = self.new_id()
-        for attempt in range(1, CONFLICT_RETRIES + 1):
-            cloned = decide(state, Clone(task_id), now=self.clock(), ids=lambda: new_id)
-            try:
-                async with self.store.transaction() as conn:
-                    sealed = await self._seal(conn, req.principal.tenant, spec)
-                    await self._write(conn, req, task_id, cloned, state.version)
-                    submit = Submit(
-                        new_id,
-                        req.principal.tenant,
-                        req.principal.user,
-                        sealed,
-                        tuple(warnings),
-                        cloned_from=task_id,
-                    )
-                    await self._append(conn, req, None, submit, NO_STREAM)
-                break
-            except ConcurrencyError as exc:
-                if exc.stream_id != _stream(task_id) or attempt == CONFLICT_RETRIES:
-                    raise
-                state = await self._reload(task_id)
-        return await self.get_task(req.principal, new_id)
+        req.principal.require_write()
+        accepted = await self.submission.clone_task(req, task_id, overrides)
+        return await self.get_task(req.principal, accepted.task_id)
 
     async def task_events(self, caller: Principal, task_id: str) -> list[dict[str, Any]]:
         """The task's audit timeline: every event with actor and correlation id."""
@@ -438,36 +352,8 @@ class Gateway:
     async def create_group(self, req: Request, body: Mapping[str, Any]) -> dict[str, Any]:
         """R-17: one task per item, each the template with the item's overrides; all or none."""
         req.principal.require_write()
-        template = parse_spec(_field(body, "template", dict))
-        items = [_env_text(item) for item in _field(body, "items", list)]
-        if not all(isinstance(item, dict) for item in items):
-            raise BadRequest(
-                "request.invalid",
-                "every item must be an object of overrides",
-                "give items as [{...}, {...}]",
-                "items",
-            )
-        specs = expand_group(template, items)
-        pools = {i.view.pool_id: i.view for i in (await self._pools()).values()}
-        # In a worker thread, like `_check`: a group of long commands is the slowest check.
-        warnings = await asyncio.to_thread(
-            check_group, specs, self.catalogue, pools, webhooks=self.webhook_refusal
-        )
-        group_id = group_id_of(body) or self.new_id()
-        task_ids = [self.new_id() for _ in specs]
-        async with self.store.transaction() as conn:
-            for task_id, spec, warned in zip(task_ids, specs, warnings, strict=True):
-                sealed = await self._seal(conn, req.principal.tenant, spec)
-                submit = Submit(
-                    task_id,
-                    req.principal.tenant,
-                    req.principal.user,
-                    sealed,
-                    tuple(warned),
-                    group_id=group_id,
-                )
-                await self._append(conn, req, None, submit, NO_STREAM)
-        return await self.get_group(req.principal, group_id)
+        accepted = await self.submission.submit_group(req, body)
+        return await self.get_group(req.principal, accepted.group_id)
 
     async def get_group(
         self, caller: Principal, group_id: str, tenant: str | None = None
@@ -517,28 +403,12 @@ class Gateway:
     ) -> dict[str, Any]:
         """Rerun every finished task of the group, each with the same allowed changes.
 
-        Every rerun is checked first; then all are written in one transaction,
-        so either every finished task runs again or none does.
+        The submission service checks every rerun first, then writes all in one
+        transaction, so either every finished task runs again or none does.
         """
         group = await self.get_group(req.principal, group_id)
-        planned: list[tuple[TaskState, list[Event]]] = []
-        for row in group["tasks"]:
-            state, _ = await self._load(req.principal, row["task_id"], write=True)
-            if not is_terminal(state.status):
-                continue
-            spec = rerun_with_changes(state.spec, changes)
-            await self._check(spec)
-            events = decide(state, Rerun(state.task_id, spec), now=self.clock(), ids=self.new_id)
-            planned.append((state, list(events)))
-        if not planned:
-            raise Conflict(
-                "group.nothing_to_rerun",
-                f"no task of group {group_id!r} has finished",
-                "stop the group first, or wait for its tasks to end",
-            )
-        async with self.store.transaction() as conn:
-            for state, events in planned:
-                await self._write(conn, req, state.task_id, events, state.version)
+        task_ids = [row["task_id"] for row in group["tasks"]]
+        await self.submission.rerun_group(req, group_id, task_ids, changes)
         return await self.get_group(req.principal, group_id)
 
     # --- catalogue (admin) ----------------------------------------------------
@@ -555,46 +425,15 @@ class Gateway:
         """Platform admin: offer public data in a zone {zone, path?}."""
         return await self._change_catalogue(req, "public_data", body)
 
-    async def reload_catalogue(self) -> Catalogue:
-        """Reload the config file and overlay the stored admin changes (as at start)."""
-        self.catalogue = await overlay_catalogue(self.db, load_catalogue(self.config_dir))
-        return self.catalogue
-
     async def _change_catalogue(
         self, req: Request, kind: str, body: Mapping[str, Any]
     ) -> dict[str, Any]:
-        """Validate, store (so it survives a restart) with its event, then apply one
-        admin change."""
-        caller = req.principal
-        caller.require_platform_admin()
-        try:
-            entry = _KINDS[kind].model_validate(dict(body))
-        except ValidationError as exc:
-            raise _invalid(exc, "") from exc
-        changed = with_entry(self.catalogue, entry)
-        _, key = entry_key(entry)
-        data = entry.model_dump(mode="json")
-        event = CatalogueEntrySet.model_validate({"kind": kind, "key": key, "entry": data})
-        new = NewEvent(event=event, metadata=req.metadata(), occurred_at=self.clock())
-        async with self.store.transaction() as conn:
-            await conn.execute(
-                """INSERT INTO catalogue_entries (kind, key, body, updated_by)
-                   VALUES ($1, $2, $3::jsonb, $4)
-                   ON CONFLICT (kind, key) DO UPDATE
-                   SET body = EXCLUDED.body, updated_by = EXCLUDED.updated_by,
-                       updated_at = now()""",
-                kind,
-                key,
-                json.dumps(data),
-                caller.actor,
-            )
-            await self.store.append_in(conn, f"catalogue-{kind}", [new], ANY)
-        self.catalogue = changed
-        return data
+        req.principal.require_platform_admin()
+        return await self.submission.set_catalogue_entry(req, kind, body)
 
-    def catalogue_view(self, caller: Principal) -> dict[str, Any]:
-        """The images, volumes and public data the rules use."""
-        return self.catalogue.model_dump(mode="json")
+    async def catalogue_view(self, caller: Principal) -> dict[str, Any]:
+        """The images, volumes and public data the rules use (the submission service's)."""
+        return await self.submission.catalogue(caller)
 
     # --- internals ------------------------------------------------------------
 
@@ -639,17 +478,6 @@ class Gateway:
     async def _reload(self, task_id: str) -> TaskState:
         return fold(await self.store.read_stream(_stream(task_id)), task_id=task_id)
 
-    async def _append(
-        self,
-        conn: asyncpg.Connection,
-        req: Request,
-        state: TaskState | None,
-        command: Submit,
-        expected: Any,
-    ) -> None:
-        events = decide(state, command, now=self.clock(), ids=self.new_id)
-        await self._write(conn, req, command.task_id, events, expected)
-
     async def _write(
         self,
         conn: asyncpg.Connection,
@@ -663,22 +491,6 @@ class Gateway:
         new = [NewEvent(event=e, metadata=meta, occurred_at=now) for e in events]
         await self.store.append_in(conn, _stream(task_id), new, expected)
 
-    async def _seal(self, conn: asyncpg.Connection, tenant: str, spec: TaskSpec) -> TaskSpec:
-        """Move creator-only values into the secret store; the spec keeps only references."""
-        env = []
-        for var in spec.env:
-            if var.creator_only and var.value is not None and var.value != MASK:
-                ref = f"secret-{uuid.uuid4().hex}"
-                await conn.execute(
-                    "INSERT INTO secrets (tenant, ref, value) VALUES ($1, $2, $3)",
-                    tenant,
-                    ref,
-                    var.value,
-                )
-                var = EnvVar(name=var.name, creator_only=True, secret_ref=ref)
-            env.append(var)
-        return spec.model_copy(update={"env": tuple(env)})
-
     async def _secrets(self, tenant: str, spec: TaskSpec) -> dict[str, str]:
         refs = [v.secret_ref for v in spec.env if v.creator_only and v.secret_ref]
         if not refs:
@@ -690,18 +502,6 @@ class Gateway:
 
     async def _pools(self) -> dict[str, PoolInfo]:
         return await load_pools(self.db, self.config_dir)
-
-    async def _check(self, spec: TaskSpec) -> list[SubmissionWarning]:
-        """`check_spec` in a worker thread: the rules are pure but take time linear in the
-        spec (a 64 KiB launch command), and the event loop keeps answering meanwhile."""
-        pool = await self._pool_view(spec.pool)
-        return await asyncio.to_thread(
-            check_spec, spec, self.catalogue, pool, webhooks=self.webhook_refusal
-        )
-
-    async def _pool_view(self, pool_id: str) -> Any:
-        info = (await self._pools()).get(pool_id)
-        return info.view if info else None
 
 
 def _stream(task_id: str) -> str:
@@ -733,101 +533,18 @@ def _evolve_all(state: TaskState, events: Sequence[RecordedEvent[Event]]) -> Tas
     return state
 
 
-# --- parsing request bodies ---------------------------------------------------
-
-
-def parse_spec(body: Mapping[str, Any]) -> TaskSpec:
-    """A TaskSpec from an API body: `env` as `A=x;B=y` text or a list, `creator_only` names.
-
-    Shape errors become `spec.unknown_field` / `spec.invalid` with the field's path.
-    """
-    if not isinstance(body, Mapping):
-        raise BadRequest("request.invalid", "the task spec must be an object", "send JSON {...}")
-    data = dict(body)
-    creator_only = data.pop("creator_only", []) or []
-    if not isinstance(creator_only, list):
-        raise BadRequest(
-            "request.invalid",
-            "creator_only must be a list of variable names",
-            'e.g. ["API_KEY"]',
-            "creator_only",
-        )
-    if isinstance(data.get("env"), str):
-        data["env"] = parse_env(data["env"], creator_only=creator_only)
-    elif creator_only:
-        data["env"] = [_mark(v, creator_only) for v in data.get("env") or []]
-    _refuse_secret_refs(data.get("env"), "env")
-    try:
-        return TaskSpec.model_validate(data)
-    except ValidationError as exc:
-        raise _invalid(exc, "") from exc
-
-
-def _mark(var: Any, creator_only: list[str]) -> Any:
-    if isinstance(var, dict) and var.get("name") in creator_only:
-        return {**var, "creator_only": True}
-    return var
-
-
-def _env_text(overrides: Any) -> Any:
-    """Overrides with `env` text parsed, honouring a `creator_only` list."""
-    if not isinstance(overrides, dict):
-        return overrides
-    data = dict(overrides)
-    creator_only = data.pop("creator_only", []) or []
-    if isinstance(data.get("env"), str):
-        data["env"] = parse_env(data["env"], creator_only=creator_only)
-    _refuse_secret_refs(data.get("env"), "env")
-    return data
-
-
-def _refuse_secret_refs(env: Any, field: str) -> None:
-    """A creator-only value's `secret_ref` is the platform's to assign, never a client's.
-
-    The deployer resolves a ref for runs that the task's creator started, so a
-    ref sent by a client would let one member run with another member's value.
-    """
-    if not isinstance(env, list | tuple):
-        return
-    for i, var in enumerate(env):
-        # Anything else (a string, a number) is left to the spec's own validation.
-        ref = var.get("secret_ref") if isinstance(var, Mapping) else None
-        if isinstance(var, EnvVar):
-            ref = var.secret_ref
-        if ref is not None:
-            raise BadRequest(
-                "env.secret_ref",
-                f"{field}[{i}].secret_ref is assigned by the platform and cannot be sent",
-                "send the creator-only variable's value (or `******` to keep the one "
-                "you set before); Runyard stores it and assigns the reference",
-                f"{field}[{i}].secret_ref",
-            )
-
-
 def _stop(caller: Principal, task_id: str, group_id: str | None = None) -> RequestStop:
     """A stop that names who asked and in what role (never "its owner" by default)."""
     return RequestStop(task_id, by=caller.user, role=caller.role, group_id=group_id)
 
 
-def _field(body: Mapping[str, Any], name: str, kind: type) -> Any:
-    value = body.get(name) if isinstance(body, Mapping) else None
-    if not isinstance(value, kind):
-        raise BadRequest(
-            "request.invalid",
-            f"{name} must be a {kind.__name__}",
-            f"give {name} in the request body",
-            name,
-        )
-    return value
+def submission_from_env() -> SubmissionClient:
+    """The submission service's client as a gateway started on its own finds it: the
+    address in RUNYARD_ENDPOINTS (`submission-grpc`), the credential of
+    `runyard.contracts.rpc.credential` (read at the first call)."""
+    endpoints = json.loads(os.environ.get("RUNYARD_ENDPOINTS") or "{}")
+    home = Path(os.environ.get("RUNYARD_HOME", ".runyard"))
+    return SubmissionClient(endpoints, lambda: credential.service_token({}, home))
 
 
-def _invalid(error: ValidationError, prefix: str) -> SpecError:
-    first = error.errors()[0]
-    path = prefix + ".".join(str(p) for p in first["loc"])
-    unknown = first["type"] == "extra_forbidden"
-    code = ErrorCode.SPEC_UNKNOWN_FIELD if unknown else ErrorCode.SPEC_INVALID
-    hint = "check the field name" if unknown else "fix the field"
-    return SpecError(code, path or "spec", f"{path or 'spec'}: {first['msg']}", hint)
-
-
-__all__ = ["Gateway", "Request", "SubmissionWarning", "load_catalogue", "parse_spec"]
+__all__ = ["Gateway", "Request", "submission_from_env"]

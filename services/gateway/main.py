@@ -1,7 +1,10 @@
 """The gateway service: the HTTP API (uvicorn), the gRPC API and the task list projector.
 
 `run(ctx)` serves until cancelled. Settings: `http_host` (127.0.0.1),
-`http_port` (8080), `grpc_host` (127.0.0.1), `grpc_port` (50051).
+`http_port` (8080), `grpc_host` (127.0.0.1), `grpc_port` (50051). Submissions
+go to the submission service at `ctx.endpoints["submission-grpc"]` (read at
+each call) with the platform's service credential
+(`runyard.contracts.rpc.credential`).
 """
 
 from __future__ import annotations
@@ -9,15 +12,19 @@ from __future__ import annotations
 import asyncio
 
 import uvicorn
+from runyard.contracts.rpc import credential
 from runyard.gateway.app import Gateway
 from runyard.gateway.grpc_server import start_server
 from runyard.gateway.http import create_app
+from runyard.gateway.submission_client import SubmissionClient
 from runyard.stack.context import ServiceContext
 
 
 async def run(ctx: ServiceContext) -> None:
     """Serve the HTTP API and keep the task list projected, until cancelled."""
-    gateway = await Gateway.connect(ctx.dsn, ctx.config_dir, ctx.mapper)
+    token = credential.service_token(ctx.settings, ctx.data_dir)
+    submission = SubmissionClient(ctx.endpoints, token)
+    gateway = await Gateway.connect(ctx.dsn, ctx.config_dir, ctx.mapper, submission=submission)
     config = uvicorn.Config(
         create_app(gateway),
         host=ctx.settings.get("http_host", "127.0.0.1"),

@@ -1,10 +1,11 @@
-"""Pool information for the submission rules and the pool API: one small adapter.
+"""Pool information for the pool API: one small adapter.
 
 The scheduler owns pools. Its read model (`scheduler_pool_views(pool_id,
 view jsonb, updated_at)`) is read when the table exists; otherwise the pool
 config file (`pools.yaml`: pools with id, zone, resource_type, network,
-nodes, specs name -> GPUs) is the fallback. `load_pools` is the only place
-that knows either shape, so swapping the source touches one function.
+nodes, specs name -> GPUs) is the fallback. `load_pools` is the gateway's only
+place that reads either source; `pool_view_of` (runyard.contracts.resources)
+reads either shape, as the submission service does.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ from typing import Any
 
 import asyncpg
 import yaml
-from pydantic import ValidationError
-from runyard.submission.catalogue import PoolView
+from runyard.contracts.resources import PoolView, pool_view_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,34 +66,8 @@ def _config_pools(path: Path) -> dict[str, PoolInfo]:
 
 def _pool_info(raw: dict[str, Any], source: str) -> PoolInfo | None:
     """A PoolInfo from either shape; None for an entry the rules cannot use."""
-    pool_id = raw.get("pool_id") or raw.get("id")
-    specs = raw.get("specs") or {}
-    if isinstance(specs, list):
-        specs = {s["name"]: s["gpus"] for s in specs if isinstance(s, dict)}
-    total = raw.get("total_gpus", _total_gpus(raw.get("nodes")))
-    try:
-        view = PoolView(
-            pool_id=pool_id,
-            zone=raw.get("zone"),
-            resource_type=raw.get("resource_type", "subscription"),
-            network=raw.get("network", "ethernet"),
-            specs=specs,
-            total_gpus=total,
-        )
-    except ValidationError:
-        return None
-    return PoolInfo(view, source, raw)
-
-
-def _total_gpus(nodes: Any) -> int | None:
-    """All GPUs of a pool's nodes, from `{count, gpus}`, a list of nodes, or a node count."""
-    if isinstance(nodes, dict) and isinstance(nodes.get("count"), int):
-        return int(nodes["count"]) * int(nodes.get("gpus", 8))
-    if isinstance(nodes, int):
-        return nodes * 8
-    if isinstance(nodes, list):
-        return sum(int(n.get("gpus", 8)) if isinstance(n, dict) else 8 for n in nodes)
-    return None
+    view = pool_view_of(raw)
+    return None if view is None else PoolInfo(view, source, raw)
 
 
 def capacity(info: PoolInfo) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The request bodies of the HTTP API in its OpenAPI document, with every limit.
 
-Handlers take the body as a JSON object and parse it with the submission
-rules (so a refusal names the field the way the rules do); this module
+Handlers take the body as a JSON object and the submission service parses it
+with its rules (so a refusal names the field the way the rules do); this module
 publishes what those rules accept as JSON Schema: the task spec with its
 `maxLength`, `maxItems` and ranges (docs/limits.md), the text form of `env`
 and the `creator_only` list, overrides, rerun changes, task groups and the
@@ -18,10 +18,16 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel
 from runyard.api import auth
-from runyard.contracts.spec import MAX_ENV_NAME, MAX_ENV_VARS, MAX_ID, TaskSpec
-from runyard.submission.catalogue import Image, PublicData, Volume
-from runyard.submission.changes import MAX_GROUP_SIZE, RERUN_CHANGEABLE
-from runyard.submission.env import MAX_ENV_BYTES
+from runyard.contracts.resources import Image, PublicData, Volume
+from runyard.contracts.spec import (
+    MAX_ENV_BYTES,
+    MAX_ENV_NAME,
+    MAX_ENV_VARS,
+    MAX_GROUP_SIZE,
+    MAX_ID,
+    TaskSpec,
+)
+from runyard.domain import RERUN_CHANGEABLE
 
 _MARK = "x-runyard-body"
 _REF = "#/components/schemas/{model}"

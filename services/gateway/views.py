@@ -12,14 +12,13 @@ from datetime import datetime
 from typing import Any
 
 from runyard.contracts import Event, RecordedEvent
-from runyard.contracts.spec import TaskSpec
+from runyard.contracts.spec import TaskSpec, mask_spec
 from runyard.contracts.task_events import (
     DeployStageCompleted,
     DeployStageFailed,
     DeployStageStarted,
 )
 from runyard.domain import TaskState
-from runyard.submission.env import mask_spec
 
 
 def spec_view(spec: TaskSpec, is_creator: bool, secrets: Mapping[str, str]) -> dict[str, Any]:

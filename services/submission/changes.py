@@ -11,9 +11,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
-from runyard.contracts.spec import EnvVar, TaskSpec
-from runyard.submission.catalogue import Catalogue, PoolView
-from runyard.submission.env import MASK, mask_env, parse_env
+from runyard.contracts.resources import Catalogue, PoolView
+from runyard.contracts.spec import (
+    MASK,
+    MAX_GROUP_SIZE,
+    EnvVar,
+    TaskSpec,
+    mask_env,
+)
+from runyard.domain import RERUN_CHANGEABLE
+from runyard.submission.env import parse_env
 from runyard.submission.errors import (
     ChangeError,
     ErrorCode,
@@ -24,10 +31,6 @@ from runyard.submission.errors import (
 from runyard.submission.rules import WebhookRule, check_name, check_size, check_spec
 from runyard.submission.warnings import SubmissionWarning
 
-#: What a rerun with changes (改配重跑) may change: launch command, worker spec and count, image.
-RERUN_CHANGEABLE = frozenset({"command", "worker_spec", "worker_count", "custom_gpus", "image"})
-#: Most tasks one task group may create.
-MAX_GROUP_SIZE = 1000
 #: All the specs of one task group together, JSON-encoded (they are written in one
 #: transaction, one event each).
 MAX_GROUP_BYTES = 16 * 1024 * 1024

@@ -1,4 +1,7 @@
-"""Environment variables of a task (R-12): parsing, checks and creator-only masking.
+"""Environment variables of a task (R-12): parsing and checks.
+
+Masking creator-only values is the spec's own (`runyard.contracts.spec.mask_spec`):
+every service that answers a spec needs it.
 
 The web/API form is `A=x;B=y;RUN_ID=exp-001`. Pairs are split on `;`, each
 pair on its first `=` (so a value may contain `=` but not `;`; use the
@@ -14,11 +17,8 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Iterable
 
-from runyard.contracts.spec import EnvVar, TaskSpec
+from runyard.contracts.spec import MAX_ENV_BYTES, EnvVar, TaskSpec
 from runyard.submission.errors import EnvError, ErrorCode
-
-#: What every API answer shows instead of a creator-only value.
-MASK = "******"
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -61,9 +61,6 @@ RESERVED_ENV_PREFIXES: dict[str, str] = {
     "OMPI_COMM_WORLD_": "the MPI launcher sets the OMPI_COMM_WORLD_ variables for each rank",
     "BASH_FUNC_": "exported shell functions change how the platform's shell runs",
 }
-#: Bounds of the whole environment of a task (every name and value together).
-MAX_ENV_BYTES = 65536
-
 _NAME_HINT = "names start with a letter or _ and contain only letters, digits and _"
 
 
@@ -210,21 +207,3 @@ def _check_has_value(var: EnvVar, field: str) -> None:
         )
     if var.value is not None:
         check_value(var.name, var.value, field)
-
-
-def mask_spec(spec: TaskSpec, viewer_is_creator: bool) -> TaskSpec:
-    """The spec as `viewer` may see it: creator-only values shown as `******` to others.
-
-    Every API answer that carries a spec goes through this.
-    """
-    if viewer_is_creator or not any(v.creator_only for v in spec.env):
-        return spec
-    return spec.model_copy(update={"env": mask_env(spec.env)})
-
-
-def mask_env(env: tuple[EnvVar, ...]) -> tuple[EnvVar, ...]:
-    """Variables with creator-only values (and their secret references) hidden."""
-    return tuple(
-        v.model_copy(update={"value": MASK, "secret_ref": None}) if v.creator_only else v
-        for v in env
-    )

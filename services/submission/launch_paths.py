@@ -32,8 +32,8 @@ import posixpath
 import re
 from collections.abc import Iterator
 
+from runyard.contracts.resources import PUBLIC_DATA_PATH
 from runyard.contracts.spec import TaskSpec, VolumeMount
-from runyard.submission.catalogue import PUBLIC_DATA_PATH
 from runyard.submission.command import program, split_command
 from runyard.submission.warnings import SubmissionWarning, WarningCode
 

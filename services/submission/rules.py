@@ -16,8 +16,8 @@ from collections.abc import Callable
 from urllib.parse import urlparse
 
 import re2
+from runyard.contracts.resources import TRAINING_SERVICE, Catalogue, PoolView
 from runyard.contracts.spec import TaskSpec
-from runyard.submission.catalogue import TRAINING_SERVICE, Catalogue, PoolView
 from runyard.submission.command import command_warnings
 from runyard.submission.env import check_env
 from runyard.submission.errors import ErrorCode, ImageError, RdmaError, SpecError

@@ -1,9 +1,10 @@
 """A task write that loses a race is decided again, not answered with 409.
 
 A finished task may still get an event (the scheduler's `ResourcesReleased`)
-between the gateway's read and its append. The gateway then folds what is new
-and decides again. Here the race is made certain: another writer appends to
-the task's stream right after the gateway's first read of it.
+between the submission service's read and its append (a rerun, a clone). The
+service then folds what is new and decides again. Here the race is made
+certain: another writer appends to the task's stream right after the
+service's first read of it.
 """
 
 from __future__ import annotations
@@ -18,21 +19,36 @@ from runyard.api.auth import create_token
 from runyard.contracts import Metadata, NewEvent
 from runyard.contracts.envelope import utcnow
 from runyard.contracts.task_events import AlertDelivered
+from runyard.eventstore import PostgresEventStore
 from runyard.gateway.app import Gateway
 from runyard.gateway.http import create_app
+from runyard.submission.service import Submissions
 
 from tests.integration.test_gateway import BASE, config_dir
+from tests.submission_beside import submission_beside
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-async def gateway(dsn: str, tmp_path: Path) -> AsyncIterator[Gateway]:
-    gateway = await Gateway.connect(dsn, config_dir(tmp_path))
+async def services(dsn: str, tmp_path: Path) -> AsyncIterator[tuple[Gateway, Submissions]]:
+    folder = config_dir(tmp_path)
+    client, submissions = await submission_beside(dsn, folder)
+    gateway = await Gateway.connect(dsn, folder, submission=client)
     try:
-        yield gateway
+        yield gateway, submissions
     finally:
         await gateway.close()
+
+
+@pytest.fixture
+def gateway(services: tuple[Gateway, Submissions]) -> Gateway:
+    return services[0]
+
+
+@pytest.fixture
+def submissions(services: tuple[Gateway, Submissions]) -> Submissions:
+    return services[1]
 
 
 @pytest.fixture
@@ -44,10 +60,11 @@ async def http(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
         yield c
 
 
-def race_after_next_read(gateway: Gateway, task_id: str) -> list[int]:
-    """Right after the next read of the task's stream, another writer appends to it
-    (an alert delivered: it changes no decision). Returns the count of reads."""
-    real = gateway.store.read_stream
+def race_after_next_read(store: PostgresEventStore, task_id: str) -> list[int]:
+    """Right after the next read of the task's stream through `store`, another writer
+    appends to it (an alert delivered: it changes no decision). Returns the count of
+    reads."""
+    real = store.read_stream
     calls = [0]
 
     async def read_stream(stream_id: str, *args: Any, **kwargs: Any) -> Any:
@@ -57,12 +74,12 @@ def race_after_next_read(gateway: Gateway, task_id: str) -> list[int]:
             if calls[0] == 1:
                 delivered = AlertDelivered(alert="stopped", channel="feishu:sub-1", attempt=1)
                 meta = Metadata(actor="service:notification")
-                await gateway.store.append(
+                await store.append(
                     stream_id, [NewEvent(event=delivered, metadata=meta, occurred_at=utcnow())]
                 )
         return events
 
-    gateway.store.read_stream = read_stream  # type: ignore[method-assign]
+    store.read_stream = read_stream  # type: ignore[method-assign]
     return calls
 
 
@@ -78,11 +95,11 @@ async def stopped_task(http: httpx.AsyncClient) -> tuple[str, int]:
 
 
 async def test_a_clone_that_loses_a_race_is_decided_again(
-    gateway: Gateway, http: httpx.AsyncClient
+    submissions: Submissions, http: httpx.AsyncClient
 ) -> None:
     task_id, before = await stopped_task(http)
     assert before >= 2
-    calls = race_after_next_read(gateway, task_id)
+    calls = race_after_next_read(submissions.store, task_id)
     clone = await http.post(f"/v1/tasks/{task_id}/clone", json={})
     assert clone.status_code == 201, clone.text
     assert calls[0] >= 2  # the raced read, then the reload after the conflict
@@ -91,10 +108,10 @@ async def test_a_clone_that_loses_a_race_is_decided_again(
 
 
 async def test_a_rerun_that_loses_a_race_is_decided_again(
-    gateway: Gateway, http: httpx.AsyncClient
+    submissions: Submissions, http: httpx.AsyncClient
 ) -> None:
     task_id, _ = await stopped_task(http)
-    calls = race_after_next_read(gateway, task_id)
+    calls = race_after_next_read(submissions.store, task_id)
     rerun = await http.post(f"/v1/tasks/{task_id}/rerun", json={})
     assert rerun.status_code == 200, rerun.text
     assert calls[0] >= 2

@@ -11,8 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
-from runyard.api.auth import create_token
+from runyard.api.auth import Principal, create_token
 from runyard.cli.main import app as cli_app
+from runyard.contracts.resources import Catalogue
 from runyard.gateway.app import Gateway
 from runyard.gateway.http import create_app
 from typer.testing import CliRunner, Result
@@ -111,19 +112,19 @@ async def test_catalogue_admin_changes_survive_a_restart(dsn: str, tmp_path: Pat
             "/v1/admin/volumes", json={"volume": "x"}, headers={"Authorization": f"Bearer {admin}"}
         )
         assert (bad.status_code, bad.json()["code"]) == (400, "spec.invalid")
-    live = gateway.catalogue
+    reader = Principal("t1", "alice", "member")
+    live = await gateway.catalogue_view(reader)
     await gateway.close()
 
-    restarted = await Gateway.connect(dsn, folder)
+    restarted = await Gateway.connect(dsn, folder)  # and its submission service
     try:
-        catalogue = restarted.catalogue
-        assert catalogue == live
+        assert await restarted.catalogue_view(reader) == live
+        catalogue = Catalogue.model_validate(live)
         assert catalogue.image("new:1") is not None
         assert catalogue.image("bash-only").services == ()  # type: ignore[union-attr]
         assert catalogue.image("pytorch:2.3-cuda12") is not None  # the file still counts
         assert len(catalogue.volumes_named("fs-east", "scratch")) == 1
         assert catalogue.public_data_in("cn-east-1") is not None
-        assert await restarted.reload_catalogue() == live
     finally:
         await restarted.close()
 

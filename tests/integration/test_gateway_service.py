@@ -1,4 +1,5 @@
-"""The gateway service entrypoint: `run(ctx)` serves HTTP and projects until cancelled."""
+"""The gateway service entrypoint: `run(ctx)` serves HTTP and projects until cancelled,
+with submissions going to the submission service's `run(ctx)` beside it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from runyard.gateway import main
 from runyard.gateway.grpc_gen import tasks_pb2, tasks_pb2_grpc
 from runyard.messaging import KafkaSettings
 from runyard.stack.context import ServiceContext
+from runyard.submission import main as submission_main
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,6 +46,7 @@ async def test_run_serves_http_grpc_and_projects(dsn: str, tmp_path: Path) -> No
         config_dir=REPO / "infra/config",
         settings={"http_port": port, "grpc_port": grpc_port},
     )
+    submission = asyncio.create_task(submission_main.run(ctx))
     service = asyncio.create_task(main.run(ctx))
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
         await wait_ready(client)
@@ -75,7 +78,8 @@ async def test_run_serves_http_grpc_and_projects(dsn: str, tmp_path: Path) -> No
                 assert (got.name, got.status) == ("hi", "new")
         finally:
             await conn.close()
-    service.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await service
+    for running in (service, submission):
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
     assert service.done()

@@ -6,17 +6,24 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from runyard.contracts.spec import EnvVar, SpotOptions, TaskSpec, VolumeMount
-from runyard.submission.catalogue import Catalogue, Image, PoolView, PublicData, Volume
-from runyard.submission.changes import (
+from runyard.contracts.resources import Catalogue, Image, PoolView, PublicData, Volume
+from runyard.contracts.spec import (
+    MASK,
     MAX_GROUP_SIZE,
+    EnvVar,
+    SpotOptions,
+    TaskSpec,
+    VolumeMount,
+    mask_spec,
+)
+from runyard.submission.changes import (
     check_group,
     clone_spec,
     expand_group,
     rerun_with_changes,
 )
 from runyard.submission.command import command_warnings
-from runyard.submission.env import MASK, check_env, mask_spec, parse_env
+from runyard.submission.env import check_env, parse_env
 from runyard.submission.errors import (
     ChangeError,
     EnvError,

@@ -1,19 +1,28 @@
-"""The catalogues the submission rules read: images, volumes, public data, pools.
+"""What a task may use: the catalogue (images, volumes, public data) and pools.
 
-Images, volumes and public data are loaded from the gateway's config file
-(`Catalogue.from_dict` takes the parsed YAML) and changed through the admin
-API (`with_image`, `with_volume`, `with_public_data` return a new catalogue).
-Pools and their worker specs come from the scheduler's read model as
-`PoolView`s. All models are frozen: a rule never changes what it reads.
+The submission service owns the catalogue: it loads `catalogue.yaml`
+(`Catalogue.from_dict` takes the parsed YAML) and applies the admin API's
+changes (`with_entry`). Pools and their worker specs come from the
+scheduler's read model as `PoolView`s (`pool_view_of` reads either shape).
+The gateway shows both and publishes the entries' schemas, so the models live
+here, shared. All models are frozen: a rule never changes what it reads.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeAlias
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from runyard.contracts.spec import ResourceType
 
 #: The image service that training tasks need (可用服务 includes 任务).
@@ -31,7 +40,6 @@ Network = Literal["roce", "ib", "ethernet"]
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 #: An image reference: registry, repository, tag or digest characters.
 IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,511}$"
-
 
 
 def _one_component(name: str) -> str:
@@ -152,3 +160,61 @@ class PoolView(_Frozen):
         if wrong:
             raise ValueError(f"worker specs must have 1, 2, 4 or 8 GPUs, not {wrong}")
         return specs
+
+
+CatalogueEntry: TypeAlias = Image | Volume | PublicData
+#: The kinds of entry the admin API changes, by the name events and tables use.
+ENTRY_KINDS: dict[str, type[Image] | type[Volume] | type[PublicData]] = {
+    "image": Image,
+    "volume": Volume,
+    "public_data": PublicData,
+}
+
+
+def entry_key(entry: CatalogueEntry) -> tuple[str, str]:
+    """The (kind, key) an admin change is stored under: a later change replaces it."""
+    if isinstance(entry, Image):
+        return "image", entry.name
+    if isinstance(entry, Volume):
+        return "volume", f"{entry.file_system}/{entry.volume}/{entry.zone}"
+    return "public_data", entry.zone
+
+
+def with_entry(catalogue: Catalogue, entry: CatalogueEntry) -> Catalogue:
+    """The catalogue with one admin change applied."""
+    if isinstance(entry, Image):
+        return catalogue.with_image(entry)
+    if isinstance(entry, Volume):
+        return catalogue.with_volume(entry)
+    return catalogue.with_public_data(entry)
+
+
+def pool_view_of(raw: Mapping[str, Any]) -> PoolView | None:
+    """The rules' view of a pool from the scheduler's read model or `pools.yaml` (both
+    shapes: `id` or `pool_id`, specs as a mapping or a list); None for an entry the
+    rules cannot use."""
+    specs = raw.get("specs") or {}
+    if isinstance(specs, list):
+        specs = {s["name"]: s["gpus"] for s in specs if isinstance(s, dict)}
+    try:
+        return PoolView(
+            pool_id=raw.get("pool_id") or raw.get("id"),
+            zone=raw.get("zone"),
+            resource_type=raw.get("resource_type", "subscription"),
+            network=raw.get("network", "ethernet"),
+            specs=specs,
+            total_gpus=raw.get("total_gpus", total_gpus(raw.get("nodes"))),
+        )
+    except ValidationError:
+        return None
+
+
+def total_gpus(nodes: Any) -> int | None:
+    """All GPUs of a pool's nodes, from `{count, gpus}`, a list of nodes, or a node count."""
+    if isinstance(nodes, dict) and isinstance(nodes.get("count"), int):
+        return int(nodes["count"]) * int(nodes.get("gpus", 8))
+    if isinstance(nodes, int):
+        return nodes * 8
+    if isinstance(nodes, list):
+        return sum(int(n.get("gpus", 8)) if isinstance(n, dict) else 8 for n in nodes)
+    return None
