@@ -24,11 +24,13 @@ import logging
 import os
 import signal
 import socket
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncpg
+import httpx
 from rich.console import Console
 from runyard.api.service import bind, url_of
 from runyard.cli.terminal import markup
@@ -240,6 +242,34 @@ async def run_platform(
     finally:
         for sock in sockets:
             sock.close()
+
+
+async def wait_ready(
+    endpoints: Mapping[str, str],
+    names: Iterable[str],
+    *,
+    within_s: float = 30.0,
+    alive: Callable[[], None] = lambda: None,
+) -> None:
+    """Until every service of `names` answers /readyz at its URL in `endpoints` with
+    200 (the URL may appear meanwhile); `alive()` is called between tries (it
+    raises when what runs them stopped). TimeoutError names those not ready."""
+    waiting = set(names)
+    deadline = time.monotonic() + within_s
+    async with httpx.AsyncClient(timeout=1.0) as http:
+        while True:
+            alive()
+            for name in sorted(waiting):
+                with contextlib.suppress(httpx.HTTPError, KeyError):
+                    if (await http.get(f"{endpoints[name]}/readyz")).status_code == 200:
+                        waiting.discard(name)
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"not ready within {within_s:.0f} s: {', '.join(sorted(waiting))}"
+                )
+            await asyncio.sleep(0.1)
 
 
 def bind_services(ctx: ServiceContext, names: Iterable[str]) -> list[socket.socket]:

@@ -49,7 +49,7 @@ from runyard.messaging import KafkaSettings
 from runyard.stack.context import ServiceContext
 from runyard.stack.serve import SERVICE_NAMES, load_runner
 from runyard.stack.supervisor import Supervisor, service_specs
-from runyard.stack.up import run_platform
+from runyard.stack.up import run_platform, wait_ready
 
 from tests.e2e.audit import assert_audit_chain
 
@@ -167,24 +167,6 @@ def built_services() -> list[str]:
     return [n for n in SERVICE_NAMES if n not in skip and load_runner(n) is not None]
 
 
-async def wait_ready(
-    http: httpx.AsyncClient, endpoints: dict[str, str], names: list[str], check: Callable[[], None]
-) -> None:
-    """Until every service of `names` answers /readyz with 200 (30 s at most)."""
-    deadline = time.monotonic() + 30
-    waiting = set(names)
-    while waiting:
-        check()
-        for name in sorted(waiting):
-            with contextlib.suppress(httpx.TransportError, KeyError):
-                answer = await http.get(f"{endpoints[name]}/readyz", timeout=1)
-                if answer.status_code == 200:
-                    waiting.discard(name)
-        assert time.monotonic() < deadline, f"not ready within 30 s: {sorted(waiting)}"
-        if waiting:
-            await asyncio.sleep(0.1)
-
-
 @contextlib.asynccontextmanager
 async def _in_process(ctx: ServiceContext, names: list[str]) -> AsyncIterator[Callable[[], None]]:
     """Every service of `names` in this event loop (`run_platform`)."""
@@ -273,7 +255,7 @@ async def running_platform(
             base_url=f"http://127.0.0.1:{ctx.settings['http_port']}", timeout=30
         ) as http,
     ):
-        await wait_ready(http, ctx.endpoints, names, check)
+        await wait_ready(ctx.endpoints, names, alive=check)
         conn = await asyncpg.connect(dsn)
         try:
             token = await create_token(conn, "e2e", "alice", "admin")

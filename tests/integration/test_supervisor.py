@@ -33,6 +33,7 @@ from runyard.stack.context import ServiceContext
 from runyard.stack.processes import ProcessIdentity
 from runyard.stack.serve import service_migrations
 from runyard.stack.supervisor import Supervisor, restart_delay, service_specs
+from runyard.stack.up import wait_ready
 
 from tests.e2e.conftest import (
     built_services,
@@ -40,7 +41,6 @@ from tests.e2e.conftest import (
     free_endpoints,
     free_port,
     kill_groups,
-    wait_ready,
 )
 
 pytestmark = pytest.mark.integration
@@ -125,7 +125,7 @@ async def test_every_service_a_child_restarted_after_kill_9_and_none_left_after_
     pids = {n: c.process.pid for n, c in supervisor.children.items() if c.process}
     assert len(set(pids.values())) == len(names) and os.getpid() not in pids.values()
     async with httpx.AsyncClient(base_url=ctx.endpoints["gateway"], timeout=10) as http:
-        await wait_ready(http, ctx.endpoints, names, lambda: None)
+        await wait_ready(ctx.endpoints, names)
 
         code, listed = await runyard_ps(ctx.data_dir)
         assert code == 0, [s for s in listed if not s["healthy"]]
@@ -153,7 +153,7 @@ async def test_every_service_a_child_restarted_after_kill_9_and_none_left_after_
         recorded = state_of(ctx.data_dir / "run" / "services.json", "scheduler")
         assert (recorded["restarts"], recorded["pid"]) == (1, victim.process.pid)
         assert recorded["last_exit"] == -signal.SIGKILL
-        await wait_ready(http, ctx.endpoints, ["scheduler"], lambda: None)
+        await wait_ready(ctx.endpoints, ["scheduler"])
         others = {n: c.process.pid for n, c in supervisor.children.items() if c.process}
         assert {n: p for n, p in others.items() if n != "scheduler"} == {
             n: p for n, p in pids.items() if n != "scheduler"
@@ -165,3 +165,29 @@ async def test_every_service_a_child_restarted_after_kill_9_and_none_left_after_
     assert not any(i.running() for i in started if i is not None)
     assert not any(group_members(p) for p in [*pids.values(), *others.values()])
     assert not (ctx.data_dir / "run" / "services.json").exists()
+
+
+async def test_a_service_started_alone_migrates_serves_and_stops_on_sigterm(
+    dsn: str, kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    """`python -m runyard.relay` on an empty database: its tables made, ready, exit 0."""
+    ctx = ServiceContext(
+        dsn, kafka, tmp_path, copy_config(tmp_path / "c"), settings={"http_port": 0}
+    )
+    free_endpoints(ctx, ["relay"])
+    (spec,) = service_specs(ctx, ["relay"])
+    relay = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "runyard.relay", env=dict(spec.env), start_new_session=True
+    )
+    try:
+        await wait_ready(ctx.endpoints, ["relay"], alive=lambda: _running(relay))
+        relay.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(relay.wait(), 20) == 0
+    finally:
+        if relay.returncode is None:
+            os.killpg(relay.pid, signal.SIGKILL)
+            await relay.wait()
+
+
+def _running(process: asyncio.subprocess.Process) -> None:
+    assert process.returncode is None, f"exited with {process.returncode}"
