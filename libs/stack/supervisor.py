@@ -56,7 +56,8 @@ def restart_delay(
     before the child ran healthy: base, doubling, capped; drawn in [half, whole] so
     that services that failed together do not come back in lockstep."""
     bound = min(cap_s, base_s * 2 ** max(quick_exits - 1, 0))
-    return bound * (0.5 + 0.5 * (rng or random).random())
+    draw: float = (rng or random).random()
+    return bound * (0.5 + 0.5 * draw)
 
 
 def describe_exit(code: int | None) -> str:

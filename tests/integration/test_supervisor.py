@@ -12,6 +12,7 @@ at once on an empty database.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -26,13 +27,14 @@ import asyncpg
 import httpx
 import pytest
 from runyard.api.auth import create_token
+from runyard.cli.ps import consumer_lag
 from runyard.deployer.runtime import group_members
 from runyard.eventstore import apply_migrations
 from runyard.messaging import KafkaSettings
 from runyard.stack.context import ServiceContext
 from runyard.stack.processes import ProcessIdentity
 from runyard.stack.serve import service_migrations
-from runyard.stack.supervisor import Supervisor, restart_delay, service_specs
+from runyard.stack.supervisor import ChildSpec, Supervisor, restart_delay, service_specs
 from runyard.stack.up import wait_ready
 
 from tests.e2e.conftest import (
@@ -191,3 +193,53 @@ async def test_a_service_started_alone_migrates_serves_and_stops_on_sigterm(
 
 def _running(process: asyncio.subprocess.Process) -> None:
     assert process.returncode is None, f"exited with {process.returncode}"
+
+
+async def test_a_child_that_exits_is_restarted_and_one_deaf_to_sigterm_is_killed(
+    tmp_path: Path,
+) -> None:
+    mark = tmp_path / "deaf-ready"
+    deaf = (
+        "import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+        " pathlib.Path(sys.argv[1]).touch(); time.sleep(60)"
+    )
+    specs = [
+        ChildSpec("flaky", [sys.executable, "-c", "import sys; sys.exit(3)"], dict(os.environ)),
+        ChildSpec("deaf", [sys.executable, "-c", deaf, str(mark)], dict(os.environ)),
+    ]
+    state = tmp_path / "services.json"
+    reports: list[str] = []
+    supervisor = Supervisor(
+        specs, state_path=state, base_s=0.05, cap_s=0.1, grace_s=0.5, report=reports.append
+    )
+    running = asyncio.create_task(supervisor.run())
+    try:
+        flaky = None
+        while flaky is None or flaky.restarts < 2 or not mark.exists():
+            assert not running.done(), running
+            await asyncio.sleep(0.05)
+            flaky = supervisor.children.get("flaky")
+        assert flaky.last_exit == 3 and state_of(state, "flaky")["restarts"] >= 2
+        assert "flaky exited (code 3)" in reports[0] and "(restart 1)" in reports[0]
+        assert state_of(state, "deaf")["pid"] == supervisor.children["deaf"].process.pid  # type: ignore[union-attr]
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+        kill_groups(supervisor)
+    assert supervisor.children["deaf"].last_exit == -signal.SIGKILL
+    assert any("deaf: still running" in r for r in reports)
+    assert not state.exists()
+
+
+def test_ps_sums_the_consumer_lag_samples_of_the_metrics_text() -> None:
+    text = (
+        "# HELP runyard_consumer_lag messages not taken yet\n"
+        "# TYPE runyard_consumer_lag gauge\n"
+        'runyard_consumer_lag{consumer="logs",topic="runyard.logs"} 7.0\n'
+        'runyard_consumer_lag{consumer="logs",topic="a b}"} 5\n'
+        "runyard_consumer_lag_total 100\n"
+        'runyard_events_handled_total{consumer="logs"} 3\n'
+    )
+    assert consumer_lag(text) == 12.0
+    assert consumer_lag("runyard_events_handled_total 3\n") is None
