@@ -325,7 +325,8 @@ def _print_banner(stack: Stack, settings: dict[str, object], running: Mapping[st
     console.print(f"  kafka      {stack.bootstrap}")
     console.print(f"  http       http://{settings['http_host']}:{settings['http_port']}")
     console.print(f"  grpc       {settings['grpc_host']}:{settings['grpc_port']}")
-    if any(running.values()):
+    supervised = any(running.values())
+    if supervised:
         console.print("  services")
         for name, about in running.items():
             console.print(f"    {name:<15} {about}")
@@ -334,9 +335,8 @@ def _print_banner(stack: Stack, settings: dict[str, object], running: Mapping[st
     token = settings.get("token")
     if token:
         console.print(f"  dev token  {token}  (also in {stack.home / 'token'})")
-    console.print(
-        "  services:  .venv/bin/runyard ps    event log:  .venv/bin/runyard tail    stop: Ctrl-C"
-    )
+    services = "services:  .venv/bin/runyard ps    " if supervised else ""
+    console.print(f"  {services}event log:  .venv/bin/runyard tail    stop: Ctrl-C")
 
 
 def _without_password(dsn: str) -> str:
