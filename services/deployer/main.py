@@ -38,7 +38,7 @@ import logging
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
-from runyard.api.service import serve_service, service_app
+from runyard.api.service import bind, serve_service, service_app
 from runyard.contracts.commands import (
     DEPLOYER_COMMANDS,
     DEPLOYER_COMMANDS_PARTITIONS,
@@ -119,6 +119,9 @@ def build_runtime(ctx: ServiceContext) -> LocalRuntime:
 
 async def run(ctx: ServiceContext) -> None:
     """Run the deployer until cancelled."""
+    # The port first (see runyard.faulttolerance.main: a given port is only free so long).
+    sock = bind("deployer", ctx.settings)
+    settings = {**ctx.settings, "deployer_socket": sock}
     store = await PostgresEventStore.connect(ctx.dsn, ctx.mapper, min_size=2, max_size=8)
     broker = make_broker(ctx.kafka)
     logs_topic = ctx.kafka.topics.logs
@@ -147,7 +150,7 @@ async def run(ctx: ServiceContext) -> None:
         serve_service(
             "deployer",
             service_app("deployer", ready=ready),
-            settings=ctx.settings,
+            settings=settings,
             endpoints=ctx.endpoints,
         )
     )
@@ -197,4 +200,5 @@ async def run(ctx: ServiceContext) -> None:
             await app.close()
         with contextlib.suppress(Exception):
             await broker.stop()
+        sock.close()
         await store.close()

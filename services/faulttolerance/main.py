@@ -28,7 +28,7 @@ from functools import partial
 from aiokafka import AIOKafkaConsumer
 from faststream.kafka import KafkaBroker
 from runyard.api.security import TokenAuthenticator
-from runyard.api.service import serve_service, service_app
+from runyard.api.service import bind, serve_service, service_app
 from runyard.contracts.commands import DEPLOYER_COMMANDS, CaptureStacks
 from runyard.eventstore import PostgresEventStore, retrying
 from runyard.faulttolerance.app import RESUME_WAIT_S, STACKS_WAIT_S, FaultToleranceApp, LogLine
@@ -90,6 +90,10 @@ async def follow_logs(app: FaultToleranceApp, kafka: KafkaSettings) -> None:
 
 async def run(ctx: ServiceContext) -> None:
     """Run the fault-tolerance service until cancelled."""
+    # The port first: connecting takes seconds, and a port given to this service is
+    # only free until something else (an outgoing connection) takes it.
+    sock = bind(NAME, ctx.settings)
+    settings = {**ctx.settings, f"{NAME}_socket": sock}
     store = await PostgresEventStore.connect(ctx.dsn, ctx.mapper, min_size=2, max_size=8)
     broker = make_broker(ctx.kafka)
     background: list[asyncio.Task[None]] = []
@@ -112,7 +116,7 @@ async def run(ctx: ServiceContext) -> None:
         face = service_app(NAME, routers=[router], ready=ready)
         background.append(
             asyncio.create_task(
-                serve_service(NAME, face, settings=ctx.settings, endpoints=ctx.endpoints)
+                serve_service(NAME, face, settings=settings, endpoints=ctx.endpoints)
             )
         )
         consumer = IdempotentConsumer(
@@ -129,6 +133,7 @@ async def run(ctx: ServiceContext) -> None:
                 await task
         with contextlib.suppress(Exception):
             await broker.stop()
+        sock.close()
         await store.close()
 
 
