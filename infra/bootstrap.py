@@ -9,8 +9,9 @@ own migrations when it starts, but only the owner role may run DDL and no
 service holds the owner's password: this step is the one place that does (as
 RUNYARD_OWNER_DATABASE_URL), then grants the services' roles their rights
 (runyard.stack.roles). It also creates the Kafka topics with their partition
-counts, as the relay's broker user (the only one allowed to), so that no
-consumer starts on a missing topic. Idempotent: what exists is left alone.
+counts (the deployer's command topic among them), as the relay's broker user
+(the only one allowed to), so that no consumer starts on a missing topic.
+Idempotent: what exists is left alone.
 
 `token` is how the first platform admin gets in where `runyard up` is not the
 one starting the stack (it mints the same `dev` admin token, with the
@@ -26,6 +27,7 @@ import os
 import sys
 from pathlib import Path
 
+from runyard.deployer.main import ensure_command_topic
 from runyard.messaging import KafkaSettings, ensure_topics
 from runyard.stack.up import migrate
 
@@ -43,6 +45,9 @@ async def migrate_all() -> None:
     kafka = KafkaSettings.from_env()
     created = await ensure_topics(kafka.bootstrap, kafka.topics, **kafka.security.client_options())
     print(f"migrate: {len(created)} topic(s) created: {', '.join(created) or 'all there'}")
+    # The deployer's command topic too, so that fault tolerance can send a stack
+    # capture before any deployer has started (each creates it when missing).
+    await ensure_command_topic(kafka)
 
 
 async def admin_token(path: Path) -> str:

@@ -233,6 +233,13 @@ def test_compose_gateway_and_submission_share_the_internal_token(compose: dict[s
     assert "RUNYARD_INTERNAL_TOKEN" in (REPO / "infra" / "gen-env.sh").read_text()
 
 
+def test_every_required_compose_variable_is_written_by_gen_env() -> None:
+    required = set(re.findall(r"\$\{([A-Z_]+):\?", (REPO / "docker-compose.yml").read_text()))
+    script = (REPO / "infra" / "gen-env.sh").read_text()
+    assert required, "docker-compose.yml requires no variable from .env?"
+    assert sorted(v for v in required if not re.search(rf"\b{v}\b", script)) == []
+
+
 def test_compose_migrate_is_the_only_owner(compose: dict[str, Any]) -> None:
     migrate = compose["services"]["migrate"]
     env = resolved(migrate["environment"])
