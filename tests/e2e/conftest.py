@@ -255,7 +255,7 @@ async def running_platform(
             base_url=f"http://127.0.0.1:{ctx.settings['http_port']}", timeout=30
         ) as http,
     ):
-        await wait_ready(ctx.endpoints, names, alive=check)
+        await wait_ready(ctx.endpoints, names, within_s=60, alive=check)
         conn = await asyncpg.connect(dsn)
         try:
             token = await create_token(conn, "e2e", "alice", "admin")
