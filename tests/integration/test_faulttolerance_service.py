@@ -388,6 +388,26 @@ async def test_stacks_on_demand_are_recorded(h: Harness, hung_worker: int) -> No
     assert not refused.value.timed_out
 
 
+async def test_an_expired_capture_command_is_not_carried_out(h: Harness) -> None:
+    h.workers[("late", 1, 1)] = {0: 4242}
+    await h.launch("late", spec())
+    deployer = h.app.deployer
+    assert isinstance(deployer, CommandsToDeployer)
+    now = datetime.now(UTC)
+    late = CaptureStacks(
+        task_id="late",
+        run=1,
+        attempt=1,
+        report_id="r-late",
+        reason="request",
+        requested_at=now - timedelta(seconds=30),
+        expires_at=now - timedelta(seconds=10),
+        actor="user:acme/alice",
+    )
+    assert await deployer.deployer.capture_stacks(late) is None
+    assert await h.payloads("late", StacksCaptured) == []
+
+
 async def test_stacks_on_demand_time_out_when_no_deployer_holds_the_workers(
     h: Harness,
 ) -> None:
