@@ -70,17 +70,18 @@ def test_acls_name_the_groups_the_services_consume_with() -> None:
     assert topics <= set(PARTITIONS), topics - set(PARTITIONS)
 
 
-def test_the_control_plane_gets_a_broker_user_per_acl_principal(
-    compose: dict[str, Any],
-) -> None:
-    env = _resolved(compose["services"]["runyard"]["environment"])
-    shared = KafkaSecurity.from_env(env)
-    assert (shared.protocol, shared.mechanism) == ("SASL_PLAINTEXT", "SCRAM-SHA-512")
-    assert shared.username == "runyard-relay"
+def _service_env(compose: dict[str, Any], service: str) -> dict[str, str]:
+    """The environment of the container that runs `service` (`runyard serve <service>`)."""
+    return _resolved(compose["services"][service]["environment"])
+
+
+def test_each_service_gets_the_broker_user_of_its_acls(compose: dict[str, Any]) -> None:
     for service, _, _ in _consumers():
-        own = shared.for_service(service, env)
+        own = KafkaSecurity.from_env(_service_env(compose, service))
+        assert (own.protocol, own.mechanism) == ("SASL_PLAINTEXT", "SCRAM-SHA-512")
         assert own.username == f"runyard-{service}"
         assert own.password == f"pw-kafka_password_{service}"
+    assert KafkaSecurity.from_env(_service_env(compose, "relay")).username == "runyard-relay"
     setup_env = compose["services"]["kafka-setup"]["environment"]
     users = re.search(r"for service in ([A-Z ]+); do", SETUP)
     assert users is not None
@@ -88,17 +89,23 @@ def test_the_control_plane_gets_a_broker_user_per_acl_principal(
         assert f"KAFKA_PASSWORD_{user}" in setup_env
 
 
-def test_the_control_plane_gets_a_postgres_role_per_service(compose: dict[str, Any]) -> None:
-    env = _resolved(compose["services"]["runyard"]["environment"])
-    expected = {
-        "DATABASE_URL": roles.APP,
-        "RUNYARD_OWNER_DATABASE_URL": roles.OWNER,
-        "RUNYARD_SECRETS_DATABASE_URL": roles.SECRETS,
-        "RUNYARD_LOGS_DATABASE_URL": roles.LOGS,
-    }
-    for variable, role in expected.items():
-        assert env[variable].startswith(f"postgresql://{role}:pw-"), variable
-        assert env[variable].endswith(f"@postgres:5432/{roles.DATABASE}"), variable
+def test_each_service_gets_its_postgres_role(compose: dict[str, Any]) -> None:
+    migrate = _resolved(compose["services"]["migrate"]["environment"])
+    assert migrate["RUNYARD_OWNER_DATABASE_URL"].startswith(f"postgresql://{roles.OWNER}:pw-")
+    for service in (
+        "relay",
+        "gateway",
+        "submission",
+        "scheduler",
+        "deployer",
+        "faulttolerance",
+        "logs",
+        "notification",
+    ):
+        dsn = _service_env(compose, service)["DATABASE_URL"]
+        role = roles.SERVICE_ROLES.get(service, roles.APP)
+        assert dsn.startswith(f"postgresql://{role}:pw-"), service
+        assert dsn.endswith(f"@postgres:5432/{roles.DATABASE}"), service
     script = (REPO / "infra/postgres/init-roles.sh").read_text()
     for role in roles.ROLES:
         assert f"CREATE ROLE {role} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE" in script
