@@ -6,6 +6,12 @@ specs, changes and full answers travel as JSON text in the HTTP shapes.
 Typed errors map to status codes (see `STATUS`) with `runyard-code`,
 `runyard-field`, `runyard-hint` and `runyard-error-bin` (the HTTP error body,
 UTF-8 JSON) in the trailing metadata.
+
+The log methods call the log service's HTTP API (`runyard.gateway.proxy.Owners`,
+the client the HTTP routing uses) with the caller's token, after
+authenticating it here; the log service's refusals map as the gateway's own.
+The server also serves the standard gRPC health service (`grpc.health.v1`,
+SERVING once started) and server reflection.
 """
 
 from __future__ import annotations
@@ -16,8 +22,11 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import datetime
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 from runyard.api.auth import Principal, bearer_token
 from runyard.api.errors import BadRequest, GatewayError
 from runyard.api.inputs import (
@@ -30,7 +39,7 @@ from runyard.gateway.app import Gateway, Request
 from runyard.gateway.errors import translate
 from runyard.gateway.grpc_gen import tasks_pb2 as pb
 from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
-from runyard.logs.http import FOLLOW_POLL_S, LogApi, LogFilter, log_api_of
+from runyard.gateway.proxy import Owners
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +59,9 @@ MAX_MESSAGE_BYTES = MAX_BODY_BYTES
 DEFAULT_PAGE = 50
 #: Lines per page of SearchLogs and FollowLogs when `limit` is 0 (as HTTP /logs).
 LOG_PAGE = 200
+#: The service names of this server (health and reflection answer for each).
+TASKS_SERVICE = pb.DESCRIPTOR.services_by_name["Tasks"].full_name
+HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 
 T = TypeVar("T")
 
@@ -125,22 +137,19 @@ def _limit(limit: int) -> int:
     return limit or DEFAULT_PAGE
 
 
-def log_filter(message: pb.LogFilter) -> LogFilter:
+def log_params(message: pb.LogFilter) -> dict[str, Any]:
     """The HTTP query parameters of a gRPC `LogFilter` (unset optionals: absent)."""
-
-    def optional(name: str) -> Any:
-        return getattr(message, name) if message.HasField(name) else None
-
-    return LogFilter(
-        workers=tuple(message.workers),
-        run=optional("run"),
-        since=_time(message.since, "since"),
-        until=_time(message.until, "until"),
-        words=optional("words"),
-        phrase=optional("phrase"),
-        regex=optional("regex"),
-        ignore_case=message.ignore_case,
-    )
+    params: dict[str, Any] = {"worker": list(message.workers)} if message.workers else {}
+    for name in ("run", "words", "phrase", "regex"):
+        if message.HasField(name):
+            params[name] = getattr(message, name)
+    for name in ("since", "until"):
+        at = _time(getattr(message, name), name)
+        if at is not None:
+            params[name] = at.isoformat()
+    if message.ignore_case:
+        params["ignore_case"] = "true"
+    return params
 
 
 def _time(text: str, field: str) -> datetime | None:
@@ -233,20 +242,18 @@ def group_message(group: Mapping[str, Any]) -> pb.Group:
 
 
 class TasksService(pb_grpc.TasksServicer):  # type: ignore[misc]  # generated, untyped
-    """The `runyard.v1.Tasks` service over one `Gateway`."""
+    """The `runyard.v1.Tasks` service over one `Gateway`; log methods through `owners`."""
 
-    def __init__(self, gateway: Gateway, *, follow_poll_s: float = FOLLOW_POLL_S) -> None:
+    def __init__(self, gateway: Gateway, owners: Owners) -> None:
         self.gw = gateway
-        self.follow_poll_s = follow_poll_s
+        self.owners = owners
 
     # --- plumbing -------------------------------------------------------------
 
     async def _caller(self, context: grpc.aio.ServicerContext) -> Principal:
         """The caller of the `authorization` metadata, parsed as strictly as over HTTP
         and looked up on every call (a revoked or expired token fails at once)."""
-        metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ())}
-        header = metadata.get("authorization")
-        return await self.gw.authenticate(bearer_token(str(header) if header else None))
+        return await self.gw.authenticate(_token(context))
 
     async def _request(self, context: grpc.aio.ServicerContext) -> Request:
         metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ())}
@@ -427,25 +434,27 @@ class TasksService(pb_grpc.TasksServicer):  # type: ignore[misc]  # generated, u
 
         return await self._run(context, request, call)
 
-    # --- logs -----------------------------------------------------------------
+    # --- logs (the log service's API, with the caller's token) -------------------
 
-    @property
-    def logs(self) -> LogApi:
-        return log_api_of(self.gw)
+    async def _logs(
+        self, context: grpc.aio.ServicerContext, path: str, *, write: bool = False, **kw: Any
+    ) -> Any:
+        """The log service's answer to `path` for the caller (authenticated here first)."""
+        caller = await self._caller(context)
+        if write:
+            caller.require_write()  # as over HTTP: a read-only role starts nothing
+        method = "POST" if write else "GET"
+        return await self.owners.call("logs", method, path, token=_token(context), **kw)
 
     async def SearchLogs(
         self, request: pb.SearchLogsRequest, context: grpc.aio.ServicerContext
     ) -> pb.LogPage:
         async def call() -> pb.LogPage:
-            caller = await self._caller(context)
-            page = await self.logs.search(
-                caller,
-                request.task_id,
-                log_filter(request.filter),
-                order=request.order or "oldest",
-                limit=request.limit or LOG_PAGE,
-                cursor=request.cursor or None,
-            )
+            params = log_params(request.filter)
+            params |= {"order": request.order or "oldest", "limit": request.limit or LOG_PAGE}
+            if request.cursor:
+                params["cursor"] = request.cursor
+            page = await self._logs(context, _task_path(request.task_id, "logs"), params=params)
             return log_page_message(page)
 
         return await self._run(context, request, call)
@@ -455,15 +464,12 @@ class TasksService(pb_grpc.TasksServicer):  # type: ignore[misc]  # generated, u
     ) -> AsyncIterator[pb.LogPage]:
         try:
             check_fields(request)
-            caller = await self._caller(context)
-            pages = self.logs.follow(
-                caller,
-                request.task_id,
-                log_filter(request.filter),
-                limit=request.limit or LOG_PAGE,
-                cursor=request.cursor or None,
-                poll_s=self.follow_poll_s,
-            )
+            await self._caller(context)
+            params = log_params(request.filter) | {"limit": request.limit or LOG_PAGE}
+            if request.cursor:
+                params["cursor"] = request.cursor
+            path = _task_path(request.task_id, "logs/follow")
+            pages = await self.owners.lines("logs", path, token=_token(context), params=params)
             async for page in pages:
                 yield log_page_message(page)
         except Exception as exc:
@@ -473,9 +479,9 @@ class TasksService(pb_grpc.TasksServicer):  # type: ignore[misc]  # generated, u
         self, request: pb.FirstErrorRequest, context: grpc.aio.ServicerContext
     ) -> pb.FirstError:
         async def call() -> pb.FirstError:
-            caller = await self._caller(context)
-            run = request.run if request.HasField("run") else None
-            answer = await self.logs.first_error(caller, request.task_id, run)
+            params = {"run": request.run} if request.HasField("run") else {}
+            path = _task_path(request.task_id, "first-error")
+            answer = await self._logs(context, path, params=params)
             found = pb.FirstError(found=answer["found"], json=json.dumps(answer))
             if answer["found"]:
                 found.line.CopyFrom(log_line_message(answer["line"]))
@@ -488,11 +494,11 @@ class TasksService(pb_grpc.TasksServicer):  # type: ignore[misc]  # generated, u
         self, request: pb.StartLogExportRequest, context: grpc.aio.ServicerContext
     ) -> pb.LogExport:
         async def call() -> pb.LogExport:
-            caller = await self._caller(context)
-            caller.require_write()  # as over HTTP: a read-only role starts nothing
-            where = log_filter(request.filter)
-            fmt = request.format or "text"
-            return export_message(await self.logs.start_export(caller, request.task_id, where, fmt))
+            path = _task_path(request.task_id, "logs/exports")
+            body = {"format": request.format or "text"}
+            params = log_params(request.filter)
+            answer = await self._logs(context, path, write=True, params=params, body=body)
+            return export_message(answer)
 
         return await self._run(context, request, call)
 
@@ -500,8 +506,8 @@ class TasksService(pb_grpc.TasksServicer):  # type: ignore[misc]  # generated, u
         self, request: pb.ExportRef, context: grpc.aio.ServicerContext
     ) -> pb.LogExport:
         async def call() -> pb.LogExport:
-            caller = await self._caller(context)
-            return export_message(await self.logs.get_export(caller, request.export_id))
+            path = f"/v1/exports/{quote(request.export_id, safe='')}"
+            return export_message(await self._logs(context, path))
 
         return await self._run(context, request, call)
 
@@ -509,29 +515,53 @@ class TasksService(pb_grpc.TasksServicer):  # type: ignore[misc]  # generated, u
         self, request: pb.ListLogExportsRequest, context: grpc.aio.ServicerContext
     ) -> pb.LogExportList:
         async def call() -> pb.LogExportList:
-            caller = await self._caller(context)
-            exports = await self.logs.list_exports(caller)
+            exports = await self._logs(context, "/v1/exports")
             return pb.LogExportList(exports=[export_message(e) for e in exports])
 
         return await self._run(context, request, call)
 
 
+def _token(context: grpc.aio.ServicerContext) -> str | None:
+    """The bearer token of the `authorization` metadata (None: none or malformed)."""
+    metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ())}
+    header = metadata.get("authorization")
+    return bearer_token(str(header) if header else None)
+
+
+def _task_path(task_id: str, tail: str) -> str:
+    """`/v1/tasks/{id}/<tail>` with the id as one path segment, whatever it holds."""
+    return f"/v1/tasks/{quote(task_id, safe='')}/{tail}"
+
+
 async def start_server(
-    gateway: Gateway, host: str, port: int, *, follow_poll_s: float = FOLLOW_POLL_S
+    gateway: Gateway,
+    host: str,
+    port: int,
+    *,
+    owners: Owners | Mapping[str, str] | None = None,
 ) -> tuple[grpc.aio.Server, int]:
-    """A started grpc.aio server for `gateway` on host:port; returns it and the bound port."""
+    """A started grpc.aio server for `gateway` on host:port (the log methods call the
+    log service through `owners`: an `Owners`, or the endpoints mapping to make one
+    of); returns it and the bound port. Health answers SERVING once it has started."""
+    if not isinstance(owners, Owners):
+        owners = Owners(owners if owners is not None else {})
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_metadata_size", 16 * 1024),
         ]
     )
-    service = TasksService(gateway, follow_poll_s=follow_poll_s)
-    pb_grpc.add_TasksServicer_to_server(service, server)
+    pb_grpc.add_TasksServicer_to_server(TasksService(gateway, owners), server)
+    checks = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(checks, server)
+    names = (TASKS_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME)
+    reflection.enable_server_reflection(names, server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot listen for gRPC on {host}:{port}")
     await server.start()
+    for name in ("", TASKS_SERVICE):  # "": the server as a whole
+        await checks.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info("gRPC API on %s:%s", host, bound)
     return server, bound
 

@@ -2,13 +2,15 @@
 
 Each handler authenticates the bearer token, calls one `Gateway` method and
 returns its answer; every typed error becomes `{code, field, message, hint}`
-with 400/401/403/404/409 (see docs/api.md). The OpenAPI document is served
-at /openapi.json.
+with 400/401/403/404/409 (see docs/api.md). The routes of the data other
+services own (logs, alert subscriptions, fault tolerance) are authenticated
+here and routed to their owner (`runyard.gateway.proxy`). The OpenAPI
+document, the routed routes included, is served at /openapi.json.
 """
 
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Annotated, Any
 
 from fastapi import Body, Depends, FastAPI, Header, Query
@@ -27,14 +29,12 @@ from runyard.api.inputs import (
 from runyard.api.security import caller_dependency
 from runyard.domain import DomainError
 from runyard.eventstore import HEALTH, ConcurrencyError, EventTooLarge, is_transient
-from runyard.faulttolerance.http import faulttolerance_router
 from runyard.gateway.admin_pools import admin_pools_router
 from runyard.gateway.app import Gateway, Request
 from runyard.gateway.bundle import bundle_router
 from runyard.gateway.errors import translate
+from runyard.gateway.proxy import Owners, install_openapi, install_routes
 from runyard.gateway.schemas import body_schemas, request_body
-from runyard.logs.http import logs_router
-from runyard.notification.http import notification_router
 from runyard.submission.errors import SubmissionError
 from runyard.telemetry import TracingMiddleware, current_trace_context
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -66,8 +66,13 @@ PageLimit = Annotated[
 ]
 
 
-def create_app(gateway: Gateway) -> FastAPI:
-    """The FastAPI application over `gateway`."""
+def create_app(gateway: Gateway, owners: Owners | Mapping[str, str] | None = None) -> FastAPI:
+    """The FastAPI application over `gateway`. `owners`: where the services that own
+    the routed routes answer (`runyard.gateway.proxy`): their `Owners`, or the
+    endpoints mapping (name -> base URL, read at each request) to make one of; the
+    app's is `app.state.owners` (close it when done)."""
+    if not isinstance(owners, Owners):
+        owners = Owners(owners if owners is not None else {})
     app = FastAPI(
         title="Runyard gateway",
         version="1",
@@ -75,6 +80,7 @@ def create_app(gateway: Gateway) -> FastAPI:
         dependencies=[Depends(_no_nul_in_url)],
     )
     app.state.gateway = gateway
+    app.state.owners = owners
     app.add_middleware(TracingMiddleware)
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
     _error_handlers(app)
@@ -84,11 +90,10 @@ def create_app(gateway: Gateway) -> FastAPI:
     _admin_routes(app, gateway)
     _readiness_route(app, gateway)
     app.include_router(admin_pools_router(gateway))
-    app.include_router(logs_router(gateway))
-    app.include_router(notification_router(gateway))
-    app.include_router(faulttolerance_router(gateway))
-    app.include_router(bundle_router(gateway))
+    install_routes(app, owners, _principal_dependency(gateway))
+    app.include_router(bundle_router(gateway, owners))
     body_schemas(app)
+    install_openapi(app, owners)
     return app
 
 

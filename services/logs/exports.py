@@ -6,11 +6,11 @@ lines done / total) lives in `log_exports`; the file under the export folder.
 Only the last `KEEP` exports of a user are kept; older ones are deleted with
 their files when a new one starts.
 
-An export runs in the process that started it (the gateway): the record
+An export runs in the process that started it (a log service instance): the record
 names that process (`owner`, a fresh id per `Exports`) and the process
 refreshes `heartbeat_at` every `HEARTBEAT_S` while it runs. A process that
 stops mid-way leaves the record `running` with an old heartbeat; `recover`
-(called when the log API of a gateway starts) marks each such export
+(called when a log service starts, and before exports are listed) marks each such export
 `failed`, with the reason, and removes its partial file. Exports of another
 live process (a fresh heartbeat) are left alone.
 """
@@ -36,7 +36,9 @@ KEEP = 5
 #: word it is taken for abandoned (its process stopped).
 HEARTBEAT_S = 10.0
 STALE_AFTER_S = 60.0
-ABANDONED = "abandoned: the gateway process running it stopped before it finished; start it again"
+ABANDONED = (
+    "abandoned: the log service process running it stopped before it finished; start it again"
+)
 UNFILTERED_DAYS = 30
 Format = Literal["text", "jsonl"]
 _COLUMNS = (

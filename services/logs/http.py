@@ -1,43 +1,72 @@
-"""The log endpoints of the gateway's HTTP API (an APIRouter the gateway includes).
+"""The log service's own HTTP routes (the gateway authenticates a request, then
+routes it here unchanged with the caller's token).
 
-Every endpoint calls one `LogApi` function (the gRPC service calls the same
-ones): it first asks the gateway for the task as the caller (404 for a task
-of another tenant), then calls the log store; log errors become the
-gateway's `{code, field, message, hint}` answers.
+Every route authenticates the bearer token again (`runyard.api.security`) and
+checks the task against the caller's tenant from the task's events
+(`runyard.api.tasks.visible_task`: a task of another tenant is a 404, as no
+task), then calls one `LogApi` function; log errors become the usual
+`{code, field, message, hint}` answers.
 
-    GET  /v1/tasks/{id}/logs            lines: filters, search, order, cursor
-    GET  /v1/tasks/{id}/first-error     the earliest error line, its context, its layer
-    POST /v1/tasks/{id}/logs/exports    start an export (same filters as /logs)
-    GET  /v1/exports                    the caller's exports (the last 5)
-    GET  /v1/exports/{export_id}        state and progress (lines done / total)
-    GET  /v1/exports/{export_id}/file   the finished file
+    GET  /v1/tasks/{id}/logs                   lines: filters, search, order, cursor
+    GET  /v1/tasks/{id}/logs/follow            live tail: one page per line (NDJSON)
+    GET  /v1/tasks/{id}/logs/tails             each worker's tail of one attempt: sizes
+    GET  /v1/tasks/{id}/logs/tails/{worker}    the last lines of one worker of one attempt
+    GET  /v1/tasks/{id}/first-error            the earliest error line, its context, its layer
+    POST /v1/tasks/{id}/logs/exports           start an export (same filters as /logs)
+    GET  /v1/exports                           the caller's exports (the last 5)
+    GET  /v1/exports/{export_id}               state and progress (lines done / total)
+    GET  /v1/exports/{export_id}/file          the finished file
+
+The follow stream and the tails are what the gateway's gRPC `FollowLogs` and
+its support bundle read, through the same routes as every client.
+
+(No `from __future__ import annotations` here: FastAPI must see the routes'
+`caller_dependency(...)` when it reads the handlers' signatures.)
 """
 
 import asyncio
+import json
 import os
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
-from weakref import WeakKeyDictionary
 
 from fastapi import APIRouter, Body, Depends, Query
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, StreamingResponse
 from runyard.api.auth import Principal
 from runyard.api.errors import BadRequest, GatewayError, NotFound
-from runyard.api.security import caller_dependency
-from runyard.domain import is_terminal
-from runyard.gateway.app import Gateway
-from runyard.gateway.schemas import request_body
+from runyard.api.security import Authenticator, caller_dependency
+from runyard.api.tasks import visible_task
+from runyard.domain import TaskState, is_terminal
+from runyard.eventstore import EventStore
 from runyard.logs.errors import ExportNotFound, InvalidQuery, LogError
 from runyard.logs.exports import Exports
-from runyard.logs.search import LogQuery, check_int32
+from runyard.logs.search import MAX_LIMIT, LogQuery, check_int32
 from runyard.logs.store import LogStore
 
 T = TypeVar("T")
 #: How often a live tail (`follow`) looks for new lines.
 FOLLOW_POLL_S = 0.5
+#: Media type of the follow stream: one JSON page per line.
+NDJSON = "application/x-ndjson"
+#: The request body of a new export, as the OpenAPI document shows it.
+EXPORT_BODY = {
+    "requestBody": {
+        "required": False,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "title": "LogExport",
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {"format": {"type": "string", "enum": ["text", "jsonl"]}},
+                }
+            }
+        },
+    }
+}
 
 
 def default_export_dir() -> Path:
@@ -46,8 +75,8 @@ def default_export_dir() -> Path:
 
 @dataclass(frozen=True)
 class LogFilter:
-    """The filters and searches of /logs and exports, as the caller sent them
-    (HTTP query parameters or the gRPC `LogFilter`); `query` checks them."""
+    """The filters and searches of /logs and exports, as the caller sent them;
+    `query` checks them."""
 
     workers: tuple[int, ...] = ()
     run: int | None = None
@@ -59,7 +88,7 @@ class LogFilter:
     ignore_case: bool = False
 
     def query(self, task_id: str, **extra: Any) -> LogQuery:
-        """The store's query (a refused one raises the gateway's 400)."""
+        """The store's query (a refused one raises a 400)."""
         return translated(
             lambda: LogQuery(
                 task_id,
@@ -77,34 +106,32 @@ class LogFilter:
 
 
 class LogApi:
-    """The application functions behind the log endpoints of both APIs (HTTP here,
-    gRPC in `runyard.gateway.grpc_server`): the caller's tenant checked first (a
-    task of another tenant is a 404), log errors as gateway errors, answers in
-    the HTTP shapes. One per gateway (`log_api_of`)."""
+    """The application functions behind the log routes: the caller's tenant checked
+    first against the task's events (a task of another tenant is a 404), log errors
+    as API errors, answers in the HTTP shapes."""
 
-    def __init__(self, gateway: Gateway, export_dir: Path) -> None:
-        self.gateway = gateway
-        self.store = LogStore(gateway.db)
-        self.exports = Exports(self.store, export_dir)
-        self._ready = False
-        self._lock = asyncio.Lock()
+    def __init__(
+        self,
+        events: EventStore,
+        store: LogStore,
+        export_dir: Path,
+        *,
+        follow_poll_s: float = FOLLOW_POLL_S,
+    ) -> None:
+        self.events = events
+        self.store = store
+        self.exports = Exports(store, export_dir)
+        self.follow_poll_s = follow_poll_s
 
-    async def ready(self) -> "LogApi":
-        """Migrated, and the exports an earlier process left running marked failed."""
-        if not self._ready:
-            async with self._lock:
-                if not self._ready:
-                    await self.store.migrate()
-                    await self.exports.recover()
-                    self._ready = True
-        return self
+    async def recover(self) -> None:
+        """Mark failed the exports an earlier process left running (at start)."""
+        await self.exports.recover()
 
-    async def task(self, caller: Principal, task_id: str) -> dict[str, Any]:
-        """The task as the caller sees it: 404 unless it is in the caller's tenant."""
-        await self.ready()
-        return await self.gateway.get_task(caller, task_id)
+    async def task(self, caller: Principal, task_id: str) -> TaskState:
+        """The task as the caller sees it: 404 unless the caller may read it."""
+        return await visible_task(self.events, caller, task_id)
 
-    # --- the operations (HTTP and gRPC) -----------------------------------------
+    # --- the operations ------------------------------------------------------------
 
     async def search(
         self,
@@ -129,22 +156,27 @@ class LogApi:
         *,
         limit: int = 200,
         cursor: str | None = None,
-        poll_s: float = FOLLOW_POLL_S,
     ) -> AsyncIterator[dict[str, Any]]:
         """Live tail, oldest first: the matching lines from `cursor` (the start by
         default) page by page, then new ones as they are stored, until the task
         has ended and the lines stored before its end are given. Each item is a
         page `{lines, next_cursor, tail_cursor}` (empty pages are not given);
-        `tail_cursor` resumes the tail after it."""
+        `tail_cursor` resumes the tail after it. The caller and the query are
+        checked before the first item (a refusal is an error, not a stream)."""
         await self.task(caller, task_id)
         query = where.query(task_id, order="oldest", limit=limit, cursor=cursor)
-        page = await call(self.store.page(query))
+        first = await call(self.store.page(query))
+        return self._pages(caller, task_id, query, first)
+
+    async def _pages(
+        self, caller: Principal, task_id: str, query: LogQuery, page: Any
+    ) -> AsyncIterator[dict[str, Any]]:
         while True:
             if page.lines:
                 yield page.to_json()
             if page.next_cursor is None:
-                task = await self.gateway.get_task(caller, task_id)
-                if is_terminal(task["status"]):
+                task = await self.task(caller, task_id)
+                if is_terminal(task.status):
                     # the lines stored before the end was seen (workers' last words)
                     last = await call(self.store.page(query.after(page.tail_cursor)))
                     while True:
@@ -153,7 +185,7 @@ class LogApi:
                         if last.next_cursor is None:
                             return
                         last = await call(self.store.page(query.after(last.next_cursor)))
-                await asyncio.sleep(poll_s)
+                await asyncio.sleep(self.follow_poll_s)
             page = await call(self.store.page(query.after(page.tail_cursor)))
 
     async def first_error(
@@ -163,8 +195,33 @@ class LogApi:
         translated(lambda: check_int32("run", run))
         task = await self.task(caller, task_id)
         found = await self.store.first_error(task_id, run)
-        body: dict[str, Any] = {"task_id": task_id, "status": task.get("status")}
+        body: dict[str, Any] = {"task_id": task_id, "status": task.status}
         return {**body, "found": found is not None, **(found.to_json() if found else {})}
+
+    async def tails(
+        self, caller: Principal, task_id: str, run: int, attempt: int, lines: int, line_chars: int
+    ) -> dict[str, Any]:
+        """Each worker of one attempt: its lines in all, how many of the last `lines`
+        there are, and their bytes (each line counted up to `line_chars`)."""
+        await self.task(caller, task_id)
+        rows = await self.store.pool.fetch(_TAIL_PLAN, task_id, run, attempt, lines, line_chars)
+        workers = [
+            {"worker": r["worker"], "total": r["total"], "shown": r["shown"], "size": r["size"]}
+            for r in rows
+        ]
+        return {"task_id": task_id, "run": run, "attempt": attempt, "workers": workers}
+
+    async def tail(
+        self, caller: Principal, task_id: str, run: int, attempt: int, worker: int, lines: int
+    ) -> dict[str, Any]:
+        """The last `lines` lines of one worker of one attempt, oldest first."""
+        await self.task(caller, task_id)
+        rows = await self.store.pool.fetch(_TAIL, task_id, run, attempt, worker, lines)
+        found = [
+            {"at": r["at"].isoformat(), "stream": r["stream"], "line": r["line"]} for r in rows
+        ]
+        where = {"task_id": task_id, "run": run, "attempt": attempt, "worker": worker}
+        return {**where, "lines": found}
 
     async def start_export(
         self, caller: Principal, task_id: str, where: LogFilter, fmt: str = "text"
@@ -176,33 +233,58 @@ class LogApi:
 
     async def list_exports(self, caller: Principal) -> list[dict[str, Any]]:
         """The caller's exports, newest first (the last 5 are kept)."""
-        await self.ready()
         await self.exports.recover()  # one whose process stopped since shows as failed
         return await self.exports.list(caller.tenant, caller.user)
 
     async def get_export(self, caller: Principal, export_id: str) -> dict[str, Any]:
         """An export's state and progress (lines done / total)."""
-        await self.ready()
         await self.exports.recover()
         return await call(self.exports.get(caller.tenant, caller.user, export_id))
 
     async def export_file(self, caller: Principal, export_id: str) -> tuple[Path, str]:
         """The finished export's file and media type."""
-        await self.ready()
         return await call(self.exports.file(caller.tenant, caller.user, export_id))
 
+    async def close(self) -> None:
+        await self.exports.close()
 
-_APIS: WeakKeyDictionary[Gateway, LogApi] = WeakKeyDictionary()
+
+#: Per worker of one attempt: lines in all, those of the last `$4`, their bytes
+#: (each line counted up to `$5` bytes).
+_TAIL_PLAN = """
+SELECT worker, count(*) AS total, count(*) FILTER (WHERE n <= $4) AS shown,
+       coalesce(sum(least(octet_length(line), $5)) FILTER (WHERE n <= $4), 0) AS size
+FROM (SELECT worker, line, row_number() OVER (PARTITION BY worker ORDER BY at DESC, id DESC) AS n
+      FROM log_lines WHERE task_id = $1 AND run = $2 AND attempt = $3) numbered
+GROUP BY worker ORDER BY worker
+"""
+#: The last `$5` lines of one worker of one attempt, oldest first.
+_TAIL = """
+SELECT at, stream, line
+FROM (SELECT at, id, stream, line FROM log_lines
+      WHERE task_id = $1 AND run = $2 AND attempt = $3 AND worker = $4
+      ORDER BY at DESC, id DESC LIMIT $5) last
+ORDER BY at, id
+"""
+
+ORDERS = ["oldest", "newest"]
+Int32 = Annotated[int, Query(json_schema_extra={"minimum": 0, "maximum": 2**31 - 1})]
+TailLines = Annotated[
+    int, Query(description=f"1 to {MAX_LIMIT}", json_schema_extra={"minimum": 1, "maximum": 1000})
+]
+LineChars = Annotated[
+    int,
+    Query(
+        description="bytes of a line counted, 1 to 1048576",
+        json_schema_extra={"minimum": 1, "maximum": 1048576},
+    ),
+]
 
 
-def logs_router(gateway: Gateway, export_dir: Path | None = None) -> APIRouter:
-    """The log endpoints, over `gateway` (auth, task lookup, database)."""
-    if export_dir is not None or gateway not in _APIS:
-        _APIS[gateway] = LogApi(gateway, export_dir or default_export_dir())
-    api = _APIS[gateway]
+def logs_router(api: LogApi, authenticator: Authenticator) -> APIRouter:
+    """The log routes over `api`; callers authenticated by `authenticator`."""
     router = APIRouter(tags=["logs"])
-
-    Caller = Annotated[Principal, caller_dependency(gateway)]
+    Caller = Annotated[Principal, caller_dependency(authenticator)]
 
     @router.get("/v1/tasks/{task_id}/logs")
     async def task_logs(
@@ -226,21 +308,69 @@ def logs_router(gateway: Gateway, export_dir: Path | None = None) -> APIRouter:
             caller, task_id, params.filter(), order=order, limit=limit, cursor=cursor
         )
 
+    @router.get(
+        "/v1/tasks/{task_id}/logs/follow",
+        response_class=StreamingResponse,
+        responses={200: {"content": {NDJSON: {}}, "description": "one page per line"}},
+    )
+    async def follow_logs(
+        caller: Caller,
+        task_id: str,
+        params: Annotated[LogParams, Depends()],
+        limit: Annotated[
+            int,
+            Query(
+                description="page size, 1 to 1000",
+                json_schema_extra={"minimum": 1, "maximum": 1000},
+            ),
+        ] = 200,
+        cursor: str | None = None,
+    ) -> StreamingResponse:
+        """Live tail, oldest first: a page `{lines, next_cursor, tail_cursor}` per line
+        as lines are stored, until the task has ended and its last lines are given."""
+        pages = await api.follow(caller, task_id, params.filter(), limit=limit, cursor=cursor)
+        return StreamingResponse(_ndjson(pages), media_type=NDJSON)
+
+    @router.get("/v1/tasks/{task_id}/logs/tails")
+    async def tails(
+        caller: Caller,
+        task_id: str,
+        run: Int32,
+        attempt: Int32,
+        lines: TailLines = 500,
+        line_chars: LineChars = 4096,
+    ) -> dict[str, Any]:
+        """Each worker's tail of one attempt before it is read: lines in all, shown, bytes."""
+        check_bounds(lines=(lines, 1, MAX_LIMIT), line_chars=(line_chars, 1, 1048576))
+        translated(lambda: (check_int32("run", run), check_int32("attempt", attempt)))
+        return await api.tails(caller, task_id, run, attempt, lines, line_chars)
+
+    @router.get("/v1/tasks/{task_id}/logs/tails/{worker}")
+    async def tail(
+        caller: Caller,
+        task_id: str,
+        worker: int,
+        run: Int32,
+        attempt: Int32,
+        lines: TailLines = 500,
+    ) -> dict[str, Any]:
+        """The last lines of one worker of one attempt, oldest first."""
+        check_bounds(lines=(lines, 1, MAX_LIMIT))
+        checks = (check_int32("run", run), check_int32("attempt", attempt))
+        translated(lambda: (*checks, check_int32("worker", worker)))
+        return await api.tail(caller, task_id, run, attempt, worker, lines)
+
     @router.get("/v1/tasks/{task_id}/first-error")
     async def first_error(caller: Caller, task_id: str, run: int | None = None) -> dict[str, Any]:
         """The earliest error line across workers, with context and its likely layer."""
         return await api.first_error(caller, task_id, run)
 
-    @router.post(
-        "/v1/tasks/{task_id}/logs/exports",
-        status_code=202,
-        openapi_extra=request_body("LogExport"),
-    )
+    @router.post("/v1/tasks/{task_id}/logs/exports", status_code=202, openapi_extra=EXPORT_BODY)
     async def start_export(
         caller: Caller,
         task_id: str,
         params: Annotated[LogParams, Depends()],
-        body: Annotated[dict[str, Any], Body(default_factory=dict)],
+        body: Annotated[dict[str, Any], Body(default_factory=dict, include_in_schema=False)],
     ) -> dict[str, Any]:
         """Start a background export: no filters = the last 30 days, else the matches."""
         fmt = str(body.get("format", "text"))
@@ -265,20 +395,22 @@ def logs_router(gateway: Gateway, export_dir: Path | None = None) -> APIRouter:
     return router
 
 
-ORDERS = ["oldest", "newest"]
+async def _ndjson(pages: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
+    async for page in pages:
+        yield json.dumps(page) + "\n"
 
 
-def log_api_of(gateway: Gateway) -> LogApi:
-    """The `LogApi` of `gateway` (made on first use): shared by the HTTP routes and
-    the gRPC service, so exports started by either are one set."""
-    api = _APIS.get(gateway)
-    if api is None:
-        api = _APIS[gateway] = LogApi(gateway, default_export_dir())
-    return api
+def check_bounds(**values: tuple[int, int, int]) -> None:
+    """Refuse a number outside its published bounds with a 400 naming it."""
+    for name, (value, low, high) in values.items():
+        if not low <= value <= high:
+            raise BadRequest(
+                "request.invalid", f"{name} must be {low} to {high}", f"{name}: {low}..{high}", name
+            )
 
 
 class LogParams:
-    """The filters and searches shared by /logs and exports."""
+    """The filters and searches shared by /logs, the follow stream and exports."""
 
     def __init__(
         self,
@@ -314,23 +446,23 @@ class LogParams:
 
 
 def translated(build: Any) -> Any:
-    """`build()`, a log error raised as the gateway's error."""
+    """`build()`, a log error raised as the API's error."""
     try:
         return build()
     except LogError as exc:
-        raise gateway_error(exc) from exc
+        raise api_error(exc) from exc
 
 
 async def call(awaitable: Awaitable[T]) -> T:
-    """`await awaitable`, a log error raised as the gateway's error."""
+    """`await awaitable`, a log error raised as the API's error."""
     try:
         return await awaitable
     except LogError as exc:
-        raise gateway_error(exc) from exc
+        raise api_error(exc) from exc
 
 
-def gateway_error(exc: LogError) -> GatewayError:
-    """The gateway's error (HTTP status, gRPC code) for a refused log request."""
+def api_error(exc: LogError) -> GatewayError:
+    """The API error (HTTP status) for a refused log request."""
     if isinstance(exc, ExportNotFound):
         return NotFound(exc.code, exc.message, exc.hint, exc.field)
     if isinstance(exc, InvalidQuery):

@@ -1,25 +1,35 @@
 """The log service: `async def run(ctx)` until cancelled.
 
 It applies its migrations, reads the `runyard.logs` topic into Postgres in
-batches (`LogIngester`), and once an hour creates the day partitions ahead
-and drops those past retention. Settings (`logs.yaml` of the config folder,
-or `ctx.settings["logs"]`): `retention_days` (30), `ingest_writers` (1: batches
-written at once; more helps on a many-core database, not on a 2-core one).
+batches (`LogIngester`), once an hour creates the day partitions ahead and
+drops those past retention, and serves its HTTP face (`runyard.api.service`:
+health, readiness, metrics and the log routes of `runyard.logs.http`, which
+the gateway routes authenticated requests to). Settings (`logs.yaml` of the
+config folder, or `ctx.settings["logs"]`): `retention_days` (30),
+`ingest_writers` (1: batches written at once; more helps on a many-core
+database, not on a 2-core one). Exports are written under `<data dir>/exports`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 import asyncpg
+from fastapi import FastAPI
+from runyard.api.security import TokenAuthenticator
+from runyard.api.service import serve_service, service_app
+from runyard.eventstore import PostgresEventStore
+from runyard.logs.http import LogApi, logs_router
 from runyard.logs.ingest import LogIngester
 from runyard.logs.store import DEFAULT_RETENTION_DAYS, LogStore
 from runyard.stack.context import ServiceContext
 
 log = logging.getLogger("runyard.logs")
 MAINTENANCE_EVERY_S = 3600.0
+NAME = "logs"
 
 
 async def maintain_forever(store: LogStore, every_s: float = MAINTENANCE_EVERY_S) -> None:
@@ -34,30 +44,45 @@ async def maintain_forever(store: LogStore, every_s: float = MAINTENANCE_EVERY_S
         await asyncio.sleep(every_s)
 
 
+def http_app(api: LogApi, pool: asyncpg.Pool) -> FastAPI:
+    """The log service's HTTP face: health, readiness (its database answers), its routes."""
+
+    async def ready() -> Mapping[str, float]:
+        await pool.fetchval("SELECT 1")  # an outage raises: not ready
+        return {}
+
+    return service_app(NAME, routers=[logs_router(api, TokenAuthenticator(pool))], ready=ready)
+
+
 async def run(ctx: ServiceContext) -> None:
-    """Ingest worker output and keep partitions until cancelled."""
+    """Ingest worker output, keep partitions and serve the log routes until cancelled."""
     config = {**ctx.config("logs.yaml"), **ctx.settings.get("logs", {})}
     retention = int(config.get("retention_days", DEFAULT_RETENTION_DAYS))
-    pool = await asyncpg.create_pool(ctx.dsn, min_size=1, max_size=4)
+    pool = await asyncpg.create_pool(ctx.dsn, min_size=1, max_size=6)
     store = LogStore(pool, retention_days=retention)
+    api = LogApi(PostgresEventStore(pool, ctx.mapper), store, ctx.data_dir / "exports")
     try:
         await store.migrate()
         await store.maintain(datetime.now(UTC))
+        await api.recover()
         ingester = LogIngester(store, ctx.kafka, writers=int(config.get("ingest_writers", 1)))
-        ctx.settings["log_ingester"] = ingester
+        app = http_app(api, pool)
+        serving = serve_service(NAME, app, settings=ctx.settings, endpoints=ctx.endpoints)
         tasks = [
             asyncio.create_task(ingester.run(), name="logs-ingest"),
             asyncio.create_task(maintain_forever(store), name="logs-maintenance"),
+            asyncio.create_task(serving, name="logs-http"),
         ]
         try:
             # `wait`, not `gather`: cancelling it leaves the tasks alone, so each is
             # cancelled once below and can close its consumer undisturbed.
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:
-                task.result()  # a crash of either is the service's crash
+                task.result()  # a crash of any is the service's crash
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
     finally:
+        await api.close()
         await pool.close()

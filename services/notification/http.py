@@ -1,4 +1,6 @@
-"""Alert subscriptions of the caller's tenant over HTTP: `/v1/alert-subscriptions`.
+"""Alert subscriptions of the caller's tenant over HTTP: `/v1/alert-subscriptions`,
+served by the notification service itself (the gateway authenticates a request
+and routes it here unchanged with the caller's token).
 
     POST   /v1/alert-subscriptions        {webhook_url, alerts?, secret?, queued_after_s?,
                                             text_only?}                       create (201)
@@ -8,20 +10,26 @@
 Answers never carry the signing secret, and show the webhook's token masked.
 `secret_ref` may be named by a task spec's `alerts[].secret_ref` to sign with
 the same secret. The webhook must be a Feishu bot's (`webhooks.py`: the
-origins of `notification.yaml` in the gateway's config folder), and a tenant
-has at most 20 subscriptions. Refusals use the gateway's JSON error `{code, field,
-message, hint}`: 400 a bad field, 401 no token, 404 no such subscription.
-The notification tables are created on first use, so the gateway needs no
-migration of its own for them.
+origins of `notification.yaml` in the config folder), and a tenant has at most
+20 subscriptions. Refusals use the JSON error `{code, field, message, hint}`:
+400 a bad field, 401 no token, 404 no such subscription. Every route
+authenticates the bearer token again (`runyard.api.security`).
+
+(No `from __future__ import annotations` here: FastAPI must see the routes'
+`caller_dependency(...)` when it reads the handlers' signatures.)
 """
 
+from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends
+import asyncpg
+from fastapi import APIRouter, Depends, Header
 from pydantic import BaseModel, ConfigDict, Field
+from runyard.api.auth import Principal
 from runyard.api.errors import BadRequest, NotFound
-from runyard.gateway.app import Gateway, Request
-from runyard.notification import store, subscriptions
+from runyard.api.inputs import check_request_id
+from runyard.api.security import Authenticator, caller_dependency
+from runyard.notification import subscriptions
 from runyard.notification.rules import DEFAULT_ALERTS
 from runyard.notification.subscriptions import (
     InvalidSubscription,
@@ -43,24 +51,26 @@ class SubscriptionBody(BaseModel):
     text_only: bool = False
 
 
-def notification_router(gateway: Gateway) -> APIRouter:
-    """The router of the alert subscription API over `gateway`'s database and authentication."""
-    from runyard.gateway.http import _request_dependency  # http.py includes this router
+def notification_router(
+    db: asyncpg.Pool, authenticator: Authenticator, config_dir: Path
+) -> APIRouter:
+    """The alert subscription routes over the notification service's database (its
+    tables migrated at the service's start); webhooks checked against the policy of
+    `config_dir`."""
+    principal = caller_dependency(authenticator)
 
-    migrated = False
+    async def caller(
+        who: Annotated[Principal, principal],
+        x_request_id: Annotated[str | None, Header()] = None,
+    ) -> Principal:
+        check_request_id(x_request_id)
+        return who
 
-    async def caller(req: Annotated[Request, _request_dependency(gateway)]) -> Request:
-        nonlocal migrated
-        if not migrated:
-            await store.migrate(gateway.db)
-            migrated = True
-        return req
-
-    Caller = Annotated[Request, Depends(caller)]
+    Caller = Annotated[Principal, Depends(caller)]
     router = APIRouter(prefix="/v1/alert-subscriptions", tags=["alerts"])
 
     @router.post("", status_code=201)
-    async def create(req: Caller, body: SubscriptionBody) -> dict[str, Any]:
+    async def create(who: Caller, body: SubscriptionBody) -> dict[str, Any]:
         """Subscribe a Feishu bot to the tenant's task alerts; the secret is stored, not shown."""
         new = NewSubscription(
             webhook_url=body.webhook_url,
@@ -69,25 +79,22 @@ def notification_router(gateway: Gateway) -> APIRouter:
             queued_after_s=body.queued_after_s,
             text_only=body.text_only,
         )
-        principal = req.principal
-        webhooks = policy_of(gateway.config_dir)  # a changed file is read again
+        webhooks = policy_of(config_dir)  # a changed file is read again
         try:
-            return await subscriptions.create(
-                gateway.db, principal.tenant, principal.actor, new, webhooks=webhooks
-            )
+            return await subscriptions.create(db, who.tenant, who.actor, new, webhooks=webhooks)
         except InvalidSubscription as exc:
             raise BadRequest("alerts.invalid_subscription", str(exc), exc.hint, exc.field) from exc
 
     @router.get("")
-    async def list_subscriptions(req: Caller) -> dict[str, Any]:
+    async def list_subscriptions(who: Caller) -> dict[str, Any]:
         """The tenant's alert subscriptions, oldest first."""
-        return {"items": await subscriptions.list_all(gateway.db, req.principal.tenant)}
+        return {"items": await subscriptions.list_all(db, who.tenant)}
 
     @router.delete("/{sub_id}")
-    async def delete(req: Caller, sub_id: str) -> dict[str, Any]:
+    async def delete(who: Caller, sub_id: str) -> dict[str, Any]:
         """Delete a subscription of the tenant (and its stored secret)."""
         try:
-            await subscriptions.delete(gateway.db, req.principal.tenant, sub_id)
+            await subscriptions.delete(db, who.tenant, sub_id)
         except SubscriptionNotFound as exc:
             raise NotFound(
                 "alerts.subscription_not_found", str(exc), "list them: GET /v1/alert-subscriptions"

@@ -11,6 +11,11 @@ event is skipped before any database work. Settings:
 links point at `http_host`:`http_port` (the gateway of the same stack). The
 webhook origins alerts may go to come from `notification.yaml` of the config
 folder (`webhook_origins`; absent: Feishu's and Lark's bot endpoints).
+
+Beside that work it serves its HTTP face (`runyard.api.service`: health,
+readiness, metrics and the alert subscription routes of
+`runyard.notification.http`, which the gateway routes authenticated requests
+to).
 """
 
 from __future__ import annotations
@@ -18,15 +23,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping
+from pathlib import Path
 
 import asyncpg
+from fastapi import FastAPI
+from runyard.api.security import TokenAuthenticator
+from runyard.api.service import serve_service, service_app
 from runyard.eventstore import PostgresEventStore, retrying
 from runyard.messaging.consumer import IdempotentConsumer, make_broker
 from runyard.notification.app import EVENT_TYPES, NotificationApp, NotificationConfig
+from runyard.notification.http import notification_router
 from runyard.notification.webhooks import WebhookPolicy
 from runyard.stack.context import ServiceContext
 
 CONSUMER = "notification"
+NAME = "notification"
 log = logging.getLogger("runyard.notification")
 
 
@@ -45,21 +57,41 @@ async def run(ctx: ServiceContext) -> None:
     app = NotificationApp(store, config)
     try:
         await app.start()
-        ctx.settings["notification_app"] = app
         consumer = make_consumer(ctx, store.pool, app)
         consumer.subscribe(broker, ctx.kafka.topics.task_events)
         await broker.start()
-        while True:
-            try:  # an outage is waited out (backoff), then the pass runs
-                await retrying(app.step, component="notification delivery")
-            except Exception:  # a pass that failed otherwise is tried again next time
-                log.exception("notification pass failed")
-            await asyncio.sleep(config.poll_s)
+        http = http_app(store.pool, ctx.config_dir)
+        serving = serve_service(NAME, http, settings=ctx.settings, endpoints=ctx.endpoints)
+        async with asyncio.TaskGroup() as tasks:  # a crash of either stops both
+            tasks.create_task(serving, name="notification-http")
+            tasks.create_task(deliver_forever(app, config.poll_s), name="notification-delivery")
     finally:
         with contextlib.suppress(Exception):
             await broker.stop()
         await app.close()
         await store.close()
+
+
+async def deliver_forever(app: NotificationApp, poll_s: float) -> None:
+    """The queue timer and a delivery pass every `poll_s` seconds."""
+    while True:
+        try:  # an outage is waited out (backoff), then the pass runs
+            await retrying(app.step, component="notification delivery")
+        except Exception:  # a pass that failed otherwise is tried again next time
+            log.exception("notification pass failed")
+        await asyncio.sleep(poll_s)
+
+
+def http_app(pool: asyncpg.Pool, config_dir: Path) -> FastAPI:
+    """The service's HTTP face: health, readiness (its database answers), its routes
+    (webhooks checked against `notification.yaml` of `config_dir`)."""
+
+    async def ready() -> Mapping[str, float]:
+        await pool.fetchval("SELECT 1")  # an outage raises: not ready
+        return {}
+
+    router = notification_router(pool, TokenAuthenticator(pool), config_dir)
+    return service_app(NAME, routers=[router], ready=ready)
 
 
 def make_consumer(

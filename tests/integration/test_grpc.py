@@ -27,10 +27,10 @@ from runyard.gateway.grpc_gen import tasks_pb2 as pb
 from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
 from runyard.gateway.grpc_server import error_metadata, start_server, status_of
 from runyard.gateway.http import create_app
-from runyard.logs import LogStore
-from runyard.logs.http import log_api_of
+from runyard.logs.http import LogApi
 
 from tests.integration.test_gateway import BASE, config_dir
+from tests.integration.test_gateway_routing import log_service
 from tests.integration.test_logs import CORPUS, records
 from tests.integration.test_logs import T0 as CORPUS_T0
 
@@ -97,8 +97,10 @@ class Via(Protocol):
     async def export_get(self, who: str, export_id: str) -> Outcome: ...
     async def export_ls(self, who: str) -> Outcome: ...
 
-    #: The gateway both APIs run over (to seed logs and wait for exports).
+    #: The gateway both APIs run over.
     gateway: Gateway
+    #: The log service both route the log calls to (to seed logs and wait for exports).
+    log_service: LogApi
 
 
 #: The gRPC `LogFilter` fields of the HTTP query parameters (the rest are request fields).
@@ -123,9 +125,14 @@ def log_request(params: dict[str, Any]) -> tuple[pb.LogFilter, dict[str, Any]]:
 
 class HttpVia:
     def __init__(
-        self, client: httpx.AsyncClient, tokens: dict[str, str | None], gateway: Gateway
+        self,
+        client: httpx.AsyncClient,
+        tokens: dict[str, str | None],
+        gateway: Gateway,
+        logs: LogApi,
     ) -> None:
         self.client, self.tokens, self.gateway = client, tokens, gateway
+        self.log_service = logs
 
     async def _call(self, who: str, method: str, path: str, **kw: Any) -> Outcome:
         token = self.tokens[who]
@@ -221,9 +228,14 @@ class HttpVia:
 
 class GrpcVia:
     def __init__(
-        self, stub: pb_grpc.TasksStub, tokens: dict[str, str | None], gateway: Gateway
+        self,
+        stub: pb_grpc.TasksStub,
+        tokens: dict[str, str | None],
+        gateway: Gateway,
+        logs: LogApi,
     ) -> None:
         self.stub, self.tokens, self.gateway = stub, tokens, gateway
+        self.log_service = logs
 
     async def _call(
         self, who: str, method: str, message: Any, answer: Callable[[Any], Any]
@@ -413,26 +425,28 @@ async def both(dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Asy
         "nobody": None,
         "forged": "ry_not-a-token",
     }
-    server, port = await start_server(gateway, "127.0.0.1", 0, follow_poll_s=0.05)
-    transport = httpx.ASGITransport(app=create_app(gateway))
+    endpoints: dict[str, str] = {}
+    app = create_app(gateway, endpoints)
+    server, port = await start_server(gateway, "127.0.0.1", 0, owners=app.state.owners)
+    transport = httpx.ASGITransport(app=app)
     try:
         async with (
+            log_service(dsn, tmp_path / "home" / "exports", endpoints) as logs,
             httpx.AsyncClient(transport=transport, base_url="http://gw") as client,
             grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
         ):
-            http = HttpVia(client, tokens, gateway)
+            http = HttpVia(client, tokens, gateway, logs.api)
             seeded = await http.create("alice", {**BASE, "name": "seed", "env": "K=v"})
             assert seeded.status == "OK", seeded
-            store = LogStore(gateway.db)
-            await store.migrate()
-            await store.ingest(records(seeded.body["task_id"], CORPUS))
+            await logs.store.ingest(records(seeded.body["task_id"], CORPUS))
             group = await http.group_create("alice", BASE, [{"name": "g1"}, {"name": "g2"}])
             assert group.status == "OK", group
             stub = pb_grpc.TasksStub(channel)
-            yield Both(gateway, http, GrpcVia(stub, tokens, gateway), seeded.body["task_id"])
+            grpc_via = GrpcVia(stub, tokens, gateway, logs.api)
+            yield Both(gateway, http, grpc_via, seeded.body["task_id"])
     finally:
         await server.stop(grace=None)
-        await log_api_of(gateway).exports.close()
+        await app.state.owners.aclose()
         await gateway.close()
 
 
@@ -520,7 +534,7 @@ async def follow_ended(via: Via, _: str) -> Outcome:
     """A stopped task whose lines arrived: the tail gives them all, in pages, and ends."""
     task_id = await _created(via)
     await via.stop("alice", task_id)
-    await LogStore(via.gateway.db).ingest(records(task_id, CORPUS))
+    await via.log_service.store.ingest(records(task_id, CORPUS))
     return Outcome(
         "OK",
         [
@@ -544,7 +558,7 @@ async def export_lifecycle(via: Via, seed: str) -> Outcome:
     started = await via.export_start("alice", seed, "jsonl", worker=[0, 1], words="loss")
     assert started.status == "OK", started
     export_id = started.body["export_id"]
-    await log_api_of(via.gateway).exports.wait()
+    await via.log_service.exports.wait()
     done = await via.export_get("alice", export_id)
     listed = await via.export_ls("alice")
     mine = [e for e in listed.body if e["export_id"] == export_id]
@@ -563,7 +577,7 @@ async def export_lifecycle(via: Via, seed: str) -> Outcome:
 
 async def export_unfiltered(via: Via, seed: str) -> Outcome:
     started = await via.export_start("alice", seed, "text")
-    await log_api_of(via.gateway).exports.wait()
+    await via.log_service.exports.wait()
     return Outcome(
         "OK", [_start_view(started), await via.export_get("alice", started.body["export_id"])]
     )
@@ -824,7 +838,7 @@ async def test_grpc_follow_tails_a_running_task_until_it_ends(both: Both) -> Non
     """FollowLogs gives the lines there, then those written while it follows, and ends
     once the task has ended and its last lines are given."""
     task_id = await _created(both.grpc)
-    store = LogStore(both.gateway.db)
+    store = both.http.log_service.store
     await store.ingest(records(task_id, CORPUS[:3]))
     metadata = (("authorization", f"Bearer {both.grpc.tokens['alice']}"),)
     stream = both.grpc.stub.FollowLogs(pb.FollowLogsRequest(task_id=task_id), metadata=metadata)

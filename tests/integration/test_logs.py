@@ -20,10 +20,11 @@ from runyard.gateway.app import Gateway
 from runyard.gateway.http import create_app
 from runyard.logs import LogIngester, LogQuery, LogRecord, LogStore
 from runyard.logs.exports import KEEP
-from runyard.logs.http import log_api_of
+from runyard.logs.http import LogApi
 from runyard.messaging import KafkaSettings
 
 from tests.integration.test_gateway import BASE, config_dir
+from tests.integration.test_gateway_routing import log_service
 
 pytestmark = pytest.mark.integration
 
@@ -57,6 +58,7 @@ class LogsApi:
     store: LogStore
     task_id: str
     app: Any
+    api: LogApi
 
     async def get(self, path: str, who: str = "alice", **params: Any) -> httpx.Response:
         headers = {"Authorization": f"Bearer {self.tokens[who]}"}
@@ -73,7 +75,7 @@ class LogsApi:
 
     @property
     def exports(self) -> Any:
-        return log_api_of(self.gateway).exports
+        return self.api.exports
 
 
 def records(
@@ -94,19 +96,22 @@ async def logs(dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Asy
         "bob": await create_token(gateway.db, "t1", "bob", "member"),
         "carol": await create_token(gateway.db, "t2", "carol", "member"),
     }
-    app = create_app(gateway)
+    endpoints: dict[str, str] = {}
+    app = create_app(gateway, endpoints)
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+    async with (
+        log_service(dsn, tmp_path / "home" / "exports", endpoints) as service,
+        httpx.AsyncClient(transport=transport, base_url="http://gw") as client,
+    ):
         created = await client.post(
             "/v1/tasks", json=BASE, headers={"Authorization": f"Bearer {tokens['alice']}"}
         )
         assert created.status_code == 201, created.text
         task_id = created.json()["task_id"]
-        store = LogStore(gateway.db)
-        await store.migrate()
+        store = service.store
         assert await store.ingest(records(task_id, CORPUS)) == len(CORPUS)
-        yield LogsApi(gateway, client, tokens, store, task_id, app)
-        await log_api_of(gateway).exports.close()
+        yield LogsApi(gateway, client, tokens, store, task_id, app, service.api)
+    await app.state.owners.aclose()
     await gateway.close()
 
 
@@ -434,17 +439,22 @@ async def test_the_service_ingests_the_deployers_records(
             "line": line.line,
         }
         await producer.send_and_wait(kafka.topics.logs, json.dumps(record).encode(), key=b"task-d")
-        await wait_until(lambda: "log_ingester" in ctx.settings)
-        ingester = ctx.settings["log_ingester"]
-        await wait_until(lambda: ingester.stats.stored == 1)
+        await wait_until(lambda: "logs" in ctx.endpoints)  # migrated, serving
         pool = await asyncpg.create_pool(dsn, min_size=1, max_size=1)
         try:
             page = await LogStore(pool).page(LogQuery("task-d"))
+            while not page.lines:  # the service stores it (the test's timeout bounds this)
+                await asyncio.sleep(0.05)
+                page = await LogStore(pool).page(LogQuery("task-d"))
         finally:
             await pool.close()
         assert [(ln.worker, ln.stream, ln.line, ln.at) for ln in page.lines] == [
             (0, "stderr", "hello from a worker", line.at)
         ]
+        # its HTTP face is up beside the ingester, its URL published
+        async with httpx.AsyncClient(base_url=ctx.endpoints["logs"]) as http:
+            assert (await http.get("/healthz")).json()["service"] == "logs"
+            assert (await http.get("/readyz")).status_code == 200
     finally:
         await producer.stop()
         running.cancel()
@@ -488,12 +498,12 @@ async def test_an_export_with_a_number_past_int32_is_refused_up_front(logs: Logs
 # --- exports whose gateway stopped mid-way ------------------------------------------
 
 
-async def test_an_export_left_running_by_a_stopped_gateway_is_marked_failed(
+async def test_an_export_left_running_by_a_stopped_log_service_is_marked_failed(
     logs: LogsApi, dsn: str, tmp_path: Path
 ) -> None:
-    """A gateway stops while its export runs: the record stays `running` with a partial
-    file. The next gateway's log API marks it failed, with the reason, and removes the
-    file; an export that another live gateway runs (fresh heartbeat) is left alone."""
+    """A log service stops while its export runs: the record stays `running` with a
+    partial file. The next log service marks it failed, with the reason, and removes
+    the file; an export that another live instance runs (fresh heartbeat) is left alone."""
     from runyard.logs.exports import ABANDONED, Exports
 
     blocked = asyncio.Event()
@@ -512,8 +522,8 @@ async def test_an_export_left_running_by_a_stopped_gateway_is_marked_failed(
             await asyncio.Event().wait()
 
     folder = logs.exports.folder
-    stopped = Stuck(logs.store, folder)  # the gateway that stops
-    alive = Stuck(logs.store, folder)  # another gateway, still running
+    stopped = Stuck(logs.store, folder)  # the instance that stops
+    alive = Stuck(logs.store, folder)  # another instance, still running
     orphan = await stopped.start("t1", "alice", LogQuery(logs.task_id, words="loss"))
     await blocked.wait()
     blocked.clear()
@@ -530,9 +540,15 @@ async def test_an_export_left_running_by_a_stopped_gateway_is_marked_failed(
 
     (tmp_path / "again").mkdir()
     restarted = await Gateway.connect(dsn, config_dir(tmp_path / "again"))
+    endpoints: dict[str, str] = {}
+    app = create_app(restarted, endpoints)
     try:
-        transport = httpx.ASGITransport(app=create_app(restarted))
-        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+        async with (
+            log_service(dsn, folder, endpoints),  # the restarted log service
+            httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://gw"
+            ) as client,
+        ):
             headers = {"Authorization": f"Bearer {logs.tokens['alice']}"}
             answer = await client.get(f"/v1/exports/{orphan['export_id']}", headers=headers)
             assert answer.status_code == 200, answer.text
@@ -541,11 +557,11 @@ async def test_an_export_left_running_by_a_stopped_gateway_is_marked_failed(
             assert failed["finished_at"] is not None and failed["lines_done"] == 3
             assert not partial.exists()
             other = await client.get(f"/v1/exports/{kept['export_id']}", headers=headers)
-            assert other.json()["state"] == "running"  # its gateway still beats for it
+            assert other.json()["state"] == "running"  # its instance still beats for it
             file = await client.get(f"/v1/exports/{orphan['export_id']}/file", headers=headers)
             assert (file.status_code, file.json()["code"]) == (404, "export.not_ready")
-        await log_api_of(restarted).exports.close()
     finally:
+        await app.state.owners.aclose()
         await alive.close()
         await restarted.close()
 

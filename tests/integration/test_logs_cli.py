@@ -10,13 +10,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-import uvicorn
 from runyard.api.auth import create_token
 from runyard.gateway.app import Gateway
 from runyard.gateway.http import create_app
 from runyard.logs import LogRecord, LogStore
 
-from tests.unit.test_cli import REPO, cli, free_port
+from tests.integration.test_gateway_routing import log_service, serving
+from tests.unit.test_cli import REPO, cli
 
 pytestmark = pytest.mark.integration
 
@@ -53,24 +53,20 @@ async def served(
     monkeypatch.setenv("RUNYARD_HOME", str(tmp_path / "home"))
     gateway = await Gateway.connect(dsn, REPO / "infra/config")
     token = await create_token(gateway.db, "t1", "alice", "member")
-    port = free_port()
-    config = uvicorn.Config(create_app(gateway), port=port, log_level="warning", lifespan="off")
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    for _ in range(500):
-        if server.started:
-            break
-        await asyncio.sleep(0.02)
-    url = f"http://127.0.0.1:{port}"
-    submitted = await cli(url, token, "submit", "-f", str(REPO / "examples/hello.yaml"), "--json")
-    assert submitted.exit_code == 0, submitted.output
-    store = LogStore(gateway.db)
-    await store.migrate()
-    here = Served(url, token, store, json.loads(submitted.stdout)["task_id"])
-    await here.add(0, LINES)
-    yield here
-    server.should_exit = True
-    await task
+    endpoints: dict[str, str] = {}
+    app = create_app(gateway, endpoints)
+    async with (
+        log_service(dsn, tmp_path / "home" / "exports", endpoints) as logs,
+        serving("gateway", app, {}) as url,
+    ):
+        submitted = await cli(
+            url, token, "submit", "-f", str(REPO / "examples/hello.yaml"), "--json"
+        )
+        assert submitted.exit_code == 0, submitted.output
+        here = Served(url, token, logs.store, json.loads(submitted.stdout)["task_id"])
+        await here.add(0, LINES)
+        yield here
+    await app.state.owners.aclose()
     await gateway.close()
 
 

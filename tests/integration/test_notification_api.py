@@ -19,6 +19,7 @@ from runyard.gateway.http import create_app
 
 from tests.feishu_fake import FeishuFake
 from tests.integration.test_gateway import config_dir
+from tests.integration.test_gateway_routing import notification_service
 
 pytestmark = pytest.mark.integration
 
@@ -41,9 +42,15 @@ async def api(dsn: str, tmp_path: Path) -> AsyncIterator[Api]:
         "alice": await create_token(gateway.db, "t1", "alice", "member"),
         "carol": await create_token(gateway.db, "t2", "carol", "member"),
     }
-    transport = httpx.ASGITransport(app=create_app(gateway))
-    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+    endpoints: dict[str, str] = {}
+    app = create_app(gateway, endpoints)
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        notification_service(dsn, gateway.config_dir, endpoints),
+        httpx.AsyncClient(transport=transport, base_url="http://gw") as client,
+    ):
         yield Api(gateway, client, tokens)
+    await app.state.owners.aclose()
     await gateway.close()
 
 

@@ -8,14 +8,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import uvicorn
 from runyard.api.auth import create_token
 from runyard.cli.main import app
 from runyard.gateway.app import Gateway
 from runyard.gateway.http import create_app
 from typer.testing import CliRunner, Result
 
-from tests.feishu_fake import free_port
+from tests.integration.test_gateway_routing import notification_service, serving
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -25,19 +24,18 @@ HOOK = "https://open.feishu.cn/open-apis/bot/v2/hook/feedbeef0000"
 
 @pytest.fixture
 async def served(dsn: str) -> AsyncIterator[tuple[str, str]]:
-    """A gateway over the repo's config on a free port: (url, alice's token)."""
+    """A gateway and the notification service over the repo's config, each on a free
+    port: (the gateway's url, alice's token)."""
     gateway = await Gateway.connect(dsn, REPO / "infra/config")
     token = await create_token(gateway.db, "t1", "alice", "member")
-    port = free_port()
-    config = uvicorn.Config(create_app(gateway), port=port, log_level="warning", lifespan="off")
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        assert not task.done(), "the gateway did not start"
-        await asyncio.sleep(0.02)
-    yield f"http://127.0.0.1:{port}", token
-    server.should_exit = True
-    await task
+    endpoints: dict[str, str] = {}
+    app = create_app(gateway, endpoints)
+    async with (
+        notification_service(dsn, REPO / "infra/config", endpoints),
+        serving("gateway", app, {}) as url,
+    ):
+        yield url, token
+    await app.state.owners.aclose()
     await gateway.close()
 
 
