@@ -24,7 +24,9 @@ from pathlib import Path
 
 from runyard.contracts.stacks import ProcessStacks, StackFrame, ThreadStack
 
-CAPTURE_TIMEOUT_S = 15.0
+#: One py-spy try (two with the native fallback): both fit in the 20 s the
+#: fault-tolerance service waits for a capture.
+CAPTURE_TIMEOUT_S = 8.0
 
 
 def py_spy_binary() -> str | None:
