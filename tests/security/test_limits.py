@@ -19,6 +19,7 @@ import grpc
 import httpx
 import pytest
 from aiokafka import AIOKafkaConsumer
+from runyard.api.auth import Principal
 from runyard.contracts import Metadata, NewEvent
 from runyard.contracts.envelope import utcnow
 from runyard.contracts.spec import TaskSpec
@@ -278,11 +279,12 @@ async def test_mount_paths_on_system_directories_are_refused(api: Api, path: str
 async def test_volume_names_that_leave_the_volumes_root_are_refused(
     api: Api, volume: dict[str, str]
 ) -> None:
-    catalogue = api.gateway.catalogue
+    reader = Principal("t1", "alice", "member")
+    catalogue = await api.gateway.catalogue_view(reader)
     answer = await api.call("admin", "POST", "/v1/admin/volumes", json=volume)
     assert answer.status_code == 400, answer.text
     assert "no `/`" in answer.json()["message"]
-    assert api.gateway.catalogue == catalogue
+    assert await api.gateway.catalogue_view(reader) == catalogue
     assert await api.gateway.db.fetchval("SELECT count(*) FROM catalogue_entries") == 0
 
 
