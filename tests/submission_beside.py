@@ -53,9 +53,10 @@ def submission_beside_gateway(monkeypatch: pytest.MonkeyPatch) -> None:
         mapper: EventMapper | None = None,
         *,
         submission: SubmissionClient | None = None,
+        **kw: Any,
     ) -> Any:
         if submission is None:
             submission, _ = await submission_beside(dsn, config_dir, mapper)
-        return await connect(cls, dsn, config_dir, mapper, submission=submission)
+        return await connect(cls, dsn, config_dir, mapper, submission=submission, **kw)
 
     monkeypatch.setattr(Gateway, "connect", classmethod(with_submission))

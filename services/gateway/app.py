@@ -18,6 +18,7 @@ import asyncio
 import json
 import os
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
 from importlib import resources
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import httpx
 from runyard.api import auth
 from runyard.api.auth import Principal, TokenInfo, authenticate
 from runyard.api.errors import BadRequest, NotFound, PermissionDenied, task_not_found
@@ -53,11 +55,15 @@ from runyard.eventstore import (
 from runyard.gateway import projection
 from runyard.gateway.pools import PoolInfo, capacity, describe, load_pools
 from runyard.gateway.projection import TaskListProjector
+from runyard.gateway.scheduler_client import queue_entries
 from runyard.gateway.submission_client import SubmissionClient
 from runyard.gateway.views import event_view, task_view
-from runyard.scheduler.views import read_queue_entries
 
 MAX_PAGE = 200
+#: The bearer of the request being answered, as the caller sent it ("Bearer <token>"):
+#: set where the gateway authenticates it, read where another service's API is asked on
+#: the caller's behalf (that service authorises the caller's own token again).
+_AUTHORIZATION: ContextVar[str | None] = ContextVar("authorization", default=None)
 #: Decisions on a task made again when its stream moved on meanwhile (then 409).
 CONFLICT_RETRIES = 5
 #: The fields of `POST /v1/admin/tokens`.
@@ -122,12 +128,18 @@ class Gateway:
         config_dir: Path,
         submission: SubmissionClient,
         *,
+        endpoints: Mapping[str, str] | None = None,
+        http: httpx.AsyncClient | None = None,
         clock: Callable[[], datetime] = utcnow,
         new_id: Callable[[], str] = lambda: str(new_event_id()),
     ) -> None:
         self.store = store
         self.config_dir = config_dir
         self.submission = submission
+        #: Where the other services answer (name -> base URL), read at each call.
+        self.endpoints = endpoints if endpoints is not None else {}
+        #: The client of the other services' HTTP APIs (the scheduler's queue places).
+        self.http = http or httpx.AsyncClient()
         self.projector = TaskListProjector(store)
         self.clock = clock
         self.new_id = new_id
@@ -140,17 +152,27 @@ class Gateway:
         mapper: EventMapper | None = None,
         *,
         submission: SubmissionClient | None = None,
+        endpoints: Mapping[str, str] | None = None,
+        http: httpx.AsyncClient | None = None,
     ) -> Gateway:
-        """Open the store and apply the gateway's migrations. `submission`: the client
-        of the submission service (default: its address from RUNYARD_ENDPOINTS, the
-        credential from RUNYARD_INTERNAL_TOKEN or RUNYARD_HOME's file)."""
+        """Open the store and apply the gateway's migrations.
+
+        `endpoints`: where the other services answer (default: RUNYARD_ENDPOINTS);
+        `submission`: the submission service's client (default: at
+        `endpoints["submission-grpc"]`, with the credential of
+        `runyard.contracts.rpc.credential`); `http`: the client of the other
+        services' HTTP APIs (default: a new one, closed with the gateway)."""
         store = await PostgresEventStore.connect(dsn, mapper or default_mapper())
         async with store.pool.acquire() as conn:
             await apply_migrations(conn, gateway_migrations())
-        return cls(store, config_dir, submission or submission_from_env())
+        if endpoints is None:
+            endpoints = {str(k): str(v) for k, v in _json_env("RUNYARD_ENDPOINTS").items()}
+        submission = submission or submission_client(endpoints)
+        return cls(store, config_dir, submission, endpoints=endpoints, http=http)
 
     async def close(self) -> None:
         await self.submission.close()
+        await self.http.aclose()
         await self.store.close()
 
     @property
@@ -160,8 +182,11 @@ class Gateway:
     # --- auth -----------------------------------------------------------------
 
     async def authenticate(self, token: str | None) -> Principal:
-        """The caller of a bearer token (401 otherwise)."""
-        return await authenticate(self.db, token)
+        """The caller of a bearer token (401 otherwise); the token is kept for the rest of
+        the request, for the services the gateway asks on the caller's behalf."""
+        principal = await authenticate(self.db, token)
+        _AUTHORIZATION.set(f"Bearer {token}")
+        return principal
 
     async def create_token(self, req: Request, body: Mapping[str, Any]) -> dict[str, Any]:
         """Tenant or platform admin: a token for {tenant, user, role}, with an optional
@@ -249,12 +274,18 @@ class Gateway:
         return view
 
     async def _with_queue(self, tasks: Sequence[dict[str, Any]]) -> None:
-        """Where each queued task stands now and why, from the scheduler's queue read
-        model (R-07); a task it has no row for keeps what its last TaskQueued said."""
+        """Where each queued task stands now and why, from the scheduler's API (its queue
+        read model, R-07), asked with the caller's own token; a task it has no entry for,
+        or all of them while the scheduler cannot be reached, keeps what its last
+        TaskQueued said."""
         for task in tasks:
             task.setdefault("queue", None)
         queued = [t for t in tasks if t["status"] == "queued"]
-        entries = await read_queue_entries(self.db, [t["task_id"] for t in queued])
+        scheduler, authorization = self.endpoints.get("scheduler"), _AUTHORIZATION.get()
+        if not queued or scheduler is None or authorization is None:
+            return
+        ids = [t["task_id"] for t in queued]
+        entries = await queue_entries(self.http, scheduler, ids, authorization=authorization)
         for task in queued:
             entry = entries.get(task["task_id"])
             if entry is not None and entry["run"] == task["run"]:
@@ -538,13 +569,19 @@ def _stop(caller: Principal, task_id: str, group_id: str | None = None) -> Reque
     return RequestStop(task_id, by=caller.user, role=caller.role, group_id=group_id)
 
 
-def submission_from_env() -> SubmissionClient:
-    """The submission service's client as a gateway started on its own finds it: the
-    address in RUNYARD_ENDPOINTS (`submission-grpc`), the credential of
-    `runyard.contracts.rpc.credential` (read at the first call)."""
-    endpoints = json.loads(os.environ.get("RUNYARD_ENDPOINTS") or "{}")
+def submission_client(endpoints: Mapping[str, str]) -> SubmissionClient:
+    """The submission service's client at `endpoints["submission-grpc"]`, with the
+    platform's credential (`runyard.contracts.rpc.credential`: RUNYARD_INTERNAL_TOKEN, or
+    the file of RUNYARD_HOME), read at the first call."""
     home = Path(os.environ.get("RUNYARD_HOME", ".runyard"))
     return SubmissionClient(endpoints, lambda: credential.service_token({}, home))
 
 
-__all__ = ["Gateway", "Request", "submission_from_env"]
+def _json_env(variable: str) -> dict[str, Any]:
+    loaded = json.loads(os.environ.get(variable) or "{}")
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{variable}: expected a JSON object")
+    return loaded
+
+
+__all__ = ["Gateway", "Request", "submission_client"]

@@ -4,7 +4,8 @@
 `http_port` (8080), `grpc_host` (127.0.0.1), `grpc_port` (50051). Submissions
 go to the submission service at `ctx.endpoints["submission-grpc"]` (read at
 each call) with the platform's service credential
-(`runyard.contracts.rpc.credential`).
+(`runyard.contracts.rpc.credential`); queue places come from the scheduler's
+API at `ctx.endpoints["scheduler"]`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from runyard.contracts.rpc import credential
 from runyard.gateway.app import Gateway
 from runyard.gateway.grpc_server import start_server
 from runyard.gateway.http import create_app
+from runyard.gateway.proxy import Owners
 from runyard.gateway.submission_client import SubmissionClient
 from runyard.stack.context import ServiceContext
 
@@ -24,9 +26,12 @@ async def run(ctx: ServiceContext) -> None:
     """Serve the HTTP API and keep the task list projected, until cancelled."""
     token = credential.service_token(ctx.settings, ctx.data_dir)
     submission = SubmissionClient(ctx.endpoints, token)
-    gateway = await Gateway.connect(ctx.dsn, ctx.config_dir, ctx.mapper, submission=submission)
+    gateway = await Gateway.connect(
+        ctx.dsn, ctx.config_dir, ctx.mapper, submission=submission, endpoints=ctx.endpoints
+    )
+    owners = Owners(ctx.endpoints)  # the services whose routes the gateway routes to them
     config = uvicorn.Config(
-        create_app(gateway),
+        create_app(gateway, owners),
         host=ctx.settings.get("http_host", "127.0.0.1"),
         port=int(ctx.settings.get("http_port", 8080)),
         log_level=ctx.settings.get("log_level", "warning"),
@@ -37,6 +42,7 @@ async def run(ctx: ServiceContext) -> None:
         gateway,
         str(ctx.settings.get("grpc_host", "127.0.0.1")),
         int(ctx.settings.get("grpc_port", 50051)),
+        owners=owners,
     )
     projector = asyncio.create_task(gateway.projector.follow(), name="task-list-projector")
     serving = asyncio.create_task(server.serve(), name="gateway-http")
@@ -49,4 +55,5 @@ async def run(ctx: ServiceContext) -> None:
         await grpc_server.stop(grace=1)
         projector.cancel()
         await asyncio.gather(projector, return_exceptions=True)
+        await owners.aclose()
         await gateway.close()
