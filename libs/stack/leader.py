@@ -241,6 +241,9 @@ class Leadership:
                 finally:
                     self.role = "standby"
             log.warning("%s: lease lost; standing by", self.name)
+            # The standbys get the first chance: whatever cost this instance its lease
+            # (a slow or cut-off connection) may cost it the next one too.
+            await asyncio.sleep(2 * self.retry_s)
 
 
 async def _until_lost(work: Awaitable[None], lease: Lease) -> bool:

@@ -1,9 +1,10 @@
-"""Pool admin through the gateway's HTTP API and the CLI, on a real Postgres.
+"""Pool admin through the scheduler's HTTP face and the CLI, on a real Postgres.
 
-The gateway makes node admin decisions itself over the pool stream
-(`runyard.scheduler.admin`); it never calls the scheduler. The tests hand the
-events it appended to an in-process `SchedulerApp.handle`, as the scheduler's
-Kafka consumer would, and check what the scheduler then does.
+The scheduler's admin routes make node admin decisions over the pool stream
+(`runyard.scheduler.admin`), appending with the stream's expected version, so
+any instance serves them. The tests hand the events appended to an in-process
+`SchedulerApp.handle`, as the scheduler's Kafka consumer would, and check what
+the scheduler then does; capacity is read through the gateway's API.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from runyard.gateway.http import create_app
 from runyard.scheduler.app import SchedulerApp
 from runyard.scheduler.config import parse_pools
 from runyard.scheduler.domain import fold_pool
+from runyard.scheduler.http import http_app
 from runyard.scheduler.views import read_pool_view
 from typer.testing import CliRunner, Result
 
@@ -87,12 +89,14 @@ def spec(worker_spec: str = "8gpu", count: int = 1, pool: str = "dev-a100", **kw
 
 @dataclass
 class Env:
-    """One store, an in-process scheduler, and the gateway's HTTP API over the same database."""
+    """One store, an in-process scheduler, its HTTP face (`http`) and the gateway's API
+    (`gw`) over the same database."""
 
     store: PostgresEventStore
     scheduler: SchedulerApp
     gateway: Gateway
     http: httpx.AsyncClient
+    gw: httpx.AsyncClient
     tokens: dict[str, str]
     #: Global position up to which events were handed to the scheduler.
     delivered: int = 0
@@ -134,7 +138,8 @@ class Env:
         return fold_pool(e.event for e in await self.events(f"pool-{pool_id}"))
 
     async def capacity(self, pool_id: str = "dev-a100") -> dict[str, Any]:
-        answer = await self.call("alice", "GET", f"/v1/pools/{pool_id}/capacity")
+        auth = {"Authorization": f"Bearer {self.tokens['alice']}"}
+        answer = await self.gw.get(f"/v1/pools/{pool_id}/capacity", headers=auth)
         assert answer.status_code == 200, answer.text
         return dict(answer.json())
 
@@ -152,9 +157,13 @@ async def env(dsn: str, tmp_path: Path) -> AsyncIterator[Env]:
         "alice": await create_token(gateway.db, "t1", "alice", "member"),
         "root": await create_token(gateway.db, "t1", "root", "admin"),
     }
-    transport = httpx.ASGITransport(app=create_app(gateway))
-    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
-        env = Env(store, scheduler, gateway, client, tokens)
+    face = httpx.ASGITransport(app=http_app(store, role=lambda: "active"))
+    edge = httpx.ASGITransport(app=create_app(gateway))
+    async with (
+        httpx.AsyncClient(transport=face, base_url="http://scheduler") as client,
+        httpx.AsyncClient(transport=edge, base_url="http://gw") as gw,
+    ):
+        env = Env(store, scheduler, gateway, client, gw, tokens)
         env.delivered = int(await store.pool.fetchval("SELECT max(global_position) FROM events"))
         yield env
     await gateway.close()
@@ -185,7 +194,7 @@ async def test_fault_on_a_running_node_reaches_the_pool_stream_and_the_capacity_
     assert last.metadata.actor == "user:t1/root"
     assert last.metadata.correlation_id == "req-fault-1"
     assert answer.json()["version"] == last.stream_version
-    assert (await env.capacity())["free_gpus"] == 31, "the gateway does not write the view"
+    assert (await env.capacity())["free_gpus"] == 31, "the admin route does not write the view"
 
     await env.deliver()  # the scheduler consumes NodeMarkedFaulty and re-plans
     after = await env.capacity()
@@ -371,7 +380,8 @@ async def cli(url: str, token: str, *args: str) -> Result:
 
 async def test_cli_admin_commands(env: Env) -> None:
     port = free_port()
-    config = uvicorn.Config(create_app(env.gateway), port=port, log_level="warning", lifespan="off")
+    face = http_app(env.store, role=lambda: "active")
+    config = uvicorn.Config(face, port=port, log_level="warning", lifespan="off")
     server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve())
     try:
