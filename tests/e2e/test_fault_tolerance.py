@@ -395,7 +395,7 @@ async def test_a_hang_with_no_restart_left_fails_the_task_and_alerts(
     task_id = created["task_id"]
     await ft_platform.wait_for(task_id, lambda t: t["attempt"] == 2 and t["status"] == "running")
     running = await ft_platform.task(task_id)
-    pids = ft_platform.worker_pids((task_id, running["run"], 2))
+    pids = ft_platform.worker_pids((task_id, f"{task_id}-run{running['run']}", 2))
     assert pids, "the second attempt's workers run"
     failed = await ft_platform.wait_status(task_id, "failed", within=HANG_TIMEOUT_S + 20)
     assert failed["last_failure_reason"] == "hang, no restarts left"
