@@ -625,19 +625,28 @@ async def test_placement_names_its_cause_and_keeps_the_correlation(dsn: str) -> 
 
 async def test_api_shows_where_a_task_waits_and_who_stopped_it(dsn: str, tmp_path: Path) -> None:
     """Over HTTP (and gRPC): the task's queue position and reason come from the scheduler's
-    read model and move as a task ahead leaves; a stop by another member of the tenant, or
-    by a tenant admin for a whole group, names who stopped it and in what role."""
+    read model, through its API, and move as a task ahead leaves; a stop by another member
+    of the tenant, or by a tenant admin for a whole group, names who stopped it and in what
+    role."""
     import shutil
 
     import httpx
     from runyard.api.auth import create_token
     from runyard.gateway.app import Gateway
     from runyard.gateway.http import create_app
+    from runyard.scheduler.http import http_app
 
     repo = Path(__file__).resolve().parents[2]
     shutil.copy(repo / "infra/config/catalogue.yaml", tmp_path / "catalogue.yaml")
     async with harness(dsn) as h:
-        gateway = await Gateway.connect(dsn, tmp_path)
+        # the gateway asks the scheduler's HTTP face where queued tasks stand
+        scheduler = httpx.ASGITransport(app=http_app(h.store, role=lambda: "active"))
+        gateway = await Gateway.connect(
+            dsn,
+            tmp_path,
+            endpoints={"scheduler": "http://scheduler"},
+            http=httpx.AsyncClient(transport=scheduler),
+        )
         tokens = {
             who: await create_token(gateway.db, "acme", who, role)
             for who, role in [("alice", "member"), ("bob", "member"), ("carol", "tenant_admin")]
