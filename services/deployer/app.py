@@ -37,6 +37,10 @@ work and returns at once, so a long deployment never holds the consumer):
   into events. The deployer appends no env check event; the launch command
   waits for `EnvCheckFinished` (pass or warn).
 
+Commands (`capture_stacks`, from the deployer's command topic): a
+`CaptureStacks` for an attempt this deployer holds dumps its workers' stacks
+and appends `StacksCaptured` with the command's metadata (R-33).
+
 After a restart of the deployer, `reconcile` (called once before the
 consumer starts) compares what the log says with what the runtime holds; see
 its docstring and docs/deployer.md.
