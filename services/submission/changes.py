@@ -147,8 +147,7 @@ def _check_group_bytes(specs: Sequence[TaskSpec]) -> None:
             "items",
             f"the task group's specs take {size} bytes in all, at most {MAX_GROUP_BYTES} "
             "are allowed",
-            "put a long launch command in a script on a volume or in the image, "
-            "or split the group",
+            "put a long launch command in a script on a volume or in the image, or split the group",
         )
 
 

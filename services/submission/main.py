@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Mapping
 
 from runyard.api.service import serve_service, service_app
@@ -20,6 +21,8 @@ from runyard.contracts.rpc import credential
 from runyard.stack.context import ServiceContext
 from runyard.submission.server import start_server
 from runyard.submission.service import Submissions
+
+log = logging.getLogger("runyard.submission")
 
 NAME = "submission"
 #: The endpoint key of the internal gRPC API (host:port).
@@ -34,6 +37,16 @@ def grpc_address(settings: Mapping[str, object], endpoints: Mapping[str, str]) -
     return endpoints.get(GRPC_ENDPOINT) or "127.0.0.1:0"
 
 
+async def _forget_calls(service: Submissions, every_s: float = 3600.0) -> None:
+    """Drop old call answers now and then (an outage only delays it)."""
+    while True:
+        try:
+            await service.forget_calls()
+        except Exception as exc:
+            log.warning("old submission calls not dropped this time: %r", exc)
+        await asyncio.sleep(every_s)
+
+
 async def run(ctx: ServiceContext) -> None:
     """Serve the internal gRPC API and the HTTP face until cancelled."""
     service = await Submissions.connect(ctx.dsn, ctx.config_dir, ctx.mapper)
@@ -46,9 +59,12 @@ async def run(ctx: ServiceContext) -> None:
         return {}
 
     app = service_app(NAME, ready=ready)
+    forgetting = asyncio.create_task(_forget_calls(service), name="submission-forget-calls")
     try:
         await serve_service(NAME, app, settings=ctx.settings, endpoints=ctx.endpoints)
     finally:
+        forgetting.cancel()
+        await asyncio.gather(forgetting, return_exceptions=True)
         if ctx.endpoints.get(GRPC_ENDPOINT) == address:
             ctx.endpoints.pop(GRPC_ENDPOINT, None)
         with contextlib.suppress(Exception):

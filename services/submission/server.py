@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from runyard.api import errors
-from runyard.api.auth import ROLES, Principal
+from runyard.api.auth import ROLES, Principal, Role
 from runyard.api.errors import BadRequest, GatewayError
 from runyard.contracts.rpc import credential
 from runyard.contracts.rpc import submission_pb2 as pb
@@ -88,7 +88,8 @@ def call_of(context: pb.CallContext) -> Call:
             "the gateway fills in the caller it authenticated",
             "context.caller",
         )
-    principal = Principal(caller.tenant, caller.user, caller.role, caller.token_id)  # type: ignore[arg-type]
+    role = cast(Role, caller.role)  # one of ROLES, checked above
+    principal = Principal(caller.tenant, caller.user, role, caller.token_id)
     return Call(principal, context.request_id, dict(context.trace_context), context.call_id)
 
 

@@ -68,6 +68,8 @@ from runyard.submission.warnings import SubmissionWarning
 
 #: Decisions on a task made again when its stream moved on meanwhile (then 409).
 CONFLICT_RETRIES = 5
+#: How long a call's answer is kept for the gateway's retries of it.
+CALLS_KEPT_S = 24 * 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,6 +355,15 @@ class Submissions:
             )
             await self.store.append_in(conn, f"catalogue-{kind}", [new], ANY)
         return data
+
+    async def forget_calls(self, older_than_s: float = CALLS_KEPT_S) -> int:
+        """Drop the answers of calls older than `older_than_s` (a retry comes within
+        seconds); the count dropped."""
+        status = await self.db.execute(
+            "DELETE FROM submission_calls WHERE created_at < now() - make_interval(secs => $1)",
+            older_than_s,
+        )
+        return int(status.rpartition(" ")[2])
 
     # --- internals ------------------------------------------------------------
 

@@ -41,6 +41,7 @@ from runyard.submission import main as submission_main
 from runyard.submission.errors import SubmissionError
 from runyard.submission.pools import pool_views
 from runyard.submission.rules import check_spec
+from runyard.submission.service import Submissions
 
 from tests.integration.test_gateway import BASE, config_dir
 from tests.integration.test_relay import running_relay
@@ -231,6 +232,8 @@ async def test_a_retried_call_is_answered_as_the_first_and_written_once(
         "SELECT count(*) FROM streams WHERE stream_id LIKE 'task-%'"
     )
     assert streams == 1
+    kept = Submissions(services.gateway.store, services.ctx.config_dir)
+    assert (await kept.forget_calls(3600), await kept.forget_calls(0)) == (0, 1)
 
 
 async def test_submission_down_is_a_503_naming_it_and_nothing_is_written(
