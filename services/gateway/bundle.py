@@ -4,9 +4,13 @@
 
 The same reading rule as every task read: the caller's own tenant, every
 tenant for the sre and platform_admin roles, 404 otherwise. The bundle is
-gathered from the read paths the other task routes use (the task's event
-stream and its fold, the fault-tolerance log, the log store and its first
-error, the stack reports) and holds, in this order:
+gathered from the read paths the other task routes use: the task's event
+stream and its fold here, and through their owners' APIs, called with the
+caller's token (`runyard.gateway.proxy.Owners`), the fault-tolerance log and
+the stack reports (the fault-tolerance service), the first error and the
+workers' tails (the log service). An owner that cannot be reached is a 503
+naming it: no bundle is written without its part. The bundle holds, in this
+order:
 
     summary.md                       the readable page: what happened, first error, timings
     task.json                        state, counters, stage timeline (as GET /v1/tasks/{id})
@@ -56,7 +60,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from importlib import metadata
 from typing import IO, Annotated, Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import yaml
 from fastapi import APIRouter
@@ -66,7 +70,7 @@ from runyard.api.auth import Principal, bearer_token
 from runyard.api.errors import GatewayError, task_not_found
 from runyard.api.security import caller_dependency
 from runyard.contracts import Event, RecordedEvent
-from runyard.contracts.spec import TaskSpec
+from runyard.contracts.spec import MASK, TaskSpec, mask_spec
 from runyard.contracts.task_events import (
     DeployStageFailed,
     EnvCheckFinished,
@@ -89,14 +93,10 @@ from runyard.contracts.task_events import (
     WorkerExited,
 )
 from runyard.domain import TaskState, fold
-from runyard.faulttolerance.ftlog import FaultToleranceLog, fault_tolerance_log
-from runyard.faulttolerance.reports import StackReportStore
 from runyard.gateway.app import Gateway
 from runyard.gateway.pools import describe, load_pools
+from runyard.gateway.proxy import Owners
 from runyard.gateway.views import event_view, stage_timeline, task_view
-from runyard.logs.http import log_api_of
-from runyard.logs.store import FirstError
-from runyard.submission.env import MASK, mask_spec
 
 #: The largest archive written (compressed); a larger one is refused.
 MAX_BUNDLE_BYTES = 64 * 1024 * 1024
@@ -311,8 +311,11 @@ class Facts:
 
     state: TaskState
     events: Sequence[RecordedEvent[Event]]
-    ft_log: FaultToleranceLog
-    first_error: FirstError | None
+    #: GET /v1/tasks/{id}/ft-log: `{run, counts, lines}`.
+    ft_log: dict[str, Any]
+    #: GET /v1/tasks/{id}/first-error of the latest run, when one was found:
+    #: `{line, exception, before, after, layer, rule, why, evidence}`.
+    first_error: dict[str, Any] | None
     platform: dict[str, Any]
     #: The tails to write, read one at a time while the archive is written.
     tails: list[TailPlan] = field(default_factory=list)
@@ -371,23 +374,23 @@ def _at(at: datetime | None) -> str:
     return at.isoformat() if at else "-"
 
 
-def _first_error_section(found: FirstError | None) -> list[str]:
+def _first_error_section(found: Mapping[str, Any] | None) -> list[str]:
     lines = ["## First error", ""]
     if found is None:
         return [*lines, "No error line in the logs of the latest run.", ""]
-    c = found.classification
-    line = found.line
+    line = found["line"]
     lines += [
-        f"- Layer: **{c.layer}** (rule `{c.rule}`)",
-        f"- Fix hint: {escape_controls(c.why)}",
-        f"- Where: run {line.run}, attempt {line.attempt}, worker {line.worker}, "
-        f"{line.stream}, at {line.at.isoformat()}",
-        f"- Line: {escape_controls(_cut(line.line))}",
+        f"- Layer: **{found['layer']}** (rule `{found['rule']}`)",
+        f"- Fix hint: {escape_controls(found['why'])}",
+        f"- Where: run {line['run']}, attempt {line['attempt']}, worker {line['worker']}, "
+        f"{line['stream']}, at {line['at']}",
+        f"- Line: {escape_controls(_cut(line['line']))}",
     ]
-    if found.exception is not None:
-        lines.append(f"- Exception: {escape_controls(_cut(found.exception.line))}")
-    if c.evidence and c.evidence != line.line:
-        lines.append(f"- Matched: {escape_controls(_cut(c.evidence))}")
+    if found.get("exception"):
+        lines.append(f"- Exception: {escape_controls(_cut(found['exception']['line']))}")
+    evidence = found.get("evidence")
+    if evidence and evidence != line["line"]:
+        lines.append(f"- Matched: {escape_controls(_cut(evidence))}")
     return [*lines, "", "Context: first-error.json; the worker's tail under logs/.", ""]
 
 
@@ -542,10 +545,16 @@ def slowdown_lines(events: Sequence[RecordedEvent[Event]]) -> str:
     return "\n".join(rows) + "\n" if rows else "(no slowdown detected)\n"
 
 
-def ft_log_text(log: FaultToleranceLog) -> str:
-    counts = " ".join(f"{k}={v}" for k, v in log.counts().items())
-    header = f"run {log.run}: {counts}"
-    return "\n".join([header, *(line.render() for line in log.lines)]) + "\n"
+def ft_log_text(log: Mapping[str, Any]) -> str:
+    """The fault-tolerance log (GET /v1/tasks/{id}/ft-log) as text, a line per entry."""
+    counts = " ".join(f"{k}={v}" for k, v in log["counts"].items())
+    header = f"run {log['run']}: {counts}"
+    return "\n".join([header, *(ft_line(line) for line in log["lines"])]) + "\n"
+
+
+def ft_line(line: Mapping[str, Any]) -> str:
+    attempt = f" attempt {line['attempt']}" if line.get("attempt") is not None else ""
+    return f"{line['at']} [run {line['run']}{attempt}] {str(line['level']).upper()} {line['text']}"
 
 
 def runtime_name(config: Mapping[str, Any]) -> str:
@@ -671,44 +680,34 @@ class Bundle:
 
 # --- gathering ------------------------------------------------------------------------
 
-#: Each worker of one attempt: how many lines it wrote, and the bytes of its last `$4`
-#: (each counted up to `$5` bytes, as a tail cuts it).
-_TAIL_PLAN = """
-SELECT worker, count(*) AS total, count(*) FILTER (WHERE n <= $4) AS shown,
-       coalesce(sum(least(octet_length(line), $5)) FILTER (WHERE n <= $4), 0) AS size
-FROM (SELECT worker, line, row_number() OVER (PARTITION BY worker ORDER BY at DESC, id DESC) AS n
-      FROM log_lines WHERE task_id = $1 AND run = $2 AND attempt = $3) numbered
-GROUP BY worker ORDER BY worker
-"""
-#: The last `$5` lines of one worker of one attempt, oldest first.
-_TAIL = """
-SELECT at, stream, line
-FROM (SELECT at, id, stream, line FROM log_lines
-      WHERE task_id = $1 AND run = $2 AND attempt = $3 AND worker = $4
-      ORDER BY at DESC, id DESC LIMIT $5) last
-ORDER BY at, id
-"""
+
+class Asker:
+    """Calls the owners' routes of one task (`/v1/tasks/{id}/<tail>`) with the
+    caller's token, answering their JSON."""
+
+    def __init__(self, owners: Owners, task_id: str, token: str | None) -> None:
+        self.owners = owners
+        self.prefix = f"/v1/tasks/{quote(task_id, safe='')}/"
+        self.token = token
+
+    async def __call__(self, owner: str, tail: str, params: Any = None) -> Any:
+        path = self.prefix + tail
+        return await self.owners.call(owner, "GET", path, token=self.token, params=params)
+
+
+def found_error(answer: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The first error of GET /v1/tasks/{id}/first-error, None when none was found."""
+    if not answer.get("found"):
+        return None
+    return {k: v for k, v in answer.items() if k not in ("task_id", "status", "found")}
 
 
 class BundleApi:
-    """Writes support bundles over the gateway's read paths."""
+    """Writes support bundles over the gateway's read paths and the owners' APIs."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, owners: Owners) -> None:
         self.gateway = gateway
-        self.logs = log_api_of(gateway)
-        self.reports = StackReportStore(gateway.db)
-        self._ready = False
-        self._lock = asyncio.Lock()
-
-    async def ready(self) -> "BundleApi":
-        """The log and stack report tables exist (migrated on first use, as their routes do)."""
-        if not self._ready:
-            async with self._lock:
-                if not self._ready:
-                    await self.logs.ready()
-                    await self.reports.migrate()
-                    self._ready = True
-        return self
+        self.owners = owners
 
     async def read(
         self, caller: Principal, task_id: str
@@ -723,57 +722,71 @@ class BundleApi:
             raise task_not_found(task_id)
         return state, events
 
-    async def write(
-        self, caller: Principal, task_id: str, *, also_secret: Sequence[str] = ()
-    ) -> Bundle:
-        """The task's bundle in a temporary file, checked for secrets; `also_secret`:
-        more values that must not be in it (the caller's token)."""
-        await self.ready()
+    async def write(self, caller: Principal, task_id: str, token: str | None) -> Bundle:
+        """The task's bundle in a temporary file, checked for secrets (the caller's
+        `token`, with which the owners are asked, too)."""
         state, events = await self.read(caller, task_id)
+        also_secret = [token] if token else []
         secrets = Secrets([*await task_secrets(self.gateway, state.tenant, events), *also_secret])
-        facts = await self.facts(state, events)
+        ask = Asker(self.owners, task_id, token)
+        facts = await self.facts(caller, state, events, ask)
         archive = Archive(secrets, MAX_BUNDLE_BYTES, facts.generated_at or self.gateway.clock())
         try:
-            await self._fill(archive, facts)
+            await self._fill(archive, facts, ask)
             size = await asyncio.to_thread(archive.finish)
         except BaseException:
             archive.discard()
             raise
         return Bundle(archive.file, size, f"runyard-bundle-{task_id}.zip")
 
-    async def facts(self, state: TaskState, events: list[RecordedEvent[Event]]) -> Facts:
+    async def facts(
+        self,
+        caller: Principal,
+        state: TaskState,
+        events: list[RecordedEvent[Event]],
+        ask: Asker,
+    ) -> Facts:
         """What the summary names (the log tails and the stack reports included)."""
-        found = await self.logs.store.first_error(state.task_id, None)
+        found = await ask("logs", "first-error")
         facts = Facts(
             state=state,
             events=events,
-            ft_log=fault_tolerance_log(events),
-            first_error=found,
-            platform=await self.platform(state, events),
+            ft_log=await ask("faulttolerance", "ft-log"),
+            first_error=found_error(found),
+            platform=await self.platform(caller, state, events),
             generated_at=self.gateway.clock(),
         )
-        await self._tails(facts)
-        facts.reports = (await self.reports.for_task(state.task_id))[-MAX_STACK_REPORTS:]
+        await self._tails(facts, ask)
+        facts.reports = (await ask("faulttolerance", "stacks"))["reports"][-MAX_STACK_REPORTS:]
         return facts
 
     async def platform(
-        self, state: TaskState, events: Sequence[RecordedEvent[Event]]
+        self, caller: Principal, state: TaskState, events: Sequence[RecordedEvent[Event]]
     ) -> dict[str, Any]:
         """Versions (Runyard, Python, runtime, image) and the pool and nodes of the task."""
         pools = await load_pools(self.gateway.db, self.gateway.config_dir)
         pool = pools.get(state.spec.pool)
         path = self.gateway.config_dir / "runtime.yaml"
         config = (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
-        image = next((i for i in self.gateway.catalogue.images if i.name == state.spec.image), None)
         return {
             "runyard": _runyard_version(),
             "python": platform.python_version(),
             "runtime": runtime_name(config),
             "image": state.spec.image,
-            "image_catalogue": image.model_dump(mode="json") if image else None,
+            "image_catalogue": await self.image_entry(caller, state.spec.image),
             "pool": describe(pool) if pool else {"pool_id": state.spec.pool, "known": False},
             "nodes": nodes_of(events),
         }
+
+    async def image_entry(self, caller: Principal, image: str) -> dict[str, Any] | None:
+        """The catalogue's entry of `image` (the submission service's catalogue); None
+        when it has none, or cannot be asked now (the bundle goes without it)."""
+        try:
+            catalogue = await self.gateway.catalogue_view(caller)
+        except GatewayError:
+            return None
+        images = catalogue.get("images") or []
+        return next((i for i in images if isinstance(i, dict) and i.get("name") == image), None)
 
     def attempts(self, facts: Facts) -> list[tuple[int, int]]:
         """The attempts whose tails are in the bundle: the failing one first (the first
@@ -781,7 +794,8 @@ class BundleApi:
         state = facts.state
         wanted: list[tuple[int, int]] = []
         if facts.first_error is not None:
-            wanted.append((facts.first_error.line.run, facts.first_error.line.attempt))
+            line = facts.first_error["line"]
+            wanted.append((line["run"], line["attempt"]))
         else:
             failed = [e.event for e in facts.events if isinstance(e.event, TaskFailed)]
             if failed and failed[-1].attempt:
@@ -790,14 +804,13 @@ class BundleApi:
             wanted.append((state.run, state.attempt))
         return list(dict.fromkeys(wanted))
 
-    async def _tails(self, facts: Facts) -> None:
+    async def _tails(self, facts: Facts, ask: Asker) -> None:
         """Which tails go in, within `MAX_TAIL_BYTES` (their lines are read when written)."""
         budget = MAX_TAIL_BYTES
         for run, attempt in self.attempts(facts):
-            rows = await self.gateway.db.fetch(
-                _TAIL_PLAN, facts.state.task_id, run, attempt, TAIL_LINES, MAX_LINE_CHARS
-            )
-            for row in rows:
+            where = {"run": run, "attempt": attempt, "lines": TAIL_LINES}
+            plan = await ask("logs", "logs/tails", where | {"line_chars": MAX_LINE_CHARS})
+            for row in plan["workers"]:
                 shown = int(row["shown"])
                 size = int(row["size"]) + TAIL_LINE_OVERHEAD * shown
                 if size > budget:
@@ -807,14 +820,14 @@ class BundleApi:
                 plan = TailPlan(run, attempt, row["worker"], int(row["total"]), shown, size)
                 facts.tails.append(plan)
 
-    async def _tail(self, task_id: str, plan: TailPlan) -> Tail:
-        rows = await self.gateway.db.fetch(
-            _TAIL, task_id, plan.run, plan.attempt, plan.worker, TAIL_LINES
-        )
-        lines = [(r["at"], r["stream"], r["line"]) for r in rows]
+    async def _tail(self, ask: Asker, plan: TailPlan) -> Tail:
+        where = {"run": plan.run, "attempt": plan.attempt, "lines": TAIL_LINES}
+        found = await ask("logs", f"logs/tails/{plan.worker}", where)
+        rows = found["lines"]
+        lines = [(datetime.fromisoformat(r["at"]), r["stream"], r["line"]) for r in rows]
         return Tail(plan.run, plan.attempt, plan.worker, plan.total, lines)
 
-    async def _fill(self, archive: Archive, facts: Facts) -> None:
+    async def _fill(self, archive: Archive, facts: Facts, ask: Asker) -> None:
         """Every member, the summary first; big ones written off the event loop."""
         state, events = facts.state, facts.events
         task = task_view(state, events, is_creator=False, secrets={})
@@ -824,23 +837,23 @@ class BundleApi:
             (archive.text, "summary.md", summary_markdown(facts)),
             (archive.json, "task.json", task),
             (archive.json, "spec.json", bundle_spec(state.spec)),
-            (archive.json, "first-error.json", found.to_json() if found else {"found": False}),
+            (archive.json, "first-error.json", found if found else {"found": False}),
             (archive.text, "ft-log.txt", ft_log_text(facts.ft_log)),
             (archive.json, "env-check.json", env_check_records(events)),
             (archive.text, "slowdowns.txt", slowdown_lines(events)),
         ]
         for write, name, value in members:
             await asyncio.to_thread(write, name, value)
-        await self._stack_reports(archive, facts)
+        await self._stack_reports(archive, facts, ask)
         await asyncio.to_thread(archive.json, "platform.json", facts.platform)
         await self._events(archive, events)
         for plan in facts.tails:  # one at a time: only one tail is in memory
-            tail = await self._tail(state.task_id, plan)
+            tail = await self._tail(ask, plan)
             await asyncio.to_thread(archive.text, tail.name, tail.text(archive.secrets))
 
-    async def _stack_reports(self, archive: Archive, facts: Facts) -> None:
+    async def _stack_reports(self, archive: Archive, facts: Facts, ask: Asker) -> None:
         for row in facts.reports:
-            report = await self.reports.get(row["report_id"])
+            report = await ask("faulttolerance", f"stacks/{quote(row['report_id'], safe='')}")
             body = json.dumps(report)
             if len(body) > MAX_REPORT_BYTES:
                 report = {
@@ -873,9 +886,9 @@ def _runyard_version() -> str:
 # --- HTTP ---------------------------------------------------------------------------
 
 
-def bundle_router(gateway: Gateway) -> APIRouter:
-    """`GET /v1/tasks/{id}/bundle` over `gateway`."""
-    api = BundleApi(gateway)
+def bundle_router(gateway: Gateway, owners: Owners) -> APIRouter:
+    """`GET /v1/tasks/{id}/bundle` over `gateway`, the owners' parts through `owners`."""
+    api = BundleApi(gateway, owners)
     router = APIRouter(tags=["tasks"])
 
     @router.get(
@@ -893,7 +906,7 @@ def bundle_router(gateway: Gateway) -> APIRouter:
     ) -> StreamingResponse:
         """The task's support bundle: summary, spec, events, FT log, log tails (R-70)."""
         token = bearer_token(request.headers.get("authorization"))
-        bundle = await api.write(caller, task_id, also_secret=[token] if token else [])
+        bundle = await api.write(caller, task_id, token)
         headers = {
             "Content-Disposition": f'attachment; filename="{bundle.filename}"',
             "Content-Length": str(bundle.size),

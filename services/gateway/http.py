@@ -3,9 +3,9 @@
 Each handler authenticates the bearer token, calls one `Gateway` method and
 returns its answer; every typed error becomes `{code, field, message, hint}`
 with 400/401/403/404/409 (see docs/api.md). The routes of the data other
-services own (logs, alert subscriptions, fault tolerance) are authenticated
-here and routed to their owner (`runyard.gateway.proxy`). The OpenAPI
-document, the routed routes included, is served at /openapi.json.
+services own (logs, alert subscriptions, fault tolerance, pool administration)
+are authenticated here and routed to their owner (`runyard.gateway.proxy`).
+The OpenAPI document, the routed routes included, is served at /openapi.json.
 """
 
 import json
@@ -29,7 +29,6 @@ from runyard.api.inputs import (
 from runyard.api.security import caller_dependency
 from runyard.domain import DomainError
 from runyard.eventstore import HEALTH, ConcurrencyError, EventTooLarge, is_transient
-from runyard.gateway.admin_pools import admin_pools_router
 from runyard.gateway.app import Gateway, Request
 from runyard.gateway.bundle import bundle_router
 from runyard.gateway.errors import translate
@@ -89,7 +88,6 @@ def create_app(gateway: Gateway, owners: Owners | Mapping[str, str] | None = Non
     _pool_routes(app, gateway)
     _admin_routes(app, gateway)
     _readiness_route(app, gateway)
-    app.include_router(admin_pools_router(gateway))
     install_routes(app, owners, _principal_dependency(gateway))
     app.include_router(bundle_router(gateway, owners))
     body_schemas(app)

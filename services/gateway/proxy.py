@@ -1,17 +1,18 @@
 """The routes of other services, routed by the gateway (the edge) to their owner.
 
 The log service, the notification service, fault tolerance and the scheduler
-serve the routes of the data they own (`ROUTES`). For each of them the gateway
-authenticates the bearer token first (401 before any owner is called, 403 for
-a change asked by a read-only role: the answers the gateway always gave),
-then forwards the request unchanged (method, path, query, body, Authorization,
-X-Request-Id; the trace context continued from the gateway's span, same trace)
-to the owner's base URL, looked up in `endpoints[<owner>]` at each request (in
-one process the owners publish their URLs after the gateway has started), and
-streams the answer back as it comes (status, headers, body: a log follow
-stream or an export download is never held whole). The owner authorises the
-request again with the same token. Bodies over the gateway's limit are refused
-by its `BodyLimit` before they get here.
+(its pool administration) serve the routes of the data they own (`ROUTES`).
+For each of them the gateway authenticates the bearer token first (401 before
+any owner is called, 403 for a change asked by a read-only role: the answers
+the gateway always gave), then forwards the request unchanged (method, path,
+query, body, Authorization, X-Request-Id; the trace context continued from the
+gateway's span, same trace) to the owner's base URL, looked up in
+`endpoints[<owner>]` at each request (in one process the owners publish their
+URLs after the gateway has started), and streams the answer back as it comes
+(status, headers, body: a log follow stream or an export download is never
+held whole). The owner authorises the request again with the same token.
+Bodies over the gateway's limit are refused by its `BodyLimit` before they
+get here.
 
 An owner that is not known, refuses the connection or does not answer in time
 is a 503 with Retry-After, and a hint naming the service (`the log service is
@@ -113,6 +114,13 @@ ROUTES: tuple[Route, ...] = (
     Route("/v1/tasks/{task_id}/ft-log", ("GET",), "faulttolerance"),
     Route("/v1/tasks/{task_id}/stacks", ("GET", "POST"), "faulttolerance"),
     Route("/v1/tasks/{task_id}/stacks/{report_id}", ("GET",), "faulttolerance"),
+    Route("/v1/admin/pools/{pool_id}/nodes", ("POST",), "scheduler"),
+    Route("/v1/admin/pools/{pool_id}/nodes/{node}", ("DELETE",), "scheduler"),
+    Route("/v1/admin/pools/{pool_id}/nodes/{node}/cordon", ("POST",), "scheduler"),
+    Route("/v1/admin/pools/{pool_id}/nodes/{node}/uncordon", ("POST",), "scheduler"),
+    Route("/v1/admin/pools/{pool_id}/nodes/{node}/fault", ("POST",), "scheduler"),
+    Route("/v1/admin/pools/{pool_id}/nodes/{node}/heal", ("POST",), "scheduler"),
+    Route("/v1/admin/pools/{pool_id}/spot-capacity", ("POST",), "scheduler"),
 )
 
 #: An owner's refusal as the gateway raises it again (gRPC maps it by status).

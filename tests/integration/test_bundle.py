@@ -10,7 +10,6 @@ and read as a person in support would.
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import zipfile
@@ -22,8 +21,9 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from runyard.api.auth import create_token
+from runyard.api.security import TokenAuthenticator
+from runyard.api.service import service_app
 from runyard.contracts import Metadata, NewEvent
 from runyard.contracts.spec import TaskSpec
 from runyard.contracts.task_events import (
@@ -36,6 +36,7 @@ from runyard.contracts.task_events import (
 )
 from runyard.domain.task import CompleteStage, ExitWorker, StartStage
 from runyard.faulttolerance.app import FaultToleranceApp
+from runyard.faulttolerance.http import faulttolerance_router
 from runyard.faulttolerance.reports import StackReportStore
 from runyard.gateway import bundle
 from runyard.gateway.app import Gateway
@@ -44,9 +45,10 @@ from runyard.gateway.http import create_app
 from runyard.logs import LogRecord, LogStore
 
 from tests.integration.test_faulttolerance_api import fake_capture
-from tests.integration.test_faulttolerance_service import Clock, FixedProcesses, Harness
+from tests.integration.test_faulttolerance_service import Clock, CommandsToDeployer, Harness
 from tests.integration.test_gateway import config_dir
-from tests.unit.test_cli import cli, free_port
+from tests.integration.test_gateway_routing import log_service, serving
+from tests.unit.test_cli import cli
 
 pytestmark = pytest.mark.integration
 
@@ -82,6 +84,7 @@ class Api:
     tokens: dict[str, str]
     h: Harness
     logs: LogStore
+    app: Any
 
     async def call(self, who: str, method: str, path: str, **kw: Any) -> httpx.Response:
         headers = {"Authorization": f"Bearer {self.tokens[who]}", **kw.pop("headers", {})}
@@ -131,20 +134,27 @@ async def api(dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Asyn
     }
     reports = StackReportStore(gateway.db)
     await reports.migrate()
-    logs = LogStore(gateway.db)
-    await logs.migrate()
     clock = Clock()
     ft = FaultToleranceApp(
         gateway.store,
         reports=reports,
-        processes=FixedProcesses(),
-        capture=fake_capture,
+        deployer=CommandsToDeployer(gateway.store, capture=fake_capture),
         clock=clock,
     )
-    transport = httpx.ASGITransport(app=create_app(gateway))
-    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
-        yield Api(gateway, client, tokens, Harness(gateway.store, ft, clock, reports), logs)
+    # the owners of the bundle's parts, each on a port of its own
+    endpoints: dict[str, str] = {}
+    ft_router = faulttolerance_router(ft, reports, TokenAuthenticator(gateway.db))
+    app = create_app(gateway, endpoints)
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        log_service(dsn, tmp_path / "home" / "exports", endpoints) as logs,
+        serving("faulttolerance", service_app("faulttolerance", routers=[ft_router]), endpoints),
+        httpx.AsyncClient(transport=transport, base_url="http://gw") as client,
+    ):
+        harness = Harness(gateway.store, ft, clock, reports)
+        yield Api(gateway, client, tokens, harness, logs.store, app)
     await ft.drain()
+    await app.state.owners.aclose()
     await gateway.close()
 
 
@@ -164,7 +174,7 @@ async def start_attempt(api: Api, task_id: str, attempt: int) -> None:
         await h.append(task_id, TaskPlaced(run=1, attempt=1, pool="pool-a", workers=placed))
     for stage in DEPLOY_STAGES:
         await h.act(task_id, StartStage(task_id, stage), CompleteStage(task_id, stage))
-    h.app.processes.by_key[(task_id, 1, attempt)] = dict.fromkeys(range(2), 4242)
+    h.workers[(task_id, 1, attempt)] = dict.fromkeys(range(2), 4242)
     await h.start_workers(task_id, TWO_WORKERS, attempt)
 
 
@@ -285,6 +295,7 @@ async def test_a_failed_task_tells_its_story(api: Api) -> None:
     platform = json.loads(files["platform.json"])
     assert platform["runtime"] == "local" and platform["image"] == "pytorch:2.3-cuda12"
     assert platform["pool"]["pool_id"] == "pool-a"
+    assert platform["image_catalogue"]["name"] == "pytorch:2.3-cuda12"  # the catalogue's entry
     assert platform["nodes"] == ["pool-a-node-0", "pool-a-node-1"]
     assert platform["runyard"]
 
@@ -441,17 +452,8 @@ async def test_a_big_task_fits_the_limit(api: Api) -> None:
 
 @pytest.fixture
 async def served(api: Api) -> AsyncIterator[str]:
-    port = free_port()
-    app = create_app(api.gateway)
-    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning", lifespan="off"))
-    task = asyncio.create_task(server.serve())
-    for _ in range(500):
-        if server.started:
-            break
-        await asyncio.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    await task
+    async with serving("gateway", api.app, {}) as url:
+        yield url
 
 
 async def test_cli_writes_the_bundle(
