@@ -92,17 +92,25 @@ class SchedulerService:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(broker.stop(), 10)
 
-    def queue_lengths(self) -> GaugeReading:
-        """Tasks waiting per pool, as the active term holds them (nothing on a standby)."""
-        app = self.app
-        if app is None:
-            return ()
-        return [(len(runtime.queue), {"pool": pool}) for pool, runtime in app.pools.items()]
-
     async def ready(self) -> Mapping[str, float]:
         """Ready when its database answers, active or standby (both serve the routes)."""
         await self.store.pool.fetchval("SELECT 1")  # an outage raises: not ready
         return {}
+
+
+#: The instances running in this process (one, but for tests that run several), for
+#: the queue length gauge, which is one per process.
+_RUNNING: set[SchedulerService] = set()
+
+
+def queue_lengths() -> GaugeReading:
+    """Tasks waiting per pool, as the active term holds them (nothing on a standby)."""
+    return [
+        (len(runtime.queue), {"pool": pool})
+        for service in list(_RUNNING)
+        if (app := service.app) is not None
+        for pool, runtime in app.pools.items()
+    ]
 
 
 async def run(ctx: ServiceContext) -> None:
@@ -112,10 +120,11 @@ async def run(ctx: ServiceContext) -> None:
         component="scheduler store",
     )
     service = SchedulerService(ctx, store)
+    _RUNNING.add(service)
     unregister = register_gauge(
         "runyard_scheduler_queue_length",
         "Tasks waiting in each pool's queue (reported by the active scheduler).",
-        service.queue_lengths,
+        queue_lengths,
     )
     try:
         await retrying(lambda: ensure_schema(store.pool), component="scheduler migrations")
@@ -125,5 +134,7 @@ async def run(ctx: ServiceContext) -> None:
             group.create_task(serving, name="scheduler-http")
             group.create_task(service.leadership.run(service.schedule), name="scheduler-work")
     finally:
-        unregister()
+        _RUNNING.discard(service)
+        if not _RUNNING:
+            unregister()
         await store.close()

@@ -184,6 +184,12 @@ async def flow(s: Stack, interrupt: Callable[[Instance], Any]) -> None:
         for name in ("a", "b"):
             s.start(name)
         first = await until(lambda: active_one(s, http), "one active scheduler")
+
+        async def queue_gauge() -> bool:
+            scraped = await http.get(first.ctx.endpoints["scheduler"] + "/metrics")
+            return 'runyard_scheduler_queue_length{pool="dev-a100"}' in scraped.text
+
+        await until(queue_gauge, "the queue length gauge of the active scheduler")
         ids = [f"t{n:02d}" for n in range(TASKS)]
         sizes = ("8gpu", "4gpu", "2gpu", "1gpu")
         for n, task_id in enumerate(ids):
