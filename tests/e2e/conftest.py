@@ -85,16 +85,13 @@ class Platform:
     def kafka(self) -> KafkaSettings:
         return self.ctx.kafka
 
-    def worker_pids(self, key: tuple[str, str, int]) -> dict[int, int]:
+    def worker_pids(self, key: tuple[str, int, int]) -> dict[int, int]:
         """Worker index -> pid (its process group) of the live workers of `key`
-        (task id, run id, attempt), found in /proc by the variables the local
-        runtime gives each worker's wrapper."""
-        task_id, run_id, attempt = key
-        wanted = {
-            f"RUNYARD_TASK_ID={task_id}".encode(),
-            f"RUNYARD_RUN_ID={run_id}".encode(),
-            f"RUNYARD_ATTEMPT={attempt}".encode(),
-        }
+        (task id, run, attempt), found in /proc by the variables the local runtime
+        gives each worker's wrapper (the task's id and the attempt: a test's task
+        has one run at a time)."""
+        task_id, _, attempt = key
+        wanted = {f"RUNYARD_TASK_ID={task_id}".encode(), f"RUNYARD_ATTEMPT={attempt}".encode()}
         found: dict[int, int] = {}
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
