@@ -34,7 +34,6 @@ from runyard.gateway.bundle import bundle_router
 from runyard.gateway.errors import translate
 from runyard.gateway.proxy import Owners, install_openapi, install_routes
 from runyard.gateway.schemas import body_schemas, request_body
-from runyard.submission.errors import SubmissionError
 from runyard.telemetry import TracingMiddleware, current_trace_context
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -122,7 +121,7 @@ def _error_handlers(app: FastAPI) -> None:
         headers = error.headers if isinstance(error, Unavailable) else None
         return JSONResponse(error.to_dict(), status_code=error.status, headers=headers)
 
-    handled = (GatewayError, SubmissionError, DomainError, ConcurrencyError, EventTooLarge)
+    handled = (GatewayError, DomainError, ConcurrencyError, EventTooLarge)
     for kind in (*handled, *DATA_ERRORS, *OUTAGE_ERRORS):
         app.add_exception_handler(kind, typed)
 
