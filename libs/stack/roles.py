@@ -42,6 +42,7 @@ ROLES = (OWNER, APP, SECRETS, LOGS)
 #: The role each service of `runyard up` connects as; any other: `APP`.
 SERVICE_ROLES: dict[str, str] = {
     "gateway": SECRETS,
+    "submission": SECRETS,
     "deployer": SECRETS,
     "notification": SECRETS,
     "logs": LOGS,

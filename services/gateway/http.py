@@ -9,6 +9,7 @@ The OpenAPI document, the routed routes included, is served at /openapi.json.
 """
 
 import json
+import os
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import Annotated, Any
@@ -16,7 +17,7 @@ from typing import Annotated, Any
 from fastapi import Body, Depends, FastAPI, Header, Query
 from fastapi import Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from runyard.api.auth import Principal
 from runyard.api.errors import DATA_ERRORS, OUTAGE_ERRORS, BadRequest, GatewayError, Unavailable
 from runyard.api.inputs import (
@@ -35,6 +36,7 @@ from runyard.gateway.errors import translate
 from runyard.gateway.proxy import Owners, install_openapi, install_routes
 from runyard.gateway.schemas import body_schemas, request_body
 from runyard.telemetry import TracingMiddleware, current_trace_context
+from runyard.telemetry.metrics import metrics_text
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 
@@ -95,6 +97,14 @@ def create_app(gateway: Gateway, owners: Owners | Mapping[str, str] | None = Non
 
 
 def _readiness_route(app: FastAPI, gw: Gateway) -> None:
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> JSONResponse:
+        return JSONResponse({"service": "gateway", "alive": True, "pid": os.getpid()})
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(metrics_text(), media_type="text/plain; version=0.0.4")
+
     @app.get("/readyz", include_in_schema=False)
     async def readyz() -> JSONResponse:
         """200 when the database answers and nothing in this process is waiting out an
@@ -319,7 +329,7 @@ def _admin_routes(app: FastAPI, gw: Gateway) -> None:
     @app.get("/v1/catalogue", tags=["catalogue"])
     async def catalogue(caller: Caller) -> dict[str, Any]:
         """Images, volumes and public data the submission rules use."""
-        return gw.catalogue_view(caller)
+        return await gw.catalogue_view(caller)
 
     @app.post(
         "/v1/admin/images", status_code=201, tags=["admin"], openapi_extra=request_body("Image")
