@@ -136,15 +136,24 @@ async def wait_ready(ctx: ServiceContext, http: httpx.AsyncClient, run: asyncio.
         if run.done():
             run.result()
             raise SystemExit("the platform stopped before it was ready")
-        relay = ctx.settings.get("relay")
-        started = "scheduler_app" in ctx.settings and "deployer_app" in ctx.settings
-        if started and relay is not None and relay.ready.is_set():
-            with contextlib.suppress(httpx.TransportError):
-                if (await http.get("/openapi.json")).status_code == 200:
-                    return
+        if await _every_service_ready(ctx, http):
+            return
         if time.monotonic() > deadline:
             raise SystemExit("the platform did not start within 60 s")
         await asyncio.sleep(0.05)
+
+
+async def _every_service_ready(ctx: ServiceContext, http: httpx.AsyncClient) -> bool:
+    """Every service's /readyz (their URLs are in `ctx.endpoints` once bound) and the
+    gateway's own answer 200."""
+    urls = [f"{url}/readyz" for name, url in ctx.endpoints.items() if name != "submission-grpc"]
+    if not urls:
+        return False
+    try:
+        answers = [await http.get(url) for url in [*urls, "/readyz"]]
+    except httpx.TransportError:
+        return False
+    return all(answer.status_code == 200 for answer in answers)
 
 
 def task_body(i: int) -> dict[str, Any]:

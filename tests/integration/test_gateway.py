@@ -76,8 +76,15 @@ async def api(dsn: str, tmp_path: Path) -> AsyncIterator[Api]:
         "carol": await create_token(gateway.db, "t2", "carol", "member"),
         "admin": await create_token(gateway.db, "t1", "root", "platform_admin"),
     }
-    transport = httpx.ASGITransport(app=create_app(gateway))
-    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+    # The log routes are the log service's: it answers them beside the gateway.
+    from tests.integration.test_gateway_routing import log_service
+
+    endpoints: dict[str, str] = {}
+    transport = httpx.ASGITransport(app=create_app(gateway, endpoints))
+    async with (
+        log_service(dsn, tmp_path / "exports", endpoints),
+        httpx.AsyncClient(transport=transport, base_url="http://gw") as client,
+    ):
         yield Api(gateway, client, tokens)
     await gateway.close()
 

@@ -34,6 +34,7 @@ from runyard.stack.up import all_migrations
 from typer.testing import CliRunner, Result
 
 from tests.integration.test_gateway import BASE, config_dir
+from tests.integration.test_gateway_routing import log_service, notification_service
 
 
 @dataclass
@@ -64,7 +65,8 @@ class World:
 
 @pytest.fixture
 async def world(dsn: str, tmp_path: Path) -> AsyncIterator[World]:
-    gateway = await Gateway.connect(dsn, config_dir(tmp_path))
+    config = config_dir(tmp_path)
+    gateway = await Gateway.connect(dsn, config)
     tokens = {
         "root": await create_token(gateway.db, "ops", "root", "platform_admin"),
         "ta_admin": await create_token(gateway.db, "ta", "anna", "tenant_admin"),
@@ -73,10 +75,14 @@ async def world(dsn: str, tmp_path: Path) -> AsyncIterator[World]:
         "tb_bob": await create_token(gateway.db, "tb", "bob", "member"),
         "sre": await create_token(gateway.db, "ops", "sam", "sre"),
     }
-    server, port = await start_server(gateway, "127.0.0.1", 0)
-    transport = httpx.ASGITransport(app=create_app(gateway))
+    endpoints: dict[str, str] = {}
+    app = create_app(gateway, endpoints)
+    server, port = await start_server(gateway, "127.0.0.1", 0, owners=app.state.owners)
+    transport = httpx.ASGITransport(app=app)
     try:
         async with (
+            log_service(dsn, tmp_path / "exports", endpoints),
+            notification_service(dsn, config, endpoints),
             httpx.AsyncClient(transport=transport, base_url="http://gw") as client,
             grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
         ):

@@ -417,13 +417,15 @@ async def _run_task(http: httpx.AsyncClient, run: asyncio.Task[None], command: s
 
 
 async def _ready(ctx: ServiceContext, http: httpx.AsyncClient) -> bool:
-    relay = ctx.settings.get("relay")
-    if relay is None or not relay.ready.is_set() or "deployer_app" not in ctx.settings:
+    """Every service's /readyz (URLs in `ctx.endpoints` once bound) and the gateway's."""
+    urls = [f"{url}/readyz" for name, url in ctx.endpoints.items() if name != "submission-grpc"]
+    if not urls:
         return False
     try:
-        return (await http.get("/openapi.json")).status_code == 200
+        answers = [await http.get(url) for url in [*urls, "/readyz"]]
     except httpx.TransportError:
         return False
+    return all(answer.status_code == 200 for answer in answers)
 
 
 async def _until(

@@ -36,6 +36,7 @@ from starlette.routing import Route
 
 from tests.feishu_fake import free_port
 from tests.integration.test_gateway import config_dir
+from tests.integration.test_gateway_routing import notification_service
 from tests.integration.test_notification import FAST, Harness, harness, spec
 
 pytestmark = pytest.mark.integration
@@ -50,12 +51,17 @@ LEAK = "LEAKED-internal-metadata-7f3a"
 
 @pytest.fixture
 async def api(dsn: str, tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Gateway]]:
-    gateway = await Gateway.connect(dsn, config_dir(tmp_path))
+    config = config_dir(tmp_path)
+    gateway = await Gateway.connect(dsn, config)
     token = await create_token(gateway.db, "t1", "alice", "member")
-    transport = httpx.ASGITransport(app=create_app(gateway))
-    headers = {"Authorization": f"Bearer {token}"}
-    async with httpx.AsyncClient(transport=transport, base_url="http://gw", headers=headers) as c:
-        yield c, gateway
+    endpoints: dict[str, str] = {}
+    async with notification_service(dsn, config, endpoints):
+        transport = httpx.ASGITransport(app=create_app(gateway, endpoints))
+        headers = {"Authorization": f"Bearer {token}"}
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://gw", headers=headers
+        ) as c:
+            yield c, gateway
     await gateway.close()
 
 
