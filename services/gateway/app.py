@@ -28,10 +28,10 @@ from typing import Any
 import asyncpg
 import httpx
 from runyard.api import auth
-from runyard.api.auth import Principal, TokenInfo, authenticate
+from runyard.api.auth import Principal, authenticate, record_token_issued, token_stream
 from runyard.api.errors import BadRequest, NotFound, PermissionDenied, task_not_found
 from runyard.contracts import Event, EventMapper, Metadata, NewEvent, RecordedEvent, default_mapper
-from runyard.contracts.admin_events import TokenIssued, TokenRevoked
+from runyard.contracts.admin_events import TokenRevoked
 from runyard.contracts.envelope import new_event_id, utcnow
 from runyard.contracts.rpc import credential
 from runyard.contracts.spec import TaskSpec
@@ -46,7 +46,6 @@ from runyard.domain import (
 )
 from runyard.eventstore import (
     ANY,
-    NO_STREAM,
     ConcurrencyError,
     PostgresEventStore,
     apply_migrations,
@@ -92,31 +91,6 @@ def gateway_migrations() -> list[Any]:
     """The gateway's own tables (tokens, secrets, task list)."""
     folder = Path(str(resources.files("runyard.gateway") / "migrations"))
     return load_migrations("gateway", folder)
-
-
-def token_stream(token_id: str) -> str:
-    """The stream of one API token's events (category `access`)."""
-    return f"access-{token_id}"
-
-
-async def record_token_issued(
-    store: PostgresEventStore,
-    conn: asyncpg.Connection,
-    info: TokenInfo,
-    metadata: Metadata,
-    now: datetime,
-) -> None:
-    """Append `TokenIssued` in the transaction that stored the token's hash."""
-    event = TokenIssued(
-        token_id=info.token_id,
-        tenant=info.tenant,
-        user=info.user,
-        role=info.role,
-        description=info.description,
-        expires_at=info.expires_at,
-    )
-    new = NewEvent(event=event, metadata=metadata, occurred_at=now)
-    await store.append_in(conn, token_stream(info.token_id), [new], NO_STREAM)
 
 
 class Gateway:

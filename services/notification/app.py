@@ -57,6 +57,7 @@ from runyard.contracts.task_events import (
     TaskQueued,
     TaskRequeued,
 )
+from runyard.contracts.webhooks import WebhookPolicy
 from runyard.domain import Record, TaskState, decide, fold
 from runyard.eventstore import ConcurrencyError, PostgresEventStore
 from runyard.notification import feishu, firsterror, store
@@ -74,7 +75,6 @@ from runyard.notification.rules import (
     task_subscriptions,
 )
 from runyard.notification.store import Cause, FailureWindow, PendingAlert, QueueWait
-from runyard.notification.webhooks import WebhookPolicy
 
 log = logging.getLogger("runyard.notification")
 

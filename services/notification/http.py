@@ -29,6 +29,7 @@ from runyard.api.auth import Principal
 from runyard.api.errors import BadRequest, NotFound
 from runyard.api.inputs import check_request_id
 from runyard.api.security import Authenticator, caller_dependency
+from runyard.contracts.webhooks import policy_of
 from runyard.notification import subscriptions
 from runyard.notification.rules import DEFAULT_ALERTS
 from runyard.notification.subscriptions import (
@@ -36,7 +37,6 @@ from runyard.notification.subscriptions import (
     NewSubscription,
     SubscriptionNotFound,
 )
-from runyard.notification.webhooks import policy_of
 
 
 class SubscriptionBody(BaseModel):

@@ -30,11 +30,11 @@ import asyncpg
 from fastapi import FastAPI
 from runyard.api.security import TokenAuthenticator
 from runyard.api.service import serve_service, service_app
+from runyard.contracts.webhooks import WebhookPolicy
 from runyard.eventstore import PostgresEventStore, retrying
 from runyard.messaging.consumer import IdempotentConsumer, make_broker
 from runyard.notification.app import EVENT_TYPES, NotificationApp, NotificationConfig
 from runyard.notification.http import notification_router
-from runyard.notification.webhooks import WebhookPolicy
 from runyard.stack.context import ServiceContext
 
 CONSUMER = "notification"

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
+from runyard.contracts.webhooks import WebhookPolicy, WebhookRefused
 from runyard.notification import store
 from runyard.notification.feishu import mask_url
 from runyard.notification.rules import DEFAULT_ALERTS, InvalidAlerts, Subscription, check_alerts
-from runyard.notification.webhooks import WebhookPolicy, WebhookRefused
 
 #: Subscriptions one tenant may have (each is one more request per alert).
 MAX_TENANT_SUBSCRIPTIONS = 20

@@ -24,6 +24,7 @@ import pytest
 from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent, default_mapper
 from runyard.contracts.spec import AlertSubscription, TaskSpec
 from runyard.contracts.task_events import AlertDelivered, AlertFailed
+from runyard.contracts.webhooks import WebhookPolicy
 from runyard.domain import Command, Fail, MarkAbnormal, Queue, Submit, decide, fold
 from runyard.eventstore import PostgresEventStore
 from runyard.logs import LogRecord, LogStore
@@ -32,7 +33,6 @@ from runyard.notification import store as tables
 from runyard.notification.app import NotificationApp, NotificationConfig
 from runyard.notification.ratelimit import Limits
 from runyard.notification.rules import Subscription
-from runyard.notification.webhooks import WebhookPolicy
 
 from tests.feishu_fake import FeishuFake
 

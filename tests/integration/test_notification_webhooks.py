@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from runyard.notification.webhooks import WebhookPolicy, WebhookRefused, policy_of
+from runyard.contracts.webhooks import WebhookPolicy, WebhookRefused, policy_of
 
 FEISHU = WebhookPolicy()
 SELF_HOSTED = WebhookPolicy(("https://open.feishu.cn", "https://feishu.example.com:8443"))

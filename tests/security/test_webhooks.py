@@ -24,11 +24,11 @@ import uvicorn
 from runyard.api.auth import create_token
 from runyard.contracts.spec import AlertSubscription
 from runyard.contracts.task_events import AlertFailed
+from runyard.contracts.webhooks import WebhookPolicy
 from runyard.domain import Fail, RequestStop
 from runyard.gateway.app import Gateway
 from runyard.gateway.http import create_app
 from runyard.notification import store as tables
-from runyard.notification.webhooks import WebhookPolicy
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
