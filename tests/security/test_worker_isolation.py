@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
+from runyard.deployer.main import build_runtime
 from runyard.messaging import KafkaSettings
 
 from tests.e2e.conftest import Platform, running_platform
@@ -46,8 +47,7 @@ async def platform(dsn: str, kafka: KafkaSettings) -> AsyncIterator[Platform]:
     home.chmod(0o755)
     try:
         async with running_platform(dsn, kafka, home) as running:
-            runtime = running.deployer.runtime
-            if not runtime.namespaces:
+            if not build_runtime(running.ctx).namespaces:
                 pytest.skip("this machine does not permit sandboxed workers (unshare)")
             running.ctx.data_dir.mkdir(parents=True, exist_ok=True)
             running.ctx.data_dir.chmod(0o755)
@@ -101,7 +101,10 @@ async def test_a_task_cannot_read_control_plane_files_or_see_its_processes(
         pg_data = await conn.fetchval("SHOW data_directory")
     finally:
         await conn.close()
-    deployer_pid = os.getpid()  # the platform runs in this process
+    # the deployer's own process (it started the workers)
+    deployer_pid = (
+        await platform.http.get(f"{platform.ctx.endpoints['deployer']}/healthz")
+    ).json()["pid"]
     found = await run_probes(
         platform,
         [
@@ -144,8 +147,8 @@ async def test_a_task_cannot_connect_to_postgres_the_broker_or_the_gateway(
     gateway_port = int(platform.ctx.settings["http_port"])
     assert pg_port is not None
     loopback = (
-        "python -c 'import socket; s = socket.socket(); s.bind((\"127.0.0.1\", 0)); "
-        "s.listen(); socket.create_connection(s.getsockname()); print(\"PROBE loopback=yes\")'"
+        'python -c \'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); '
+        's.listen(); socket.create_connection(s.getsockname()); print("PROBE loopback=yes")\''
     )
     found = await run_probes(
         platform,
@@ -164,22 +167,26 @@ async def test_a_task_cannot_read_another_tasks_working_folder(platform: Platfor
     other = await platform.submit(name="other", command="echo private > marker; sleep 60")
     other_id = other["task_id"]
     await platform.wait_status(other_id, "running", within=60)
-    runtime = platform.deployer.runtime
-    scratch = runtime.scratch_dir((other_id, 1, 1), 0)
-    assert scratch is not None
-    marker = scratch / "work" / "marker"
+    pids = {}
     for _ in range(100):
-        if marker.exists():
+        if pids := platform.worker_pids((other_id, 1, 1)):
             break
         await asyncio.sleep(0.1)
-    assert marker.read_text() == "private\n"
-    scratch_root = runtime.config.scratch_root
+    assert pids, "the other task's worker is not running"
+    # its working folder (the path the deployer gave it, as the worker names it)
+    marker = Path(os.readlink(f"/proc/{pids[0]}/cwd")) / "marker"
+    for _ in range(100):
+        if Path(f"/proc/{pids[0]}/cwd/marker").exists():
+            break
+        await asyncio.sleep(0.1)
+    assert Path(f"/proc/{pids[0]}/cwd/marker").read_text() == "private\n"
+    scratch_root = build_runtime(platform.ctx).config.scratch_root
     found = await run_probes(
         platform,
         [
-            'echo mine > own && ' + probe_read("own_work", "own"),
+            "echo mine > own && " + probe_read("own_work", "own"),
             probe_read("other_marker", str(marker)),
-            f'ls -A {scratch_root} | grep -q {other_id} '
+            f"ls -A {scratch_root} | grep -q {other_id} "
             '&& echo "PROBE lists_other=yes" || echo "PROBE lists_other=no"',
         ],
     )
