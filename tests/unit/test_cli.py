@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -14,7 +15,7 @@ import pytest
 import uvicorn
 from runyard.api.auth import create_token
 from runyard.cli.main import app, config_dir, token_files
-from runyard.contracts import Event, Metadata, NewEvent
+from runyard.contracts import Event, Metadata, NewEvent, default_mapper
 from runyard.contracts.task_events import DEPLOY_STAGES, TaskPlaced, WorkerPlacement
 from runyard.domain.task import (
     Command,
@@ -55,21 +56,36 @@ async def served(served_gateway: Served) -> tuple[str, str]:
 
 @pytest.fixture
 async def served_gateway(dsn: str) -> AsyncIterator[Served]:
-    """A gateway over the repo's config on a free port, with alice's token and its store."""
-    gateway = await Gateway.connect(dsn, REPO / "infra/config")
-    token = await create_token(gateway.db, "t1", "alice", "member")
-    port = free_port()
-    config = uvicorn.Config(create_app(gateway), port=port, log_level="warning", lifespan="off")
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    for _ in range(500):
-        if server.started:
-            break
-        await asyncio.sleep(0.02)
-    yield Served(f"http://127.0.0.1:{port}", token, gateway)
-    server.should_exit = True
-    await task
-    await gateway.close()
+    """A gateway over the repo's config on a free port, with alice's token and its store;
+    the log service and the scheduler's HTTP face answer beside it (their routes)."""
+    from runyard.eventstore import PostgresEventStore
+    from runyard.scheduler.http import http_app
+
+    from tests.integration.test_gateway_routing import log_service, serving
+
+    endpoints: dict[str, str] = {}
+    scheduler_store = await PostgresEventStore.connect(dsn, default_mapper())
+    scheduler = http_app(scheduler_store, role=lambda: "active")
+    async with (
+        log_service(dsn, Path(tempfile.mkdtemp(prefix="runyard-cli-exports-")), endpoints),
+        serving("scheduler", scheduler, endpoints),
+    ):
+        gateway = await Gateway.connect(dsn, REPO / "infra/config", endpoints=endpoints)
+        token = await create_token(gateway.db, "t1", "alice", "member")
+        port = free_port()
+        app = create_app(gateway, endpoints)
+        config = uvicorn.Config(app, port=port, log_level="warning", lifespan="off")
+        server = uvicorn.Server(config)
+        task = asyncio.create_task(server.serve())
+        for _ in range(500):
+            if server.started:
+                break
+            await asyncio.sleep(0.02)
+        yield Served(f"http://127.0.0.1:{port}", token, gateway)
+        server.should_exit = True
+        await task
+        await gateway.close()
+    await scheduler_store.close()
 
 
 #: No user config folder: a token saved by `runyard login` on this machine is not used.
