@@ -17,6 +17,7 @@ not a shape refusal.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 from collections import Counter
@@ -30,11 +31,20 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from runyard.api.auth import create_token
+from runyard.api.security import TokenAuthenticator
+from runyard.api.service import service_app
+from runyard.contracts import default_mapper
+from runyard.eventstore import PostgresEventStore
+from runyard.faulttolerance.app import FaultToleranceApp
+from runyard.faulttolerance.http import faulttolerance_router
+from runyard.faulttolerance.reports import StackReportStore
 from runyard.gateway.app import Gateway
 from runyard.gateway.http import create_app
+from runyard.scheduler.http import http_app as scheduler_app
 from schemathesis import GenerationMode
 
 from tests.integration.test_gateway import BASE, config_dir
+from tests.integration.test_gateway_routing import log_service, notification_service, serving
 
 T = TypeVar("T")
 # In all, over every operation; RUNYARD_FUZZ_EXAMPLES runs a longer search.
@@ -65,13 +75,35 @@ class Target:
         self.runner = LoopThread()
         self.gateway, self.token = self.runner.run(self._start(dsn, folder, role))
         self.ids: dict[str, str] = {}
-        self.app = create_app(self.gateway)
+        self.app = create_app(self.gateway, self.endpoints)
         self.client = httpx.AsyncClient(
             transport=httpx.ASGITransport(app=self.app), base_url="http://gw", timeout=30
         )
 
     async def _start(self, dsn: str, folder: Path, role: str) -> tuple[Gateway, str]:
-        gateway = await Gateway.connect(dsn, folder)
+        """The gateway, with every service whose routes it routes answering beside it
+        (a down owner is a 503 by design, not what this test looks for)."""
+        self.owners = contextlib.AsyncExitStack()
+        self.endpoints: dict[str, str] = {}
+        store = await PostgresEventStore.connect(dsn, default_mapper())
+        self.owners.push_async_callback(store.close)
+        reports = StackReportStore(store.pool)
+        await reports.migrate()
+        ft = FaultToleranceApp(store, reports=reports)
+        faces = {
+            "scheduler": scheduler_app(store, role=lambda: "active"),
+            "faulttolerance": service_app(
+                "faulttolerance",
+                routers=[faulttolerance_router(ft, reports, TokenAuthenticator(store.pool))],
+            ),
+        }
+        await self.owners.enter_async_context(
+            log_service(dsn, folder.parent / "exports", self.endpoints)
+        )
+        await self.owners.enter_async_context(notification_service(dsn, folder, self.endpoints))
+        for name, face in faces.items():
+            await self.owners.enter_async_context(serving(name, face, self.endpoints))
+        gateway = await Gateway.connect(dsn, folder, endpoints=self.endpoints)
         token = await create_token(gateway.db, "t1", "root", role)
         return gateway, token
 
@@ -98,6 +130,7 @@ class Target:
     def close(self) -> None:
         self.runner.run(self.client.aclose())
         self.runner.run(self.gateway.close())
+        self.runner.run(self.owners.aclose())
         self.runner.close()
 
 
