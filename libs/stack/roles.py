@@ -10,7 +10,7 @@ and reading server files are refused to every one of them):
 - `runyard_app`: SELECT/INSERT/UPDATE/DELETE on every table but `secrets`,
   and only SELECT/INSERT on `events` (relay, scheduler, fault tolerance, the CLI).
 - `runyard_secrets`: what `runyard_app` has, plus the `secrets` table
-  (creator-only values and webhook signing secrets): gateway, deployer and
+  (creator-only values and webhook signing secrets): gateway, submission, deployer and
   notification service, the ones that write or resolve them.
 - `runyard_logs`: what `runyard_app` has, and it owns `log_lines` and its day
   partitions, which the log service creates and drops while it runs.

@@ -74,7 +74,7 @@ def _without_password(dsn: str) -> str:
 async def test_services_get_non_superuser_scram_roles_over_loopback(stack: Stack) -> None:
     assert stack.postgres is not None
     dsns = _service_role_dsns(stack)
-    assert set(stack.service_dsns) == {"gateway", "deployer", "notification", "logs"}
+    assert set(stack.service_dsns) == {"gateway", "submission", "deployer", "notification", "logs"}
     seen = set()
     for service, dsn in dsns.items():
         parts = urlsplit(dsn)
