@@ -17,6 +17,14 @@ task), then calls one `LogApi` function; log errors become the usual
     GET  /v1/exports/{export_id}               state and progress (lines done / total)
     GET  /v1/exports/{export_id}/file          the finished file
 
+One internal route, for the platform's own services (the notification
+service's alert cards), is not routed by the gateway and takes no user token:
+
+    GET  /internal/v1/tasks/{id}/runs/{run}/first-error
+                                               the first error of one run, for the
+                                               caller that shows the platform's
+                                               service credential
+
 The follow stream and the tails are what the gateway's gRPC `FollowLogs` and
 its support bundle read, through the same routes as every client.
 
@@ -33,12 +41,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Body, Depends, Query
+from fastapi import APIRouter, Body, Depends, Header, Query
 from fastapi.responses import FileResponse, StreamingResponse
 from runyard.api.auth import Principal
-from runyard.api.errors import BadRequest, GatewayError, NotFound
+from runyard.api.errors import BadRequest, GatewayError, NotFound, Unauthenticated
 from runyard.api.security import Authenticator, caller_dependency
 from runyard.api.tasks import visible_task
+from runyard.contracts.rpc import credential
 from runyard.domain import TaskState, is_terminal
 from runyard.eventstore import EventStore
 from runyard.logs.errors import ExportNotFound, InvalidQuery, LogError
@@ -279,6 +288,36 @@ LineChars = Annotated[
         json_schema_extra={"minimum": 1, "maximum": 1048576},
     ),
 ]
+
+
+def internal_router(store: LogStore, token: str) -> APIRouter:
+    """The routes the platform's own services call with its service credential
+    (`runyard.contracts.rpc.credential`); not in the OpenAPI document, not routed by
+    the gateway. A caller without the credential gets a 401 before any query runs."""
+    router = APIRouter(include_in_schema=False)
+
+    def service_caller(
+        given: Annotated[str | None, Header(alias=credential.METADATA_KEY)] = None,
+    ) -> None:
+        if not credential.matches(given, token):
+            raise Unauthenticated(
+                "auth.service_credential",
+                "this route is for the platform's services",
+                f"send the service credential in {credential.METADATA_KEY}",
+            )
+
+    @router.get(
+        "/internal/v1/tasks/{task_id}/runs/{run}/first-error",
+        dependencies=[Depends(service_caller)],
+    )
+    async def run_first_error(task_id: str, run: int) -> dict[str, Any]:
+        """The earliest error line of one run, as `/v1/tasks/{id}/first-error` gives it."""
+        translated(lambda: check_int32("run", run))
+        found = await store.first_error(task_id, run)
+        body = {"task_id": task_id, "found": found is not None}
+        return {**body, **(found.to_json() if found else {})}
+
+    return router
 
 
 def logs_router(api: LogApi, authenticator: Authenticator) -> APIRouter:

@@ -21,8 +21,9 @@ import asyncpg
 from fastapi import FastAPI
 from runyard.api.security import TokenAuthenticator
 from runyard.api.service import serve_service, service_app
+from runyard.contracts.rpc import credential
 from runyard.eventstore import PostgresEventStore
-from runyard.logs.http import LogApi, logs_router
+from runyard.logs.http import LogApi, internal_router, logs_router
 from runyard.logs.ingest import LogIngester
 from runyard.logs.store import DEFAULT_RETENTION_DAYS, LogStore
 from runyard.stack.context import ServiceContext
@@ -44,14 +45,19 @@ async def maintain_forever(store: LogStore, every_s: float = MAINTENANCE_EVERY_S
         await asyncio.sleep(every_s)
 
 
-def http_app(api: LogApi, pool: asyncpg.Pool) -> FastAPI:
-    """The log service's HTTP face: health, readiness (its database answers), its routes."""
+def http_app(api: LogApi, pool: asyncpg.Pool, service_token: str) -> FastAPI:
+    """The log service's HTTP face: health, readiness (its database answers), its routes
+    (and the internal ones, for callers with the platform's `service_token`)."""
 
     async def ready() -> Mapping[str, float]:
         await pool.fetchval("SELECT 1")  # an outage raises: not ready
         return {}
 
-    return service_app(NAME, routers=[logs_router(api, TokenAuthenticator(pool))], ready=ready)
+    routers = [
+        logs_router(api, TokenAuthenticator(pool)),
+        internal_router(api.store, service_token),
+    ]
+    return service_app(NAME, routers=routers, ready=ready)
 
 
 async def run(ctx: ServiceContext) -> None:
@@ -66,7 +72,7 @@ async def run(ctx: ServiceContext) -> None:
         await store.maintain(datetime.now(UTC))
         await api.recover()
         ingester = LogIngester(store, ctx.kafka, writers=int(config.get("ingest_writers", 1)))
-        app = http_app(api, pool)
+        app = http_app(api, pool, credential.service_token(ctx.settings, ctx.data_dir))
         serving = serve_service(NAME, app, settings=ctx.settings, endpoints=ctx.endpoints)
         tasks = [
             asyncio.create_task(ingester.run(), name="logs-ingest"),

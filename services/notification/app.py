@@ -161,6 +161,8 @@ class NotificationApp:
     clock: Callable[[], datetime] = utcnow
     monotonic: Callable[[], float] = time.monotonic
     http: httpx.AsyncClient | None = None
+    #: Where the first error of a failed run is asked (None: cards go without it).
+    logs: firsterror.LogService | None = None
     stats: PassStats = field(default_factory=PassStats)
     _fired: set[str] = field(default_factory=set)
     _sent: set[int] = field(default_factory=set)
@@ -190,6 +192,8 @@ class NotificationApp:
         if self.http is not None:
             await self.http.aclose()
             self.http = None
+        if self.logs is not None:
+            await self.logs.aclose()
 
     async def step(self) -> None:
         """One round of the service loop: the queue timer, then a delivery pass."""
@@ -416,10 +420,8 @@ class NotificationApp:
     async def _first_error(self, task_id: str, run: int) -> FirstErrorFact | None:
         key = (task_id, run)
         if key not in self._first_errors:
-            timeout = self.config.first_error_timeout_s
-            self._first_errors[key] = await firsterror.lookup(
-                self.db, task_id, run, timeout_s=timeout
-            )
+            found = None if self.logs is None else await self.logs.lookup(task_id, run)
+            self._first_errors[key] = found
         return self._first_errors[key]
 
     async def _attempt(

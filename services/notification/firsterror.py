@@ -1,65 +1,112 @@
 """The first error of a run (R-42) for an alert card, as the log service finds it.
 
-The log service owns the first error: `LogStore.first_error(task_id, run)`
-(its public surface, the same call behind `GET /v1/tasks/{id}/first-error`)
-picks the line, the exception a traceback names and the likely layer. This
-module only asks it, when it builds the card of a `failed` or `abnormal`
-alert (so the last lines the workers wrote have had the group window to
-arrive), and turns the answer into what a card shows: no rules of its own.
+The log service owns the first error: its internal route
+`GET /internal/v1/tasks/{id}/runs/{run}/first-error` (the same lookup behind
+`GET /v1/tasks/{id}/first-error`, called with the platform's service
+credential, `runyard.contracts.rpc.credential`) picks the line, the exception
+a traceback names and the likely layer. This module only asks it, when it
+builds the card of a `failed` or `abnormal` alert (so the last lines the
+workers wrote have had the group window to arrive), and turns the answer into
+what a card shows: no rules of its own.
 
-A lookup never fails an alert: when the log service never ran (no
-`log_lines` table), when the run has no logs or no error line, when the
-query fails or takes longer than `timeout_s`, the first error is unknown
-(None) and the card goes without it.
+A lookup never fails an alert: when no log service is known (no `logs`
+endpoint), when it is down, refuses, answers something else or takes longer
+than `timeout_s`, or when the run has no error line, the first error is
+unknown (None) and the card goes without it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
 
-import asyncpg
-from runyard.logs import FirstError, LogStore
+import httpx
+from runyard.contracts.rpc import credential
 from runyard.notification.feishu import MAX_LINE_CHARS, FirstErrorFact
 
 log = logging.getLogger("runyard.notification")
+
+#: The endpoint name of the log service (`ServiceContext.endpoints`).
+LOGS = "logs"
+#: The most of the log service's answer that is read (a line and its context).
+MAX_ANSWER_BYTES = 4 * 1024 * 1024
 
 #: Terminal escapes (colours, cursor moves) and other control characters but tab.
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
-async def lookup(
-    db: asyncpg.Pool, task_id: str, run: int, *, timeout_s: float
-) -> FirstErrorFact | None:
-    """The first error of `run` of `task_id`, or None when unknown (never raises)."""
-    try:
-        async with asyncio.timeout(timeout_s):
-            if not await db.fetchval("SELECT to_regclass('log_lines') IS NOT NULL"):
-                return None  # the log service never ran on this database
-            found = await LogStore(db).first_error(task_id, run)
-    except Exception as exc:  # the alert goes without it
-        log.warning(
-            "first error of task %s run %s unknown: %s: %s", task_id, run, type(exc).__name__, exc
-        )
-        return None
-    return None if found is None else fact(found)
+@dataclass
+class LogService:
+    """The log service's first-error route, at `endpoints["logs"]` (read at each call)."""
+
+    endpoints: Mapping[str, str]
+    token: str
+    timeout_s: float = 5.0
+    _client: httpx.AsyncClient | None = field(default=None, repr=False)
+
+    async def lookup(self, task_id: str, run: int) -> FirstErrorFact | None:
+        """The first error of `run` of `task_id`, or None when unknown (never raises)."""
+        base = self.endpoints.get(LOGS)
+        if not base:
+            return None  # no log service on this platform
+        url = f"{base}/internal/v1/tasks/{quote(task_id, safe='')}/runs/{int(run)}/first-error"
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                body = await self._get(url)
+            return fact(body) if body.get("found") else None
+        except Exception as exc:  # the alert goes without it
+            log.warning(
+                "first error of task %s run %s unknown: %s: %s",
+                task_id,
+                run,
+                type(exc).__name__,
+                exc,
+            )
+            return None
+
+    async def _get(self, url: str) -> dict[str, Any]:
+        if self._client is None:
+            self._client = httpx.AsyncClient(follow_redirects=False)
+        headers = {credential.METADATA_KEY: self.token}
+        async with self._client.stream("GET", url, headers=headers) as answer:
+            answer.raise_for_status()
+            data = bytearray()
+            async for chunk in answer.aiter_bytes():
+                data += chunk
+                if len(data) > MAX_ANSWER_BYTES:
+                    raise ValueError(f"the answer is over {MAX_ANSWER_BYTES} bytes")
+        body = json.loads(bytes(data))
+        if not isinstance(body, dict):
+            raise ValueError("the answer is not a JSON object")
+        return body
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
 
 
-def fact(found: FirstError) -> FirstErrorFact:
-    """What a card says of the log service's answer: the line (clean, cut), its worker
-    and attempt, the layer with its rule, and a traceback's exception line."""
-    c = found.classification
-    exception = found.exception
+def fact(found: Mapping[str, Any]) -> FirstErrorFact:
+    """What a card says of the log service's answer (its `first-error` JSON): the line
+    (clean, cut), its worker and attempt, the layer with its rule, and a traceback's
+    exception line."""
+    line = found["line"]
+    exception = found.get("exception")
     return FirstErrorFact(
-        line=clean(found.line.line),
-        worker=found.line.worker,
-        attempt=found.line.attempt,
-        layer=c.layer,
-        rule=c.rule,
-        why=c.why,
-        exception=clean(exception.line) if exception is not None else None,
+        line=clean(str(line["line"])),
+        worker=int(line["worker"]),
+        attempt=int(line["attempt"]),
+        layer=str(found["layer"]),
+        rule=str(found["rule"]),
+        why=str(found["why"]),
+        exception=clean(str(exception["line"])) if exception else None,
     )
 
 

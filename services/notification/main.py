@@ -30,9 +30,11 @@ import asyncpg
 from fastapi import FastAPI
 from runyard.api.security import TokenAuthenticator
 from runyard.api.service import serve_service, service_app
+from runyard.contracts.rpc import credential
 from runyard.contracts.webhooks import WebhookPolicy
 from runyard.eventstore import PostgresEventStore, retrying
 from runyard.messaging.consumer import IdempotentConsumer, make_broker
+from runyard.notification import firsterror
 from runyard.notification.app import EVENT_TYPES, NotificationApp, NotificationConfig
 from runyard.notification.http import notification_router
 from runyard.stack.context import ServiceContext
@@ -54,7 +56,12 @@ async def run(ctx: ServiceContext) -> None:
     config = NotificationConfig.from_settings(settings)
     store = await PostgresEventStore.connect(ctx.dsn, ctx.mapper, min_size=2, max_size=6)
     broker = make_broker(ctx.kafka)
-    app = NotificationApp(store, config)
+    logs = firsterror.LogService(
+        ctx.endpoints,
+        credential.service_token(ctx.settings, ctx.data_dir),
+        timeout_s=config.first_error_timeout_s,
+    )
+    app = NotificationApp(store, config, logs=logs)
     try:
         await app.start()
         consumer = make_consumer(ctx, store.pool, app)

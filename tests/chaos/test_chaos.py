@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
+import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -197,6 +200,74 @@ async def preempt_spot_capacity(stack: ChaosStack, http: httpx.AsyncClient) -> N
     assert answer.json()["preempted"], f"nothing was preempted: {answer.json()}"
 
 
+#: The order `kill_each_service` kills them in.
+SERVICES = (
+    "scheduler",
+    "deployer",
+    "gateway",
+    "submission",
+    "relay",
+    "logs",
+    "notification",
+    "faulttolerance",
+)
+
+
+def _services(stack: ChaosStack) -> dict[str, dict[str, Any]]:
+    """What `runyard ps` reads: each supervised service's pid, url and restarts."""
+    state = json.loads((stack.home / "run" / "services.json").read_text())
+    return {s["name"]: s for s in state["services"]}
+
+
+async def _wait_restarted(stack: ChaosStack, name: str, killed: int, within: float = 60.0) -> None:
+    """Until `runyard up` runs `name` again under a new pid and it answers /readyz."""
+    deadline = time.monotonic() + within
+    async with httpx.AsyncClient(timeout=2) as probe:
+        while True:
+            stack.check_alive()
+            with contextlib.suppress(OSError, ValueError, KeyError, httpx.TransportError):
+                service = _services(stack)[name]
+                if service["pid"] not in (None, killed):
+                    answer = await probe.get(f"{service['url']}/readyz")
+                    if answer.status_code == 200:
+                        return
+            assert time.monotonic() < deadline, f"{name} was not back within {within:.0f} s"
+            await asyncio.sleep(0.2)
+
+
+async def _others_serve(http: httpx.AsyncClient, down: str, finished: str) -> None:
+    """The rest keep serving while `down` is: the gateway answers reads (the task list is
+    its own), and a finished task's logs stay searchable (the log service's)."""
+    if down == "gateway":
+        return
+    listed = await http.get("/v1/tasks", params={"limit": 5})
+    assert listed.status_code == 200, f"with {down} down, listing tasks: {listed.text}"
+    if down != "logs":
+        found = await http.get(f"/v1/tasks/{finished}/logs", params={"phrase": "chaos line"})
+        assert found.status_code == 200, f"with {down} down, searching logs: {found.text}"
+        assert found.json()["lines"], f"with {down} down, the logs of {finished} are empty"
+
+
+async def kill_each_service(stack: ChaosStack, http: httpx.AsyncClient) -> None:
+    """kill -9 of each supervised service in turn: the others serve while it is down,
+    `runyard up` restarts it, then the next one goes."""
+    finished = await _a_succeeded_task(http)
+    for name in SERVICES:
+        pid = _services(stack)[name]["pid"]
+        assert pid, f"{name} is not running before its kill: {_services(stack)[name]}"
+        os.kill(pid, signal.SIGKILL)
+        await _others_serve(http, name, finished)
+        await _wait_restarted(stack, name, pid)
+
+
+async def _a_succeeded_task(http: httpx.AsyncClient) -> str:
+    answer = await http.get("/v1/tasks", params={"status": "succeeded", "limit": 1})
+    assert answer.status_code == 200, answer.text
+    items = answer.json()["items"]
+    assert items, f"no task has succeeded yet: {answer.json()}"
+    return str(items[0]["task_id"])
+
+
 # -- scenarios ----------------------------------------------------------------------------------
 
 
@@ -245,3 +316,8 @@ async def test_spot_preemption(chaos_stack: ChaosStack) -> None:
         resource_type="spot",
         spot=spot,
     )
+
+
+async def test_kill_9_of_each_service_in_turn(chaos_stack: ChaosStack) -> None:
+    # Eight-GPU workers: four at a time on the pool, so the tasks flow through every kill.
+    await run_scenario(chaos_stack, "service_kills", kill_each_service, worker_spec="8gpu")

@@ -58,7 +58,9 @@ ACTIVE_STANDBY = {"relay", "scheduler"}
 #: Those whose standby is not Ready (/readyz 503 while it waits for the lease).
 STANDBY_NOT_READY = {"relay"}
 #: Consumer-group services: replicas share the partitions.
-SCALED_OUT = {"logs", "notification", "faulttolerance"}
+SCALED_OUT = {"logs", "notification"}
+#: One replica, no disruption budget (a budget of one would block every drain).
+SINGLE = {"gateway", "submission", "faulttolerance"}
 #: The Secret key of each Postgres role's DSN (deploy/kubernetes/create-secrets.sh).
 ROLE_KEYS = {
     roles.OWNER: "owner-url",
@@ -224,12 +226,18 @@ def test_compose_publishes_the_gateway_and_only_on_loopback(compose: dict[str, A
             assert "ports" not in service, name
 
 
-def test_compose_gateway_and_submission_share_the_internal_token(compose: dict[str, Any]) -> None:
+#: The services that call or serve an internal API: only they hold the service credential.
+INTERNAL_TOKEN_HOLDERS = {"gateway", "submission", "logs", "notification"}
+
+
+def test_compose_internal_apis_share_the_internal_token(compose: dict[str, Any]) -> None:
     tokens = {
-        name: compose["services"][name]["environment"].get("RUNYARD_INTERNAL_TOKEN")
-        for name in ("gateway", "submission")
+        name: service.get("environment", {}).get("RUNYARD_INTERNAL_TOKEN")
+        for name, service in compose["services"].items()
     }
-    assert tokens["gateway"] and tokens["gateway"] == tokens["submission"]
+    holders = {name for name, token in tokens.items() if token}
+    assert holders == INTERNAL_TOKEN_HOLDERS
+    assert len({tokens[name] for name in holders}) == 1
     assert "RUNYARD_INTERNAL_TOKEN" in (REPO / "infra" / "gen-env.sh").read_text()
 
 
@@ -408,6 +416,9 @@ def test_kubernetes_replicas_and_failover(manifests: list[dict[str, Any]]) -> No
     for name in SCALED_OUT:
         assert services[name]["spec"]["replicas"] == 2, name
         assert name in budgets, name
+    for name in SINGLE:
+        assert services[name]["spec"]["replicas"] == 1, name
+        assert name not in budgets, name
 
 
 def test_kubernetes_endpoints_name_every_service(manifests: list[dict[str, Any]]) -> None:
@@ -562,3 +573,15 @@ def test_a_service_left_out_of_a_layout_is_noticed(
         set(compose_services(compose)), set(k8s_services(kept)), code_services()
     )
     assert problems == [f"deploy/kubernetes does not run [{missing!r}]"]
+
+
+def test_kubernetes_internal_token_only_where_an_internal_api_is(
+    manifests: list[dict[str, Any]],
+) -> None:
+    holders = {
+        name
+        for name, workload in k8s_services(manifests).items()
+        for container in workload["spec"]["template"]["spec"]["containers"]
+        if "RUNYARD_INTERNAL_TOKEN" in env_of(container)
+    }
+    assert holders == INTERNAL_TOKEN_HOLDERS

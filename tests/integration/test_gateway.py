@@ -80,12 +80,14 @@ async def api(dsn: str, tmp_path: Path) -> AsyncIterator[Api]:
     from tests.integration.test_gateway_routing import log_service
 
     endpoints: dict[str, str] = {}
-    transport = httpx.ASGITransport(app=create_app(gateway, endpoints))
+    app = create_app(gateway, endpoints)
+    transport = httpx.ASGITransport(app=app)
     async with (
         log_service(dsn, tmp_path / "exports", endpoints),
         httpx.AsyncClient(transport=transport, base_url="http://gw") as client,
     ):
         yield Api(gateway, client, tokens)
+    await app.state.owners.aclose()
     await gateway.close()
 
 

@@ -93,6 +93,10 @@ class LogService:
     calls: list[str] = field(default_factory=list)
 
 
+#: The platform's service credential as the log service of these tests knows it.
+SERVICE_TOKEN = "runyard-tests-service-credential"
+
+
 @asynccontextmanager
 async def log_service(
     dsn: str, export_dir: Path, endpoints: dict[str, str], *, follow_poll_s: float = 0.05
@@ -104,7 +108,7 @@ async def log_service(
     events = PostgresEventStore(pool, default_mapper())
     api = LogApi(events, store, export_dir, follow_poll_s=follow_poll_s)
     await api.recover()
-    app = logs_app(api, pool)
+    app = logs_app(api, pool, SERVICE_TOKEN)
     calls = count_requests(app)
     try:
         async with serving("logs", app, endpoints) as url:

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import asyncpg
+import httpx
 import pytest
 from runyard.logs import LogRecord, LogStore, classify, is_error, is_warning
+
+from tests.integration.test_gateway_routing import SERVICE_TOKEN, log_service
 
 pytestmark = pytest.mark.integration
 
@@ -473,3 +477,35 @@ async def test_latest_run_by_default_and_a_given_run(store: LogStore) -> None:
 
 def test_unknown_errors_say_so() -> None:
     assert classify(["something odd failed"]).layer == "unknown"
+
+
+# --- the internal route the notification service asks ----------------------------------
+
+
+async def test_the_internal_route_answers_the_service_credential_only(
+    dsn: str, tmp_path: Path
+) -> None:
+    async with log_service(dsn, tmp_path, {}) as logs:
+        lines = ["epoch 1", "Traceback (most recent call last):", '  File "t.py"', "KeyError: 'x'"]
+        await logs.store.ingest(
+            [
+                LogRecord(T0 + timedelta(seconds=i), "t-1", 2, 1, 0, "stderr", text)
+                for i, text in enumerate(lines)
+            ]
+        )
+        route = f"{logs.url}/internal/v1/tasks/t-1/runs/2/first-error"
+        async with httpx.AsyncClient() as http:
+            for headers in ({}, {"x-runyard-service-token": "guess"}, {"authorization": "x"}):
+                refused = await http.get(route, headers=headers)
+                assert refused.status_code == 401, refused.text
+                assert refused.json()["code"] == "auth.service_credential"
+            answer = await http.get(route, headers={"x-runyard-service-token": SERVICE_TOKEN})
+            assert answer.status_code == 200, answer.text
+            found = answer.json()
+            assert (found["task_id"], found["found"]) == ("t-1", True)
+            assert found["exception"]["line"] == "KeyError: 'x'"
+            other_run = route.replace("/runs/2/", "/runs/3/")
+            none = await http.get(other_run, headers={"x-runyard-service-token": SERVICE_TOKEN})
+            assert none.json() == {"task_id": "t-1", "found": False}
+            document = (await http.get(f"{logs.url}/openapi.json")).json()
+            assert not [p for p in document["paths"] if p.startswith("/internal")]

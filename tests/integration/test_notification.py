@@ -29,12 +29,14 @@ from runyard.domain import Command, Fail, MarkAbnormal, Queue, Submit, decide, f
 from runyard.eventstore import PostgresEventStore
 from runyard.logs import LogRecord, LogStore
 from runyard.messaging import KafkaSettings
+from runyard.notification import firsterror
 from runyard.notification import store as tables
 from runyard.notification.app import NotificationApp, NotificationConfig
 from runyard.notification.ratelimit import Limits
 from runyard.notification.rules import Subscription
 
 from tests.feishu_fake import FeishuFake
+from tests.integration.test_gateway_routing import SERVICE_TOKEN, closed_port_url, log_service
 
 pytestmark = pytest.mark.integration
 
@@ -85,12 +87,18 @@ class Harness:
     clock: Clock
     config: NotificationConfig
     apps: list[NotificationApp] = field(default_factory=list)
+    #: Where the apps find the log service (`logs`: none until a test starts one).
+    endpoints: dict[str, str] = field(default_factory=dict)
 
     async def new_app(self, config: NotificationConfig | None = None) -> NotificationApp:
         """A fresh service instance (as after a restart): nothing kept in memory."""
         if config is not None and config.webhooks == WebhookPolicy():
             config = allowing(config, self.fake)
-        app = NotificationApp(self.store, config or self.config, clock=self.clock)
+        config = config or self.config
+        logs = firsterror.LogService(
+            self.endpoints, SERVICE_TOKEN, timeout_s=config.first_error_timeout_s
+        )
+        app = NotificationApp(self.store, config, clock=self.clock, logs=logs)
         await app.start()
         self.apps.append(app)
         return app
@@ -467,9 +475,8 @@ TRACEBACK_LOGS = [
 
 
 async def write_logs(h: Harness, task_id: str, lines: list[tuple[int, str]], run: int = 1) -> None:
-    """The log service's tables and a run's lines, as its ingester stores them."""
+    """A run's lines in the log service's tables, as its ingester stores them."""
     logs = LogStore(h.store.pool)
-    await logs.migrate()
     t0 = h.clock() - timedelta(minutes=5)
     await logs.ingest(
         [
@@ -479,8 +486,10 @@ async def write_logs(h: Harness, task_id: str, lines: list[tuple[int, str]], run
     )
 
 
-async def test_a_failed_tasks_card_shows_the_first_error_its_worker_and_layer(dsn: str) -> None:
-    async with harness(dsn) as h:
+async def test_a_failed_tasks_card_shows_the_first_error_its_worker_and_layer(
+    dsn: str, tmp_path: Path
+) -> None:
+    async with harness(dsn) as h, log_service(dsn, tmp_path, h.endpoints):
         sub = await signed_task_subscription(h, "failed")
         await h.tenant_subscription(h.fake.url("bot-plain"), "failed", text_only=True)
         await h.submit("fe-1", spec("collator", sub))
@@ -506,23 +515,26 @@ async def test_a_failed_tasks_card_shows_the_first_error_its_worker_and_layer(ds
         assert "likely layer: training_code (rule training.data)" in words
 
 
-async def test_a_failed_task_without_logs_still_alerts_without_a_first_error(dsn: str) -> None:
+async def test_a_failed_task_without_logs_still_alerts_without_a_first_error(
+    dsn: str, tmp_path: Path
+) -> None:
     async with harness(dsn) as h:
         sub = await signed_task_subscription(h, "failed")
-        # The log service never ran: there is no log table at all.
+        # No log service on this platform: no endpoint to ask.
         await h.submit("fe-2", spec("no-log-service", sub))
         await h.command("fe-2", Fail("fe-2", "worker 0 exited with status 1"))
         await h.run_until(lambda: _has_delivered(h, "fe-2"))
-        # The log service runs, but this task wrote nothing (another one did).
-        await write_logs(h, "someone-else", TRACEBACK_LOGS)
-        await h.submit("fe-3", spec("no-logs", sub))
-        await h.command("fe-3", Fail("fe-3", "image pull failed"))
-        await h.run_until(lambda: _has_delivered(h, "fe-3"))
-        # Logs, but no error among them (a calm run stopped by the platform).
-        await write_logs(h, "fe-4", TRACEBACK_LOGS[:3])
-        await h.submit("fe-4", spec("calm-logs", sub))
-        await h.command("fe-4", Fail("fe-4", "node lost"))
-        await h.run_until(lambda: _has_delivered(h, "fe-4"))
+        async with log_service(dsn, tmp_path, h.endpoints):
+            # The log service runs, but this task wrote nothing (another one did).
+            await write_logs(h, "someone-else", TRACEBACK_LOGS)
+            await h.submit("fe-3", spec("no-logs", sub))
+            await h.command("fe-3", Fail("fe-3", "image pull failed"))
+            await h.run_until(lambda: _has_delivered(h, "fe-3"))
+            # Logs, but no error among them (a calm run stopped by the platform).
+            await write_logs(h, "fe-4", TRACEBACK_LOGS[:3])
+            await h.submit("fe-4", spec("calm-logs", sub))
+            await h.command("fe-4", Fail("fe-4", "node lost"))
+            await h.run_until(lambda: _has_delivered(h, "fe-4"))
 
         cards = h.fake.accepted()
         assert [c.title for c in cards] == [
@@ -534,22 +546,47 @@ async def test_a_failed_task_without_logs_still_alerts_without_a_first_error(dsn
             assert "First error" not in card.text and "Likely layer" not in card.text
 
 
-async def test_a_broken_log_table_never_fails_the_alert(dsn: str) -> None:
+async def test_a_log_service_down_or_refusing_never_fails_the_alert(
+    dsn: str, tmp_path: Path
+) -> None:
     async with harness(dsn) as h:
-        # Not the log service's table: the lookup fails, the alert goes without it.
-        await h.store.pool.execute("CREATE TABLE log_lines (something_else int)")
         sub = await signed_task_subscription(h, "failed")
-        await h.submit("fe-5", spec("broken-logs", sub))
+        # The log service is down: nothing listens where it should answer.
+        h.endpoints["logs"] = closed_port_url()
+        await h.submit("fe-5", spec("logs-down", sub))
+        await write_logs_when_served(h, dsn, tmp_path, "fe-5")
         await h.command("fe-5", Fail("fe-5", "boom"))
         await h.run_until(lambda: _has_delivered(h, "fe-5"))
-        [card] = h.fake.accepted()
-        assert card.title == "broken-logs · failed" and "First error" not in card.text
+        # It answers, but not to this credential: a 401, and the card still goes.
+        own, other = h.app.logs, firsterror.LogService(h.endpoints, "not-the-credential")
+        assert own is not None
+        async with log_service(dsn, tmp_path, h.endpoints):
+            assert await other.lookup("fe-5", 1) is None
+            h.app.logs = other
+            await h.submit("fe-7", spec("logs-refusing", sub))
+            await write_logs(h, "fe-7", TRACEBACK_LOGS)
+            await h.command("fe-7", Fail("fe-7", "boom"))
+            await h.run_until(lambda: _has_delivered(h, "fe-7"))
+            # With the credential, the same service gives the error the cards went without.
+            known = await own.lookup("fe-7", 1)
+            assert known is not None and known.exception == "KeyError: 'input_ids'"
+        h.app.logs = own
+        await other.aclose()
+        cards = h.fake.accepted()
+        assert [c.title for c in cards] == ["logs-down · failed", "logs-refusing · failed"]
+        assert all("First error" not in card.text for card in cards)
+
+
+async def write_logs_when_served(h: Harness, dsn: str, tmp_path: Path, task_id: str) -> None:
+    """The task's traceback stored by a log service that is then gone again."""
+    async with log_service(dsn, tmp_path, {}):
+        await write_logs(h, task_id, TRACEBACK_LOGS)
 
 
 async def test_an_abnormal_tasks_huge_first_error_line_is_cut_and_the_card_fits(
-    dsn: str,
+    dsn: str, tmp_path: Path
 ) -> None:
-    async with harness(dsn) as h:
+    async with harness(dsn) as h, log_service(dsn, tmp_path, h.endpoints):
         sub = await signed_task_subscription(h, "abnormal")
         huge = "RuntimeError: shapes \x1b[31mdo not match\x1b[0m " + "[1024, 4096] " * 10_000
         await h.submit("fe-6", spec("huge-line", sub))

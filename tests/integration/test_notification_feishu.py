@@ -202,7 +202,7 @@ def test_the_log_services_answer_as_the_card_says_it() -> None:
         ],
         worker=3,
     )
-    fact = firsterror.fact(found)
+    fact = firsterror.fact(found.to_json())  # the log service's answer
     assert fact == FirstErrorFact(
         line="[rank0]: Traceback (most recent call last):",
         worker=3,
@@ -214,10 +214,12 @@ def test_the_log_services_answer_as_the_card_says_it() -> None:
     )
     assert "torch.OutOfMemoryError: CUDA out of memory" in found.after[2].line
     # A traceback cut short names no exception; any other line needs none.
-    cut_short = firsterror.fact(_found(["Traceback (most recent call last):", '  File "x.py"']))
+    cut_short = firsterror.fact(
+        _found(["Traceback (most recent call last):", '  File "x.py"']).to_json()
+    )
     assert cut_short.exception is None
     plain = firsterror.fact(
-        _found(["bash: line 1: cd: /workspace/proj: No such file or directory"])
+        _found(["bash: line 1: cd: /workspace/proj: No such file or directory"]).to_json()
     )
     assert (plain.layer, plain.rule, plain.exception) == (
         "launch_command",

@@ -89,6 +89,7 @@ async def world(dsn: str, tmp_path: Path) -> AsyncIterator[World]:
             yield World(gateway, client, pb_grpc.TasksStub(channel), tokens)
     finally:
         await server.stop(grace=None)
+        await app.state.owners.aclose()
         await gateway.close()
 
 

@@ -56,12 +56,14 @@ async def api(dsn: str, tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient
     token = await create_token(gateway.db, "t1", "alice", "member")
     endpoints: dict[str, str] = {}
     async with notification_service(dsn, config, endpoints):
-        transport = httpx.ASGITransport(app=create_app(gateway, endpoints))
+        app = create_app(gateway, endpoints)
+        transport = httpx.ASGITransport(app=app)
         headers = {"Authorization": f"Bearer {token}"}
         async with httpx.AsyncClient(
             transport=transport, base_url="http://gw", headers=headers
         ) as c:
             yield c, gateway
+        await app.state.owners.aclose()
     await gateway.close()
 
 

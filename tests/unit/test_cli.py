@@ -84,6 +84,7 @@ async def served_gateway(dsn: str) -> AsyncIterator[Served]:
         yield Served(f"http://127.0.0.1:{port}", token, gateway)
         server.should_exit = True
         await task
+        await app.state.owners.aclose()
         await gateway.close()
     await scheduler_store.close()
 
