@@ -16,7 +16,10 @@ placement is `WorkersAllocated` on the pool and `TaskPlaced` on the task in
 one transaction: two schedulers (or two decisions) can never take the same
 GPU, because the second append finds the pool stream moved on
 (`ConcurrencyError`); it then reads what changed and decides again. Memory is
-folded only after the append committed.
+folded only after the append committed. An append that fails otherwise (the
+database went away mid-call) may have committed all the same: its streams are
+read back before the next decision (`_settle`), so memory, and the views
+written from it, never stay behind the log after an outage.
 
 Reactions (by the task's state after the event, so a redelivered or replayed
 event changes nothing):
@@ -274,6 +277,9 @@ class SchedulerApp:
         #: Pools whose view rows were last written inside a consumer batch's transaction,
         #: which may yet roll back (an outage): the next tick writes them again.
         self._views_unconfirmed: set[str] = set()
+        #: Streams of an append whose outcome is unknown (the store failed mid-call: it
+        #: may have committed). Memory may be behind them; read before deciding again.
+        self._unsure: set[str] = set()
         self._lock = asyncio.Lock()
         #: Per task, the metadata of the last event seen on its stream, so what the
         #: scheduler writes for a task names its cause and keeps its correlation (R-62).
@@ -325,6 +331,7 @@ class SchedulerApp:
     async def place(self, pool_id: str, *, limit: int | None = None) -> int:
         """Run a placement pass on the pool now (at most `limit` placements); placements made."""
         async with self._lock:
+            await self._settle()
             placed = await self._pass(self._runtime(pool_id), self.clock(), limit=limit)
             await self._flush_views(None)
             return placed
@@ -387,6 +394,7 @@ class SchedulerApp:
         if event.type in IGNORED:
             return
         async with self._lock:
+            await self._settle()
             now = self.clock()
             self._cause = event.metadata.caused_by(event, ACTOR)
             if event.stream_id.startswith("task-"):
@@ -403,6 +411,7 @@ class SchedulerApp:
         write their views (with `defer_planning`, `handle` only records them).
         One pass places many tasks in one append instead of one append each."""
         async with self._lock:
+            await self._settle()
             now = self.clock()
             while self._replan:
                 await self._pass(self.pools[self._replan.pop()], now)
@@ -699,6 +708,7 @@ class SchedulerApp:
         """Time limits (R-08: max single queue duration), pending queue reports, and
         queue rows lost with a rolled-back transaction."""
         async with self._lock:
+            await self._settle()
             now = now or self.clock()
             for runtime in self.pools.values():
                 if self.write_views and runtime.unconfirmed:
@@ -811,6 +821,7 @@ class SchedulerApp:
     ) -> AdminResult:
         """Run an admin decision (it reads and appends on its own), then catch up and re-plan."""
         async with self._lock:
+            await self._settle()
             runtime = self._runtime(pool_id)
             now = self.clock()
             result = await operation(now)
@@ -890,7 +901,14 @@ class SchedulerApp:
                         self.tasks[task_id].version,
                     )
                 )
-        await self.store.append_many(requests)
+        try:
+            await self.store.append_many(requests)
+        except ConcurrencyError:
+            raise  # nothing was written
+        except BaseException:
+            # The store (or this task) failed mid-call: the append may have committed.
+            self._unsure.update(request.stream_id for request in requests)
+            raise
         if runtime is not None:
             for event in decision.pool_events:
                 evolve_pool(runtime.state, event)
@@ -914,6 +932,22 @@ class SchedulerApp:
         raise ConflictPersisted(
             f"gave up after {MAX_CONFLICT_RETRIES} conflicts", "the event will be retried"
         )
+
+    async def _settle(self) -> None:
+        """Catch memory up with the streams of appends whose outcome was unknown (after an
+        outage): what committed is folded in, so no decision repeats or misses it and the
+        views written from memory stay equal to the log's fold."""
+        now = self.clock()
+        for stream_id in sorted(self._unsure):  # pools first: a task's reconcile reads them
+            await self._refresh(stream_id)
+            if stream_id.startswith("pool-"):
+                self._dirty.add(stream_id.removeprefix("pool-"))
+            else:  # what the task asks now (a finished one is forgotten, as usual)
+                task_id = stream_id.removeprefix("task-")
+                pool_id = await self._retrying(lambda t=task_id: self._reconcile(t, now), [])
+                if pool_id is not None:
+                    self._dirty.add(pool_id)
+            self._unsure.discard(stream_id)
 
     async def _refresh(self, stream_id: str) -> None:
         if stream_id.startswith("pool-"):

@@ -513,6 +513,53 @@ async def test_admin_cordon_and_remove(dsn: str) -> None:
         assert view is not None and view["capacity"]["nodes"] == 5
 
 
+class CommitsThenFails(PostgresEventStore):
+    """A store whose next multi-stream append commits, then raises as a connection lost
+    before the answer would: the caller cannot tell whether it was written."""
+
+    armed = False
+
+    async def append_many(self, requests: Any) -> Any:
+        result = await super().append_many(requests)
+        if self.armed:
+            self.armed = False
+            raise ConnectionResetError("connection lost after the commit")
+        return result
+
+
+async def test_an_append_of_unknown_outcome_is_read_back_before_the_next_decision(
+    dsn: str,
+) -> None:
+    clock = Clock()
+    store = await CommitsThenFails.connect(dsn, default_mapper())
+    app = SchedulerApp(store, parse_pools(POOLS), clock=clock)
+    await app.start()
+    h = Harness(store, [app], clock)
+    try:
+        await h.submit("t1", spec("8gpu"))
+        assert (await h.pool()).free_gpus == 24
+        state = fold(await h.events("task-t1"))
+        succeeded = await h.append("t1", [TaskSucceeded(run=state.run, attempt=state.attempt)])
+        store.armed = True  # the release commits, its answer is lost
+        with pytest.raises(ConnectionResetError):
+            await h.deliver(succeeded)
+        await h.deliver(succeeded)  # the consumer hands the event over again
+        await app.tick()
+        released = [e for e in await h.events("pool-dev-a100") if e.type == "WorkersReleased"]
+        assert len(released) == 1  # released once, not again
+        assert (await h.pool()).free_gpus == 32
+        rebuilt = SchedulerApp(store, parse_pools(POOLS), clock=clock, write_views=False)
+        await rebuilt.start()
+        assert app.view("dev-a100") == rebuilt.view("dev-a100")
+        view = await read_pool_view(store.pool, "dev-a100")
+        assert view is not None and view["capacity"]["free_gpus"] == 32
+        # Memory goes on from the log: the next task is placed on the freed GPUs.
+        await h.submit("t2", spec("8gpu", count=4))
+        assert (await h.types("t2"))[-1] == "TaskPlaced"
+    finally:
+        await store.close()
+
+
 async def test_two_schedulers_racing_on_one_pool_never_double_book(dsn: str) -> None:
     async with harness(dsn, apps=2) as h:
         shapes = ["1gpu", "2gpu", "4gpu", "8gpu"]
