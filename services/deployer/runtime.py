@@ -89,9 +89,8 @@ running `bash --login -c "<launch command>"`:
   how the two streams interleave), so a line the pump dropped leaves a gap,
   two identical lines in one microsecond stay two, and a new deployer that
   re-reads lines after the last saved offset gives them the same numbers as
-  before (they are recognisable as repeats; the log store's unique key also
-  holds the time, so such a repeat is stored again, see docs/logs.md). The
-  next number is saved with the offsets;
+  before (the log store skips such a repeat: it looks its identity up around
+  its time, docs/logs.md). The next number is saved with the offsets;
   a deployment whose saved offsets have no number (an older deployer) goes
   on without `seq`. Env check lines (pipes, never re-read) have none;
 - recovery: `<scratch_root>/<task>/run<r>-a<a>/state.json` records the phase

@@ -2,8 +2,10 @@
 retention, paged queries and the first error.
 
 Ingest is one multi-row `INSERT ... SELECT FROM unnest(...) ON CONFLICT DO
-NOTHING` per batch: a redelivered line hits the unique `(at, dedupe)` index
-and is skipped. Partitions are one per UTC day, created ahead of time and on
+NOTHING` per batch: a redelivered line hits the unique `(dedupe, at)` index
+and is skipped. A numbered line (`seq`) read again by a new deployer has the
+same `dedupe` and a later `at`: it is skipped when a line of that identity is
+stored within `REPEAT_WINDOW` of it (and a batch keeps the first of several). Partitions are one per UTC day, created ahead of time and on
 demand for the days a batch touches; retention drops whole partitions.
 """
 
@@ -26,10 +28,18 @@ from runyard.logs.search import LogQuery, Position, count_sql, page_sql
 
 DEFAULT_RETENTION_DAYS = 30
 _PARTITION = re.compile(r"^log_lines_p(\d{8})$")
+#: How far apart in time a numbered line and its repeat may be stored (a deployer
+#: reads a worker's file again after a restart: seconds to hours later).
+REPEAT_WINDOW = timedelta(days=2)
 _INSERT = """
 INSERT INTO log_lines (at, task_id, run, attempt, worker, stream, seq, dedupe, line)
-SELECT * FROM unnest($1::timestamptz[], $2::text[], $3::int[], $4::int[], $5::int[],
-                     $6::text[], $7::bigint[], $8::uuid[], $9::text[])
+SELECT r.* FROM unnest($1::timestamptz[], $2::text[], $3::int[], $4::int[], $5::int[],
+                       $6::text[], $7::bigint[], $8::uuid[], $9::text[])
+    AS r(at, task_id, run, attempt, worker, stream, seq, dedupe, line)
+WHERE r.seq IS NULL OR NOT EXISTS (
+    SELECT 1 FROM log_lines l
+    WHERE l.dedupe = r.dedupe AND l.at BETWEEN r.at - $10::interval AND r.at + $10::interval
+)
 ON CONFLICT DO NOTHING
 """
 
@@ -215,7 +225,13 @@ class LogStore:
         """Store a batch; return how many lines were new (redelivered ones are skipped).
         Lines already past retention are dropped."""
         cutoff = self.cutoff(now or datetime.now(UTC))
-        keep = [r for r in records if r.at >= cutoff]
+        keep, numbered = [], set()
+        for r in records:
+            if r.at < cutoff or (r.seq is not None and r.dedupe in numbered):
+                continue  # past retention, or a repeat of a line earlier in the batch
+            if r.seq is not None:
+                numbered.add(r.dedupe)
+            keep.append(r)
         if not keep:
             return 0
         await self.ensure_partitions(r.at.astimezone(UTC).date() for r in keep)
@@ -230,6 +246,7 @@ class LogStore:
             [r.seq for r in keep],
             [r.dedupe for r in keep],
             [r.line for r in keep],
+            REPEAT_WINDOW,
         )
         return int(result.rsplit(" ", 1)[-1])
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -108,3 +109,17 @@ async def test_a_new_deployer_numbers_on_where_the_last_one_stopped(world: World
     assert await app2.reconcile() == ["resume"]
     await asyncio.wait_for(app2.drain(), 8)
     assert [(x.line, x.seq) for x in world.lines] == [("one", 0), ("two", 1), ("three", 2)]
+
+
+async def test_a_numbered_line_read_again_later_is_stored_once(store: LogStore) -> None:
+    first = numbered("step", range(4))
+    assert await store.ingest(first) == 4
+    # A new deployer reads the file again from an older offset: the same numbers,
+    # read (and stamped) seconds later. Only the lines not stored yet are new.
+    later = [replace(r, at=r.at + timedelta(seconds=7)) for r in numbered("step", range(2, 6))]
+    assert await store.ingest(later) == 2
+    # Twice in one batch, at two times: the first is kept.
+    twice = numbered("step", range(6, 7))
+    twice += [replace(twice[0], at=twice[0].at + timedelta(seconds=1))]
+    assert await store.ingest(twice) == 1
+    assert await store.count(LogQuery("t-seq")) == 7
