@@ -1,8 +1,11 @@
 """End-to-end benchmark: trivial tasks through the whole platform (issue 5, item 4).
 
-Runs what `runyard up` runs (`runyard.stack.up.run_platform`: outbox relay,
-gateway, scheduler, deployer with the local runtime, and whatever other
-service is built) in this process, on the embedded stack: a Postgres with its
+Runs what `runyard up` runs (outbox relay, gateway, submission, scheduler,
+deployer with the local runtime, fault tolerance, logs, notification) in one
+of two layouts, `--layout`: `processes` (the default), every service a child
+process as `runyard up` supervises them (`runyard.stack.supervisor`, each on a
+free port); `one-process`, all in this process (`runyard.stack.up.run_platform`,
+what `--profile` profiles). On the embedded stack: a Postgres with its
 default durability (DATABASE_URL, or an embedded one started here in a temp
 dir) and a Kafka-compatible broker (KAFKA_BOOTSTRAP_SERVERS, or an embedded
 Tansu). The config is infra/config copied to a temp dir plus a bench-only
@@ -21,7 +24,8 @@ deploy stages, the worker's run), the HTTP submit rate, and with `--profile`
 the top functions of a cProfile of this (single) process.
 
 `--quick` runs n=300. The last line is exactly
-`e2e: tasks=<n> tasks_per_s=<x> submit_to_running_p50_ms=<a> submit_to_running_p99_ms=<b>`.
+`e2e: layout=<layout> tasks=<n> tasks_per_s=<x> submit_to_running_p50_ms=<a>
+submit_to_running_p99_ms=<b>` (one line).
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ from runyard.api.auth import create_token
 from runyard.messaging import KafkaSettings, Topics
 from runyard.stack.context import ServiceContext
 from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres
+from runyard.stack.serve import SERVICE_NAMES, load_runner
+from runyard.stack.supervisor import Supervisor, free_endpoints, service_specs
 from runyard.stack.up import run_platform
 
 REPO = Path(__file__).resolve().parents[1]
@@ -280,8 +286,23 @@ def report_breakdown(times: dict[str, dict[str, float]]) -> None:
             )
 
 
+async def supervised(ctx: ServiceContext) -> None:
+    """Every built service as a child process, until cancelled (then all stopped); a
+    child that exits ends the run with an error."""
+    names = [name for name in SERVICE_NAMES if load_runner(name) is not None]
+    free_endpoints(ctx, names)
+    supervisor = Supervisor(service_specs(ctx, names), restart=False, grace_s=15)
+    try:
+        await supervisor.start()
+        while not (exited := supervisor.exited()):  # noqa: ASYNC110 (its state, polled)
+            await asyncio.sleep(0.2)
+        raise RuntimeError(f"service processes exited: {exited}")
+    finally:
+        await supervisor.stop()
+
+
 async def bench(
-    n: int, concurrency: int, server_dsn: str, bootstrap: str, home: Path
+    n: int, concurrency: int, server_dsn: str, bootstrap: str, home: Path, layout: str
 ) -> tuple[float, float, float]:
     dsn = await fresh_database(server_dsn)
     kafka = KafkaSettings(bootstrap=bootstrap, topics=Topics(f"b{uuid.uuid4().hex[:8]}."))
@@ -293,7 +314,8 @@ async def bench(
         config_dir=bench_config(home / "config", n + 8),
         settings={"http_port": port, "grpc_port": grpc_port},
     )
-    run = asyncio.create_task(run_platform(ctx), name="platform")
+    platform = supervised(ctx) if layout == "processes" else run_platform(ctx)
+    run = asyncio.create_task(platform, name="platform")
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     db = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
     try:
@@ -342,6 +364,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="n=300")
     parser.add_argument("-n", type=int, default=1000, help="tasks (default 1000)")
     parser.add_argument("--concurrency", type=int, default=32, help="HTTP requests in flight")
+    parser.add_argument(
+        "--layout",
+        choices=("processes", "one-process"),
+        default="processes",
+        help="every service its own process (as `runyard up`), or all in this one",
+    )
     parser.add_argument("--profile", action="store_true", help="cProfile the run, print the top")
     parser.add_argument("--keep", action="store_true", help="keep the temp dirs")
     parser.add_argument(
@@ -360,7 +388,9 @@ def main() -> None:
         with infrastructure(args.keep, pg_settings) as (server_dsn, bootstrap):
             if profiler is not None:
                 profiler.enable()
-            rate, p50, p99 = asyncio.run(bench(n, args.concurrency, server_dsn, bootstrap, home))
+            rate, p50, p99 = asyncio.run(
+                bench(n, args.concurrency, server_dsn, bootstrap, home, args.layout)
+            )
             if profiler is not None:
                 profiler.disable()
     finally:
@@ -373,8 +403,8 @@ def main() -> None:
         stats.sort_stats("cumulative").print_stats(45)
         print(out.getvalue())
     print(
-        f"e2e: tasks={n} tasks_per_s={rate:.1f} submit_to_running_p50_ms={p50:.0f}"
-        f" submit_to_running_p99_ms={p99:.0f}"
+        f"e2e: layout={args.layout} tasks={n} tasks_per_s={rate:.1f}"
+        f" submit_to_running_p50_ms={p50:.0f} submit_to_running_p99_ms={p99:.0f}"
     )
 
 

@@ -38,6 +38,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from runyard.stack.context import ROLE_DSN_VARIABLES, ServiceContext
+from runyard.stack.embedded import free_port
 from runyard.stack.processes import (
     ProcessIdentity,
     boot_id,
@@ -242,6 +243,20 @@ def _signal_group(child: Child, sig: int) -> None:
         return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(child.process.pid, sig)
+
+
+def free_endpoints(ctx: ServiceContext, names: Sequence[str], host: str = "127.0.0.1") -> None:
+    """A free port for each service of `names` (the gateway keeps its `http_port`) and
+    for the submission service's gRPC API, in `ctx.settings` and `ctx.endpoints`: the
+    ports of a platform whose services start as children on one host beside others
+    (tests, benchmarks), where `runyard up`'s fixed ports could be taken."""
+    for name in names:
+        if name != "gateway":
+            ctx.settings[f"{name}_port"] = port = free_port(host)
+            ctx.endpoints[name] = f"http://{host}:{port}"
+    ctx.endpoints["gateway"] = f"http://{host}:{ctx.settings['http_port']}"
+    ctx.settings["submission_grpc_port"] = port = free_port(host)
+    ctx.endpoints["submission-grpc"] = f"{host}:{port}"
 
 
 def service_specs(ctx: ServiceContext, names: Sequence[str]) -> list[ChildSpec]:

@@ -16,6 +16,7 @@ SERVING once started) and server reflection.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import uuid
@@ -470,8 +471,11 @@ class TasksService(pb_grpc.TasksServicer):  # type: ignore[misc]  # generated, u
                 params["cursor"] = request.cursor
             path = _task_path(request.task_id, "logs/follow")
             pages = await self.owners.lines("logs", path, token=_token(context), params=params)
-            async for page in pages:
-                yield log_page_message(page)
+            # closed here, not when collected: a client that goes away mid-stream gives
+            # the connection to the log service back at once
+            async with contextlib.aclosing(pages) as stream:
+                async for page in stream:
+                    yield log_page_message(page)
         except Exception as exc:
             await _abort(context, exc)
 

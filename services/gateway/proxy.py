@@ -56,7 +56,6 @@ from runyard.api.errors import (
     Unavailable,
 )
 from runyard.telemetry import current_trace_context
-from starlette.background import BackgroundTask
 
 #: How each owner is named in a hint.
 SERVICE_NAMES = {
@@ -326,12 +325,24 @@ async def forward(owners: Owners, route: Route, request: HttpRequest) -> Streami
         content=await request.body(),
         stream=route.stream,
     )
-    return StreamingResponse(
-        _raw(route.owner, answer),
-        status_code=answer.status_code,
-        headers=answer_headers(answer),
-        background=BackgroundTask(answer.aclose),
-    )
+    return OwnerAnswer(answer, route.owner)
+
+
+class OwnerAnswer(StreamingResponse):
+    """An owner's answer streamed back as it comes. The owner's response is closed when
+    this one ends, however it ends: sent whole, cut short, or the client gone."""
+
+    def __init__(self, answer: httpx.Response, owner: str) -> None:
+        super().__init__(
+            _raw(owner, answer), status_code=answer.status_code, headers=answer_headers(answer)
+        )
+        self.answer = answer
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.answer.aclose()
 
 
 async def _raw(owner: str, answer: httpx.Response) -> AsyncIterator[bytes]:

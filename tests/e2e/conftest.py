@@ -6,13 +6,18 @@ runtime, fault tolerance, logs, notification) on the `dsn` and `kafka`
 fixtures, with a copy of infra/config in the test's temp folder (a short stop
 grace), and gives the test an HTTP client and an admin token of tenant `e2e`.
 
-Layouts (RUNYARD_E2E_LAYOUT):
-- `processes` (the default): each service is a child process
-  (`python -m runyard.stack.serve <name>`, started together, each on a free
-  port, every URL in RUNYARD_ENDPOINTS), as `runyard up` runs them; a child
-  that exits fails the test, and none outlives it (its process group is
-  killed at teardown, whatever happened);
+Layouts:
+- `processes`: each service is a child process (`python -m runyard.stack.serve
+  <name>`, started together, each on a free port, every URL in
+  RUNYARD_ENDPOINTS), as `runyard up` runs them; a child that exits fails the
+  test, and none outlives it (its process group is killed at teardown,
+  whatever happened);
 - `one-process`: all in the test's event loop (`run_platform`).
+A test marked `processes` (those whose path crosses services the most: stack
+capture, alert cards with the first error, DDP, a task's whole life) always
+runs in the `processes` layout; the others run in RUNYARD_E2E_LAYOUT's
+(default `one-process`, a few seconds less per test). RUNYARD_E2E_LAYOUT=processes
+runs the whole suite with every service in its own process.
 The platform is ready when every service answers /readyz with 200.
 
 Tests talk to the gateway's HTTP API only, and look at the OS for worker
@@ -35,7 +40,7 @@ import shutil
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +53,7 @@ from runyard.api.auth import create_token
 from runyard.messaging import KafkaSettings
 from runyard.stack.context import ServiceContext
 from runyard.stack.serve import SERVICE_NAMES, load_runner
-from runyard.stack.supervisor import Supervisor, service_specs
+from runyard.stack.supervisor import Supervisor, free_endpoints, service_specs
 from runyard.stack.up import run_platform, wait_ready
 
 from tests.e2e.audit import assert_audit_chain
@@ -156,7 +161,20 @@ class Platform:
         self.check()
 
 
-LAYOUT = os.environ.get("RUNYARD_E2E_LAYOUT", "processes")
+LAYOUT = os.environ.get("RUNYARD_E2E_LAYOUT", "one-process")
+#: The layout of the running test (`layout` below).
+_layout = LAYOUT
+
+
+@pytest.fixture(autouse=True)
+def layout(request: pytest.FixtureRequest) -> Iterator[str]:
+    """This test's layout: `processes` when it is marked so, else RUNYARD_E2E_LAYOUT's."""
+    global _layout
+    _layout = "processes" if request.node.get_closest_marker("processes") else LAYOUT
+    try:
+        yield _layout
+    finally:
+        _layout = LAYOUT
 
 
 def built_services() -> list[str]:
@@ -183,18 +201,6 @@ async def _in_process(ctx: ServiceContext, names: list[str]) -> AsyncIterator[Ca
         run.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await run
-
-
-def free_endpoints(ctx: ServiceContext, names: list[str]) -> None:
-    """A free port for each service of `names` (the gateway: `http_port`) and the
-    submission service's gRPC API, in `ctx.settings` and `ctx.endpoints`."""
-    for name in names:
-        if name != "gateway":
-            ctx.settings[f"{name}_port"] = free_port()
-            ctx.endpoints[name] = f"http://127.0.0.1:{ctx.settings[f'{name}_port']}"
-    ctx.endpoints["gateway"] = f"http://127.0.0.1:{ctx.settings['http_port']}"
-    ctx.settings["submission_grpc_port"] = free_port()
-    ctx.endpoints["submission-grpc"] = f"127.0.0.1:{ctx.settings['submission_grpc_port']}"
 
 
 def kill_groups(supervisor: Supervisor) -> None:
@@ -245,7 +251,7 @@ async def running_platform(
     )
     ctx.data_dir.mkdir(parents=True, exist_ok=True)
     names = built_services()
-    layout = _in_process if LAYOUT == "one-process" else _processes
+    layout = _in_process if _layout == "one-process" else _processes
     async with (
         layout(ctx, names) as check,
         httpx.AsyncClient(

@@ -45,6 +45,7 @@ for i in $(seq 1 120); do echo "step $((50 + i))"; sleep 0.5; done
 FT_EVENTS = ("HangDetected", "TaskRestartScheduled", "ResumeObserved")
 
 
+@pytest.mark.processes
 async def test_every_event_of_a_task_leads_back_to_its_submission_or_its_stop(
     ft_platform: Platform,
 ) -> None:

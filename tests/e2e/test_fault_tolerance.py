@@ -193,6 +193,7 @@ EOF"""
 
 
 @pytest.mark.skipif(py_spy_binary() is None, reason="py-spy is not installed")
+@pytest.mark.processes  # fault tolerance, deployer and gateway apart: stacks by command
 async def test_a_hang_is_detected_its_stacks_captured_and_the_task_restarted(
     ft_platform: Platform,
 ) -> None:

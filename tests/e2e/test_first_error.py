@@ -124,6 +124,7 @@ async def card_of(feishu: FeishuFake, task_id: str, within: float = 60.0) -> str
         await asyncio.sleep(0.2)
 
 
+@pytest.mark.processes
 async def test_the_first_error_names_the_exception_not_the_numpy_warning(
     platform_and_feishu: tuple[Platform, FeishuFake],
 ) -> None:

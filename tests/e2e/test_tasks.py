@@ -34,6 +34,7 @@ def at(event: dict[str, Any]) -> datetime:
     return datetime.fromisoformat(event["occurred_at"])
 
 
+@pytest.mark.processes
 async def test_echo_hello_succeeds_with_every_stage_timed_and_attributed(
     platform: Platform,
 ) -> None:
@@ -163,6 +164,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.processes
 async def test_pytorch_ddp_gloo_all_reduce_on_two_workers(platform: Platform) -> None:
     pytest.importorskip("torch")
     logs = AIOKafkaConsumer(

@@ -129,6 +129,7 @@ class Target:
 
     def close(self) -> None:
         self.runner.run(self.client.aclose())
+        self.runner.run(self.app.state.owners.aclose())  # its connections to the owners
         self.runner.run(self.gateway.close())
         self.runner.run(self.owners.aclose())
         self.runner.close()

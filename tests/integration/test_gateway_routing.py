@@ -15,6 +15,7 @@ the other tests of these routes start their owners with.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import socket
 from collections.abc import AsyncIterator
@@ -192,10 +193,14 @@ def auth(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
+#: Line numbers as the deployer gives them: each line of a worker's file its own.
+_SEQ = itertools.count()
+
+
 async def ingest(store: LogStore, task_id: str, *texts: str) -> None:
     now = datetime.now(UTC)
     await store.ingest(
-        [LogRecord(now, task_id, 1, 1, 0, "stdout", text, seq=i) for i, text in enumerate(texts)]
+        [LogRecord(now, task_id, 1, 1, 0, "stdout", text, seq=next(_SEQ)) for text in texts]
     )
 
 

@@ -34,16 +34,16 @@ from runyard.messaging import KafkaSettings
 from runyard.stack.context import ServiceContext
 from runyard.stack.processes import ProcessIdentity
 from runyard.stack.serve import service_migrations
-from runyard.stack.supervisor import ChildSpec, Supervisor, restart_delay, service_specs
+from runyard.stack.supervisor import (
+    ChildSpec,
+    Supervisor,
+    free_endpoints,
+    restart_delay,
+    service_specs,
+)
 from runyard.stack.up import wait_ready
 
-from tests.e2e.conftest import (
-    built_services,
-    copy_config,
-    free_endpoints,
-    free_port,
-    kill_groups,
-)
+from tests.e2e.conftest import built_services, copy_config, free_port, kill_groups
 
 pytestmark = pytest.mark.integration
 
