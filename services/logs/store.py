@@ -5,8 +5,9 @@ Ingest is one multi-row `INSERT ... SELECT FROM unnest(...) ON CONFLICT DO
 NOTHING` per batch: a redelivered line hits the unique `(dedupe, at)` index
 and is skipped. A numbered line (`seq`) read again by a new deployer has the
 same `dedupe` and a later `at`: it is skipped when a line of that identity is
-stored within `REPEAT_WINDOW` of it (and a batch keeps the first of several). Partitions are one per UTC day, created ahead of time and on
-demand for the days a batch touches; retention drops whole partitions.
+stored within `REPEAT_WINDOW` of it (and a batch keeps the first of several).
+Partitions are one per UTC day, created ahead of time and on demand for the
+days a batch touches; retention drops whole partitions.
 """
 
 from __future__ import annotations
