@@ -198,6 +198,7 @@ async def serve_service(
 ) -> None:
     """Serve `app` as service `name` until cancelled; its URL is `endpoints[name]`
     meanwhile."""
+    given = isinstance(settings.get(f"{name}_socket"), socket.socket)
     sock = bind(name, settings)
     url = endpoints[name] = url_of(sock)
     server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="off"))
@@ -211,3 +212,5 @@ async def serve_service(
             await asyncio.gather(serving, return_exceptions=True)
         if endpoints.get(name) == url:
             endpoints.pop(name, None)
+        if not given:  # bound here: closed here, whether uvicorn ever took it or not
+            sock.close()

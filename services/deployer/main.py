@@ -122,7 +122,11 @@ async def run(ctx: ServiceContext) -> None:
     # The port first (see runyard.faulttolerance.main: a given port is only free so long).
     sock = bind("deployer", ctx.settings)
     settings = {**ctx.settings, "deployer_socket": sock}
-    store = await PostgresEventStore.connect(ctx.dsn, ctx.mapper, min_size=2, max_size=8)
+    try:
+        store = await PostgresEventStore.connect(ctx.dsn, ctx.mapper, min_size=2, max_size=8)
+    except BaseException:  # cancelled or failed while connecting: the port goes back
+        sock.close()
+        raise
     broker = make_broker(ctx.kafka)
     logs_topic = ctx.kafka.topics.logs
 

@@ -94,7 +94,11 @@ async def run(ctx: ServiceContext) -> None:
     # only free until something else (an outgoing connection) takes it.
     sock = bind(NAME, ctx.settings)
     settings = {**ctx.settings, f"{NAME}_socket": sock}
-    store = await PostgresEventStore.connect(ctx.dsn, ctx.mapper, min_size=2, max_size=8)
+    try:
+        store = await PostgresEventStore.connect(ctx.dsn, ctx.mapper, min_size=2, max_size=8)
+    except BaseException:  # cancelled or failed while connecting: the port goes back
+        sock.close()
+        raise
     broker = make_broker(ctx.kafka)
     background: list[asyncio.Task[None]] = []
     try:
