@@ -25,7 +25,6 @@ conflicts with anything another instance appended since (see
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 
@@ -45,6 +44,9 @@ log = logging.getLogger("runyard.scheduler")
 NAME = "scheduler"
 CONSUMER = "scheduler"
 TICK_S = 5.0
+#: How long the end of a term waits for its consumer to stop (its handler may be waiting
+#: out a database outage: the term's events must not be left to it).
+TERM_STOP_S = 120.0
 
 
 class SchedulerService:
@@ -89,8 +91,13 @@ class SchedulerService:
                 await retrying(app.tick, component="scheduler tick")  # outages are waited out
         finally:
             self.app = None
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(broker.stop(), 10)
+            # The consumer must be gone before another term starts: one left running
+            # (its handler waiting out an outage when the lease was lost) would keep
+            # partitions for this term's app, and its events would never reach the next.
+            try:
+                await asyncio.wait_for(broker.stop(), TERM_STOP_S)
+            except Exception:
+                log.exception("scheduler: the term's consumer did not stop")
 
     async def ready(self) -> Mapping[str, float]:
         """Ready when its database answers, active or standby (both serve the routes)."""

@@ -283,12 +283,6 @@ async def test_kill_9_of_the_platform(chaos_stack: ChaosStack) -> None:
     await run_scenario(chaos_stack, "platform_kill", kill_the_platform)
 
 
-@pytest.mark.xfail(
-    strict=False,  # every task comes through, exits on time; most runs end with this (below)
-    reason="after a 20 s Postgres outage the scheduler's in-memory pool state can end one GPU"
-    " short of the log's fold (its view, written from memory, says free_gpus 31 where a"
-    " rebuild says 32): a release decided around the outage is not in its memory",
-)
 async def test_postgres_outage_of_20_s(chaos_stack: ChaosStack) -> None:
     await run_scenario(chaos_stack, "postgres_outage", postgres_outage)
 
