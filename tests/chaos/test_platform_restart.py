@@ -52,14 +52,25 @@ TERMINAL = {"succeeded", "failed", "stopped"}
 
 
 def postmasters(data_dir: Path) -> list[int]:
-    """Live postmasters serving `data_dir` (what `postgres -D <dir>` runs as)."""
-    return _live(
+    """Live postmasters serving `data_dir` (what `postgres -D <dir>` runs as). A backend
+    the postmaster has just forked has its command line until it sets its title: one
+    whose parent is such a process is its child, not a second server."""
+    found = _live(
         lambda argv: (
             Path(argv[0]).name == "postgres"
             and "-D" in argv[:-1]
             and Path(argv[argv.index("-D") + 1]).resolve() == data_dir.resolve()
         )
     )
+    return [pid for pid in found if _parent(pid) not in found]
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state
 
 
 def brokers(port: int) -> list[int]:
