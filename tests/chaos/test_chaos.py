@@ -292,8 +292,8 @@ async def test_postgres_outage_of_20_s(chaos_stack: ChaosStack) -> None:
     reason="output lines the deployer published to the embedded broker but the log service"
     " had not stored yet are lost with the broker's memory: worker output goes to"
     " runyard.logs directly, and no one republishes it after a broker loss (events are"
-    " republished from the consumers' positions; log lines would need the log service's"
-    " stored offsets and a store that drops repeats by seq)",
+    " republished from the consumers' positions; the log store drops repeated lines by"
+    " seq, but the deployer does not read its workers' files again after a loss)",
 )
 async def test_broker_killed_and_restarted(chaos_stack: ChaosStack) -> None:
     await run_scenario(chaos_stack, "broker_restart", kill_the_broker)
