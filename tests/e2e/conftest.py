@@ -234,9 +234,10 @@ async def _processes(ctx: ServiceContext, names: list[str]) -> AsyncIterator[Cal
 
 @contextlib.asynccontextmanager
 async def running_platform(
-    dsn: str, kafka: KafkaSettings, home: Path, **settings: Any
+    dsn: str, kafka: KafkaSettings, home: Path, *, layout: str | None = None, **settings: Any
 ) -> AsyncIterator[Platform]:
-    """The platform on `dsn` / `kafka` with config and data under `home`."""
+    """The platform on `dsn` / `kafka` with config and data under `home`, in `layout`
+    (default: the running test's, see `layout` above)."""
     ctx = ServiceContext(
         dsn=dsn,
         kafka=kafka,
@@ -251,9 +252,9 @@ async def running_platform(
     )
     ctx.data_dir.mkdir(parents=True, exist_ok=True)
     names = built_services()
-    layout = _in_process if _layout == "one-process" else _processes
+    start = _in_process if (layout or _layout) == "one-process" else _processes
     async with (
-        layout(ctx, names) as check,
+        start(ctx, names) as check,
         httpx.AsyncClient(
             base_url=f"http://127.0.0.1:{ctx.settings['http_port']}", timeout=30
         ) as http,

@@ -34,7 +34,7 @@ COMMAND = 'echo "key ${WANDB_API_KEY:-EMPTY}"'
 
 @pytest.fixture
 async def platform(dsn: str, kafka: KafkaSettings, tmp_path: Path) -> AsyncIterator[Platform]:
-    async with running_platform(dsn, kafka, tmp_path) as running:
+    async with running_platform(dsn, kafka, tmp_path, layout="processes") as running:
         yield running
 
 

@@ -46,7 +46,7 @@ async def platform(dsn: str, kafka: KafkaSettings) -> AsyncIterator[Platform]:
     home = Path(tempfile.mkdtemp(prefix="runyard-isolation-", dir=build))
     home.chmod(0o755)
     try:
-        async with running_platform(dsn, kafka, home) as running:
+        async with running_platform(dsn, kafka, home, layout="processes") as running:
             if not build_runtime(running.ctx).namespaces:
                 pytest.skip("this machine does not permit sandboxed workers (unshare)")
             running.ctx.data_dir.mkdir(parents=True, exist_ok=True)
