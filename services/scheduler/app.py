@@ -45,8 +45,9 @@ position or reason, which are derived data.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
@@ -330,8 +331,7 @@ class SchedulerApp:
 
     async def place(self, pool_id: str, *, limit: int | None = None) -> int:
         """Run a placement pass on the pool now (at most `limit` placements); placements made."""
-        async with self._lock:
-            await self._settle()
+        async with self._turn():
             placed = await self._pass(self._runtime(pool_id), self.clock(), limit=limit)
             await self._flush_views(None)
             return placed
@@ -393,8 +393,7 @@ class SchedulerApp:
         """
         if event.type in IGNORED:
             return
-        async with self._lock:
-            await self._settle()
+        async with self._turn():
             now = self.clock()
             self._cause = event.metadata.caused_by(event, ACTOR)
             if event.stream_id.startswith("task-"):
@@ -410,8 +409,7 @@ class SchedulerApp:
         """End of a consumer batch: plan every pool the batch touched, once, and
         write their views (with `defer_planning`, `handle` only records them).
         One pass places many tasks in one append instead of one append each."""
-        async with self._lock:
-            await self._settle()
+        async with self._turn():
             now = self.clock()
             while self._replan:
                 await self._pass(self.pools[self._replan.pop()], now)
@@ -707,8 +705,7 @@ class SchedulerApp:
     async def tick(self, now: datetime | None = None) -> None:
         """Time limits (R-08: max single queue duration), pending queue reports, and
         queue rows lost with a rolled-back transaction."""
-        async with self._lock:
-            await self._settle()
+        async with self._turn():
             now = now or self.clock()
             for runtime in self.pools.values():
                 if self.write_views and runtime.unconfirmed:
@@ -820,8 +817,7 @@ class SchedulerApp:
         self, pool_id: str, operation: Callable[[datetime], Awaitable[AdminResult]]
     ) -> AdminResult:
         """Run an admin decision (it reads and appends on its own), then catch up and re-plan."""
-        async with self._lock:
-            await self._settle()
+        async with self._turn():
             runtime = self._runtime(pool_id)
             now = self.clock()
             result = await operation(now)
@@ -932,6 +928,13 @@ class SchedulerApp:
         raise ConflictPersisted(
             f"gave up after {MAX_CONFLICT_RETRIES} conflicts", "the event will be retried"
         )
+
+    @contextlib.asynccontextmanager
+    async def _turn(self) -> AsyncIterator[None]:
+        """One decision-making turn: the lock, and memory caught up first (`_settle`)."""
+        async with self._lock:
+            await self._settle()
+            yield
 
     async def _settle(self) -> None:
         """Catch memory up with the streams of appends whose outcome was unknown (after an
