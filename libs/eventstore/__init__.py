@@ -1,9 +1,11 @@
 """The event store: the system of record of Runyard.
 
 Public surface: the `EventStore` interface with its Postgres and in-memory
-implementations, expected-version markers, results, and typed errors.
+implementations, expected-version markers, results, typed errors, and the
+read-decide-append loop every writer uses (`decide_and_append`).
 """
 
+from runyard.eventstore.decisions import Decision, TaskCommands, decide_and_append
 from runyard.eventstore.errors import (
     ConcurrencyError,
     DuplicateEventError,
@@ -42,6 +44,7 @@ __all__ = [
     "AppendResult",
     "Backoff",
     "ConcurrencyError",
+    "Decision",
     "DuplicateEventError",
     "EventStore",
     "EventStoreError",
@@ -55,7 +58,9 @@ __all__ = [
     "StoreUnavailable",
     "StoredEvent",
     "StreamNotFound",
+    "TaskCommands",
     "apply_migrations",
+    "decide_and_append",
     "eventstore_migrations",
     "is_transient",
     "load_migrations",

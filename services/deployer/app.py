@@ -61,7 +61,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent
+from runyard.contracts import Event, Metadata, RecordedEvent
 from runyard.contracts.commands import CaptureStacks
 from runyard.contracts.stacks import bounded, by_worker, digest
 from runyard.contracts.task_events import (
@@ -79,7 +79,7 @@ from runyard.contracts.task_events import (
     TaskStopRequested,
     TaskSubmitted,
 )
-from runyard.deployer.retry import until_done
+from runyard.deployer.retry import STORE, until_done
 from runyard.deployer.runtime import (
     UNKNOWN_EXIT_CODE,
     Deployment,
@@ -103,11 +103,10 @@ from runyard.domain.task import (
     StartStage,
     StartWorker,
     TaskState,
-    decide_all,
     evolve,
     fold,
 )
-from runyard.eventstore import ConcurrencyError, PostgresEventStore
+from runyard.eventstore import PostgresEventStore, TaskCommands, decide_and_append
 
 log = logging.getLogger("runyard.deployer")
 
@@ -900,40 +899,33 @@ class DeployerApp:
         meta: Metadata,
         *,
         at: datetime | None = None,
+        quietly: bool = False,
     ) -> list[Event]:
         """Decide `commands` in order on the task's current state and append them together.
 
         `at`: when the fact happened, when it is known (a worker's exit, from its status
         file); the events carry that time rather than the time they are appended. A store
         outage is waited out (retries with backoff): what the deployer saw is recorded
-        once the store is back, never given up.
+        once the store is back, never given up. `quietly`: see `_decide_quietly`.
         """
-        lock = self._locks.setdefault(task_id, asyncio.Lock())
-        async with lock:
-            for _ in range(MAX_CONFLICT_RETRIES):
-                recorded = await self._read(task_id)
-                state = fold(recorded, task_id=task_id) if recorded else None
-                now = self.clock()
-                if at is not None:  # never before what the stream holds already
-                    floor = recorded[-1].occurred_at if recorded else at
-                    now = max(floor, min(at, now))
-                new = decide_all(state, commands, now=now, ids=_no_ids)
-                if not new:
-                    return []
-                version = state.version if state is not None else 0
-                events = [NewEvent(e, meta, now) for e in new]
-
-                async def append(
-                    events: list[NewEvent[Event]] = events, version: int = version
-                ) -> None:
-                    await self.store.append(task_stream(task_id), events, version)
-
-                try:
-                    await until_done(append, what=f"recording {new[0].type_name()} of {task_id}")
-                except ConcurrencyError:
-                    continue
-                return new
-        raise ConcurrencyError(task_stream(task_id), "retries", None)
+        decision = TaskCommands(
+            task_id,
+            commands,
+            meta,
+            self.clock,
+            ids=_no_ids,
+            at=at,
+            log_refusals=log if quietly else None,
+        )
+        async with self._locks.setdefault(task_id, asyncio.Lock()):
+            appended = await decide_and_append(
+                self.store,
+                task_stream(task_id),
+                decision,
+                attempts=MAX_CONFLICT_RETRIES,
+                wait_out_outages=STORE,
+            )
+        return [e.event for e in appended]
 
     async def _decide_quietly(
         self,
@@ -943,12 +935,9 @@ class DeployerApp:
         *,
         at: datetime | None = None,
     ) -> list[Event]:
-        """`_decide`, where a refusal (finished, stale attempt) means there is nothing to do."""
-        try:
-            return await self._decide(task_id, commands, meta, at=at)
-        except DomainError as exc:
-            log.info("%s: %s", task_id, exc)
-            return []
+        """`_decide`, where a refusal (finished, stale attempt) means there is nothing to do:
+        it is logged and nothing is appended."""
+        return await self._decide(task_id, commands, meta, at=at, quietly=True)
 
 
 #: The name failures to start a deployment's workers give as their stage (after env_init).

@@ -61,6 +61,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any, Literal, Protocol, TypeAlias, cast
 
 from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent
@@ -78,7 +79,6 @@ from runyard.contracts.task_events import (
     StacksCaptured,
     TaskRunning,
 )
-from runyard.domain.errors import DomainError
 from runyard.domain.task import (
     PLACED_STATUSES,
     Command,
@@ -90,12 +90,11 @@ from runyard.domain.task import (
     ScheduleRestart,
     StartEnvCheck,
     TaskState,
-    decide_all,
     fold,
     restart_refusal,
     worker_count,
 )
-from runyard.eventstore import ConcurrencyError, EventStore
+from runyard.eventstore import EventStore, TaskCommands, decide_and_append
 from runyard.faulttolerance.bootcheck import ITEMS, is_finished_line, parse_line
 from runyard.faulttolerance.hang import HangDetector
 from runyard.faulttolerance.patterns import UserPatternError
@@ -797,41 +796,6 @@ class FaultToleranceApp:
         events = await self.store.read_stream(task_stream(task_id))
         return fold(events, task_id=task_id) if events else None
 
-    async def _decide(
-        self,
-        task_id: str,
-        commands: Sequence[Command],
-        why: Why,
-        still: tuple[int, int, str] | None = None,
-    ) -> list[NewEvent[Event]]:
-        """Decide `commands` in order on the task's current state and append them together.
-
-        `still` (run, attempt, status): decide only while the task is there (a hang's
-        verdict must not fail an attempt that replaced the hung one meanwhile).
-        """
-        lock = self._locks.setdefault(task_id, asyncio.Lock())
-        async with lock:
-            for _ in range(MAX_CONFLICT_RETRIES):
-                events = await self.store.read_stream(task_stream(task_id))
-                state = fold(events, task_id=task_id) if events else None
-                if still is not None and (
-                    state is None or (state.run, state.attempt, state.status) != still
-                ):
-                    return []
-                now = self.clock()
-                new = decide_all(state, commands, now=now, ids=self.ids)
-                if not new:
-                    return []
-                meta = why if isinstance(why, Metadata) else _metadata_of(why, events)
-                version = state.version if state is not None else 0
-                appended = [NewEvent(e, meta, now) for e in new]
-                try:
-                    await self.store.append(task_stream(task_id), appended, version)
-                except ConcurrencyError:
-                    continue
-                return appended
-        raise ConcurrencyError(task_stream(task_id), "retries", None)
-
     async def _decide_quietly(
         self,
         task_id: str,
@@ -839,12 +803,30 @@ class FaultToleranceApp:
         why: Why,
         still: tuple[int, int, str] | None = None,
     ) -> list[NewEvent[Event]]:
-        """`_decide`, where a refusal (finished, stale attempt) means there is nothing to do."""
-        try:
-            return await self._decide(task_id, commands, why, still)
-        except DomainError as exc:
-            log.info("%s: %s", task_id, exc)
-            return []
+        """Decide `commands` in order on the task's current state and append them together;
+        a refusal (finished, stale attempt) means there is nothing to do. The events appended.
+
+        `still` (run, attempt, status): decide only while the task is there (a hang's
+        verdict must not fail an attempt that replaced the hung one meanwhile).
+        """
+        decision = TaskCommands(
+            task_id,
+            commands,
+            why if isinstance(why, Metadata) else partial(_metadata_of, why),
+            self.clock,
+            ids=self.ids,
+            only_if=None if still is None else partial(_is_at, still),
+            log_refusals=log,
+        )
+        async with self._locks.setdefault(task_id, asyncio.Lock()):
+            return await decide_and_append(
+                self.store, task_stream(task_id), decision, attempts=MAX_CONFLICT_RETRIES
+            )
+
+
+def _is_at(where: tuple[int, int, str], state: TaskState | None) -> bool:
+    """Whether the task is still at (run, attempt, status) `where`."""
+    return state is not None and (state.run, state.attempt, state.status) == where
 
 
 def _follows_a_run(state: TaskState, cause: RecordedEvent[Event] | None) -> bool:

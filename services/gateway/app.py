@@ -8,8 +8,9 @@ Nothing is written when a rule refuses a request.
 What users submit (tasks, reruns, clones, groups) and the catalogue are the
 submission service's: the gateway passes the authenticated caller and the
 body to it (`SubmissionClient`, internal gRPC) and answers what it wrote, or
-its refusal as the same coded error. A stop goes through the pure task
-domain (`decide`) and the event store with optimistic concurrency here.
+its refusal as the same coded error. A stop is decided here, with the pure
+task domain on the task's stream and appended with the version read
+(`runyard.eventstore.decide_and_append`: a conflict is decided again).
 """
 
 from __future__ import annotations
@@ -39,16 +40,16 @@ from runyard.domain import (
     Command,
     RequestStop,
     TaskState,
-    decide,
     evolve,
     fold,
     is_terminal,
 )
 from runyard.eventstore import (
     ANY,
-    ConcurrencyError,
     PostgresEventStore,
+    TaskCommands,
     apply_migrations,
+    decide_and_append,
     load_migrations,
 )
 from runyard.gateway import projection
@@ -294,8 +295,8 @@ class Gateway:
 
     async def stop_task(self, req: Request, task_id: str) -> dict[str, Any]:
         """Ask to stop a task (a task holding no workers stops at once)."""
-        state, _ = await self._load(req.principal, task_id, write=True)
-        await self._decide_and_append(req, state, _stop(req.principal, task_id))
+        _, recorded = await self._load(req.principal, task_id, write=True)
+        await self._decide_and_append(req, recorded, _stop(req.principal, task_id))
         return await self.get_task(req.principal, task_id)
 
     async def rerun_task(
@@ -385,10 +386,10 @@ class Gateway:
         """Stop every task of the group that has not ended yet."""
         group = await self.get_group(req.principal, group_id)
         for row in group["tasks"]:
-            state, _ = await self._load(req.principal, row["task_id"], write=True)
+            state, recorded = await self._load(req.principal, row["task_id"], write=True)
             if not is_terminal(state.status):
                 stop = _stop(req.principal, state.task_id, group_id)
-                await self._decide_and_append(req, state, stop)
+                await self._decide_and_append(req, recorded, stop)
         return await self.get_group(req.principal, group_id)
 
     async def list_groups(
@@ -464,37 +465,23 @@ class Gateway:
             )
         return state, events
 
-    async def _decide_and_append(self, req: Request, state: TaskState, command: Command) -> None:
-        """Decide and append; when the task moved on meanwhile (the scheduler's or the
-        deployer's event landed first), fold what is new and decide again."""
-        for attempt in range(1, CONFLICT_RETRIES + 1):
-            events = decide(state, command, now=self.clock(), ids=self.new_id)
-            if not events:
-                return
-            try:
-                async with self.store.transaction() as conn:
-                    await self._write(conn, req, state.task_id, events, state.version)
-                return
-            except ConcurrencyError:
-                if attempt == CONFLICT_RETRIES:
-                    raise
-                state = await self._reload(state.task_id)
-
-    async def _reload(self, task_id: str) -> TaskState:
-        return fold(await self.store.read_stream(_stream(task_id)), task_id=task_id)
-
-    async def _write(
-        self,
-        conn: asyncpg.Connection,
-        req: Request,
-        task_id: str,
-        events: Sequence[Event],
-        expected: Any,
+    async def _decide_and_append(
+        self, req: Request, recorded: Sequence[RecordedEvent[Event]], command: Command
     ) -> None:
+        """Decide on the task's stream as `_load` read it and append; when the task moved
+        on meanwhile (the scheduler's or the deployer's event landed first), decide again
+        on what is new (409 `conflict` after CONFLICT_RETRIES tries)."""
         req.principal.require_write()  # every task event goes through here
-        now, meta = self.clock(), req.metadata()
-        new = [NewEvent(event=e, metadata=meta, occurred_at=now) for e in events]
-        await self.store.append_in(conn, _stream(task_id), new, expected)
+        decision = TaskCommands(
+            command.task_id, [command], req.metadata(), self.clock, ids=self.new_id
+        )
+        await decide_and_append(
+            self.store,
+            _stream(command.task_id),
+            decision,
+            recorded=recorded,
+            attempts=CONFLICT_RETRIES,
+        )
 
     async def _secrets(self, tenant: str, spec: TaskSpec) -> dict[str, str]:
         refs = [v.secret_ref for v in spec.env if v.creator_only and v.secret_ref]

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from runyard.contracts import Event, Metadata, NewEvent
+from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent
 from runyard.contracts.pool_events import (
     GPUS_PER_NODE,
     NodeAdded,
@@ -45,8 +45,15 @@ from runyard.contracts.pool_events import (
 )
 from runyard.contracts.task_events import TaskMarkedAbnormal, TaskRequeued
 from runyard.domain.errors import DomainError
-from runyard.domain.task import Preempt, ReleaseResources, TaskState, decide, evolve, fold
-from runyard.eventstore import AppendRequest, ConcurrencyError, EventStore, PostgresEventStore
+from runyard.domain.task import Preempt, ReleaseResources, decide_all, evolve, fold
+from runyard.eventstore import (
+    AppendRequest,
+    ConcurrencyError,
+    Decision,
+    EventStore,
+    PostgresEventStore,
+    decide_and_append,
+)
 from runyard.scheduler.config import pool_stream
 from runyard.scheduler.domain import (
     NodeState,
@@ -330,14 +337,13 @@ async def change_spot_capacity(
                 task = fold(stream, task_id=victim.task_id)
                 try:
                     preempt = Preempt(victim.task_id, f"spot capacity reclaimed: {reason}")
-                    events = _decide_all(task, [preempt], when)
+                    events = decide_all(task, [preempt], now=when, ids=_no_ids)
                     after = task
                     for event in events:
                         after = evolve(after, (event, when))
                     if not after.held_live:
-                        events += _decide_all(
-                            after, [ReleaseResources(victim.task_id, "preempted")], when
-                        )
+                        release = ReleaseResources(victim.task_id, "preempted")
+                        events += decide_all(after, [release], now=when, ids=_no_ids)
                     # else: workers of the attempt still run; the task's GPUs are released
                     # once the deployer has ended them and recorded their exits
                 except DomainError as exc:  # it ended meanwhile: its GPUs go back anyway
@@ -367,7 +373,12 @@ async def change_spot_capacity(
 async def load_pool(store: EventStore, pool_id: str) -> tuple[PoolState, int]:
     """The pool's state folded from its stream, and the stream's version (`UnknownPool`)."""
     _check_name(pool_id, "pool_id")
-    recorded = await store.read_stream(pool_stream(pool_id))
+    return await _pool_of(store, pool_id, await store.read_stream(pool_stream(pool_id)))
+
+
+async def _pool_of(
+    store: EventStore, pool_id: str, recorded: Sequence[RecordedEvent[Event]]
+) -> tuple[PoolState, int]:
     if not recorded:
         raise UnknownPool(pool_id, await known_pools(store))
     return fold_pool(r.event for r in recorded), recorded[-1].stream_version
@@ -411,35 +422,38 @@ async def _run(
     node: str | None = None,
 ) -> AdminResult:
     """Read, decide, append with the versions read; on a conflict, all again."""
-    for _ in range(MAX_CONFLICT_RETRIES):
-        state, version = await load_pool(store, pool_id)
+    _check_name(pool_id, "pool_id")
+
+    async def decide(recorded: list[RecordedEvent[Event]]) -> Decision[AdminResult]:
+        state, version = await _pool_of(store, pool_id, recorded)
         decision = await decide_pool(state)
         when = now or datetime.now(UTC)
-        requests = [
-            AppendRequest(
-                pool_stream(pool_id),
-                [NewEvent(e, metadata, when) for e in decision.pool_events],
-                version,
-            )
+        preempted = [
+            AppendRequest(f"task-{task_id}", [NewEvent(e, metadata, when) for e in events], read)
+            for task_id, (read, events) in decision.tasks.items()
         ]
-        for task_id, (task_version, events) in decision.tasks.items():
-            if events:
-                requests.append(
-                    AppendRequest(
-                        f"task-{task_id}",
-                        [NewEvent(e, metadata, when) for e in events],
-                        task_version,
-                    )
-                )
-        try:
-            await store.append_many(requests)
-        except ConcurrencyError as exc:
-            log.info("admin change of pool %s met a conflict on %s", pool_id, exc.stream_id)
-            continue
-        return _result(pool_id, version, decision, node)
-    raise ConflictPersisted(
-        f"pool {pool_id} kept changing: gave up after {MAX_CONFLICT_RETRIES} conflicts",
-        "try again",
+        return Decision(
+            _result(pool_id, version, decision, node),
+            events=[NewEvent(e, metadata, when) for e in decision.pool_events],
+            others=preempted,
+        )
+
+    def conflict(exc: ConcurrencyError) -> None:
+        log.info("admin change of pool %s met a conflict on %s", pool_id, exc.stream_id)
+
+    def give_up(exc: ConcurrencyError) -> ConflictPersisted:
+        return ConflictPersisted(
+            f"pool {pool_id} kept changing: gave up after {MAX_CONFLICT_RETRIES} conflicts",
+            "try again",
+        )
+
+    return await decide_and_append(
+        store,
+        pool_stream(pool_id),
+        decide,
+        attempts=MAX_CONFLICT_RETRIES,
+        on_conflict=conflict,
+        give_up=give_up,
     )
 
 
@@ -459,17 +473,6 @@ def _result(pool_id: str, version: int, decision: _Decision, node: str | None) -
         added_nodes=added,
         shrink=decision.shrink,
     )
-
-
-def _decide_all(state: TaskState, commands: Sequence[Any], now: datetime) -> list[Event]:
-    """Decide commands one after the other (each sees the events before it)."""
-    events: list[Event] = []
-    for command in commands:
-        new = decide(state, command, now=now, ids=_no_ids)
-        for event in new:
-            state = evolve(state, (event, now))
-        events.extend(new)
-    return events
 
 
 def _no_ids() -> str:

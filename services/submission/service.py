@@ -38,7 +38,7 @@ from pydantic import ValidationError
 from runyard.api.auth import Principal
 from runyard.api.errors import BadRequest, Conflict, PermissionDenied, task_not_found
 from runyard.api.inputs import group_id_of
-from runyard.contracts import Event, EventMapper, Metadata, NewEvent, default_mapper
+from runyard.contracts import Event, EventMapper, Metadata, NewEvent, RecordedEvent, default_mapper
 from runyard.contracts.admin_events import CatalogueEntrySet
 from runyard.contracts.envelope import new_event_id, utcnow
 from runyard.contracts.resources import (
@@ -50,13 +50,25 @@ from runyard.contracts.resources import (
 )
 from runyard.contracts.spec import MASK, EnvVar, TaskSpec
 from runyard.contracts.webhooks import policy_of
-from runyard.domain import Clone, Rerun, Submit, TaskState, decide, fold, is_terminal
+from runyard.domain import (
+    Clone,
+    Command,
+    IdFactory,
+    Rerun,
+    Submit,
+    TaskState,
+    decide,
+    fold,
+    is_terminal,
+)
 from runyard.eventstore import (
     ANY,
     NO_STREAM,
-    ConcurrencyError,
+    AppendRequest,
     PostgresEventStore,
+    TaskCommands,
     apply_migrations,
+    decide_and_append,
     load_migrations,
 )
 from runyard.submission.changes import check_group, clone_spec, expand_group, rerun_with_changes
@@ -189,61 +201,49 @@ class Submissions:
         task_id = self.new_id()
         submitted = Submitted((task_id,), warnings=tuple(warnings))
         async with self._writing(call, submitted) as conn:
-            sealed = await self._seal(conn, call.principal.tenant, spec)
-            submit = Submit(
-                task_id, call.principal.tenant, call.principal.user, sealed, tuple(warnings)
-            )
-            await self._append(conn, call, submit)
+            await self._submit(conn, call, task_id, spec, warnings)
         return submitted
 
     async def rerun(self, call: Call, task_id: str, changes: Mapping[str, Any]) -> Submitted:
         """Run a finished task again, with only the changes a rerun allows (R-16); when the
         task moved on meanwhile (the scheduler's event landed first), decide again."""
-        state = await self._load(call.principal, task_id)
+        state, recorded = await self._load(call.principal, task_id)
         spec = rerun_with_changes(state.spec, _object(changes))
         await self._check(spec)
         submitted = Submitted((task_id,))
-        for attempt in range(1, CONFLICT_RETRIES + 1):
-            events = decide(state, Rerun(task_id, spec), now=self.clock(), ids=self.new_id)
-            try:
-                async with self._writing(call, submitted) as conn:
-                    await self._write(conn, call, task_id, events, state.version)
-                return submitted
-            except ConcurrencyError:
-                if attempt == CONFLICT_RETRIES:
-                    raise
-                state = await self._reload(task_id)
-        raise AssertionError("unreachable")  # pragma: no cover
+        rerun = self._commands(call, Rerun(task_id, spec), self.new_id)
+        await decide_and_append(
+            self.store,
+            _stream(task_id),
+            rerun,
+            recorded=recorded,
+            attempts=CONFLICT_RETRIES,
+            write=self._writer(call, submitted),
+        )
+        return submitted
 
     async def clone(self, call: Call, task_id: str, overrides: Mapping[str, Any]) -> Submitted:
         """A new task from this task's spec, any field overridden (R-16)."""
-        state = await self._load(call.principal, task_id)
+        state, recorded = await self._load(call.principal, task_id)
         by_creator = _is_creator(call.principal, state)
         spec = clone_spec(state.spec, _env_text(overrides), by_creator=by_creator)
         warnings = await self._check(spec)
         new_id = self.new_id()
         submitted = Submitted((new_id,), warnings=tuple(warnings))
-        for attempt in range(1, CONFLICT_RETRIES + 1):
-            cloned = decide(state, Clone(task_id), now=self.clock(), ids=lambda: new_id)
-            try:
-                async with self._writing(call, submitted) as conn:
-                    sealed = await self._seal(conn, call.principal.tenant, spec)
-                    await self._write(conn, call, task_id, cloned, state.version)
-                    submit = Submit(
-                        new_id,
-                        call.principal.tenant,
-                        call.principal.user,
-                        sealed,
-                        tuple(warnings),
-                        cloned_from=task_id,
-                    )
-                    await self._append(conn, call, submit)
-                return submitted
-            except ConcurrencyError as exc:
-                if exc.stream_id != _stream(task_id) or attempt == CONFLICT_RETRIES:
-                    raise
-                state = await self._reload(task_id)
-        raise AssertionError("unreachable")  # pragma: no cover
+
+        async def submit_clone(conn: asyncpg.Connection) -> None:
+            await self._submit(conn, call, new_id, spec, warnings, cloned_from=task_id)
+
+        # a conflict on the new task's stream (its id taken) is not decided again
+        await decide_and_append(
+            self.store,
+            _stream(task_id),
+            self._commands(call, Clone(task_id), lambda: new_id),
+            recorded=recorded,
+            attempts=CONFLICT_RETRIES,
+            write=self._writer(call, submitted, also=submit_clone),
+        )
+        return submitted
 
     # --- groups ---------------------------------------------------------------
 
@@ -270,16 +270,7 @@ class Submissions:
         submitted = Submitted(task_ids, group_id)
         async with self._writing(call, submitted) as conn:
             for task_id, spec, warned in zip(task_ids, specs, warnings, strict=True):
-                sealed = await self._seal(conn, call.principal.tenant, spec)
-                submit = Submit(
-                    task_id,
-                    call.principal.tenant,
-                    call.principal.user,
-                    sealed,
-                    tuple(warned),
-                    group_id=group_id,
-                )
-                await self._append(conn, call, submit)
+                await self._submit(conn, call, task_id, spec, warned, group_id=group_id)
         return submitted
 
     async def rerun_group(
@@ -292,7 +283,7 @@ class Submissions:
         """
         planned: list[tuple[TaskState, list[Event]]] = []
         for task_id in task_ids:
-            state = await self._load(call.principal, task_id)
+            state, _ = await self._load(call.principal, task_id)
             if state.group_id != group_id or not is_terminal(state.status):
                 continue
             spec = rerun_with_changes(state.spec, _object(changes))
@@ -406,9 +397,12 @@ class Submissions:
                 return done
             raise
 
-    async def _load(self, caller: Principal, task_id: str) -> TaskState:
-        """The task if the caller may change it: 404 when it may not even read it (as for
-        no task), 403 when it may read but not change it (another tenant, or sre)."""
+    async def _load(
+        self, caller: Principal, task_id: str
+    ) -> tuple[TaskState, list[RecordedEvent[Event]]]:
+        """The task, and its stream as read, if the caller may change it: 404 when it may
+        not even read it (as for no task), 403 when it may read but not change it (another
+        tenant, or sre)."""
         caller.require_write()
         events = await self.store.read_stream(_stream(task_id))
         if not events:
@@ -423,14 +417,59 @@ class Submissions:
                 "use a token of that tenant to change it",
                 "task_id",
             )
-        return state
+        return state, events
 
-    async def _reload(self, task_id: str) -> TaskState:
-        return fold(await self.store.read_stream(_stream(task_id)), task_id=task_id)
+    def _commands(self, call: Call, command: Command, ids: IdFactory) -> TaskCommands:
+        """`command` decided on its task's stream for `call` (its events carry the call's
+        metadata)."""
+        return TaskCommands(command.task_id, [command], call.metadata(), self.clock, ids=ids)
 
-    async def _append(self, conn: asyncpg.Connection, call: Call, submit: Submit) -> None:
+    def _writer(
+        self,
+        call: Call,
+        submitted: Submitted,
+        also: Callable[[asyncpg.Connection], Awaitable[None]] | None = None,
+    ) -> Callable[[list[AppendRequest]], Awaitable[None]]:
+        """Writes a decision in the call's transaction (with its answer), then `also`'s
+        writes in the same transaction."""
+
+        async def write(requests: list[AppendRequest]) -> None:
+            call.principal.require_write()  # every task event goes through here
+            async with self._writing(call, submitted) as conn:
+                for request in requests:
+                    await self.store.append_in(
+                        conn, request.stream_id, request.events, request.expected
+                    )
+                if also is not None:
+                    await also(conn)
+
+        return write
+
+    async def _submit(
+        self,
+        conn: asyncpg.Connection,
+        call: Call,
+        task_id: str,
+        spec: TaskSpec,
+        warnings: Sequence[SubmissionWarning],
+        *,
+        group_id: str | None = None,
+        cloned_from: str | None = None,
+    ) -> None:
+        """A new task's `TaskSubmitted`, its creator-only values sealed first."""
+        tenant, user = call.principal.tenant, call.principal.user
+        sealed = await self._seal(conn, tenant, spec)
+        submit = Submit(
+            task_id,
+            tenant,
+            user,
+            sealed,
+            tuple(warnings),
+            group_id=group_id,
+            cloned_from=cloned_from,
+        )
         events = decide(None, submit, now=self.clock(), ids=self.new_id)
-        await self._write(conn, call, submit.task_id, events, NO_STREAM)
+        await self._write(conn, call, task_id, events, NO_STREAM)
 
     async def _write(
         self,
