@@ -9,7 +9,8 @@
 #   runyard/runyard-postgres         owner-url (the migration Job only), app-url,
 #                                    secrets-url, logs-url
 #   runyard/runyard-kafka            one password per service's broker user
-#   runyard/runyard-internal         token (gateway -> submission gRPC)
+#   runyard/runyard-internal         token (the services' internal APIs)
+#   runyard-agents/runyard-internal  token (the deployer asks the log service)
 #   runyard-agents/runyard-postgres  secrets-url (the deployer's role)
 #   runyard-agents/runyard-kafka     deployer
 #
@@ -64,3 +65,4 @@ secret runyard runyard-kafka relay scheduler faulttolerance notification logs ga
 secret runyard runyard-internal token
 secret runyard-agents runyard-postgres secrets-url
 secret runyard-agents runyard-kafka deployer
+secret runyard-agents runyard-internal token

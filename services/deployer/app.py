@@ -396,10 +396,14 @@ class DeployerApp:
         """Watch workers an earlier deployer started; record starts the log missed."""
         d = active.deployment
         unrecorded = [w.index for w in state.workers if not w.started]
+        # Each start at the time it happened (an exit right after keeps its own time).
+        start_times = getattr(self.runtime, "start_times", None)
+        times = start_times(d.key) if start_times is not None else {}
+        now = self.clock()
         try:
-            if unrecorded:
-                commands = [StartWorker(d.task_id, d.run, d.attempt, i) for i in unrecorded]
-                await self._decide(d.task_id, commands, meta)
+            for i in sorted(unrecorded, key=lambda i: times.get(i, now)):
+                start = StartWorker(d.task_id, d.run, d.attempt, i)
+                await self._decide(d.task_id, [start], meta, at=times.get(i))
         except DomainError as exc:
             log.info("adopted workers of %s not recorded: %s", d.task_id, exc)
             active.stopping = True

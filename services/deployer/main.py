@@ -32,12 +32,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
+from collections.abc import AsyncIterator
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.structs import RecordMetadata
 from runyard.api.service import bind, serve_service, service_app
 from runyard.contracts.commands import (
     DEPLOYER_COMMANDS,
@@ -45,15 +48,20 @@ from runyard.contracts.commands import (
     CaptureStacks,
     parse_command,
 )
+from runyard.contracts.rpc import credential
 from runyard.deployer.app import REACTS_TO, DeployerApp
+from runyard.deployer.keeper import BrokerWatch, LogServiceLines, OutputKeeper, Probe
 from runyard.deployer.retry import until_done
 from runyard.deployer.runtime import LocalRuntime, LocalRuntimeConfig, OutputLine
 from runyard.eventstore import PostgresEventStore
 from runyard.messaging import KafkaSettings
 from runyard.messaging.consumer import IdempotentConsumer, make_broker
+from runyard.messaging.topics import LOGS, PARTITIONS
 from runyard.stack.context import ServiceContext
 
 CONSUMER = "deployer"
+#: How long a starting deployer tries to compare the broker with what it acknowledged.
+FIRST_LOOK_S = 15.0
 COMMANDS_GROUP = "deployer-commands"
 log = logging.getLogger("runyard.deployer")
 
@@ -111,10 +119,34 @@ def _log_failure(task: asyncio.Task[object]) -> None:
         log.error("deployer command failed", exc_info=task.exception())
 
 
-def build_runtime(ctx: ServiceContext) -> LocalRuntime:
+def build_runtime(ctx: ServiceContext, *, keep_output: bool = False) -> LocalRuntime:
     raw = ctx.config("runtime.yaml").get("local") or {}
     config = LocalRuntimeConfig.from_mapping(raw, data_dir=ctx.data_dir, base_dir=ctx.config_dir)
-    return LocalRuntime(config)
+    return LocalRuntime(dataclasses.replace(config, keep_output=keep_output))
+
+
+@contextlib.asynccontextmanager
+async def logs_topic_ends(kafka: KafkaSettings) -> AsyncIterator[Probe]:
+    """A probe of the end offsets of the logs topic's partitions (`BrokerWatch`)."""
+    consumer = AIOKafkaConsumer(**kafka.client_options(), enable_auto_commit=False)
+    partitions = [TopicPartition(kafka.topics.logs, p) for p in range(PARTITIONS[LOGS])]
+    started = False
+
+    async def probe() -> dict[int, int]:
+        nonlocal started
+        if not started:
+            await consumer.start()
+            started = True
+        async with asyncio.timeout(10):
+            ends = await consumer.end_offsets(partitions)
+        return {tp.partition: offset for tp, offset in ends.items()}
+
+    try:
+        yield probe
+    finally:
+        if started:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
 
 
 async def run(ctx: ServiceContext) -> None:
@@ -129,20 +161,30 @@ async def run(ctx: ServiceContext) -> None:
         raise
     broker = make_broker(ctx.kafka)
     logs_topic = ctx.kafka.topics.logs
+    options = ctx.config("runtime.yaml").get("deployer") or {}
+    runtime = build_runtime(ctx, keep_output=bool(options.get("keep_output", True)))
+    watch = BrokerWatch(runtime.config.scratch_root / "logs-topic-acked.json")
 
-    async def publish(line: OutputLine) -> None:
-        await broker.publish(
+    async def republish(line: OutputLine) -> RecordMetadata:
+        return await broker.publish(
             json.dumps(line.record()).encode(), topic=logs_topic, key=line.task_id.encode()
         )
 
-    options = ctx.config("runtime.yaml").get("deployer") or {}
+    async def publish(line: OutputLine) -> None:
+        """The runtime's sink: each stream's lines one after the other (the watch
+        notices an offset going back)."""
+        acked = await republish(line)
+        stream = (line.task_id, line.run, line.attempt, line.worker, line.stream)
+        watch.saw(stream, acked.partition, acked.offset)
+
     cap = options.get("max_restart_delay_s")
     app = DeployerApp(
         store,
-        build_runtime(ctx),
+        runtime,
         on_output=publish,
         max_restart_delay_s=float(cap) if cap is not None else None,
     )
+    stored = LogServiceLines(ctx.endpoints, credential.service_token(ctx.settings, ctx.data_dir))
     agent = ctx.settings.get("deployer_node_agent")
     group = f"{COMMANDS_GROUP}.{agent}" if agent else COMMANDS_GROUP
 
@@ -159,7 +201,11 @@ async def run(ctx: ServiceContext) -> None:
         )
     )
     commands: asyncio.Task[None] | None = None
+    keeping: asyncio.Task[None] | None = None
+    probes = logs_topic_ends(ctx.kafka)
     try:
+        probe = await probes.__aenter__()
+        keeper = OutputKeeper(runtime, stored, republish, watch=watch, probe=probe)
         consumer = IdempotentConsumer(
             CONSUMER,
             pool=store.pool,
@@ -178,6 +224,16 @@ async def run(ctx: ServiceContext) -> None:
             component="deployer (broker)",
             any_error=True,
         )
+        # Before any adopted worker's output goes out: did the broker lose lines while
+        # this deployer was away? (Its acknowledged offsets are on disk.)
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(FIRST_LOOK_S):
+                await until_done(
+                    keeper.look,
+                    what="asking the broker for the logs topic's end offsets",
+                    component="deployer (broker)",
+                    any_error=True,
+                )
         taken = await app.reconcile()
         if taken:
             log.info("took over %d task(s) from an earlier deployer: %s", len(taken), taken)
@@ -189,13 +245,14 @@ async def run(ctx: ServiceContext) -> None:
             any_error=True,
         )
         commands = asyncio.create_task(follow_commands(app, ctx.kafka, group))
-        await asyncio.wait([http, commands], return_when=asyncio.FIRST_COMPLETED)
-        for done in (http, commands):
+        keeping = asyncio.create_task(keeper.run())
+        await asyncio.wait([http, commands, keeping], return_when=asyncio.FIRST_COMPLETED)
+        for done in (http, commands, keeping):
             if done.done():
                 done.result()  # a server or consumer that ended is an error of the service
-        raise RuntimeError("the deployer's HTTP face or command consumer ended")
+        raise RuntimeError("the deployer's HTTP face, command consumer or output keeper ended")
     finally:
-        for task in (commands, http):
+        for task in (keeping, commands, http):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):
@@ -204,5 +261,7 @@ async def run(ctx: ServiceContext) -> None:
             await app.close()
         with contextlib.suppress(Exception):
             await broker.stop()
+        await probes.__aexit__(None, None, None)
+        await stored.close()
         sock.close()
         await store.close()

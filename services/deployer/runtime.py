@@ -82,7 +82,10 @@ running `bash --login -c "<launch command>"`:
   drained by a pump that awaits the `on_output` callback. A worker never
   blocks on a slow sink (a full queue only slows the reading) and never dies
   of SIGPIPE when the deployer goes away; the published offsets are saved so
-  a new deployer resumes after them;
+  a new deployer resumes after them; lines are cut as
+  `runyard.deployer.outputs` says (at newlines, and every 64 KiB of a longer
+  line); with `keep_output` cleanup keeps the output files until the log
+  service has stored them (`runyard.deployer.keeper`);
 - line numbers: each line of a worker's output file gets `seq`, its number
   in that file (per task, run, attempt, worker and stream, from 0), when it
   is read, before the bounded queue. It is a property of the file (not of
@@ -94,9 +97,10 @@ running `bash --login -c "<launch command>"`:
   a deployment whose saved offsets have no number (an older deployer) goes
   on without `seq`. Env check lines (pipes, never re-read) have none;
 - recovery: `<scratch_root>/<task>/run<r>-a<a>/state.json` records the phase
-  (`allocated`, `starting`, `started`) and each worker's pid (its process
-  group) and start time; `recover` lists what an earlier process started,
-  `adopt` follows those workers, `discard` ends them;
+  (`allocated`, `starting`, `started`; `finished` for kept output) and each
+  worker's pid (its process group), start time and when it was started, each
+  worker as soon as it is spawned; `recover` lists what an earlier process
+  started, `adopt` follows those workers, `discard` ends them;
 - env check (R-30): `start_env_check` runs the Bootcheck program through the
   same wrapper as the launch command (same environment, namespace, mounts),
   its output through pipes straight to `on_output`;
@@ -123,17 +127,18 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from runyard.contracts.spec import TaskSpec
 from runyard.contracts.stacks import WorkerStacks
 from runyard.contracts.task_events import WorkerPlacement
+from runyard.deployer import outputs
+from runyard.deployer.outputs import KeptOutput, LineSplitter, Marks, OutputStream, Stream
 from runyard.deployer.retry import until_done
 from runyard.deployer.stacks import capture_group
 
 log = logging.getLogger("runyard.deployer.runtime")
 
-Stream = Literal["stdout", "stderr"]
 DeploymentKey = tuple[str, int, int]
 """(task id, run, attempt)."""
 
@@ -274,6 +279,9 @@ class LocalRuntimeConfig:
     hidden: tuple[Path, ...] = ()
     #: Seconds between looks at an adopted worker (one this process did not start).
     poll_s: float = 0.2
+    #: Keep a finished deployment's output files until the log service has stored
+    #: every line (`runyard.deployer.outputs`); otherwise cleanup removes them at once.
+    keep_output: bool = False
 
     @classmethod
     def from_mapping(
@@ -368,6 +376,8 @@ class _Worker:
     #: Process id (= process group id) and its start time (/proc, clock ticks).
     pid: int | None = None
     starttime: int | None = None
+    #: When it was started (unix time; saved in state.json for a deployer that adopts it).
+    started_at: float | None = None
     exit_code: int | None = None
     #: When the worker exited (from its `exit_status`; when it was found gone otherwise).
     exited_at: datetime | None = None
@@ -379,6 +389,8 @@ class _Worker:
     read_seq: dict[str, int | None] = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
     #: The number after the last published line of each stream (saved with `offsets`).
     next_seq: dict[str, int | None] = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
+    #: When publishing reached which numbers (saved with `offsets`).
+    marks: Marks = field(default_factory=Marks)
 
     @property
     def status_file(self) -> Path:
@@ -414,6 +426,7 @@ class LocalRuntime:
     def __init__(self, config: LocalRuntimeConfig) -> None:
         self.config = config
         self._deps: dict[DeploymentKey, _Local] = {}
+        self._kept: dict[DeploymentKey, KeptOutput] | None = None
         self.dropped_lines = 0
         self.tools = _Tools.find()
         why_not = _sandbox_unavailable(self.tools) if config.namespaces is not False else None
@@ -649,7 +662,11 @@ class LocalRuntime:
                         f.close()
                 worker.pid = worker.process.pid
                 worker.starttime = _starttime(worker.pid)
+                worker.started_at = time.time()
                 pids[worker.index] = worker.pid
+                # Each worker named as soon as it runs: a deployer that dies now leaves
+                # the next one every process it started (see `recover`).
+                self._write_state(local, "starting")
         except BaseException:
             # No half-started gang: the workers already started go, the caller fails the
             # attempt (e.g. E2BIG for a launch command over the kernel's argument limit).
@@ -964,7 +981,8 @@ class LocalRuntime:
         """
         path = worker.scratch / f"{stream}.log"
         offset = worker.offsets[stream]
-        pending = b""
+        # Cut as `outputs.numbered_lines` cuts a whole file: the numbers match.
+        splitter = LineSplitter(offset)
         delay = 0.005
         try:
             with open(path, "rb") as f:  # noqa: ASYNC230 (local file, small reads)
@@ -979,17 +997,10 @@ class LocalRuntime:
                         delay = min(delay * 2, 0.2)
                         continue
                     delay = 0.005
-                    start = offset - len(pending)  # where `pending + chunk` begins in the file
-                    offset += len(chunk)
-                    *lines, pending = (pending + chunk).split(b"\n")
-                    for raw in lines:
-                        start += len(raw) + 1
-                        await self._emit(local, worker, stream, raw, start)
-                    if len(pending) > 64 * 1024:  # no newline in sight: pass it on as a line
-                        await self._emit(local, worker, stream, pending, offset)
-                        pending = b""
-                if pending:
-                    await self._emit(local, worker, stream, pending, offset)
+                    for raw, end in splitter.feed(chunk):
+                        await self._emit(local, worker, stream, raw, end)
+                for raw, end in splitter.finish():
+                    await self._emit(local, worker, stream, raw, end)
         except FileNotFoundError:
             return
 
@@ -1006,7 +1017,7 @@ class LocalRuntime:
             d.attempt,
             worker.index,
             stream,
-            raw.decode("utf-8", "replace").rstrip("\r"),
+            outputs.text(raw),
             datetime.now(UTC),
             seq,
         )
@@ -1119,13 +1130,51 @@ class LocalRuntime:
             with contextlib.suppress(BaseException):
                 await local.pump
         await asyncio.to_thread(_release_namespaces, local.root, self.tools)
-        await asyncio.to_thread(shutil.rmtree, local.root, True)
-        with contextlib.suppress(OSError):
-            local.root.parent.rmdir()  # the task's folder, when no other run is in it
+        lines = {
+            (w.index, s): n
+            for w in local.workers.values()
+            for s, n in w.next_seq.items()
+            if n  # a stream with no numbered line has nothing to confirm
+        }
+        if self.config.keep_output and lines:
+            kept = await asyncio.to_thread(outputs.keep, local.root, key, lines)
+            self.kept()[key] = kept
+        else:
+            await asyncio.to_thread(outputs.forget, local.root)
         del self._deps[key]
 
     def deployments(self) -> list[DeploymentKey]:
         return list(self._deps)
+
+    # -- output kept until stored (runyard.deployer.outputs) --------------------------
+
+    def kept(self) -> dict[DeploymentKey, KeptOutput]:
+        """The finished deployments whose output files are kept (found on disk at first)."""
+        if self._kept is None:
+            self._kept = outputs.load_kept(self.config.scratch_root)
+        return self._kept
+
+    async def forget(self, key: DeploymentKey) -> None:
+        """Remove a kept output (every line of it is stored)."""
+        kept = self.kept().pop(key, None)
+        if kept is not None:
+            await asyncio.to_thread(outputs.forget, kept.root)
+
+    def live_streams(self) -> list[OutputStream]:
+        """The output streams of the workers being followed, with how far each is
+        published: what a broker that lost its memory may have taken."""
+        found = []
+        for local in self._deps.values():
+            if local.queue is None:
+                continue  # not started, or only its env check ran
+            for w in local.workers.values():
+                for stream in ("stdout", "stderr"):
+                    published = w.next_seq[stream]
+                    if published:
+                        path = w.scratch / f"{stream}.log"
+                        key = local.deployment.key
+                        found.append(OutputStream(key, w.index, stream, path, published, w.marks))
+        return found
 
     # -- after a deployer restart ------------------------------------------------------
 
@@ -1133,10 +1182,12 @@ class LocalRuntime:
         """Deployments whose workers were started by an earlier deployer process.
 
         Reads every `state.json` under the scratch root. A deployment cut while its
-        workers were being started (`starting`) may have processes no file names: those
-        are found by their environment and ended, and the deployment is left to be
-        deployed again. Returns the process ids, by worker, of every started deployment;
-        `adopt` then watches them.
+        workers were being started (`starting`) is started when the file names every
+        worker (each is written down as soon as it runs); otherwise its processes are
+        found by their environment and ended, their output removed (a gang that never
+        started whole ran nothing of the task), and the deployment is left to be
+        deployed again. Returns the process ids, by worker, of every started
+        deployment; `adopt` then watches them.
         """
         found: dict[DeploymentKey, dict[int, int]] = {}
         root = self.config.scratch_root
@@ -1151,10 +1202,13 @@ class LocalRuntime:
                 continue
             if key in self._deps:
                 continue
-            if raw.get("phase") == "starting":
+            named = raw.get("workers", [])
+            whole = raw.get("worker_count") == len(named)
+            if raw.get("phase") == "starting" and not whole:
                 _end_strays(key)
+                _forget_output(state_file.parent)
                 continue
-            if raw.get("phase") != "started":
+            if raw.get("phase") not in ("started", "starting"):
                 continue
             found[key] = {int(w["index"]): int(w["pid"]) for w in raw.get("workers", [])}
         return found
@@ -1183,6 +1237,7 @@ class LocalRuntime:
                 continue
             worker.pid = int(entry["pid"])
             worker.starttime = entry.get("starttime")
+            worker.started_at = entry.get("started_at")
             _load_offsets(worker)
         local = _Local(deployment, root, workers, adopted=True)
         self._deps[key] = local
@@ -1234,8 +1289,14 @@ class LocalRuntime:
             "attempt": d.attempt,
             "phase": phase,
             "namespaces": self.namespaces,
+            "worker_count": len(local.workers),
             "workers": [
-                {"index": w.index, "pid": w.pid, "starttime": w.starttime}
+                {
+                    "index": w.index,
+                    "pid": w.pid,
+                    "starttime": w.starttime,
+                    "started_at": w.started_at,
+                }
                 for w in local.workers.values()
                 if w.pid is not None
             ],
@@ -1243,6 +1304,17 @@ class LocalRuntime:
         tmp = local.root / "state.json.tmp"
         tmp.write_text(json.dumps(state))
         tmp.replace(local.root / "state.json")
+
+    def start_times(self, key: DeploymentKey) -> dict[int, datetime]:
+        """When each started worker of the deployment was started, by worker index."""
+        local = self._deps.get(key)
+        if local is None:
+            return {}
+        return {
+            i: datetime.fromtimestamp(w.started_at, UTC)
+            for i, w in local.workers.items()
+            if w.started_at is not None
+        }
 
     def scratch_dir(self, key: DeploymentKey, worker: int) -> Path | None:
         local = self._deps.get(key)
@@ -1486,8 +1558,9 @@ async def _until_published(local: _Local, on_output: OnOutput, line: OutputLine)
 
 
 def _save_offsets(worker: _Worker) -> None:
-    """The published offsets and, per stream, the number of the next line."""
-    saved = {**worker.offsets, "seq": worker.next_seq}
+    """The published offsets, per stream the number of the next line, and when."""
+    worker.marks.add(worker.next_seq)
+    saved = {**worker.offsets, "seq": worker.next_seq, "marks": worker.marks.entries}
     with contextlib.suppress(OSError):
         (worker.scratch / "offsets.json").write_text(json.dumps(saved))
 
@@ -1503,10 +1576,20 @@ def _load_offsets(worker: _Worker) -> None:
     except (OSError, ValueError, TypeError, AttributeError):
         return
     worker.offsets.update(offsets)
+    worker.marks = Marks.from_json(saved.get("marks"))
     for stream, offset in worker.offsets.items():
         value = seqs.get(stream)
         seq = int(value) if isinstance(value, int) else (0 if offset == 0 else None)
         worker.read_seq[stream] = worker.next_seq[stream] = seq
+
+
+def _forget_output(root: Path) -> None:
+    """Remove what the workers of a deployment that never started wrote (output,
+    offsets, exit status): the deployment starts again from nothing."""
+    for worker in root.glob("w*"):
+        for name in outputs.KEPT_FILES:
+            with contextlib.suppress(OSError):
+                (worker / name).unlink()
 
 
 def _end_strays(key: DeploymentKey) -> None:

@@ -17,13 +17,18 @@ task), then calls one `LogApi` function; log errors become the usual
     GET  /v1/exports/{export_id}               state and progress (lines done / total)
     GET  /v1/exports/{export_id}/file          the finished file
 
-One internal route, for the platform's own services (the notification
-service's alert cards), is not routed by the gateway and takes no user token:
+The internal routes, for the platform's own services, are not routed by the
+gateway and take no user token:
 
     GET  /internal/v1/tasks/{id}/runs/{run}/first-error
-                                               the first error of one run, for the
-                                               caller that shows the platform's
-                                               service credential
+                                               the first error of one run (the
+                                               notification service's alert cards)
+    POST /internal/v1/lines/missing            which numbered lines of some workers'
+                                               streams are not stored (the deployer,
+                                               before it removes a worker's output
+                                               files and after a broker loss)
+
+Both take the platform's service credential instead of a user token.
 
 The follow stream and the tails are what the gateway's gRPC `FollowLogs` and
 its support bundle read, through the same routes as every client.
@@ -39,10 +44,11 @@ from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Body, Depends, Header, Query
 from fastapi.responses import FileResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
 from runyard.api.auth import Principal
 from runyard.api.errors import BadRequest, GatewayError, NotFound, Unauthenticated
 from runyard.api.security import Authenticator, caller_dependency
@@ -53,7 +59,7 @@ from runyard.eventstore import EventStore
 from runyard.logs.errors import ExportNotFound, InvalidQuery, LogError
 from runyard.logs.exports import Exports
 from runyard.logs.search import MAX_LIMIT, LogQuery, check_int32
-from runyard.logs.store import LogStore
+from runyard.logs.store import LogStore, WorkerStream
 
 T = TypeVar("T")
 #: How often a live tail (`follow`) looks for new lines.
@@ -290,6 +296,41 @@ LineChars = Annotated[
 ]
 
 
+#: The most worker streams one `/internal/v1/lines/missing` call asks about.
+MAX_MISSING_STREAMS = 256
+_INT32 = 2**31 - 1
+
+
+class StreamLines(BaseModel):
+    """Lines [start, below) of one worker's stream, by their numbers (`seq`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    task_id: str = Field(min_length=1, max_length=128)
+    run: int = Field(ge=0, le=_INT32)
+    attempt: int = Field(ge=0, le=_INT32)
+    worker: int = Field(ge=0, le=_INT32)
+    stream: Literal["stdout", "stderr"]
+    start: int = Field(default=0, ge=0, le=2**62)
+    below: int = Field(ge=0, le=2**62)
+
+
+class MissingLinesAsk(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    streams: list[StreamLines] = Field(max_length=MAX_MISSING_STREAMS)
+
+
+class MissingLines(BaseModel):
+    """What is not stored of one asked stream: ranges [lo, hi) of numbers, in order."""
+
+    missing: list[tuple[int, int]]
+    #: More ranges were missing than an answer lists (`runyard.logs.store.MAX_MISSING_RANGES`).
+    truncated: bool
+
+
+class MissingLinesAnswer(BaseModel):
+    streams: list[MissingLines]
+
+
 def internal_router(store: LogStore, token: str) -> APIRouter:
     """The routes the platform's own services call with its service credential
     (`runyard.contracts.rpc.credential`); not in the OpenAPI document, not routed by
@@ -316,6 +357,16 @@ def internal_router(store: LogStore, token: str) -> APIRouter:
         found = await store.first_error(task_id, run)
         body = {"task_id": task_id, "found": found is not None}
         return {**body, **(found.to_json() if found else {})}
+
+    @router.post("/internal/v1/lines/missing", dependencies=[Depends(service_caller)])
+    async def missing_lines(ask: MissingLinesAsk) -> MissingLinesAnswer:
+        """For each stream, the numbers in [start, below) that no stored line has."""
+        answers = []
+        for s in ask.streams:
+            where = WorkerStream(s.task_id, s.run, s.attempt, s.worker, s.stream)
+            gaps, more = await store.missing(where, s.start, max(s.start, s.below))
+            answers.append(MissingLines(missing=gaps, truncated=more))
+        return MissingLinesAnswer(streams=answers)
 
     return router
 

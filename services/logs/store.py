@@ -44,6 +44,18 @@ WHERE r.seq IS NULL OR NOT EXISTS (
 ON CONFLICT DO NOTHING
 """
 
+#: The stored numbers of one worker's stream in [$6, $7), as ranges [lo, hi).
+_STORED_RANGES = """
+SELECT min(seq) AS lo, max(seq) + 1 AS hi FROM (
+    SELECT seq, seq - row_number() OVER (ORDER BY seq) AS island FROM (
+        SELECT DISTINCT seq FROM log_lines
+        WHERE task_id = $1 AND run = $2 AND attempt = $3 AND worker = $4 AND stream = $5
+          AND seq IS NOT NULL AND seq >= $6 AND seq < $7
+    ) numbers
+) islands GROUP BY island ORDER BY lo
+"""
+#: The most missing ranges one answer of `missing` lists.
+MAX_MISSING_RANGES = 1000
 
 #: Tracebacks looked at for the first error: the run's last ones (the failure is
 #: near the workers' exits).
@@ -71,6 +83,20 @@ FROM heads h LEFT JOIN LATERAL (
 ) x ON true
 ORDER BY h.at, h.id
 """
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStream:
+    """One output stream of one worker of one attempt: where a line's `seq` counts."""
+
+    task_id: str
+    run: int
+    attempt: int
+    worker: int
+    stream: str
+
+    def key(self) -> list[Any]:
+        return [self.task_id, self.run, self.attempt, self.worker, self.stream]
 
 
 def logs_migrations() -> list[Migration]:
@@ -250,6 +276,26 @@ class LogStore:
             REPEAT_WINDOW,
         )
         return int(result.rsplit(" ", 1)[-1])
+
+    async def missing(
+        self, stream: WorkerStream, start: int, below: int
+    ) -> tuple[list[tuple[int, int]], bool]:
+        """The numbers in [start, below) of `stream` with no stored line, as ranges
+        [lo, hi), and whether there were more than `MAX_MISSING_RANGES` of them (the
+        list then holds the first ones)."""
+        rows = await self._fetch(
+            _STORED_RANGES,
+            [*stream.key(), start, below],
+        )
+        gaps: list[tuple[int, int]] = []
+        at = start
+        for row in rows:
+            if row["lo"] > at:
+                gaps.append((at, int(row["lo"])))
+            at = int(row["hi"])
+        if at < below:
+            gaps.append((at, below))
+        return gaps[:MAX_MISSING_RANGES], len(gaps) > MAX_MISSING_RANGES
 
     # --- queries ----------------------------------------------------------------
 

@@ -112,6 +112,9 @@ class ChaosReport:
     late_exits: dict[str, str] = field(default_factory=dict)
     unrecorded_exits: dict[str, str] = field(default_factory=dict)
     processes_left: list[str] = field(default_factory=list)
+    #: Finished deployments whose output files the deployer still keeps (a line of
+    #: them not confirmed stored by the log service).
+    outputs_left: list[str] = field(default_factory=list)
     read_models: list[str] = field(default_factory=list)
     #: Tasks that did not end (also counted as lost).
     still_open: set[str] = field(default_factory=set)
@@ -142,6 +145,11 @@ class ChaosReport:
                 found.append(f"{len(cases)} task(s) {title}, e.g.\n{examples}")
         if self.processes_left:
             found.append("processes left:\n" + "\n".join(f"  {p}" for p in self.processes_left))
+        if self.outputs_left:
+            found.append(
+                f"output files of {len(self.outputs_left)} finished deployment(s) still kept,"
+                f" e.g. {self.outputs_left[:5]}"
+            )
         found += [f"read model differs from its rebuild: {m}" for m in self.read_models]
         if self.still_open:
             found.append("read models not compared with a rebuild: tasks are still open")
@@ -294,7 +302,8 @@ def check_output(
         if abs(recorded - printed) > EXIT_TOLERANCE_S:
             report.late_exits[task_id] = (
                 f"worker {worker} printed {printed:.3f} last; WorkerExited says"
-                f" {recorded:.3f} ({recorded - printed:+.1f} s)"
+                f" {recorded:.3f} ({recorded - printed:+.1f} s), exit code"
+                f" {exited.event.exit_code}, recorded by {exited.metadata.actor}"
             )
 
 

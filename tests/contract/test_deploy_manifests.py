@@ -227,7 +227,7 @@ def test_compose_publishes_the_gateway_and_only_on_loopback(compose: dict[str, A
 
 
 #: The services that call or serve an internal API: only they hold the service credential.
-INTERNAL_TOKEN_HOLDERS = {"gateway", "submission", "logs", "notification"}
+INTERNAL_TOKEN_HOLDERS = {"gateway", "submission", "logs", "notification", "deployer"}
 
 
 def test_compose_internal_apis_share_the_internal_token(compose: dict[str, Any]) -> None:

@@ -307,7 +307,15 @@ async def test_a_restarted_deployer_service_publishes_the_rest_and_records_the_r
     (exited,) = exits(await world.events("crash"))
     assert isinstance(exited.event, WorkerExited) and exited.event.exit_code == 3
     assert abs((exited.occurred_at - printed_time(texts)).total_seconds()) < 1.0
-    assert not (world.tmp / "scratch" / "crash").exists()
+    # No log service said it stored the lines: the output files stay (nothing else).
+    kept = world.tmp / "scratch" / "crash" / "run1-a1"
+    assert json.loads((kept / "state.json").read_text())["phase"] == "finished"
+    assert sorted(p.name for p in (kept / "w0").iterdir()) == [
+        "exit_status",
+        "offsets.json",
+        "stderr.log",
+        "stdout.log",
+    ]
 
 
 async def read_logs(kafka: KafkaSettings, task_id: str, *, at_least: int) -> list[dict[str, Any]]:

@@ -403,20 +403,27 @@ async def test_volume_files_stay_and_worker_local_files_go(
         os.remove(f"/tmp/{marker}")
 
 
-async def test_workers_of_a_start_cut_short_are_ended_not_doubled(world: World) -> None:
-    # A deployer spawned the workers and died before it wrote their pids.
-    spec = make_spec("sleep 2")
-    await world.submit_and_place("stray", spec)
-    runtime1 = LocalRuntime(world.config())
-    d = Deployment("stray", 1, 1, spec, placement(1))
-    for step in (runtime1.allocate, runtime1.pull_image, runtime1.mount_storage, runtime1.init_env):
+async def spawned_then_crashed(world: World, task_id: str, spec: TaskSpec) -> dict[int, int]:
+    """A deployer that deploys `spec` placed on its workers, spawns them and dies; the pids."""
+    await world.submit_and_place(task_id, spec)
+    runtime = LocalRuntime(world.config())
+    d = Deployment(task_id, 1, 1, spec, placement(spec.worker_count))
+    for step in (runtime.allocate, runtime.pull_image, runtime.mount_storage, runtime.init_env):
         await step(d)
 
     async def ignore(*_: Any) -> None:
         return None
 
-    (stray,) = (await runtime1.start_workers(d, ignore, ignore)).values()
-    runtime1.detach()
+    pids = await runtime.start_workers(d, ignore, ignore)
+    runtime.detach()
+    return pids
+
+
+async def test_workers_of_a_start_cut_short_are_ended_not_doubled(world: World) -> None:
+    # A deployer spawned the workers and died before it wrote their pids.
+    (stray,) = (
+        await spawned_then_crashed(world, "stray", make_spec("echo started; sleep 2"))
+    ).values()
     state_file = world.tmp / "scratch" / "stray" / "run1-a1" / "state.json"
     raw = json.loads(state_file.read_text())
     state_file.write_text(json.dumps({**raw, "phase": "starting", "workers": []}))
@@ -431,3 +438,29 @@ async def test_workers_of_a_start_cut_short_are_ended_not_doubled(world: World) 
     assert (await world.state("stray")).status == "succeeded"
     types = [e.type for e in await world.events("stray")]
     assert types.count("WorkerStarted") == 1
+    assert world.output("stray") == ["started"]  # what the ended gang wrote went with it
+
+
+async def test_a_start_cut_short_once_every_worker_ran_is_adopted_at_its_start_time(
+    world: World,
+) -> None:
+    # The deployer died after it had written down every worker, before "started" and
+    # before the log had the starts: the workers are the attempt's, not strays.
+    spec = make_spec("echo up; sleep 1.5; echo done", workers=2)
+    pids = await spawned_then_crashed(world, "cut", spec)
+    started = datetime.now(UTC)
+    state_file = world.tmp / "scratch" / "cut" / "run1-a1" / "state.json"
+    state_file.write_text(json.dumps({**json.loads(state_file.read_text()), "phase": "starting"}))
+    await asyncio.sleep(0.5)  # the new deployer comes later than the start
+
+    app, runtime = world.deployer()
+    await app.reconcile()
+    assert runtime.pids(("cut", 1, 1)) == pids  # adopted, not started again
+    await asyncio.wait_for(app.drain(), 8)
+    assert (await world.state("cut")).status == "succeeded"
+    events = await world.events("cut")
+    starts = [e for e in events if isinstance(e.event, WorkerStarted)]
+    assert len(starts) == 2
+    for start in starts:  # when they started, not when they were found
+        assert abs((start.occurred_at - started).total_seconds()) < 0.3
+    assert sorted(world.output("cut")) == ["done", "done", "up", "up"]
