@@ -1,4 +1,4 @@
-"""End-to-end benchmark: trivial tasks through the whole platform (issue 5, item 4).
+"""End-to-end benchmark: trivial tasks through the whole platform.
 
 Runs what `runyard up` runs (outbox relay, gateway, submission, scheduler,
 deployer with the local runtime, fault tolerance, logs, notification) in one
@@ -56,8 +56,8 @@ from runyard.messaging import KafkaSettings, Topics
 from runyard.stack.context import ServiceContext
 from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres
 from runyard.stack.serve import SERVICE_NAMES, load_runner
-from runyard.stack.supervisor import Supervisor, free_endpoints, service_specs
-from runyard.stack.up import run_platform
+from runyard.stack.supervisor import service_processes
+from runyard.stack.up import run_platform, running, wait_ready
 
 REPO = Path(__file__).resolve().parents[1]
 POOL = "bench"
@@ -134,32 +134,6 @@ async def fresh_database(server_dsn: str) -> str:
         await admin.close()
     base, _, _ = server_dsn.rpartition("/")
     return f"{base}/{name}"
-
-
-async def wait_ready(ctx: ServiceContext, http: httpx.AsyncClient, run: asyncio.Task[None]) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        if run.done():
-            run.result()
-            raise SystemExit("the platform stopped before it was ready")
-        if await _every_service_ready(ctx, http):
-            return
-        if time.monotonic() > deadline:
-            raise SystemExit("the platform did not start within 60 s")
-        await asyncio.sleep(0.05)
-
-
-async def _every_service_ready(ctx: ServiceContext, http: httpx.AsyncClient) -> bool:
-    """Every service's /readyz (their URLs are in `ctx.endpoints` once bound) and the
-    gateway's own answer 200."""
-    urls = [f"{url}/readyz" for name, url in ctx.endpoints.items() if name != "submission-grpc"]
-    if not urls:
-        return False
-    try:
-        answers = [await http.get(url) for url in [*urls, "/readyz"]]
-    except httpx.TransportError:
-        return False
-    return all(answer.status_code == 200 for answer in answers)
 
 
 def task_body(i: int) -> dict[str, Any]:
@@ -289,16 +263,15 @@ def report_breakdown(times: dict[str, dict[str, float]]) -> None:
 async def supervised(ctx: ServiceContext) -> None:
     """Every built service as a child process, until cancelled (then all stopped); a
     child that exits ends the run with an error."""
-    names = [name for name in SERVICE_NAMES if load_runner(name) is not None]
-    free_endpoints(ctx, names)
-    supervisor = Supervisor(service_specs(ctx, names), restart=False, grace_s=15)
-    try:
-        await supervisor.start()
+    async with service_processes(ctx, services()) as supervisor:
         while not (exited := supervisor.exited()):  # noqa: ASYNC110 (its state, polled)
             await asyncio.sleep(0.2)
         raise RuntimeError(f"service processes exited: {exited}")
-    finally:
-        await supervisor.stop()
+
+
+def services() -> list[str]:
+    """The services this checkout has (each runs in either layout)."""
+    return [name for name in SERVICE_NAMES if load_runner(name) is not None]
 
 
 async def bench(
@@ -322,7 +295,7 @@ async def bench(
         async with httpx.AsyncClient(
             base_url=f"http://127.0.0.1:{port}", timeout=60, limits=limits
         ) as http:
-            await wait_ready(ctx, http, run)
+            await wait_ready(ctx.endpoints, services(), within_s=60, alive=running(run))
             token = await create_token(db, "bench", "bench", "admin")
             http.headers["Authorization"] = f"Bearer {token}"
             warm = await submit(http, -1)

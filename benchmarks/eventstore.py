@@ -1,4 +1,4 @@
-"""Event store benchmark: appends, reads and relay latency beside raw asyncpg (issue 2).
+"""Event store benchmark: appends, reads and relay latency beside raw asyncpg.
 
 Runs on a real Postgres with its DEFAULT durability settings (fsync and
 synchronous_commit on): DATABASE_URL, or an embedded one started here in a

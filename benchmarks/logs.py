@@ -1,14 +1,14 @@
-"""Log service benchmark: ingest rate and search latency beside GNU grep (issue 6).
+"""Log service benchmark: ingest rate and search latency beside GNU grep.
 
 Runs on a real Postgres with its default durability settings: DATABASE_URL,
 or an embedded one started here in a temp dir. The corpus is one task's
 output from 8 workers (training steps, NCCL chatter, warnings, checkpoint
 saves, a few errors), 1,000,000 lines (`--quick`: 100,000).
 
-- ingest: the log consumer's own path (`LogIngester.pipeline`: parse the
-  topic's JSON records, one multi-row insert per batch of 5,000 while the
-  next batch is parsed, dedupe index, text search and trigram indexes
-  maintained), lines per second. The broker is left out: it is the same for
+- ingest: the log consumer's own path (the `LogIngester`'s
+  `LogBatchConsumer.pipeline`: decode the topic's JSON records, one multi-row
+  insert per batch of 5,000 while the next batch is decoded, dedupe index,
+  text search and trigram indexes maintained), lines per second. The broker is left out: it is the same for
   any consumer.
 - search: the number of matching lines (`LogStore.count`) for a word, an
   exact phrase and a regular expression, beside `grep -c` on the same lines
@@ -42,8 +42,8 @@ from typing import Any
 
 import asyncpg
 from runyard.logs import LogIngester, LogQuery, LogStore
-from runyard.logs.ingest import Batch
 from runyard.messaging import KafkaSettings
+from runyard.messaging.batches import Polled
 from runyard.stack.embedded import EmbeddedPostgres
 
 WORKERS = 8
@@ -99,7 +99,7 @@ def corpus(n: int, start: datetime, seed: int = 7) -> list[dict[str, Any]]:
     return lines
 
 
-async def batches(values: list[bytes]) -> AsyncIterator[Batch]:
+async def batches(values: list[bytes]) -> AsyncIterator[Polled]:
     """The topic's messages as the consumer would poll them (no broker)."""
 
     async def committed() -> None:
@@ -147,10 +147,10 @@ async def bench(dsn: str, n: int, workdir: Path) -> str:
         await store.migrate()
         ingester = LogIngester(store, KafkaSettings())
         t = time.perf_counter()
-        await ingester.pipeline(batches(values))
+        await ingester.consumer.pipeline(batches(values))
         ingest_s = time.perf_counter() - t
         assert ingester.stats.stored == n, ingester.stats
-        again = await ingester.store_batch(values[:BATCH])  # type: ignore[arg-type]
+        again = await ingester.ingest(ingester.consumer.decode(values[:BATCH]))
         assert again == 0, "a redelivered batch must store nothing"
         async with pool.acquire() as conn:
             await conn.execute("VACUUM ANALYZE log_lines")  # what autovacuum does after a load

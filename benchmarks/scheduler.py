@@ -1,4 +1,4 @@
-"""Scheduler benchmark: a 10,000-node pool with 100,000 queued tasks (issue 4).
+"""Scheduler benchmark: a 10,000-node pool with 100,000 queued tasks.
 
 Measures, on a real Postgres (DATABASE_URL, or an embedded one started here):
 

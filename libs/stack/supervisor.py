@@ -30,7 +30,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -243,6 +243,30 @@ def _signal_group(child: Child, sig: int) -> None:
         return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(child.process.pid, sig)
+
+
+@contextlib.asynccontextmanager
+async def service_processes(
+    ctx: ServiceContext, names: Sequence[str], *, grace_s: float = 15.0
+) -> AsyncIterator[Supervisor]:
+    """Every service of `names` as a child process on the platform `ctx` describes, each
+    on a free port (`free_endpoints`), all started at once and never restarted (a test
+    or a benchmark wants a crash seen, not hidden: `Supervisor.exited`). On the way out
+    they are stopped, then SIGKILL goes to every child's process group, so nothing of
+    theirs outlives the caller."""
+    free_endpoints(ctx, names)
+    supervisor = Supervisor(service_specs(ctx, names), restart=False, grace_s=grace_s)
+    try:
+        await supervisor.start()
+        yield supervisor
+    finally:
+        try:
+            await supervisor.stop()
+        finally:
+            for child in supervisor.children.values():
+                if child.process is not None:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(child.process.pid, signal.SIGKILL)
 
 
 def free_endpoints(ctx: ServiceContext, names: Sequence[str], host: str = "127.0.0.1") -> None:

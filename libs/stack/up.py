@@ -28,6 +28,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import httpx
@@ -270,6 +271,18 @@ async def wait_ready(
                     f"not ready within {within_s:.0f} s: {', '.join(sorted(waiting))}"
                 )
             await asyncio.sleep(0.1)
+
+
+def running(task: asyncio.Task[Any], what: str = "the platform") -> Callable[[], None]:
+    """An `alive` check for `wait_ready`: raises once `task` (what runs the services)
+    has ended, with its error when it failed."""
+
+    def check() -> None:
+        if task.done():
+            error = None if task.cancelled() else task.exception()
+            raise RuntimeError(f"{what} stopped before it was ready: {error!r}") from error
+
+    return check
 
 
 def bind_services(ctx: ServiceContext, names: Iterable[str]) -> list[socket.socket]:

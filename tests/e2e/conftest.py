@@ -37,7 +37,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import signal
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -53,7 +52,7 @@ from runyard.api.auth import create_token
 from runyard.messaging import KafkaSettings
 from runyard.stack.context import ServiceContext
 from runyard.stack.serve import SERVICE_NAMES, load_runner
-from runyard.stack.supervisor import Supervisor, free_endpoints, service_specs
+from runyard.stack.supervisor import service_processes
 from runyard.stack.up import run_platform, wait_ready
 
 from tests.e2e.audit import assert_audit_chain
@@ -203,33 +202,17 @@ async def _in_process(ctx: ServiceContext, names: list[str]) -> AsyncIterator[Ca
             await run
 
 
-def kill_groups(supervisor: Supervisor) -> None:
-    """SIGKILL to every child's process group: nothing of theirs outlives a test."""
-    for child in supervisor.children.values():
-        if child.process is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(child.process.pid, signal.SIGKILL)
-
-
 @contextlib.asynccontextmanager
 async def _processes(ctx: ServiceContext, names: list[str]) -> AsyncIterator[Callable[[], None]]:
     """Every service of `names` as a child process, all started at once."""
-    free_endpoints(ctx, names)
     ctx.settings["log_level"] = os.environ.get("RUNYARD_LOG_LEVEL", "warning").lower()
-    supervisor = Supervisor(service_specs(ctx, names), restart=False, grace_s=15)
+    async with service_processes(ctx, names) as supervisor:
 
-    def check() -> None:
-        if exited := supervisor.exited():
-            raise AssertionError(f"service processes exited: {exited}")
+        def check() -> None:
+            if exited := supervisor.exited():
+                raise AssertionError(f"service processes exited: {exited}")
 
-    try:
-        await supervisor.start()
         yield check
-    finally:
-        try:
-            await supervisor.stop()
-        finally:
-            kill_groups(supervisor)
 
 
 @contextlib.asynccontextmanager

@@ -1,4 +1,4 @@
-"""Fault tolerance end to end (issue 8, "Must show"), through the gateway's HTTP API.
+"""Fault tolerance end to end, through the gateway's HTTP API.
 
 The whole platform runs as in `runyard up`, each service in its own process by
 default (conftest.py): scheduler, deployer with the local runtime (real worker

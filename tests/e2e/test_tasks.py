@@ -1,4 +1,4 @@
-"""Tasks really run, end to end (issue 5, "Must show").
+"""Tasks really run, end to end.
 
 Every test goes through the gateway's HTTP API to the whole platform (relay,
 scheduler, deployer with the local runtime, ...; each service in its own

@@ -31,7 +31,16 @@ from runyard.messaging import KafkaSettings
 from runyard.stack import roles
 from runyard.stack.context import ServiceContext
 from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres, _pg_bin, free_port
-from runyard.stack.up import Stack, _write_private, all_migrations, migrate, run_platform
+from runyard.stack.serve import SERVICE_NAMES
+from runyard.stack.up import (
+    Stack,
+    _write_private,
+    all_migrations,
+    migrate,
+    run_platform,
+    running,
+    wait_ready,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -336,7 +345,7 @@ async def _platform(
     run = asyncio.create_task(run_platform(ctx), name="platform")
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port}", timeout=30) as http:
-            await _until(run, lambda: _ready(ctx, http))
+            await wait_ready(ctx.endpoints, SERVICE_NAMES, within_s=60, alive=running(run))
             conn = await asyncpg.connect(stack.dsn)
             try:
                 token = await create_token(conn, "sec", "alice", "member")
@@ -414,18 +423,6 @@ async def _run_task(http: httpx.AsyncClient, run: asyncio.Task[None], command: s
 
     await _until(run, logged)
     return lines
-
-
-async def _ready(ctx: ServiceContext, http: httpx.AsyncClient) -> bool:
-    """Every service's /readyz (URLs in `ctx.endpoints` once bound) and the gateway's."""
-    urls = [f"{url}/readyz" for name, url in ctx.endpoints.items() if name != "submission-grpc"]
-    if not urls:
-        return False
-    try:
-        answers = [await http.get(url) for url in [*urls, "/readyz"]]
-    except httpx.TransportError:
-        return False
-    return all(answer.status_code == 200 for answer in answers)
 
 
 async def _until(
