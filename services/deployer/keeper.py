@@ -39,13 +39,12 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
-import httpx
-from runyard.contracts.rpc import credential
+from runyard.api.internal import ServiceClient
 from runyard.deployer import outputs
 from runyard.deployer.outputs import DeploymentKey, KeptOutput, Marks, OutputStream, Stream
 from runyard.deployer.retry import until_done
@@ -95,40 +94,29 @@ class StoredLines(Protocol):
         ...
 
 
-@dataclass
 class LogServiceLines:
-    """The log service's `/internal/v1/lines/missing`, at `endpoints["logs"]`."""
+    """The log service's `/internal/v1/lines/missing` (`runyard.api.internal.ServiceClient`)."""
 
-    endpoints: Mapping[str, str]
-    token: str
-    timeout_s: float = 30.0
-    _client: httpx.AsyncClient | None = field(default=None, repr=False)
+    def __init__(self, endpoints: Mapping[str, str], token: str, *, timeout_s: float = 30.0):
+        self.service = ServiceClient(endpoints, LOGS, token, timeout_s=timeout_s)
 
     async def missing(self, asks: Sequence[Ask]) -> list[Gaps] | None:
-        base = self.endpoints.get(LOGS)
-        if not base:
+        if not self.service.known:
             return None
-        if self._client is None:
-            self._client = httpx.AsyncClient(follow_redirects=False, timeout=self.timeout_s)
         gaps: list[Gaps] = []
         for i in range(0, len(asks), ASK_CHUNK):
             chunk = asks[i : i + ASK_CHUNK]
-            answer = await self._client.post(
-                f"{base}/internal/v1/lines/missing",
-                json={"streams": [a.body() for a in chunk]},
-                headers={credential.METADATA_KEY: self.token},
+            answer = await self.service.post(
+                "/internal/v1/lines/missing", {"streams": [a.body() for a in chunk]}
             )
-            answer.raise_for_status()
-            streams = answer.json()["streams"]
+            streams = answer["streams"]
             if len(streams) != len(chunk):
                 raise ValueError(f"{len(streams)} answers to {len(chunk)} streams")
             gaps.extend([(int(lo), int(hi)) for lo, hi in s["missing"]] for s in streams)
         return gaps
 
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        await self.service.aclose()
 
 
 class BrokerWatch:

@@ -48,6 +48,7 @@ from typing import Any, Final
 
 import asyncpg
 import httpx
+from runyard.api.internal import read_at_most
 from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent
 from runyard.contracts.envelope import utcnow
 from runyard.contracts.task_events import (
@@ -452,7 +453,7 @@ class NotificationApp:
             async with self.http.stream(
                 "POST", bot, content=body, headers={"Content-Type": "application/json"}
             ) as answer:
-                head = await _read_at_most(answer, self.config.max_answer_bytes)
+                head = await read_at_most(answer, self.config.max_answer_bytes)
         except httpx.HTTPError as exc:
             # Only the kind of error: its text may hold the URL (the bot's token) or
             # words of the remote end, and it goes into the task's timeline.
@@ -577,16 +578,6 @@ def _meta(cause: Cause) -> Metadata:
     return Metadata(
         actor=ACTOR, causation_id=cause.causation_id, correlation_id=cause.correlation_id
     )
-
-
-async def _read_at_most(answer: httpx.Response, limit: int) -> bytes:
-    """The first `limit` bytes of an answer's body (the rest is not read)."""
-    head = bytearray()
-    async for chunk in answer.aiter_bytes():
-        head += chunk[: limit - len(head)]
-        if len(head) >= limit:
-            break
-    return bytes(head)
 
 
 def _error(outcome: Outcome) -> str | None:

@@ -18,16 +18,13 @@ unknown (None) and the card goes without it.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-import httpx
-from runyard.contracts.rpc import credential
+from runyard.api.internal import ServiceClient
 from runyard.notification.feishu import MAX_LINE_CHARS, FirstErrorFact
 
 log = logging.getLogger("runyard.notification")
@@ -42,24 +39,21 @@ _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
-@dataclass
 class LogService:
-    """The log service's first-error route, at `endpoints["logs"]` (read at each call)."""
+    """The log service's first-error route (`runyard.api.internal.ServiceClient`)."""
 
-    endpoints: Mapping[str, str]
-    token: str
-    timeout_s: float = 5.0
-    _client: httpx.AsyncClient | None = field(default=None, repr=False)
+    def __init__(self, endpoints: Mapping[str, str], token: str, *, timeout_s: float = 5.0):
+        self.service = ServiceClient(endpoints, LOGS, token, max_answer_bytes=MAX_ANSWER_BYTES)
+        self.timeout_s = timeout_s
 
     async def lookup(self, task_id: str, run: int) -> FirstErrorFact | None:
         """The first error of `run` of `task_id`, or None when unknown (never raises)."""
-        base = self.endpoints.get(LOGS)
-        if not base:
+        if not self.service.known:
             return None  # no log service on this platform
-        url = f"{base}/internal/v1/tasks/{quote(task_id, safe='')}/runs/{int(run)}/first-error"
+        path = f"/internal/v1/tasks/{quote(task_id, safe='')}/runs/{int(run)}/first-error"
         try:
             async with asyncio.timeout(self.timeout_s):
-                body = await self._get(url)
+                body = await self.service.get(path)
             return fact(body) if body.get("found") else None
         except Exception as exc:  # the alert goes without it
             log.warning(
@@ -71,26 +65,8 @@ class LogService:
             )
             return None
 
-    async def _get(self, url: str) -> dict[str, Any]:
-        if self._client is None:
-            self._client = httpx.AsyncClient(follow_redirects=False)
-        headers = {credential.METADATA_KEY: self.token}
-        async with self._client.stream("GET", url, headers=headers) as answer:
-            answer.raise_for_status()
-            data = bytearray()
-            async for chunk in answer.aiter_bytes():
-                data += chunk
-                if len(data) > MAX_ANSWER_BYTES:
-                    raise ValueError(f"the answer is over {MAX_ANSWER_BYTES} bytes")
-        body = json.loads(bytes(data))
-        if not isinstance(body, dict):
-            raise ValueError("the answer is not a JSON object")
-        return body
-
     async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        await self.service.aclose()
 
 
 def fact(found: Mapping[str, Any]) -> FirstErrorFact:
