@@ -233,17 +233,25 @@ class OutputKeeper:
         self._live_lost = False
 
     async def run(self) -> None:
-        """A round every `check_s` seconds until cancelled; a failed round is logged."""
+        """A round every `check_s` seconds until cancelled. A failed round (the log
+        service or the broker away) is logged when the failures start and when they end."""
+        failing = 0
         while True:
             try:
                 await self.round()
             except Exception as exc:
-                log.warning(
-                    "output keeper round failed (%s: %s); next in %ss",
-                    type(exc).__name__,
-                    exc,
-                    self.check_s,
-                )
+                failing += 1
+                if failing == 1:
+                    log.warning(
+                        "output keeper: %s: %s; trying again every %ss",
+                        type(exc).__name__,
+                        exc,
+                        self.check_s,
+                    )
+            else:
+                if failing:
+                    log.warning("output keeper: working again after %d failed round(s)", failing)
+                failing = 0
             await asyncio.sleep(self.check_s)
 
     async def look(self) -> None:

@@ -19,10 +19,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from runyard.contracts.loglines import LogRecord
 from runyard.deployer.app import DeployerApp
 from runyard.deployer.keeper import BrokerWatch, LogServiceLines, OutputKeeper
 from runyard.deployer.runtime import LocalRuntime, OutputLine
-from runyard.logs import LogRecord, LogStore
+from runyard.logs import LogStore
 from runyard.logs.http import MAX_MISSING_STREAMS
 
 from tests.integration.test_deployer_faults import World, spec, world  # noqa: F401 (fixture)
@@ -51,17 +52,7 @@ class LossySink:
         self.offset += 1
         if self.loses(line):
             return
-        record = LogRecord(
-            line.at,
-            line.task_id,
-            line.run,
-            line.attempt,
-            line.worker,
-            line.stream,
-            line.line,
-            seq=line.seq,
-        )
-        await self.store.ingest([record])
+        await self.store.ingest([line.record()])
 
 
 @dataclass
@@ -280,7 +271,16 @@ async def test_the_missing_lines_route_answers_the_service_credential_only(
     endpoints: dict[str, str] = {}
     async with log_service(dsn, tmp_path, endpoints) as logs, httpx.AsyncClient() as http:
         records = [
-            LogRecord(datetime.now(UTC), "t-9", 1, 2, 0, "stdout", f"l{i}", seq=i)
+            LogRecord(
+                at=datetime.now(UTC),
+                task_id="t-9",
+                run=1,
+                attempt=2,
+                worker=0,
+                stream="stdout",
+                line=f"l{i}",
+                seq=i,
+            )
             for i in (0, 1, 2, 5, 6, 9)
         ]
         await logs.store.ingest(records)
@@ -346,3 +346,23 @@ async def test_the_missing_lines_route_answers_the_service_credential_only(
         assert (await http.post(route, json=too_many, headers=headers)).status_code in (400, 422)
         bad = {"streams": [{**one, "stream": "stdin"}]}
         assert (await http.post(route, json=bad, headers=headers)).status_code in (400, 422)
+
+
+async def test_failing_rounds_are_logged_when_they_start_and_when_they_end(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    await rig.keeper.round()
+    rig.keeper.check_s = 0.02
+    rig.ends[0] = -1  # a loss to see to ...
+    logs_url = rig.endpoints.pop("logs")  # ... and nobody to ask
+    with caplog.at_level(logging.WARNING, "runyard.deployer.keeper"):
+        running = asyncio.create_task(rig.keeper.run())
+        await asyncio.sleep(0.3)
+        rig.endpoints["logs"] = logs_url
+        await asyncio.sleep(0.3)
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+    failed = [r for r in caplog.records if "trying again every" in r.getMessage()]
+    again = [r for r in caplog.records if "working again after" in r.getMessage()]
+    assert len(failed) == 1 and "no log service" in failed[0].getMessage()
+    assert len(again) == 1
