@@ -1,23 +1,28 @@
 """Why a service refuses a request, and the HTTP status each refusal maps to.
 
-The application layer raises typed errors; the edges (HTTP, gRPC, CLI) map them.
-The task domain's and the store's errors are translated here too (the
-gateway adds the submission rules'), so every refusal of every service answers
-the same JSON shape `{code, field, message, hint}`.
+The application layer raises typed errors; the edges (HTTP, gRPC, CLI) answer
+them. Every error Runyard raises on purpose is a `RunyardError`
+(runyard.errors: code, field, message, hint, retryable, and its HTTP and gRPC
+status), the task domain's, the store's and each service's included, so every
+refusal of every service answers the same JSON shape `{code, field, message,
+hint}`. The errors here are the API's own, for refusals of the request itself:
 
-    GatewayError                  code, field, message, hint, status
-    ├── BadRequest                400 (request.invalid, ...)
-    ├── Unauthenticated           401 (auth.missing_token, auth.invalid_token)
-    ├── PermissionDenied          403 (auth.admin_only)
-    ├── NotFound                  404 (task_not_found, group.not_found, pool.not_found)
-    ├── Conflict                  409 (a domain refusal or a concurrent write)
-    ├── PayloadTooLarge           413 (request.too_large: a body over the limit;
-    │                                  event.too_large: an event over the store's limit)
-    └── Unavailable               503 (service.unavailable: the database or the broker
-                                       cannot be reached now; answered with Retry-After)
+    RunyardError (runyard.errors)
+    └── GatewayError              code, field, message, hint, http_status
+        ├── BadRequest            400 (request.invalid, ...)
+        ├── Unauthenticated       401 (auth.missing_token, auth.invalid_token)
+        ├── PermissionDenied      403 (auth.admin_only)
+        ├── NotFound              404 (task_not_found, group.not_found, pool.not_found)
+        ├── Conflict              409 (the state does not allow it: group.nothing_to_rerun)
+        ├── PayloadTooLarge       413 (request.too_large: a body over the limit)
+        └── Unavailable           503 (service.unavailable: the database, the broker or
+                                       another service cannot be reached now; retryable,
+                                       answered with Retry-After)
 
-An outage is not the caller's fault and not a bug: an error that only says the
-database or the broker cannot be reached now (`is_transient`) is a 503 with
+`translate` is what both edges call: a `RunyardError` is answered as it says;
+driver errors that reach an edge untranslated are mapped here once. An outage
+is not the caller's fault and not a bug: an error that only says the database
+or the broker cannot be reached now (`is_transient`) is a 503 with
 Retry-After, never a 500; the request can be sent again as it is.
 
 A value the database cannot take (asyncpg `DataError`: a number out of its
@@ -27,81 +32,74 @@ column's range, text Postgres cannot store) is the caller's input, so it is a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import asyncpg
 from aiokafka.errors import KafkaError
 from asyncpg.exceptions import _base as asyncpg_base
-from runyard.domain import DomainError, RerunChangeNotAllowed, TaskNotFound
-from runyard.eventstore import ConcurrencyError, EventTooLarge
+from runyard.errors import (
+    RETRY_AFTER_S,
+    UNAVAILABLE_CODE,
+    UNAVAILABLE_HINT,
+    RunyardError,
+    outage_message,
+)
 from runyard.eventstore.transient import DATABASE_ERRORS, is_transient
 
 
-class GatewayError(Exception):
+class GatewayError(RunyardError):
     """A refused request: stable `code`, the `field` it concerns, `message`, `hint`."""
 
-    status = 400
+    http_status = 400
 
     def __init__(self, code: str, message: str, hint: str = "", field: str = "") -> None:
-        super().__init__(message)
-        self.code = code
-        self.field = field
-        self.message = message
-        self.hint = hint
-        self.extra: dict[str, Any] = {}
-
-    def to_dict(self) -> dict[str, Any]:
-        """The error as the API answers it."""
-        body = {"code": self.code, "field": self.field, "message": self.message, "hint": self.hint}
-        return {**body, **self.extra}
+        super().__init__(message, code=code, hint=hint, field=field)
 
 
 class BadRequest(GatewayError):
     """The request itself is malformed, or the submission rules refused it."""
 
-    status = 400
+    http_status = 400
 
 
 class Unauthenticated(GatewayError):
     """No bearer token, or one the gateway does not know."""
 
-    status = 401
+    http_status = 401
 
 
 class PermissionDenied(GatewayError):
     """The caller is known but may not do this (admin operations)."""
 
-    status = 403
+    http_status = 403
 
 
 class NotFound(GatewayError):
     """No such task, group or pool visible to the caller's tenant."""
 
-    status = 404
+    http_status = 404
 
 
 class Conflict(GatewayError):
     """The task's state does not allow the operation, or it changed meanwhile."""
 
-    status = 409
+    http_status = 409
 
 
 class PayloadTooLarge(GatewayError):
     """A request body, or the event it would write, over a size limit (docs/limits.md)."""
 
-    status = 413
+    http_status = 413
 
 
 class Unavailable(GatewayError):
-    """The database or the broker cannot be reached now; send the request again later."""
+    """The database, the broker or another service cannot be reached now; send the
+    request again later."""
 
-    status = 503
-    #: Seconds the answer's Retry-After header asks the client to wait.
-    retry_after_s = 2
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"Retry-After": str(self.retry_after_s)}
+    http_status = 503
+    retryable = True
+    retry_after_s = RETRY_AFTER_S
 
 
 #: Errors that may be an outage: their handler answers 503 when `is_transient` says so.
@@ -116,31 +114,28 @@ OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
 DATA_ERRORS: tuple[type[Exception], ...] = (asyncpg.DataError, asyncpg_base.DataError)
 
 
-def translate(error: Exception) -> GatewayError | None:
-    """The API error for a domain or store error (None: not ours)."""
-    if isinstance(error, GatewayError):
-        return error
-    if isinstance(error, TaskNotFound):
-        return NotFound(error.code, error.message, error.hint, "task_id")
-    if isinstance(error, RerunChangeNotAllowed):
-        return BadRequest(error.code, error.message, error.hint)
-    if isinstance(error, DomainError):
-        return Conflict(error.code, error.message, error.hint)
-    if isinstance(error, EventTooLarge):
-        return PayloadTooLarge(
-            "event.too_large",
-            str(error),
-            "shorten the longest texts of the request (command, description, variables)",
-        )
-    if isinstance(error, ConcurrencyError):
-        return Conflict("conflict", str(error), "the task changed meanwhile: try again")
+#: The API error of each HTTP status (a refusal another service answered).
+_OF_STATUS: dict[int, type[GatewayError]] = {
+    kind.http_status: kind
+    for kind in (
+        BadRequest,
+        Unauthenticated,
+        PermissionDenied,
+        NotFound,
+        Conflict,
+        PayloadTooLarge,
+        Unavailable,
+    )
+}
+
+
+def translate(error: BaseException) -> RunyardError | None:
+    """The error an edge answers for `error`; None: a fault of ours (a bare 500 or
+    INTERNAL, its text logged, never answered)."""
+    if isinstance(error, RunyardError):
+        return None if error.http_status == 500 else error
     if is_transient(error):
-        return Unavailable(
-            "service.unavailable",
-            f"the database or the broker cannot be reached now ({type(error).__name__})",
-            f"send the request again in {Unavailable.retry_after_s} s; the platform resumes"
-            " by itself when the outage ends",
-        )
+        return Unavailable(UNAVAILABLE_CODE, outage_message(type(error).__name__), UNAVAILABLE_HINT)
     if isinstance(error, DATA_ERRORS):
         return BadRequest(
             "request.invalid",
@@ -148,6 +143,23 @@ def translate(error: Exception) -> GatewayError | None:
             "check the numbers and text sent (range, characters)",
         )
     return None
+
+
+def error_of(status: int, body: Mapping[str, Any]) -> GatewayError:
+    """Another service's refusal, answered with `status` and the error `body`
+    `{code, field, message, hint, ...}`, as the same error here (extra members too)."""
+    kind = _OF_STATUS.get(status)
+    if kind is None:
+        kind = type("OwnerError", (GatewayError,), {"http_status": status})
+    known = ("code", "field", "message", "hint")
+    error = kind(
+        str(body.get("code") or "request.refused"),
+        str(body.get("message") or ""),
+        str(body.get("hint") or ""),
+        str(body.get("field") or ""),
+    )
+    error.extra = {k: v for k, v in body.items() if k not in known}
+    return error
 
 
 def task_not_found(task_id: str) -> NotFound:

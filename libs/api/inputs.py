@@ -180,7 +180,7 @@ class BodyLimit:
         error = body_too_large(self.max_bytes)
         body = json.dumps(error.to_dict()).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-        await send({"type": "http.response.start", "status": error.status, "headers": headers})
+        await send({"type": "http.response.start", "status": error.http_status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
 

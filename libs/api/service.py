@@ -33,17 +33,10 @@ from fastapi import APIRouter, FastAPI
 from fastapi import Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
-from runyard.api.errors import (
-    DATA_ERRORS,
-    OUTAGE_ERRORS,
-    BadRequest,
-    GatewayError,
-    Unavailable,
-    translate,
-)
+from runyard.api.errors import DATA_ERRORS, OUTAGE_ERRORS, BadRequest, translate
 from runyard.api.inputs import MAX_BODY_BYTES, BodyLimit
-from runyard.domain import DomainError
-from runyard.eventstore import HEALTH, ConcurrencyError, EventTooLarge, is_transient
+from runyard.errors import RETRY_AFTER_S, RunyardError
+from runyard.eventstore import HEALTH, is_transient
 from runyard.telemetry import TracingMiddleware, metrics_text, setup_metrics
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -51,7 +44,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 #: down, 0 when unknown); empty when ready. A transient error it raises counts as
 #: the service itself not ready.
 ReadyProbe = Callable[[], Awaitable[Mapping[str, float]]]
-Translate = Callable[[Exception], GatewayError | None]
 
 
 def service_app(
@@ -60,8 +52,6 @@ def service_app(
     routers: Iterable[APIRouter] = (),
     ready: ReadyProbe | None = None,
     metrics: Callable[[], str] | None = None,
-    translate_error: Translate = translate,
-    extra_errors: tuple[type[Exception], ...] = (),
 ) -> FastAPI:
     """The FastAPI application of service `name`: health, readiness, metrics, `routers`.
 
@@ -71,7 +61,7 @@ def service_app(
     app = FastAPI(title=f"Runyard {name}", version="1")
     app.add_middleware(TracingMiddleware)
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
-    install_error_handlers(app, translate_error, extra_errors)
+    install_error_handlers(app)
     health_routes(app, name, ready=ready, metrics=metrics)
     for router in routers:
         app.include_router(router)
@@ -105,7 +95,7 @@ def health_routes(
                 waiting[name] = 0.0
         if not waiting:
             return JSONResponse({"service": name, "ready": True})
-        headers = {"Retry-After": str(Unavailable.retry_after_s)}
+        headers = {"Retry-After": str(RETRY_AFTER_S)}
         body = {"service": name, "ready": False, "waiting": waiting}
         return JSONResponse(body, status_code=503, headers=headers)
 
@@ -115,23 +105,22 @@ def health_routes(
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 
-def install_error_handlers(
-    app: FastAPI,
-    translate_error: Translate = translate,
-    extra_errors: tuple[type[Exception], ...] = (),
-) -> None:
-    """Every refusal as `{code, field, message, hint}` with its status; an outage as a
-    503 with Retry-After, never a 500."""
+def install_error_handlers(app: FastAPI) -> None:
+    """The HTTP edge's one error translation, on every service's app (the gateway's
+    too): a `RunyardError` as `{code, field, message, hint}` with its `http_status`
+    (and Retry-After for an outage: a 503, never a 500); a driver error that is an
+    outage or a value the database cannot take as `translate` says. Anything else,
+    a `RunyardError` of status 500 included, is left to Starlette: a bare 500 whose
+    text says nothing of it (the server logs it)."""
 
     async def typed(_: HttpRequest, exc: Exception) -> JSONResponse:
-        error = translate_error(exc)
-        if error is None:  # pragma: no cover - only registered for translatable errors
+        error = translate(exc)
+        if error is None:  # a fault, not a refusal: the bare 500
             raise exc
-        headers = error.headers if isinstance(error, Unavailable) else None
-        return JSONResponse(error.to_dict(), status_code=error.status, headers=headers)
+        headers = error.headers or None
+        return JSONResponse(error.to_dict(), status_code=error.http_status, headers=headers)
 
-    handled = (GatewayError, DomainError, ConcurrencyError, EventTooLarge, *extra_errors)
-    for kind in (*handled, *DATA_ERRORS, *OUTAGE_ERRORS):
+    for kind in (RunyardError, *DATA_ERRORS, *OUTAGE_ERRORS):
         app.add_exception_handler(kind, typed)
 
     @app.exception_handler(StarletteHTTPException)

@@ -3,32 +3,35 @@
 Every error has a stable `code` (for API answers and logs), a `message` that
 says what happened, and a `hint` that says what a person can do. Deciding
 again on the same state gives the same error, so none of them is worth a
-retry; an edge maps them to a 4xx answer, a consumer acks and moves on.
+retry; an edge answers them with their status (409 unless said: the task's
+state does not allow it), a consumer acks and moves on. `DomainError` is a
+`RunyardError` (runyard.errors), so every edge answers it the same way.
 
-    DomainError
-     +-- TaskNotFound            no stream for that task id
+    DomainError                  409
+     +-- TaskNotFound            404 (field task_id): no stream for that task id
      +-- TaskAlreadyExists       a second TaskSubmitted for one task id
      +-- InvalidTransition       the command does not apply in the task's status
      |    +-- TaskAlreadyFinished    ... because the task is succeeded/failed/stopped/abnormal
      |    +-- TaskStopping           ... because a stop is pending
      +-- StaleAttempt            the command is about an older run or attempt
      +-- InvalidCommand          the command itself is wrong for this task
-     |    +-- RerunChangeNotAllowed  a rerun changes a field only a clone may change
+     |    +-- RerunChangeNotAllowed  400: a rerun changes a field only a clone may change
      |    +-- RestartNotAllowed      auto restart is off or its limit is reached
      +-- InconsistentHistory     a stored stream cannot be folded (a bug, not a user error)
 """
 
 from __future__ import annotations
 
+from runyard.errors import RunyardError
 
-class DomainError(Exception):
+
+class DomainError(RunyardError):
     """A command the task domain refuses: a stable `code`, a `message`, and a `hint`."""
 
-    def __init__(self, code: str, message: str, hint: str = "") -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.hint = hint
+    http_status = 409
+
+    def __init__(self, code: str, message: str, hint: str = "", field: str = "") -> None:
+        super().__init__(message, code=code, hint=hint, field=field)
 
     def __str__(self) -> str:
         return f"{self.message} ({self.hint})" if self.hint else self.message
@@ -37,8 +40,11 @@ class DomainError(Exception):
 class TaskNotFound(DomainError):
     """No event exists for the task id."""
 
+    http_status = 404
+
     def __init__(self, task_id: str) -> None:
-        super().__init__("task_not_found", f"task {task_id!r} does not exist", "check the task id")
+        message = f"task {task_id!r} does not exist"
+        super().__init__("task_not_found", message, "check the task id", "task_id")
         self.task_id = task_id
 
 
@@ -112,6 +118,8 @@ class InvalidCommand(DomainError):
 
 class RerunChangeNotAllowed(InvalidCommand):
     """A rerun may change only the launch command, worker spec, worker count and image (R-16)."""
+
+    http_status = 400
 
     def __init__(self, task_id: str, fields: tuple[str, ...]) -> None:
         super().__init__(

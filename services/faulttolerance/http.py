@@ -40,7 +40,7 @@ CAPTURABLE = {"env_checking", "running"}
 class TimedOut(GatewayError):
     """What the request needs did not answer in time (504)."""
 
-    status = 504
+    http_status = 504
 
 
 def faulttolerance_router(

@@ -126,7 +126,7 @@ MEDIA_TYPE = "application/zip"
 class BundleRefused(GatewayError):
     """The bundle cannot be written as asked (422): too large, or a secret in it."""
 
-    status = 422
+    http_status = 422
 
 
 def secret_found(member: str) -> BundleRefused:

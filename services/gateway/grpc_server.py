@@ -3,9 +3,10 @@
 Each handler authenticates the `authorization: Bearer <token>` metadata,
 calls the same `Gateway` method as the HTTP handler and answers its result;
 specs, changes and full answers travel as JSON text in the HTTP shapes.
-Typed errors map to status codes (see `STATUS`) with `runyard-code`,
-`runyard-field`, `runyard-hint` and `runyard-error-bin` (the HTTP error body,
-UTF-8 JSON) in the trailing metadata.
+Errors are answered by the gRPC edge every Runyard server shares
+(`runyard.api.grpc_errors.abort`): the error's status code, with `runyard-code`,
+`runyard-field`, `runyard-hint`, `runyard-status` and `runyard-error-bin` (the
+HTTP error body, UTF-8 JSON) in the trailing metadata.
 
 The log methods call the log service's HTTP API (`runyard.gateway.proxy.Owners`,
 the client the HTTP routing uses) with the caller's token, after
@@ -29,7 +30,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from runyard.api.auth import Principal, bearer_token
-from runyard.api.errors import BadRequest, GatewayError
+from runyard.api.errors import BadRequest
+from runyard.api.grpc_errors import abort
 from runyard.api.inputs import (
     MAX_BODY_BYTES,
     check_param,
@@ -37,23 +39,12 @@ from runyard.api.inputs import (
     reject_unstorable,
 )
 from runyard.gateway.app import Gateway, Request
-from runyard.gateway.errors import translate
 from runyard.gateway.grpc_gen import tasks_pb2 as pb
 from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
 from runyard.gateway.proxy import Owners
 
 log = logging.getLogger(__name__)
 
-#: HTTP status of a gateway error -> gRPC status code.
-STATUS: dict[int, grpc.StatusCode] = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    401: grpc.StatusCode.UNAUTHENTICATED,
-    403: grpc.StatusCode.PERMISSION_DENIED,
-    404: grpc.StatusCode.NOT_FOUND,
-    409: grpc.StatusCode.FAILED_PRECONDITION,
-    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    503: grpc.StatusCode.UNAVAILABLE,  # the database or broker is away: retry
-}
 #: Largest request message the server reads (as HTTP bodies; bigger ones are
 #: refused by gRPC itself with RESOURCE_EXHAUSTED before any handler runs).
 MAX_MESSAGE_BYTES = MAX_BODY_BYTES
@@ -65,36 +56,6 @@ TASKS_SERVICE = pb.DESCRIPTOR.services_by_name["Tasks"].full_name
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 
 T = TypeVar("T")
-
-
-def status_of(error: GatewayError) -> grpc.StatusCode:
-    """The gRPC code of a gateway error: a concurrent change is ABORTED (retry)."""
-    if error.code == "conflict":
-        return grpc.StatusCode.ABORTED
-    return STATUS.get(error.status, grpc.StatusCode.INVALID_ARGUMENT)
-
-
-def error_metadata(error: GatewayError) -> tuple[tuple[str, str | bytes], ...]:
-    """Trailing metadata of a refusal: code, field, hint, and the whole HTTP error body."""
-    return (
-        ("runyard-code", _ascii(error.code)),
-        ("runyard-field", _ascii(error.field)),
-        ("runyard-hint", _ascii(error.hint)),
-        ("runyard-error-bin", json.dumps(error.to_dict()).encode()),
-    )
-
-
-def _ascii(text: str) -> str:
-    """Printable ASCII, as plain metadata values must be."""
-    escaped = text.encode("ascii", "backslashreplace").decode()
-    return "".join(c if " " <= c <= "~" else " " for c in escaped)
-
-
-async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:
-    error = translate(exc)
-    if error is None:
-        raise exc
-    await context.abort(status_of(error), error.message, trailing_metadata=error_metadata(error))
 
 
 def _json_object(text: str, field: str) -> dict[str, Any]:
@@ -272,8 +233,7 @@ class TasksService(pb_grpc.TasksServicer):  # type: ignore[misc]  # generated, u
             check_fields(request)
             return await call()
         except Exception as exc:
-            await _abort(context, exc)
-            raise  # pragma: no cover - abort raises
+            await abort(context, exc, "gateway")
 
     # --- tasks ----------------------------------------------------------------
 
@@ -357,7 +317,7 @@ class TasksService(pb_grpc.TasksServicer):  # type: ignore[misc]  # generated, u
             async for event in self.gw.watch(caller, request.task_id):
                 yield event_message(event)
         except Exception as exc:
-            await _abort(context, exc)
+            await abort(context, exc, "gateway")
 
     # --- pools ----------------------------------------------------------------
 
@@ -477,7 +437,7 @@ class TasksService(pb_grpc.TasksServicer):  # type: ignore[misc]  # generated, u
                 async for page in stream:
                     yield log_page_message(page)
         except Exception as exc:
-            await _abort(context, exc)
+            await abort(context, exc, "gateway")
 
     async def GetFirstError(
         self, request: pb.FirstErrorRequest, context: grpc.aio.ServicerContext
@@ -570,4 +530,4 @@ async def start_server(
     return server, bound
 
 
-__all__ = ["STATUS", "TasksService", "error_metadata", "start_server", "status_of"]
+__all__ = ["TasksService", "start_server"]

@@ -2,7 +2,8 @@
 
 Each handler authenticates the bearer token, calls one `Gateway` method and
 returns its answer; every typed error becomes `{code, field, message, hint}`
-with 400/401/403/404/409 (see docs/api.md). The routes of the data other
+with its status (see docs/api.md), translated by the edge every service's app
+has (`runyard.api.service.install_error_handlers`). The routes of the data other
 services own (logs, alert subscriptions, fault tolerance, pool administration)
 are authenticated here and routed to their owner (`runyard.gateway.proxy`).
 The OpenAPI document, the routed routes included, is served at /openapi.json.
@@ -16,10 +17,8 @@ from typing import Annotated, Any
 
 from fastapi import Body, Depends, FastAPI, Header, Query
 from fastapi import Request as HttpRequest
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from runyard.api.auth import Principal
-from runyard.api.errors import DATA_ERRORS, OUTAGE_ERRORS, BadRequest, GatewayError, Unavailable
 from runyard.api.inputs import (
     MAX_BODY_BYTES,
     BodyLimit,
@@ -28,16 +27,15 @@ from runyard.api.inputs import (
     reject_unstorable,
 )
 from runyard.api.security import caller_dependency
-from runyard.domain import DomainError
-from runyard.eventstore import HEALTH, ConcurrencyError, EventTooLarge, is_transient
+from runyard.api.service import install_error_handlers
+from runyard.errors import RETRY_AFTER_S
+from runyard.eventstore import HEALTH, is_transient
 from runyard.gateway.app import Gateway, Request
 from runyard.gateway.bundle import bundle_router
-from runyard.gateway.errors import translate
 from runyard.gateway.proxy import Owners, install_openapi, install_routes
 from runyard.gateway.schemas import body_schemas, request_body
 from runyard.telemetry import TracingMiddleware, current_trace_context
 from runyard.telemetry.metrics import metrics_text
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 
 async def _json_body(
@@ -83,7 +81,7 @@ def create_app(gateway: Gateway, owners: Owners | Mapping[str, str] | None = Non
     app.state.owners = owners
     app.add_middleware(TracingMiddleware)
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
-    _error_handlers(app)
+    install_error_handlers(app)
     _task_routes(app, gateway)
     _group_routes(app, gateway)
     _pool_routes(app, gateway)
@@ -119,43 +117,8 @@ def _readiness_route(app: FastAPI, gw: Gateway) -> None:
             waiting["gateway"] = 0.0
         if not waiting:
             return JSONResponse({"ready": True})
-        headers = {"Retry-After": str(Unavailable.retry_after_s)}
+        headers = {"Retry-After": str(RETRY_AFTER_S)}
         return JSONResponse({"ready": False, "waiting": waiting}, status_code=503, headers=headers)
-
-
-def _error_handlers(app: FastAPI) -> None:
-    async def typed(_: HttpRequest, exc: Exception) -> JSONResponse:
-        error = translate(exc)
-        if error is None:  # pragma: no cover - only registered for translatable errors
-            raise exc
-        headers = error.headers if isinstance(error, Unavailable) else None
-        return JSONResponse(error.to_dict(), status_code=error.status, headers=headers)
-
-    handled = (GatewayError, DomainError, ConcurrencyError, EventTooLarge)
-    for kind in (*handled, *DATA_ERRORS, *OUTAGE_ERRORS):
-        app.add_exception_handler(kind, typed)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: HttpRequest, exc: StarletteHTTPException) -> JSONResponse:
-        # FastAPI's own refusals (a body it cannot parse, e.g. JSON nested too deep for
-        # the parser; an unknown route or method) in the same shape as every other error.
-        code, field, hint = _HTTP_ERRORS.get(
-            exc.status_code, ("request.refused", "", "see /openapi.json")
-        )
-        body = {"code": code, "field": field, "message": str(exc.detail), "hint": hint}
-        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_: HttpRequest, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        field = ".".join(str(p) for p in first["loc"][1:])
-        error = BadRequest(
-            "request.invalid",
-            f"{field or 'request'}: {first['msg']}",
-            "fix the request (see /openapi.json)",
-            field,
-        )
-        return JSONResponse(error.to_dict(), status_code=400)
 
 
 async def _no_nul_in_url(request: HttpRequest) -> None:
@@ -165,17 +128,6 @@ async def _no_nul_in_url(request: HttpRequest) -> None:
         reject_unstorable(dict(params))
         for name, value in params.items():
             check_param(name, str(value))
-
-
-_HTTP_ERRORS = {
-    400: (
-        "request.invalid",
-        "body",
-        "send a JSON object (UTF-8, nested at most 32 levels; docs/limits.md)",
-    ),
-    404: ("route.not_found", "", "see /openapi.json for the routes"),
-    405: ("method.not_allowed", "", "see /openapi.json for the methods of this route"),
-}
 
 
 def _principal_dependency(gateway: Gateway) -> Any:

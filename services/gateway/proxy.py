@@ -45,16 +45,7 @@ import httpx
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, StreamingResponse
-from runyard.api.errors import (
-    BadRequest,
-    Conflict,
-    GatewayError,
-    NotFound,
-    PayloadTooLarge,
-    PermissionDenied,
-    Unauthenticated,
-    Unavailable,
-)
+from runyard.api.errors import GatewayError, Unavailable, error_of
 from runyard.telemetry import current_trace_context
 
 #: How each owner is named in a hint.
@@ -122,17 +113,6 @@ ROUTES: tuple[Route, ...] = (
     Route("/v1/admin/pools/{pool_id}/spot-capacity", ("POST",), "scheduler"),
 )
 
-#: An owner's refusal as the gateway raises it again (gRPC maps it by status).
-_ERRORS: dict[int, type[GatewayError]] = {
-    400: BadRequest,
-    401: Unauthenticated,
-    403: PermissionDenied,
-    404: NotFound,
-    409: Conflict,
-    413: PayloadTooLarge,
-    503: Unavailable,
-}
-
 
 def unreachable(owner: str, reason: str) -> Unavailable:
     """The 503 of an owner the gateway cannot reach now."""
@@ -151,22 +131,16 @@ def why(exc: Exception) -> str:
 
 
 def owner_error(status: int, body: bytes) -> GatewayError:
-    """An owner's refusal `{code, field, message, hint}` as a gateway error of its status."""
+    """An owner's refusal `{code, field, message, hint}` as a gateway error of its status
+    (gRPC answers it by that status)."""
     try:
         data = json.loads(body)
     except ValueError:
         data = {}
     if not isinstance(data, dict):
         data = {}
-    kind = _ERRORS.get(status)
-    if kind is None:
-        kind = type("OwnerError", (GatewayError,), {"status": status})
-    return kind(
-        str(data.get("code") or "request.refused"),
-        str(data.get("message") or body[:200].decode(errors="replace")),
-        str(data.get("hint") or ""),
-        str(data.get("field") or ""),
-    )
+    fallback = body[:200].decode(errors="replace")
+    return error_of(status, {**data, "message": data.get("message") or fallback})
 
 
 class Owners:

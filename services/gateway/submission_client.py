@@ -4,8 +4,9 @@ The submission service owns the rules, the catalogue and the append of what
 users submit; the gateway authenticates the caller and passes it along with
 each call. Its answers come back as the ids the gateway then reads (the task,
 the group); its refusals come back as the same API errors the gateway always
-answered (`Refusal` -> `BadRequest`, `NotFound`, ... with the same code,
-field, hint and item), and an unreachable service as a 503 naming it.
+answered (`runyard.api.grpc_errors.error_of_rpc`: `BadRequest`, `NotFound`, ...
+with the same status, code, field, hint and item), and an unreachable service
+as a 503 naming it.
 
 The service's address is read from `endpoints["submission-grpc"]` at each
 call (a service started later, or restarted elsewhere, is found), and every
@@ -26,24 +27,14 @@ from typing import Any, Protocol
 
 import grpc
 from runyard.api.auth import Principal
-from runyard.api.errors import (
-    BadRequest,
-    Conflict,
-    GatewayError,
-    NotFound,
-    PayloadTooLarge,
-    PermissionDenied,
-    Unauthenticated,
-    Unavailable,
-)
+from runyard.api.errors import Unavailable
+from runyard.api.grpc_errors import error_of_rpc
 from runyard.contracts.rpc import credential
 from runyard.contracts.rpc import submission_pb2 as pb
 from runyard.contracts.rpc import submission_pb2_grpc as pb_grpc
 
 #: The endpoint key of the submission service's gRPC API (host:port).
 ENDPOINT = "submission-grpc"
-#: Trailing metadata key of a refusal (see the proto file).
-REFUSAL_KEY = "runyard-refusal-bin"
 #: Tries of one call when the service cannot be reached, and the wait between them.
 TRIES = 3
 RETRY_WAIT_S = 0.2
@@ -51,15 +42,6 @@ RETRY_WAIT_S = 0.2
 CALL_TIMEOUT_S = 60.0
 #: Largest message sent or read (a task group of long specs).
 MAX_MESSAGE_BYTES = 32 * 1024 * 1024
-_ERRORS: dict[int, type[GatewayError]] = {
-    400: BadRequest,
-    401: Unauthenticated,
-    403: PermissionDenied,
-    404: NotFound,
-    409: Conflict,
-    413: PayloadTooLarge,
-    503: Unavailable,
-}
 #: Codes of a service that is away (down, restarting, stopping) or did not answer in time.
 _RETRIED = (
     grpc.StatusCode.UNAVAILABLE,
@@ -102,15 +84,6 @@ def unavailable(reason: str) -> Unavailable:
         f"send the request again in {Unavailable.retry_after_s} s; the submission service"
         " takes submissions again as soon as it is back",
     )
-
-
-def error_of(refusal: pb.Refusal) -> GatewayError:
-    """The API error of the service's refusal: same status, code, field, hint, item."""
-    kind = _ERRORS.get(refusal.status, BadRequest)
-    error = kind(refusal.code, refusal.message, refusal.hint, refusal.field)
-    if refusal.HasField("item"):
-        error.extra = {"item": refusal.item}
-    return error
 
 
 class SubmissionClient:
@@ -216,9 +189,9 @@ class SubmissionClient:
             try:
                 return await rpc(request, metadata=self._metadata(), timeout=CALL_TIMEOUT_S)
             except grpc.aio.AioRpcError as exc:
-                refusal = _refusal(exc)
+                refusal = error_of_rpc(exc)
                 if refusal is not None:
-                    raise error_of(refusal) from exc
+                    raise refusal from exc
                 if exc.code() not in _RETRIED:
                     # Not an outage (a wrong credential, a fault of the service): a 500.
                     raise RuntimeError(f"submission {method}: {exc.code().name}") from exc
@@ -226,13 +199,6 @@ class SubmissionClient:
                     raise unavailable(exc.code().name.lower()) from exc
                 await asyncio.sleep(RETRY_WAIT_S * attempt)
         raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _refusal(exc: grpc.aio.AioRpcError) -> pb.Refusal | None:
-    for key, value in exc.trailing_metadata() or ():
-        if key == REFUSAL_KEY and isinstance(value, bytes):
-            return pb.Refusal.FromString(value)
-    return None
 
 
 def _caller(principal: Principal) -> pb.Caller:

@@ -1,22 +1,26 @@
 """Why the log service refuses a request.
 
-LogError                 code, field, message, hint
-├── InvalidQuery         a filter or search the service cannot run (HTTP 400)
-└── ExportNotFound       no such export for this user (HTTP 404)
+Each is a `RunyardError` (runyard.errors): the HTTP and gRPC edges answer it
+with its status, code, field and hint, wherever it is raised.
+
+RunyardError
+└── LogError             code, field, message, hint
+    ├── InvalidQuery     a filter or search the service cannot run (HTTP 400)
+    └── ExportNotFound   no such export for this user (HTTP 404)
 """
 
 from __future__ import annotations
 
+from runyard.errors import RunyardError
 
-class LogError(Exception):
+
+class LogError(RunyardError):
     """A refused log request: stable `code`, the `field` it concerns, `message`, `hint`."""
 
+    http_status = 400
+
     def __init__(self, code: str, message: str, hint: str = "", field: str = "") -> None:
-        super().__init__(message)
-        self.code = code
-        self.field = field
-        self.message = message
-        self.hint = hint
+        super().__init__(message, code=code, hint=hint, field=field)
 
 
 class InvalidQuery(LogError):
@@ -25,3 +29,5 @@ class InvalidQuery(LogError):
 
 class ExportNotFound(LogError):
     """The export does not exist, or belongs to another user."""
+
+    http_status = 404

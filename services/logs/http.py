@@ -4,8 +4,9 @@ routes it here unchanged with the caller's token).
 Every route authenticates the bearer token again (`runyard.api.security`) and
 checks the task against the caller's tenant from the task's events
 (`runyard.api.tasks.visible_task`: a task of another tenant is a 404, as no
-task), then calls one `LogApi` function; log errors become the usual
-`{code, field, message, hint}` answers.
+task), then calls one `LogApi` function; its errors (`runyard.logs.errors`)
+are answered by the edge every service's app has, as the usual
+`{code, field, message, hint}`.
 
     GET  /v1/tasks/{id}/logs                   lines: filters, search, order, cursor
     GET  /v1/tasks/{id}/logs/follow            live tail: one page per line (NDJSON)
@@ -40,28 +41,26 @@ its support bundle read, through the same routes as every client.
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Awaitable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, fields
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Depends, Header, Query
 from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from runyard.api.auth import Principal
-from runyard.api.errors import BadRequest, GatewayError, NotFound, Unauthenticated
+from runyard.api.errors import BadRequest, Unauthenticated
 from runyard.api.security import Authenticator, caller_dependency
 from runyard.api.tasks import visible_task
 from runyard.contracts.rpc import credential
 from runyard.domain import TaskState, is_terminal
 from runyard.eventstore import EventStore
-from runyard.logs.errors import ExportNotFound, InvalidQuery, LogError
 from runyard.logs.exports import Exports
 from runyard.logs.search import MAX_LIMIT, LogQuery, check_int32
 from runyard.logs.store import LogStore, WorkerStream
 
-T = TypeVar("T")
 #: How often a live tail (`follow`) looks for new lines.
 FOLLOW_POLL_S = 0.5
 #: Media type of the follow stream: one JSON page per line.
@@ -103,27 +102,16 @@ class LogFilter:
     ignore_case: bool = False
 
     def query(self, task_id: str, **extra: Any) -> LogQuery:
-        """The store's query (a refused one raises a 400)."""
-        return translated(
-            lambda: LogQuery(
-                task_id,
-                workers=self.workers,
-                run=self.run,
-                since=self.since,
-                until=self.until,
-                words=self.words,
-                phrase=self.phrase,
-                regex=self.regex,
-                ignore_case=self.ignore_case,
-                **extra,
-            )
-        )
+        """The store's query (a refused one raises `InvalidQuery`, a 400): the filters
+        and searches under the same names, and `extra` (order, limit, cursor)."""
+        given = {field.name: getattr(self, field.name) for field in fields(self)}
+        return LogQuery(task_id, **given, **extra)
 
 
 class LogApi:
     """The application functions behind the log routes: the caller's tenant checked
-    first against the task's events (a task of another tenant is a 404), log errors
-    as API errors, answers in the HTTP shapes."""
+    first against the task's events (a task of another tenant is a 404), answers in
+    the HTTP shapes."""
 
     def __init__(
         self,
@@ -161,7 +149,7 @@ class LogApi:
         """One page of lines: `{lines, next_cursor, tail_cursor}`."""
         await self.task(caller, task_id)
         query = where.query(task_id, order=order, limit=limit, cursor=cursor)
-        return (await call(self.store.page(query))).to_json()
+        return (await self.store.page(query)).to_json()
 
     async def follow(
         self,
@@ -180,7 +168,7 @@ class LogApi:
         checked before the first item (a refusal is an error, not a stream)."""
         await self.task(caller, task_id)
         query = where.query(task_id, order="oldest", limit=limit, cursor=cursor)
-        first = await call(self.store.page(query))
+        first = await self.store.page(query)
         return self._pages(caller, task_id, query, first)
 
     async def _pages(
@@ -193,21 +181,21 @@ class LogApi:
                 task = await self.task(caller, task_id)
                 if is_terminal(task.status):
                     # the lines stored before the end was seen (workers' last words)
-                    last = await call(self.store.page(query.after(page.tail_cursor)))
+                    last = await self.store.page(query.after(page.tail_cursor))
                     while True:
                         if last.lines:
                             yield last.to_json()
                         if last.next_cursor is None:
                             return
-                        last = await call(self.store.page(query.after(last.next_cursor)))
+                        last = await self.store.page(query.after(last.next_cursor))
                 await asyncio.sleep(self.follow_poll_s)
-            page = await call(self.store.page(query.after(page.tail_cursor)))
+            page = await self.store.page(query.after(page.tail_cursor))
 
     async def first_error(
         self, caller: Principal, task_id: str, run: int | None = None
     ) -> dict[str, Any]:
         """The earliest error line across workers, with context and its likely layer."""
-        translated(lambda: check_int32("run", run))
+        check_int32("run", run)
         task = await self.task(caller, task_id)
         found = await self.store.first_error(task_id, run)
         body: dict[str, Any] = {"task_id": task_id, "status": task.status}
@@ -244,7 +232,7 @@ class LogApi:
         """Start a background export: no filters = the last 30 days, else the matches."""
         await self.task(caller, task_id)
         query = where.query(task_id)
-        return await call(self.exports.start(caller.tenant, caller.user, query, fmt))
+        return await self.exports.start(caller.tenant, caller.user, query, fmt)
 
     async def list_exports(self, caller: Principal) -> list[dict[str, Any]]:
         """The caller's exports, newest first (the last 5 are kept)."""
@@ -254,11 +242,11 @@ class LogApi:
     async def get_export(self, caller: Principal, export_id: str) -> dict[str, Any]:
         """An export's state and progress (lines done / total)."""
         await self.exports.recover()
-        return await call(self.exports.get(caller.tenant, caller.user, export_id))
+        return await self.exports.get(caller.tenant, caller.user, export_id)
 
     async def export_file(self, caller: Principal, export_id: str) -> tuple[Path, str]:
         """The finished export's file and media type."""
-        return await call(self.exports.file(caller.tenant, caller.user, export_id))
+        return await self.exports.file(caller.tenant, caller.user, export_id)
 
     async def close(self) -> None:
         await self.exports.close()
@@ -353,7 +341,7 @@ def internal_router(store: LogStore, token: str) -> APIRouter:
     )
     async def run_first_error(task_id: str, run: int) -> dict[str, Any]:
         """The earliest error line of one run, as `/v1/tasks/{id}/first-error` gives it."""
-        translated(lambda: check_int32("run", run))
+        check_int32("run", run)
         found = await store.first_error(task_id, run)
         body = {"task_id": task_id, "found": found is not None}
         return {**body, **(found.to_json() if found else {})}
@@ -432,7 +420,8 @@ def logs_router(api: LogApi, authenticator: Authenticator) -> APIRouter:
     ) -> dict[str, Any]:
         """Each worker's tail of one attempt before it is read: lines in all, shown, bytes."""
         check_bounds(lines=(lines, 1, MAX_LIMIT), line_chars=(line_chars, 1, 1048576))
-        translated(lambda: (check_int32("run", run), check_int32("attempt", attempt)))
+        check_int32("run", run)
+        check_int32("attempt", attempt)
         return await api.tails(caller, task_id, run, attempt, lines, line_chars)
 
     @router.get("/v1/tasks/{task_id}/logs/tails/{worker}")
@@ -446,8 +435,9 @@ def logs_router(api: LogApi, authenticator: Authenticator) -> APIRouter:
     ) -> dict[str, Any]:
         """The last lines of one worker of one attempt, oldest first."""
         check_bounds(lines=(lines, 1, MAX_LIMIT))
-        checks = (check_int32("run", run), check_int32("attempt", attempt))
-        translated(lambda: (*checks, check_int32("worker", worker)))
+        check_int32("run", run)
+        check_int32("attempt", attempt)
+        check_int32("worker", worker)
         return await api.tail(caller, task_id, run, attempt, worker, lines)
 
     @router.get("/v1/tasks/{task_id}/first-error")
@@ -533,28 +523,3 @@ class LogParams:
             regex=self.regex,
             ignore_case=self.ignore_case,
         )
-
-
-def translated(build: Any) -> Any:
-    """`build()`, a log error raised as the API's error."""
-    try:
-        return build()
-    except LogError as exc:
-        raise api_error(exc) from exc
-
-
-async def call(awaitable: Awaitable[T]) -> T:
-    """`await awaitable`, a log error raised as the API's error."""
-    try:
-        return await awaitable
-    except LogError as exc:
-        raise api_error(exc) from exc
-
-
-def api_error(exc: LogError) -> GatewayError:
-    """The API error (HTTP status) for a refused log request."""
-    if isinstance(exc, ExportNotFound):
-        return NotFound(exc.code, exc.message, exc.hint, exc.field)
-    if isinstance(exc, InvalidQuery):
-        return BadRequest(exc.code, exc.message, exc.hint, exc.field)
-    return BadRequest(exc.code, exc.message, exc.hint, exc.field)

@@ -11,9 +11,10 @@ Answers never carry the signing secret, and show the webhook's token masked.
 `secret_ref` may be named by a task spec's `alerts[].secret_ref` to sign with
 the same secret. The webhook must be a Feishu bot's (`webhooks.py`: the
 origins of `notification.yaml` in the config folder), and a tenant has at most
-20 subscriptions. Refusals use the JSON error `{code, field, message, hint}`:
-400 a bad field, 401 no token, 404 no such subscription. Every route
-authenticates the bearer token again (`runyard.api.security`).
+20 subscriptions. Refusals use the JSON error `{code, field, message, hint}`
+(`runyard.notification.subscriptions`' errors, answered by the edge every
+service's app has): 400 a bad field, 401 no token, 404 no such subscription.
+Every route authenticates the bearer token again (`runyard.api.security`).
 
 (No `from __future__ import annotations` here: FastAPI must see the routes'
 `caller_dependency(...)` when it reads the handlers' signatures.)
@@ -26,17 +27,12 @@ import asyncpg
 from fastapi import APIRouter, Depends, Header
 from pydantic import BaseModel, ConfigDict, Field
 from runyard.api.auth import Principal
-from runyard.api.errors import BadRequest, NotFound
 from runyard.api.inputs import check_request_id
 from runyard.api.security import Authenticator, caller_dependency
 from runyard.contracts.webhooks import policy_of
 from runyard.notification import subscriptions
 from runyard.notification.rules import DEFAULT_ALERTS
-from runyard.notification.subscriptions import (
-    InvalidSubscription,
-    NewSubscription,
-    SubscriptionNotFound,
-)
+from runyard.notification.subscriptions import NewSubscription
 
 
 class SubscriptionBody(BaseModel):
@@ -80,10 +76,7 @@ def notification_router(
             text_only=body.text_only,
         )
         webhooks = policy_of(config_dir)  # a changed file is read again
-        try:
-            return await subscriptions.create(db, who.tenant, who.actor, new, webhooks=webhooks)
-        except InvalidSubscription as exc:
-            raise BadRequest("alerts.invalid_subscription", str(exc), exc.hint, exc.field) from exc
+        return await subscriptions.create(db, who.tenant, who.actor, new, webhooks=webhooks)
 
     @router.get("")
     async def list_subscriptions(who: Caller) -> dict[str, Any]:
@@ -93,12 +86,7 @@ def notification_router(
     @router.delete("/{sub_id}")
     async def delete(who: Caller, sub_id: str) -> dict[str, Any]:
         """Delete a subscription of the tenant (and its stored secret)."""
-        try:
-            await subscriptions.delete(db, who.tenant, sub_id)
-        except SubscriptionNotFound as exc:
-            raise NotFound(
-                "alerts.subscription_not_found", str(exc), "list them: GET /v1/alert-subscriptions"
-            ) from exc
+        await subscriptions.delete(db, who.tenant, sub_id)
         return {"id": sub_id, "deleted": True}
 
     return router

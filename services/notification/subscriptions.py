@@ -5,8 +5,10 @@ a fresh reference in the same transaction as the subscription; it is never
 returned, logged or put in an event. The webhook URL holds the bot's token,
 so answers show it masked. The webhook must be one the `WebhookPolicy`
 allows (Feishu's bot endpoints), and a tenant has at most
-`MAX_TENANT_SUBSCRIPTIONS`. Refusals are `InvalidSubscription` (field,
-reason, hint), `TooManySubscriptions` and `SubscriptionNotFound`.
+`MAX_TENANT_SUBSCRIPTIONS`. Refusals are `RunyardError`s (runyard.errors),
+answered by the edges as they say: `InvalidSubscription` (field, reason,
+hint) and `TooManySubscriptions`, 400 `alerts.invalid_subscription`;
+`SubscriptionNotFound`, 404 `alerts.subscription_not_found`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 import asyncpg
 from runyard.contracts.webhooks import WebhookPolicy, WebhookRefused
+from runyard.errors import RunyardError
 from runyard.notification import store
 from runyard.notification.feishu import mask_url
 from runyard.notification.rules import DEFAULT_ALERTS, InvalidAlerts, Subscription, check_alerts
@@ -25,18 +28,20 @@ from runyard.notification.rules import DEFAULT_ALERTS, InvalidAlerts, Subscripti
 MAX_TENANT_SUBSCRIPTIONS = 20
 
 
-class SubscriptionError(Exception):
+class SubscriptionError(RunyardError):
     """Base of the refusals of this module."""
+
+    http_status = 400
 
 
 class InvalidSubscription(SubscriptionError):
     """A field of a new subscription is not acceptable."""
 
+    code = "alerts.invalid_subscription"
+
     def __init__(self, field: str, reason: str, hint: str = "") -> None:
-        super().__init__(f"{field}: {reason}")
-        self.field = field
+        super().__init__(f"{field}: {reason}", hint=hint, field=field)
         self.reason = reason
-        self.hint = hint
 
 
 class TooManySubscriptions(InvalidSubscription):
@@ -54,8 +59,14 @@ class TooManySubscriptions(InvalidSubscription):
 class SubscriptionNotFound(SubscriptionError):
     """No subscription with that id in the caller's tenant."""
 
+    code = "alerts.subscription_not_found"
+    http_status = 404
+
     def __init__(self, sub_id: str) -> None:
-        super().__init__(f"alert subscription {sub_id!r} does not exist")
+        super().__init__(
+            f"alert subscription {sub_id!r} does not exist",
+            hint="list them: GET /v1/alert-subscriptions",
+        )
         self.sub_id = sub_id
 
 

@@ -86,8 +86,7 @@ class InvalidAdminRequest(SchedulerServiceError, ValueError):
     code = "scheduler.admin_invalid"
 
     def __init__(self, message: str, hint: str, field: str = "") -> None:
-        super().__init__(message, hint)
-        self.field = field
+        super().__init__(message, hint, field)
 
 
 @dataclass(frozen=True, slots=True)

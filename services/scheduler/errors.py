@@ -2,24 +2,33 @@
 
 The pure core has its own errors (`runyard.scheduler.domain.errors`); these are
 about requests the service gets: a pool or node it does not know, a node that
-cannot be removed while workers run on it, a bad pools file. Each carries a
-`code` and a `hint` the gateway can show as is.
+cannot be removed while workers run on it, a bad pools file. Each is a
+`RunyardError` (runyard.errors) with a `code`, a `hint` and the field and HTTP
+status the edges answer it with:
+
+    RunyardError
+    └── SchedulerServiceError      400
+        ├── PoolConfigError        scheduler.config_invalid
+        ├── UnknownPool            404 scheduler.pool_unknown (field pool_id)
+        ├── UnknownNode            404 scheduler.node_unknown (field node)
+        ├── NodeExists             409 scheduler.node_exists (field node)
+        ├── NodeBusy               409 scheduler.node_busy (field node, `tasks`)
+        └── ConflictPersisted      409 scheduler.conflict (retryable)
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from runyard.errors import RunyardError
 
 
-class SchedulerServiceError(Exception):
+class SchedulerServiceError(RunyardError):
     """Base of the service's errors: a stable code, a message and what to do."""
 
-    code: ClassVar[str] = "scheduler.error"
+    code = "scheduler.error"
+    http_status = 400
 
-    def __init__(self, message: str, hint: str = "") -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
+    def __init__(self, message: str, hint: str = "", field: str = "") -> None:
+        super().__init__(message, hint=hint, field=field)
 
 
 class PoolConfigError(SchedulerServiceError, ValueError):
@@ -32,9 +41,11 @@ class UnknownPool(SchedulerServiceError, KeyError):
     """No pool of that id is managed by this scheduler."""
 
     code = "scheduler.pool_unknown"
+    http_status = 404
 
     def __init__(self, pool_id: str, known: tuple[str, ...]) -> None:
-        super().__init__(f"unknown pool {pool_id!r}", f"known pools: {', '.join(known) or 'none'}")
+        hint = f"known pools: {', '.join(known) or 'none'}"
+        super().__init__(f"unknown pool {pool_id!r}", hint, "pool_id")
         self.pool_id = pool_id
 
     def __str__(self) -> str:  # KeyError would quote the whole message
@@ -45,9 +56,11 @@ class UnknownNode(SchedulerServiceError, KeyError):
     """The pool has no node of that name."""
 
     code = "scheduler.node_unknown"
+    http_status = 404
 
     def __init__(self, pool_id: str, node: str) -> None:
-        super().__init__(f"pool {pool_id} has no node {node!r}", "list the pool's nodes first")
+        message = f"pool {pool_id} has no node {node!r}"
+        super().__init__(message, "list the pool's nodes first", "node")
         self.node = node
 
     def __str__(self) -> str:
@@ -58,24 +71,32 @@ class NodeExists(SchedulerServiceError):
     """A node of that name is already in the pool."""
 
     code = "scheduler.node_exists"
+    http_status = 409
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message, hint, "node")
 
 
 class NodeBusy(SchedulerServiceError):
     """The node still runs workers, so it cannot be removed."""
 
     code = "scheduler.node_busy"
+    http_status = 409
 
     def __init__(self, pool_id: str, node: str, tasks: tuple[str, ...]) -> None:
         super().__init__(
             f"node {node} of pool {pool_id} still runs workers of {', '.join(tasks)}",
             "cordon the node and wait for its tasks to end, or mark it faulty so they are "
             "rescheduled, then remove it",
+            "node",
         )
         self.tasks = tasks
+        self.extra = {"tasks": list(tasks)}
 
 
 class ConflictPersisted(SchedulerServiceError):
     """Another writer kept changing the same streams; the decision was given up for now."""
 
     code = "scheduler.conflict"
-    retryable: ClassVar[bool] = True
+    http_status = 409
+    retryable = True

@@ -46,23 +46,14 @@ import asyncpg
 from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from runyard.api.auth import Principal
-from runyard.api.errors import BadRequest, Conflict, GatewayError, NotFound
+from runyard.api.errors import BadRequest
 from runyard.api.inputs import check_request_id, reject_unstorable
 from runyard.api.security import Authenticator, TokenAuthenticator, caller_dependency
 from runyard.api.service import ReadyProbe, service_app
 from runyard.contracts.pool_events import GPUS_PER_NODE
 from runyard.eventstore import EventStore, PostgresEventStore
 from runyard.scheduler import admin
-from runyard.scheduler.admin import AdminResult, InvalidAdminRequest
-from runyard.scheduler.domain import InvalidCapacityChange, NotASpotPool, SchedulerError
-from runyard.scheduler.errors import (
-    ConflictPersisted,
-    NodeBusy,
-    NodeExists,
-    SchedulerServiceError,
-    UnknownNode,
-    UnknownPool,
-)
+from runyard.scheduler.admin import AdminResult
 from runyard.scheduler.views import read_queue_entries
 
 #: The most task ids one queue request may name (a page of the gateway's listing is 200).
@@ -267,34 +258,6 @@ async def _tenants(db: asyncpg.Pool, task_ids: list[str]) -> dict[str, str]:
 
 
 async def _answer(operation: Awaitable[AdminResult]) -> dict[str, Any]:
-    try:
-        result = await operation
-    except (SchedulerServiceError, SchedulerError) as exc:
-        raise refusal(exc) from exc
-    return result.to_dict()
-
-
-def refusal(error: SchedulerServiceError | SchedulerError) -> GatewayError:
-    """The answer for a scheduler refusal (code and hint kept as they are)."""
-    code, message, hint = error.code, error.message, error.hint
-    if isinstance(error, UnknownPool):
-        return NotFound(code, message, hint, "pool_id")
-    if isinstance(error, UnknownNode):
-        return NotFound(code, message, hint, "node")
-    if isinstance(error, NodeBusy):
-        busy = Conflict(code, message, hint, "node")
-        busy.extra = {"tasks": list(error.tasks)}
-        return busy
-    if isinstance(error, NodeExists):
-        return Conflict(code, message, hint, "node")
-    if isinstance(error, ConflictPersisted):
-        return Conflict(code, message, hint)
-    if isinstance(error, InvalidAdminRequest):
-        return BadRequest(code, message, hint, error.field)
-    if isinstance(error, NotASpotPool):
-        return BadRequest(code, message, hint, "pool_id")
-    if isinstance(error, InvalidCapacityChange):
-        return BadRequest(code, message, hint, "remove")
-    if isinstance(error, SchedulerServiceError):
-        return BadRequest(code, message, hint)
-    return Conflict(code, message, hint)
+    """The admin operation's result as answered (a refusal is a `RunyardError`: the
+    edge answers it with its status, code, field and hint)."""
+    return (await operation).to_dict()

@@ -3,10 +3,11 @@
 Every refusal is a typed error with a stable machine `code` (what scripts and
 tests match on), the `field` of the task spec it concerns (`image`,
 `env`, `mounts[1].mount_path`, ...), a `message` for a person, and a `hint`
-that says how to fix it. The gateway maps any `SubmissionError` to HTTP 400
-(gRPC INVALID_ARGUMENT) and writes no event.
+that says how to fix it. A `SubmissionError` is a `RunyardError`
+(runyard.errors) of status 400: every edge answers it as HTTP 400 (gRPC
+INVALID_ARGUMENT), and nothing is written.
 
-    ValueError
+    RunyardError, ValueError
     └── SubmissionError            code, field, message, hint
         ├── SpecError              pool.*, spec.*, workers.*, framework.*, spot.*,
         │                          fault_tolerance.*, alert.*, name.*
@@ -21,7 +22,8 @@ that says how to fix it. The gateway maps any `SubmissionError` to HTTP 400
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+
+from runyard.errors import RunyardError
 
 
 class ErrorCode(StrEnum):
@@ -65,24 +67,14 @@ class ErrorCode(StrEnum):
     GROUP_TOO_LARGE = "group.too_large"
 
 
-class SubmissionError(ValueError):
+class SubmissionError(RunyardError, ValueError):
     """A task spec the submission rules refuse: which rule, which field, how to fix it."""
 
-    def __init__(self, code: ErrorCode, field: str, message: str, hint: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.field = field
-        self.message = message
-        self.hint = hint
+    code: ErrorCode
+    http_status = 400
 
-    def to_dict(self) -> dict[str, Any]:
-        """The error as the API answers it."""
-        return {
-            "code": str(self.code),
-            "field": self.field,
-            "message": self.message,
-            "hint": self.hint,
-        }
+    def __init__(self, code: ErrorCode, field: str, message: str, hint: str) -> None:
+        super().__init__(message, code=code, hint=hint, field=field, detail=f"{code}: {message}")
 
 
 class SpecError(SubmissionError):
@@ -117,6 +109,8 @@ class GroupItemError(SubmissionError):
     ) -> None:
         super().__init__(code, field, message, hint)
         self.item = item
+        if item is not None:
+            self.extra = {"item": item}
 
     @classmethod
     def wrap(cls, item: int, error: SubmissionError) -> GroupItemError:
@@ -130,7 +124,3 @@ class GroupItemError(SubmissionError):
         )
         wrapped.__cause__ = error
         return wrapped
-
-    def to_dict(self) -> dict[str, Any]:
-        """The error as the API answers it, with the item index."""
-        return {**super().to_dict(), "item": self.item}

@@ -2,80 +2,38 @@
 
 Thin handlers: each reads the caller the gateway authenticated from the call's
 context, runs one use case of `Submissions` and answers its ids and warnings.
-A refusal is answered as a status whose trailing metadata holds a `Refusal`
-(`runyard-refusal-bin`): the HTTP status, code, field, message, hint and, for
-a task group, the item, which the gateway answers as it always did. A call
-without the platform's service credential is refused before any handler runs
-(only the standard gRPC health check answers anyone).
+A refusal is answered by the gRPC edge every Runyard server shares
+(`runyard.api.grpc_errors.abort`): its status code, and trailing metadata with
+its HTTP status, code, field, message, hint and, for a task group, the item,
+which the gateway reads back (`error_of_rpc`) and answers as it always did. A
+call without the platform's service credential is refused before any handler
+runs (only the standard gRPC health check answers anyone).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from runyard.api import errors
 from runyard.api.auth import ROLES, Principal, Role
-from runyard.api.errors import BadRequest, GatewayError
+from runyard.api.errors import BadRequest
+from runyard.api.grpc_errors import abort
 from runyard.contracts.rpc import credential
 from runyard.contracts.rpc import submission_pb2 as pb
 from runyard.contracts.rpc import submission_pb2_grpc as pb_grpc
-from runyard.submission.errors import GroupItemError, SubmissionError
 from runyard.submission.service import Call, Submissions, Submitted
 
-log = logging.getLogger(__name__)
-
-#: Trailing metadata key of a refusal (a serialised `Refusal`).
-REFUSAL_KEY = "runyard-refusal-bin"
 #: Largest request the server reads: a task group of long specs (MAX_GROUP_BYTES).
 MAX_MESSAGE_BYTES = 32 * 1024 * 1024
-#: HTTP status of a refusal -> gRPC status code.
-STATUS: dict[int, grpc.StatusCode] = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    401: grpc.StatusCode.UNAUTHENTICATED,
-    403: grpc.StatusCode.PERMISSION_DENIED,
-    404: grpc.StatusCode.NOT_FOUND,
-    409: grpc.StatusCode.FAILED_PRECONDITION,
-    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    503: grpc.StatusCode.UNAVAILABLE,
-}
-
 #: The service's full name (gRPC health answers for it and for "").
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Submission"].full_name
 #: Methods any caller may call: the standard health check.
 OPEN_PREFIX = "/grpc.health.v1.Health/"
 
 Reply = TypeVar("Reply")
-
-
-def translate(error: Exception) -> GatewayError | None:
-    """The API error of a refusal: the rules' (400, with the item of a group) or any
-    other service error (`runyard.api.errors.translate`); None: a fault of ours."""
-    if isinstance(error, SubmissionError):
-        bad = BadRequest(str(error.code), error.message, error.hint, error.field)
-        if isinstance(error, GroupItemError):
-            bad.extra = {"item": error.item}
-        return bad
-    return errors.translate(error)
-
-
-def refusal_of(error: GatewayError) -> pb.Refusal:
-    """The `Refusal` message of an API error."""
-    refusal = pb.Refusal(
-        status=error.status,
-        code=error.code,
-        field=error.field,
-        message=error.message,
-        hint=error.hint,
-    )
-    item = error.extra.get("item")
-    if isinstance(item, int):
-        refusal.item = item
-    return refusal
 
 
 def call_of(context: pb.CallContext) -> Call:
@@ -125,16 +83,7 @@ class SubmissionServicer(pb_grpc.SubmissionServicer):
         try:
             return await work()
         except Exception as exc:
-            error = translate(exc)
-            if error is None:
-                log.exception("submission call failed")
-                await context.abort(grpc.StatusCode.INTERNAL, "internal error of submission")
-            assert error is not None
-            code = STATUS.get(error.status, grpc.StatusCode.UNKNOWN)
-            details = refusal_of(error).SerializeToString()
-            context.set_trailing_metadata(((REFUSAL_KEY, details),))
-            await context.abort(code, error.message)
-            raise  # pragma: no cover - abort raises
+            await abort(context, exc, "submission")
 
     async def SubmitTask(
         self, request: pb.SubmitTaskRequest, context: grpc.aio.ServicerContext

@@ -22,10 +22,12 @@ import httpx
 import pytest
 from runyard.api.auth import create_token
 from runyard.api.errors import Conflict, PermissionDenied
+from runyard.api.grpc_errors import error_metadata, status_of
+from runyard.eventstore import ConcurrencyError
 from runyard.gateway.app import Gateway
 from runyard.gateway.grpc_gen import tasks_pb2 as pb
 from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
-from runyard.gateway.grpc_server import error_metadata, start_server, status_of
+from runyard.gateway.grpc_server import start_server
 from runyard.gateway.http import create_app
 from runyard.logs.http import LogApi
 
@@ -755,7 +757,7 @@ async def test_grpc_request_id_becomes_correlation_id(both: Both) -> None:
 def test_status_mapping_of_other_refusals() -> None:
     denied = PermissionDenied("auth.admin_only", "needs admin", "ask an admin")
     assert status_of(denied) == grpc.StatusCode.PERMISSION_DENIED
-    assert status_of(Conflict("conflict", "changed", "retry")) == grpc.StatusCode.ABORTED
+    assert status_of(ConcurrencyError("task-x", 1, 2)) == grpc.StatusCode.ABORTED
     assert status_of(Conflict("invalid_transition", "no", "")) == (
         grpc.StatusCode.FAILED_PRECONDITION
     )
@@ -797,11 +799,11 @@ async def test_grpc_nul_in_a_field_is_invalid_argument(both: Both) -> None:
 def test_values_the_database_cannot_take_are_invalid_argument() -> None:
     from asyncpg.exceptions import NumericValueOutOfRangeError
     from asyncpg.exceptions import _base as asyncpg_base
-    from runyard.gateway.errors import translate
+    from runyard.api.errors import translate
 
     for raised in (NumericValueOutOfRangeError("out of range"), asyncpg_base.DataError("$2")):
         error = translate(raised)
-        assert error is not None and (error.status, error.code) == (400, "request.invalid")
+        assert error is not None and (error.http_status, error.code) == (400, "request.invalid")
         assert status_of(error) == grpc.StatusCode.INVALID_ARGUMENT
 
 

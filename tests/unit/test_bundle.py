@@ -73,7 +73,7 @@ def test_an_archive_over_the_limit_is_refused() -> None:
     archive = Archive(Secrets([]), 1024, NOW)
     with pytest.raises(BundleRefused) as refused:
         archive.text("noise.txt", "".join(f"{i:x}" for i in range(5000)))
-    assert refused.value.code == "bundle.too_large" and refused.value.status == 422
+    assert refused.value.code == "bundle.too_large" and refused.value.http_status == 422
     archive.discard()
 
 

@@ -118,16 +118,16 @@ async def test_retrying_ends_on_cancel() -> None:
 
 def test_an_outage_is_503_with_retry_after_and_grpc_unavailable() -> None:
     import grpc
-    from runyard.api.errors import Unavailable
-    from runyard.gateway.errors import translate
-    from runyard.gateway.grpc_server import status_of
+    from runyard.api.errors import Unavailable, translate
+    from runyard.api.grpc_errors import status_of
 
     error = translate(asyncpg.CannotConnectNowError("the database system is starting up"))
     assert isinstance(error, Unavailable)
-    assert (error.status, error.code, error.headers) == (
+    assert (error.http_status, error.code, error.headers, error.retryable) == (
         503,
         "service.unavailable",
         {"Retry-After": "2"},
+        True,
     )
     assert status_of(error) == grpc.StatusCode.UNAVAILABLE
     assert translate(ValueError("a bug")) is None  # a bug stays a 500

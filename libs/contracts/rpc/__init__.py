@@ -10,5 +10,5 @@ Do not edit the `*_pb2*` modules: regenerate them from the repository root with
             build/proto-internal/runyard/internal/v1/$f > libs/contracts/rpc/$f; done
 
 `submission_pb2` / `submission_pb2_grpc`: the submission service's API, called by
-the gateway (see the proto file for the credential and the refusal it carries).
+the gateway (see the proto file for the credential and how a refusal is answered).
 """

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$runyard/internal/v1/submission.proto\x12\x13runyard.internal.v1\"F\n\x06\x43\x61ller\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0c\n\x04user\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x10\n\x08token_id\x18\x04 \x01(\t\"\xdf\x01\n\x0b\x43\x61llContext\x12+\n\x06\x63\x61ller\x18\x01 \x01(\x0b\x32\x1b.runyard.internal.v1.Caller\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12I\n\rtrace_context\x18\x03 \x03(\x0b\x32\x32.runyard.internal.v1.CallContext.TraceContextEntry\x12\x0f\n\x07\x63\x61ll_id\x18\x04 \x01(\t\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"7\n\x07Warning\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\r\n\x05\x66ield\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"q\n\x07Refusal\x12\x0e\n\x06status\x18\x01 \x01(\x05\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\x12\r\n\x05\x66ield\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x0c\n\x04hint\x18\x05 \x01(\t\x12\x11\n\x04item\x18\x06 \x01(\x05H\x00\x88\x01\x01\x42\x07\n\x05_item\"Y\n\x11SubmitTaskRequest\x12\x31\n\x07\x63ontext\x18\x01 \x01(\x0b\x32 .runyard.internal.v1.CallContext\x12\x11\n\tspec_json\x18\x02 \x01(\t\"L\n\tTaskReply\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12.\n\x08warnings\x18\x02 \x03(\x0b\x32\x1c.runyard.internal.v1.Warning\"l\n\x10RerunTaskRequest\x12\x31\n\x07\x63ontext\x18\x01 \x01(\x0b\x32 .runyard.internal.v1.CallContext\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x14\n\x0c\x63hanges_json\x18\x03 \x01(\t\"n\n\x10\x43loneTaskRequest\x12\x31\n\x07\x63ontext\x18\x01 \x01(\x0b\x32 .runyard.internal.v1.CallContext\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x16\n\x0eoverrides_json\x18\x03 \x01(\t\"[\n\x12SubmitGroupRequest\x12\x31\n\x07\x63ontext\x18\x01 \x01(\x0b\x32 .runyard.internal.v1.CallContext\x12\x12\n\ngroup_json\x18\x02 \x01(\t\"\x80\x01\n\x11RerunGroupRequest\x12\x31\n\x07\x63ontext\x18\x01 \x01(\x0b\x32 .runyard.internal.v1.CallContext\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x10\n\x08task_ids\x18\x03 \x03(\t\x12\x14\n\x0c\x63hanges_json\x18\x04 \x01(\t\"0\n\nGroupReply\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x10\n\x08task_ids\x18\x02 \x03(\t\"o\n\x18SetCatalogueEntryRequest\x12\x31\n\x07\x63ontext\x18\x01 \x01(\x0b\x32 .runyard.internal.v1.CallContext\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x12\n\nentry_json\x18\x03 \x01(\t\")\n\x13\x43\x61talogueEntryReply\x12\x12\n\nentry_json\x18\x01 \x01(\t\"H\n\x13GetCatalogueRequest\x12\x31\n\x07\x63ontext\x18\x01 \x01(\x0b\x32 .runyard.internal.v1.CallContext\"(\n\x0e\x43\x61talogueReply\x12\x16\n\x0e\x63\x61talogue_json\x18\x01 \x01(\t2\x87\x05\n\nSubmission\x12T\n\nSubmitTask\x12&.runyard.internal.v1.SubmitTaskRequest\x1a\x1e.runyard.internal.v1.TaskReply\x12R\n\tRerunTask\x12%.runyard.internal.v1.RerunTaskRequest\x1a\x1e.runyard.internal.v1.TaskReply\x12R\n\tCloneTask\x12%.runyard.internal.v1.CloneTaskRequest\x1a\x1e.runyard.internal.v1.TaskReply\x12W\n\x0bSubmitGroup\x12\'.runyard.internal.v1.SubmitGroupRequest\x1a\x1f.runyard.internal.v1.GroupReply\x12U\n\nRerunGroup\x12&.runyard.internal.v1.RerunGroupRequest\x1a\x1f.runyard.internal.v1.GroupReply\x12l\n\x11SetCatalogueEntry\x12-.runyard.internal.v1.SetCatalogueEntryRequest\x1a(.runyard.internal.v1.CatalogueEntryReply\x12]\n\x0cGetCatalogue\x12(.runyard.internal.v1.GetCatalogueRequest\x1a#.runyard.internal.v1.CatalogueReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$runyard/internal/v1/submission.proto\x12\x13runyard.internal.v1\"F\n\x06\x43\x61ller\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0c\n\x04user\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x10\n\x08token_id\x18\x04 \x01(\t\"\xdf\x01\n\x0b\x43\x61llContext\x12+\n\x06\x63\x61ller\x18\x01 \x01(\x0b\x32\x1b.runyard.internal.v1.Caller\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12I\n\rtrace_context\x18\x03 \x03(\x0b\x32\x32.runyard.internal.v1.CallContext.TraceContextEntry\x12\x0f\n\x07\x63\x61ll_id\x18\x04 \x01(\t\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"7\n\x07Warning\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\r\n\x05\x66ield\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"Y\n\x11SubmitTaskRequest\x12\x31\n\x07\x63ontext\x18\x01 \x01(\x0b\x32 .runyard.internal.v1.CallContext\x12\x11\n\tspec_json\x18\x02 \x01(\t\"L\n\tTaskReply\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12.\n\x08warnings\x18\x02 \x03(\x0b\x32\x1c.runyard.internal.v1.Warning\"l\n\x10RerunTaskRequest\x12\x31\n\x07\x63ontext\x18\x01 \x01(\x0b\x32 .runyard.internal.v1.CallContext\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x14\n\x0c\x63hanges_json\x18\x03 \x01(\t\"n\n\x10\x43loneTaskRequest\x12\x31\n\x07\x63ontext\x18\x01 \x01(\x0b\x32 .runyard.internal.v1.CallContext\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x16\n\x0eoverrides_json\x18\x03 \x01(\t\"[\n\x12SubmitGroupRequest\x12\x31\n\x07\x63ontext\x18\x01 \x01(\x0b\x32 .runyard.internal.v1.CallContext\x12\x12\n\ngroup_json\x18\x02 \x01(\t\"\x80\x01\n\x11RerunGroupRequest\x12\x31\n\x07\x63ontext\x18\x01 \x01(\x0b\x32 .runyard.internal.v1.CallContext\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x10\n\x08task_ids\x18\x03 \x03(\t\x12\x14\n\x0c\x63hanges_json\x18\x04 \x01(\t\"0\n\nGroupReply\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x10\n\x08task_ids\x18\x02 \x03(\t\"o\n\x18SetCatalogueEntryRequest\x12\x31\n\x07\x63ontext\x18\x01 \x01(\x0b\x32 .runyard.internal.v1.CallContext\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x12\n\nentry_json\x18\x03 \x01(\t\")\n\x13\x43\x61talogueEntryReply\x12\x12\n\nentry_json\x18\x01 \x01(\t\"H\n\x13GetCatalogueRequest\x12\x31\n\x07\x63ontext\x18\x01 \x01(\x0b\x32 .runyard.internal.v1.CallContext\"(\n\x0e\x43\x61talogueReply\x12\x16\n\x0e\x63\x61talogue_json\x18\x01 \x01(\t2\x87\x05\n\nSubmission\x12T\n\nSubmitTask\x12&.runyard.internal.v1.SubmitTaskRequest\x1a\x1e.runyard.internal.v1.TaskReply\x12R\n\tRerunTask\x12%.runyard.internal.v1.RerunTaskRequest\x1a\x1e.runyard.internal.v1.TaskReply\x12R\n\tCloneTask\x12%.runyard.internal.v1.CloneTaskRequest\x1a\x1e.runyard.internal.v1.TaskReply\x12W\n\x0bSubmitGroup\x12\'.runyard.internal.v1.SubmitGroupRequest\x1a\x1f.runyard.internal.v1.GroupReply\x12U\n\nRerunGroup\x12&.runyard.internal.v1.RerunGroupRequest\x1a\x1f.runyard.internal.v1.GroupReply\x12l\n\x11SetCatalogueEntry\x12-.runyard.internal.v1.SetCatalogueEntryRequest\x1a(.runyard.internal.v1.CatalogueEntryReply\x12]\n\x0cGetCatalogue\x12(.runyard.internal.v1.GetCatalogueRequest\x1a#.runyard.internal.v1.CatalogueReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,30 +41,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CALLCONTEXT_TRACECONTEXTENTRY']._serialized_end=357
   _globals['_WARNING']._serialized_start=359
   _globals['_WARNING']._serialized_end=414
-  _globals['_REFUSAL']._serialized_start=416
-  _globals['_REFUSAL']._serialized_end=529
-  _globals['_SUBMITTASKREQUEST']._serialized_start=531
-  _globals['_SUBMITTASKREQUEST']._serialized_end=620
-  _globals['_TASKREPLY']._serialized_start=622
-  _globals['_TASKREPLY']._serialized_end=698
-  _globals['_RERUNTASKREQUEST']._serialized_start=700
-  _globals['_RERUNTASKREQUEST']._serialized_end=808
-  _globals['_CLONETASKREQUEST']._serialized_start=810
-  _globals['_CLONETASKREQUEST']._serialized_end=920
-  _globals['_SUBMITGROUPREQUEST']._serialized_start=922
-  _globals['_SUBMITGROUPREQUEST']._serialized_end=1013
-  _globals['_RERUNGROUPREQUEST']._serialized_start=1016
-  _globals['_RERUNGROUPREQUEST']._serialized_end=1144
-  _globals['_GROUPREPLY']._serialized_start=1146
-  _globals['_GROUPREPLY']._serialized_end=1194
-  _globals['_SETCATALOGUEENTRYREQUEST']._serialized_start=1196
-  _globals['_SETCATALOGUEENTRYREQUEST']._serialized_end=1307
-  _globals['_CATALOGUEENTRYREPLY']._serialized_start=1309
-  _globals['_CATALOGUEENTRYREPLY']._serialized_end=1350
-  _globals['_GETCATALOGUEREQUEST']._serialized_start=1352
-  _globals['_GETCATALOGUEREQUEST']._serialized_end=1424
-  _globals['_CATALOGUEREPLY']._serialized_start=1426
-  _globals['_CATALOGUEREPLY']._serialized_end=1466
-  _globals['_SUBMISSION']._serialized_start=1469
-  _globals['_SUBMISSION']._serialized_end=2116
+  _globals['_SUBMITTASKREQUEST']._serialized_start=416
+  _globals['_SUBMITTASKREQUEST']._serialized_end=505
+  _globals['_TASKREPLY']._serialized_start=507
+  _globals['_TASKREPLY']._serialized_end=583
+  _globals['_RERUNTASKREQUEST']._serialized_start=585
+  _globals['_RERUNTASKREQUEST']._serialized_end=693
+  _globals['_CLONETASKREQUEST']._serialized_start=695
+  _globals['_CLONETASKREQUEST']._serialized_end=805
+  _globals['_SUBMITGROUPREQUEST']._serialized_start=807
+  _globals['_SUBMITGROUPREQUEST']._serialized_end=898
+  _globals['_RERUNGROUPREQUEST']._serialized_start=901
+  _globals['_RERUNGROUPREQUEST']._serialized_end=1029
+  _globals['_GROUPREPLY']._serialized_start=1031
+  _globals['_GROUPREPLY']._serialized_end=1079
+  _globals['_SETCATALOGUEENTRYREQUEST']._serialized_start=1081
+  _globals['_SETCATALOGUEENTRYREQUEST']._serialized_end=1192
+  _globals['_CATALOGUEENTRYREPLY']._serialized_start=1194
+  _globals['_CATALOGUEENTRYREPLY']._serialized_end=1235
+  _globals['_GETCATALOGUEREQUEST']._serialized_start=1237
+  _globals['_GETCATALOGUEREQUEST']._serialized_end=1309
+  _globals['_CATALOGUEREPLY']._serialized_start=1311
+  _globals['_CATALOGUEREPLY']._serialized_end=1351
+  _globals['_SUBMISSION']._serialized_start=1354
+  _globals['_SUBMISSION']._serialized_end=2001
 # @@protoc_insertion_point(module_scope)

@@ -47,22 +47,6 @@ class Warning(_message.Message):
     message: str
     def __init__(self, code: _Optional[str] = ..., field: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
-class Refusal(_message.Message):
-    __slots__ = ("status", "code", "field", "message", "hint", "item")
-    STATUS_FIELD_NUMBER: _ClassVar[int]
-    CODE_FIELD_NUMBER: _ClassVar[int]
-    FIELD_FIELD_NUMBER: _ClassVar[int]
-    MESSAGE_FIELD_NUMBER: _ClassVar[int]
-    HINT_FIELD_NUMBER: _ClassVar[int]
-    ITEM_FIELD_NUMBER: _ClassVar[int]
-    status: int
-    code: str
-    field: str
-    message: str
-    hint: str
-    item: int
-    def __init__(self, status: _Optional[int] = ..., code: _Optional[str] = ..., field: _Optional[str] = ..., message: _Optional[str] = ..., hint: _Optional[str] = ..., item: _Optional[int] = ...) -> None: ...
-
 class SubmitTaskRequest(_message.Message):
     __slots__ = ("context", "spec_json")
     CONTEXT_FIELD_NUMBER: _ClassVar[int]

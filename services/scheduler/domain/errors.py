@@ -2,9 +2,10 @@
 
 Every error has a stable machine `code`, a `message` for a person, a `hint`
 that says what to do, and a `retryable` flag: a retryable error (no capacity
-now) goes away by waiting in the queue; the others need a change.
+now) goes away by waiting in the queue; the others need a change. Each is a
+`RunyardError` (runyard.errors); an edge answers it with 409 unless said.
 
-    Exception
+    RunyardError
     └── SchedulerError             code, message, hint, retryable
         ├── InvalidRequest         (also a ValueError) the task can never be placed as asked
         │   ├── RdmaNotAllowed     rdma.not_allowed: network not RoCE/IB, or a worker below 8 GPUs
@@ -14,14 +15,17 @@ now) goes away by waiting in the queue; the others need a change.
         ├── NoHealthyNode          reschedule.no_healthy_node: a reschedule cannot be placed
         ├── UnknownAllocation      allocation.unknown: the task holds no GPUs in this pool
         ├── NotASpotPool           spot.not_spot_pool: spot capacity of a subscription pool
+        │                          (400, field pool_id)
         ├── InvalidCapacityChange  spot.invalid_change: more nodes than the pool has, ...
+        │                          (400, field remove)
         └── PoolEventRejected      pool.event_rejected: the fold met an impossible event
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, ClassVar
+
+from runyard.errors import RunyardError
 
 
 def describe_workers(worker_gpus: Iterable[int]) -> str:
@@ -34,20 +38,15 @@ def describe_workers(worker_gpus: Iterable[int]) -> str:
     return f"{' + '.join(parts)} {noun}"
 
 
-class SchedulerError(Exception):
+class SchedulerError(RunyardError):
     """Base of every scheduler error: a code, a message, a hint."""
 
-    code: ClassVar[str] = "scheduler.error"
-    retryable: ClassVar[bool] = False
+    code = "scheduler.error"
+    retryable = False
+    http_status = 409
 
-    def __init__(self, message: str, hint: str) -> None:
-        super().__init__(f"{self.code}: {message}")
-        self.message = message
-        self.hint = hint
-
-    def to_dict(self) -> dict[str, Any]:
-        """The error as the API answers it."""
-        return {"code": self.code, "message": self.message, "hint": self.hint}
+    def __init__(self, message: str, hint: str, field: str = "") -> None:
+        super().__init__(message, hint=hint, field=field, detail=f"{self.code}: {message}")
 
 
 class InvalidRequest(SchedulerError, ValueError):
@@ -162,11 +161,13 @@ class NotASpotPool(SchedulerError):
     """Spot capacity changes apply to spot pools only; subscription tasks are never preempted."""
 
     code = "spot.not_spot_pool"
+    http_status = 400
 
     def __init__(self, pool_id: str) -> None:
         super().__init__(
             f"pool {pool_id} is a subscription pool; its capacity is not spot capacity",
             "remove nodes of a subscription pool with the node admin commands",
+            "pool_id",
         )
         self.pool_id = pool_id
 
@@ -175,9 +176,11 @@ class InvalidCapacityChange(SchedulerError):
     """A spot capacity change that cannot be made (too many nodes, unknown nodes)."""
 
     code = "spot.invalid_change"
+    http_status = 400
 
     def __init__(self, reason: str) -> None:
-        super().__init__(reason, "ask for at most as many nodes as the pool has, by name")
+        hint = "ask for at most as many nodes as the pool has, by name"
+        super().__init__(reason, hint, "remove")
         self.reason = reason
 
 
