@@ -8,8 +8,8 @@ saves, a few errors), 1,000,000 lines (`--quick`: 100,000).
 - ingest: the log consumer's own path (the `LogIngester`'s
   `LogBatchConsumer.pipeline`: decode the topic's JSON records, one multi-row
   insert per batch of 5,000 while the next batch is decoded, dedupe index,
-  text search and trigram indexes maintained), lines per second. The broker is left out: it is the same for
-  any consumer.
+  text search and trigram indexes maintained), lines per second. The broker
+  is left out: it is the same for any consumer.
 - search: the number of matching lines (`LogStore.count`) for a word, an
   exact phrase and a regular expression, beside `grep -c` on the same lines
   written to a plain file (grep -w -i for the word, -F for the phrase, -E

@@ -6,7 +6,8 @@
 For each category it lists every event: name, schema version, the service
 that emits it, the services that react to it, its docstring, and its fields
 with types, constraints, defaults and the field's own docstring. Value types
-used inside events (the task spec, worker placements, ...) follow. Nothing
+used inside events (the task spec, worker placements, ...) follow, then the
+records that travel on topics of their own (a worker's log lines). Nothing
 in the file is written by hand, so it cannot drift from the code; the unit
 tests run the check.
 """
@@ -25,6 +26,8 @@ import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from runyard.contracts.base import Event
+from runyard.contracts.loglines import SCHEMA_VERSION as LOG_RECORD_VERSION
+from runyard.contracts.loglines import LogRecord
 from runyard.contracts.registry import all_event_models
 
 COMMAND = "python -m runyard.contracts.catalogue > docs/events.md"
@@ -38,6 +41,7 @@ def render(models: Sequence[type[Event]] | None = None) -> str:
     for category in _categories(events):
         parts.append(_category_section(category, [m for m in events if m.category == category]))
     parts.append(_value_types_section(events))
+    parts.append(_records_section())
     return "\n".join(parts).rstrip() + "\n"
 
 
@@ -114,6 +118,23 @@ def _value_types_section(events: Sequence[type[Event]]) -> str:
         return ""
     body = "\n".join(f"### {m.__name__}\n\n{_doc(m)}\n\n{_fields_table(m)}\n" for m in values)
     return "## Value types\n\nModels used inside event payloads.\n\n" + body
+
+
+def _records_section() -> str:
+    model = LogRecord
+    readers = ", ".join(model.reacted_by)
+    return (
+        "## Records on other topics\n\n"
+        "Not events: no envelope, never in the event store; UTF-8 JSON of the fields"
+        " below.\n\n"
+        f"### {model.__name__}\n\n"
+        f"- topic: `{model.topic}`, keyed by task id\n"
+        f"- schema version: {LOG_RECORD_VERSION}\n"
+        f"- published by: {model.emitted_by}\n"
+        f"- read by: {readers}\n\n"
+        f"{_doc(model)}\n\n"
+        f"{_fields_table(model)}\n"
+    )
 
 
 def _nested_models(roots: Iterable[type[BaseModel]]) -> Iterator[type[BaseModel]]:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 from collections.abc import AsyncIterator
 
@@ -167,7 +166,7 @@ async def run(ctx: ServiceContext) -> None:
 
     async def republish(line: OutputLine) -> RecordMetadata:
         return await broker.publish(
-            json.dumps(line.record()).encode(), topic=logs_topic, key=line.task_id.encode()
+            line.record().to_bytes(), topic=logs_topic, key=line.task_id.encode()
         )
 
     async def publish(line: OutputLine) -> None:

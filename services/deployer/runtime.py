@@ -129,6 +129,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from runyard.contracts.loglines import LogRecord
 from runyard.contracts.spec import TaskSpec
 from runyard.contracts.stacks import WorkerStacks
 from runyard.contracts.task_events import WorkerPlacement
@@ -190,20 +191,18 @@ class OutputLine:
     #: The line's number in its worker's stream (from 0); None when unknown.
     seq: int | None = None
 
-    def record(self) -> dict[str, Any]:
-        """The record the deployer publishes on `runyard.logs` (docs/logs.md)."""
-        body: dict[str, Any] = {
-            "at": self.at.isoformat(),
-            "task_id": self.task_id,
-            "run": self.run,
-            "attempt": self.attempt,
-            "worker": self.worker,
-            "stream": self.stream,
-            "line": self.line,
-        }
-        if self.seq is not None:
-            body["seq"] = self.seq
-        return body
+    def record(self) -> LogRecord:
+        """The record the deployer publishes on `runyard.logs` (`record().to_bytes()`)."""
+        return LogRecord(
+            at=self.at,
+            task_id=self.task_id,
+            run=self.run,
+            attempt=self.attempt,
+            worker=self.worker,
+            stream=self.stream,
+            line=self.line,
+            seq=self.seq,
+        )
 
 
 OnOutput = Callable[[OutputLine], Awaitable[None]]

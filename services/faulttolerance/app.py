@@ -55,7 +55,6 @@ that moment; a slowdown watch starts a new warm-up and baseline).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -66,6 +65,7 @@ from typing import Any, Literal, Protocol, TypeAlias, cast
 
 from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent
 from runyard.contracts.commands import CaptureStacks
+from runyard.contracts.loglines import LogRecord
 from runyard.contracts.pool_events import NodeMarkedFaulty, NodeMarkedHealthy
 from runyard.contracts.task_events import (
     DeployStageCompleted,
@@ -149,37 +149,6 @@ class StacksUnavailable(Exception):
     def __init__(self, message: str, *, timed_out: bool) -> None:
         super().__init__(message)
         self.timed_out = timed_out
-
-
-@dataclass(frozen=True, slots=True)
-class LogLine:
-    """One worker output line from the logs topic (the deployer's JSON record)."""
-
-    at: datetime
-    task_id: str
-    run: int
-    attempt: int
-    worker: int
-    line: str
-    stream: str = "stdout"
-
-    @classmethod
-    def from_bytes(cls, value: bytes | None) -> LogLine | None:
-        """The record, or None for anything that is not one (it is skipped, never fatal)."""
-        try:
-            raw = json.loads(value or b"")
-            at = datetime.fromisoformat(raw["at"])
-            return cls(
-                at if at.tzinfo else at.replace(tzinfo=UTC),
-                str(raw["task_id"]),
-                int(raw["run"]),
-                int(raw["attempt"]),
-                int(raw["worker"]),
-                str(raw["line"]),
-                str(raw.get("stream", "stdout")),
-            )
-        except (ValueError, KeyError, TypeError):
-            return None
 
 
 @dataclass
@@ -267,7 +236,7 @@ class _Watch:
     env_check: _EnvCheck | None = None
     hang_handling: bool = False
     #: Lines of this attempt that came before it was known to run (replayed then).
-    early: list[LogLine] = field(default_factory=list)
+    early: list[LogRecord] = field(default_factory=list)
     #: The attempt was seen running (its detectors are set up).
     started: bool = False
     #: The run ended; kept only while a resume is still awaited (late lines).
@@ -462,7 +431,7 @@ class FaultToleranceApp:
 
     # -- log lines -----------------------------------------------------------------
 
-    async def on_log(self, line: LogLine) -> None:
+    async def on_log(self, line: LogRecord) -> None:
         """One worker output line of the logs topic."""
         sample = await self._step_time(line)
         watch = await self._watch_for(line.task_id)
@@ -494,7 +463,7 @@ class FaultToleranceApp:
         await self._running_line(watch, line, sample)
 
     async def _running_line(
-        self, watch: _Watch, line: LogLine, sample: StepTime | None = None
+        self, watch: _Watch, line: LogRecord, sample: StepTime | None = None
     ) -> None:
         """A line of the running attempt: hang timer (a step advance counts), resume."""
         step = sample.iteration if sample is not None else None
@@ -505,7 +474,7 @@ class FaultToleranceApp:
 
     # -- slowdown ------------------------------------------------------------------------
 
-    async def _step_time(self, line: LogLine) -> StepTime | None:
+    async def _step_time(self, line: LogRecord) -> StepTime | None:
         """Feed the line to its task's slowdown watch; the step time it gives, if any.
 
         Lines of the watch's run and attempt count whatever the task's status; a
@@ -541,7 +510,7 @@ class FaultToleranceApp:
                 await self._decide_quietly(line.task_id, [Record(line.task_id, event)], why)
         return sample
 
-    async def _new_slow_watch(self, line: LogLine) -> _SlowWatch | None:
+    async def _new_slow_watch(self, line: LogRecord) -> _SlowWatch | None:
         state = await self._load(line.task_id)
         if state is None or line.run != state.run:
             return None  # an unknown task, or a line of a run since replaced
@@ -571,7 +540,7 @@ class FaultToleranceApp:
             return None
         return await self._sync(task_id, state, None)
 
-    async def _env_check_line(self, watch: _Watch, line: LogLine) -> bool:
+    async def _env_check_line(self, watch: _Watch, line: LogRecord) -> bool:
         check = watch.env_check
         assert check is not None
         if is_finished_line(line.line):
@@ -612,7 +581,7 @@ class FaultToleranceApp:
             commands.append(RequestReschedule(watch.task_id, reason, nodes))
         await self._decide_quietly(watch.task_id, commands, self._env_check_cause(watch))
 
-    async def _resume(self, watch: _Watch, line: LogLine) -> None:
+    async def _resume(self, watch: _Watch, line: LogRecord) -> None:
         assert watch.resume is not None
         found = watch.resume.match(line.line)
         if found is None:

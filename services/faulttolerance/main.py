@@ -2,8 +2,9 @@
 
 It subscribes one idempotent consumer to the task and pool event topics
 (`FaultToleranceApp.handle`), reads the `runyard.logs` topic in its own
-consumer group (`on_log`; log lines are not events, so no inbox: a redelivered
-line is harmless, detections are idempotent per attempt), ticks once a second
+consumer group (`follow_logs`: the logs batch consumer of `runyard.messaging.batches`
+feeding `on_log`; log lines are not events, so no inbox: a redelivered line is
+harmless, detections are idempotent per attempt), ticks once a second
 for hang timers and resume deadlines, and serves its HTTP face
 (`runyard.api.service`: /healthz, /readyz, /metrics and the routes of
 `runyard.faulttolerance.http`) on the port the settings give
@@ -25,16 +26,17 @@ import contextlib
 import logging
 from functools import partial
 
-from aiokafka import AIOKafkaConsumer
 from faststream.kafka import KafkaBroker
 from runyard.api.security import TokenAuthenticator
 from runyard.api.service import bind, serve_service, service_app
 from runyard.contracts.commands import DEPLOYER_COMMANDS, CaptureStacks
+from runyard.contracts.loglines import LogRecord
 from runyard.eventstore import PostgresEventStore, retrying
-from runyard.faulttolerance.app import RESUME_WAIT_S, STACKS_WAIT_S, FaultToleranceApp, LogLine
+from runyard.faulttolerance.app import RESUME_WAIT_S, STACKS_WAIT_S, FaultToleranceApp
 from runyard.faulttolerance.http import faulttolerance_router
 from runyard.faulttolerance.reports import StackReportStore
 from runyard.messaging import KafkaSettings
+from runyard.messaging.batches import LogBatchConsumer
 from runyard.messaging.consumer import IdempotentConsumer, make_broker
 from runyard.stack.context import ServiceContext
 
@@ -60,32 +62,17 @@ class KafkaDeployerCommands:
 
 
 async def follow_logs(app: FaultToleranceApp, kafka: KafkaSettings) -> None:
-    """Feed every line of the logs topic to `app.on_log`, until cancelled."""
-    consumer = AIOKafkaConsumer(
-        kafka.topics.logs,
-        **kafka.client_options(),
-        group_id=kafka.topics.prefix + LOGS_GROUP,
-        enable_auto_commit=False,
-        **kafka.consumer_options(),
-    )
-    try:
-        await consumer.start()  # inside: a cancel during the group join still stops it
-        while True:
-            batches = await consumer.getmany(timeout_ms=200, max_records=2000)
-            for message in (m for part in batches.values() for m in part):
-                line = LogLine.from_bytes(message.value)
-                if line is None:
-                    continue
-                try:  # a database outage is waited out: the line is not dropped
-                    await retrying(partial(app.on_log, line), component="log follower")
-                except Exception:
-                    log.exception("log line of %s not handled", line.task_id)
-            if batches:
-                with contextlib.suppress(Exception):  # a lost commit is only a redelivery
-                    await asyncio.wait_for(consumer.commit(), timeout=5)
-    finally:
-        with contextlib.suppress(Exception):
-            await consumer.stop()
+    """Feed every line of the logs topic to `app.on_log`, one after the other, until
+    cancelled; a batch's offsets are committed once each of its lines was handled."""
+
+    async def on_lines(lines: list[LogRecord]) -> None:
+        for line in lines:
+            try:  # a database outage is waited out: the line is not dropped
+                await retrying(partial(app.on_log, line), component="log follower")
+            except Exception:
+                log.exception("log line of %s not handled", line.task_id)
+
+    await LogBatchConsumer(LOGS_GROUP, kafka=kafka, handler=on_lines, max_records=2000).run()
 
 
 async def run(ctx: ServiceContext) -> None:

@@ -1,8 +1,9 @@
 """The log service (R-40..R-42): worker output stored, searched, exported,
 and the first error found and classified.
 
-Public surface: the store, its query and records, the first-error rules, the
-ingester, exports, and the gateway router.
+Public surface: the store and its query, the first-error rules, the ingester,
+exports, and the gateway router. The topic's record is a contract
+(`runyard.contracts.loglines.LogRecord`).
 """
 
 from runyard.logs.errors import ExportNotFound, InvalidQuery, LogError
@@ -18,7 +19,6 @@ from runyard.logs.firsterror import (
     traceback_exception,
 )
 from runyard.logs.ingest import LogIngester
-from runyard.logs.records import LogRecord, MalformedRecord, parse
 from runyard.logs.search import LogQuery
 from runyard.logs.store import FirstError, LogLine, LogPage, LogStore, logs_migrations
 
@@ -33,9 +33,7 @@ __all__ = [
     "LogLine",
     "LogPage",
     "LogQuery",
-    "LogRecord",
     "LogStore",
-    "MalformedRecord",
     "Traceback",
     "choose_traceback",
     "classify",
@@ -43,6 +41,5 @@ __all__ = [
     "is_error",
     "is_warning",
     "logs_migrations",
-    "parse",
     "traceback_exception",
 ]

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+from runyard.contracts.loglines import LogRecord
 from runyard.eventstore import Migration, apply_migrations, load_migrations
 from runyard.logs import firsterror
 from runyard.logs.errors import InvalidQuery
-from runyard.logs.records import LogRecord
 from runyard.logs.search import LogQuery, Position, count_sql, page_sql
 
 DEFAULT_RETENTION_DAYS = 30

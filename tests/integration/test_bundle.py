@@ -42,12 +42,13 @@ from runyard.gateway import bundle
 from runyard.gateway.app import Gateway
 from runyard.gateway.bundle import MAX_BUNDLE_BYTES, TAIL_LINES
 from runyard.gateway.http import create_app
-from runyard.logs import LogRecord, LogStore
+from runyard.logs import LogStore
 
 from tests.integration.test_faulttolerance_api import fake_capture
 from tests.integration.test_faulttolerance_service import Clock, CommandsToDeployer, Harness
 from tests.integration.test_gateway import config_dir
 from tests.integration.test_gateway_routing import log_service, serving
+from tests.log_records import log_record
 from tests.unit.test_cli import cli
 
 pytestmark = pytest.mark.integration
@@ -107,14 +108,12 @@ class Api:
         """Lines as the deployer publishes them (numbered per worker and stream)."""
         await self.logs.ingest(
             [
-                LogRecord(
+                log_record(
                     start + timedelta(milliseconds=i),
                     task_id,
-                    1,
-                    attempt,
-                    worker,
-                    "stdout",
                     text,
+                    attempt=attempt,
+                    worker=worker,
                     seq=i,
                 )
                 for i, text in enumerate(texts)

@@ -256,7 +256,7 @@ async def test_a_restarted_deployer_service_publishes_the_rest_and_records_the_r
 
     async def publish(line: OutputLine) -> None:  # what the service's own sink does
         await producer.send_and_wait(
-            kafka.topics.logs, json.dumps(line.record()).encode(), key=line.task_id.encode()
+            kafka.topics.logs, line.record().to_bytes(), key=line.task_id.encode()
         )
         # Kept once the broker took it: the runtime saves its offset right after this
         # returns (no await in between), so a crash after it repeats nothing. A crash

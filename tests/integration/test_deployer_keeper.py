@@ -19,7 +19,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from runyard.contracts.loglines import LogRecord
 from runyard.deployer.app import DeployerApp
 from runyard.deployer.keeper import BrokerWatch, LogServiceLines, OutputKeeper
 from runyard.deployer.runtime import LocalRuntime, OutputLine
@@ -28,6 +27,7 @@ from runyard.logs.http import MAX_MISSING_STREAMS
 
 from tests.integration.test_deployer_faults import World, spec, world  # noqa: F401 (fixture)
 from tests.integration.test_gateway_routing import SERVICE_TOKEN, LogService, log_service
+from tests.log_records import log_record
 
 pytestmark = pytest.mark.integration
 
@@ -271,16 +271,7 @@ async def test_the_missing_lines_route_answers_the_service_credential_only(
     endpoints: dict[str, str] = {}
     async with log_service(dsn, tmp_path, endpoints) as logs, httpx.AsyncClient() as http:
         records = [
-            LogRecord(
-                at=datetime.now(UTC),
-                task_id="t-9",
-                run=1,
-                attempt=2,
-                worker=0,
-                stream="stdout",
-                line=f"l{i}",
-                seq=i,
-            )
+            log_record(datetime.now(UTC), "t-9", f"l{i}", attempt=2, seq=i)
             for i in (0, 1, 2, 5, 6, 9)
         ]
         await logs.store.ingest(records)

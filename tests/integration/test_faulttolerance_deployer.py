@@ -45,7 +45,7 @@ from runyard.deployer.app import DeployerApp
 from runyard.deployer.runtime import LocalRuntime, LocalRuntimeConfig, OutputLine, group_members
 from runyard.domain.task import Submit, TaskState, decide, fold
 from runyard.eventstore import PostgresEventStore
-from runyard.faulttolerance.app import FaultToleranceApp, LogLine
+from runyard.faulttolerance.app import FaultToleranceApp
 from runyard.faulttolerance.bootcheck import FINISHED
 from runyard.faulttolerance.ftlog import read_fault_tolerance_log
 
@@ -129,11 +129,7 @@ async def world(
 
     async def sink(line: OutputLine) -> None:
         lines.append(line)
-        await ft.on_log(
-            LogLine(
-                line.at, line.task_id, line.run, line.attempt, line.worker, line.line, line.stream
-            )
-        )
+        await ft.on_log(line.record())
 
     deployer = DeployerApp(store, runtime, on_output=sink, stop_grace_s=1.0)
     w = World(store, tmp, runtime, deployer, ft, lines, [deployer, ft, *extra])

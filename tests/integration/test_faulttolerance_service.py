@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent, default_mapper
 from runyard.contracts.commands import CaptureStacks
+from runyard.contracts.loglines import LogRecord
 from runyard.contracts.pool_events import NodeMarkedFaulty, NodeMarkedHealthy
 from runyard.contracts.spec import FaultToleranceOptions, TaskSpec
 from runyard.contracts.stacks import ProcessStacks, WorkerStacks
@@ -61,11 +62,12 @@ from runyard.domain.task import (
     fold,
 )
 from runyard.eventstore import PostgresEventStore
-from runyard.faulttolerance.app import FaultToleranceApp, LogLine, StacksUnavailable
+from runyard.faulttolerance.app import FaultToleranceApp, StacksUnavailable
 from runyard.faulttolerance.bootcheck import FINISHED, ItemResult
 from runyard.faulttolerance.ftlog import read_fault_tolerance_log
 from runyard.faulttolerance.reports import StackReportStore
 
+from tests.log_records import log_record
 from tests.unit.test_faulttolerance_slowdown import SEED_LINES, seed_megatron_log
 
 pytestmark = pytest.mark.integration
@@ -198,7 +200,9 @@ class Harness:
 
     async def lines(self, task_id: str, worker: int, texts: list[str], attempt: int = 1) -> None:
         for text in texts:
-            await self.app.on_log(LogLine(self.clock(), task_id, 1, attempt, worker, text))
+            await self.app.on_log(
+                log_record(self.clock(), task_id, text, attempt=attempt, worker=worker)
+            )
         await self.deliver(task_id)
 
     @property
@@ -296,7 +300,7 @@ async def test_a_task_first_seen_after_it_ended_is_analysed(h: Harness) -> None:
     await h.act("unseen", ExitWorker("unseen", 1, 1, 0, 0))
     fresh = FaultToleranceApp(h.store, clock=h.clock)
     for text in seed_megatron_log():
-        await fresh.on_log(LogLine(h.clock(), "unseen", 1, 1, 0, text))
+        await fresh.on_log(log_record(h.clock(), "unseen", text))
     warnings = await h.payloads("unseen", SlowdownDetected)
     assert [w.message for w in warnings] == SEED_LINES
 
@@ -693,9 +697,7 @@ async def test_hung_worker_of_the_local_runtime_has_its_stack_captured(
 
     async def sink(line: OutputLine) -> None:
         lines.append(line)
-        await ft.on_log(
-            LogLine(line.at, line.task_id, line.run, line.attempt, line.worker, line.line)
-        )
+        await ft.on_log(line.record())
 
     deployer = DeployerApp(store, runtime, on_output=sink, stop_grace_s=1.0)
     h = Harness(store, ft, clock, reports)
@@ -754,7 +756,7 @@ async def test_a_worker_that_never_finishes_its_env_check_is_a_warning(h: Harnes
 
 
 async def test_log_lines_reach_the_app_from_the_logs_topic(kafka: Any) -> None:
-    """`follow_logs` on the real broker: records in, LogLine out; junk skipped."""
+    """`follow_logs` on the real broker: records in, LogRecord out; junk skipped."""
     import json
 
     from aiokafka import AIOKafkaProducer
@@ -762,9 +764,9 @@ async def test_log_lines_reach_the_app_from_the_logs_topic(kafka: Any) -> None:
 
     class Recorder:
         def __init__(self) -> None:
-            self.lines: list[LogLine] = []
+            self.lines: list[LogRecord] = []
 
-        async def on_log(self, line: LogLine) -> None:
+        async def on_log(self, line: LogRecord) -> None:
             self.lines.append(line)
 
     recorder = Recorder()

@@ -43,13 +43,14 @@ from runyard.gateway.grpc_gen import tasks_pb2 as pb
 from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
 from runyard.gateway.grpc_server import start_server
 from runyard.gateway.http import create_app
-from runyard.logs import LogRecord, LogStore
+from runyard.logs import LogStore
 from runyard.logs.http import LogApi
 from runyard.logs.main import http_app as logs_app
 from runyard.notification import store as notification_store
 from runyard.notification.main import http_app as notification_app
 
 from tests.integration.test_gateway import BASE, config_dir
+from tests.log_records import log_record
 
 pytestmark = pytest.mark.integration
 
@@ -199,9 +200,7 @@ _SEQ = itertools.count()
 
 async def ingest(store: LogStore, task_id: str, *texts: str) -> None:
     now = datetime.now(UTC)
-    await store.ingest(
-        [LogRecord(now, task_id, 1, 1, 0, "stdout", text, seq=next(_SEQ)) for text in texts]
-    )
+    await store.ingest([log_record(now, task_id, text, seq=next(_SEQ)) for text in texts])
 
 
 # --- routing -------------------------------------------------------------------------

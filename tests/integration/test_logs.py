@@ -16,15 +16,17 @@ import httpx
 import pytest
 from aiokafka import AIOKafkaProducer
 from runyard.api.auth import create_token
+from runyard.contracts.loglines import LogRecord
 from runyard.gateway.app import Gateway
 from runyard.gateway.http import create_app
-from runyard.logs import LogIngester, LogQuery, LogRecord, LogStore
+from runyard.logs import LogIngester, LogQuery, LogStore
 from runyard.logs.exports import KEEP
 from runyard.logs.http import LogApi
 from runyard.messaging import KafkaSettings
 
 from tests.integration.test_gateway import BASE, config_dir
 from tests.integration.test_gateway_routing import log_service
+from tests.log_records import log_record
 
 pytestmark = pytest.mark.integration
 
@@ -82,7 +84,7 @@ def records(
     task_id: str, corpus: list[tuple[float, int, str, str]], run: int = 1
 ) -> list[LogRecord]:
     return [
-        LogRecord(T0 + timedelta(seconds=s), task_id, run, 1, w, st, text)  # type: ignore[arg-type]
+        log_record(T0 + timedelta(seconds=s), task_id, text, run=run, worker=w, stream=st)
         for s, w, st, text in corpus
     ]
 
@@ -260,7 +262,7 @@ async def export(logs: LogsApi, params: dict[str, Any], fmt: str = "text") -> di
 
 
 async def test_export_without_filters_has_every_line(logs: LogsApi) -> None:
-    old = LogRecord(datetime.now(UTC) - timedelta(days=31), logs.task_id, 1, 1, 0, "stdout", "x")
+    old = log_record(datetime.now(UTC) - timedelta(days=31), logs.task_id, "x")
     await logs.store.ingest([old], now=old.at)  # ingested long ago; past the 30 days now
     done = await export(logs, {})
     assert done["lines_done"] == done["lines_total"] == len(CORPUS)
@@ -313,9 +315,7 @@ async def test_export_with_a_bad_regex_is_refused_up_front(logs: LogsApi) -> Non
 async def test_redelivered_batch_stores_nothing_twice(logs: LogsApi) -> None:
     again = records(logs.task_id, CORPUS)
     assert await logs.store.ingest(again) == 0
-    numbered = [
-        LogRecord(T0, logs.task_id, 2, 1, 0, "stdout", "same text", seq=i) for i in range(3)
-    ]
+    numbered = [log_record(T0, logs.task_id, "same text", run=2, seq=i) for i in range(3)]
     assert await logs.store.ingest(numbered) == 3  # same text and time, distinct seq
     assert await logs.store.ingest(numbered) == 0
     assert await logs.store.count(LogQuery(logs.task_id)) == len(CORPUS) + 3
@@ -327,8 +327,8 @@ async def test_partitions_ahead_and_retention_drops_old_days(dsn: str) -> None:
         store = LogStore(pool, retention_days=30)
         await store.migrate()
         now = datetime(2026, 3, 10, 12, tzinfo=UTC)
-        old = LogRecord(now - timedelta(days=40), "t", 1, 1, 0, "stdout", "old line")
-        recent = LogRecord(now - timedelta(days=2), "t", 1, 1, 0, "stdout", "recent line")
+        old = log_record(now - timedelta(days=40), "t", "old line")
+        recent = log_record(now - timedelta(days=2), "t", "recent line")
         assert await store.ingest([old], now=old.at) == 1  # stored back then
         assert await store.ingest([recent], now=now) == 1
         assert await store.ingest([old], now=now) == 0  # arrives past retention: dropped
@@ -362,22 +362,21 @@ async def test_consumer_restart_redelivers_without_duplicates(
         await store.migrate()
         sent = records("task-k", CORPUS * 1)
         for record in sent:
-            value = json.dumps(record.to_json()).encode()
-            await producer.send_and_wait(kafka.topics.logs, value, key=b"task-k")
+            await producer.send_and_wait(kafka.topics.logs, record.to_bytes(), key=b"task-k")
         await producer.send_and_wait(kafka.topics.logs, b"not json", key=b"task-k")
 
         first = LogIngester(store, kafka, group="logs-a")
         task = asyncio.create_task(first.run())
-        await wait_until(lambda: first.stats.received == len(sent) + 1)
+        await wait_until(lambda: first.consumer.stats.received == len(sent) + 1)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         assert first.stats.stored == len(sent)
-        assert first.stats.malformed == 1
+        assert first.consumer.stats.malformed == 1
 
         # A new group reads everything again: as if no offset had been committed.
         second = LogIngester(store, kafka, group="logs-b")
         task = asyncio.create_task(second.run())
-        await wait_until(lambda: second.stats.received == len(sent) + 1)
+        await wait_until(lambda: second.consumer.stats.received == len(sent) + 1)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         assert second.stats.stored == 0
@@ -397,7 +396,7 @@ async def test_pipeline_commits_each_batch_after_it_is_stored(logs: LogsApi, wri
     async def source() -> AsyncIterator[tuple[list[bytes | None], Any]]:
         for b in range(3):
             values: list[bytes | None] = [
-                json.dumps(r.to_json()).encode()
+                r.to_bytes()
                 for r in records(
                     "piped", [(b * 10 + i, i % 2, "stdout", f"b{b} l{i}") for i in range(4)]
                 )
@@ -408,7 +407,7 @@ async def test_pipeline_commits_each_batch_after_it_is_stored(logs: LogsApi, wri
 
             yield values, done
 
-    await ingester.pipeline(source())
+    await ingester.consumer.pipeline(source())
     # batch b is committed, in order, only once its 4 lines and those before are stored
     assert [b for b, _ in committed] == [0, 1, 2]
     assert all(stored >= 4 * (b + 1) for b, stored in committed)
@@ -428,17 +427,8 @@ async def test_the_service_ingests_the_deployers_records(
     await producer.start()
     try:
         line = OutputLine("task-d", 1, 1, 0, "stderr", "hello from a worker", datetime.now(UTC))
-        # the deployer's record, field for field (services/deployer/main.py `publish`)
-        record = {
-            "at": line.at.isoformat(),
-            "task_id": line.task_id,
-            "run": line.run,
-            "attempt": line.attempt,
-            "worker": line.worker,
-            "stream": line.stream,
-            "line": line.line,
-        }
-        await producer.send_and_wait(kafka.topics.logs, json.dumps(record).encode(), key=b"task-d")
+        # what the deployer publishes (services/deployer/main.py `publish`)
+        await producer.send_and_wait(kafka.topics.logs, line.record().to_bytes(), key=b"task-d")
         await wait_until(lambda: "logs" in ctx.endpoints)  # migrated, serving
         pool = await asyncpg.create_pool(dsn, min_size=1, max_size=1)
         try:

@@ -13,9 +13,10 @@ import pytest
 from runyard.api.auth import create_token
 from runyard.gateway.app import Gateway
 from runyard.gateway.http import create_app
-from runyard.logs import LogRecord, LogStore
+from runyard.logs import LogStore
 
 from tests.integration.test_gateway_routing import log_service, serving
+from tests.log_records import log_record
 from tests.unit.test_cli import REPO, cli
 
 pytestmark = pytest.mark.integration
@@ -40,7 +41,9 @@ class Served:
     async def add(self, start: int, lines: list[tuple[int, str, str]]) -> None:
         await self.store.ingest(
             [
-                LogRecord(T0 + timedelta(seconds=start + i), self.task_id, 1, 1, w, s, text)  # type: ignore[arg-type]
+                log_record(
+                    T0 + timedelta(seconds=start + i), self.task_id, text, worker=w, stream=s
+                )
                 for i, (w, s, text) in enumerate(lines)
             ]
         )

@@ -11,9 +11,10 @@ from pathlib import Path
 import asyncpg
 import httpx
 import pytest
-from runyard.logs import LogRecord, LogStore, classify, is_error, is_warning
+from runyard.logs import LogStore, classify, is_error, is_warning
 
 from tests.integration.test_gateway_routing import SERVICE_TOKEN, log_service
+from tests.log_records import log_record
 
 pytestmark = pytest.mark.integration
 
@@ -432,7 +433,9 @@ async def test_first_error_is_found_and_classified(store: LogStore, name: str) -
     everything = BOOT + lines
     await store.ingest(
         [
-            LogRecord(T0 + timedelta(milliseconds=100 * i), task_id, 1, 1, w, "stderr", text)
+            log_record(
+                T0 + timedelta(milliseconds=100 * i), task_id, text, worker=w, stream="stderr"
+            )
             for i, (w, text) in enumerate(everything)
         ]
     )
@@ -454,7 +457,7 @@ async def test_first_error_is_found_and_classified(store: LogStore, name: str) -
 async def test_no_error_no_answer(store: LogStore) -> None:
     await store.ingest(
         [
-            LogRecord(T0 + timedelta(seconds=i), "calm", 1, 1, w, "stdout", text)
+            log_record(T0 + timedelta(seconds=i), "calm", text, worker=w)
             for i, (w, text) in enumerate(BOOT)
         ]
     )
@@ -465,8 +468,8 @@ async def test_no_error_no_answer(store: LogStore) -> None:
 async def test_latest_run_by_default_and_a_given_run(store: LogStore) -> None:
     await store.ingest(
         [
-            LogRecord(T0, "r", 1, 1, 0, "stderr", "ModuleNotFoundError: No module named 'x'"),
-            LogRecord(T0 + timedelta(minutes=5), "r", 2, 1, 0, "stderr", "Killed"),
+            log_record(T0, "r", "ModuleNotFoundError: No module named 'x'", stream="stderr"),
+            log_record(T0 + timedelta(minutes=5), "r", "Killed", run=2, stream="stderr"),
         ]
     )
     latest = await store.first_error("r")
@@ -489,7 +492,7 @@ async def test_the_internal_route_answers_the_service_credential_only(
         lines = ["epoch 1", "Traceback (most recent call last):", '  File "t.py"', "KeyError: 'x'"]
         await logs.store.ingest(
             [
-                LogRecord(T0 + timedelta(seconds=i), "t-1", 2, 1, 0, "stderr", text)
+                log_record(T0 + timedelta(seconds=i), "t-1", text, run=2, stream="stderr")
                 for i, text in enumerate(lines)
             ]
         )

@@ -5,17 +5,17 @@ store dedupes on it (the hash of the line stays the key of records without it)."
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from runyard.logs import LogQuery, LogRecord, LogStore, parse
+from runyard.contracts.loglines import LogRecord
+from runyard.logs import LogQuery, LogStore
 
 from tests.integration.test_deployer import Harness, h, make_spec  # noqa: F401 (fixture)
 from tests.integration.test_deployer_recovery import World, world  # noqa: F401 (fixture)
 from tests.integration.test_deployer_recovery import make_spec as recovery_spec
+from tests.log_records import log_record
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +36,7 @@ async def store(dsn: str) -> AsyncIterator[LogStore]:
 
 
 def numbered(text: str, seqs: range, stream: str = "stdout") -> list[LogRecord]:
-    return [LogRecord(AT, "t-seq", 1, 1, 0, stream, text, seq=s) for s in seqs]  # type: ignore[arg-type]
+    return [log_record(AT, "t-seq", text, stream=stream, seq=s) for s in seqs]
 
 
 async def test_identical_lines_in_one_microsecond_are_kept_when_seq_differs(
@@ -46,7 +46,7 @@ async def test_identical_lines_in_one_microsecond_are_kept_when_seq_differs(
     # the same numbers on the other stream are other lines (numbered per stream)
     assert await store.ingest(numbered("step done", range(3), "stderr")) == 3
     # without seq the same line at the same microsecond is one line (the hash fallback)
-    plain = [LogRecord(AT, "t-seq", 1, 1, 1, "stdout", "step done") for _ in range(3)]
+    plain = [log_record(AT, "t-seq", "step done", worker=1) for _ in range(3)]
     assert await store.ingest(plain) == 1
     lines = (await store.page(LogQuery("t-seq"))).lines
     assert sorted((ln.worker, ln.stream, ln.seq) for ln in lines) == [
@@ -61,16 +61,16 @@ async def test_identical_lines_in_one_microsecond_are_kept_when_seq_differs(
 
 
 async def test_redelivery_with_seq_stores_nothing_twice(store: LogStore) -> None:
-    messages = [json.dumps(r.to_json()).encode() for r in numbered("loss=1.0", range(5))]
-    assert await store.ingest([parse(m) for m in messages]) == 5
+    messages = [r.to_bytes() for r in numbered("loss=1.0", range(5))]
+    assert await store.ingest([LogRecord.from_bytes(m) for m in messages]) == 5
     # the consumer restarts: the same messages again, and a batch overlapping them
-    assert await store.ingest([parse(m) for m in messages]) == 0
+    assert await store.ingest([LogRecord.from_bytes(m) for m in messages]) == 0
     more = numbered("loss=1.0", range(3, 8))
     assert await store.ingest(more) == 3  # 3 and 4 were stored already
-    assert await store.ingest([parse(m) for m in reversed(messages)]) == 0
+    assert await store.ingest([LogRecord.from_bytes(m) for m in reversed(messages)]) == 0
     assert await store.count(LogQuery("t-seq")) == 8
     # a record built in code and the parsed message of the same line are one line
-    assert parse(messages[0]).dedupe == numbered("loss=1.0", range(1))[0].dedupe
+    assert LogRecord.from_bytes(messages[0]).dedupe == numbered("loss=1.0", range(1))[0].dedupe
 
 
 async def test_the_runtime_numbers_each_stream_of_each_worker(h: Harness) -> None:  # noqa: F811
@@ -82,12 +82,9 @@ async def test_the_runtime_numbers_each_stream_of_each_worker(h: Harness) -> Non
             mine = [x for x in h.lines if x.worker == worker and x.stream == stream]
             assert [x.seq for x in mine] == list(range(count)), mine
     # what the deployer publishes carries it, and the store keeps every line
-    published = [parse(json.dumps(x.record()).encode()) for x in h.lines]
+    published = [LogRecord.from_bytes(x.record().to_bytes()) for x in h.lines]
     assert all(r.seq is not None for r in published)
-    same_time = [
-        LogRecord(AT, r.task_id, r.run, r.attempt, r.worker, r.stream, r.line, seq=r.seq)
-        for r in published
-    ]
+    same_time = [r.model_copy(update={"at": AT}) for r in published]
     pool = h.store.pool
     logs = LogStore(pool)
     await logs.migrate()
@@ -116,10 +113,13 @@ async def test_a_numbered_line_read_again_later_is_stored_once(store: LogStore) 
     assert await store.ingest(first) == 4
     # A new deployer reads the file again from an older offset: the same numbers,
     # read (and stamped) seconds later. Only the lines not stored yet are new.
-    later = [replace(r, at=r.at + timedelta(seconds=7)) for r in numbered("step", range(2, 6))]
+    later = [
+        r.model_copy(update={"at": r.at + timedelta(seconds=7)})
+        for r in numbered("step", range(2, 6))
+    ]
     assert await store.ingest(later) == 2
     # Twice in one batch, at two times: the first is kept.
     twice = numbered("step", range(6, 7))
-    twice += [replace(twice[0], at=twice[0].at + timedelta(seconds=1))]
+    twice += [twice[0].model_copy(update={"at": twice[0].at + timedelta(seconds=1)})]
     assert await store.ingest(twice) == 1
     assert await store.count(LogQuery("t-seq")) == 7

@@ -160,7 +160,7 @@ async def test_metrics_show_log_lines_by_outcome(dsn: str, kafka: KafkaSettings)
             await producer.send(kafka.topics.logs, line, key=b"task-1")
         await producer.send_and_wait(kafka.topics.logs, json.dumps({"no": 1}).encode())
         async with running(ingester.run):
-            await wait_until(lambda: ingester.stats.received == 7, WITHIN_S)
+            await wait_until(lambda: ingester.consumer.stats.received == 7, WITHIN_S)
             text = await scrape(app)
             mine = {"consumer": group}
             assert value(text, "runyard_log_lines_total", **mine, outcome="stored") == 5

@@ -27,7 +27,7 @@ from runyard.contracts.task_events import AlertDelivered, AlertFailed
 from runyard.contracts.webhooks import WebhookPolicy
 from runyard.domain import Command, Fail, MarkAbnormal, Queue, Submit, decide, fold
 from runyard.eventstore import PostgresEventStore
-from runyard.logs import LogRecord, LogStore
+from runyard.logs import LogStore
 from runyard.messaging import KafkaSettings
 from runyard.notification import firsterror
 from runyard.notification import store as tables
@@ -37,6 +37,7 @@ from runyard.notification.rules import Subscription
 
 from tests.feishu_fake import FeishuFake
 from tests.integration.test_gateway_routing import SERVICE_TOKEN, closed_port_url, log_service
+from tests.log_records import log_record
 
 pytestmark = pytest.mark.integration
 
@@ -480,7 +481,14 @@ async def write_logs(h: Harness, task_id: str, lines: list[tuple[int, str]], run
     t0 = h.clock() - timedelta(minutes=5)
     await logs.ingest(
         [
-            LogRecord(t0 + timedelta(milliseconds=100 * i), task_id, run, 1, worker, "stderr", text)
+            log_record(
+                t0 + timedelta(milliseconds=100 * i),
+                task_id,
+                text,
+                run=run,
+                worker=worker,
+                stream="stderr",
+            )
             for i, (worker, text) in enumerate(lines)
         ]
     )
@@ -588,7 +596,8 @@ async def test_an_abnormal_tasks_huge_first_error_line_is_cut_and_the_card_fits(
 ) -> None:
     async with harness(dsn) as h, log_service(dsn, tmp_path, h.endpoints):
         sub = await signed_task_subscription(h, "abnormal")
-        huge = "RuntimeError: shapes \x1b[31mdo not match\x1b[0m " + "[1024, 4096] " * 10_000
+        # near the longest line the log store can hold (a worker's output is cut at 64 KiB)
+        huge = "RuntimeError: shapes \x1b[31mdo not match\x1b[0m " + "[1024, 4096] " * 5_000
         await h.submit("fe-6", spec("huge-line", sub))
         await write_logs(h, "fe-6", [(2, "step 1"), (2, huge)])
         reason = "needs a person: " + "the loss went NaN again " * 2_000

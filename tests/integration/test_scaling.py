@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -24,13 +23,15 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from runyard.contracts import Event, RecordedEvent
 from runyard.eventstore import PostgresEventStore
-from runyard.logs import LogIngester, LogRecord, LogStore
+from runyard.logs import LogIngester, LogStore
 from runyard.messaging import KafkaSettings, Topics, ensure_topics
+from runyard.messaging.batches import LogBatchConsumer
 from runyard.messaging.consumer import IdempotentConsumer, make_broker
 from runyard.messaging.topics import LOGS, PARTITIONS, TASK_EVENTS
 
 from tests.contract.sample_events import happened, sample_mapper
 from tests.integration.test_relay import running_relay, wait_until
+from tests.log_records import log_record
 
 pytestmark = pytest.mark.integration
 
@@ -79,31 +80,26 @@ async def test_a_topic_with_too_few_partitions_is_reported(
 # --- log ingesters -------------------------------------------------------------------
 
 
-class CrashingIngester(LogIngester):
-    """Stores what it reads but never commits an offset: stopped, it leaves every
-    line it stored to be read again by whoever takes its partitions."""
+class NeverCommits(LogBatchConsumer):
+    """Hands what it reads to its handler but never commits an offset."""
 
-    async def _polled(self, consumer: Any) -> AsyncIterator[Any]:  # type: ignore[override]
-        async for values, _ in super()._polled(consumer):
-            yield values, _nothing
+    async def _commit(self, consumer: Any, offsets: Any) -> None:
+        return None
 
 
-async def _nothing() -> None:
-    return None
+def crashing_ingester(store: LogStore, kafka: KafkaSettings, max_records: int) -> LogIngester:
+    """An ingester that stores what it reads but never commits an offset: stopped, it
+    leaves every line it stored to be read again by whoever takes its partitions."""
+    ingester = LogIngester(store, kafka, max_records=max_records)
+    ingester.consumer = NeverCommits(
+        ingester.group, kafka=kafka, handler=ingester.ingest, max_records=max_records
+    )
+    return ingester
 
 
 def _log_line(task: int, seq: int) -> bytes:
-    record = LogRecord(
-        at=datetime.now(UTC),
-        task_id=f"task-{task}",
-        run=1,
-        attempt=1,
-        worker=0,
-        stream="stdout",
-        line=f"step {seq} of task {task}",
-        seq=seq,
-    )
-    return json.dumps(record.to_json()).encode()
+    record = log_record(datetime.now(UTC), f"task-{task}", f"step {seq} of task {task}", seq=seq)
+    return record.to_bytes()
 
 
 @contextlib.asynccontextmanager
@@ -134,7 +130,7 @@ async def test_two_log_ingesters_share_partitions_and_store_each_line_once(
     store = LogStore(pool)
     await store.migrate()
     await store.maintain(datetime.now(UTC))
-    first = CrashingIngester(store, kafka, max_records=50)
+    first = crashing_ingester(store, kafka, max_records=50)
     second = LogIngester(store, kafka, max_records=50)
     per_task = 25
     total = TASKS * per_task

@@ -22,9 +22,10 @@ from runyard.cli.main import app
 from runyard.contracts import Metadata, NewEvent
 from runyard.contracts.task_events import TaskPlaced, WorkerPlacement
 from runyard.domain.task import FailStage, StartStage
-from runyard.logs import LogRecord, LogStore
+from runyard.logs import LogStore
 from typer.testing import CliRunner
 
+from tests.log_records import log_record
 from tests.unit.test_cli import REPO, Served, cli, drive
 from tests.unit.test_cli import served_gateway as served_gateway  # the fixture
 
@@ -140,7 +141,7 @@ async def test_worker_output_loses_its_escape_sequences_unless_raw(served_gatewa
     await store.migrate()
     at = datetime.now(UTC) - timedelta(minutes=5)
     text = "\x1b[31mloss=nan\x1b[0m\rFAKE 2026-01-01 w0 stdout | ok \x1b]0;owned\x07done"
-    await store.ingest([LogRecord(at, task_id, 1, 1, 0, "stdout", text)])
+    await store.ingest([log_record(at, task_id, text)])
 
     shown = await cli(s.url, s.token, "logs", task_id)
     assert shown.exit_code == 0, shown.output
