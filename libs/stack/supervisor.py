@@ -149,6 +149,13 @@ class Supervisor:
         finally:
             await asyncio.shield(self.stop())
 
+    def kill_groups(self) -> None:
+        """SIGKILL to every child's process group (after `stop`: whatever a child left)."""
+        for child in self.children.values():
+            if child.process is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(child.process.pid, signal.SIGKILL)
+
     def exited(self) -> dict[str, int | None]:
         """Children that are not running now, with their last exit status."""
         return {n: c.last_exit for n, c in self.children.items() if not c.running}
@@ -263,10 +270,7 @@ async def service_processes(
         try:
             await supervisor.stop()
         finally:
-            for child in supervisor.children.values():
-                if child.process is not None:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(child.process.pid, signal.SIGKILL)
+            supervisor.kill_groups()
 
 
 def free_endpoints(ctx: ServiceContext, names: Sequence[str], host: str = "127.0.0.1") -> None:

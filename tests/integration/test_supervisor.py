@@ -43,7 +43,7 @@ from runyard.stack.supervisor import (
 )
 from runyard.stack.up import wait_ready
 
-from tests.e2e.conftest import built_services, copy_config, free_port, kill_groups
+from tests.e2e.conftest import built_services, copy_config, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -99,7 +99,7 @@ async def supervised(
         try:
             await supervisor.stop()
         finally:
-            kill_groups(supervisor)
+            supervisor.kill_groups()
 
 
 async def runyard_ps(home: Path) -> tuple[int, list[dict[str, Any]]]:
@@ -226,7 +226,7 @@ async def test_a_child_that_exits_is_restarted_and_one_deaf_to_sigterm_is_killed
         running.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await running
-        kill_groups(supervisor)
+        supervisor.kill_groups()
     assert supervisor.children["deaf"].last_exit == -signal.SIGKILL
     assert any("deaf: still running" in r for r in reports)
     assert not state.exists()
