@@ -267,12 +267,29 @@ def list_tasks(
         err.print(f"more: --cursor {markup(page['next_cursor'])}")  # not a row of the table
 
 
+AtOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--at",
+        help="Replay: as it was at this point, a global position of the event log (1234)"
+        " or an ISO 8601 time with a zone (2026-12-01T10:00:00Z); folded from the log only.",
+    ),
+]
+
+
 @app.command()
 def show(
-    task_id: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
+    task_id: str,
+    at: AtOpt = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """A task: status, run, warnings, its stage timeline, and for a failed task
-    the first error of its logs with its likely layer (R-42)."""
+    the first error of its logs with its likely layer (R-42). With --at, the
+    task as it was at that point (and its workers' placement); see `runyard diff`."""
+    if at is not None:
+        return replay.show_at(task_id, at, url, token, as_json)
     task = call(url, token, "GET", f"/v1/tasks/{task_id}")
     if task.get("status") in ("failed", "abnormal"):
         task["first_error"] = call(url, token, "GET", f"/v1/tasks/{task_id}/first-error")
@@ -376,8 +393,17 @@ def watch(
 
 
 @app.command()
-def pools(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) -> None:
-    """Resource pools: zone, resource type, network and worker specs."""
+def pools(
+    at: AtOpt = None,
+    pool: Annotated[str | None, typer.Option(help="With --at: this pool only.")] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Resource pools: zone, resource type, network and worker specs. With --at,
+    each pool's nodes, health and allocations as they were at that point."""
+    if at is not None:
+        return replay.pools_at(at, pool, url, token, as_json)
     found = call(url, token, "GET", "/v1/pools")
     if as_json:
         return show_json(found)
@@ -619,6 +645,7 @@ from runyard.cli import bundle as _bundle  # noqa: E402, F401  (registers `runya
 from runyard.cli import ft as _ft  # noqa: E402, F401  (registers `runyard ft-log`, `stacks`)
 from runyard.cli import logs as _logs  # noqa: E402, F401  (registers `runyard logs`)
 from runyard.cli import ps as _ps  # noqa: E402, F401  (registers `runyard ps`)
+from runyard.cli import replay  # noqa: E402  (registers `runyard diff`; show/pools --at)
 
 if __name__ == "__main__":
     app()

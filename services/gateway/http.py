@@ -33,6 +33,7 @@ from runyard.eventstore import HEALTH, is_transient
 from runyard.gateway.app import Gateway, Request
 from runyard.gateway.bundle import bundle_router
 from runyard.gateway.proxy import Owners, install_openapi, install_routes
+from runyard.gateway.replay import replay_router
 from runyard.gateway.schemas import body_schemas, request_body
 from runyard.telemetry import TracingMiddleware, current_trace_context
 from runyard.telemetry.metrics import metrics_text
@@ -89,6 +90,7 @@ def create_app(gateway: Gateway, owners: Owners | Mapping[str, str] | None = Non
     _readiness_route(app, gateway)
     install_routes(app, owners, _principal_dependency(gateway))
     app.include_router(bundle_router(gateway, owners))
+    app.include_router(replay_router(gateway))
     body_schemas(app)
     install_openapi(app, owners)
     return app

@@ -54,6 +54,7 @@ from runyard.contracts.pool_events import GPUS_PER_NODE
 from runyard.eventstore import EventStore, PostgresEventStore
 from runyard.scheduler import admin
 from runyard.scheduler.admin import AdminResult
+from runyard.scheduler.replay import pools_replay_router, task_tenants
 from runyard.scheduler.views import read_queue_entries
 
 #: The most task ids one queue request may name (a page of the gateway's listing is 200).
@@ -114,7 +115,11 @@ def http_app(
     metrics, the pool admin routes and the queue route; callers are checked against
     the tokens table."""
     authenticator = TokenAuthenticator(store.pool)
-    routers = [admin_pools_router(store, authenticator), queue_router(store.pool, authenticator)]
+    routers = [
+        admin_pools_router(store, authenticator),
+        queue_router(store.pool, authenticator),
+        pools_replay_router(store, authenticator),
+    ]
     app = service_app("scheduler", routers=routers, ready=ready)
     app.middleware("http")(_with_role(role))
     return app
@@ -234,7 +239,7 @@ def queue_router(db: asyncpg.Pool, authenticator: Authenticator) -> APIRouter:
         for one in task_id:
             reject_unstorable(one, "task_id")
         entries = await read_queue_entries(db, task_id)
-        tenants = await _tenants(db, list(entries))
+        tenants = await task_tenants(db, list(entries))
         visible = {
             task: entry
             for task, entry in entries.items()
@@ -243,18 +248,6 @@ def queue_router(db: asyncpg.Pool, authenticator: Authenticator) -> APIRouter:
         return {"entries": visible}
 
     return router
-
-
-async def _tenants(db: asyncpg.Pool, task_ids: list[str]) -> dict[str, str]:
-    """Each task's tenant, from the first event of its stream (its submission)."""
-    if not task_ids:
-        return {}
-    rows = await db.fetch(
-        "SELECT stream_id, data ->> 'tenant' AS tenant FROM events"
-        " WHERE stream_id = ANY($1::text[]) AND stream_version = 1",
-        [f"task-{task}" for task in task_ids],
-    )
-    return {row["stream_id"].removeprefix("task-"): row["tenant"] for row in rows}
 
 
 async def _answer(operation: Awaitable[AdminResult]) -> dict[str, Any]:
