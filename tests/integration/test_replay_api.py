@@ -1,0 +1,211 @@
+"""SRE replay over HTTP on a real Postgres: who may replay what, and the refusals.
+
+The gateway's task routes (`/v1/tasks/{id}/replay`, `/replay/diff`) and the
+scheduler's pool route (`/v1/pools/replay`, routed by the gateway) with a token
+per role: the sre and platform_admin roles replay every tenant's tasks, a member
+only its own tenant's (another tenant's task is a 404, as no task), and a pool
+replay shows a member only its own tenant's task ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from runyard.api.auth import create_token
+from runyard.contracts import Metadata, NewEvent, default_mapper
+from runyard.domain import fold
+from runyard.eventstore import PostgresEventStore
+from runyard.gateway.app import Gateway
+from runyard.gateway.http import create_app
+from runyard.gateway.proxy import ROUTES
+from runyard.scheduler.app import SchedulerApp
+from runyard.scheduler.config import parse_pools
+from runyard.scheduler.http import http_app
+from runyard.scheduler.replay import HIDDEN
+
+from tests.integration.test_gateway import config_dir
+from tests.integration.test_scheduler_http import NOW, POOLS, Face
+from tests.unit.test_task_domain import TASK, Story, make_spec
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass
+class Replay:
+    gateway: Gateway
+    http: httpx.AsyncClient
+    tokens: dict[str, str]
+
+    async def get(self, who: str, path: str, **params: Any) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {self.tokens[who]}"}
+        return await self.http.get(path, params=params, headers=headers)
+
+
+@pytest.fixture
+async def replay(dsn: str, tmp_path: Path) -> AsyncIterator[Replay]:
+    gateway = await Gateway.connect(dsn, config_dir(tmp_path))
+    tokens = {
+        "sre": await create_token(gateway.db, "ops", "sam", "sre"),
+        "root": await create_token(gateway.db, "ops", "root", "platform_admin"),
+        "ml_alice": await create_token(gateway.db, "ml", "alice", "member"),
+        "ml_bob": await create_token(gateway.db, "ml", "bob", "member"),
+        "other": await create_token(gateway.db, "other", "olga", "member"),
+    }
+    app = create_app(gateway, {})
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://gw"
+    ) as client:
+        yield Replay(gateway, client, tokens)
+    await app.state.owners.aclose()
+    await gateway.close()
+
+
+async def crashed_task(gateway: Gateway) -> list[Any]:
+    """Task t-1 of tenant ml: queued, placed, running, a crash, a restart (as stored)."""
+    story = Story(make_spec(workers=1, auto_restart=True, max_restarts=1)).running()
+    story.exit(0, 1)
+    meta = Metadata(actor="user:ml/alice")
+    # an event of another stream first: the task's positions do not start at 1
+    await gateway.store.append("task-unrelated", [NewEvent(story.events[0][0], meta, NOW)])
+    for event, at in story.events:
+        await gateway.store.append(f"task-{TASK}", [NewEvent(event, meta, at)])
+    return await gateway.store.read_stream(f"task-{TASK}")
+
+
+async def test_each_position_replays_the_fold_of_the_prefix_for_readers(replay: Replay) -> None:
+    stream = await crashed_task(replay.gateway)
+    for who in ("sre", "root", "ml_alice", "ml_bob"):
+        for n, event in enumerate(stream, start=1):
+            answer = await replay.get(who, f"/v1/tasks/{TASK}/replay", at=event.global_position)
+            assert answer.status_code == 200, (who, answer.text)
+            body = answer.json()
+            folded = fold(stream[:n])
+            assert body["as_of"]["version"] == n and body["as_of"]["stream_events"] == len(stream)
+            task = body["task"]
+            assert (task["status"], task["attempt"]) == (folded.status, folded.attempt)
+            assert task["counters"]["restarts"] == folded.restarts
+            assert task["version"] == n
+    last = await replay.get("sre", f"/v1/tasks/{TASK}/replay", at=stream[-1].global_position)
+    assert last.json()["task"]["status"] == "restarting"
+    placed = await replay.get(
+        "sre", f"/v1/tasks/{TASK}/replay", at=stream[2].occurred_at.isoformat()
+    )
+    assert placed.json()["task"]["placement"]["workers"][0]["node"] == "node-0"
+
+
+async def test_another_tenants_member_gets_404_as_for_no_task(replay: Replay) -> None:
+    stream = await crashed_task(replay.gateway)
+    at = stream[-1].global_position
+    for path, params in [
+        (f"/v1/tasks/{TASK}/replay", {"at": at}),
+        (f"/v1/tasks/{TASK}/replay/diff", {"from": stream[0].global_position, "to": at}),
+        ("/v1/tasks/nope/replay", {"at": at}),
+    ]:
+        answer = await replay.get("other", path, **params)
+        assert (answer.status_code, answer.json()["code"]) == (404, "task_not_found"), path
+    missing = await replay.get("sre", "/v1/tasks/nope/replay", at=at)
+    assert missing.status_code == 404
+
+
+async def test_refusals_name_the_field_and_the_next_step(replay: Replay) -> None:
+    stream = await crashed_task(replay.gateway)
+    first, head = stream[0], stream[-1].global_position
+    path = f"/v1/tasks/{TASK}/replay"
+    for params, code, field in [
+        ({"at": "last tuesday"}, "replay.bad_point", "at"),
+        ({"at": "2026-12-01T10:00:00"}, "replay.bad_point", "at"),
+        ({"at": head + 1}, "replay.past_end", "at"),
+        ({"at": first.global_position - 1}, "replay.before_start", "at"),
+        ({"at": "1999-01-01T00:00:00Z"}, "replay.before_start", "at"),
+    ]:
+        answer = await replay.get("sre", path, **params)
+        body = answer.json()
+        assert (answer.status_code, body["code"], body["field"]) == (400, code, field), params
+        assert body["hint"], body
+    missing = await replay.get("sre", path)
+    assert missing.status_code == 400  # `at` is required
+    swapped = await replay.get("sre", path + "/diff", **{"from": head, "to": 1})
+    assert (swapped.status_code, swapped.json()["code"]) == (400, "replay.bad_range")
+
+
+async def test_diff_lists_the_changed_fields_and_the_events_between(replay: Replay) -> None:
+    stream = await crashed_task(replay.gateway)
+    running = next(e for e in stream if e.type == "TaskRunning")
+    answer = await replay.get(
+        "sre",
+        f"/v1/tasks/{TASK}/replay/diff",
+        **{"from": running.global_position, "to": stream[-1].global_position},
+    )
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    changed = {c["field"]: (c["from"], c["to"]) for c in body["changes"]}
+    assert changed["status"] == ("running", "restarting")
+    assert changed["attempt"] == (1, 2)
+    assert changed["counters.restarts"] == (0, 1)
+    after = [e for e in stream if e.stream_version > running.stream_version]
+    assert [e["type"] for e in body["events"]] == [e.type for e in after]
+    assert body["events_between"] == len(after) and body["truncated"] is False
+
+
+# --- pools (the scheduler's route) ------------------------------------------------------
+
+
+@pytest.fixture
+async def pools(dsn: str, tmp_path: Path) -> AsyncIterator[Face]:
+    gateway = await Gateway.connect(dsn, tmp_path)  # its migrations hold the tokens
+    tokens = {
+        "t1": await create_token(gateway.db, "t1", "alice", "member"),
+        "t2": await create_token(gateway.db, "t2", "bob", "member"),
+        "sre": await create_token(gateway.db, "ops", "sam", "sre"),
+    }
+    store = await PostgresEventStore.connect(dsn, default_mapper())
+    scheduler = SchedulerApp(store, parse_pools(POOLS), clock=lambda: NOW)
+    await scheduler.start()
+    app = http_app(store, role=lambda: "active")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app)) as http:
+        yield Face(store, scheduler, http, tokens, ["active"])
+    await store.close()
+    await gateway.close()
+
+
+async def test_pool_replay_folds_the_stream_and_hides_other_tenants_tasks(pools: Face) -> None:
+    assert any(r.path == "/v1/pools/replay" and r.owner == "scheduler" for r in ROUTES)
+    before = await pools.store.head_position()
+    await pools.submit("mine", "t1")  # takes the only node
+    url = "http://scheduler/v1/pools/replay"
+
+    async def at(who: str, point: Any) -> dict[str, Any]:
+        answer = await pools.http.get(
+            url, params={"at": point}, headers={"Authorization": pools.auth(who)}
+        )
+        assert answer.status_code == 200, answer.text
+        body: dict[str, Any] = answer.json()
+        return body
+
+    head = await pools.store.head_position()
+    (now,) = (await at("sre", head))["pools"]
+    assert [a["task_id"] for a in now["occupancy"]["items"]] == ["mine"]
+    assert now["capacity"]["free_gpus"] == 0
+    (then,) = (await at("sre", before))["pools"]
+    assert then["occupancy"]["items"] == [] and then["capacity"]["free_gpus"] == 8
+    (own,) = (await at("t1", head))["pools"]
+    assert own["occupancy"]["items"][0]["task_id"] == "mine"
+    (hidden,) = (await at("t2", head))["pools"]
+    assert hidden["occupancy"]["items"][0]["task_id"] == HIDDEN
+    assert set(hidden["nodes"]["items"][0]["owners"]) == {HIDDEN}
+
+    past = await pools.http.get(
+        url, params={"at": head + 1}, headers={"Authorization": pools.auth("sre")}
+    )
+    assert (past.status_code, past.json()["code"]) == (400, "replay.past_end")
+    unknown = await pools.http.get(
+        url, params={"at": head, "pool": "nope"}, headers={"Authorization": pools.auth("sre")}
+    )
+    assert (unknown.status_code, unknown.json()["code"]) == (404, "pool.not_found")
+    anonymous = await pools.http.get(url, params={"at": head})
+    assert anonymous.status_code == 401
