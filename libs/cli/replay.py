@@ -5,9 +5,10 @@
     runyard pools --at POINT [--pool ID] [--json]
 
 A POINT is a global position of the event log (`1234`: the `position` of an
-event in `runyard events ID --json`) or an ISO 8601 time with a zone (`2026-12-01T10:00:00Z`, `2026-12-01T18:00:00+08:00`). The answer is a
-fold of the stream's events up to that point, nothing else: what
-`runyard show` would have printed then, with the workers' placement.
+event in `runyard events ID --json`) or an ISO 8601 time with a zone
+(`2026-12-01T10:00:00Z`, `2026-12-01T18:00:00+08:00`). The answer is a fold of
+the stream's events up to that point, nothing else: what `runyard show` would
+have printed then, with the workers' placement.
 `show` and `pools` register `--at` in `runyard.cli.main` and call here.
 """
 
