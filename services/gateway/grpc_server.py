@@ -42,6 +42,7 @@ from runyard.gateway.app import Gateway, Request
 from runyard.gateway.grpc_gen import tasks_pb2 as pb
 from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
 from runyard.gateway.proxy import Owners
+from runyard.gateway.replay import ReplayApi
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +210,7 @@ class TasksService(pb_grpc.TasksServicer):  # type: ignore[misc]  # generated, u
     def __init__(self, gateway: Gateway, owners: Owners) -> None:
         self.gw = gateway
         self.owners = owners
+        self.replay = ReplayApi(gateway)
 
     # --- plumbing -------------------------------------------------------------
 
@@ -481,6 +483,43 @@ class TasksService(pb_grpc.TasksServicer):  # type: ignore[misc]  # generated, u
         async def call() -> pb.LogExportList:
             exports = await self._logs(context, "/v1/exports")
             return pb.LogExportList(exports=[export_message(e) for e in exports])
+
+        return await self._run(context, request, call)
+
+    # --- replay (docs/api.md, "Replay") ------------------------------------------
+
+    async def GetTaskAt(
+        self, request: pb.TaskAtRequest, context: grpc.aio.ServicerContext
+    ) -> pb.JsonReply:
+        async def call() -> pb.JsonReply:
+            caller = await self._caller(context)
+            answer = await self.replay.task_at(caller, request.task_id, request.at)
+            return pb.JsonReply(json=json.dumps(answer))
+
+        return await self._run(context, request, call)
+
+    async def DiffTask(
+        self, request: pb.DiffTaskRequest, context: grpc.aio.ServicerContext
+    ) -> pb.JsonReply:
+        async def call() -> pb.JsonReply:
+            caller = await self._caller(context)
+            answer = await self.replay.task_diff(
+                caller, request.task_id, request.from_point, request.to_point
+            )
+            return pb.JsonReply(json=json.dumps(answer))
+
+        return await self._run(context, request, call)
+
+    async def GetPoolsAt(
+        self, request: pb.PoolsAtRequest, context: grpc.aio.ServicerContext
+    ) -> pb.JsonReply:
+        async def call() -> pb.JsonReply:
+            await self._caller(context)  # 401 before the scheduler is asked
+            params = {"at": request.at, **({"pool": request.pool_id} if request.pool_id else {})}
+            answer = await self.owners.call(
+                "scheduler", "GET", "/v1/pools/replay", token=_token(context), params=params
+            )
+            return pb.JsonReply(json=json.dumps(answer))
 
         return await self._run(context, request, call)
 

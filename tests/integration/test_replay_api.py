@@ -9,11 +9,13 @@ replay shows a member only its own tenant's task ids.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 from runyard.api.auth import create_token
@@ -21,6 +23,9 @@ from runyard.contracts import Metadata, NewEvent, default_mapper
 from runyard.domain import fold
 from runyard.eventstore import PostgresEventStore
 from runyard.gateway.app import Gateway
+from runyard.gateway.grpc_gen import tasks_pb2 as pb
+from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
+from runyard.gateway.grpc_server import start_server
 from runyard.gateway.http import create_app
 from runyard.gateway.proxy import ROUTES
 from runyard.scheduler.app import SchedulerApp
@@ -39,6 +44,7 @@ pytestmark = pytest.mark.integration
 class Replay:
     gateway: Gateway
     http: httpx.AsyncClient
+    stub: pb_grpc.TasksStub
     tokens: dict[str, str]
 
     async def get(self, who: str, path: str, **params: Any) -> httpx.Response:
@@ -57,12 +63,17 @@ async def replay(dsn: str, tmp_path: Path) -> AsyncIterator[Replay]:
         "other": await create_token(gateway.db, "other", "olga", "member"),
     }
     app = create_app(gateway, {})
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://gw"
-    ) as client:
-        yield Replay(gateway, client, tokens)
-    await app.state.owners.aclose()
-    await gateway.close()
+    server, port = await start_server(gateway, "127.0.0.1", 0, owners=app.state.owners)
+    try:
+        async with (
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http,
+            grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
+        ):
+            yield Replay(gateway, http, pb_grpc.TasksStub(channel), tokens)
+    finally:
+        await server.stop(grace=None)
+        await app.state.owners.aclose()
+        await gateway.close()
 
 
 async def crashed_task(gateway: Gateway) -> list[Any]:
@@ -150,6 +161,32 @@ async def test_diff_lists_the_changed_fields_and_the_events_between(replay: Repl
     after = [e for e in stream if e.stream_version > running.stream_version]
     assert [e["type"] for e in body["events"]] == [e.type for e in after]
     assert body["events_between"] == len(after) and body["truncated"] is False
+
+
+async def test_grpc_answers_the_same_as_http_with_the_same_refusals(replay: Replay) -> None:
+    stream = await crashed_task(replay.gateway)
+    at, start = str(stream[-1].global_position), str(stream[0].global_position)
+
+    def auth(who: str) -> tuple[tuple[str, str]]:
+        return (("authorization", f"Bearer {replay.tokens[who]}"),)
+
+    reply = await replay.stub.GetTaskAt(pb.TaskAtRequest(task_id=TASK, at=at), metadata=auth("sre"))
+    over_http = await replay.get("sre", f"/v1/tasks/{TASK}/replay", at=at)
+    assert json.loads(reply.json) == over_http.json()
+    diff = await replay.stub.DiffTask(
+        pb.DiffTaskRequest(task_id=TASK, from_point=start, to_point=at), metadata=auth("ml_bob")
+    )
+    assert json.loads(diff.json)["to"]["version"] == len(stream)
+    for who, request, code in [
+        ("other", pb.TaskAtRequest(task_id=TASK, at=at), grpc.StatusCode.NOT_FOUND),
+        ("sre", pb.TaskAtRequest(task_id=TASK, at="noon"), grpc.StatusCode.INVALID_ARGUMENT),
+    ]:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await replay.stub.GetTaskAt(request, metadata=auth(who))
+        assert refused.value.code() == code
+    with pytest.raises(grpc.aio.AioRpcError) as anonymous:
+        await replay.stub.GetTaskAt(pb.TaskAtRequest(task_id=TASK, at=at))
+    assert anonymous.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
 # --- pools (the scheduler's route) ------------------------------------------------------

@@ -341,3 +341,29 @@ class LogExportList(_message.Message):
     EXPORTS_FIELD_NUMBER: _ClassVar[int]
     exports: _containers.RepeatedCompositeFieldContainer[LogExport]
     def __init__(self, exports: _Optional[_Iterable[_Union[LogExport, _Mapping]]] = ...) -> None: ...
+
+class TaskAtRequest(_message.Message):
+    __slots__ = ("task_id", "at")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    at: str
+    def __init__(self, task_id: _Optional[str] = ..., at: _Optional[str] = ...) -> None: ...
+
+class DiffTaskRequest(_message.Message):
+    __slots__ = ("task_id", "from_point", "to_point")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_POINT_FIELD_NUMBER: _ClassVar[int]
+    TO_POINT_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    from_point: str
+    to_point: str
+    def __init__(self, task_id: _Optional[str] = ..., from_point: _Optional[str] = ..., to_point: _Optional[str] = ...) -> None: ...
+
+class PoolsAtRequest(_message.Message):
+    __slots__ = ("at", "pool_id")
+    AT_FIELD_NUMBER: _ClassVar[int]
+    POOL_ID_FIELD_NUMBER: _ClassVar[int]
+    at: str
+    pool_id: str
+    def __init__(self, at: _Optional[str] = ..., pool_id: _Optional[str] = ...) -> None: ...

@@ -134,6 +134,21 @@ class TasksStub:
                 request_serializer=runyard_dot_v1_dot_tasks__pb2.ListLogExportsRequest.SerializeToString,
                 response_deserializer=runyard_dot_v1_dot_tasks__pb2.LogExportList.FromString,
                 _registered_method=True)
+        self.GetTaskAt = channel.unary_unary(
+                '/runyard.v1.Tasks/GetTaskAt',
+                request_serializer=runyard_dot_v1_dot_tasks__pb2.TaskAtRequest.SerializeToString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.JsonReply.FromString,
+                _registered_method=True)
+        self.DiffTask = channel.unary_unary(
+                '/runyard.v1.Tasks/DiffTask',
+                request_serializer=runyard_dot_v1_dot_tasks__pb2.DiffTaskRequest.SerializeToString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.JsonReply.FromString,
+                _registered_method=True)
+        self.GetPoolsAt = channel.unary_unary(
+                '/runyard.v1.Tasks/GetPoolsAt',
+                request_serializer=runyard_dot_v1_dot_tasks__pb2.PoolsAtRequest.SerializeToString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.JsonReply.FromString,
+                _registered_method=True)
 
 
 class TasksServicer:
@@ -268,6 +283,28 @@ class TasksServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetTaskAt(self, request, context):
+        """SRE replay (docs/api.md, "Replay"): folds of the log's stream prefixes.
+        The task as it was at a point: GET /v1/tasks/{id}/replay?at=.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DiffTask(self, request, context):
+        """What changed between two points: GET /v1/tasks/{id}/replay/diff?from=&to=.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPoolsAt(self, request, context):
+        """Pools' nodes and allocations at a point: GET /v1/pools/replay?at=[&pool=].
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TasksServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -370,6 +407,21 @@ def add_TasksServicer_to_server(servicer, server):
                     servicer.ListLogExports,
                     request_deserializer=runyard_dot_v1_dot_tasks__pb2.ListLogExportsRequest.FromString,
                     response_serializer=runyard_dot_v1_dot_tasks__pb2.LogExportList.SerializeToString,
+            ),
+            'GetTaskAt': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTaskAt,
+                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.TaskAtRequest.FromString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.JsonReply.SerializeToString,
+            ),
+            'DiffTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.DiffTask,
+                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.DiffTaskRequest.FromString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.JsonReply.SerializeToString,
+            ),
+            'GetPoolsAt': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPoolsAt,
+                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.PoolsAtRequest.FromString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.JsonReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -912,6 +964,87 @@ class Tasks:
             '/runyard.v1.Tasks/ListLogExports',
             runyard_dot_v1_dot_tasks__pb2.ListLogExportsRequest.SerializeToString,
             runyard_dot_v1_dot_tasks__pb2.LogExportList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTaskAt(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runyard.v1.Tasks/GetTaskAt',
+            runyard_dot_v1_dot_tasks__pb2.TaskAtRequest.SerializeToString,
+            runyard_dot_v1_dot_tasks__pb2.JsonReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DiffTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runyard.v1.Tasks/DiffTask',
+            runyard_dot_v1_dot_tasks__pb2.DiffTaskRequest.SerializeToString,
+            runyard_dot_v1_dot_tasks__pb2.JsonReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPoolsAt(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runyard.v1.Tasks/GetPoolsAt',
+            runyard_dot_v1_dot_tasks__pb2.PoolsAtRequest.SerializeToString,
+            runyard_dot_v1_dot_tasks__pb2.JsonReply.FromString,
             options,
             channel_credentials,
             insecure,
