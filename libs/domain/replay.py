@@ -33,8 +33,8 @@ LATEST: Final = datetime(3000, 1, 1, tzinfo=UTC)
 #: A global position is a Postgres bigint.
 MAX_POSITION: Final = 2**63 - 1
 POINT_HINT: Final = (
-    "give a global position of the log (e.g. 1234, as `runyard events` shows) or an"
-    " ISO 8601 time with a zone (e.g. 2026-12-01T10:00:00Z)"
+    "give a global position of the log (e.g. 1234: `runyard events ID --json` gives each"
+    " event's) or an ISO 8601 time with a zone (e.g. 2026-12-01T10:00:00Z)"
 )
 
 Point = int | datetime
@@ -75,11 +75,14 @@ class AsOf:
 def parse_point(text: str, field: str = "at") -> Point:
     """A global position (digits) or an ISO 8601 instant with a zone; ReplayRefused else."""
     value = text.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():
         position = int(value)
         if not 1 <= position <= MAX_POSITION:
             raise ReplayRefused(
-                "replay.bad_point", f"{field}: position {value} is out of range", POINT_HINT, field
+                "replay.bad_point",
+                f"{field}: position {value[:64]} is out of range",
+                POINT_HINT,
+                field,
             )
         return position
     try:

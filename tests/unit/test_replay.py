@@ -74,6 +74,7 @@ def test_a_point_is_a_position_or_a_time_with_a_zone() -> None:
     [
         ("yesterday", "neither a position nor an ISO 8601 time"),
         ("-5", "neither a position nor an ISO 8601 time"),
+        ("²", "neither a position nor an ISO 8601 time"),
         ("0", "out of range"),
         (str(2**63), "out of range"),
         ("2026-12-01T10:00:00", "has no time zone"),
