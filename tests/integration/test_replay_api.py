@@ -19,22 +19,18 @@ import grpc
 import httpx
 import pytest
 from runyard.api.auth import create_token
-from runyard.contracts import Metadata, NewEvent, default_mapper
+from runyard.contracts import Metadata, NewEvent
 from runyard.domain import fold
-from runyard.eventstore import PostgresEventStore
 from runyard.gateway.app import Gateway
 from runyard.gateway.grpc_gen import tasks_pb2 as pb
 from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
 from runyard.gateway.grpc_server import start_server
 from runyard.gateway.http import create_app
 from runyard.gateway.proxy import ROUTES
-from runyard.scheduler.app import SchedulerApp
-from runyard.scheduler.config import parse_pools
-from runyard.scheduler.http import http_app
 from runyard.scheduler.replay import HIDDEN
 
 from tests.integration.test_gateway import config_dir
-from tests.integration.test_scheduler_http import NOW, POOLS, Face
+from tests.integration.test_scheduler_http import NOW, Face, face  # noqa: F401  (fixture)
 from tests.unit.test_task_domain import TASK, Story, make_spec
 
 pytestmark = pytest.mark.integration
@@ -192,25 +188,11 @@ async def test_grpc_answers_the_same_as_http_with_the_same_refusals(replay: Repl
 # --- pools (the scheduler's route) ------------------------------------------------------
 
 
-@pytest.fixture
-async def pools(dsn: str, tmp_path: Path) -> AsyncIterator[Face]:
-    gateway = await Gateway.connect(dsn, tmp_path)  # its migrations hold the tokens
-    tokens = {
-        "t1": await create_token(gateway.db, "t1", "alice", "member"),
-        "t2": await create_token(gateway.db, "t2", "bob", "member"),
-        "sre": await create_token(gateway.db, "ops", "sam", "sre"),
-    }
-    store = await PostgresEventStore.connect(dsn, default_mapper())
-    scheduler = SchedulerApp(store, parse_pools(POOLS), clock=lambda: NOW)
-    await scheduler.start()
-    app = http_app(store, role=lambda: "active")
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app)) as http:
-        yield Face(store, scheduler, http, tokens, ["active"])
-    await store.close()
-    await gateway.close()
-
-
-async def test_pool_replay_folds_the_stream_and_hides_other_tenants_tasks(pools: Face) -> None:
+async def test_pool_replay_folds_the_stream_and_hides_other_tenants_tasks(
+    face: Face,  # noqa: F811  (the fixture)
+) -> None:
+    pools = face
+    pools.tokens["sre"] = await create_token(pools.store.pool, "ops", "sam", "sre")
     assert any(r.path == "/v1/pools/replay" and r.owner == "scheduler" for r in ROUTES)
     before = await pools.store.head_position()
     await pools.submit("mine", "t1")  # takes the only node
