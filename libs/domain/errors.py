@@ -18,6 +18,8 @@ state does not allow it), a consumer acks and moves on. `DomainError` is a
      |    +-- RerunChangeNotAllowed  400: a rerun changes a field only a clone may change
      |    +-- RestartNotAllowed      auto restart is off or its limit is reached
      +-- InconsistentHistory     a stored stream cannot be folded (a bug, not a user error)
+     +-- ReplayRefused           400: a point of the log that cannot be replayed
+                                 (runyard.domain.replay)
 """
 
 from __future__ import annotations

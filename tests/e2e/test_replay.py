@@ -146,6 +146,22 @@ async def test_show_at_four_moments_is_the_fold_of_the_stream_prefix(
     types = [e["type"] for e in json.loads(diff.stdout)["events"]]
     assert "WorkerExited" in types and "TaskRestartScheduled" in types
 
+    piped = await cli(
+        url,
+        token,
+        "diff",
+        task_id,
+        "--from",
+        moments["running attempt 1"].isoformat(),
+        "--to",
+        moments["after the restart"].isoformat(),
+    )
+    assert "counters.restarts\t0\t1\n" in piped.stdout and "attempt\t1\t2\n" in piped.stdout
+    pool_table = await cli(
+        url, token, "pools", "--at", moments["running attempt 1"].isoformat(), "--pool", "dev-a100"
+    )
+    assert f"\n{task_id}\t1\t1\t1\tdev-a100-node-" in pool_table.stdout
+
     pools = await cli(
         url,
         token,
