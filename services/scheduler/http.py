@@ -27,6 +27,10 @@ An entry is where a waiting task stands and why (`read_queue_entries`). Only
 tasks of tenants the caller may read are answered; a task that does not wait,
 or that the caller may not see, is absent (never an error, so nothing leaks).
 
+Replay (R-61, `runyard.scheduler.replay`): pools as folds of their streams' prefixes.
+
+    GET    /v1/pools/replay?at=P[&pool=ID]
+
 Refusals are `{code, field, message, hint}`: 401 without a valid token, 403
 without the platform_admin role, 404 unknown pool or node, 409 a node that
 exists or is busy and a pool that kept changing, 400 a malformed request
