@@ -74,6 +74,8 @@ async def test_round_trip_gives_the_same_events_and_states(
             streams = "SELECT stream_id, version FROM streams ORDER BY stream_id"
             async with log.store.pool.acquire() as a, copy.pool.acquire() as b:
                 assert await a.fetch(streams) == await b.fetch(streams)
+                facets = "SELECT * FROM audit_facets ORDER BY kind, value, global_position"
+                assert await a.fetch(facets) == await b.fetch(facets)
             for task, state in log.states.items():
                 copied = fold(await copy.read_stream(f"task-{task}"))
                 source = fold(await log.store.read_stream(f"task-{task}"))

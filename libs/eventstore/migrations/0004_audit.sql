@@ -14,11 +14,11 @@ CREATE INDEX IF NOT EXISTS events_actor_idx
     ON events ((metadata->>'actor') text_pattern_ops, global_position);
 
 -- The tenant and pool of each task, from its TaskSubmitted: later events of the
--- stream do not repeat them.
+-- stream do not repeat them. Nullable: an odd payload must never fail an append.
 CREATE TABLE IF NOT EXISTS audit_tasks (
     stream_id text PRIMARY KEY,
-    tenant    text NOT NULL,
-    pool      text NOT NULL
+    tenant    text,
+    pool      text
 );
 
 CREATE TABLE IF NOT EXISTS audit_facets (
@@ -28,62 +28,53 @@ CREATE TABLE IF NOT EXISTS audit_facets (
     PRIMARY KEY (kind, value, global_position)
 );
 
--- The facets of the events with positions in [p_lo, p_hi].
-CREATE OR REPLACE FUNCTION runyard_audit_facets(p_lo bigint, p_hi bigint)
+-- The facets of a set of events, given as parallel arrays: the tenant and pool
+-- of a task's events from its audit_tasks row; the pool of a pool event from
+-- its stream, the task it names and that task's tenant; the tenant of an access
+-- event; and every node an event names (`node`, `workers[].node`,
+-- `faulty_nodes`, `removed`, `added`).
+CREATE OR REPLACE FUNCTION runyard_audit_facets(p_pos bigint[], p_stream text[], p_data jsonb[])
 RETURNS TABLE (kind text, value text, global_position bigint)
 LANGUAGE sql STABLE AS $$
-    WITH e AS (
-        SELECT ev.global_position AS pos, ev.stream_id, ev.data
-        FROM events ev WHERE ev.global_position BETWEEN p_lo AND p_hi
-    )
-    -- tenant and pool of task events, from the task's row
-    SELECT 'tenant', t.tenant, e.pos FROM e JOIN audit_tasks t USING (stream_id)
-    UNION ALL SELECT 'pool', t.pool, e.pos FROM e JOIN audit_tasks t USING (stream_id)
-    -- the pool of pool events is their stream
-    UNION ALL SELECT 'pool', substr(e.stream_id, 6), e.pos FROM e WHERE e.stream_id LIKE 'pool-%'
-    -- access events (tokens) name their tenant
-    UNION ALL SELECT 'tenant', e.data->>'tenant', e.pos FROM e
-        WHERE e.stream_id LIKE 'access-%' AND e.data ? 'tenant'
-    -- pool events about one task: that task, and its tenant
-    UNION ALL SELECT 'task', e.data->>'task_id', e.pos FROM e
-        WHERE e.stream_id LIKE 'pool-%' AND e.data ? 'task_id'
-    UNION ALL SELECT 'tenant', t.tenant, e.pos FROM e
-        JOIN audit_tasks t ON t.stream_id = 'task-' || (e.data->>'task_id')
-        WHERE e.stream_id LIKE 'pool-%'
-    -- nodes: named once, in a list of workers, or in lists of node names
-    UNION ALL SELECT 'node', e.data->>'node', e.pos FROM e
-        WHERE jsonb_typeof(e.data->'node') = 'string'
-    UNION ALL SELECT 'node', w->>'node', e.pos FROM e,
-        jsonb_array_elements(CASE WHEN jsonb_typeof(e.data->'workers') = 'array'
-                                  THEN e.data->'workers' ELSE '[]' END) w
-        WHERE jsonb_typeof(w->'node') = 'string'
-    UNION ALL SELECT 'node', n.value, e.pos FROM e,
-        LATERAL (SELECT jsonb_array_elements_text(CASE WHEN jsonb_typeof(e.data->k) = 'array'
-                                                       THEN e.data->k ELSE '[]' END) AS value
-                 FROM unnest(ARRAY['faulty_nodes', 'removed', 'added']) k) n
+    SELECT f.kind, f.value, e.pos
+    FROM unnest(p_pos, p_stream, p_data) AS e(pos, stream_id, data)
+    LEFT JOIN audit_tasks t ON t.stream_id = CASE
+        WHEN e.stream_id LIKE 'task-%' THEN e.stream_id
+        WHEN e.stream_id LIKE 'pool-%' AND e.data ? 'task_id' THEN 'task-' || (e.data->>'task_id')
+    END
+    CROSS JOIN LATERAL (
+        SELECT 'tenant' AS kind, t.tenant AS value
+        UNION ALL SELECT 'pool', t.pool WHERE e.stream_id LIKE 'task-%'
+        UNION ALL SELECT 'pool', substr(e.stream_id, 6) WHERE e.stream_id LIKE 'pool-%'
+        UNION ALL SELECT 'task', e.data->>'task_id' WHERE e.stream_id LIKE 'pool-%'
+        UNION ALL SELECT 'tenant', e.data->>'tenant' WHERE e.stream_id LIKE 'access-%'
+        UNION ALL SELECT 'node', e.data->>'node' WHERE jsonb_typeof(e.data->'node') = 'string'
+        UNION ALL SELECT 'node', w->>'node'
+            FROM jsonb_array_elements(CASE WHEN jsonb_typeof(e.data->'workers') = 'array'
+                                           THEN e.data->'workers' ELSE '[]' END) w
+        UNION ALL SELECT 'node', x
+            FROM unnest(ARRAY['faulty_nodes', 'removed', 'added']) k,
+                 jsonb_array_elements_text(CASE WHEN jsonb_typeof(e.data->k) = 'array'
+                                                THEN e.data->k ELSE '[]' END) x
+    ) f
+    WHERE f.value IS NOT NULL
 $$;
-
--- Index what one append wrote. An AFTER trigger sees its rows in `events`; the
--- range may also hold rows others committed meanwhile, which they indexed
--- already (ON CONFLICT DO NOTHING).
+-- Index what one append wrote, in the append's transaction: one statement for
+-- all its events (a statement trigger with a transition table).
 CREATE OR REPLACE FUNCTION runyard_audit_index() RETURNS trigger
 LANGUAGE plpgsql AS $$
-DECLARE
-    lo bigint;
-    hi bigint;
 BEGIN
     INSERT INTO audit_tasks (stream_id, tenant, pool)
     SELECT n.stream_id, n.data->>'tenant', n.data#>>'{spec,pool}'
     FROM new_events n
     WHERE n.event_type = 'TaskSubmitted' AND n.data ? 'tenant'
     ON CONFLICT (stream_id) DO NOTHING;
-    SELECT min(n.global_position), max(n.global_position) INTO lo, hi FROM new_events n;
-    IF lo IS NOT NULL THEN
-        INSERT INTO audit_facets (kind, value, global_position)
-        SELECT f.kind, f.value, f.global_position FROM runyard_audit_facets(lo, hi) f
-        WHERE f.value IS NOT NULL
-        ON CONFLICT DO NOTHING;
-    END IF;
+    INSERT INTO audit_facets (kind, value, global_position)
+    SELECT f.kind, f.value, f.global_position
+    FROM (SELECT array_agg(n.global_position) p, array_agg(n.stream_id) s, array_agg(n.data) d
+          FROM new_events n) a,
+         runyard_audit_facets(a.p, a.s, a.d) f
+    ON CONFLICT DO NOTHING;
     RETURN NULL;
 END
 $$;
@@ -105,8 +96,10 @@ BEGIN
     ON CONFLICT (stream_id) DO NOTHING;
     WHILE lo < hi LOOP
         INSERT INTO audit_facets (kind, value, global_position)
-        SELECT f.kind, f.value, f.global_position FROM runyard_audit_facets(lo + 1, lo + 50000) f
-        WHERE f.value IS NOT NULL
+        SELECT f.kind, f.value, f.global_position
+        FROM (SELECT array_agg(global_position) p, array_agg(stream_id) s, array_agg(data) d
+              FROM events WHERE global_position > lo AND global_position <= lo + 50000) a,
+             runyard_audit_facets(a.p, a.s, a.d) f
         ON CONFLICT DO NOTHING;
         lo := lo + 50000;
     END LOOP;
