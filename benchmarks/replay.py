@@ -35,6 +35,8 @@ START = datetime(2026, 11, 20, tzinfo=UTC)
 TENANTS = [f"team-{i}" for i in range(8)]
 POOLS = [f"pool-{i}" for i in range(6)]
 NODES_PER_POOL = 100
+#: The relations a plan line reads: `Index Scan using x`, `Bitmap Index Scan on x`.
+_INDEX = re.compile(r"(?:using|Scan on) (\w+)")
 
 
 def _event(
@@ -171,7 +173,7 @@ async def run(dsn: str, n: int) -> str:
                 plan = await conn.fetch(f"EXPLAIN {sql}", 0, len(events), 101, *args)
                 median = statistics.median(times)
                 slowest = max(slowest, median)
-                used = sorted({m for r in plan for m in re.findall(r"(?:using|Scan on) (\w+)", r[0])})
+                used = sorted({m for r in plan for m in _INDEX.findall(r[0])})
                 print(f"{median:8.1f} ms  {found:4d} events  {title}  [{', '.join(used)}]")
             return f"replay: events={len(events)} audit_query_ms={slowest:.1f}"
         finally:

@@ -2,7 +2,7 @@
 
     runyard audit --since 1h --type TaskRequeued,TaskRestartScheduled   what was restarted, why
     runyard audit --task ID --type TaskStopRequested                    who stopped task ID
-    runyard audit --node N --type TaskPlaced --since 2026-12-01T00:00Z --until 2026-12-02T00:00Z
+    runyard audit --node N --type TaskPlaced --since 2026-12-01 --until 2026-12-02
     runyard audit --category pool --actor 'user:*'                      admin actions on pools
     runyard export-events --from 2026-12-01T00:00Z --to 2026-12-02T00:00Z -o incident.jsonl
     runyard import-events incident.jsonl --dsn postgresql://.../postmortem
@@ -121,7 +121,21 @@ def audit(
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Events of the whole log matching every filter given, oldest first (sre, platform_admin)."""
+    """Events of the whole log matching every filter given, oldest first (sre, platform_admin).
+
+    Preempted and requeued in the last hour, and why:
+    runyard audit --since 1h --type TaskPreempted,TaskRequeued
+
+    Rescheduled or restarted in the last hour, and why:
+    runyard audit --since 1h --type TaskRescheduleRequested,TaskRestartScheduled
+
+    Who stopped task X: runyard audit --task X --type TaskStopRequested
+
+    What node N ran on a day:
+    runyard audit --node N --type TaskPlaced --since 2026-12-01 --until 2026-12-02
+
+    Admin actions on pools: runyard audit --category pool --actor 'user:*'
+    """
     types = [t for text in type_ or [] for t in text.split(",") if t]
     params = _query(
         types,
@@ -201,7 +215,12 @@ def export_events(
     ] = None,
     dsn: DsnOpt = None,
 ) -> None:
-    """Events as JSON lines for a post-mortem, creator-only values and secrets masked."""
+    """Events as JSON lines for a post-mortem, creator-only values and secrets masked.
+
+    Reads the event store directly. Progress goes to stderr every 10,000 events.
+
+    runyard export-events --from 2026-12-01T08:00Z --to 2026-12-01T12:00Z -o incident.jsonl
+    """
     from runyard.eventstore.audit import AuditFilter
 
     filters = AuditFilter(since=_time(parse_when(from_)), until=_time(parse_when(to)), task=task)
@@ -237,7 +256,12 @@ def import_events(
     file: Annotated[Path, typer.Argument(help="JSON lines written by runyard export-events")],
     dsn: Annotated[str, typer.Option("--dsn", help="an EMPTY database to import into")],
 ) -> None:
-    """Read exported events into an empty event store, for offline analysis."""
+    """Read exported events into an empty event store, for offline analysis.
+
+    Refuses a database that already holds events; writes all or nothing.
+
+    runyard import-events incident.jsonl --dsn postgresql://localhost/runyard_postmortem
+    """
     from runyard.eventstore.errors import EventStoreError
 
     try:
