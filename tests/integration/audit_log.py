@@ -8,6 +8,8 @@ The expected answers are computed here in Python from what was appended
 from __future__ import annotations
 
 import itertools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -233,3 +235,13 @@ async def build_log(store: PostgresEventStore) -> AuditLog:
 
 async def connect(dsn: str) -> PostgresEventStore:
     return await PostgresEventStore.connect(dsn, default_mapper())
+
+
+@asynccontextmanager
+async def built_log(dsn: str) -> AsyncIterator[AuditLog]:
+    """The log of `build_log` in the database `dsn`, its store closed afterwards."""
+    store = await connect(dsn)
+    try:
+        yield await build_log(store)
+    finally:
+        await store.close()

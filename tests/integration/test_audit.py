@@ -27,7 +27,7 @@ from tests.integration.audit_log import (
     T0,
     WEBHOOK_PATH,
     AuditLog,
-    build_log,
+    built_log,
     connect,
 )
 from tests.integration.test_gateway import config_dir
@@ -35,11 +35,8 @@ from tests.integration.test_gateway import config_dir
 
 @pytest.fixture
 async def log(dsn: str) -> AsyncIterator[AuditLog]:
-    store = await connect(dsn)
-    try:
-        yield await build_log(store)
-    finally:
-        await store.close()
+    async with built_log(dsn) as built:
+        yield built
 
 
 async def _all(db: asyncpg.Pool, f: AuditFilter, limit: int = 1000) -> list[int]:

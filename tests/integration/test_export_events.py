@@ -23,16 +23,20 @@ from runyard.eventstore.export import FIELDS
 from typer.testing import CliRunner, Result
 
 from tests.conftest import fresh_database
-from tests.integration.audit_log import SECRET_REF, T0, WEBHOOK_PATH, AuditLog, build_log, connect
+from tests.integration.audit_log import (
+    SECRET_REF,
+    T0,
+    WEBHOOK_PATH,
+    AuditLog,
+    built_log,
+    connect,
+)
 
 
 @pytest.fixture
 async def log(dsn: str) -> AsyncIterator[AuditLog]:
-    store = await connect(dsn)
-    try:
-        yield await build_log(store)
-    finally:
-        await store.close()
+    async with built_log(dsn) as built:
+        yield built
 
 
 async def _cli(*args: str) -> Result:
