@@ -12,12 +12,13 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from runyard.cli import audit as cli_audit
 from runyard.cli.main import app as cli_app
 from runyard.contracts import Metadata, NewEvent, default_mapper
 from runyard.contracts.pool_events import NodeUncordoned
 from runyard.contracts.spec import TaskSpec
 from runyard.domain import TaskState, fold
-from runyard.eventstore import PostgresEventStore
+from runyard.eventstore import PostgresEventStore, export
 from runyard.eventstore.audit import mask_payload
 from runyard.eventstore.export import FIELDS
 from typer.testing import CliRunner, Result
@@ -56,11 +57,19 @@ async def _rows(store: PostgresEventStore) -> list[dict[str, object]]:
 
 
 async def test_round_trip_gives_the_same_events_and_states(
-    log: AuditLog, dsn: str, postgres_url: str, tmp_path: Path
+    log: AuditLog,
+    dsn: str,
+    postgres_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(cli_audit, "PROGRESS_EVERY", 10)
+    monkeypatch.setattr(export, "BATCH", 7)  # several pages of the store
     exported = tmp_path / "incident.jsonl"
     result = await _cli("export-events", "--dsn", dsn, "-o", str(exported))
     assert result.exit_code == 0, result.output
+    progress = [line for line in result.stderr.splitlines() if "(position" in line]
+    assert len(progress) == len(log.events) // 10, "progress every 10 events on stderr"
     assert f"exported {len(log.events)} events" in result.stderr
     lines = [json.loads(line) for line in exported.read_text().splitlines()]
     assert all(set(FIELDS) <= set(line) for line in lines)
