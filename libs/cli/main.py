@@ -641,6 +641,7 @@ def tail(
         asyncio.run(stack_up.tail(stack_up.stack_dsn(), after=after, follow=follow))
 
 
+from runyard.cli import audit as _audit  # noqa: E402, F401  (registers `runyard audit`, `export-events`, `import-events`)
 from runyard.cli import bundle as _bundle  # noqa: E402, F401  (registers `runyard bundle`)
 from runyard.cli import ft as _ft  # noqa: E402, F401  (registers `runyard ft-log`, `stacks`)
 from runyard.cli import logs as _logs  # noqa: E402, F401  (registers `runyard logs`)

@@ -31,6 +31,7 @@ from runyard.api.service import install_error_handlers
 from runyard.errors import RETRY_AFTER_S
 from runyard.eventstore import HEALTH, is_transient
 from runyard.gateway.app import Gateway, Request
+from runyard.gateway.audit import audit_router
 from runyard.gateway.bundle import bundle_router
 from runyard.gateway.proxy import Owners, install_openapi, install_routes
 from runyard.gateway.replay import replay_router
@@ -91,6 +92,7 @@ def create_app(gateway: Gateway, owners: Owners | Mapping[str, str] | None = Non
     install_routes(app, owners, _principal_dependency(gateway))
     app.include_router(bundle_router(gateway, owners))
     app.include_router(replay_router(gateway))
+    app.include_router(audit_router(gateway))
     body_schemas(app)
     install_openapi(app, owners)
     return app
