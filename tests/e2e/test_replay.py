@@ -129,33 +129,22 @@ async def test_show_at_four_moments_is_the_fold_of_the_stream_prefix(
     by_position = await cli(url, token, "show", task_id, "--at", str(queued_position), "--json")
     assert json.loads(by_position.stdout)["task"]["status"] == "queued"
 
-    diff = await cli(
-        url,
-        token,
+    between = [
         "diff",
         task_id,
         "--from",
         moments["running attempt 1"].isoformat(),
         "--to",
         moments["after the restart"].isoformat(),
-        "--json",
-    )
+    ]
+    diff = await cli(url, token, *between, "--json")
     assert diff.exit_code == 0, diff.output
     changed = {c["field"]: (c["from"], c["to"]) for c in json.loads(diff.stdout)["changes"]}
     assert changed["attempt"] == (1, 2) and changed["counters.restarts"] == (0, 1)
     types = [e["type"] for e in json.loads(diff.stdout)["events"]]
     assert "WorkerExited" in types and "TaskRestartScheduled" in types
 
-    piped = await cli(
-        url,
-        token,
-        "diff",
-        task_id,
-        "--from",
-        moments["running attempt 1"].isoformat(),
-        "--to",
-        moments["after the restart"].isoformat(),
-    )
+    piped = await cli(url, token, *between)
     assert "counters.restarts\t0\t1\n" in piped.stdout and "attempt\t1\t2\n" in piped.stdout
     pool_table = await cli(
         url, token, "pools", "--at", moments["running attempt 1"].isoformat(), "--pool", "dev-a100"

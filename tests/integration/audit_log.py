@@ -245,3 +245,4 @@ async def built_log(dsn: str) -> AsyncIterator[AuditLog]:
         yield await build_log(store)
     finally:
         await store.close()
+

@@ -27,16 +27,9 @@ from tests.integration.audit_log import (
     T0,
     WEBHOOK_PATH,
     AuditLog,
-    built_log,
     connect,
 )
 from tests.integration.test_gateway import config_dir
-
-
-@pytest.fixture
-async def log(dsn: str) -> AsyncIterator[AuditLog]:
-    async with built_log(dsn) as built:
-        yield built
 
 
 async def _all(db: asyncpg.Pool, f: AuditFilter, limit: int = 1000) -> list[int]:

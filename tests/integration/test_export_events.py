@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -29,15 +28,8 @@ from tests.integration.audit_log import (
     T0,
     WEBHOOK_PATH,
     AuditLog,
-    built_log,
     connect,
 )
-
-
-@pytest.fixture
-async def log(dsn: str) -> AsyncIterator[AuditLog]:
-    async with built_log(dsn) as built:
-        yield built
 
 
 async def _cli(*args: str) -> Result:
