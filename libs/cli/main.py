@@ -643,8 +643,10 @@ def tail(
 
 from runyard.cli import audit as _audit  # noqa: E402, F401  (registers `runyard audit`, `export-events`, `import-events`)
 from runyard.cli import bundle as _bundle  # noqa: E402, F401  (registers `runyard bundle`)
+from runyard.cli import deadletters as _deadletters  # noqa: E402, F401  (registers `runyard dead-letters`)
 from runyard.cli import ft as _ft  # noqa: E402, F401  (registers `runyard ft-log`, `stacks`)
 from runyard.cli import logs as _logs  # noqa: E402, F401  (registers `runyard logs`)
+from runyard.cli import projections as _projections  # noqa: E402, F401  (registers `runyard projections`)
 from runyard.cli import ps as _ps  # noqa: E402, F401  (registers `runyard ps`)
 from runyard.cli import replay  # noqa: E402  (registers `runyard diff`; show/pools --at)
 

@@ -38,16 +38,11 @@ from functools import partial
 
 import asyncpg
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import (
-    CorruptRecordException,
-    InvalidTimestampError,
-    KafkaError,
-    MessageSizeTooLargeError,
-    RecordListTooLargeError,
-)
+from aiokafka.errors import KafkaError
 from runyard.eventstore import PostgresAllReader, PostgresEventStore, StoredEvent
 from runyard.eventstore.transient import Backoff, retrying
 from runyard.messaging import codec
+from runyard.messaging.deadletters import MAX_MESSAGE_BYTES, MESSAGE_ERRORS
 from runyard.messaging.positions import Positions, load_consumer_positions, replay_start
 from runyard.messaging.settings import KafkaSettings
 from runyard.messaging.topics import create_marker, ensure_topics
@@ -55,16 +50,6 @@ from runyard.messaging.topics import create_marker, ensure_topics
 log = logging.getLogger("runyard.relay")
 
 CHECKPOINT = "relay"
-#: The producer's largest message: Kafka's default `message.max.bytes` (1 MiB). The
-#: event store keeps every event well under it (MAX_EVENT_BYTES).
-MAX_MESSAGE_BYTES = 1024 * 1024
-#: Errors about one message that sending it again can never fix.
-MESSAGE_ERRORS: tuple[type[KafkaError], ...] = (
-    MessageSizeTooLargeError,
-    RecordListTooLargeError,
-    CorruptRecordException,
-    InvalidTimestampError,
-)
 
 
 @dataclass

@@ -1,0 +1,80 @@
+"""`runyard projections`: how far every read model and consumer has read the log.
+
+    runyard projections           position, the log's end, lag (events behind), last error
+    runyard projections --json
+
+It reads Postgres directly (`checkpoints`, `consumer_positions`, the event
+log; `runyard.messaging.progress`) and, for the last error, the dead-letter
+topic (the latest reason each consumer or the relay parked a message with);
+`--no-errors` skips the broker. Like `runyard tail`, it is for operators who
+hold the database's credentials, not a gateway route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+import typer
+from runyard.cli.audit import DsnOpt
+from runyard.cli.audit import _dsn as stack_dsn
+from runyard.cli.deadletters import BootstrapOpt, JsonOut, kafka_settings
+from runyard.cli.main import app, err, show_json, table
+from runyard.cli.terminal import markup
+
+_COLUMNS = ["reader", "kind", "position", "log end", "lag", "updated", "last error"]
+
+
+@app.command()
+def projections(
+    errors: Annotated[
+        bool, typer.Option(help="read the dead-letter topic for each reader's last error")
+    ] = True,
+    as_json: JsonOut = False,
+    bootstrap: BootstrapOpt = None,
+    dsn: DsnOpt = None,
+) -> None:
+    """Every read model and consumer: its position, the log's end, its lag, last error.
+
+    Lag is the number of events after its position (for a consumer, in the partitions
+    of the topics it reads); 0 when it is caught up.
+    """
+    progress = asyncio.run(_progress(stack_dsn(dsn)))
+    if errors:
+        progress = _with_errors(progress, bootstrap)
+    if as_json:
+        show_json([p.as_json() for p in progress])
+        return
+    table("projections", _COLUMNS, [_row(p) for p in progress])
+
+
+async def _progress(dsn: str) -> list[Any]:
+    import asyncpg
+    from runyard.messaging.progress import read_progress
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await read_progress(conn)
+    finally:
+        await conn.close()
+
+
+def _with_errors(progress: list[Any], bootstrap: str | None) -> list[Any]:
+    """Each reader's latest dead-letter reason; the list unchanged if the broker is away."""
+    import dataclasses
+
+    from aiokafka.errors import KafkaError
+    from runyard.messaging.deadletters import read_dead_letters
+
+    try:
+        letters = asyncio.run(asyncio.wait_for(read_dead_letters(kafka_settings(bootstrap)), 30))
+    except (KafkaError, OSError, TimeoutError) as exc:
+        err.print(f"[yellow]no last errors:[/yellow] cannot read the dead-letter topic: {markup(exc)}")
+        return progress
+    last = {d.source: d.reason for d in letters}  # oldest first: the latest wins
+    return [dataclasses.replace(p, last_error=last.get(p.name)) for p in progress]
+
+
+def _row(p: Any) -> list[Any]:
+    updated = p.updated_at.strftime("%Y-%m-%d %H:%M:%S") if p.updated_at else ""
+    return [p.name, p.kind, p.position, p.log_end, p.lag, updated, p.last_error or ""]
