@@ -6,13 +6,14 @@
 It reads Postgres directly (`checkpoints`, `consumer_positions`, the event
 log; `runyard.messaging.progress`) and, for the last error, the dead-letter
 topic (the latest reason each consumer or the relay parked a message with);
-`--no-errors` skips the broker. Like `runyard tail`, it is for operators who
+and the topics' partition counts; `--no-broker` skips the broker. Like `runyard tail`, it is for operators who
 hold the database's credentials, not a gateway route.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Annotated, Any
 
 import typer
@@ -27,8 +28,12 @@ _COLUMNS = ["reader", "kind", "position", "log end", "lag", "updated", "last err
 
 @app.command()
 def projections(
-    errors: Annotated[
-        bool, typer.Option(help="read the dead-letter topic for each reader's last error")
+    broker: Annotated[
+        bool,
+        typer.Option(
+            help="read the broker: each reader's last error (dead-letter topic) and the"
+            " topics' partition counts (else the counts Runyard creates them with)"
+        ),
     ] = True,
     as_json: JsonOut = False,
     bootstrap: BootstrapOpt = None,
@@ -39,40 +44,44 @@ def projections(
     Lag is the number of events after its position (for a consumer, in the partitions
     of the topics it reads); 0 when it is caught up.
     """
-    progress = asyncio.run(_progress(stack_dsn(dsn)))
-    if errors:
-        progress = _with_errors(progress, bootstrap)
+    letters, counts = _from_broker(bootstrap) if broker else ([], {})
+    progress = asyncio.run(_progress(stack_dsn(dsn), counts))
+    last = {d.source: d.reason for d in letters}  # oldest first: the latest wins
+    progress = [dataclasses.replace(p, last_error=last.get(p.name)) for p in progress]
     if as_json:
         show_json([p.as_json() for p in progress])
         return
     table("projections", _COLUMNS, [_row(p) for p in progress])
 
 
-async def _progress(dsn: str) -> list[Any]:
+async def _progress(dsn: str, counts: dict[str, int]) -> list[Any]:
     import asyncpg
     from runyard.messaging.progress import read_progress
 
     conn = await asyncpg.connect(dsn)
     try:
-        return await read_progress(conn)
+        return await read_progress(conn, counts)
     finally:
         await conn.close()
 
 
-def _with_errors(progress: list[Any], bootstrap: str | None) -> list[Any]:
-    """Each reader's latest dead-letter reason; the list unchanged if the broker is away."""
-    import dataclasses
-
+def _from_broker(bootstrap: str | None) -> tuple[list[Any], dict[str, int]]:
+    """The dead letters and the partition counts; none when the broker is away."""
     from aiokafka.errors import KafkaError
-    from runyard.messaging.deadletters import read_dead_letters
 
     try:
-        letters = asyncio.run(asyncio.wait_for(read_dead_letters(kafka_settings(bootstrap)), 30))
+        return asyncio.run(asyncio.wait_for(_read_broker(kafka_settings(bootstrap)), 30))
     except (KafkaError, OSError, TimeoutError) as exc:
-        err.print(f"[yellow]no last errors:[/yellow] cannot read the dead-letter topic: {markup(exc)}")
-        return progress
-    last = {d.source: d.reason for d in letters}  # oldest first: the latest wins
-    return [dataclasses.replace(p, last_error=last.get(p.name)) for p in progress]
+        err.print(f"[yellow]no last errors:[/yellow] cannot read the broker: {markup(exc)}")
+        return [], {}
+
+
+async def _read_broker(kafka: Any) -> tuple[list[Any], dict[str, int]]:
+    from runyard.messaging.deadletters import read_dead_letters
+    from runyard.messaging.topics import partition_counts
+
+    counts = await partition_counts(kafka.bootstrap, **kafka.security.client_options())
+    return await read_dead_letters(kafka), counts
 
 
 def _row(p: Any) -> list[Any]:

@@ -137,7 +137,7 @@ async def read_dead_letters(kafka: KafkaSettings) -> list[DeadLetter]:
         await consumer.seek_to_beginning(*partitions)
         ends = await consumer.end_offsets(partitions)
         found_letters: list[DeadLetter] = []
-        while any(await consumer.position(tp) < end for tp, end in ends.items()):
+        while [tp for tp, end in ends.items() if await consumer.position(tp) < end]:
             batches = await consumer.getmany(*partitions, timeout_ms=1000)
             for tp, records in batches.items():
                 found_letters.extend(

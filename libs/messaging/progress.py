@@ -7,13 +7,15 @@ global position it handled per topic partition in `consumer_positions`
 (`runyard.messaging.positions`); its lag is the number of events of the
 topics it reads that lie after its position in their own partition. An
 event's partition is computed as the producer computes it (murmur2 of the
-stream id over the topic's partition count), so the count is exact without
-asking the broker.
+stream id over the topic's partition count: the broker's, when the caller
+read it, else the count Runyard creates the topic with), so the count is
+exact without reading the topics.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -51,14 +53,18 @@ def partition_of(stream_id: str, partitions: int) -> int:
     return (murmur2(stream_id.encode()) & 0x7FFFFFFF) % partitions
 
 
-async def read_progress(conn: asyncpg.Connection) -> list[ReaderProgress]:
-    """Every checkpoint and every consumer group, with its lag behind the log's end."""
+async def read_progress(
+    conn: asyncpg.Connection, partitions: Mapping[str, int] | None = None
+) -> list[ReaderProgress]:
+    """Every checkpoint and every consumer group, with its lag behind the log's end.
+
+    `partitions`: topic -> partition count as the broker has it (`partition_counts`)."""
     log_end = int(await conn.fetchval("SELECT coalesce(max(global_position), 0) FROM events"))
     found = [await _checkpoint(conn, row, log_end) for row in await conn.fetch(_CHECKPOINTS)]
     rows = await conn.fetch(_CONSUMERS)
     for consumer in dict.fromkeys(r["consumer"] for r in rows):
         mine = [r for r in rows if r["consumer"] == consumer]
-        found.append(await _consumer(conn, consumer, mine, log_end))
+        found.append(await _consumer(conn, consumer, mine, log_end, partitions or {}))
     return found
 
 
@@ -77,12 +83,16 @@ async def _checkpoint(conn: asyncpg.Connection, row: asyncpg.Record, log_end: in
 
 
 async def _consumer(
-    conn: asyncpg.Connection, name: str, rows: list[asyncpg.Record], log_end: int
+    conn: asyncpg.Connection,
+    name: str,
+    rows: list[asyncpg.Record],
+    log_end: int,
+    partitions: Mapping[str, int],
 ) -> ReaderProgress:
     """A consumer group's lag: events of its topics after its position in their partition."""
     positions = {(r["topic"], r["partition"]): r["position"] for r in rows}
     topics = {c: t for t in {t for t, _ in positions} if (c := _category(t))}
-    counts = {c: PARTITIONS.get(event_topic(c), 4) for c in topics}
+    counts = {c: partitions.get(t) or PARTITIONS.get(event_topic(c), 4) for c, t in topics.items()}
     # A partition it never handled counts from the start of the log.
     seen = [sum(1 for t, _ in positions if t == topics[c]) for c in topics]
     complete = all(n >= counts[c] for n, c in zip(seen, topics, strict=True))

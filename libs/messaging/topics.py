@@ -146,3 +146,14 @@ async def list_topics(bootstrap: str, **security: Any) -> set[str]:
         return set(await admin.list_topics())
     finally:
         await admin.close()
+
+
+async def partition_counts(bootstrap: str, **security: Any) -> dict[str, int]:
+    """topic -> its partition count, as the broker has it, for every topic."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **security)
+    await admin.start()
+    try:
+        described = await admin.describe_topics(list(await admin.list_topics()))
+        return {t["topic"]: len(t.get("partitions") or ()) for t in described}
+    finally:
+        await admin.close()
