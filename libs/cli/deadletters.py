@@ -28,7 +28,9 @@ from runyard.cli.terminal import markup
 
 BootstrapOpt = Annotated[
     str | None,
-    typer.Option("--bootstrap", help="the broker (default KAFKA_BOOTSTRAP_SERVERS, or `runyard up`'s)"),
+    typer.Option(
+        "--bootstrap", help="the broker (default KAFKA_BOOTSTRAP_SERVERS, or `runyard up`'s)"
+    ),
 ]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 _COLUMNS = ["parked", "by", "event", "stream", "version", "position", "type", "size", "reason"]

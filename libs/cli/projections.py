@@ -4,11 +4,11 @@
     runyard projections --json
 
 It reads Postgres directly (`checkpoints`, `consumer_positions`, the event
-log; `runyard.messaging.progress`) and, for the last error, the dead-letter
-topic (the latest reason each consumer or the relay parked a message with);
-and the topics' partition counts; `--no-broker` skips the broker. Like `runyard tail`, it is for operators who
-hold the database's credentials, not a gateway route.
-"""
+log; `runyard.messaging.progress`) and the broker: the dead-letter topic for
+the last error (the latest reason each consumer or the relay parked a message
+with) and the topics' partition counts; `--no-broker` skips the broker. Like
+`runyard tail`, it is for operators who hold the database's credentials, not
+a gateway route."""
 
 from __future__ import annotations
 

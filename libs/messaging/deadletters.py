@@ -123,9 +123,7 @@ async def read_dead_letters(kafka: KafkaSettings) -> list[DeadLetter]:
 
     Reads up to the end offsets seen at the start, without a consumer group."""
     topic = kafka.topics.dead_letter
-    consumer = AIOKafkaConsumer(
-        **kafka.client_options(), group_id=None, enable_auto_commit=False
-    )
+    consumer = AIOKafkaConsumer(**kafka.client_options(), group_id=None, enable_auto_commit=False)
     await consumer.start()
     try:
         await consumer.topics()  # fetches the metadata partitions_for_topic reads

@@ -75,7 +75,9 @@ _AFTER = "SELECT count(*) FROM events WHERE global_position > $1"
 _STREAMS_AFTER = "SELECT global_position, stream_id FROM events WHERE global_position > $1"
 
 
-async def _checkpoint(conn: asyncpg.Connection, row: asyncpg.Record, log_end: int) -> ReaderProgress:
+async def _checkpoint(
+    conn: asyncpg.Connection, row: asyncpg.Record, log_end: int
+) -> ReaderProgress:
     lag = int(await conn.fetchval(_AFTER, row["position"]))
     return ReaderProgress(
         row["name"], "checkpoint", row["position"], log_end, lag, row["updated_at"]
