@@ -15,11 +15,16 @@ import pytest
 from runyard.cli.main import app as cli_app
 from runyard.eventstore import PostgresEventStore
 from runyard.messaging import KafkaSettings
-from runyard.relay import OutboxRelay, load_checkpoint
+from runyard.relay import OutboxRelay
 from typer.testing import CliRunner, Result
 
 from tests.contract.sample_events import happened, sample_mapper
-from tests.integration.test_relay import renamed, running_consumer, wait_until
+from tests.integration.test_relay import (
+    checkpoint_reaches,
+    renamed,
+    running_consumer,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -39,11 +44,7 @@ async def relaying(
     task = asyncio.create_task(relay.run())
     try:
         yield relay
-        head = await store.head_position()
-        for _ in range(600):
-            if await load_checkpoint(store.pool) == head:
-                break
-            await asyncio.sleep(0.05)
+        await checkpoint_reaches(store, await store.head_position())
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

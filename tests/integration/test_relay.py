@@ -71,6 +71,15 @@ async def running_consumer(
         await pool.close()
 
 
+async def checkpoint_reaches(store: PostgresEventStore, position: int) -> None:
+    """Wait for the relay's checkpoint: it is saved after the broker's acks, so possibly
+    after a consumer already has the event."""
+    for _ in range(600):
+        if await load_checkpoint(store.pool) == position:
+            return
+        await asyncio.sleep(0.05)
+
+
 async def wait_until(condition: object, within: float = 60.0) -> None:
     deadline = asyncio.get_running_loop().time() + within
     while not condition():  # type: ignore[operator]
@@ -279,12 +288,7 @@ async def test_an_event_the_broker_cannot_take_is_dead_lettered_and_the_log_goes
             await wait_until(lambda: consumer.stats.processed == 2, within=60)
             await store.append("test-4", [happened(4)])
             await wait_until(lambda: consumer.stats.processed == 3, within=60)
-            # The checkpoint is saved after the broker's acks, so possibly after the
-            # consumer already has the event: wait for it rather than race it.
-            for _ in range(600):
-                if await load_checkpoint(store.pool) == head:
-                    break
-                await asyncio.sleep(0.05)
+            await checkpoint_reaches(store, head)
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
