@@ -60,7 +60,8 @@ async def _progress(dsn: str, counts: dict[str, int]) -> list[Any]:
 
     conn = await asyncpg.connect(dsn)
     try:
-        return await read_progress(conn, counts)
+        found: list[Any] = await read_progress(conn, counts)
+        return found
     finally:
         await conn.close()
 

@@ -50,7 +50,7 @@ class ReaderProgress:
 
 def partition_of(stream_id: str, partitions: int) -> int:
     """The partition the producer picks for a message keyed by `stream_id`."""
-    return (murmur2(stream_id.encode()) & 0x7FFFFFFF) % partitions
+    return (int(murmur2(stream_id.encode())) & 0x7FFFFFFF) % partitions
 
 
 async def read_progress(
