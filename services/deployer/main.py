@@ -34,7 +34,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -49,7 +48,7 @@ from runyard.contracts.commands import (
 )
 from runyard.contracts.rpc import credential
 from runyard.deployer.app import REACTS_TO, DeployerApp
-from runyard.deployer.keeper import BrokerWatch, LogServiceLines, OutputKeeper, Probe
+from runyard.deployer.keeper import BrokerWatch, LogServiceLines, OutputKeeper
 from runyard.deployer.retry import until_done
 from runyard.deployer.runtime import LocalRuntime, LocalRuntimeConfig, OutputLine
 from runyard.eventstore import PostgresEventStore
@@ -124,28 +123,27 @@ def build_runtime(ctx: ServiceContext, *, keep_output: bool = False) -> LocalRun
     return LocalRuntime(dataclasses.replace(config, keep_output=keep_output))
 
 
-@contextlib.asynccontextmanager
-async def logs_topic_ends(kafka: KafkaSettings) -> AsyncIterator[Probe]:
-    """A probe of the end offsets of the logs topic's partitions (`BrokerWatch`)."""
-    consumer = AIOKafkaConsumer(**kafka.client_options(), enable_auto_commit=False)
-    partitions = [TopicPartition(kafka.topics.logs, p) for p in range(PARTITIONS[LOGS])]
-    started = False
+class LogsTopicEnds:
+    """The end offsets of the logs topic's partitions (`BrokerWatch`'s probe), from a
+    consumer of no group, started at the first call."""
 
-    async def probe() -> dict[int, int]:
-        nonlocal started
-        if not started:
-            await consumer.start()
-            started = True
+    def __init__(self, kafka: KafkaSettings) -> None:
+        self.consumer = AIOKafkaConsumer(**kafka.client_options(), enable_auto_commit=False)
+        self.partitions = [TopicPartition(kafka.topics.logs, p) for p in range(PARTITIONS[LOGS])]
+        self.started = False
+
+    async def __call__(self) -> dict[int, int]:
+        if not self.started:
+            await self.consumer.start()
+            self.started = True
         async with asyncio.timeout(10):
-            ends = await consumer.end_offsets(partitions)
+            ends = await self.consumer.end_offsets(self.partitions)
         return {tp.partition: offset for tp, offset in ends.items()}
 
-    try:
-        yield probe
-    finally:
-        if started:
-            with contextlib.suppress(Exception):
-                await consumer.stop()
+    async def close(self) -> None:
+        """Stop the consumer (started or not: an unstopped one warns when collected)."""
+        with contextlib.suppress(Exception):
+            await self.consumer.stop()
 
 
 async def run(ctx: ServiceContext) -> None:
@@ -201,10 +199,9 @@ async def run(ctx: ServiceContext) -> None:
     )
     commands: asyncio.Task[None] | None = None
     keeping: asyncio.Task[None] | None = None
-    probes = logs_topic_ends(ctx.kafka)
+    ends = LogsTopicEnds(ctx.kafka)
+    keeper = OutputKeeper(runtime, stored, republish, watch=watch, probe=ends)
     try:
-        probe = await probes.__aenter__()
-        keeper = OutputKeeper(runtime, stored, republish, watch=watch, probe=probe)
         consumer = IdempotentConsumer(
             CONSUMER,
             pool=store.pool,
@@ -260,7 +257,7 @@ async def run(ctx: ServiceContext) -> None:
             await app.close()
         with contextlib.suppress(Exception):
             await broker.stop()
-        await probes.__aexit__(None, None, None)
+        await ends.close()
         await stored.close()
         sock.close()
         await store.close()

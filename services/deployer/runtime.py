@@ -1167,7 +1167,7 @@ class LocalRuntime:
             if local.queue is None:
                 continue  # not started, or only its env check ran
             for w in local.workers.values():
-                for stream in ("stdout", "stderr"):
+                for stream in outputs.STREAMS:
                     published = w.next_seq[stream]
                     if published:
                         path = w.scratch / f"{stream}.log"
@@ -1268,9 +1268,7 @@ class LocalRuntime:
         for pgid in groups:
             await _until_gone(pgid)
         await asyncio.to_thread(_release_namespaces, root, self.tools)
-        await asyncio.to_thread(shutil.rmtree, root, True)
-        with contextlib.suppress(OSError):
-            root.parent.rmdir()
+        await asyncio.to_thread(outputs.forget, root)
 
     def detach(self) -> None:
         """Forget every deployment without touching its processes (what a crash does)."""
