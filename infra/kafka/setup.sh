@@ -15,9 +15,10 @@
 #   runyard-deployer       read task-events (group deployer); write logs; read
 #                          and create deployer-commands (groups deployer-commands
 #                          and deployer-commands.<node agent>: one per agent)
-#   runyard-faulttolerance read task-events, pool-events, logs (groups
-#                          faulttolerance, faulttolerance-logs); write
-#                          deployer-commands (stack captures)
+#   runyard-faulttolerance read task-events, logs (group faulttolerance) and
+#                          pool-events (groups faulttolerance-pools-<instance>:
+#                          one per instance); write deployer-commands (stack
+#                          captures)
 #   runyard-notification   read task-events (group notification)
 #   runyard-logs           read logs (group logs)
 #   runyard-gateway        (describe only, below)
@@ -81,8 +82,10 @@ allow runyard-deployer --operation Read \
   --group "${RUNYARD_TOPIC_PREFIX:-}deployer-commands" --resource-pattern-type prefixed
 allow runyard-faulttolerance --operation Write --operation Describe \
   --topic "$(topic deployer-commands)"
-consumer faulttolerance faulttolerance task-events pool-events
-consumer faulttolerance faulttolerance-logs logs
+consumer faulttolerance faulttolerance task-events logs
+allow runyard-faulttolerance --operation Read --operation Describe --topic "$(topic pool-events)"
+allow runyard-faulttolerance --operation Read \
+  --group "${RUNYARD_TOPIC_PREFIX:-}faulttolerance-pools-" --resource-pattern-type prefixed
 consumer notification notification task-events
 consumer logs logs logs
 for service in scheduler deployer faulttolerance notification; do

@@ -143,6 +143,12 @@ class LogRecord(BaseModel):
         """The message value to publish."""
         return self.model_dump_json(exclude_none=True).encode()
 
+    def key(self) -> bytes:
+        """The message key to publish under: the task's stream id, as its events are,
+        so a task's lines and events lie in partitions of the same number (fault
+        tolerance reads the two together: `runyard.messaging.copartition`)."""
+        return f"task-{self.task_id}".encode()
+
     @classmethod
     def from_bytes(cls, raw: bytes | None) -> LogRecord:
         """The record in a message value, or `MalformedLogRecord` saying what is wrong."""

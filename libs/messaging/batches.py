@@ -146,16 +146,8 @@ class LogBatchConsumer:
 
     def decode(self, values: Sequence[bytes | None]) -> list[LogRecord]:
         """The log records among `values`; the others are counted and skipped."""
-        records: list[LogRecord] = []
-        for value in values:
-            try:
-                records.append(LogRecord.from_bytes(value))
-            except MalformedLogRecord as exc:
-                log.warning("%s: skipping a malformed log record: %s", self.name, exc)
-        malformed = len(values) - len(records)
-        if malformed:
-            self.stats.malformed += malformed
-            count_log_lines(self.name, stored=0, duplicate=0, malformed=malformed)
+        records, malformed = decode_lines(self.name, values)
+        self.stats.malformed += malformed
         return records
 
     async def _batch(
@@ -193,3 +185,18 @@ class LogBatchConsumer:
         except Exception as exc:
             self.stats.commit_failures += 1
             log.debug("%s: offset commit failed (%r); the batch may come again", self.name, exc)
+
+
+def decode_lines(reader: str, values: Sequence[bytes | None]) -> tuple[list[LogRecord], int]:
+    """The log records among `values` and how many were not one (logged, and counted
+    as `runyard_log_lines_total{consumer=reader, outcome="malformed"}`)."""
+    records: list[LogRecord] = []
+    for value in values:
+        try:
+            records.append(LogRecord.from_bytes(value))
+        except MalformedLogRecord as exc:
+            log.warning("%s: skipping a malformed log record: %s", reader, exc)
+    malformed = len(values) - len(records)
+    if malformed:
+        count_log_lines(reader, stored=0, duplicate=0, malformed=malformed)
+    return records, malformed

@@ -135,6 +135,12 @@ class IdempotentConsumer:
             await self.process_batch(list(batch))  # type: ignore[arg-type]
             await self._commit(message)
 
+    def attach(self, broker: KafkaBroker, *topics: str) -> None:
+        """Read `topics` through another consumer that hands their batches to
+        `process_batch` (`runyard.messaging.copartition`); `broker` carries dead letters."""
+        self._broker = broker
+        self._unregistered.update(topics)
+
     def lag(self) -> Mapping[str, int]:
         """topic -> messages not taken yet in the partitions this instance holds."""
         return kafka_lag(self._kafka_consumer())

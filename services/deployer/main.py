@@ -163,9 +163,8 @@ async def run(ctx: ServiceContext) -> None:
     watch = BrokerWatch(runtime.config.scratch_root / "logs-topic-acked.json")
 
     async def republish(line: OutputLine) -> RecordMetadata:
-        return await broker.publish(
-            line.record().to_bytes(), topic=logs_topic, key=line.task_id.encode()
-        )
+        record = line.record()
+        return await broker.publish(record.to_bytes(), topic=logs_topic, key=record.key())
 
     async def publish(line: OutputLine) -> None:
         """The runtime's sink: each stream's lines one after the other (the watch

@@ -102,6 +102,7 @@ from runyard.faulttolerance.reports import StackReportStore
 from runyard.faulttolerance.resume import ResumeMatcher
 from runyard.faulttolerance.slowdown import SlowdownDetector, StepTime, StepTimeParser
 from runyard.faulttolerance.stacks import StackReport, report_of
+from runyard.faulttolerance.watched import WatchedTasks
 
 log = logging.getLogger("runyard.faulttolerance")
 
@@ -255,6 +256,7 @@ class FaultToleranceApp:
         store: EventStore,
         *,
         reports: StackReportStore | None = None,
+        watched: WatchedTasks | None = None,
         deployer: DeployerCommands | None = None,
         clock: Clock = _utcnow,
         ids: Callable[[], str] = _new_id,
@@ -267,6 +269,7 @@ class FaultToleranceApp:
         self.store = store
         self.env_check_timeout_s = env_check_timeout_s
         self.reports = reports
+        self.watched = watched
         self.deployer = deployer
         self.stacks_wait_s = stacks_wait_s
         self.clock = clock
@@ -325,6 +328,8 @@ class FaultToleranceApp:
         watch = self._watches.get(task_id)
         self._note_ended(task_id, state)
         if state.finished:
+            if task_id not in self._finished and self.watched is not None:
+                await self.watched.remove(task_id)
             self._finished.add(task_id)
             if watch is not None and watch.run == state.run:
                 await self._close(watch, state, cause)
@@ -334,6 +339,8 @@ class FaultToleranceApp:
         self._finished.discard(task_id)
         now = cause.occurred_at if cause is not None else self.clock()
         if watch is None or watch.run != state.run:
+            if watch is None and self.watched is not None:
+                await self.watched.add(task_id)
             watch = _Watch(task_id, state.run, state.attempt, state)
             self._watches[task_id] = watch
         elif watch.attempt != state.attempt:
@@ -428,6 +435,41 @@ class FaultToleranceApp:
             command = RequestReschedule(task_id, reason, (fault.node,))
             if await self._decide_quietly(task_id, [command], meta):
                 return
+
+    async def adopt(self, tasks: Callable[[str], bool]) -> int:
+        """Set up the watches of the unfinished tasks `tasks` picks (this instance took
+        their events and lines over: at start, or in a rebalance) from their streams,
+        without waiting for their next event or line; a hang timer counts from now.
+        Returns how many watches were set up."""
+        if self.watched is None:
+            return 0
+        adopted = 0
+        for task_id in await self.watched.all():
+            if not tasks(task_id) or task_id in self._watches:
+                continue
+            state = await self._load(task_id)
+            if state is None:
+                continue
+            if await self._sync(task_id, state, None) is not None:
+                adopted += 1
+        if adopted:
+            log.info("%d unfinished tasks taken over", adopted)
+        return adopted
+
+    def drop(self, tasks: Callable[[str], bool]) -> int:
+        """Forget every watch of the tasks `tasks` picks (another instance took their
+        events and lines in a rebalance); returns how many tasks were watched. A
+        capture or restart already under way finishes: its appends check versions."""
+        dropped = {t for t in (*self._watches, *self._slow, *self._ended) if tasks(t)}
+        for task_id in dropped:
+            self._watches.pop(task_id, None)
+            self._slow.pop(task_id, None)
+            self._ended.pop(task_id, None)
+            self._finished.discard(task_id)
+        self._finished -= {t for t in self._finished if tasks(t)}
+        if dropped:
+            log.info("%d watched tasks moved to another instance", len(dropped))
+        return len(dropped)
 
     # -- log lines -----------------------------------------------------------------
 

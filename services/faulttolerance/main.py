@@ -1,12 +1,23 @@
 """The fault-tolerance service: `async def run(ctx)` until cancelled.
 
-It subscribes one idempotent consumer to the task and pool event topics
-(`FaultToleranceApp.handle`), reads the `runyard.logs` topic in its own
-consumer group (`follow_logs`: the logs batch consumer of `runyard.messaging.batches`
-feeding `on_log`; log lines are not events, so no inbox: a redelivered line is
-harmless, detections are idempotent per attempt), ticks once a second
-for hang timers and resume deadlines, and serves its HTTP face
-(`runyard.api.service`: /healthz, /readyz, /metrics and the routes of
+It reads a task's events and its worker lines together: one consumer in group
+`faulttolerance` (`runyard.messaging.copartition.CoPartitionedConsumer`) over the
+task event topic (`FaultToleranceApp.handle` behind the idempotent consumer's
+inbox) and the `runyard.logs` topic (`on_log`; lines are not events, so no inbox:
+a redelivered line is harmless, detections are idempotent per attempt). Both
+topics are keyed by the task's stream id and read with the range assignor, so N
+instances share the tasks: each holds the same partition numbers of both topics,
+and with them every event and line of its tasks, which its in-memory watches
+need. A rebalance drops the watches of the tasks an instance gives up.
+
+Pool events (node faults) concern tasks of every partition, so every instance
+reads all of them, in a group of its own (`faulttolerance-pools-<instance>`), and
+acts for the tasks it watches. The instance name is `faulttolerance_instance` in
+the settings, else RUNYARD_INSTANCE, else `0`; give each instance its own (and
+keep it across restarts: it names the group whose offsets it resumes from).
+
+It ticks once a second for hang timers and resume deadlines, and serves its HTTP
+face (`runyard.api.service`: /healthz, /readyz, /metrics and the routes of
 `runyard.faulttolerance.http`) on the port the settings give
 (`faulttolerance_socket`, `faulttolerance_port`, RUNYARD_SERVICE_PORT).
 
@@ -24,7 +35,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import re
+from collections.abc import Awaitable, Callable
 from functools import partial
+from typing import Any
 
 from faststream.kafka import KafkaBroker
 from runyard.api.security import TokenAuthenticator
@@ -35,15 +50,20 @@ from runyard.eventstore import PostgresEventStore, retrying
 from runyard.faulttolerance.app import RESUME_WAIT_S, STACKS_WAIT_S, FaultToleranceApp
 from runyard.faulttolerance.http import faulttolerance_router
 from runyard.faulttolerance.reports import StackReportStore
+from runyard.faulttolerance.watched import WatchedTasks
 from runyard.messaging import KafkaSettings
-from runyard.messaging.batches import LogBatchConsumer
 from runyard.messaging.consumer import IdempotentConsumer, make_broker
+from runyard.messaging.copartition import CoPartitionedConsumer
+from runyard.messaging.progress import partition_of
+from runyard.messaging.topics import PARTITIONS, TASK_EVENTS
 from runyard.stack.context import ServiceContext
 
 log = logging.getLogger("runyard.faulttolerance")
 
 CONSUMER = "faulttolerance"
-LOGS_GROUP = "faulttolerance-logs"
+#: Each instance's own group on the pool event topic: `<POOLS_GROUP>-<instance>`.
+POOLS_GROUP = "faulttolerance-pools"
+_INSTANCE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 TICK_S = 1.0
 NAME = "faulttolerance"
 
@@ -61,18 +81,56 @@ class KafkaDeployerCommands:
         )
 
 
-async def follow_logs(app: FaultToleranceApp, kafka: KafkaSettings) -> None:
-    """Feed every line of the logs topic to `app.on_log`, one after the other, until
-    cancelled; a batch's offsets are committed once each of its lines was handled."""
+def line_handler(app: FaultToleranceApp) -> Callable[[list[LogRecord]], Awaitable[None]]:
+    """Lines to `app.on_log`, one after the other; a database outage is waited out
+    (the line is not dropped), any other error is logged and the next line follows."""
 
     async def on_lines(lines: list[LogRecord]) -> None:
         for line in lines:
-            try:  # a database outage is waited out: the line is not dropped
+            try:
                 await retrying(partial(app.on_log, line), component="log follower")
             except Exception:
                 log.exception("log line of %s not handled", line.task_id)
 
-    await LogBatchConsumer(LOGS_GROUP, kafka=kafka, handler=on_lines, max_records=2000).run()
+    return on_lines
+
+
+def instance_name(settings: dict[str, Any]) -> str:
+    """This instance's name (see the module): settings, RUNYARD_INSTANCE, or `0`."""
+    name = str(settings.get(f"{NAME}_instance") or os.environ.get("RUNYARD_INSTANCE") or "0")
+    if not _INSTANCE.fullmatch(name):
+        raise ValueError(
+            f"fault-tolerance instance name {name!r}: use 1-64 letters, digits, '.', '_'"
+            " or '-' (it names a consumer group)"
+        )
+    return name
+
+
+def watched_tasks(
+    app: FaultToleranceApp, store: PostgresEventStore, kafka: KafkaSettings
+) -> CoPartitionedConsumer:
+    """The task events and lines of the tasks whose partitions this instance holds."""
+    events = IdempotentConsumer(
+        CONSUMER, pool=store.pool, mapper=store.mapper, handler=app.handle, kafka=kafka
+    )
+    partitions = PARTITIONS[TASK_EVENTS]
+
+    def of(numbers: set[int]) -> Callable[[str], bool]:
+        return lambda task_id: partition_of(f"task-{task_id}", partitions) in numbers
+
+    async def revoked(numbers: set[int]) -> None:
+        app.drop(of(numbers))
+
+    async def assigned(numbers: set[int]) -> None:
+        await retrying(partial(app.adopt, of(numbers)), component="takeover")
+
+    return CoPartitionedConsumer(
+        events,
+        kafka=kafka,
+        on_lines=line_handler(app),
+        on_revoked=revoked,
+        on_assigned=assigned,
+    )
 
 
 async def run(ctx: ServiceContext) -> None:
@@ -94,14 +152,19 @@ async def run(ctx: ServiceContext) -> None:
         app = FaultToleranceApp(
             store,
             reports=reports,
+            watched=WatchedTasks(store.pool),
             deployer=KafkaDeployerCommands(broker, ctx.kafka),
             resume_wait_s=float(ctx.settings.get("faulttolerance_resume_wait_s", RESUME_WAIT_S)),
             stacks_wait_s=float(ctx.settings.get("faulttolerance_stacks_wait_s", STACKS_WAIT_S)),
         )
 
+        tasks = watched_tasks(app, store, ctx.kafka)
+
         async def ready() -> dict[str, float]:
             await store.pool.fetchval("SELECT 1")
-            return {}
+            # Not before it holds its tasks' partitions: a task run meanwhile would be
+            # seen only once it ended, too late for its watches.
+            return {} if tasks.assignment() else {"task consumer group": 0.0}
 
         router = faulttolerance_router(app, reports, TokenAuthenticator(store.pool))
         face = service_app(NAME, routers=[router], ready=ready)
@@ -110,12 +173,17 @@ async def run(ctx: ServiceContext) -> None:
                 serve_service(NAME, face, settings=settings, endpoints=ctx.endpoints)
             )
         )
-        consumer = IdempotentConsumer(
-            CONSUMER, pool=store.pool, mapper=ctx.mapper, handler=app.handle, kafka=ctx.kafka
+        pools = IdempotentConsumer(
+            f"{POOLS_GROUP}-{instance_name(ctx.settings)}",
+            pool=store.pool,
+            mapper=ctx.mapper,
+            handler=app.handle,
+            kafka=ctx.kafka,
         )
-        consumer.subscribe(broker, ctx.kafka.topics.task_events, ctx.kafka.topics.pool_events)
+        pools.subscribe(broker, ctx.kafka.topics.pool_events)
+        tasks.events.attach(broker, ctx.kafka.topics.task_events)
         await broker.start()
-        background.append(asyncio.create_task(follow_logs(app, ctx.kafka)))
+        background.append(asyncio.create_task(tasks.run()))
         await _tick(app, float(ctx.settings.get("faulttolerance_tick_s", TICK_S)), background)
     finally:
         for task in background:

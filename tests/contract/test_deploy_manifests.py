@@ -58,9 +58,9 @@ ACTIVE_STANDBY = {"relay", "scheduler"}
 #: Those whose standby is not Ready (/readyz 503 while it waits for the lease).
 STANDBY_NOT_READY = {"relay"}
 #: Consumer-group services: replicas share the partitions.
-SCALED_OUT = {"logs", "notification"}
+SCALED_OUT = {"logs", "notification", "faulttolerance"}
 #: One replica, no disruption budget (a budget of one would block every drain).
-SINGLE = {"gateway", "submission", "faulttolerance"}
+SINGLE = {"gateway", "submission"}
 #: The Secret key of each Postgres role's DSN (deploy/kubernetes/create-secrets.sh).
 ROLE_KEYS = {
     roles.OWNER: "owner-url",
@@ -75,7 +75,7 @@ ROLE_PASSWORDS = {
     roles.SECRETS: "RUNYARD_DB_SECRETS_PASSWORD",
     roles.LOGS: "RUNYARD_DB_LOGS_PASSWORD",
 }
-WORKLOADS = ("Deployment", "DaemonSet", "Job")
+WORKLOADS = ("Deployment", "StatefulSet", "DaemonSet", "Job")
 
 
 def code_services() -> set[str]:
@@ -419,6 +419,13 @@ def test_kubernetes_replicas_and_failover(manifests: list[dict[str, Any]]) -> No
     for name in SINGLE:
         assert services[name]["spec"]["replicas"] == 1, name
         assert name not in budgets, name
+    # Each fault-tolerance replica reads the pool events in a group named after it:
+    # stable pod names (a StatefulSet) keep the group across restarts.
+    faulttolerance = services["faulttolerance"]
+    assert faulttolerance["kind"] == "StatefulSet"
+    (container,) = faulttolerance["spec"]["template"]["spec"]["containers"]
+    (instance,) = [e for e in container["env"] if e["name"] == "RUNYARD_INSTANCE"]
+    assert instance["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
 
 
 def test_kubernetes_endpoints_name_every_service(manifests: list[dict[str, Any]]) -> None:

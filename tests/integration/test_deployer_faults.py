@@ -255,9 +255,8 @@ async def test_a_restarted_deployer_service_publishes_the_rest_and_records_the_r
     await producer.start()
 
     async def publish(line: OutputLine) -> None:  # what the service's own sink does
-        await producer.send_and_wait(
-            kafka.topics.logs, line.record().to_bytes(), key=line.task_id.encode()
-        )
+        record = line.record()
+        await producer.send_and_wait(kafka.topics.logs, record.to_bytes(), key=record.key())
         # Kept once the broker took it: the runtime saves its offset right after this
         # returns (no await in between), so a crash after it repeats nothing. A crash
         # in the middle of a burst may repeat up to a second of lines (docs/logs.md).

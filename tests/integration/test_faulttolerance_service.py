@@ -13,7 +13,6 @@ the stack report table and the fault-tolerance log back.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shlex
 import signal
@@ -27,7 +26,6 @@ from typing import Any
 import pytest
 from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent, default_mapper
 from runyard.contracts.commands import CaptureStacks
-from runyard.contracts.loglines import LogRecord
 from runyard.contracts.pool_events import NodeMarkedFaulty, NodeMarkedHealthy
 from runyard.contracts.spec import FaultToleranceOptions, TaskSpec
 from runyard.contracts.stacks import ProcessStacks, WorkerStacks
@@ -66,6 +64,7 @@ from runyard.faulttolerance.app import FaultToleranceApp, StacksUnavailable
 from runyard.faulttolerance.bootcheck import FINISHED, ItemResult
 from runyard.faulttolerance.ftlog import read_fault_tolerance_log
 from runyard.faulttolerance.reports import StackReportStore
+from runyard.faulttolerance.watched import WatchedTasks
 
 from tests.log_records import log_record
 from tests.unit.test_faulttolerance_slowdown import SEED_LINES, seed_megatron_log
@@ -227,6 +226,7 @@ async def h(dsn: str) -> AsyncIterator[Harness]:
     app = FaultToleranceApp(
         store,
         reports=reports,
+        watched=WatchedTasks(store.pool),
         deployer=CommandsToDeployer(store),
         clock=clock,
         resume_wait_s=60,
@@ -373,6 +373,43 @@ async def test_hang_is_detected_stacks_captured_and_the_task_restarted(
     kinds = [line.kind for line in ft.lines]
     assert kinds == ["hang", "stacks", "restart"]
     assert "Restart 1 scheduled after hang: attempt 2" in ft.lines[-1].text
+
+
+async def test_an_instance_that_takes_a_task_over_watches_it_at_once(h: Harness) -> None:
+    """A hung task prints nothing more and gets no event: the instance that takes its
+    partition over (its start, a rebalance) sets the hang timer up from the stream
+    at once, not at a next line or event that never comes."""
+    await h.launch("quiet", spec(hang_timeout_s=10, auto_restart=True))
+    await h.launch("brief", spec())
+    await h.act("brief", ExitWorker("brief", 1, 1, 0, 0))
+    watched = WatchedTasks(h.store.pool)
+    assert "quiet" in await watched.all() and "brief" not in await watched.all()
+
+    # The first instance gives the task up; another takes it over.
+    assert h.app.drop(lambda task_id: task_id == "quiet") == 1
+    h.clock.advance(11)
+    await h.tick("quiet")
+    assert await h.payloads("quiet", HangDetected) == [], "dropped: no timer here"
+    other = FaultToleranceApp(
+        h.store,
+        reports=h.reports,
+        watched=watched,
+        deployer=h.app.deployer,
+        clock=h.clock,
+        stacks_wait_s=STACKS_WAIT_S,
+    )
+    assert await other.adopt(lambda task_id: task_id == "elsewhere") == 0
+    assert await other.adopt(lambda task_id: task_id in {"quiet", "brief"}) == 1
+    h.clock.advance(5)
+    await other.tick()
+    assert await h.payloads("quiet", HangDetected) == [], "the timer counts from the takeover"
+    h.clock.advance(6)
+    await other.tick()
+    await other.drain()
+    (hang,) = await h.payloads("quiet", HangDetected)
+    assert hang.idle_s >= 10
+    (restart,) = await h.payloads("quiet", TaskRestartScheduled)
+    assert restart.reason == "hang"
 
 
 @pytest.mark.skipif(py_spy_binary() is None, reason="py-spy is not installed")
@@ -753,50 +790,3 @@ async def test_a_worker_that_never_finishes_its_env_check_is_a_warning(h: Harnes
     assert "did not finish within 30 s" in late[0].detail
     (finished,) = await h.payloads("silent", EnvCheckFinished)
     assert finished.result == "warn"  # the launch command still runs (R-31)
-
-
-async def test_log_lines_reach_the_app_from_the_logs_topic(kafka: Any) -> None:
-    """`follow_logs` on the real broker: records in, LogRecord out; junk skipped."""
-    import json
-
-    from aiokafka import AIOKafkaProducer
-    from runyard.faulttolerance.main import follow_logs
-
-    class Recorder:
-        def __init__(self) -> None:
-            self.lines: list[LogRecord] = []
-
-        async def on_log(self, line: LogRecord) -> None:
-            self.lines.append(line)
-
-    recorder = Recorder()
-    follower = asyncio.create_task(follow_logs(recorder, kafka))  # type: ignore[arg-type]
-    producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap)
-    await producer.start()
-    try:
-        record = {
-            "at": "2026-11-30T02:00:00+00:00",
-            "task_id": "t1",
-            "run": 1,
-            "attempt": 2,
-            "worker": 3,
-            "stream": "stdout",
-            "line": "iteration 5/ 10 | elapsed time per iteration (ms): 12.0 |",
-        }
-        await producer.send_and_wait(kafka.topics.logs, b"not json", key=b"t1")
-        await producer.send_and_wait(kafka.topics.logs, json.dumps(record).encode(), key=b"t1")
-
-        async def arrived() -> None:
-            while not recorder.lines:  # noqa: ASYNC110
-                await asyncio.sleep(0.05)
-
-        await asyncio.wait_for(arrived(), 30)
-        (line,) = recorder.lines
-        assert (line.task_id, line.run, line.attempt, line.worker) == ("t1", 1, 2, 3)
-        assert line.at == datetime(2026, 11, 30, 2, 0, tzinfo=UTC)
-        assert line.line.startswith("iteration 5/ 10")
-    finally:
-        await producer.stop()
-        follower.cancel()
-        with contextlib.suppress(BaseException):
-            await follower

@@ -52,7 +52,7 @@ def _consumers() -> list[tuple[str, str, list[str]]]:
 def test_acls_name_the_groups_the_services_consume_with() -> None:
     from runyard.deployer.main import CONSUMER as DEPLOYER
     from runyard.faulttolerance.main import CONSUMER as FAULTTOLERANCE
-    from runyard.faulttolerance.main import LOGS_GROUP
+    from runyard.faulttolerance.main import POOLS_GROUP
     from runyard.logs.ingest import GROUP as LOGS
     from runyard.notification.main import CONSUMER as NOTIFICATION
     from runyard.scheduler.main import CONSUMER as SCHEDULER
@@ -62,10 +62,12 @@ def test_acls_name_the_groups_the_services_consume_with() -> None:
         ("scheduler", SCHEDULER),
         ("deployer", DEPLOYER),
         ("faulttolerance", FAULTTOLERANCE),
-        ("faulttolerance", LOGS_GROUP),
         ("notification", NOTIFICATION),
         ("logs", LOGS),
     }
+    # Each fault-tolerance instance reads the pool events in a group of its own.
+    pools = f'--group "${{RUNYARD_TOPIC_PREFIX:-}}{POOLS_GROUP}-" --resource-pattern-type prefixed'
+    assert pools in SETUP.replace("\\\n  ", "")
     topics = {f"runyard.{t}" for _, _, names in _consumers() for t in names}
     assert topics <= set(PARTITIONS), topics - set(PARTITIONS)
 
