@@ -112,6 +112,7 @@ ROUTES: tuple[Route, ...] = (
     Route("/v1/admin/pools/{pool_id}/nodes/{node}/heal", ("POST",), "scheduler"),
     Route("/v1/admin/pools/{pool_id}/spot-capacity", ("POST",), "scheduler"),
     Route("/v1/pools/replay", ("GET",), "scheduler"),
+    Route("/v1/pools/whatif", ("POST",), "scheduler"),
 )
 
 
