@@ -529,8 +529,9 @@ class TasksService(pb_grpc.TasksServicer):  # type: ignore[misc]  # generated, u
         async def call() -> pb.JsonReply:
             await self._caller(context)  # 401 before the scheduler is asked
             body: dict[str, Any] = {"from": request.from_point, "to": request.to_point}
-            if request.pools_json.strip():
-                body["pools"] = _json_object(request.pools_json, "pools_json")
+            if request.pools_json.strip():  # a pools document: its `pools` list is sent
+                document = _json_object(request.pools_json, "pools_json")
+                body["pools"] = document.get("pools", document)
             if request.policy:
                 body["policy"] = request.policy
             if request.pool_id:

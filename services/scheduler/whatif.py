@@ -20,14 +20,18 @@ What is read, per pool:
   each run's submission or rerun, placements, preemptions, stop and end. The
   tasks are found through `audit_facets` (kind `pool`, one index range).
 
-The pools document has the shape of the scheduler's pools file
-(infra/config/pools.yaml, docs/scheduler.md): `{pools: [{id, nodes}]}`, with
+`pools` is the `pools` list of a file in the shape of the scheduler's pools
+file (infra/config/pools.yaml, docs/scheduler.md): `[{id, nodes}]`, with
 `nodes` a `{prefix, count, gpus}` or a list of names (or `{name, gpus}`).
 Only `id` and `nodes` are used; other keys (zone, specs) may be there and are
-ignored: the simulated pool keeps the registration the log has. Without a
-document every pool is replayed on the nodes it had at `from`, which
+ignored: the simulated pool keeps the registration the log has. Without
+`pools` every pool is replayed on the nodes it had at `from`, which
 reproduces what happened (within the scheduler's reaction time, see
-docs/operations.md); with one, only the pools it names are replayed.
+docs/operations.md); with it, only the pools it names are replayed.
+
+Each run holds GPUs in the simulation as long as the pool stream says it held
+them (allocation to release, within the window); a run whose GPUs were not
+released by `to` holds them to the end.
 
 Bounds (docs/limits.md), each refused with a 400 that names it:
 `MAX_WINDOW` of log time, `MAX_EVENTS` events read, `MAX_POOLS` pools and
@@ -152,8 +156,8 @@ class WhatIfBody(BaseModel):
 
     start: str = Field(alias="from", max_length=64, description="ISO 8601 time with a zone")
     end: str = Field(alias="to", max_length=64, description="ISO 8601 time with a zone")
-    pools: dict[str, Any] | None = Field(
-        default=None, description="a pools document: {pools: [{id, nodes}]} (see docs)"
+    pools: list[dict[str, Any]] | None = Field(
+        default=None, description="the changed pools, as in the pools file: [{id, nodes}]"
     )
     policy: Policy = "backfill"
     pool: str | None = Field(default=None, max_length=128, description="this pool only")
@@ -216,6 +220,28 @@ def runs_of(events: Sequence[RecordedEvent[Event]], start: datetime) -> list[Run
             runs[-1].free(at, start)
             runs[-1].ended_at = at
     return runs
+
+
+def pool_holds(
+    start_state: PoolState,
+    changes: Sequence[tuple[datetime, Event]],
+    start: datetime,
+    end: datetime,
+) -> dict[tuple[str, int], float]:
+    """Seconds each (task, run) held GPUs in the window, from the pool stream: from its
+    allocation (or `start`) to its release (or `end`). The pool's own record, so the
+    simulated pool frees GPUs when the real one did, not when the task's end was stamped."""
+    since = {(a.task_id, a.run): start for a in start_state.allocations.values()}
+    held: dict[tuple[str, int], float] = {}
+    for at, event in changes:
+        if isinstance(event, WorkersAllocated):
+            since.setdefault((event.task_id, event.run), at)
+        elif isinstance(event, WorkersReleased) and (event.task_id, event.run) in since:
+            key = (event.task_id, event.run)
+            held[key] = held.get(key, 0.0) + (at - since.pop(key)).total_seconds()
+    for key, at in since.items():
+        held[key] = held.get(key, 0.0) + (end - at).total_seconds()
+    return held
 
 
 def spec_label(spec: TaskSpec) -> str:
@@ -427,15 +453,14 @@ def _instant(text: str, name: str) -> datetime:
     return point
 
 
-def nodes_of_document(document: Mapping[str, Any]) -> dict[str, list[tuple[str, int]]]:
-    """Each pool's nodes in a pools document; 400 naming what is wrong."""
-    raw = document.get("pools")
-    if not isinstance(raw, list) or not raw:
+def nodes_of_pools(raw: Sequence[Any]) -> dict[str, list[tuple[str, int]]]:
+    """Each pool's nodes in the `pools` list of a pools file; 400 naming what is wrong."""
+    if not raw:
         raise BadRequest(
             "whatif.bad_pools",
-            "the pools document needs a non-empty list `pools`",
-            "give {pools: [{id: POOL, nodes: {prefix: n-, count: 8, gpus: 8}}]}"
-            " (the shape of infra/config/pools.yaml)",
+            "`pools` is empty",
+            "give [{id: POOL, nodes: {prefix: n-, count: 8, gpus: 8}}] (the `pools` of"
+            " infra/config/pools.yaml), or leave `pools` out to replay the real nodes",
             "pools",
         )
     if len(raw) > MAX_POOLS:
@@ -507,7 +532,7 @@ class WhatIf:
     async def answer(self, caller: Principal, body: WhatIfBody) -> dict[str, Any]:
         require_sre(caller)
         start, end = window_of(body.start, body.end)
-        nodes = nodes_of_document(body.pools) if body.pools is not None else {}
+        nodes = nodes_of_pools(body.pools) if body.pools is not None else {}
         pool_ids = await self._pool_ids(body.pool, nodes)
         budget = _Budget()
         pools, runs = [], []
@@ -555,9 +580,12 @@ class WhatIf:
             )
         real_start = fold_pool(e.event for e in before)
         tasks = await self._task_streams(pool_id, budget, start, end)
-        histories = [run for events in tasks for run in runs_of(events, start)]
-        kept, played, skipped = sim_runs(real_start, histories, start)
         changes = [(e.occurred_at, e.event) for e in stream[len(before) :]]
+        holds = pool_holds(fold_pool(e.event for e in before), changes, start, end)
+        histories = [run for events in tasks for run in runs_of(events, start)]
+        for history in histories:
+            history.hold_s = holds.get((history.task_id, history.run), history.hold_s)
+        kept, played, skipped = sim_runs(real_start, histories, start)
         node_changes = [NodeChange(at, ev) for at, ev in changes if ev.type_name() in _NODE_EVENTS]
         setup = setup_events(real_start, nodes)
         result = simulate(
@@ -642,7 +670,7 @@ __all__ = [
     "RunHistory",
     "WhatIf",
     "WhatIfBody",
-    "nodes_of_document",
+    "nodes_of_pools",
     "runs_of",
     "setup_events",
     "sim_runs",

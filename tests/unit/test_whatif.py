@@ -42,7 +42,7 @@ from runyard.scheduler.domain.whatif import (
 from runyard.scheduler.whatif import (
     MAX_NODES,
     MAX_WINDOW,
-    nodes_of_document,
+    nodes_of_pools,
     require_sre,
     runs_of,
     setup_events,
@@ -288,12 +288,14 @@ def test_inputs_are_bounded_with_errors_that_name_the_fix() -> None:
         window_of("2026-12-02T00:00:00Z", "2026-12-01T00:00:00Z")
     assert caught.value.code == "whatif.bad_window"
     with pytest.raises(BadRequest) as caught:
-        nodes_of_document({"pools": [{"id": "p", "nodes": {"count": MAX_NODES + 1}}]})
+        nodes_of_pools([{"id": "p", "nodes": {"count": MAX_NODES + 1}}])
     assert caught.value.code == "whatif.too_many_nodes"
     with pytest.raises(BadRequest):
-        nodes_of_document({"pools": "p"})
-    assert nodes_of_document(
-        {"pools": [{"id": "p", "zone": "z", "nodes": {"prefix": "x-", "count": 2, "gpus": 4}}]}
+        nodes_of_pools([])
+    with pytest.raises(BadRequest):
+        nodes_of_pools([{"nodes": ["a"]}])
+    assert nodes_of_pools(
+        [{"id": "p", "zone": "z", "nodes": {"prefix": "x-", "count": 2, "gpus": 4}}]
     ) == {"p": [("x-0", 4), ("x-1", 4)]}
     with pytest.raises(PermissionDenied):
         require_sre(Principal("t", "u", "member"))
