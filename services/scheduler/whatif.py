@@ -648,7 +648,8 @@ class _Budget:
 def whatif_router(store: PostgresEventStore, authenticator: Authenticator) -> APIRouter:
     """POST /v1/pools/whatif (see the module docstring)."""
     whatif = WhatIf(store)
-    Caller = Annotated[Principal, caller_dependency(authenticator)]
+    # A POST for its body (a pools list may not fit in a URL), but it only reads.
+    Caller = Annotated[Principal, caller_dependency(authenticator, reads_only=True)]
     router = APIRouter(tags=["replay"])
 
     @router.post("/v1/pools/whatif")

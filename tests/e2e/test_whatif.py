@@ -25,7 +25,9 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import asyncpg
 import pytest
+from runyard.api.auth import create_token
 from runyard.contracts import default_mapper
 from runyard.eventstore import PostgresEventStore
 
@@ -118,8 +120,14 @@ async def test_whatif_reproduces_real_queue_times_and_twice_the_nodes_waits_less
     assert twice["simulated"]["p90_s"] < pool["real"]["p90_s"]
     assert twice["simulated"]["utilisation"] < pool["simulated"]["utilisation"]
 
-    # The command line: the same answer as JSON, and the side-by-side table.
-    url, token = str(platform.http.base_url).rstrip("/"), platform.token
+    # The command line, as an SRE (read-only: the gateway lets the what-if POST through):
+    # the same answer as JSON, and the side-by-side table.
+    conn = await asyncpg.connect(dsn)
+    try:
+        token = await create_token(conn, "ops", "sam", "sre")
+    finally:
+        await conn.close()
+    url = str(platform.http.base_url).rstrip("/")
     args = ["whatif", "--from", window["from"], "--to", window["to"], "--pool", "dev-a100"]
     shown = await cli(url, token, *args, "--json")
     assert shown.exit_code == 0, shown.output
