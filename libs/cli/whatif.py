@@ -18,9 +18,19 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 from runyard.cli.audit import parse_when
-from runyard.cli.main import JsonOpt, TokenOpt, UrlOpt, app, call, err, out, show_json, table
+from runyard.cli.main import (
+    JsonOpt,
+    TokenOpt,
+    UrlOpt,
+    app,
+    call,
+    err,
+    load_yaml,
+    out,
+    show_json,
+    table,
+)
 from runyard.cli.terminal import markup
 
 #: The figures printed side by side, with how each is shown.
@@ -38,20 +48,16 @@ FIGURES = (
 )
 
 
-def read_pools(path: Path) -> dict[str, Any]:
-    """The pools document of a YAML or JSON file; exit 2 saying what is wrong."""
-    try:
-        document = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        err.print(f"[red]error:[/red] cannot read {markup(path)}: {markup(exc)}")
-        raise typer.Exit(2) from exc
-    if not isinstance(document, dict) or not isinstance(document.get("pools"), list):
+def read_pools(path: Path) -> list[Any]:
+    """The `pools` list of a YAML or JSON pools file; exit 2 saying what is wrong."""
+    pools = load_yaml(path).get("pools")
+    if not isinstance(pools, list):
         err.print(
             f"[red]error:[/red] {markup(path)}: expected `pools:` with a list of"
             " {id, nodes} (the shape of infra/config/pools.yaml)"
         )
         raise typer.Exit(2)
-    return document
+    return pools
 
 
 @app.command("whatif")
@@ -82,7 +88,7 @@ def whatif(
     """
     body: dict[str, Any] = {"from": parse_when(start), "to": parse_when(end), "policy": policy}
     if pools is not None:
-        body["pools"] = read_pools(pools)["pools"]
+        body["pools"] = read_pools(pools)
     if pool is not None:
         body["pool"] = pool
     answer = call(url, token, "POST", "/v1/pools/whatif", json=body)

@@ -51,7 +51,7 @@ from typing import Annotated, Any, Final
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 from runyard.api.auth import Principal
-from runyard.api.errors import BadRequest, NotFound, PermissionDenied
+from runyard.api.errors import BadRequest, NotFound
 from runyard.api.security import Authenticator, caller_dependency
 from runyard.contracts import Event, RecordedEvent
 from runyard.contracts.pool_events import (
@@ -106,7 +106,6 @@ MAX_POOLS: Final = 64
 MAX_NODES: Final = 10_000
 #: Most runs listed one by one in the answer (every run is counted).
 MAX_LISTED_RUNS: Final = 1000
-WHATIF_ROLES: Final = frozenset({"sre", "platform_admin"})
 
 _STARTS = ("TaskSubmitted", "TaskRerunRequested")
 _ENDS = ("TaskSucceeded", "TaskFailed", "TaskStopped", "TaskMarkedAbnormal")
@@ -514,13 +513,9 @@ def _nodes(pool_id: str, raw: Any) -> list[tuple[str, int]]:
 
 def require_sre(caller: Principal) -> None:
     """Refuse every role but sre and platform_admin."""
-    if caller.role not in WHATIF_ROLES:
-        raise PermissionDenied(
-            "auth.sre_only",
-            f"what-if scheduling reads every tenant's tasks: it needs the sre or"
-            f" platform_admin role, not {caller.role}",
-            "ask a platform admin for an sre token",
-        )
+    caller.require_every_tenant_reader(
+        "auth.sre_only", "what-if scheduling", "ask a platform admin for an sre token"
+    )
 
 
 class WhatIf:
