@@ -34,8 +34,10 @@ them (allocation to release, within the window); a run whose GPUs were not
 released by `to` holds them to the end.
 
 Bounds (docs/limits.md), each refused with a 400 that names it:
-`MAX_WINDOW` of log time, `MAX_EVENTS` events read, `MAX_POOLS` pools and
-`MAX_NODES` nodes per pool in the document.
+`MAX_WINDOW` of log time, `MAX_EVENTS` events read (the pool streams' events
+in the window and the task streams up to `to`; a pool stream's prefix up to
+`from` is folded as `GET /v1/pools/replay` folds it, and not counted),
+`MAX_POOLS` pools and `MAX_NODES` nodes per pool in `pools`.
 
 Who may ask: the sre and platform_admin roles (403 `auth.sre_only` else).
 
@@ -564,14 +566,14 @@ class WhatIf:
         end: datetime,
     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         stream = prefix(await self.store.read_stream(pool_stream(pool_id)), end)
-        budget.add(len(stream))
         before = [e for e in stream if e.occurred_at <= start]
+        budget.add(len(stream) - len(before))  # the prefix is folded, as `pools --at` does
         if not before:
             raise NotFound(
                 "whatif.unknown_pool",
                 f"pool {pool_id!r} had no event by {start.isoformat()}",
                 "choose a pool listed by `runyard pools` and a `from` after it was registered",
-                "pools",
+                "pool" if body.pool is not None else "pools",
             )
         real_start = fold_pool(e.event for e in before)
         tasks = await self._task_streams(pool_id, budget, start, end)

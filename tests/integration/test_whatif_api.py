@@ -3,13 +3,21 @@ gateway): who may ask, what it reads, and the refusals that name the bound."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 from runyard.api.auth import create_token
-from runyard.gateway.proxy import ROUTES
+from runyard.gateway.app import Gateway
+from runyard.gateway.grpc_gen import tasks_pb2 as pb
+from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
+from runyard.gateway.grpc_server import start_server
+from runyard.gateway.proxy import ROUTES, Owners
+from runyard.scheduler.http import http_app
 
 from tests.integration.test_scheduler_http import NOW, Face, face  # noqa: F401  (fixture)
 
@@ -68,7 +76,8 @@ async def test_whatif_refusals_name_the_role_and_the_bound(
             "whatif.too_many_nodes",
             "pools",
         ),
-        ({"pool": "nope"}, 404, "whatif.unknown_pool", "pools"),
+        ({"pool": "nope"}, 404, "whatif.unknown_pool", "pool"),
+        ({"pools": [{"id": "nope", "nodes": ["a"]}]}, 404, "whatif.unknown_pool", "pools"),
     ]
     for change, status, code, field in cases:
         answer = await ask(face, "sre", {**WINDOW, **change})
@@ -77,3 +86,36 @@ async def test_whatif_refusals_name_the_role_and_the_bound(
         assert body["hint"]
     policy = await ask(face, "sre", {**WINDOW, "policy": "random"})
     assert policy.status_code == 400
+
+
+async def test_grpc_whatif_asks_the_scheduler_with_the_callers_token(
+    face: Face,  # noqa: F811  (the fixture)
+    dsn: str,
+    tmp_path: Path,
+) -> None:
+    sre = await create_token(face.store.pool, "ops", "sam", "sre")
+    await face.submit("running", "t1")
+    await face.submit("waiting", "t2")
+    transport = httpx.ASGITransport(app=http_app(face.store, role=lambda: "active"))
+    owners = Owners({"scheduler": "http://scheduler"}, transport=transport)
+    gateway = await Gateway.connect(dsn, tmp_path)
+    server, port = await start_server(gateway, "127.0.0.1", 0, owners=owners)
+    pools = {"pools": [{"id": "dev-a100", "nodes": ["a", "b"]}]}
+    request = pb.WhatIfRequest(
+        from_point=WINDOW["from"], to_point=WINDOW["to"], pools_json=json.dumps(pools)
+    )
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.TasksStub(channel)
+            reply = await stub.WhatIf(request, metadata=(("authorization", f"Bearer {sre}"),))
+            (pool,) = json.loads(reply.json)["pools"]
+            assert pool["nodes"] == {"real": 1, "simulated": 2}
+            assert pool["simulated"]["max_s"] == 0.0
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                member = (("authorization", f"Bearer {face.tokens['t1']}"),)
+                await stub.WhatIf(request, metadata=member)
+            assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        await server.stop(grace=None)
+        await owners.aclose()
+        await gateway.close()
