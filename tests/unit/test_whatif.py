@@ -181,6 +181,7 @@ def test_a_removed_node_requeues_its_run_with_the_hold_it_has_left() -> None:
     result = simulate(pool(2), [run("a", 0, 10)], changes, start=T0, end=at(60))
     # moved to n1 at 4 s with 6 s left: 10 s of holding in all
     assert result.usage.held_s == pytest.approx(10 * 8)
+    assert result.usage.capacity_s == pytest.approx(4 * 16 + 56 * 8)
 
 
 def test_a_faulty_node_moves_its_run_first_in_the_queue() -> None:

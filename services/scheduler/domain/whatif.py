@@ -47,6 +47,7 @@ from runyard.contracts.pool_events import (
     AllocatedWorker,
     NodeMarkedFaulty,
     WorkersAllocated,
+    WorkersReleased,
 )
 from runyard.scheduler.domain.errors import PoolEventRejected
 from runyard.scheduler.domain.placement import Placement, PlacementRequest, place_in
@@ -115,25 +116,50 @@ class Usage:
 
 
 class UsageMeter:
-    """Integrates a pool's held and total GPUs over time, as its state changes."""
+    """Integrates a pool's held and total GPUs over time. Every change of the pool goes
+    through `apply`, which keeps the totals as they change, so `advance` costs the
+    number of specs, not of allocations or nodes."""
 
-    def __init__(self, start: datetime, labels: Mapping[str, str]) -> None:
+    def __init__(self, start: datetime, pool: PoolState, labels: Mapping[str, str]) -> None:
         self.usage = Usage()
         self.labels = labels
         self._last = start
+        self._capacity = sum(n.gpus for n in pool.nodes.values())
+        self._held: dict[str, int] = {}
+        for allocation in pool.allocations.values():
+            self._count(allocation.task_id, allocation.gpus)
 
-    def advance(self, now: datetime, pool: PoolState) -> None:
-        """Count the time since the last call with the pool as it was during it."""
+    def advance(self, now: datetime) -> None:
+        """Count the time since the last call with the totals as they were during it."""
         seconds = (now - self._last).total_seconds()
         if seconds <= 0:
             return
         self._last = now
-        self.usage.capacity_s += seconds * sum(n.gpus for n in pool.nodes.values())
-        for allocation in pool.allocations.values():
-            held = allocation.gpus * seconds
-            label = self.labels.get(allocation.task_id, "?")
-            self.usage.held_s += held
-            self.usage.by_spec[label] = self.usage.by_spec.get(label, 0.0) + held
+        self.usage.capacity_s += seconds * self._capacity
+        for label, gpus in self._held.items():
+            self.usage.held_s += gpus * seconds
+            self.usage.by_spec[label] = self.usage.by_spec.get(label, 0.0) + gpus * seconds
+
+    def apply(self, pool: PoolState, event: Event) -> None:
+        """Fold `event` into `pool` (PoolEventRejected as the fold raises it), keeping the
+        totals: allocations added and gone, and the nodes' GPUs after a node change."""
+        task_id = getattr(event, "task_id", None)
+        if isinstance(event, WorkersAllocated | WorkersReleased):
+            before = {task_id: pool.allocations[task_id]} if task_id in pool.allocations else {}
+        else:
+            before = dict(pool.allocations)
+        evolve_pool(pool, event)
+        for key, allocation in before.items():
+            if pool.allocations.get(key) is not allocation:
+                self._count(key, -allocation.gpus)
+        if isinstance(event, WorkersAllocated):
+            self._count(event.task_id, pool.allocations[event.task_id].gpus)
+        elif not isinstance(event, WorkersReleased):
+            self._capacity = sum(n.gpus for n in pool.nodes.values())
+
+    def _count(self, task_id: str, gpus: int) -> None:
+        label = self.labels.get(task_id, "?")
+        self._held[label] = self._held.get(label, 0) + gpus
 
 
 def real_usage(
@@ -145,11 +171,11 @@ def real_usage(
     labels: Mapping[str, str],
 ) -> Usage:
     """The usage the log records: the pool at `start`, then its events up to `end`."""
-    meter = UsageMeter(start, labels)
+    meter = UsageMeter(start, start_state, labels)
     for at, event in changes:
-        meter.advance(min(max(at, start), end), start_state)
-        evolve_pool(start_state, event)
-    meter.advance(end, start_state)
+        meter.advance(min(max(at, start), end))
+        meter.apply(start_state, event)
+    meter.advance(end)
     return meter.usage
 
 
@@ -189,7 +215,7 @@ class _Simulation:
         self.runs = {r.key: r for r in runs}
         self.start, self.end, self.policy = start, end, policy
         self.queue = WaitingQueue()
-        self.meter = UsageMeter(start, {r.key: r.spec for r in runs})
+        self.meter = UsageMeter(start, pool, {r.key: r.spec for r in runs})
         self.outcomes = {r.key: Outcome(r.key) for r in runs}
         self.left = {r.key: r.hold_s for r in runs}
         self.since: dict[str, datetime] = {}
@@ -214,12 +240,12 @@ class _Simulation:
         self._plan(self.start)
         while self._heap and self._heap[0][0] <= self.end:
             now = self._heap[0][0]
-            self.meter.advance(now, self.pool)
+            self.meter.advance(now)
             while self._heap and self._heap[0][0] == now:
                 _, kind, _, item = heapq.heappop(self._heap)
                 self._handle(kind, item, now)
             self._plan(now)
-        self.meter.advance(self.end, self.pool)
+        self.meter.advance(self.end)
         return SimResult(self.outcomes, self.meter.usage, self.skipped)
 
     def _push(self, at: datetime, kind: int, item: object) -> None:
@@ -245,7 +271,7 @@ class _Simulation:
         them free, else is placed best fit, else waits again (displaced)."""
         event = _allocated(sim_run.request, sim_run.held)
         try:
-            evolve_pool(self.pool, event)
+            self.meter.apply(self.pool, event)
         except PoolEventRejected:
             placement = place_in(FreeView(self.pool), sim_run.request)
             if placement is None:
@@ -253,7 +279,7 @@ class _Simulation:
                 self._enqueue(sim_run, self.start, reschedule=True)
                 return
             event = placement.event()
-            evolve_pool(self.pool, event)
+            self.meter.apply(self.pool, event)
         self._started(sim_run.key, self.start, count=False)
 
     def _enqueue(self, sim_run: SimRun, now: datetime, *, reschedule: bool = False) -> None:
@@ -272,7 +298,7 @@ class _Simulation:
         for placement in self._placements():
             self.queue.remove(placement.task_id)
             attempt = self.attempts.get(placement.task_id, 0) + 1
-            evolve_pool(self.pool, replace(placement, attempt=attempt).event())
+            self.meter.apply(self.pool, replace(placement, attempt=attempt).event())
             self._started(placement.task_id, now, count=True)
 
     def _placements(self) -> Sequence[Placement]:
@@ -305,7 +331,7 @@ class _Simulation:
         if left is not None:
             self.left[key] = max(0.0, left - (now - self.since[key]).total_seconds())
         if key in self.pool.allocations:
-            evolve_pool(self.pool, release(self.pool, key, "what-if"))
+            self.meter.apply(self.pool, release(self.pool, key, "what-if"))
 
     def _stop(self, key: str, now: datetime) -> None:
         """The run stops at the wall time it stopped in reality: out of the queue (it
@@ -323,7 +349,7 @@ class _Simulation:
     def _change(self, event: Event, now: datetime) -> None:
         before = dict(self.pool.allocations)
         try:
-            evolve_pool(self.pool, event)
+            self.meter.apply(self.pool, event)
         except PoolEventRejected:
             self.skipped += 1
             return
