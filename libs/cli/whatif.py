@@ -93,7 +93,8 @@ def whatif(
         body["pool"] = pool
     answer = call(url, token, "POST", "/v1/pools/whatif", json=body)
     if as_json:
-        return show_json(answer)
+        show_json(answer)
+        return
     out.print(
         f"what-if {markup(answer['from'])} .. {markup(answer['to'])},"
         f" policy {markup(answer['policy'])}; {answer['events_read']} events read"

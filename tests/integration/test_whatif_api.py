@@ -66,7 +66,7 @@ async def test_whatif_refusals_name_the_role_and_the_bound(
     assert (member.status_code, member.json()["code"]) == (403, "auth.sre_only")
     anonymous = await face.http.post(URL, json=WINDOW)
     assert anonymous.status_code == 401
-    cases = [
+    cases: list[tuple[dict[str, Any], int, str, str]] = [
         ({"to": (NOW + timedelta(days=8)).isoformat()}, 400, "whatif.window_too_long", "to"),
         ({"from": "12"}, 400, "whatif.bad_time", "from"),
         ({"pools": []}, 400, "whatif.bad_pools", "pools"),

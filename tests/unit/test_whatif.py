@@ -79,7 +79,7 @@ def run(key: str, arrived: float, hold: float | None, **kw: object) -> SimRun:
         submitted_at=at(arrived),
         arrived_at=at(arrived),
         hold_s=hold,
-        **kw,  # type: ignore[arg-type]
+        **kw,
     )
 
 

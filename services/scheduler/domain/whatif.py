@@ -143,9 +143,9 @@ class UsageMeter:
     def apply(self, pool: PoolState, event: Event) -> None:
         """Fold `event` into `pool` (PoolEventRejected as the fold raises it), keeping the
         totals: allocations added and gone, and the nodes' GPUs after a node change."""
-        task_id = getattr(event, "task_id", None)
         if isinstance(event, WorkersAllocated | WorkersReleased):
-            before = {task_id: pool.allocations[task_id]} if task_id in pool.allocations else {}
+            held = pool.allocations.get(event.task_id)
+            before = {event.task_id: held} if held is not None else {}
         else:
             before = dict(pool.allocations)
         evolve_pool(pool, event)
