@@ -507,6 +507,13 @@ def _nodes(pool_id: str, raw: Any) -> list[tuple[str, int]]:
             "set gpus between 1 and 8",
             "pools",
         )
+    if any(not 1 <= len(n.name) <= 128 for n in nodes):
+        raise BadRequest(
+            "whatif.bad_pools",
+            f"pool {pool_id}: a node name has 1 to 128 characters",
+            "name every node (a `prefix` of at most 120 characters)",
+            "pools",
+        )
     return [(n.name, n.gpus) for n in nodes]
 
 

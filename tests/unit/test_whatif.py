@@ -295,6 +295,9 @@ def test_inputs_are_bounded_with_errors_that_name_the_fix() -> None:
         nodes_of_pools([])
     with pytest.raises(BadRequest):
         nodes_of_pools([{"nodes": ["a"]}])
+    for nodes in ([""], {"count": 1, "gpus": 9}, {"count": "x"}, None, [{"gpus": 8}]):
+        with pytest.raises(BadRequest):
+            nodes_of_pools([{"id": "p", "nodes": nodes}])
     assert nodes_of_pools(
         [{"id": "p", "zone": "z", "nodes": {"prefix": "x-", "count": 2, "gpus": 4}}]
     ) == {"p": [("x-0", 4), ("x-1", 4)]}
