@@ -1,5 +1,6 @@
-"""What-if scheduling: the pure simulator (runyard.scheduler.domain.whatif) and how the
-scheduler turns a window of task streams into its input (runyard.scheduler.whatif)."""
+"""What-if scheduling: the pure simulator (runyard.scheduler.domain.whatif), how a window
+of the log becomes its input (runyard.scheduler.domain.history), and the bounds of the
+route's input (runyard.scheduler.whatif)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from runyard.contracts.task_events import (
     WorkerPlacement,
 )
 from runyard.scheduler.domain import PlacementRequest, fold_pool
+from runyard.scheduler.domain.history import runs_of, setup_events, sim_runs
 from runyard.scheduler.domain.whatif import (
     NodeChange,
     SimRun,
@@ -44,9 +46,6 @@ from runyard.scheduler.whatif import (
     MAX_WINDOW,
     nodes_of_pools,
     require_sre,
-    runs_of,
-    setup_events,
-    sim_runs,
     window_of,
 )
 
