@@ -154,7 +154,7 @@ class WhatIfBody(BaseModel):
     pool: str | None = Field(default=None, max_length=128, description="this pool only")
 
 
-# -- what the log says about one pool (pure) --------------------------------------------
+# -- the answer: real beside simulated, per pool and per spec --------------------------
 
 
 @dataclass(frozen=True, slots=True)
