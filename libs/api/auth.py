@@ -108,6 +108,17 @@ class Principal:
                 "ask a platform admin",
             )
 
+    def require_every_tenant_reader(self, code: str, what: str, hint: str) -> None:
+        """Refuse unless the role reads every tenant (sre, platform_admin): `what` (audit
+        queries, what-if scheduling) reads the whole log."""
+        if self.role not in CROSS_TENANT_READERS:
+            raise PermissionDenied(
+                code,
+                f"{what} reads every tenant's events: it needs the sre or platform_admin"
+                f" role, not {self.role}",
+                hint,
+            )
+
     def require_token_admin(self) -> None:
         """Refuse unless the caller may manage tokens (tenant or platform admin)."""
         if self.role not in ("platform_admin", "tenant_admin"):

@@ -4,7 +4,8 @@
 (the gateway's own and the routers it includes), so the OpenAPI document
 declares the `HTTPBearer` security scheme on each of them, the header is
 parsed one way (`Bearer <token>`, nothing else), and a read-only role (sre)
-is refused any method but GET/HEAD/OPTIONS before a handler runs.
+is refused any method but GET/HEAD/OPTIONS before a handler runs (unless the
+route says it only reads: `reads_only`).
 
 (No `from __future__ import annotations` here: FastAPI must see the closure's
 own `Depends(bearer)` when it reads `caller`'s signature.)
@@ -47,16 +48,18 @@ class TokenAuthenticator:
         return await authenticate(self.db, token)
 
 
-def caller_dependency(gateway: Authenticator) -> Any:
+def caller_dependency(gateway: Authenticator, *, reads_only: bool = False) -> Any:
     """A dependency answering the caller's `Principal` (401 without a valid token;
-    403 for a change asked with a read-only role)."""
+    403 for a change asked with a read-only role). `reads_only`: the route changes
+    nothing whatever its method (a query too big for a URL, sent as a POST body), so a
+    read-only role may call it."""
     bearer = StrictBearer()
 
     async def caller(
         request: HttpRequest, token: Annotated[str | None, Depends(bearer)]
     ) -> Principal:
         principal = await gateway.authenticate(token)
-        if request.method not in READ_METHODS:
+        if request.method not in READ_METHODS and not reads_only:
             principal.require_write()
         return principal
 

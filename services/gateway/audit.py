@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from runyard.api.auth import Principal
-from runyard.api.errors import BadRequest, PermissionDenied
+from runyard.api.errors import BadRequest
 from runyard.api.inputs import check_param
 from runyard.api.security import caller_dependency
 from runyard.contracts import default_mapper
@@ -32,14 +32,12 @@ LATEST = datetime(3000, 1, 1, tzinfo=UTC)
 
 def require_auditor(caller: Principal) -> None:
     """Refuse every role but sre and platform_admin."""
-    if caller.role not in AUDIT_ROLES:
-        raise PermissionDenied(
-            "auth.audit_only",
-            f"audit queries over the whole log need the sre or platform_admin role,"
-            f" not {caller.role}",
-            "read your tasks' events with GET /v1/tasks/{id}/events (runyard events ID),"
-            " or ask a platform admin for an sre token",
-        )
+    caller.require_every_tenant_reader(
+        "auth.audit_only",
+        "an audit query over the whole log",
+        "read your tasks' events with GET /v1/tasks/{id}/events (runyard events ID),"
+        " or ask a platform admin for an sre token",
+    )
 
 
 def parse_time(name: str, value: str | None) -> datetime | None:

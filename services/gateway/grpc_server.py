@@ -523,6 +523,26 @@ class TasksService(pb_grpc.TasksServicer):  # type: ignore[misc]  # generated, u
 
         return await self._run(context, request, call)
 
+    async def WhatIf(
+        self, request: pb.WhatIfRequest, context: grpc.aio.ServicerContext
+    ) -> pb.JsonReply:
+        async def call() -> pb.JsonReply:
+            await self._caller(context)  # 401 before the scheduler is asked
+            body: dict[str, Any] = {"from": request.from_point, "to": request.to_point}
+            if request.pools_json.strip():  # a pools document: its `pools` list is sent
+                document = _json_object(request.pools_json, "pools_json")
+                body["pools"] = document.get("pools", document)
+            if request.policy:
+                body["policy"] = request.policy
+            if request.pool_id:
+                body["pool"] = request.pool_id
+            answer = await self.owners.call(
+                "scheduler", "POST", "/v1/pools/whatif", token=_token(context), body=body
+            )
+            return pb.JsonReply(json=json.dumps(answer))
+
+        return await self._run(context, request, call)
+
 
 def _token(context: grpc.aio.ServicerContext) -> str | None:
     """The bearer token of the `authorization` metadata (None: none or malformed)."""

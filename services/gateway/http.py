@@ -89,7 +89,12 @@ def create_app(gateway: Gateway, owners: Owners | Mapping[str, str] | None = Non
     _pool_routes(app, gateway)
     _admin_routes(app, gateway)
     _readiness_route(app, gateway)
-    install_routes(app, owners, _principal_dependency(gateway))
+    install_routes(
+        app,
+        owners,
+        _principal_dependency(gateway),
+        authenticate_reads=caller_dependency(gateway, reads_only=True),
+    )
     app.include_router(bundle_router(gateway, owners))
     app.include_router(replay_router(gateway))
     app.include_router(audit_router(gateway))

@@ -87,6 +87,8 @@ class Route:
     owner: str
     #: A stream (follow, download): no answer timeout.
     stream: bool = False
+    #: Changes nothing though it is not a GET (a query with a body): read-only roles may call it.
+    reads: bool = False
 
 
 ROUTES: tuple[Route, ...] = (
@@ -112,6 +114,7 @@ ROUTES: tuple[Route, ...] = (
     Route("/v1/admin/pools/{pool_id}/nodes/{node}/heal", ("POST",), "scheduler"),
     Route("/v1/admin/pools/{pool_id}/spot-capacity", ("POST",), "scheduler"),
     Route("/v1/pools/replay", ("GET",), "scheduler"),
+    Route("/v1/pools/whatif", ("POST",), "scheduler", reads=True),
 )
 
 
@@ -336,16 +339,20 @@ def install_routes(
     owners: Owners,
     authenticate: Any,
     routes: Iterable[Route] = ROUTES,
+    *,
+    authenticate_reads: Any = None,
 ) -> None:
     """Route each of `routes` to its owner once the caller is authenticated
-    (`authenticate`: the gateway's `caller_dependency`). `install_openapi` adds
+    (`authenticate`: the gateway's `caller_dependency`; `authenticate_reads`, if given,
+    for the routes that only read whatever their method). `install_openapi` adds
     their description to the document."""
     for route in routes:
+        check = authenticate_reads if route.reads and authenticate_reads else authenticate
         app.add_api_route(
             route.path,
             _handler(owners, route),
             methods=list(route.methods),
-            dependencies=[authenticate],
+            dependencies=[check],
             include_in_schema=False,
             name=f"{route.owner}:{route.path}",
         )

@@ -111,10 +111,11 @@ def _pool(entry: Mapping[str, Any]) -> PoolConfig:
         )
     except (KeyError, TypeError, ValidationError) as exc:
         raise PoolConfigError(f"pool {entry.get('id', '?')}: {exc}", "fix the pools file") from exc
-    return PoolConfig(registered, _nodes(registered.pool_id, entry.get("nodes", ())))
+    return PoolConfig(registered, parse_nodes(registered.pool_id, entry.get("nodes", ())))
 
 
-def _nodes(pool_id: str, raw: Any) -> tuple[NodeConfig, ...]:
+def parse_nodes(pool_id: str, raw: Any) -> tuple[NodeConfig, ...]:
+    """A pool's `nodes`: `{prefix, count, gpus}` or a list of names or `{name, gpus}`."""
     if isinstance(raw, Mapping):
         gpus = int(raw.get("gpus", GPUS_PER_NODE))
         prefix = str(raw.get("prefix", f"{pool_id}-node-"))

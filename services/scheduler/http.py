@@ -31,11 +31,16 @@ Replay (R-61, `runyard.scheduler.replay`): pools as folds of their streams' pref
 
     GET    /v1/pools/replay?at=P[&pool=ID]
 
+What-if (R-61, `runyard.scheduler.whatif`, sre and platform_admin): a window of
+the log replayed through the pure core on changed pools; reads only.
+
+    POST   /v1/pools/whatif                  {from, to, pools?, policy?, pool?}
+
 Refusals are `{code, field, message, hint}`: 401 without a valid token, 403
-without the platform_admin role, 404 unknown pool or node, 409 a node that
-exists or is busy and a pool that kept changing, 400 a malformed request
-(including a spot change of a subscription pool or of more nodes than the
-pool has).
+without the platform_admin role (what-if: sre or platform_admin), 404 unknown
+pool or node, 409 a node that exists or is busy and a pool that kept changing,
+400 a malformed request (including a spot change of a subscription pool or of
+more nodes than the pool has, and a what-if past its bounds).
 
 (No `from __future__ import annotations` here: FastAPI must see the routes'
 `caller_dependency(...)` when it reads the handlers' signatures.)
@@ -60,6 +65,7 @@ from runyard.scheduler import admin
 from runyard.scheduler.admin import AdminResult
 from runyard.scheduler.replay import pools_replay_router, task_tenants
 from runyard.scheduler.views import read_queue_entries
+from runyard.scheduler.whatif import whatif_router
 
 #: The most task ids one queue request may name (a page of the gateway's listing is 200).
 MAX_QUEUE_TASKS = 500
@@ -123,6 +129,7 @@ def http_app(
         admin_pools_router(store, authenticator),
         queue_router(store.pool, authenticator),
         pools_replay_router(store, authenticator),
+        whatif_router(store, authenticator),
     ]
     app = service_app("scheduler", routers=routers, ready=ready)
     app.middleware("http")(_with_role(role))

@@ -367,3 +367,17 @@ class PoolsAtRequest(_message.Message):
     at: str
     pool_id: str
     def __init__(self, at: _Optional[str] = ..., pool_id: _Optional[str] = ...) -> None: ...
+
+class WhatIfRequest(_message.Message):
+    __slots__ = ("from_point", "to_point", "pools_json", "policy", "pool_id")
+    FROM_POINT_FIELD_NUMBER: _ClassVar[int]
+    TO_POINT_FIELD_NUMBER: _ClassVar[int]
+    POOLS_JSON_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    POOL_ID_FIELD_NUMBER: _ClassVar[int]
+    from_point: str
+    to_point: str
+    pools_json: str
+    policy: str
+    pool_id: str
+    def __init__(self, from_point: _Optional[str] = ..., to_point: _Optional[str] = ..., pools_json: _Optional[str] = ..., policy: _Optional[str] = ..., pool_id: _Optional[str] = ...) -> None: ...

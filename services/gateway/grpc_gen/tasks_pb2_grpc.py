@@ -149,6 +149,11 @@ class TasksStub:
                 request_serializer=runyard_dot_v1_dot_tasks__pb2.PoolsAtRequest.SerializeToString,
                 response_deserializer=runyard_dot_v1_dot_tasks__pb2.JsonReply.FromString,
                 _registered_method=True)
+        self.WhatIf = channel.unary_unary(
+                '/runyard.v1.Tasks/WhatIf',
+                request_serializer=runyard_dot_v1_dot_tasks__pb2.WhatIfRequest.SerializeToString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.JsonReply.FromString,
+                _registered_method=True)
 
 
 class TasksServicer:
@@ -305,6 +310,14 @@ class TasksServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WhatIf(self, request, context):
+        """A window of the log replayed on changed pools or another queue policy, beside what
+        happened (sre, platform_admin; reads only): POST /v1/pools/whatif.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TasksServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -421,6 +434,11 @@ def add_TasksServicer_to_server(servicer, server):
             'GetPoolsAt': grpc.unary_unary_rpc_method_handler(
                     servicer.GetPoolsAt,
                     request_deserializer=runyard_dot_v1_dot_tasks__pb2.PoolsAtRequest.FromString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.JsonReply.SerializeToString,
+            ),
+            'WhatIf': grpc.unary_unary_rpc_method_handler(
+                    servicer.WhatIf,
+                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.WhatIfRequest.FromString,
                     response_serializer=runyard_dot_v1_dot_tasks__pb2.JsonReply.SerializeToString,
             ),
     }
@@ -1044,6 +1062,33 @@ class Tasks:
             target,
             '/runyard.v1.Tasks/GetPoolsAt',
             runyard_dot_v1_dot_tasks__pb2.PoolsAtRequest.SerializeToString,
+            runyard_dot_v1_dot_tasks__pb2.JsonReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WhatIf(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runyard.v1.Tasks/WhatIf',
+            runyard_dot_v1_dot_tasks__pb2.WhatIfRequest.SerializeToString,
             runyard_dot_v1_dot_tasks__pb2.JsonReply.FromString,
             options,
             channel_credentials,

@@ -13,6 +13,9 @@ appends the events with the stream's expected version, and folds them.
     queue.py       queue order, backfill behind the head, reasons and positions (R-07)
     spot.py        spot shrink, preemption order, requeue or abnormal (R-08)
     reschedule.py  reschedule away from faulty nodes (R-31), release (R-23)
+    whatif.py      what-if: a window of a pool's history played again on other nodes or
+                   with another queue policy, on a virtual clock (R-61)
+    history.py     what the log says about that window, as the what-if's input
     errors.py      typed errors with code and hint
 """
 
