@@ -169,7 +169,7 @@ def _workers(spec: TaskSpec) -> int:
     """How many workers the spec asks for (a custom GPU count is split as R-04 says)."""
     if spec.custom_gpus is not None:
         return len(split_custom_gpus(spec.custom_gpus))
-    return spec.worker_count
+    return int(spec.worker_count)
 
 
 # --- queries ------------------------------------------------------------------

@@ -170,7 +170,7 @@ async def test_sign_in_submit_watch_live_then_stage_chart_logs_and_rerun(
     await context.close()
 
 
-async def test_tenants_see_only_their_tasks_and_changes_need_the_csrf_token(
+async def test_failed_task_shows_its_first_error_tenants_see_only_theirs_csrf_needed(
     platform: Platform, dsn: str, browser: Any
 ) -> None:
     base = base_url(platform)
@@ -182,7 +182,11 @@ async def test_tenants_see_only_their_tasks_and_changes_need_the_csrf_token(
     stranger = await member_token(dsn, "other", "erin")
 
     context, page = await signed_in(browser, base, owner)
-    await page.wait_for_selector(f'tr[data-task-id="{task_id}"]')
+    await page.click(f'tr[data-task-id="{task_id}"] a')
+    first_error = page.locator("#first-error")
+    await first_error.wait_for(timeout=WAIT_MS)
+    assert "injected console failure" in await first_error.inner_text()
+    await shot(page, "task-failed")
     # A change without the session's CSRF token is refused before anything is done.
     refused = await context.request.post(f"/console/tasks/{task_id}/rerun", form={})
     assert refused.status == 403

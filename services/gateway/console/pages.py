@@ -339,7 +339,9 @@ def _log_search(request: HttpRequest) -> dict[str, Any]:
     """The log page's query: worker, search text and mode, case, follow; and the same
     as the log API's parameters."""
     q = request.query_params
-    mode = q.get("mode") if q.get("mode") in SEARCH_MODES else "words"
+    mode = q.get("mode") or "words"
+    if mode not in SEARCH_MODES:
+        mode = "words"
     text = q.get("q", "")
     worker = q.get("worker", "")
     ignore_case = q.get("ignore_case") == "1"
