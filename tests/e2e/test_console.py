@@ -120,7 +120,7 @@ async def test_sign_in_submit_watch_live_then_stage_chart_logs_and_rerun(
     await page.select_option("#f-pool", "dev-a100")
     await page.fill("#f-spec", "no-such-spec")
     await page.select_option("#f-image", "bash-only")
-    await page.fill("#f-command", "echo hello from the console; sleep 4; echo done")
+    await page.fill("#f-command", "echo hello from the console; sleep 5; echo done")
     await page.click("#submit-button")
     refusal = page.locator("#submit-error")
     await refusal.wait_for()
@@ -159,14 +159,15 @@ async def test_sign_in_submit_watch_live_then_stage_chart_logs_and_rerun(
     assert (await mark.first.inner_text()).lower() == "hello"
     await shot(page, "logs")
 
-    # Rerun from the page, confirmed; the rerun is the signed-in user's.
+    # Rerun, then stop, from the page, each confirmed; both are the signed-in user's.
     await page.goto(f"/console/tasks/{task_id}")
     page.on("dialog", lambda dialog: asyncio.ensure_future(dialog.accept()))
     await page.click("#rerun-button")
     await page.wait_for_url(f"**/console/tasks/{task_id}")
-    events = await platform.events(task_id)
-    (rerun,) = [e for e in events if e["type"] == "TaskRerunRequested"]
-    assert rerun["actor"] == "user:e2e/carol"
+    await page.click("#stop-button", timeout=WAIT_MS)  # shown while the rerun runs
+    await page.wait_for_selector('#task-status[data-status="stopped"]', timeout=WAIT_MS)
+    actors = {e["type"]: e["actor"] for e in await platform.events(task_id)}
+    assert actors["TaskRerunRequested"] == actors["TaskStopRequested"] == "user:e2e/carol"
     await context.close()
 
 

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, quote, urlencode
 
 from fastapi import APIRouter
 from fastapi import Request as HttpRequest
@@ -133,6 +133,7 @@ class Console:
             await self.gw.authenticate(token)
         except Unauthenticated as exc:
             return render("sign_in.html", None, status=401, error=exc)
+        self.sessions.close(request.cookies.get(COOKIE))  # never keep a session across sign-ins
         session = self.sessions.open(token)
         answer = RedirectResponse(f"{PREFIX}/tasks", status_code=303)
         answer.set_cookie(
@@ -227,7 +228,7 @@ class Console:
             page = await self.owners.call(
                 "logs",
                 "GET",
-                f"/v1/tasks/{task_id}/logs",
+                f"/v1/tasks/{quote(task_id, safe='')}/logs",
                 token=who.session.token,
                 params=params,
             )
@@ -273,7 +274,10 @@ class Console:
         cannot answer: the page still shows the task)."""
         try:
             found = await self.owners.call(
-                "logs", "GET", f"/v1/tasks/{task_id}/first-error", token=who.session.token
+                "logs",
+                "GET",
+                f"/v1/tasks/{quote(task_id, safe='')}/first-error",
+                token=who.session.token,
             )
         except RunyardError:
             return None
