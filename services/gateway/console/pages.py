@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 from urllib.parse import parse_qsl, quote, urlencode
 
 from fastapi import APIRouter
@@ -29,7 +29,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from runyard.api.auth import Principal
 from runyard.api.errors import BadRequest, PermissionDenied, Unauthenticated, task_not_found
 from runyard.contracts.envelope import utcnow
-from runyard.domain import TERMINAL_STATUSES, fold
+from runyard.domain import TERMINAL_STATUSES, TaskStatus, fold
 from runyard.errors import RunyardError
 from runyard.gateway.app import Gateway, Request
 from runyard.gateway.console import display
@@ -43,18 +43,7 @@ PREFIX = "/console"
 PAGE_SIZE = 50
 EVENTS_PAGE = 50
 LOG_PAGE = 200
-STATUSES = (
-    "new",
-    "queued",
-    "deploying",
-    "env_checking",
-    "running",
-    "restarting",
-    "succeeded",
-    "failed",
-    "stopped",
-    "abnormal",
-)
+STATUSES = get_args(TaskStatus)
 SEARCH_MODES = ("words", "phrase", "regex")
 #: The submit form's fields: text as typed, numbers, and tags split at commas.
 SUBMIT_TEXT = ("name", "description", "pool", "worker_spec", "image", "command")
@@ -154,7 +143,13 @@ class Console:
         answer.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
         return answer
 
-    async def tasks(self, request: HttpRequest, fragment: bool, who: SignedIn) -> Response:
+    async def tasks(self, request: HttpRequest, who: SignedIn) -> Response:
+        return await self._tasks(request, who, fragment=False)
+
+    async def task_rows(self, request: HttpRequest, who: SignedIn) -> Response:
+        return await self._tasks(request, who, fragment=True)
+
+    async def _tasks(self, request: HttpRequest, who: SignedIn, *, fragment: bool) -> Response:
         query = _list_query(request)
         page = await self.gw.list_tasks(
             who.principal, query["filters"], PAGE_SIZE, query["cursor"] or None, query["tenant"]
@@ -173,7 +168,13 @@ class Console:
         pools = [p["pool_id"] for p in await self.gw.pools(who.principal)]
         return render("tasks.html", who, pools=pools, **context)
 
-    async def task(self, task_id: str, fragment: bool, who: SignedIn) -> Response:
+    async def task(self, request: HttpRequest, who: SignedIn) -> Response:
+        return await self._task(request.path_params["task_id"], who, fragment=False)
+
+    async def task_summary(self, request: HttpRequest, who: SignedIn) -> Response:
+        return await self._task(request.path_params["task_id"], who, fragment=True)
+
+    async def _task(self, task_id: str, who: SignedIn, *, fragment: bool) -> Response:
         task = await self.gw.get_task(who.principal, task_id)
         first_error = None
         if task["status"] in ("failed", "abnormal"):
@@ -184,9 +185,11 @@ class Console:
             return render("task_summary.html", who, **context)
         return render("task.html", who, **context)
 
-    async def events(self, task_id: str, after: int, who: SignedIn) -> Response:
+    async def events(self, request: HttpRequest, who: SignedIn) -> Response:
         """A page of the task's events after version `after`, read as a page (a task
         with 20,000 events is never read whole for it)."""
+        task_id = request.path_params["task_id"]
+        after = _int_param(request, "after")
         stream = f"task-{task_id}"
         first = await self.gw.store.read_stream(stream, 1, limit=1)
         if not first or not who.principal.may_read_tenant(fold(first, task_id=task_id).tenant):
@@ -203,35 +206,33 @@ class Console:
             next_after=items[-1]["version"] if more else None,
         )
 
-    async def stop(self, request: HttpRequest, task_id: str, who: SignedIn) -> Response:
+    async def stop(self, request: HttpRequest, who: SignedIn) -> Response:
+        task_id = request.path_params["task_id"]
         await self.form(request, who)
         await self.gw.stop_task(who.request(), task_id)
         return RedirectResponse(f"{PREFIX}/tasks/{task_id}", status_code=303)
 
-    async def rerun(self, request: HttpRequest, task_id: str, who: SignedIn) -> Response:
+    async def rerun(self, request: HttpRequest, who: SignedIn) -> Response:
+        task_id = request.path_params["task_id"]
         await self.form(request, who)
         await self.gw.rerun_task(who.request(), task_id, {})
         return RedirectResponse(f"{PREFIX}/tasks/{task_id}", status_code=303)
 
-    async def logs(self, request: HttpRequest, task_id: str, who: SignedIn) -> Response:
+    async def logs(self, request: HttpRequest, who: SignedIn) -> Response:
+        task_id = request.path_params["task_id"]
         task = await self.gw.get_task(who.principal, task_id)
         search = _log_search(request)
         lines_url = f"{PREFIX}/tasks/{task_id}/logs/lines?{urlencode(search['params'])}"
         return render("logs.html", who, task=task, search=search, lines_url=lines_url)
 
-    async def log_lines(self, request: HttpRequest, task_id: str, who: SignedIn) -> Response:
+    async def log_lines(self, request: HttpRequest, who: SignedIn) -> Response:
         """A page of matching lines, then (following) a marker that polls for the next."""
+        task_id = request.path_params["task_id"]
         search = _log_search(request)
         cursor = request.query_params.get("cursor") or None
         params = {**search["api"], "limit": LOG_PAGE, **({"cursor": cursor} if cursor else {})}
         try:
-            page = await self.owners.call(
-                "logs",
-                "GET",
-                f"/v1/tasks/{quote(task_id, safe='')}/logs",
-                token=who.session.token,
-                params=params,
-            )
+            page = await self._log_service(who, task_id, "logs", params)
         except BadRequest as exc:
             return render("error_box.html", who, error=exc)
         pattern = display.search_pattern(search["mode"], search["q"], search["ignore_case"])
@@ -248,7 +249,7 @@ class Console:
             first=cursor is None,
         )
 
-    async def submit_form(self, who: SignedIn) -> Response:
+    async def submit_form(self, request: HttpRequest, who: SignedIn) -> Response:
         return await self._submit_page(who, {}, None, 200)
 
     async def submit(self, request: HttpRequest, who: SignedIn) -> Response:
@@ -273,15 +274,18 @@ class Console:
         """The first error line of the task's last run (None while the log service
         cannot answer: the page still shows the task)."""
         try:
-            found = await self.owners.call(
-                "logs",
-                "GET",
-                f"/v1/tasks/{quote(task_id, safe='')}/first-error",
-                token=who.session.token,
-            )
+            found = await self._log_service(who, task_id, "first-error")
         except RunyardError:
             return None
         return found if isinstance(found, dict) and found.get("found") else None
+
+    async def _log_service(
+        self, who: SignedIn, task_id: str, route: str, params: Mapping[str, Any] | None = None
+    ) -> Any:
+        """The log service's answer to `GET /v1/tasks/{task_id}/{route}`, asked with the
+        signed-in user's own token (the log service checks the tenant again)."""
+        path = f"/v1/tasks/{quote(task_id, safe='')}/{route}"
+        return await self.owners.call("logs", "GET", path, token=who.session.token, params=params)
 
 
 def render(name: str, who: SignedIn | None, *, status: int = 200, **context: Any) -> HTMLResponse:
@@ -386,32 +390,35 @@ def _spec_of(form: Mapping[str, str]) -> dict[str, Any]:
     return spec
 
 
-Handler = Callable[..., Awaitable[Response]]
+def _int_param(request: HttpRequest, name: str) -> int:
+    """A query parameter that is a version (0 when absent or not a whole number)."""
+    value = request.query_params.get(name, "")
+    return int(value) if value.isdigit() else 0
+
+
+Handler = Callable[[HttpRequest, SignedIn], Awaitable[Response]]
+#: The signed-in pages: method, path under PREFIX, and the `Console` method answering.
+PAGES = (
+    ("POST", "/sign-out", "sign_out"),
+    ("GET", "/tasks", "tasks"),
+    ("GET", "/tasks/rows", "task_rows"),
+    ("GET", "/submit", "submit_form"),
+    ("POST", "/submit", "submit"),
+    ("GET", "/tasks/{task_id}", "task"),
+    ("GET", "/tasks/{task_id}/summary", "task_summary"),
+    ("GET", "/tasks/{task_id}/events", "events"),
+    ("POST", "/tasks/{task_id}/stop", "stop"),
+    ("POST", "/tasks/{task_id}/rerun", "rerun"),
+    ("GET", "/tasks/{task_id}/logs", "logs"),
+    ("GET", "/tasks/{task_id}/logs/lines", "log_lines"),
+)
 
 
 def console_router(console: Console) -> APIRouter:
     """The console's routes (kept out of the OpenAPI document: they answer HTML)."""
     router = APIRouter(include_in_schema=False)
 
-    async def page(request: HttpRequest, handler: Handler, *args: Any) -> Response:
-        """Run a page signed in; no session: the sign-in page (htmx: a redirect to it)."""
-        who: SignedIn | None = None
-        try:
-            who = await console.signed_in(request)
-            return await handler(*args, who)
-        except SignInNeeded:
-            if request.headers.get("hx-request"):
-                return Response(status_code=401, headers={"HX-Redirect": f"{PREFIX}/sign-in"})
-            if request.method == "POST":
-                return render("sign_in.html", None, status=401, expired=True)
-            return RedirectResponse(f"{PREFIX}/sign-in", status_code=303)
-        except RunyardError as exc:
-            return error_page(exc, who)
-
     @router.get("/")
-    async def root() -> Response:
-        return RedirectResponse(f"{PREFIX}/tasks", status_code=303)
-
     @router.get(PREFIX)
     @router.get(PREFIX + "/")
     async def home() -> Response:
@@ -428,52 +435,29 @@ def console_router(console: Console) -> APIRouter:
         except RunyardError as exc:
             return error_page(exc, None)
 
-    @router.post(PREFIX + "/sign-out")
-    async def sign_out(request: HttpRequest) -> Response:
-        return await page(request, console.sign_out, request)
-
-    @router.get(PREFIX + "/tasks")
-    async def tasks(request: HttpRequest) -> Response:
-        return await page(request, console.tasks, request, False)
-
-    @router.get(PREFIX + "/tasks/rows")
-    async def task_rows(request: HttpRequest) -> Response:
-        return await page(request, console.tasks, request, True)
-
-    @router.get(PREFIX + "/submit")
-    async def submit_form(request: HttpRequest) -> Response:
-        return await page(request, console.submit_form)
-
-    @router.post(PREFIX + "/submit")
-    async def submit(request: HttpRequest) -> Response:
-        return await page(request, console.submit, request)
-
-    @router.get(PREFIX + "/tasks/{task_id}")
-    async def task(request: HttpRequest, task_id: str) -> Response:
-        return await page(request, console.task, task_id, False)
-
-    @router.get(PREFIX + "/tasks/{task_id}/summary")
-    async def task_summary(request: HttpRequest, task_id: str) -> Response:
-        return await page(request, console.task, task_id, True)
-
-    @router.get(PREFIX + "/tasks/{task_id}/events")
-    async def task_events(request: HttpRequest, task_id: str, after: int = 0) -> Response:
-        return await page(request, console.events, task_id, max(0, after))
-
-    @router.post(PREFIX + "/tasks/{task_id}/stop")
-    async def stop(request: HttpRequest, task_id: str) -> Response:
-        return await page(request, console.stop, request, task_id)
-
-    @router.post(PREFIX + "/tasks/{task_id}/rerun")
-    async def rerun(request: HttpRequest, task_id: str) -> Response:
-        return await page(request, console.rerun, request, task_id)
-
-    @router.get(PREFIX + "/tasks/{task_id}/logs")
-    async def logs(request: HttpRequest, task_id: str) -> Response:
-        return await page(request, console.logs, request, task_id)
-
-    @router.get(PREFIX + "/tasks/{task_id}/logs/lines")
-    async def log_lines(request: HttpRequest, task_id: str) -> Response:
-        return await page(request, console.log_lines, request, task_id)
-
+    for method, path, name in PAGES:
+        router.add_api_route(
+            PREFIX + path, signed_in_page(console, getattr(console, name)), methods=[method]
+        )
     return router
+
+
+def signed_in_page(console: Console, handler: Handler) -> Callable[[HttpRequest], Any]:
+    """The route of a page: signed in, it answers `handler`'s page, a refusal as an error
+    page; with no session, the sign-in page (for htmx, a redirect to it)."""
+
+    async def route(request: HttpRequest) -> Response:
+        who: SignedIn | None = None
+        try:
+            who = await console.signed_in(request)
+            return await handler(request, who)
+        except SignInNeeded:
+            if request.headers.get("hx-request"):
+                return Response(status_code=401, headers={"HX-Redirect": f"{PREFIX}/sign-in"})
+            if request.method == "POST":
+                return render("sign_in.html", None, status=401, expired=True)
+            return RedirectResponse(f"{PREFIX}/sign-in", status_code=303)
+        except RunyardError as exc:
+            return error_page(exc, who)
+
+    return route
