@@ -130,6 +130,10 @@ async def test_sign_in_submit_watch_live_then_stage_chart_logs_and_rerun(
     await page.click("#submit-button")
     await page.wait_for_url(re.compile(r".*/console/tasks/[^/]+$"))
     task_id = page.url.rsplit("/", 1)[1]
+    # A second tab follows the task's log while it runs.
+    tail = await context.new_page()
+    await tail.goto(f"/console/tasks/{task_id}/logs?follow=1")
+    await tail.evaluate("window.runyardNotReloaded = true")
 
     # The list shows it go to running and succeeded, with no reload.
     await page.click("nav >> text=Tasks")
@@ -141,6 +145,10 @@ async def test_sign_in_submit_watch_live_then_stage_chart_logs_and_rerun(
     await page.wait_for_selector(f'{row} [data-status="succeeded"]', timeout=WAIT_MS)
     assert await page.evaluate("window.runyardNotReloaded") is True
     await shot(page, "tasks")
+    await tail.wait_for_selector("#log-lines >> text=done", timeout=WAIT_MS)
+    assert await tail.evaluate("window.runyardNotReloaded") is True
+    assert await tail.locator("#log-lines >> text=hello from the console").count() == 1
+    await tail.close()
 
     # The task page: the stage chart, the events with their actor, then the logs.
     await page.click(f"{row} a")
