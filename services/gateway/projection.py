@@ -214,7 +214,7 @@ async def list_rows(
 _FILTERS = {
     "status": "status = ${n}",
     "name": "name ILIKE '%' || ${n} || '%'",
-    "tag": "${n} = ANY(tags)",
+    "tag": "tags @> ARRAY[${n}]::text[]",
     "pool": "pool = ${n}",
     "creator": "creator = ${n}",
     "group_id": "group_id = ${n}",

@@ -6,3 +6,11 @@ ALTER TABLE task_list
     ADD COLUMN IF NOT EXISTS restarts integer NOT NULL DEFAULT 0;
 
 DELETE FROM checkpoints WHERE name = 'task_list';
+
+-- The list's filters by status and by pool page in index order too (the console's
+-- filters, `GET /v1/tasks?status=&pool=`), however many tasks the tenant has.
+CREATE INDEX IF NOT EXISTS task_list_status_idx
+    ON task_list (tenant, status, created_at DESC, task_id DESC);
+CREATE INDEX IF NOT EXISTS task_list_pool_idx
+    ON task_list (tenant, pool, created_at DESC, task_id DESC);
+CREATE INDEX IF NOT EXISTS task_list_tags_idx ON task_list USING gin (tags);
