@@ -79,6 +79,10 @@ async def test_changes_need_the_sessions_csrf_token_and_the_consoles_origin(api:
         assert (await client.post(stop, data={"csrf": csrf}, headers=elsewhere)).status_code == 403
         events = (await api.call("alice", "GET", f"/v1/tasks/{task_id}/events")).json()
         assert "TaskStopRequested" not in [e["type"] for e in events]
+        # A poll of the live summary: nothing new is a 204 (two rows read), else the part.
+        summary = f"/console/tasks/{task_id}/summary?version="
+        assert (await client.get(summary + str(len(events)))).status_code == 204
+        assert "task-status" in (await client.get(summary + "0")).text
         # htmx sends the token as a header.
         done = await client.post(stop, headers={"x-csrf-token": csrf, "origin": "http://gw"})
         assert done.status_code == 303
@@ -95,7 +99,7 @@ async def test_changes_need_the_sessions_csrf_token_and_the_consoles_origin(api:
 async def test_another_tenant_gets_404_from_every_page_and_fragment(api: Api) -> None:
     task_id = await created_task(api)
     async with sign_in(api, "carol") as client:  # tenant t2
-        for suffix in ("", "/summary", "/events", "/logs", "/logs/lines"):
+        for suffix in ("", "/summary", "/summary?version=1", "/events", "/logs", "/logs/lines"):
             answer = await client.get(f"/console/tasks/{task_id}{suffix}")
             assert answer.status_code == 404, (suffix, answer.text)
         rows = await client.get("/console/tasks/rows")

@@ -172,7 +172,15 @@ class Console:
         return await self._task(request.path_params["task_id"], who, fragment=False)
 
     async def task_summary(self, request: HttpRequest, who: SignedIn) -> Response:
-        return await self._task(request.path_params["task_id"], who, fragment=True)
+        """The live part of the task page; 204 (htmx keeps what it shows) while the
+        task's stream is still at the version shown, so a poll of a task with 20,000
+        events reads two rows, not its history."""
+        task_id = request.path_params["task_id"]
+        shown = _int_param(request, "version")
+        stream = await self._readable_stream(who, task_id)
+        if shown and await self.gw.store.stream_version(stream) == shown:
+            return Response(status_code=204)
+        return await self._task(task_id, who, fragment=True)
 
     async def _task(self, task_id: str, who: SignedIn, *, fragment: bool) -> Response:
         task = await self.gw.get_task(who.principal, task_id)
@@ -190,10 +198,7 @@ class Console:
         with 20,000 events is never read whole for it)."""
         task_id = request.path_params["task_id"]
         after = _int_param(request, "after")
-        stream = f"task-{task_id}"
-        first = await self.gw.store.read_stream(stream, 1, limit=1)
-        if not first or not who.principal.may_read_tenant(fold(first, task_id=task_id).tenant):
-            raise task_not_found(task_id)
+        stream = await self._readable_stream(who, task_id)
         recorded = await self.gw.store.read_stream(stream, after + 1, limit=EVENTS_PAGE + 1)
         items = [event_view(e, is_creator=False) for e in recorded[:EVENTS_PAGE]]
         more = len(recorded) > EVENTS_PAGE
@@ -205,6 +210,16 @@ class Console:
             after=after,
             next_after=items[-1]["version"] if more else None,
         )
+
+    async def _readable_stream(self, who: SignedIn, task_id: str) -> str:
+        """The task's stream id if the caller may read the task (its tenant, from the
+        first event: `Principal.may_read_tenant`, as `Gateway.get_task` decides); a 404
+        as for no task otherwise."""
+        stream = f"task-{task_id}"
+        first = await self.gw.store.read_stream(stream, 1, limit=1)
+        if not first or not who.principal.may_read_tenant(fold(first, task_id=task_id).tenant):
+            raise task_not_found(task_id)
+        return stream
 
     async def stop(self, request: HttpRequest, who: SignedIn) -> Response:
         task_id = request.path_params["task_id"]
