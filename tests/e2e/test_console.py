@@ -5,7 +5,8 @@ Playwright's async API in the test's own event loop, where the platform's
 services run too. Without Chromium the tests are skipped, saying so.
 
 Screenshots of the pages land in RUNYARD_CONSOLE_SHOTS (default
-`build/console-screenshots`), kept by CI as artifacts.
+`build/console-screenshots`), kept by CI as artifacts; each page shot is also
+checked for accessibility with axe-core (axe-playwright-python's copy).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ if not CHROMIUM.exists():
         allow_module_level=True,
     )
 async_api = pytest.importorskip("playwright.async_api")
+axe = pytest.importorskip("axe_playwright_python.async_playwright")
 
 
 @pytest.fixture
@@ -80,8 +82,17 @@ async def signed_in(browser: Any, base: str, token: str) -> tuple[Any, Any]:
 
 
 async def shot(page: Any, name: str) -> None:
+    """A screenshot of the page, and its accessibility check (axe-core, run in the page):
+    no serious or critical violation."""
     SHOTS.mkdir(parents=True, exist_ok=True)
     await page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+    results = await axe.Axe().run(page)
+    serious = [
+        f"{v['id']} ({v['impact']}): {v['help']} at {[n['target'] for n in v['nodes']]}"
+        for v in results.response["violations"]
+        if v["impact"] in ("serious", "critical")
+    ]
+    assert serious == [], f"{name}: {serious}"
 
 
 def base_url(platform: Platform) -> str:
