@@ -109,8 +109,15 @@ async def test_another_tenant_gets_404_from_every_page_and_fragment(api: Api) ->
         assert rerun.status_code == 404
 
 
-async def test_the_spec_is_masked_for_all_but_the_creator(api: Api) -> None:
-    task_id = await created_task(api, env=f"KEY={SECRET}", creator_only=["KEY"])
+async def test_a_creator_only_value_submitted_in_the_form_is_masked_for_all_but_her(
+    api: Api,
+) -> None:
+    async with sign_in(api, "alice") as client:
+        form = {**BASE, "tags": "demo", "csrf": await csrf_of(client)}
+        form.update(env=f"KEY={SECRET};OTHER=1", creator_only="KEY")
+        accepted = await client.post("/console/submit", data=form)
+        assert accepted.status_code == 303, accepted.text
+    task_id = accepted.headers["location"].rsplit("/", 1)[1]
     for who, shown in (("alice", True), ("bob", False)):
         async with sign_in(api, who) as client:
             page = (await client.get(f"/console/tasks/{task_id}")).text

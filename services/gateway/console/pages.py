@@ -29,6 +29,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from runyard.api.auth import Principal
 from runyard.api.errors import BadRequest, PermissionDenied, Unauthenticated, task_not_found
 from runyard.contracts.envelope import utcnow
+from runyard.contracts.spec import Framework, ResourceType
 from runyard.domain import TERMINAL_STATUSES, TaskStatus, fold
 from runyard.errors import RunyardError
 from runyard.gateway.app import Gateway, Request
@@ -46,7 +47,17 @@ LOG_PAGE = 200
 STATUSES = get_args(TaskStatus)
 SEARCH_MODES = ("words", "phrase", "regex")
 #: The submit form's fields: text as typed, numbers, and tags split at commas.
-SUBMIT_TEXT = ("name", "description", "pool", "worker_spec", "image", "command")
+SUBMIT_TEXT = (
+    "name",
+    "description",
+    "pool",
+    "resource_type",
+    "worker_spec",
+    "framework",
+    "image",
+    "command",
+    "env",
+)
 SUBMIT_NUMBERS = ("worker_count", "custom_gpus", "priority")
 
 _templates = Environment(
@@ -282,7 +293,15 @@ class Console:
         catalogue = await self.gw.catalogue_view(who.principal)
         images = [i["name"] for i in catalogue.get("images", [])]
         return render(
-            "submit.html", who, status=status, form=form, error=error, pools=pools, images=images
+            "submit.html",
+            who,
+            status=status,
+            form=form,
+            error=error,
+            pools=pools,
+            images=images,
+            frameworks=get_args(Framework),
+            resource_types=get_args(ResourceType),
         )
 
     async def _first_error(self, who: SignedIn, task_id: str) -> dict[str, Any] | None:
@@ -399,9 +418,10 @@ def _spec_of(form: Mapping[str, str]) -> dict[str, Any]:
         value = form.get(key, "").strip()
         if value:
             spec[key] = int(value) if value.lstrip("-").isdigit() else value
-    tags = [t.strip() for t in form.get("tags", "").split(",") if t.strip()]
-    if tags:
-        spec["tags"] = tags
+    for key in ("tags", "creator_only"):
+        items = [t.strip() for t in form.get(key, "").split(",") if t.strip()]
+        if items:
+            spec[key] = items
     return spec
 
 
