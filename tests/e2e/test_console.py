@@ -177,6 +177,14 @@ async def test_sign_in_submit_watch_live_then_stage_chart_logs_and_rerun(
     await mark.first.wait_for(timeout=WAIT_MS)
     assert (await mark.first.inner_text()).lower() == "hello"
     await shot(page, "logs")
+    # Export the matching lines, watch its progress, download the file.
+    await page.click("#export-button")
+    await page.wait_for_selector("#export-download", timeout=WAIT_MS)
+    await shot(page, "export")
+    async with page.expect_download() as downloading:
+        await page.click("#export-download")
+    exported = Path(await (await downloading.value).path()).read_text()
+    assert "hello from the console" in exported and "done" not in exported
 
     # Rerun, then stop, from the page, each confirmed; both are the signed-in user's.
     await page.goto(f"/console/tasks/{task_id}")

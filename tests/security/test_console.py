@@ -107,6 +107,9 @@ async def test_another_tenant_gets_404_from_every_page_and_fragment(api: Api) ->
         csrf = await csrf_of(client)
         rerun = await client.post(f"/console/tasks/{task_id}/rerun", data={"csrf": csrf})
         assert rerun.status_code == 404
+        export = f"/console/tasks/{task_id}/logs/export"
+        assert (await client.post(export)).status_code == 403  # no CSRF token
+        assert (await client.post(export, data={"csrf": csrf})).status_code == 404
 
 
 async def test_a_creator_only_value_submitted_in_the_form_is_masked_for_all_but_her(

@@ -35,7 +35,7 @@ from runyard.errors import RunyardError
 from runyard.gateway.app import Gateway, Request
 from runyard.gateway.console import display
 from runyard.gateway.console.sessions import COOKIE, Session, Sessions
-from runyard.gateway.proxy import Owners
+from runyard.gateway.proxy import OwnerAnswer, Owners, caller_headers, owner_error
 from runyard.gateway.views import event_view
 from runyard.telemetry import current_trace_context
 
@@ -46,6 +46,7 @@ EVENTS_PAGE = 50
 LOG_PAGE = 200
 STATUSES = get_args(TaskStatus)
 SEARCH_MODES = ("words", "phrase", "regex")
+EXPORT_FORMATS = ("text", "jsonl")
 #: The submit form's fields: text as typed, numbers, and tags split at commas.
 SUBMIT_TEXT = (
     "name",
@@ -275,6 +276,49 @@ class Console:
             first=cursor is None,
         )
 
+    async def start_export(self, request: HttpRequest, who: SignedIn) -> Response:
+        """Export the lines the log page's search shows (all lines: the last 30 days)."""
+        task_id = request.path_params["task_id"]
+        form = await self.form(request, who)
+        search = _log_search_of(form)
+        fmt = form.get("format") if form.get("format") in EXPORT_FORMATS else "text"
+        record = await self.owners.call(
+            "logs",
+            "POST",
+            f"/v1/tasks/{quote(task_id, safe='')}/logs/exports",
+            token=who.session.token,
+            params=search["api"],
+            body={"format": fmt},
+        )
+        return RedirectResponse(f"{PREFIX}/exports/{record['export_id']}", status_code=303)
+
+    async def export(self, request: HttpRequest, who: SignedIn) -> Response:
+        """An export's progress (the part polls itself while it runs), then its link."""
+        export_id = quote(request.path_params["export_id"], safe="")
+        record = await self.owners.call(
+            "logs", "GET", f"/v1/exports/{export_id}", token=who.session.token
+        )
+        name = "export_state.html" if request.headers.get("hx-request") else "export.html"
+        return render(name, who, export=record)
+
+    async def export_file(self, request: HttpRequest, who: SignedIn) -> Response:
+        """The finished export's file, streamed from the log service as it comes."""
+        export_id = quote(request.path_params["export_id"], safe="")
+        answer = await self.owners.send(
+            "logs",
+            "GET",
+            f"/v1/exports/{export_id}/file",
+            headers=caller_headers(who.session.token),
+            stream=True,
+        )
+        if answer.status_code >= 400:
+            try:
+                raise owner_error(answer.status_code, await answer.aread())
+            finally:
+                await answer.aclose()
+        file: Response = OwnerAnswer(answer, "logs")
+        return file
+
     async def submit_form(self, request: HttpRequest, who: SignedIn) -> Response:
         return await self._submit_page(who, {}, None, 200)
 
@@ -380,7 +424,10 @@ def _next_url(params: Mapping[str, str], cursor: str | None) -> str | None:
 def _log_search(request: HttpRequest) -> dict[str, Any]:
     """The log page's query: worker, search text and mode, case, follow; and the same
     as the log API's parameters."""
-    q = request.query_params
+    return _log_search_of(request.query_params)
+
+
+def _log_search_of(q: Mapping[str, str]) -> dict[str, Any]:
     mode = q.get("mode") or "words"
     if mode not in SEARCH_MODES:
         mode = "words"
@@ -446,6 +493,9 @@ PAGES = (
     ("POST", "/tasks/{task_id}/rerun", "rerun"),
     ("GET", "/tasks/{task_id}/logs", "logs"),
     ("GET", "/tasks/{task_id}/logs/lines", "log_lines"),
+    ("POST", "/tasks/{task_id}/logs/export", "start_export"),
+    ("GET", "/exports/{export_id}", "export"),
+    ("GET", "/exports/{export_id}/file", "export_file"),
 )
 
 
