@@ -121,9 +121,11 @@ class InMemoryEventStore(EventStore):
         )
 
     async def read_stream(
-        self, stream_id: str, from_version: int = 1
+        self, stream_id: str, from_version: int = 1, limit: int | None = None
     ) -> list[RecordedEvent[Event]]:
-        return list(self._streams.get(stream_id, [])[max(from_version, 1) - 1 :])
+        start = max(from_version, 1) - 1
+        end = None if limit is None else start + max(limit, 0)
+        return list(self._streams.get(stream_id, [])[start:end])
 
     async def stream_version(self, stream_id: str) -> int:
         return len(self._streams.get(stream_id, ()))

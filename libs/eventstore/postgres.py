@@ -59,7 +59,7 @@ _COLUMNS = (
 )
 _READ_STREAM = (
     f"SELECT {_COLUMNS} FROM events WHERE stream_id = $1 AND stream_version >= $2"
-    " ORDER BY stream_version"
+    " ORDER BY stream_version LIMIT $3"
 )
 _READ_ALL = f"""
 SELECT s.xmin, s.xmax, e.*
@@ -247,10 +247,10 @@ class PostgresEventStore(EventStore):
     # -- reading ---------------------------------------------------------------
 
     async def read_stream(
-        self, stream_id: str, from_version: int = 1
+        self, stream_id: str, from_version: int = 1, limit: int | None = None
     ) -> list[RecordedEvent[Event]]:
-        async with self._connection() as conn:
-            rows = await conn.fetch(_READ_STREAM, stream_id, from_version)
+        async with self._connection() as conn:  # LIMIT NULL: every event
+            rows = await conn.fetch(_READ_STREAM, stream_id, from_version, limit)
         return [self.decode(r) for r in rows]
 
     async def stream_version(self, stream_id: str) -> int:

@@ -66,9 +66,10 @@ class EventStore(abc.ABC):
 
     @abc.abstractmethod
     async def read_stream(
-        self, stream_id: str, from_version: int = 1
+        self, stream_id: str, from_version: int = 1, limit: int | None = None
     ) -> list[RecordedEvent[Event]]:
-        """Events of one stream with version >= `from_version`, in order."""
+        """Events of one stream with version >= `from_version`, in order; at most
+        `limit` of them when given (a page of a long stream)."""
 
     @abc.abstractmethod
     async def stream_version(self, stream_id: str) -> int:

@@ -33,6 +33,7 @@ from runyard.eventstore import HEALTH, is_transient
 from runyard.gateway.app import Gateway, Request
 from runyard.gateway.audit import audit_router
 from runyard.gateway.bundle import bundle_router
+from runyard.gateway.console import install_console
 from runyard.gateway.proxy import Owners, install_openapi, install_routes
 from runyard.gateway.replay import replay_router
 from runyard.gateway.schemas import body_schemas, request_body
@@ -100,6 +101,7 @@ def create_app(gateway: Gateway, owners: Owners | Mapping[str, str] | None = Non
     app.include_router(audit_router(gateway))
     body_schemas(app)
     install_openapi(app, owners)
+    install_console(app, gateway, owners)  # the web console at / (docs/console.md)
     return app
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import asyncpg
 from runyard.contracts import Event, RecordedEvent
+from runyard.contracts.spec import TaskSpec, split_custom_gpus
 from runyard.domain import TaskState, fold
 from runyard.eventstore import PostgresEventStore, retrying
 
@@ -38,14 +39,14 @@ _CLIP = {"name": 200, "group_id": 128, "tag": 64, "tags": 32}
 _ROW_REFUSALS = (asyncpg.DataError, asyncpg.ProgramLimitExceededError)
 _UPSERT = """
 INSERT INTO task_list (task_id, tenant, creator, name, status, stage, pool, tags, group_id,
-                       cloned_from, run, version, created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+                       cloned_from, run, version, created_at, updated_at, workers, restarts)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
 ON CONFLICT (task_id) DO UPDATE SET
     tenant = EXCLUDED.tenant, creator = EXCLUDED.creator, name = EXCLUDED.name,
     status = EXCLUDED.status, stage = EXCLUDED.stage, pool = EXCLUDED.pool,
     tags = EXCLUDED.tags, group_id = EXCLUDED.group_id, cloned_from = EXCLUDED.cloned_from,
     run = EXCLUDED.run, version = EXCLUDED.version, created_at = EXCLUDED.created_at,
-    updated_at = EXCLUDED.updated_at
+    updated_at = EXCLUDED.updated_at, workers = EXCLUDED.workers, restarts = EXCLUDED.restarts
 """
 _CHECKPOINT = """
 INSERT INTO checkpoints (name, position) VALUES ($1, $2)
@@ -159,14 +160,23 @@ def _row(state: TaskState, updated_at: datetime) -> tuple[Any, ...]:
         state.version,
         state.submitted_at,
         updated_at,
+        _workers(spec),
+        state.restarts,
     )
+
+
+def _workers(spec: TaskSpec) -> int:
+    """How many workers the spec asks for (a custom GPU count is split as R-04 says)."""
+    if spec.custom_gpus is not None:
+        return len(split_custom_gpus(spec.custom_gpus))
+    return int(spec.worker_count)
 
 
 # --- queries ------------------------------------------------------------------
 
 _COLUMNS = (
     "task_id, tenant, creator, name, status, stage, pool, tags, group_id, cloned_from, "
-    "run, created_at, updated_at"
+    "run, created_at, updated_at, workers, restarts"
 )
 
 
@@ -204,7 +214,7 @@ async def list_rows(
 _FILTERS = {
     "status": "status = ${n}",
     "name": "name ILIKE '%' || ${n} || '%'",
-    "tag": "${n} = ANY(tags)",
+    "tag": "tags @> ARRAY[${n}]::text[]",
     "pool": "pool = ${n}",
     "creator": "creator = ${n}",
     "group_id": "group_id = ${n}",

@@ -55,6 +55,14 @@ async def test_read_stream_from_a_version(store: EventStore) -> None:
     assert [e.stream_version for e in tail] == [4, 5]
 
 
+async def test_read_stream_a_page_at_a_time(store: EventStore) -> None:
+    await store.append("test-1", [happened(i) for i in range(5)])
+    page = await store.read_stream("test-1", from_version=2, limit=2)
+    assert [e.stream_version for e in page] == [2, 3]
+    assert [e.stream_version for e in await store.read_stream("test-1", 5, limit=10)] == [5]
+    assert await store.read_stream("test-1", 6, limit=1) == []
+
+
 async def test_exact_expected_version(store: EventStore) -> None:
     await store.append("test-1", [happened(1)], NO_STREAM)
     result = await store.append("test-1", [happened(2)], 1)

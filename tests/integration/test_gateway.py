@@ -339,6 +339,7 @@ async def test_list_filters_and_pagination(api: Api) -> None:
     assert seen == ["bobs", "job-4", "job-3", "job-2", "job-1", "job-0"]
     odd = (await api.call("alice", "GET", "/v1/tasks?tag=odd")).json()["items"]
     assert sorted(t["name"] for t in odd) == ["job-1", "job-3"]
+    assert {(t["workers"], t["restarts"]) for t in odd} == {(1, 0)}  # the console's columns
     mine = (await api.call("alice", "GET", "/v1/tasks?creator=bob")).json()["items"]
     assert [t["name"] for t in mine] == ["bobs"]
     named = (await api.call("alice", "GET", "/v1/tasks?name=job-2&status=new")).json()

@@ -1,0 +1,71 @@
+"""The web console: server-rendered pages (Jinja2) made live with htmx, served by
+the gateway at its own address (`/` opens it); see docs/console.md and
+docs/adr/0006-console-server-rendered-htmx.md.
+
+`install_console(app, gateway, owners)` is all the gateway's app calls: it
+mounts the pages, the static files (htmx, the style sheet, one script) and the
+security headers of every console answer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+from runyard.gateway.app import Gateway
+from runyard.gateway.console.pages import PREFIX, Console, console_router
+from runyard.gateway.console.sessions import Sessions
+from runyard.gateway.proxy import Owners
+from starlette.datastructures import MutableHeaders
+
+STATIC = Path(__file__).parent / "static"
+#: No inline script or style anywhere (the chart is SVG attributes), no framing,
+#: forms only to the console itself.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
+        "frame-ancestors 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",  # no-referrer would make every Origin `null`
+    "Cross-Origin-Opener-Policy": "same-origin",
+}
+
+
+class ConsoleHeaders:
+    """ASGI middleware: the security headers on the console's answers (only theirs:
+    the JSON API keeps its own)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else None
+        if path is None or not (path == "/" or path.startswith(PREFIX)):
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in SECURITY_HEADERS.items():
+                    headers[name] = value
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+def install_console(app: FastAPI, gateway: Gateway, owners: Owners) -> Console:
+    """Mount the console on the gateway's app; answers it (its sessions, for tests)."""
+    console = Console(gateway, owners, Sessions())
+    app.mount(PREFIX + "/static", StaticFiles(directory=STATIC), name="console-static")
+    app.include_router(console_router(console))
+    app.add_middleware(ConsoleHeaders)
+    return console
+
+
+__all__ = ["SECURITY_HEADERS", "Console", "install_console"]

@@ -1,0 +1,132 @@
+"""How the console shows values: pure functions of the API's answers, no I/O.
+
+Ages and durations in words, the deploy-stage chart's geometry (drawn as SVG
+attributes, so the strict Content-Security-Policy needs no inline style), and
+log lines with the searched text marked (escaped first: a worker's output is
+never HTML).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import re2
+from markupsafe import Markup, escape
+
+#: Where the chart's bars start (after the stage names) and how wide they may grow.
+CHART_LABEL_W = 150
+CHART_BARS_W = 450
+CHART_ROW_H = 24
+
+
+def duration(ms: float | None) -> str:
+    """`1.2 s`, `3 m 04 s`, `2 h 05 m`; an em dash for no value."""
+    if ms is None:
+        return "—"
+    seconds = ms / 1000
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, seconds = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} m {seconds:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} m"
+
+
+def age(at: str | None, now: datetime) -> str:
+    """How long ago an ISO time was, in the largest whole unit (`42 s`, `5 m`, `3 d`)."""
+    if not at:
+        return "—"
+    seconds = max(0, int((now - datetime.fromisoformat(at)).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size} {unit}"
+    return f"{seconds} s"
+
+
+@dataclass(frozen=True, slots=True)
+class StageBar:
+    """One stage of the chart: where its bar starts and how long it is, in chart units."""
+
+    label: str
+    result: str
+    x: float
+    width: float
+    y: int
+    took: str
+
+
+def stage_chart(stages: Sequence[Mapping[str, Any]], now: datetime) -> list[StageBar]:
+    """The deploy stages of the task's last run and attempt as bars on one time axis
+    (a stage still running ends now), so the longest wait is the longest bar."""
+    if not stages:
+        return []
+    last = (stages[-1]["run"], stages[-1]["attempt"])
+    shown = [s for s in stages if (s["run"], s["attempt"]) == last]
+    start = min(datetime.fromisoformat(s["started_at"]) for s in shown)
+    spans = []
+    for stage in shown:
+        began = (datetime.fromisoformat(stage["started_at"]) - start).total_seconds()
+        ended = stage["finished_at"]
+        end_at = datetime.fromisoformat(ended) if ended else now
+        spans.append((stage, began, max(0.0, (end_at - start).total_seconds())))
+    total = max(end for _, _, end in spans) or 1.0
+    bars = []
+    for row, (stage, began, end) in enumerate(spans):
+        ms = stage["duration_ms"]
+        if ms is None:
+            ms = (end - began) * 1000
+        bars.append(
+            StageBar(
+                label=stage["stage"],
+                result=stage["result"],
+                x=CHART_LABEL_W + began / total * CHART_BARS_W,
+                width=max(2.0, (end - began) / total * CHART_BARS_W),
+                y=row * CHART_ROW_H,
+                took=duration(ms),
+            )
+        )
+    return bars
+
+
+def search_pattern(mode: str, text: str, ignore_case: bool = False) -> Any:
+    """What to mark in the lines a log search found (RE2: a user's regular expression
+    runs in linear time): its words (any case), its phrase, or its regular expression
+    when RE2 reads it as Postgres did; None when there is nothing to mark."""
+    if not text.strip():
+        return None
+    if mode == "words":
+        words = [re2.escape(w) for w in re.split(r"\W+", text) if w]
+        return _compile("(?i)" + "|".join(words)) if words else None
+    flags = "(?i)" if ignore_case else ""
+    if mode == "phrase":
+        return _compile(flags + re2.escape(text))
+    return _compile(flags + text)
+
+
+def _compile(pattern: str) -> Any:
+    options = re2.Options()
+    options.log_errors = False
+    try:
+        return re2.compile(pattern, options)
+    except re2.error:
+        return None  # Postgres accepted it, RE2 reads it otherwise: shown unmarked
+
+
+def marked(line: str, pattern: Any) -> Markup:
+    """The line, escaped, with each match in `<mark>`."""
+    if pattern is None:
+        return escape(line)
+    out, at = [], 0
+    for match in pattern.finditer(line):
+        if match.end() == match.start():
+            continue
+        out.append(escape(line[at : match.start()]))
+        out.append(Markup("<mark>%s</mark>") % line[match.start() : match.end()])
+        at = match.end()
+    out.append(escape(line[at:]))
+    return Markup("").join(out)

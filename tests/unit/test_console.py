@@ -1,0 +1,89 @@
+"""The web console's pure parts: sessions (expiry, CSRF) and how values are shown."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from runyard.gateway.console import display
+from runyard.gateway.console.sessions import Sessions
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def test_a_session_is_opaque_and_ends_at_its_expiry_or_sign_out() -> None:
+    now = [T0]  # the test moves the clock by hand
+    sessions = Sessions(lambda: now[0], ttl=timedelta(hours=1))
+    session = sessions.open("secret-token")
+    assert "secret-token" not in session.session_id and len(session.session_id) >= 40
+    assert sessions.get(session.session_id) == session
+    assert sessions.get("forged") is None and sessions.get(None) is None
+    now[0] = T0 + timedelta(hours=1)
+    assert sessions.get(session.session_id) is None
+    again = sessions.open("secret-token")
+    assert again.session_id != session.session_id and again.csrf != session.csrf
+    sessions.close(again.session_id)
+    assert sessions.get(again.session_id) is None
+
+
+def test_csrf_token_must_be_the_sessions_own() -> None:
+    session = Sessions().open("t")
+    assert session.csrf_matches(session.csrf)
+    assert not session.csrf_matches(None)
+    assert not session.csrf_matches("")
+    assert not session.csrf_matches(Sessions().open("t").csrf)
+
+
+def test_durations_and_ages_in_words() -> None:
+    assert display.duration(None) == "—"
+    assert display.duration(1234) == "1.2 s"
+    assert display.duration(184_000) == "3 m 04 s"
+    assert display.duration(7_500_000) == "2 h 05 m"
+    assert display.age((T0 - timedelta(seconds=42)).isoformat(), T0) == "42 s"
+    assert display.age((T0 - timedelta(days=3, hours=2)).isoformat(), T0) == "3 d"
+
+
+def _stage(name: str, start_s: float, end_s: float | None, run: int = 1) -> dict[str, object]:
+    at = T0 + timedelta(seconds=start_s)
+    end = None if end_s is None else (T0 + timedelta(seconds=end_s)).isoformat()
+    took = None if end_s is None else int((end_s - start_s) * 1000)
+    return {
+        "run": run,
+        "attempt": 1,
+        "stage": name,
+        "started_at": at.isoformat(),
+        "finished_at": end,
+        "duration_ms": took,
+        "result": "running" if end_s is None else "completed",
+    }
+
+
+def test_stage_chart_draws_the_last_attempt_on_one_axis() -> None:
+    stages = [
+        _stage("resource_allocation", 0, 50, run=1),
+        _stage("resource_allocation", 100, 101, run=2),
+        _stage("image_pull", 101, 109, run=2),
+        _stage("storage_mount", 109, None, run=2),
+    ]
+    bars = display.stage_chart(stages, now=T0 + timedelta(seconds=111))
+    assert [b.label for b in bars] == ["resource_allocation", "image_pull", "storage_mount"]
+    first, pull, mount = bars
+    assert first.x == display.CHART_LABEL_W
+    assert pull.width > first.width and pull.width > mount.width  # where the time went
+    assert mount.x + mount.width == pytest.approx(display.CHART_LABEL_W + display.CHART_BARS_W)
+    assert (pull.took, mount.took) == ("8.0 s", "2.0 s")
+    assert display.stage_chart([], T0) == []
+
+
+def test_log_lines_are_escaped_and_matches_marked() -> None:
+    words = display.search_pattern("words", "loss NaN")
+    line = "<b>Loss</b> is nan"
+    assert str(display.marked(line, words)) == (
+        "&lt;b&gt;<mark>Loss</mark>&lt;/b&gt; is <mark>nan</mark>"
+    )
+    phrase = display.search_pattern("phrase", "a.b")
+    assert str(display.marked("a.b axb", phrase)) == "<mark>a.b</mark> axb"
+    regex = display.search_pattern("regex", "ep(och)? [0-9]+", ignore_case=True)
+    assert str(display.marked("EPOCH 12 done", regex)) == "<mark>EPOCH 12</mark> done"
+    assert display.search_pattern("regex", "(unclosed") is None
+    assert str(display.marked("<i>", None)) == "&lt;i&gt;"
