@@ -39,10 +39,13 @@ from runyard.stack.embedded import EmbeddedPostgres, free_port
 
 from tests.chaos.harness import processes_matching
 from tests.conftest import _unmount_namespace_files
+from tests.feishu_fake import FeishuFake
 
 REPO = Path(__file__).resolve().parents[2]
 RUNYARD = Path(sys.executable).parent / "runyard"
 #: Variables of the test's own environment that would point `runyard up` elsewhere.
+#: The Feishu bot the scenarios' alerts go to.
+FEISHU_BOT = "chaos-alerts"
 _FOREIGN = ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS", "RUNYARD_OWNER_DATABASE_URL")
 
 
@@ -56,6 +59,8 @@ class ChaosStack:
 
     root: Path
     postgres: EmbeddedPostgres
+    #: Where the platform's Feishu alerts go (bot `FEISHU_BOT`, allowed in its config).
+    feishu: FeishuFake
     http_port: int = field(default_factory=free_port)
     grpc_port: int = field(default_factory=free_port)
     kafka_port: int = field(default_factory=free_port)
@@ -221,7 +226,11 @@ async def chaos_stack(
         },
     )
     postgres.start()
-    stack = ChaosStack(root, postgres)
+    feishu = FeishuFake(bots={FEISHU_BOT: None})
+    await feishu.start()
+    origins = {"webhook_origins": [f"http://127.0.0.1:{feishu.port}"]}
+    (root / "config" / "notification.yaml").write_text(yaml.safe_dump(origins))
+    stack = ChaosStack(root, postgres, feishu=feishu)
     try:
         stack.start()
         await stack.wait_ready()
@@ -235,6 +244,7 @@ async def chaos_stack(
                     os.kill(pid, signal.SIGKILL)
             with contextlib.suppress(RuntimeError):  # already down: nothing to stop
                 postgres.stop()
+            await feishu.stop()
         finally:
             report = getattr(request.node, "rep_call", None)
             # failed, or failed as expected (xfail): the output says why

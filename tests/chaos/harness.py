@@ -116,6 +116,8 @@ class ChaosReport:
     #: them not confirmed stored by the log service).
     outputs_left: list[str] = field(default_factory=list)
     read_models: list[str] = field(default_factory=list)
+    #: Alerts not sent exactly once.
+    alerts: list[str] = field(default_factory=list)
     #: Tasks that did not end (also counted as lost).
     still_open: set[str] = field(default_factory=set)
     stall_s: float = 0.0
@@ -151,6 +153,7 @@ class ChaosReport:
                 f" e.g. {self.outputs_left[:5]}"
             )
         found += [f"read model differs from its rebuild: {m}" for m in self.read_models]
+        found += self.alerts
         if self.still_open:
             found.append("read models not compared with a rebuild: tasks are still open")
         return found

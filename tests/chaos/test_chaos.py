@@ -6,7 +6,8 @@ fault, waits until every task has ended (or none has for `STALLED_S`), then hold
 the platform to its promises: every task terminal, none failed by the
 platform, none ran twice, every output line stored once, every exit recorded
 within a second of when it happened, no process left, every read model equal
-to its rebuild. It prints one line:
+to its rebuild, and (where the scenario has tasks that alert) every alert sent
+once. It prints one line:
 
     chaos <scenario>: tasks=<n> lost=0 doubled=0 failed_by_platform=0 stall_s=<x>
 """
@@ -28,7 +29,7 @@ import asyncpg
 import httpx
 import pytest
 
-from tests.chaos.conftest import ChaosStack
+from tests.chaos.conftest import FEISHU_BOT, ChaosStack
 from tests.chaos.harness import (
     TERMINAL_EVENTS,
     analyse,
@@ -44,6 +45,8 @@ TASKS = 100
 LINES = 5
 #: Share of the tasks that have ended when the fault is injected.
 FAULT_AT = 0.3
+#: Share of the tasks submitted before those that alert.
+ALERTING_AT = 0.4
 #: A scenario stops waiting when no task ended for this long (a bound, not a measure:
 #: the 20 s database outage is the longest pause a scenario makes on purpose).
 STALLED_S = 30.0
@@ -146,20 +149,80 @@ async def _submit(http: httpx.AsyncClient, run_id: str, count: int, **spec: Any)
     return list(await asyncio.gather(*(one(i) for i in range(count))))
 
 
+def _crash_once(stack: ChaosStack) -> dict[str, Any]:
+    """The spec of a task whose first attempt crashes and is restarted (the second does
+    the scenario's work), with a Feishu subscription to that restart: one alert each."""
+    first = 'if [ "$RUNYARD_ATTEMPT" = 1 ]; then echo "chaos crash"; exit 3; fi; '
+    return {
+        "command": first + worker_command(LINES),
+        "fault_tolerance": {"auto_restart": True, "max_restarts": 1},
+        "alerts": [{"webhook_url": stack.feishu.url(FEISHU_BOT), "alerts": ["restarted"]}],
+    }
+
+
+async def _wait_alerts_delivered(
+    stack: ChaosStack, task_ids: list[str], within: float = 60.0
+) -> dict[str, int]:
+    """Until each of `task_ids` has an `AlertDelivered` (or `within` passed): task id ->
+    how many it has."""
+    deadline = time.monotonic() + within
+    conn = await asyncpg.connect(stack.dsn)
+    try:
+        while True:
+            rows = await conn.fetch(
+                "SELECT stream_id, count(*) AS n FROM events WHERE stream_id = ANY($1)"
+                " AND event_type = 'AlertDelivered' GROUP BY stream_id",
+                [f"task-{t}" for t in task_ids],
+            )
+            delivered = {r["stream_id"].removeprefix("task-"): int(r["n"]) for r in rows}
+            if len(delivered) == len(task_ids) or time.monotonic() > deadline:
+                return delivered
+            await asyncio.sleep(0.5)
+    finally:
+        await conn.close()
+
+
+def _alert_problems(stack: ChaosStack, alerting: list[str], delivered: dict[str, int]) -> list[str]:
+    """Each alerting task's restart was delivered once: one `AlertDelivered`, and the
+    task named in exactly one card the bot accepted."""
+    cards = [r.text for r in stack.feishu.accepted(FEISHU_BOT)]
+    problems = []
+    for task_id in alerting:
+        named = sum(task_id in card for card in cards)
+        if delivered.get(task_id, 0) != 1 or named != 1:
+            problems.append(
+                f"alert of {task_id}: {delivered.get(task_id, 0)} AlertDelivered,"
+                f" named in {named} card(s)"
+            )
+    return problems
+
+
 async def run_scenario(
-    stack: ChaosStack, scenario: str, fault: Fault, *, tasks: int = TASKS, **spec: Any
+    stack: ChaosStack,
+    scenario: str,
+    fault: Fault,
+    *,
+    tasks: int = TASKS,
+    alerting: int = 0,
+    **spec: Any,
 ) -> None:
+    """`tasks` tasks, and `alerting` more whose first attempt crashes and alerts once."""
     run_id = uuid.uuid4().hex
     headers = {"Authorization": f"Bearer {stack.token()}"}
     async with httpx.AsyncClient(base_url=stack.base_url, headers=headers, timeout=30) as http:
-        task_ids = await _submit(http, run_id, tasks, **spec)
-        await _wait_terminal(stack, task_ids, int(tasks * FAULT_AT))
+        # The alerting ones in the middle: they run while the fault is injected.
+        before = await _submit(http, run_id, int(tasks * ALERTING_AT), **spec)
+        alerts = await _submit(http, run_id, alerting, **{**spec, **_crash_once(stack)})
+        after = await _submit(http, run_id, tasks - len(before), **spec)
+        task_ids = before + alerts + after
+        await _wait_terminal(stack, task_ids, int(len(task_ids) * FAULT_AT))
         await _wait_running_worker(stack, run_id)
         await fault(stack, http)
-        await _wait_terminal(stack, task_ids, tasks)
+        await _wait_terminal(stack, task_ids, len(task_ids))
     stack.check_alive()
     await _wait_task_list_caught_up(stack)
     kept = await _wait_outputs_stored(stack)
+    delivered = await _wait_alerts_delivered(stack, alerts)
     # Every task has ended: no worker of this scenario may be alive now.
     left = [f"worker pid {p}" for p in processes_matching(environ=f"CHAOS_RUN={run_id}")]
     stack.stop()
@@ -168,6 +231,7 @@ async def run_scenario(
     report = await analyse(scenario, stack.dsn, task_ids, LINES)
     report.processes_left = left
     report.outputs_left = kept
+    report.alerts = _alert_problems(stack, alerts, delivered)
     if not report.still_open:
         # Rebuilt only once nothing is open: a scheduler rebuilt over open tasks places them.
         report.read_models = await read_model_mismatches(stack.dsn, stack.root / "config")
@@ -180,6 +244,8 @@ async def run_scenario(
                 report.summary(),
                 f"  (broker losses noticed by the deployer: {noticed};"
                 f" output lines published again: {sum(map(int, republished))})",
+                f"  (alerting tasks: {len(alerts)}; alerts delivered: {sum(delivered.values())};"
+                f" cards accepted: {len(stack.feishu.accepted(FEISHU_BOT))})",
                 *report.problems(),
             ]
         )
@@ -328,4 +394,7 @@ async def test_spot_preemption(chaos_stack: ChaosStack) -> None:
 
 async def test_kill_9_of_each_service_in_turn(chaos_stack: ChaosStack) -> None:
     # Eight-GPU workers: four at a time on the pool, so the tasks flow through every kill.
-    await run_scenario(chaos_stack, "service_kills", kill_each_service, worker_spec="8gpu")
+    # Some tasks crash once and alert: each alert is sent once through every kill.
+    await run_scenario(
+        chaos_stack, "service_kills", kill_each_service, alerting=12, worker_spec="8gpu"
+    )
