@@ -36,6 +36,7 @@ from runyard.gateway.bundle import bundle_router
 from runyard.gateway.proxy import Owners, install_openapi, install_routes
 from runyard.gateway.replay import replay_router
 from runyard.gateway.schemas import body_schemas, request_body
+from runyard.gateway.trace import trace_router
 from runyard.telemetry import TracingMiddleware, current_trace_context
 from runyard.telemetry.metrics import metrics_text
 
@@ -93,6 +94,7 @@ def create_app(gateway: Gateway, owners: Owners | Mapping[str, str] | None = Non
     app.include_router(bundle_router(gateway, owners))
     app.include_router(replay_router(gateway))
     app.include_router(audit_router(gateway))
+    app.include_router(trace_router(gateway))
     body_schemas(app)
     install_openapi(app, owners)
     return app

@@ -367,3 +367,13 @@ class PoolsAtRequest(_message.Message):
     at: str
     pool_id: str
     def __init__(self, at: _Optional[str] = ..., pool_id: _Optional[str] = ...) -> None: ...
+
+class TraceRequest(_message.Message):
+    __slots__ = ("task_id", "event_id", "limit")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    event_id: str
+    limit: int
+    def __init__(self, task_id: _Optional[str] = ..., event_id: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
