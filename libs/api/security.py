@@ -4,7 +4,9 @@
 (the gateway's own and the routers it includes), so the OpenAPI document
 declares the `HTTPBearer` security scheme on each of them, the header is
 parsed one way (`Bearer <token>`, nothing else), and a read-only role (sre)
-is refused any method but GET/HEAD/OPTIONS before a handler runs.
+is refused any method but GET/HEAD/OPTIONS before a handler runs. Operator
+routes (`operator=True`: read-model rebuilds, which change how the log is
+read, never a task) take the sre and platform_admin roles only, with any method.
 
 (No `from __future__ import annotations` here: FastAPI must see the closure's
 own `Depends(bearer)` when it reads `caller`'s signature.)
@@ -47,16 +49,19 @@ class TokenAuthenticator:
         return await authenticate(self.db, token)
 
 
-def caller_dependency(gateway: Authenticator) -> Any:
+def caller_dependency(gateway: Authenticator, *, operator: bool = False) -> Any:
     """A dependency answering the caller's `Principal` (401 without a valid token;
-    403 for a change asked with a read-only role)."""
+    403 for a change asked with a read-only role; with `operator`, 403 for every
+    role but sre and platform_admin)."""
     bearer = StrictBearer()
 
     async def caller(
         request: HttpRequest, token: Annotated[str | None, Depends(bearer)]
     ) -> Principal:
         principal = await gateway.authenticate(token)
-        if request.method not in READ_METHODS:
+        if operator:
+            principal.require_operator()
+        elif request.method not in READ_METHODS:
             principal.require_write()
         return principal
 

@@ -34,6 +34,7 @@ from runyard.gateway.app import Gateway, Request
 from runyard.gateway.audit import audit_router
 from runyard.gateway.bundle import bundle_router
 from runyard.gateway.proxy import Owners, install_openapi, install_routes
+from runyard.gateway.rebuild import rebuild_router
 from runyard.gateway.replay import replay_router
 from runyard.gateway.schemas import body_schemas, request_body
 from runyard.gateway.trace import trace_router
@@ -90,11 +91,17 @@ def create_app(gateway: Gateway, owners: Owners | Mapping[str, str] | None = Non
     _pool_routes(app, gateway)
     _admin_routes(app, gateway)
     _readiness_route(app, gateway)
-    install_routes(app, owners, _principal_dependency(gateway))
+    install_routes(
+        app,
+        owners,
+        _principal_dependency(gateway),
+        operator=caller_dependency(gateway, operator=True),
+    )
     app.include_router(bundle_router(gateway, owners))
     app.include_router(replay_router(gateway))
     app.include_router(audit_router(gateway))
     app.include_router(trace_router(gateway))
+    app.include_router(rebuild_router(gateway))
     body_schemas(app)
     install_openapi(app, owners)
     return app

@@ -87,6 +87,8 @@ class Route:
     owner: str
     #: A stream (follow, download): no answer timeout.
     stream: bool = False
+    #: For operators only (sre, platform_admin), whatever the method (read-model rebuilds).
+    operator: bool = False
 
 
 ROUTES: tuple[Route, ...] = (
@@ -112,6 +114,14 @@ ROUTES: tuple[Route, ...] = (
     Route("/v1/admin/pools/{pool_id}/nodes/{node}/heal", ("POST",), "scheduler"),
     Route("/v1/admin/pools/{pool_id}/spot-capacity", ("POST",), "scheduler"),
     Route("/v1/pools/replay", ("GET",), "scheduler"),
+    Route(
+        "/v1/admin/scheduler/read-models/{name}/rebuild",
+        ("POST", "DELETE"),
+        "scheduler",
+        operator=True,
+    ),
+    Route("/v1/admin/scheduler/read-models/{name}/diff", ("GET",), "scheduler", operator=True),
+    Route("/v1/admin/scheduler/read-models/{name}/swap", ("POST",), "scheduler", operator=True),
 )
 
 
@@ -336,16 +346,19 @@ def install_routes(
     owners: Owners,
     authenticate: Any,
     routes: Iterable[Route] = ROUTES,
+    *,
+    operator: Any = None,
 ) -> None:
     """Route each of `routes` to its owner once the caller is authenticated
-    (`authenticate`: the gateway's `caller_dependency`). `install_openapi` adds
-    their description to the document."""
+    (`authenticate`: the gateway's `caller_dependency`; `operator`: its operator
+    variant, for the operator routes). `install_openapi` adds their description
+    to the document."""
     for route in routes:
         app.add_api_route(
             route.path,
             _handler(owners, route),
             methods=list(route.methods),
-            dependencies=[authenticate],
+            dependencies=[operator if route.operator and operator is not None else authenticate],
             include_in_schema=False,
             name=f"{route.owner}:{route.path}",
         )
