@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from runyard.api.auth import create_token
+from runyard.cli.rebuild import print_diff
 from runyard.contracts import Metadata, NewEvent
 from runyard.gateway.app import Gateway
 from runyard.gateway.http import create_app
@@ -24,6 +25,7 @@ from runyard.gateway.rebuild import TaskListRebuild
 from runyard.messaging.progress import read_progress
 
 from tests.integration.test_gateway import config_dir
+from tests.integration.test_scheduler_http import Face, face  # noqa: F401  (fixture)
 from tests.unit.test_task_domain import Story, make_spec
 
 pytestmark = pytest.mark.integration
@@ -95,7 +97,9 @@ async def test_rebuild_diff_is_empty_after_tasks_ran(lists: Lists) -> None:
     assert (table["differences"], table["live_rows"], table["rebuilt_rows"]) == (0, 3, 3)
 
 
-async def test_a_corrupted_row_is_one_difference_and_the_swap_repairs_it(lists: Lists) -> None:
+async def test_a_corrupted_row_is_one_difference_and_the_swap_repairs_it(
+    lists: Lists, capsys: pytest.CaptureFixture[str]
+) -> None:
     await tasks_ran(lists.gateway, 3)
     await rebuilt(lists)
     before = await lists.gateway.db.fetchrow("SELECT * FROM task_list WHERE task_id = 't1'")
@@ -108,6 +112,10 @@ async def test_a_corrupted_row_is_one_difference_and_the_swap_repairs_it(lists: 
     [row] = table["items"]
     assert (row["key"], row["kind"]) == ("t1", "changed")
     assert row["columns"] == {"status": {"live": "bogus", "rebuilt": before["status"]}}
+    print_diff(diff, swapped=False)  # what `runyard rebuild task_list --diff` prints
+    printed = capsys.readouterr().out
+    assert "task_list at position" in printed and "1 differences (differs" in printed
+    assert "bogus" in printed and before["status"] in printed
 
     swapped = (await lists.call("sre", "POST", "/swap")).json()
     assert (swapped["repaired"], swapped["rows"]) == (1, 4)
@@ -143,3 +151,55 @@ async def test_only_operators_rebuild(lists: Lists) -> None:
     for method, path in [("POST", "/rebuild"), ("GET", "/diff"), ("POST", "/swap")]:
         refused = await lists.call("member", method, path)
         assert (refused.status_code, refused.json()["code"]) == (403, "auth.operator_only")
+
+
+# --- the scheduler's read models (its own routes, routed by the gateway) ----------------
+
+
+async def test_scheduler_read_models_rebuild_diff_and_swap(
+    face: Face,  # noqa: F811  (the fixture)
+) -> None:
+    face.tokens["sre"] = await create_token(face.store.pool, "ops", "sam", "sre")
+    await face.submit("running", "t1")  # takes the only node
+    await face.submit("mine", "t1")
+    await face.submit("theirs", "t2")
+    base = "http://scheduler/v1/admin/scheduler/read-models"
+
+    async def call(method: str, name: str, path: str, who: str = "sre") -> Any:
+        answer = await face.http.request(
+            method, f"{base}/{name}/{path}", headers={"Authorization": face.auth(who)}
+        )
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    for name in ("scheduler_pool_views", "scheduler_queue"):
+        step = await call("POST", name, "rebuild")
+        assert step["done"] and step["pools"] == 1 and step["pending"] == 0
+        [table] = (await call("GET", name, "diff"))["tables"]
+        assert table["differences"] == 0, table
+    assert table["live_rows"] == 2  # mine and theirs wait
+
+    await face.store.pool.execute("UPDATE scheduler_queue SET why = 'bogus' WHERE task_id = 'mine'")
+    await face.store.pool.execute(
+        "UPDATE scheduler_pool_views SET view = jsonb_set(view, '{capacity,free_gpus}', '99')"
+    )
+    for name, key, column in [
+        ("scheduler_queue", "mine", "why"),
+        ("scheduler_pool_views", "dev-a100", "view"),
+    ]:
+        await call("POST", name, "rebuild")
+        [table] = (await call("GET", name, "diff"))["tables"]
+        assert table["differences"] == 1, table
+        [row] = table["items"]
+        assert (row["key"], list(row["columns"])) == (key, [column])
+        swapped = await call("POST", name, "swap")
+        assert swapped["repaired"] == 1
+        await call("POST", name, "rebuild")
+        [table] = (await call("GET", name, "diff"))["tables"]
+        assert table["differences"] == 0
+    why = await face.store.pool.fetchval("SELECT why FROM scheduler_queue WHERE task_id = 'mine'")
+    assert why != "bogus"
+    refused = await face.http.post(
+        f"{base}/scheduler_queue/rebuild", headers={"Authorization": face.auth("t1")}
+    )
+    assert (refused.status_code, refused.json()["code"]) == (403, "auth.operator_only")
