@@ -60,8 +60,8 @@ _STREAMS = (
     " ORDER BY stream_id, stream_version"
 )
 _RANGE = (
-    f"SELECT {_EVENT_COLUMNS} FROM events WHERE global_position > $1 AND global_position <= $2"
-    " ORDER BY global_position LIMIT $3"
+    "SELECT global_position, stream_id, stream_version FROM events"
+    " WHERE global_position > $1 AND global_position <= $2 ORDER BY global_position LIMIT $3"
 )
 
 
@@ -114,10 +114,10 @@ class TaskListProjector:
             rows = await (conn or self.store.pool).fetch(_RANGE, after, upto, self.batch_size)
             if not rows:
                 break
-            batch = [self.store.decode(row) for row in rows]
-            await self._apply(batch, conn)
-            after = batch[-1].global_position
-            total += len(batch)
+            after = rows[-1]["global_position"]
+            marks = [(r["stream_id"], r["stream_version"]) for r in rows]
+            await self._apply_marks(marks, after, conn)
+            total += len(rows)
         return total
 
     async def rebuild(self) -> int:
@@ -143,15 +143,23 @@ class TaskListProjector:
         sql = "SELECT position FROM checkpoints WHERE name = $1"
         return int(await (conn or self.store.pool).fetchval(sql, self.checkpoint) or 0)
 
-    async def _apply(
-        self, batch: Sequence[RecordedEvent[Event]], conn: asyncpg.Connection | None = None
+    async def _apply(self, batch: Sequence[RecordedEvent[Event]]) -> None:
+        marks = [(e.stream_id, e.stream_version) for e in batch]
+        await self._apply_marks(marks, batch[-1].global_position)
+
+    async def _apply_marks(
+        self,
+        marks: Sequence[tuple[str, int]],
+        position: int,
+        conn: asyncpg.Connection | None = None,
     ) -> None:
+        """Write the rows of the task streams among `marks` ((stream, version) of each
+        event of a batch ending at `position`), each folded up to its last version."""
         last_version: dict[str, int] = {}
-        for recorded in batch:
-            if recorded.category == "task":
-                last_version[recorded.stream_id] = recorded.stream_version
+        for stream_id, version in marks:
+            if stream_id.startswith("task-"):
+                last_version[stream_id] = version
         rows = [_row(state, updated_at) for state, updated_at in await self._states(last_version)]
-        position = batch[-1].global_position
         if conn is not None:
             try:
                 async with conn.transaction():  # a savepoint: a refused row is retried clipped
@@ -171,8 +179,11 @@ class TaskListProjector:
     async def _write_on(
         self, conn: asyncpg.Connection, rows: list[tuple[Any, ...]], position: int, upsert: Upsert
     ) -> None:
-        for row in rows:
-            await upsert(conn, row)
+        if upsert == self._upsert:
+            await conn.executemany(self._upsert_sql, rows)  # one round trip
+        else:
+            for row in rows:
+                await upsert(conn, row)
         await conn.execute(_CHECKPOINT, self.checkpoint, position)
 
     async def _states(self, last_version: dict[str, int]) -> list[tuple[TaskState, datetime]]:

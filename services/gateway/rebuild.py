@@ -49,6 +49,8 @@ from runyard.gateway.projection import NAME, TaskListProjector
 
 #: The most events one rebuild step applies (a step is one request; the CLI loops).
 MAX_STEP_EVENTS: Final = 200_000
+#: Events per batch of a rebuild (one transaction each: rows and shadow checkpoint).
+REBUILD_BATCH: Final = 2000
 
 
 class TaskListRebuild:
@@ -58,7 +60,10 @@ class TaskListRebuild:
         self.gateway = gateway
         self.live = gateway.projector
         self.shadow = TaskListProjector(
-            gateway.store, table=shadow_of(NAME), checkpoint=shadow_checkpoint(NAME)
+            gateway.store,
+            batch_size=REBUILD_BATCH,
+            table=shadow_of(NAME),
+            checkpoint=shadow_checkpoint(NAME),
         )
 
     async def step(self, max_events: int, *, restart: bool = False) -> dict[str, Any]:
@@ -171,4 +176,4 @@ def rebuild_router(gateway: Gateway) -> APIRouter:
     return router
 
 
-__all__ = ["MAX_STEP_EVENTS", "TaskListRebuild", "rebuild_router"]
+__all__ = ["MAX_STEP_EVENTS", "REBUILD_BATCH", "TaskListRebuild", "rebuild_router"]
