@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
 import asyncpg
+from runyard.eventstore.errors import EventStoreError
 
 #: The most differing rows one diff lists (all are counted).
 MAX_DIFF_ROWS: Final = 1000
@@ -32,6 +33,20 @@ SHADOW_PREFIX: Final = "shadow:"
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
 
 Row = dict[str, Any]
+
+
+class RebuildNotStarted(EventStoreError):
+    """A diff or swap asked of a read model with no shadow rebuild under way."""
+
+    code = "rebuild.not_started"
+    http_status = 404
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"no rebuild of {name} under way",
+            hint=f"start one: runyard rebuild {name}",
+            field="name",
+        )
 
 
 def shadow_of(table: str) -> str:
@@ -67,6 +82,14 @@ async def shadow_position(conn: asyncpg.Connection | asyncpg.Pool, name: str) ->
     sql = "SELECT position FROM checkpoints WHERE name = $1"
     found = await conn.fetchval(sql, shadow_checkpoint(name))
     return None if found is None else int(found)
+
+
+async def require_shadow(conn: asyncpg.Connection, name: str) -> int:
+    """The shadow rebuild's position; `RebuildNotStarted` when there is none."""
+    position = await shadow_position(conn, name)
+    if position is None:
+        raise RebuildNotStarted(name)
+    return position
 
 
 async def set_shadow_position(conn: asyncpg.Connection, name: str, position: int) -> None:
@@ -171,6 +194,7 @@ async def replace_from_shadow(conn: asyncpg.Connection, table: str) -> int:
 __all__ = [
     "MAX_DIFF_ROWS",
     "SHADOW_PREFIX",
+    "RebuildNotStarted",
     "RowDiff",
     "TableDiff",
     "create_shadow",
@@ -178,6 +202,7 @@ __all__ = [
     "drop_shadow",
     "lock_tables",
     "replace_from_shadow",
+    "require_shadow",
     "set_shadow_position",
     "shadow_checkpoint",
     "shadow_of",

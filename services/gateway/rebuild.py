@@ -31,7 +31,6 @@ from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Query
 from runyard.api.auth import Principal
-from runyard.api.errors import NotFound
 from runyard.api.security import caller_dependency
 from runyard.eventstore.shadow import (
     create_shadow,
@@ -39,6 +38,7 @@ from runyard.eventstore.shadow import (
     drop_shadow,
     lock_tables,
     replace_from_shadow,
+    require_shadow,
     set_shadow_position,
     shadow_checkpoint,
     shadow_of,
@@ -92,7 +92,7 @@ class TaskListRebuild:
     async def diff(self) -> dict[str, Any]:
         """The shadow brought to the live checkpoint, compared with the live rows."""
         async with self.gateway.store.transaction() as conn:
-            await self._require_shadow(conn)
+            await require_shadow(conn, NAME)
             position = await self._align(conn, "SHARE")
             found = await diff_table(conn, NAME, ("task_id",))
         return {"name": NAME, "position": position, "tables": [found.as_json()]}
@@ -100,7 +100,7 @@ class TaskListRebuild:
     async def swap(self) -> dict[str, Any]:
         """The live rows replaced by the shadow's, in one transaction; the shadow dropped."""
         async with self.gateway.store.transaction() as conn:
-            await self._require_shadow(conn)
+            await require_shadow(conn, NAME)
             position = await self._align(conn, "EXCLUSIVE")
             found = await diff_table(conn, NAME, ("task_id",))
             rows = await replace_from_shadow(conn, NAME)
@@ -126,15 +126,6 @@ class TaskListRebuild:
         await self.shadow.apply_range(await self.shadow.position(conn), target, conn)
         return target
 
-    async def _require_shadow(self, conn: Any) -> None:
-        if await shadow_position(conn, NAME) is None:
-            raise NotFound(
-                "rebuild.not_started",
-                f"no rebuild of {NAME} under way",
-                f"start one: runyard rebuild {NAME} (POST /v1/admin/read-models/{NAME}/rebuild)",
-                "name",
-            )
-
 
 def rebuild_router(gateway: Gateway) -> APIRouter:
     """The task list rebuild routes (see the module docstring)."""
@@ -152,25 +143,21 @@ def rebuild_router(gateway: Gateway) -> APIRouter:
         restart: Annotated[bool, Query(description="drop the shadow, start from 0")] = False,
     ) -> dict[str, Any]:
         """Advance the shadow rebuild of the task list (sre, platform_admin)."""
-        del caller  # checked by the dependency: sre or platform_admin
         return await rebuild.step(max_events, restart=restart)
 
     @router.get(f"{base}/diff")
     async def diff(caller: Caller) -> dict[str, Any]:
         """The differences between the rebuilt task list and the live one."""
-        del caller  # checked by the dependency: sre or platform_admin
         return await rebuild.diff()
 
     @router.post(f"{base}/swap")
     async def swap(caller: Caller) -> dict[str, Any]:
         """Replace the live task list with the rebuilt one, without stopping the gateway."""
-        del caller  # checked by the dependency: sre or platform_admin
         return await rebuild.swap()
 
     @router.delete(f"{base}/rebuild")
     async def discard(caller: Caller) -> dict[str, Any]:
         """Drop the shadow rebuild."""
-        del caller  # checked by the dependency: sre or platform_admin
         return await rebuild.discard()
 
     return router

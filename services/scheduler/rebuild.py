@@ -38,7 +38,6 @@ from typing import Annotated, Any, Final
 import asyncpg
 from fastapi import APIRouter, Path
 from runyard.api.auth import Principal
-from runyard.api.errors import NotFound
 from runyard.api.security import Authenticator, caller_dependency
 from runyard.eventstore import PostgresEventStore
 from runyard.eventstore.shadow import (
@@ -47,9 +46,9 @@ from runyard.eventstore.shadow import (
     drop_shadow,
     lock_tables,
     replace_from_shadow,
+    require_shadow,
     set_shadow_position,
     shadow_of,
-    shadow_position,
 )
 from runyard.scheduler.app import SchedulerApp
 from runyard.scheduler.errors import AppendRefused
@@ -111,7 +110,7 @@ class SchedulerRebuild:
 
     async def diff(self, name: str) -> dict[str, Any]:
         async with self.store.transaction() as conn:
-            await self._require_shadow(conn, name)
+            await require_shadow(conn, name)
             await lock_tables(conn, TABLES, "SHARE")
             folded = await self._rebuild(conn)
             found = await diff_table(conn, name, KEYS[name], comparable=comparable(name))
@@ -119,7 +118,7 @@ class SchedulerRebuild:
 
     async def swap(self, name: str) -> dict[str, Any]:
         async with self.store.transaction() as conn:
-            await self._require_shadow(conn, name)
+            await require_shadow(conn, name)
             await lock_tables(conn, TABLES, "EXCLUSIVE")
             folded = await self._rebuild(conn)
             found = await diff_table(conn, name, KEYS[name], comparable=comparable(name))
@@ -162,15 +161,6 @@ class SchedulerRebuild:
             "open_tasks": len(app.tasks),
             "pending": pending,
         }
-
-    async def _require_shadow(self, conn: asyncpg.Connection, name: str) -> None:
-        if await shadow_position(conn, name) is None:
-            raise NotFound(
-                "rebuild.not_started",
-                f"no rebuild of {name} under way",
-                f"start one: runyard rebuild {name}",
-                "name",
-            )
 
 
 Name = Annotated[str, Path(pattern=f"^({QUEUE}|{POOL_VIEWS})$", description=" or ".join(TABLES))]

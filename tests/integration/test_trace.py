@@ -31,11 +31,10 @@ from runyard.eventstore.trace import HIDDEN, MAX_TRACE_EVENTS
 from runyard.gateway.app import Gateway
 from runyard.gateway.grpc_gen import tasks_pb2 as pb
 from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
-from runyard.gateway.grpc_server import start_server
-from runyard.gateway.http import create_app
 from runyard.scheduler import admin
 
 from tests.integration.test_gateway import config_dir
+from tests.integration.test_replay_api import served
 from tests.integration.test_scheduler_http import NOW, Face, face  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
@@ -78,17 +77,10 @@ async def traces(face: Face, dsn: str, tmp_path: Path) -> AsyncIterator[Traces]:
         **face.tokens,
         "sre": await create_token(gateway.db, "ops", "sam", "sre"),
     }
-    app = create_app(gateway, {})
-    server, port = await start_server(gateway, "127.0.0.1", 0, owners=app.state.owners)
     try:
-        async with (
-            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http,
-            grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
-        ):
-            yield Traces(face, http, pb_grpc.TasksStub(channel), tokens)
+        async with served(gateway) as (http, stub):
+            yield Traces(face, http, stub, tokens)
     finally:
-        await server.stop(grace=None)
-        await app.state.owners.aclose()
         await gateway.close()
 
 
