@@ -49,11 +49,16 @@ class RebuildNotStarted(EventStoreError):
         )
 
 
-def shadow_of(table: str) -> str:
-    """The shadow table of `table` (`task_list` -> `task_list__shadow`)."""
+def _checked(table: str) -> str:
+    """`table`, if it is a plain table name (it is put into SQL text)."""
     if not _NAME.match(table):
         raise ValueError(f"not a table name: {table!r}")
-    return table + SHADOW_SUFFIX
+    return table
+
+
+def shadow_of(table: str) -> str:
+    """The shadow table of `table` (`task_list` -> `task_list__shadow`)."""
+    return _checked(table) + SHADOW_SUFFIX
 
 
 def shadow_checkpoint(name: str) -> str:
@@ -106,7 +111,7 @@ async def lock_tables(conn: asyncpg.Connection, tables: Sequence[str], mode: str
     so that a writer's transaction and this one cannot wait for each other)."""
     if mode not in ("SHARE", "EXCLUSIVE"):
         raise ValueError(mode)
-    names = ", ".join(shadow_of(t).removesuffix(SHADOW_SUFFIX) for t in tables)  # checked
+    names = ", ".join(_checked(t) for t in tables)
     await conn.execute(f"LOCK TABLE {names} IN {mode} MODE")
 
 
@@ -145,7 +150,7 @@ async def diff_table(
 ) -> TableDiff:
     """Compare `table` with its shadow, row by row on `key`, each row as
     `comparable` shapes it (to leave out what depends on when it was written)."""
-    live = await _rows(conn, table, key)
+    live = await _rows(conn, _checked(table), key)
     rebuilt = await _rows(conn, shadow_of(table), key)
     items: list[RowDiff] = []
     count = 0
@@ -186,7 +191,7 @@ async def replace_from_shadow(conn: asyncpg.Connection, table: str) -> int:
     """Make `table`'s rows its shadow's (in the caller's transaction, under its lock);
     the number of rows now live."""
     shadow = shadow_of(table)
-    await conn.execute(f"DELETE FROM {table}")
+    await conn.execute(f"DELETE FROM {_checked(table)}")
     status = await conn.execute(f"INSERT INTO {table} SELECT * FROM {shadow}")
     return int(status.split()[-1])
 

@@ -70,7 +70,7 @@ class TraceNode:
     #: The tenant of the task the event is about (None: a pool or access event on no task).
     tenant: str | None = None
     redacted: bool = False
-    children: list[TraceNode] = field(default_factory=list)
+    children: list[TraceNode] = field(default_factory=list, repr=False)
 
     def as_json(self, depth: int, parent: str | None) -> dict[str, Any]:
         """The event without its children, with its depth in the tree and its parent's id."""
