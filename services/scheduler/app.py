@@ -683,6 +683,12 @@ class SchedulerApp:
             state = self.tasks[status.task_id]
             request = runtime.queue.get(status.task_id)
             assert request is not None
+            if state.queued_at is None and request.queued_at != now:
+                # The wait starts with the TaskQueued decided now (a deferred pass runs
+                # after the task was enqueued): memory and the row say what the log says.
+                request = replace(request, queued_at=now)
+                runtime.queue.remove(status.task_id)
+                runtime.queue.add(request)
             row = queue_row(runtime.state, request, status)
             command = Queue(
                 status.task_id,
