@@ -187,6 +187,22 @@ def _row_diff(
     return RowDiff(key, "changed", dict(sorted(columns.items()))) if columns else None
 
 
+async def swap_in(
+    conn: asyncpg.Connection,
+    table: str,
+    key: Sequence[str],
+    *,
+    comparable: Callable[[Row], Row] = lambda row: row,
+) -> dict[str, Any]:
+    """The swap of a rebuild, in the caller's transaction, under the lock it took: the
+    differences it repairs, the live rows replaced by the shadow's, the shadow dropped.
+    Answers `{rows, repaired, tables}` (rows now live, differences removed, the diff)."""
+    found = await diff_table(conn, table, key, comparable=comparable)
+    rows = await replace_from_shadow(conn, table)
+    await drop_shadow(conn, table, [table])
+    return {"rows": rows, "repaired": found.differences, "tables": [found.as_json()]}
+
+
 async def replace_from_shadow(conn: asyncpg.Connection, table: str) -> int:
     """Make `table`'s rows its shadow's (in the caller's transaction, under its lock);
     the number of rows now live."""
@@ -212,4 +228,5 @@ __all__ = [
     "shadow_checkpoint",
     "shadow_of",
     "shadow_position",
+    "swap_in",
 ]

@@ -37,12 +37,12 @@ from runyard.eventstore.shadow import (
     diff_table,
     drop_shadow,
     lock_tables,
-    replace_from_shadow,
     require_shadow,
     set_shadow_position,
     shadow_checkpoint,
     shadow_of,
     shadow_position,
+    swap_in,
 )
 from runyard.gateway.app import Gateway
 from runyard.gateway.projection import NAME, TaskListProjector
@@ -102,17 +102,9 @@ class TaskListRebuild:
         async with self.gateway.store.transaction() as conn:
             await require_shadow(conn, NAME)
             position = await self._align(conn, "EXCLUSIVE")
-            found = await diff_table(conn, NAME, ("task_id",))
-            rows = await replace_from_shadow(conn, NAME)
-            await drop_shadow(conn, NAME, [NAME])
+            swapped = await swap_in(conn, NAME, ("task_id",))
         self.live.forget_position()  # its checkpoint is unchanged; read it again anyway
-        return {
-            "name": NAME,
-            "position": position,
-            "rows": rows,
-            "repaired": found.differences,
-            "tables": [found.as_json()],
-        }
+        return {"name": NAME, "position": position, **swapped}
 
     async def discard(self) -> dict[str, Any]:
         async with self.gateway.store.transaction() as conn:

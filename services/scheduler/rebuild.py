@@ -45,10 +45,10 @@ from runyard.eventstore.shadow import (
     diff_table,
     drop_shadow,
     lock_tables,
-    replace_from_shadow,
     require_shadow,
     set_shadow_position,
     shadow_of,
+    swap_in,
 )
 from runyard.scheduler.app import SchedulerApp
 from runyard.scheduler.errors import AppendRefused
@@ -121,16 +121,8 @@ class SchedulerRebuild:
             await require_shadow(conn, name)
             await lock_tables(conn, TABLES, "EXCLUSIVE")
             folded = await self._rebuild(conn)
-            found = await diff_table(conn, name, KEYS[name], comparable=comparable(name))
-            rows = await replace_from_shadow(conn, name)
-            await drop_shadow(conn, name, [name])
-        return {
-            "name": name,
-            **folded,
-            "rows": rows,
-            "repaired": found.differences,
-            "tables": [found.as_json()],
-        }
+            swapped = await swap_in(conn, name, KEYS[name], comparable=comparable(name))
+        return {"name": name, **folded, **swapped}
 
     async def discard(self, name: str) -> dict[str, Any]:
         async with self.store.transaction() as conn:
