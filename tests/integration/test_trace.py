@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import httpx
 import pytest
 from runyard.api.auth import create_token
 from runyard.cli.trace import print_trace
@@ -30,11 +29,10 @@ from runyard.domain.task import Submit, decide
 from runyard.eventstore.trace import HIDDEN, MAX_TRACE_EVENTS
 from runyard.gateway.app import Gateway
 from runyard.gateway.grpc_gen import tasks_pb2 as pb
-from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
 from runyard.scheduler import admin
 
 from tests.integration.test_gateway import config_dir
-from tests.integration.test_replay_api import served
+from tests.integration.test_replay_api import Replay, served
 from tests.integration.test_scheduler_http import NOW, Face, face  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
@@ -43,15 +41,10 @@ TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 @dataclass
-class Traces:
-    face: Face
-    http: httpx.AsyncClient
-    stub: pb_grpc.TasksStub
-    tokens: dict[str, str]
+class Traces(Replay):
+    """The replay tests' served gateway, beside the scheduler of `face`."""
 
-    async def get(self, who: str, path: str, **params: Any) -> httpx.Response:
-        headers = {"Authorization": f"Bearer {self.tokens[who]}"}
-        return await self.http.get(path, params=params, headers=headers)
+    face: Face
 
     async def submit(self, task_id: str, tenant: str, request_id: str) -> None:
         """As the submission service writes it: the request id is the chain's root."""
@@ -79,7 +72,7 @@ async def traces(face: Face, dsn: str, tmp_path: Path) -> AsyncIterator[Traces]:
     }
     try:
         async with served(gateway) as (http, stub):
-            yield Traces(face, http, stub, tokens)
+            yield Traces(gateway, http, stub, tokens, face)
     finally:
         await gateway.close()
 
