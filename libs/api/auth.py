@@ -99,6 +99,16 @@ class Principal:
                 "use a member token of the tenant to make changes",
             )
 
+    def require_operator(self) -> None:
+        """Refuse unless the caller is an sre or a platform admin (read-model rebuilds:
+        they change no task, only how the log is read)."""
+        if self.role not in CROSS_TENANT_READERS:
+            raise PermissionDenied(
+                "auth.operator_only",
+                f"rebuilding a read model needs the sre or platform_admin role, not {self.role}",
+                "ask an SRE, or a platform admin for an sre token",
+            )
+
     def require_platform_admin(self) -> None:
         """Refuse unless the caller is a platform admin (pools, catalogue)."""
         if not self.is_platform_admin:

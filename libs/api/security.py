@@ -5,7 +5,9 @@
 declares the `HTTPBearer` security scheme on each of them, the header is
 parsed one way (`Bearer <token>`, nothing else), and a read-only role (sre)
 is refused any method but GET/HEAD/OPTIONS before a handler runs (unless the
-route says it only reads: `reads_only`).
+route says it only reads: `reads_only`). Operator routes (`operator=True`:
+read-model rebuilds, which change how the log is read, never a task) take the
+sre and platform_admin roles only, with any method.
 
 (No `from __future__ import annotations` here: FastAPI must see the closure's
 own `Depends(bearer)` when it reads `caller`'s signature.)
@@ -48,18 +50,23 @@ class TokenAuthenticator:
         return await authenticate(self.db, token)
 
 
-def caller_dependency(gateway: Authenticator, *, reads_only: bool = False) -> Any:
+def caller_dependency(
+    gateway: Authenticator, *, reads_only: bool = False, operator: bool = False
+) -> Any:
     """A dependency answering the caller's `Principal` (401 without a valid token;
     403 for a change asked with a read-only role). `reads_only`: the route changes
     nothing whatever its method (a query too big for a URL, sent as a POST body), so a
-    read-only role may call it."""
+    read-only role may call it. `operator`: 403 for every role but sre and
+    platform_admin, whatever the method."""
     bearer = StrictBearer()
 
     async def caller(
         request: HttpRequest, token: Annotated[str | None, Depends(bearer)]
     ) -> Principal:
         principal = await gateway.authenticate(token)
-        if request.method not in READ_METHODS and not reads_only:
+        if operator:
+            principal.require_operator()
+        elif request.method not in READ_METHODS and not reads_only:
             principal.require_write()
         return principal
 

@@ -648,7 +648,9 @@ from runyard.cli import ft as _ft  # noqa: E402, F401  (registers `runyard ft-lo
 from runyard.cli import logs as _logs  # noqa: E402, F401  (registers `runyard logs`)
 from runyard.cli import projections as _projections  # noqa: E402, F401  (registers `runyard projections`)
 from runyard.cli import ps as _ps  # noqa: E402, F401  (registers `runyard ps`)
+from runyard.cli import rebuild as _rebuild  # noqa: E402, F401  (registers `runyard rebuild`)
 from runyard.cli import replay  # noqa: E402  (registers `runyard diff`; show/pools --at)
+from runyard.cli import trace as _trace  # noqa: E402, F401  (registers `runyard trace`)
 from runyard.cli import whatif as _whatif  # noqa: E402, F401  (registers `runyard whatif`)
 
 if __name__ == "__main__":

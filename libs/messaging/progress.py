@@ -33,7 +33,7 @@ class ReaderProgress:
     """One reader of the log: where it is, the log's end, how many events behind."""
 
     name: str
-    kind: str  # "checkpoint" (a read model, the relay) or "consumer"
+    kind: str  # "checkpoint" (a read model, the relay), "shadow" (a rebuild) or "consumer"
     position: int
     log_end: int
     lag: int
@@ -79,9 +79,8 @@ async def _checkpoint(
     conn: asyncpg.Connection, row: asyncpg.Record, log_end: int
 ) -> ReaderProgress:
     lag = int(await conn.fetchval(_AFTER, row["position"]))
-    return ReaderProgress(
-        row["name"], "checkpoint", row["position"], log_end, lag, row["updated_at"]
-    )
+    kind = "shadow" if row["name"].startswith("shadow:") else "checkpoint"
+    return ReaderProgress(row["name"], kind, row["position"], log_end, lag, row["updated_at"])
 
 
 async def _consumer(

@@ -514,16 +514,12 @@ def _files_section(facts: Facts) -> list[str]:
 
 
 def event_record(recorded: RecordedEvent[Event]) -> dict[str, Any]:
-    """One line of events.jsonl: the audit view (masked as for anyone but the creator)
-    with the event id and trace context."""
+    """One line of events.jsonl: the audit view (masked as for anyone but the creator,
+    with its event id) and the trace context."""
     view = event_view(recorded, is_creator=False)
     if isinstance(view["data"].get("spec"), dict):
         view["data"]["spec"] = _mask_alerts(view["data"]["spec"])
-    return {
-        **view,
-        "event_id": str(recorded.event_id),
-        "trace_context": dict(recorded.metadata.trace_context),
-    }
+    return {**view, "trace_context": dict(recorded.metadata.trace_context)}
 
 
 def env_check_records(events: Sequence[RecordedEvent[Event]]) -> list[dict[str, Any]]:

@@ -38,11 +38,13 @@ from runyard.api.inputs import (
     check_request_id,
     reject_unstorable,
 )
+from runyard.eventstore.trace import MAX_TRACE_EVENTS
 from runyard.gateway.app import Gateway, Request
 from runyard.gateway.grpc_gen import tasks_pb2 as pb
 from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
 from runyard.gateway.proxy import Owners
 from runyard.gateway.replay import ReplayApi
+from runyard.gateway.trace import TraceApi
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +213,7 @@ class TasksService(pb_grpc.TasksServicer):  # type: ignore[misc]  # generated, u
         self.gw = gateway
         self.owners = owners
         self.replay = ReplayApi(gateway)
+        self.trace = TraceApi(gateway)
 
     # --- plumbing -------------------------------------------------------------
 
@@ -539,6 +542,27 @@ class TasksService(pb_grpc.TasksServicer):  # type: ignore[misc]  # generated, u
             answer = await self.owners.call(
                 "scheduler", "POST", "/v1/pools/whatif", token=_token(context), body=body
             )
+            return pb.JsonReply(json=json.dumps(answer))
+
+        return await self._run(context, request, call)
+
+    async def Trace(
+        self, request: pb.TraceRequest, context: grpc.aio.ServicerContext
+    ) -> pb.JsonReply:
+        async def call() -> pb.JsonReply:
+            caller = await self._caller(context)
+            limit = request.limit or MAX_TRACE_EVENTS
+            if bool(request.task_id) == bool(request.event_id):
+                raise BadRequest(
+                    "request.invalid",
+                    "give exactly one of task_id and event_id",
+                    "trace a task (task_id) or one event (event_id)",
+                    "task_id",
+                )
+            if request.task_id:
+                answer = await self.trace.task_trace(caller, request.task_id, limit)
+            else:
+                answer = await self.trace.event_trace(caller, request.event_id, limit)
             return pb.JsonReply(json=json.dumps(answer))
 
         return await self._run(context, request, call)

@@ -35,8 +35,10 @@ from runyard.gateway.audit import audit_router
 from runyard.gateway.bundle import bundle_router
 from runyard.gateway.console import install_console
 from runyard.gateway.proxy import Owners, install_openapi, install_routes
+from runyard.gateway.rebuild import rebuild_router
 from runyard.gateway.replay import replay_router
 from runyard.gateway.schemas import body_schemas, request_body
+from runyard.gateway.trace import trace_router
 from runyard.telemetry import TracingMiddleware, current_trace_context
 from runyard.telemetry.metrics import metrics_text
 
@@ -95,10 +97,13 @@ def create_app(gateway: Gateway, owners: Owners | Mapping[str, str] | None = Non
         owners,
         _principal_dependency(gateway),
         authenticate_reads=caller_dependency(gateway, reads_only=True),
+        operator=caller_dependency(gateway, operator=True),
     )
     app.include_router(bundle_router(gateway, owners))
     app.include_router(replay_router(gateway))
     app.include_router(audit_router(gateway))
+    app.include_router(trace_router(gateway))
+    app.include_router(rebuild_router(gateway))
     body_schemas(app)
     install_openapi(app, owners)
     install_console(app, gateway, owners)  # the web console at / (docs/console.md)

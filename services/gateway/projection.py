@@ -38,8 +38,8 @@ NAME = "task_list"
 _CLIP = {"name": 200, "group_id": 128, "tag": 64, "tags": 32}
 _ROW_REFUSALS = (asyncpg.DataError, asyncpg.ProgramLimitExceededError)
 _UPSERT = """
-INSERT INTO task_list (task_id, tenant, creator, name, status, stage, pool, tags, group_id,
-                       cloned_from, run, version, created_at, updated_at, workers, restarts)
+INSERT INTO {table} (task_id, tenant, creator, name, status, stage, pool, tags, group_id,
+                     cloned_from, run, version, created_at, updated_at, workers, restarts)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
 ON CONFLICT (task_id) DO UPDATE SET
     tenant = EXCLUDED.tenant, creator = EXCLUDED.creator, name = EXCLUDED.name,
@@ -52,14 +52,40 @@ _CHECKPOINT = """
 INSERT INTO checkpoints (name, position) VALUES ($1, $2)
 ON CONFLICT (name) DO UPDATE SET position = EXCLUDED.position, updated_at = now()
 """
+_EVENT_COLUMNS = (
+    "global_position, event_id, stream_id, stream_version, event_type, schema_version,"
+    " data::text AS data, metadata::text AS metadata, occurred_at"
+)
+_STREAMS = (
+    f"SELECT {_EVENT_COLUMNS} FROM events WHERE stream_id = ANY($1::text[])"
+    " ORDER BY stream_id, stream_version"
+)
+_RANGE = (
+    "SELECT global_position, stream_id, stream_version FROM events"
+    " WHERE global_position > $1 AND global_position <= $2 ORDER BY global_position LIMIT $3"
+)
 
 
 class TaskListProjector:
-    """Keeps `task_list` up to date; `catch_up` is safe to call from several tasks."""
+    """Keeps `task_list` up to date; `catch_up` is safe to call from several tasks.
 
-    def __init__(self, store: PostgresEventStore, *, batch_size: int = 500) -> None:
+    `table` and `checkpoint` name where the rows and the position go: the live
+    read model by default, a shadow of it for a rebuild (`runyard.gateway.rebuild`),
+    with the same code."""
+
+    def __init__(
+        self,
+        store: PostgresEventStore,
+        *,
+        batch_size: int = 500,
+        table: str = NAME,
+        checkpoint: str = NAME,
+    ) -> None:
         self.store = store
         self.batch_size = batch_size
+        self.table = table
+        self.checkpoint = checkpoint
+        self._upsert_sql = _UPSERT.format(table=table)
         self._lock = asyncio.Lock()
         self._reader: Any = None
 
@@ -67,7 +93,7 @@ class TaskListProjector:
         """Apply every event safe to read now; return how many were read."""
         async with self._lock:
             if self._reader is None:
-                self._reader = self.store.all_reader(await self._checkpoint())
+                self._reader = self.store.all_reader(await self.position())
             total = 0
             while batch := await self._reader.read(self.batch_size):
                 try:
@@ -78,13 +104,34 @@ class TaskListProjector:
                 total += len(batch)
             return total
 
+    async def apply_range(
+        self, after: int, upto: int, conn: asyncpg.Connection | None = None
+    ) -> int:
+        """Apply the events after position `after` up to `upto` (all committed: a
+        range another reader has passed), in batches; on `conn`, inside its transaction,
+        else each batch in its own. Returns how many were applied."""
+        total = 0
+        while after < upto:
+            rows = await (conn or self.store.pool).fetch(_RANGE, after, upto, self.batch_size)
+            if not rows:
+                break
+            after = rows[-1]["global_position"]
+            marks = [(r["stream_id"], r["stream_version"]) for r in rows]
+            await self._apply_marks(marks, after, conn)
+            total += len(rows)
+        return total
+
     async def rebuild(self) -> int:
         """Drop the rows and the checkpoint and project the whole log again."""
         async with self._lock, self.store.transaction() as conn:
-            await conn.execute("DELETE FROM task_list")
-            await conn.execute("DELETE FROM checkpoints WHERE name = $1", NAME)
+            await conn.execute(f"DELETE FROM {self.table}")
+            await conn.execute("DELETE FROM checkpoints WHERE name = $1", self.checkpoint)
             self._reader = None
         return await self.catch_up()
+
+    def forget_position(self) -> None:
+        """Read from the stored checkpoint next time (it was moved by a swap)."""
+        self._reader = None
 
     async def follow(self, poll_interval: float = 0.2) -> None:
         """Catch up forever (until cancelled); a database outage is waited out."""
@@ -92,46 +139,79 @@ class TaskListProjector:
             await retrying(self.catch_up, component="task list projector")
             await asyncio.sleep(poll_interval)
 
-    async def _checkpoint(self) -> int:
+    async def position(self, conn: asyncpg.Connection | None = None) -> int:
+        """The stored checkpoint: the last position whose events the rows hold."""
         sql = "SELECT position FROM checkpoints WHERE name = $1"
-        return int(await self.store.pool.fetchval(sql, NAME) or 0)
+        return int(await (conn or self.store.pool).fetchval(sql, self.checkpoint) or 0)
 
     async def _apply(self, batch: Sequence[RecordedEvent[Event]]) -> None:
+        marks = [(e.stream_id, e.stream_version) for e in batch]
+        await self._apply_marks(marks, batch[-1].global_position)
+
+    async def _apply_marks(
+        self,
+        marks: Sequence[tuple[str, int]],
+        position: int,
+        conn: asyncpg.Connection | None = None,
+    ) -> None:
+        """Write the rows of the task streams among `marks` ((stream, version) of each
+        event of a batch ending at `position`), each folded up to its last version."""
         last_version: dict[str, int] = {}
-        for recorded in batch:
-            if recorded.category == "task":
-                last_version[recorded.stream_id] = recorded.stream_version
-        states = [await self._state(stream, version) for stream, version in last_version.items()]
-        rows = [_row(state, updated_at) for state, updated_at in states]
+        for stream_id, version in marks:
+            if stream_id.startswith("task-"):
+                last_version[stream_id] = version
+        rows = [_row(state, updated_at) for state, updated_at in await self._states(last_version)]
+        if conn is not None:
+            try:
+                async with conn.transaction():  # a savepoint: a refused row is retried clipped
+                    return await self._write_on(conn, rows, position, self._upsert)
+            except _ROW_REFUSALS:
+                return await self._write_on(conn, rows, position, self._upsert_or_clip)
         try:
-            await self._write(rows, batch[-1].global_position, _upsert)
+            await self._write(rows, position, self._upsert)
         except _ROW_REFUSALS:
             # Rare (events from before the limits): again, row by row, each in a savepoint.
-            await self._write(rows, batch[-1].global_position, _upsert_or_clip)
+            await self._write(rows, position, self._upsert_or_clip)
 
     async def _write(self, rows: list[tuple[Any, ...]], position: int, upsert: Upsert) -> None:
         async with self.store.transaction() as conn:
+            await self._write_on(conn, rows, position, upsert)
+
+    async def _write_on(
+        self, conn: asyncpg.Connection, rows: list[tuple[Any, ...]], position: int, upsert: Upsert
+    ) -> None:
+        if upsert == self._upsert:
+            await conn.executemany(self._upsert_sql, rows)  # one round trip
+        else:
             for row in rows:
                 await upsert(conn, row)
-            await conn.execute(_CHECKPOINT, NAME, position)
+        await conn.execute(_CHECKPOINT, self.checkpoint, position)
 
-    async def _state(self, stream_id: str, version: int) -> tuple[TaskState, datetime]:
-        events = [e for e in await self.store.read_stream(stream_id) if e.stream_version <= version]
-        return fold(events, task_id=stream_id.removeprefix("task-")), events[-1].occurred_at
+    async def _states(self, last_version: dict[str, int]) -> list[tuple[TaskState, datetime]]:
+        """Each stream folded up to its version in the batch (one query for them all)."""
+        if not last_version:
+            return []
+        rows = await self.store.pool.fetch(_STREAMS, list(last_version))
+        streams: dict[str, list[RecordedEvent[Event]]] = {}
+        for row in rows:
+            if row["stream_version"] <= last_version[row["stream_id"]]:
+                streams.setdefault(row["stream_id"], []).append(self.store.decode(row))
+        return [
+            (fold(events, task_id=stream_id.removeprefix("task-")), events[-1].occurred_at)
+            for stream_id, events in streams.items()
+        ]
 
+    async def _upsert(self, conn: asyncpg.Connection, row: tuple[Any, ...]) -> None:
+        await conn.execute(self._upsert_sql, *row)
 
-async def _upsert(conn: asyncpg.Connection, row: tuple[Any, ...]) -> None:
-    await conn.execute(_UPSERT, *row)
-
-
-async def _upsert_or_clip(conn: asyncpg.Connection, row: tuple[Any, ...]) -> None:
-    try:
-        async with conn.transaction():  # a savepoint: a refused row leaves the batch intact
-            await conn.execute(_UPSERT, *row)
-    except _ROW_REFUSALS as exc:
-        # %r: the error may quote the row's values, which come from users
-        log.error("task %r: its list row does not fit (%r); writing it clipped", row[0], exc)
-        await conn.execute(_UPSERT, *_clipped(row))
+    async def _upsert_or_clip(self, conn: asyncpg.Connection, row: tuple[Any, ...]) -> None:
+        try:
+            async with conn.transaction():  # a savepoint: a refused row leaves the batch intact
+                await conn.execute(self._upsert_sql, *row)
+        except _ROW_REFUSALS as exc:
+            # %r: the error may quote the row's values, which come from users
+            log.error("task %r: its list row does not fit (%r); writing it clipped", row[0], exc)
+            await conn.execute(self._upsert_sql, *_clipped(row))
 
 
 def _clipped(row: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -89,6 +89,8 @@ class Route:
     stream: bool = False
     #: Changes nothing though it is not a GET (a query with a body): read-only roles may call it.
     reads: bool = False
+    #: For operators only (sre, platform_admin), whatever the method (read-model rebuilds).
+    operator: bool = False
 
 
 ROUTES: tuple[Route, ...] = (
@@ -115,6 +117,14 @@ ROUTES: tuple[Route, ...] = (
     Route("/v1/admin/pools/{pool_id}/spot-capacity", ("POST",), "scheduler"),
     Route("/v1/pools/replay", ("GET",), "scheduler"),
     Route("/v1/pools/whatif", ("POST",), "scheduler", reads=True),
+    Route(
+        "/v1/admin/scheduler/read-models/{name}/rebuild",
+        ("POST", "DELETE"),
+        "scheduler",
+        operator=True,
+    ),
+    Route("/v1/admin/scheduler/read-models/{name}/diff", ("GET",), "scheduler", operator=True),
+    Route("/v1/admin/scheduler/read-models/{name}/swap", ("POST",), "scheduler", operator=True),
 )
 
 
@@ -341,13 +351,19 @@ def install_routes(
     routes: Iterable[Route] = ROUTES,
     *,
     authenticate_reads: Any = None,
+    operator: Any = None,
 ) -> None:
     """Route each of `routes` to its owner once the caller is authenticated
     (`authenticate`: the gateway's `caller_dependency`; `authenticate_reads`, if given,
-    for the routes that only read whatever their method). `install_openapi` adds
-    their description to the document."""
+    for the routes that only read whatever their method; `operator`, its operator
+    variant, for the operator routes). `install_openapi` adds their description to
+    the document."""
     for route in routes:
-        check = authenticate_reads if route.reads and authenticate_reads else authenticate
+        check = authenticate
+        if route.operator and operator is not None:
+            check = operator
+        elif route.reads and authenticate_reads is not None:
+            check = authenticate_reads
         app.add_api_route(
             route.path,
             _handler(owners, route),

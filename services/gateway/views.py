@@ -133,6 +133,7 @@ def event_view(recorded: RecordedEvent[Event], is_creator: bool) -> dict[str, An
     meta = recorded.metadata
     return {
         "position": recorded.global_position,
+        "event_id": str(recorded.event_id),
         "version": recorded.stream_version,
         "type": recorded.type,
         "occurred_at": _iso(recorded.occurred_at),

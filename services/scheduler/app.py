@@ -107,7 +107,7 @@ from runyard.scheduler.domain import (
     request_for,
     timed_out,
 )
-from runyard.scheduler.errors import ConflictPersisted, UnknownPool
+from runyard.scheduler.errors import AppendRefused, ConflictPersisted, UnknownPool
 from runyard.scheduler.views import (
     QueueRow,
     build_view,
@@ -316,6 +316,26 @@ class SchedulerApp:
                     await self._pass(runtime, now)
                 await self._rebuild_queue_rows(runtime)
             await self._flush_views(None)
+
+    async def load_from_log(self, pool_ids: Iterable[str]) -> int:
+        """Memory as a start builds it from the log, deciding nothing: the pools' streams
+        and every task stream folded, the queues filled, each pool's plan made. For a
+        shadow rebuild of the read models (`runyard.scheduler.rebuild`), over a store
+        that refuses appends; returns how many tasks a start would have acted on (an
+        append refused), which the log does not show done yet."""
+        for pool_id in pool_ids:
+            self.pools[pool_id] = await self._load_pool(pool_id)
+        await self._load_tasks()
+        now = self.clock()
+        pending = 0
+        for task_id in list(self.tasks):
+            try:
+                await self._reconcile(task_id, now)
+            except AppendRefused:
+                pending += 1
+        for runtime in self.pools.values():
+            runtime.plan = plan_queue(runtime.state, runtime.queue, max_placements=self.batch_size)
+        return pending
 
     async def _rebuild_queue_rows(self, runtime: PoolRuntime) -> None:
         """Write the pool's queue read model afresh from memory (after a rebuild)."""
@@ -663,6 +683,12 @@ class SchedulerApp:
             state = self.tasks[status.task_id]
             request = runtime.queue.get(status.task_id)
             assert request is not None
+            if state.queued_at is None and request.queued_at != now:
+                # The wait starts with the TaskQueued decided now (a deferred pass runs
+                # after the task was enqueued): memory and the row say what the log says.
+                request = replace(request, queued_at=now)
+                runtime.queue.remove(status.task_id)
+                runtime.queue.add(request)
             row = queue_row(runtime.state, request, status)
             command = Queue(
                 status.task_id,

@@ -13,7 +13,8 @@ status the edges answer it with:
         ├── UnknownNode            404 scheduler.node_unknown (field node)
         ├── NodeExists             409 scheduler.node_exists (field node)
         ├── NodeBusy               409 scheduler.node_busy (field node, `tasks`)
-        └── ConflictPersisted      409 scheduler.conflict (retryable)
+        ├── ConflictPersisted      409 scheduler.conflict (retryable)
+        └── AppendRefused          409 scheduler.read_only (a rebuild decides nothing)
 """
 
 from __future__ import annotations
@@ -100,3 +101,17 @@ class ConflictPersisted(SchedulerServiceError):
     code = "scheduler.conflict"
     http_status = 409
     retryable = True
+
+
+class AppendRefused(SchedulerServiceError):
+    """A shadow rebuild of the read models reached a decision it would append: it
+    reads the log only (`runyard.scheduler.rebuild`)."""
+
+    code = "scheduler.read_only"
+    http_status = 409
+
+    def __init__(self, stream_id: str) -> None:
+        super().__init__(
+            f"a rebuild of the read models would append to {stream_id}",
+            "the scheduler has not acted on that stream yet; rebuild again once it has",
+        )

@@ -63,6 +63,7 @@ from runyard.contracts.pool_events import GPUS_PER_NODE
 from runyard.eventstore import EventStore, PostgresEventStore
 from runyard.scheduler import admin
 from runyard.scheduler.admin import AdminResult
+from runyard.scheduler.rebuild import rebuild_router
 from runyard.scheduler.replay import pools_replay_router, task_tenants
 from runyard.scheduler.views import read_queue_entries
 from runyard.scheduler.whatif import whatif_router
@@ -130,6 +131,7 @@ def http_app(
         queue_router(store.pool, authenticator),
         pools_replay_router(store, authenticator),
         whatif_router(store, authenticator),
+        rebuild_router(store, authenticator),
     ]
     app = service_app("scheduler", routers=routers, ready=ready)
     app.middleware("http")(_with_role(role))

@@ -178,14 +178,19 @@ def _queue(
     }
 
 
-async def write_view(conn: Queryable, view: dict[str, Any]) -> None:
-    """Upsert a pool's row; an older version never overwrites a newer one."""
+POOL_VIEWS = "scheduler_pool_views"
+QUEUE = "scheduler_queue"
+
+
+async def write_view(conn: Queryable, view: dict[str, Any], *, table: str = POOL_VIEWS) -> None:
+    """Upsert a pool's row; an older version never overwrites a newer one. (`table`:
+    the live read model, or its shadow during a rebuild.)"""
     await conn.execute(
-        """INSERT INTO scheduler_pool_views (pool_id, version, view, updated_at)
+        f"""INSERT INTO {table} AS v (pool_id, version, view, updated_at)
            VALUES ($1, $2, $3::jsonb, now())
            ON CONFLICT (pool_id) DO UPDATE
            SET version = EXCLUDED.version, view = EXCLUDED.view, updated_at = now()
-           WHERE scheduler_pool_views.version <= EXCLUDED.version""",
+           WHERE v.version <= EXCLUDED.version""",
         view["pool_id"],
         view["version"],
         json.dumps(view),
@@ -266,7 +271,7 @@ def queue_row(pool: PoolState, task: QueuedTask, status: QueueStatus) -> QueueRo
 
 
 _UPSERT_ROW = """
-INSERT INTO scheduler_queue (task_id, pool_id, run, rank, neg_priority, submitted_at, queued_at,
+INSERT INTO {table} (task_id, pool_id, run, rank, neg_priority, submitted_at, queued_at,
                              why, blocked, gpus_needed, launchable, updated_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, now())
 ON CONFLICT (task_id) DO UPDATE SET
@@ -278,16 +283,15 @@ ON CONFLICT (task_id) DO UPDATE SET
 
 
 async def write_queue_rows(
-    conn: Queryable, rows: Iterable[QueueRow], gone: Sequence[str] = ()
+    conn: Queryable, rows: Iterable[QueueRow], gone: Sequence[str] = (), *, table: str = QUEUE
 ) -> None:
-    """Delete the rows of tasks that left the queue, then upsert `rows`."""
+    """Delete the rows of tasks that left the queue, then upsert `rows` (`table`: the
+    live read model, or its shadow during a rebuild)."""
     if gone:
-        await conn.execute(
-            "DELETE FROM scheduler_queue WHERE task_id = ANY($1::text[])", list(gone)
-        )
+        await conn.execute(f"DELETE FROM {table} WHERE task_id = ANY($1::text[])", list(gone))
     records = [astuple(row) for row in rows]
     if records:
-        await conn.executemany(_UPSERT_ROW, records)
+        await conn.executemany(_UPSERT_ROW.format(table=table), records)
 
 
 async def replace_queue_rows(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,16 @@ async def replay(dsn: str, tmp_path: Path) -> AsyncIterator[Replay]:
         "ml_bob": await create_token(gateway.db, "ml", "bob", "member"),
         "other": await create_token(gateway.db, "other", "olga", "member"),
     }
+    try:
+        async with served(gateway) as (http, stub):
+            yield Replay(gateway, http, stub, tokens)
+    finally:
+        await gateway.close()
+
+
+@asynccontextmanager
+async def served(gateway: Gateway) -> AsyncIterator[tuple[httpx.AsyncClient, pb_grpc.TasksStub]]:
+    """The gateway's HTTP app (in process) and gRPC server (on a free port), clients of both."""
     app = create_app(gateway, {})
     server, port = await start_server(gateway, "127.0.0.1", 0, owners=app.state.owners)
     try:
@@ -65,11 +76,10 @@ async def replay(dsn: str, tmp_path: Path) -> AsyncIterator[Replay]:
             httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http,
             grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
         ):
-            yield Replay(gateway, http, pb_grpc.TasksStub(channel), tokens)
+            yield http, pb_grpc.TasksStub(channel)
     finally:
         await server.stop(grace=None)
         await app.state.owners.aclose()
-        await gateway.close()
 
 
 async def crashed_task(gateway: Gateway) -> list[Any]:

@@ -381,3 +381,13 @@ class WhatIfRequest(_message.Message):
     policy: str
     pool_id: str
     def __init__(self, from_point: _Optional[str] = ..., to_point: _Optional[str] = ..., pools_json: _Optional[str] = ..., policy: _Optional[str] = ..., pool_id: _Optional[str] = ...) -> None: ...
+
+class TraceRequest(_message.Message):
+    __slots__ = ("task_id", "event_id", "limit")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    event_id: str
+    limit: int
+    def __init__(self, task_id: _Optional[str] = ..., event_id: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...

@@ -154,6 +154,11 @@ class TasksStub:
                 request_serializer=runyard_dot_v1_dot_tasks__pb2.WhatIfRequest.SerializeToString,
                 response_deserializer=runyard_dot_v1_dot_tasks__pb2.JsonReply.FromString,
                 _registered_method=True)
+        self.Trace = channel.unary_unary(
+                '/runyard.v1.Tasks/Trace',
+                request_serializer=runyard_dot_v1_dot_tasks__pb2.TraceRequest.SerializeToString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.JsonReply.FromString,
+                _registered_method=True)
 
 
 class TasksServicer:
@@ -318,6 +323,14 @@ class TasksServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Trace(self, request, context):
+        """The causation view, a tree of the chains of a task or of one event:
+        GET /v1/tasks/{id}/trace or GET /v1/events/{event_id}/trace.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TasksServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -439,6 +452,11 @@ def add_TasksServicer_to_server(servicer, server):
             'WhatIf': grpc.unary_unary_rpc_method_handler(
                     servicer.WhatIf,
                     request_deserializer=runyard_dot_v1_dot_tasks__pb2.WhatIfRequest.FromString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.JsonReply.SerializeToString,
+            ),
+            'Trace': grpc.unary_unary_rpc_method_handler(
+                    servicer.Trace,
+                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.TraceRequest.FromString,
                     response_serializer=runyard_dot_v1_dot_tasks__pb2.JsonReply.SerializeToString,
             ),
     }
@@ -1089,6 +1107,33 @@ class Tasks:
             target,
             '/runyard.v1.Tasks/WhatIf',
             runyard_dot_v1_dot_tasks__pb2.WhatIfRequest.SerializeToString,
+            runyard_dot_v1_dot_tasks__pb2.JsonReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Trace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runyard.v1.Tasks/Trace',
+            runyard_dot_v1_dot_tasks__pb2.TraceRequest.SerializeToString,
             runyard_dot_v1_dot_tasks__pb2.JsonReply.FromString,
             options,
             channel_credentials,

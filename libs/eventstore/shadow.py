@@ -1,0 +1,232 @@
+"""Shadow tables: a read model rebuilt beside the live one, compared, and swapped in.
+
+`runyard rebuild NAME` rebuilds a read model from position 0 into
+`<table>__shadow` (created `LIKE` the live table, its keys and indexes
+included) with the owner's own projection code, keeping its position in
+`checkpoints` under `shadow:<name>` so that an interrupted rebuild resumes
+where it stopped. `diff_table` compares it with the live table row by row
+(0 differences is the healthy answer); `replace_from_shadow` makes the live
+table's rows the shadow's, in the caller's transaction, under the lock the
+caller took (`lock_tables`), so readers never see a half-swapped table and
+the live table keeps its name, indexes and grants.
+
+Which service rebuilds: the owner of the read model (the gateway for
+`task_list`, the scheduler for its views), behind its admin routes; this
+module is the part they share (docs/operations.md, "Rebuilding a read model").
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final
+
+import asyncpg
+from runyard.eventstore.errors import EventStoreError
+
+#: The most differing rows one diff lists (all are counted).
+MAX_DIFF_ROWS: Final = 1000
+SHADOW_SUFFIX: Final = "__shadow"
+SHADOW_PREFIX: Final = "shadow:"
+_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
+
+Row = dict[str, Any]
+
+
+class RebuildNotStarted(EventStoreError):
+    """A diff or swap asked of a read model with no shadow rebuild under way."""
+
+    code = "rebuild.not_started"
+    http_status = 404
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"no rebuild of {name} under way",
+            hint=f"start one: runyard rebuild {name}",
+            field="name",
+        )
+
+
+def _checked(table: str) -> str:
+    """`table`, if it is a plain table name (it is put into SQL text)."""
+    if not _NAME.match(table):
+        raise ValueError(f"not a table name: {table!r}")
+    return table
+
+
+def shadow_of(table: str) -> str:
+    """The shadow table of `table` (`task_list` -> `task_list__shadow`)."""
+    return _checked(table) + SHADOW_SUFFIX
+
+
+def shadow_checkpoint(name: str) -> str:
+    """The name of a shadow rebuild's position in `checkpoints`."""
+    return SHADOW_PREFIX + name
+
+
+async def create_shadow(conn: asyncpg.Connection, table: str, *, fresh: bool = False) -> str:
+    """The shadow table of `table`, created if missing (emptied with `fresh`)."""
+    shadow = shadow_of(table)
+    if fresh:
+        await conn.execute(f"DROP TABLE IF EXISTS {shadow}")
+    await conn.execute(f"CREATE TABLE IF NOT EXISTS {shadow} (LIKE {table} INCLUDING ALL)")
+    return shadow
+
+
+async def drop_shadow(conn: asyncpg.Connection, name: str, tables: Sequence[str]) -> None:
+    """Drop the shadow tables and forget the shadow rebuild's position."""
+    for table in tables:
+        await conn.execute(f"DROP TABLE IF EXISTS {shadow_of(table)}")
+    await conn.execute("DELETE FROM checkpoints WHERE name = $1", shadow_checkpoint(name))
+
+
+async def shadow_position(conn: asyncpg.Connection | asyncpg.Pool, name: str) -> int | None:
+    """Where the shadow rebuild of `name` stands (None: no rebuild under way)."""
+    sql = "SELECT position FROM checkpoints WHERE name = $1"
+    found = await conn.fetchval(sql, shadow_checkpoint(name))
+    return None if found is None else int(found)
+
+
+async def require_shadow(conn: asyncpg.Connection, name: str) -> int:
+    """The shadow rebuild's position; `RebuildNotStarted` when there is none."""
+    position = await shadow_position(conn, name)
+    if position is None:
+        raise RebuildNotStarted(name)
+    return position
+
+
+async def set_shadow_position(conn: asyncpg.Connection, name: str, position: int) -> None:
+    await conn.execute(
+        "INSERT INTO checkpoints (name, position) VALUES ($1, $2) ON CONFLICT (name)"
+        " DO UPDATE SET position = EXCLUDED.position, updated_at = now()",
+        shadow_checkpoint(name),
+        position,
+    )
+
+
+async def lock_tables(conn: asyncpg.Connection, tables: Sequence[str], mode: str) -> None:
+    """Lock the live tables, in the order given (the order their writer writes them,
+    so that a writer's transaction and this one cannot wait for each other)."""
+    if mode not in ("SHARE", "EXCLUSIVE"):
+        raise ValueError(mode)
+    names = ", ".join(_checked(t) for t in tables)
+    await conn.execute(f"LOCK TABLE {names} IN {mode} MODE")
+
+
+@dataclass(frozen=True, slots=True)
+class RowDiff:
+    """One row that differs: only in the live table, only in the rebuild, or changed."""
+
+    key: str
+    kind: str  # "changed", "only_live", "only_rebuilt"
+    #: column -> {"live": ..., "rebuilt": ...} for a changed row; every column else.
+    columns: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TableDiff:
+    """The comparison of a live table with its rebuild."""
+
+    table: str
+    live_rows: int
+    rebuilt_rows: int
+    differences: int
+    items: list[RowDiff]
+    truncated: bool
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+async def diff_table(
+    conn: asyncpg.Connection,
+    table: str,
+    key: Sequence[str],
+    *,
+    comparable: Callable[[Row], Row] = lambda row: row,
+    limit: int = MAX_DIFF_ROWS,
+) -> TableDiff:
+    """Compare `table` with its shadow, row by row on `key`, each row as
+    `comparable` shapes it (to leave out what depends on when it was written)."""
+    live = await _rows(conn, _checked(table), key)
+    rebuilt = await _rows(conn, shadow_of(table), key)
+    items: list[RowDiff] = []
+    count = 0
+    for row_key in sorted(live.keys() | rebuilt.keys()):
+        one = _row_diff(row_key, live.get(row_key), rebuilt.get(row_key), comparable)
+        if one is not None:
+            count += 1
+            if len(items) < limit:
+                items.append(one)
+    return TableDiff(table, len(live), len(rebuilt), count, items, count > len(items))
+
+
+async def _rows(conn: asyncpg.Connection, table: str, key: Sequence[str]) -> dict[str, Row]:
+    records = await conn.fetch(f"SELECT to_jsonb(t)::text AS row FROM {table} t")
+    rows = (json.loads(r["row"]) for r in records)
+    return {"/".join(str(row[k]) for k in key): row for row in rows}
+
+
+def _row_diff(
+    key: str, live: Row | None, rebuilt: Row | None, comparable: Callable[[Row], Row]
+) -> RowDiff | None:
+    if rebuilt is None:
+        assert live is not None
+        row = comparable(live)
+        return RowDiff(key, "only_live", {c: {"live": v, "rebuilt": None} for c, v in row.items()})
+    if live is None:
+        row = comparable(rebuilt)
+        return RowDiff(
+            key, "only_rebuilt", {c: {"live": None, "rebuilt": v} for c, v in row.items()}
+        )
+    a, b = comparable(live), comparable(rebuilt)
+    differ = [c for c in a.keys() | b.keys() if a.get(c) != b.get(c)]
+    columns = {c: {"live": a.get(c), "rebuilt": b.get(c)} for c in differ}
+    return RowDiff(key, "changed", dict(sorted(columns.items()))) if columns else None
+
+
+async def swap_in(
+    conn: asyncpg.Connection,
+    table: str,
+    key: Sequence[str],
+    *,
+    comparable: Callable[[Row], Row] = lambda row: row,
+) -> dict[str, Any]:
+    """The swap of a rebuild, in the caller's transaction, under the lock it took: the
+    differences it repairs, the live rows replaced by the shadow's, the shadow dropped.
+    Answers `{rows, repaired, tables}` (rows now live, differences removed, the diff)."""
+    found = await diff_table(conn, table, key, comparable=comparable)
+    rows = await replace_from_shadow(conn, table)
+    await drop_shadow(conn, table, [table])
+    return {"rows": rows, "repaired": found.differences, "tables": [found.as_json()]}
+
+
+async def replace_from_shadow(conn: asyncpg.Connection, table: str) -> int:
+    """Make `table`'s rows its shadow's (in the caller's transaction, under its lock);
+    the number of rows now live."""
+    shadow = shadow_of(table)
+    await conn.execute(f"DELETE FROM {_checked(table)}")
+    status = await conn.execute(f"INSERT INTO {table} SELECT * FROM {shadow}")
+    return int(status.split()[-1])
+
+
+__all__ = [
+    "MAX_DIFF_ROWS",
+    "SHADOW_PREFIX",
+    "RebuildNotStarted",
+    "RowDiff",
+    "TableDiff",
+    "create_shadow",
+    "diff_table",
+    "drop_shadow",
+    "lock_tables",
+    "replace_from_shadow",
+    "require_shadow",
+    "set_shadow_position",
+    "shadow_checkpoint",
+    "shadow_of",
+    "shadow_position",
+    "swap_in",
+]

@@ -1,0 +1,205 @@
+"""Rebuilding read models beside the live ones, on a real Postgres: `runyard rebuild`.
+
+The task list (the gateway's) and the scheduler's pool views and queue are
+rebuilt from position 0 into shadow tables with their owners' own code: after
+tasks have run, the diff is empty; a corrupted live row is exactly one
+difference, and the swap repairs it without stopping anything; a rebuild cut
+off half way resumes from its shadow checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from runyard.api.auth import create_token
+from runyard.cli.rebuild import print_diff
+from runyard.contracts import Metadata, NewEvent
+from runyard.gateway.app import Gateway
+from runyard.gateway.http import create_app
+from runyard.gateway.rebuild import TaskListRebuild
+from runyard.messaging.progress import read_progress
+
+from tests.integration.test_gateway import config_dir
+from tests.integration.test_scheduler_http import Face, face  # noqa: F401  (fixture)
+from tests.unit.test_task_domain import Story, make_spec
+
+pytestmark = pytest.mark.integration
+
+BASE = "/v1/admin/read-models/task_list"
+
+
+@dataclass
+class Lists:
+    gateway: Gateway
+    http: httpx.AsyncClient
+    tokens: dict[str, str]
+
+    async def call(self, who: str, method: str, path: str, **params: Any) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {self.tokens[who]}"}
+        return await self.http.request(method, BASE + path, params=params, headers=headers)
+
+
+@pytest.fixture
+async def lists(dsn: str, tmp_path: Path) -> AsyncIterator[Lists]:
+    gateway = await Gateway.connect(dsn, config_dir(tmp_path))
+    tokens = {
+        "sre": await create_token(gateway.db, "ops", "sam", "sre"),
+        "member": await create_token(gateway.db, "ml", "alice", "member"),
+    }
+    app = create_app(gateway, {})
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://gw"
+        ) as http:
+            yield Lists(gateway, http, tokens)
+    finally:
+        await app.state.owners.aclose()
+        await gateway.close()
+
+
+async def tasks_ran(gateway: Gateway, count: int, first: int = 0) -> None:
+    """`count` tasks of tenant ml (t<first>, ...): each queued, placed, running, crashed
+    and restarted."""
+    meta = Metadata(actor="user:ml/alice")
+    for n in range(first, first + count):
+        story = Story(make_spec(workers=1, auto_restart=True, max_restarts=1)).running()
+        story.exit(0, 1)
+        for event, at in story.events:
+            if "task_id" in type(event).model_fields:  # each task its own id
+                event = event.model_copy(update={"task_id": f"t{n}"})
+            await gateway.store.append(f"task-t{n}", [NewEvent(event, meta, at)])
+    await gateway.projector.catch_up()
+
+
+async def rebuilt(lists: Lists, max_events: int = 100_000) -> list[dict[str, Any]]:
+    """Steps of a rebuild until it is done, as the CLI makes them."""
+    steps = []
+    while not steps or not steps[-1]["done"]:
+        answer = await lists.call("sre", "POST", "/rebuild", max_events=max_events)
+        assert answer.status_code == 200, answer.text
+        steps.append(answer.json())
+    return steps
+
+
+async def test_rebuild_diff_is_empty_after_tasks_ran(lists: Lists) -> None:
+    await tasks_ran(lists.gateway, 3)
+    steps = await rebuilt(lists)
+    head = await lists.gateway.store.head_position()
+    assert steps[-1]["position"] == steps[-1]["target"] == head
+    assert sum(s["applied"] for s in steps) == head
+    diff = (await lists.call("sre", "GET", "/diff")).json()
+    [table] = diff["tables"]
+    assert (table["differences"], table["live_rows"], table["rebuilt_rows"]) == (0, 3, 3)
+
+
+async def test_a_corrupted_row_is_one_difference_and_the_swap_repairs_it(
+    lists: Lists, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await tasks_ran(lists.gateway, 3)
+    await rebuilt(lists)
+    before = await lists.gateway.db.fetchrow("SELECT * FROM task_list WHERE task_id = 't1'")
+    await lists.gateway.db.execute("UPDATE task_list SET status = 'bogus' WHERE task_id = 't1'")
+    # events appended after the rebuild's last step are brought in under the lock
+    await tasks_ran(lists.gateway, 1, first=3)
+    diff = (await lists.call("sre", "GET", "/diff")).json()
+    [table] = diff["tables"]
+    assert table["differences"] == 1
+    [row] = table["items"]
+    assert (row["key"], row["kind"]) == ("t1", "changed")
+    assert row["columns"] == {"status": {"live": "bogus", "rebuilt": before["status"]}}
+    print_diff(diff, swapped=False)  # what `runyard rebuild task_list --diff` prints
+    printed = capsys.readouterr().out
+    assert "task_list at position" in printed and "1 differences (differs" in printed
+    assert "bogus" in printed and before["status"] in printed
+
+    swapped = (await lists.call("sre", "POST", "/swap")).json()
+    assert (swapped["repaired"], swapped["rows"]) == (1, 4)
+    after = await lists.gateway.db.fetchrow("SELECT * FROM task_list WHERE task_id = 't1'")
+    assert dict(after) == dict(before)
+    # the live projector goes on from its checkpoint with the swapped rows
+    await tasks_ran(lists.gateway, 1, first=4)
+    assert await lists.gateway.db.fetchval("SELECT count(*) FROM task_list") == 5
+    gone = await lists.call("sre", "GET", "/diff")
+    assert (gone.status_code, gone.json()["code"]) == (404, "rebuild.not_started")
+    await rebuilt(lists)
+    again = (await lists.call("sre", "GET", "/diff")).json()
+    assert again["tables"][0]["differences"] == 0
+
+
+async def test_an_interrupted_rebuild_resumes_from_its_shadow_checkpoint(lists: Lists) -> None:
+    await tasks_ran(lists.gateway, 3)
+    head = await lists.gateway.store.head_position()
+    first = (await lists.call("sre", "POST", "/rebuild", max_events=5)).json()
+    assert (first["applied"], first["done"]) == (5, False)
+    # the gateway is gone (a new process): the shadow's position is in `checkpoints`
+    async with lists.gateway.db.acquire() as conn:
+        progress = {p.name: p for p in await read_progress(conn)}
+    assert progress["shadow:task_list"].position == first["position"]
+    assert progress["shadow:task_list"].kind == "shadow"
+    resumed = await TaskListRebuild(lists.gateway).step(1000)
+    assert resumed["applied"] == head - first["position"] and resumed["done"]
+    restarted = (await lists.call("sre", "POST", "/rebuild", max_events=5, restart="true")).json()
+    assert restarted["position"] <= 5 + 1 and restarted["applied"] == 5
+
+
+async def test_only_operators_rebuild(lists: Lists) -> None:
+    for method, path in [("POST", "/rebuild"), ("GET", "/diff"), ("POST", "/swap")]:
+        refused = await lists.call("member", method, path)
+        assert (refused.status_code, refused.json()["code"]) == (403, "auth.operator_only")
+
+
+# --- the scheduler's read models (its own routes, routed by the gateway) ----------------
+
+
+async def test_scheduler_read_models_rebuild_diff_and_swap(
+    face: Face,  # noqa: F811  (the fixture)
+) -> None:
+    face.tokens["sre"] = await create_token(face.store.pool, "ops", "sam", "sre")
+    await face.submit("running", "t1")  # takes the only node
+    await face.submit("mine", "t1")
+    await face.submit("theirs", "t2")
+    base = "http://scheduler/v1/admin/scheduler/read-models"
+
+    async def call(method: str, name: str, path: str, who: str = "sre") -> Any:
+        answer = await face.http.request(
+            method, f"{base}/{name}/{path}", headers={"Authorization": face.auth(who)}
+        )
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    for name in ("scheduler_pool_views", "scheduler_queue"):
+        step = await call("POST", name, "rebuild")
+        assert step["done"] and step["pools"] == 1 and step["pending"] == 0
+        [table] = (await call("GET", name, "diff"))["tables"]
+        assert table["differences"] == 0, table
+    assert table["live_rows"] == 2  # mine and theirs wait
+
+    await face.store.pool.execute("UPDATE scheduler_queue SET why = 'bogus' WHERE task_id = 'mine'")
+    await face.store.pool.execute(
+        "UPDATE scheduler_pool_views SET view = jsonb_set(view, '{capacity,free_gpus}', '99')"
+    )
+    for name, key, column in [
+        ("scheduler_queue", "mine", "why"),
+        ("scheduler_pool_views", "dev-a100", "view"),
+    ]:
+        await call("POST", name, "rebuild")
+        [table] = (await call("GET", name, "diff"))["tables"]
+        assert table["differences"] == 1, table
+        [row] = table["items"]
+        assert (row["key"], list(row["columns"])) == (key, [column])
+        swapped = await call("POST", name, "swap")
+        assert swapped["repaired"] == 1
+        await call("POST", name, "rebuild")
+        [table] = (await call("GET", name, "diff"))["tables"]
+        assert table["differences"] == 0
+    why = await face.store.pool.fetchval("SELECT why FROM scheduler_queue WHERE task_id = 'mine'")
+    assert why != "bogus"
+    refused = await face.http.post(
+        f"{base}/scheduler_queue/rebuild", headers={"Authorization": face.auth("t1")}
+    )
+    assert (refused.status_code, refused.json()["code"]) == (403, "auth.operator_only")
