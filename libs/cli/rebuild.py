@@ -7,9 +7,10 @@
     runyard rebuild scheduler_queue --discard  drop the shadow
 
 Read models: `task_list` (the gateway's), `scheduler_pool_views` and
-`scheduler_queue` (the scheduler's). Progress goes to stderr; 0 differences is
-the healthy answer. Needs the sre or platform_admin role (docs/operations.md,
-"Rebuilding a read model").
+`scheduler_queue` (the scheduler's), `queue_waits` (the notification
+service's). Progress goes to stderr; 0 differences is the healthy answer.
+Needs the sre or platform_admin role (docs/operations.md, "Rebuilding a read
+model").
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ READ_MODELS = {
     "task_list": "/v1/admin/read-models/task_list",
     "scheduler_pool_views": "/v1/admin/scheduler/read-models/scheduler_pool_views",
     "scheduler_queue": "/v1/admin/scheduler/read-models/scheduler_queue",
+    "queue_waits": "/v1/admin/notification/read-models/queue_waits",
 }
 
 

@@ -125,6 +125,12 @@ ROUTES: tuple[Route, ...] = (
     ),
     Route("/v1/admin/scheduler/read-models/{name}/diff", ("GET",), "scheduler", operator=True),
     Route("/v1/admin/scheduler/read-models/{name}/swap", ("POST",), "scheduler", operator=True),
+    Route(
+        "/v1/admin/notification/read-models/{name}/{action}",
+        ("GET", "POST", "DELETE"),
+        "notification",
+        operator=True,
+    ),
 )
 
 

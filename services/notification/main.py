@@ -13,9 +13,10 @@ webhook origins alerts may go to come from `notification.yaml` of the config
 folder (`webhook_origins`; absent: Feishu's and Lark's bot endpoints).
 
 Beside that work it serves its HTTP face (`runyard.api.service`: health,
-readiness, metrics and the alert subscription routes of
-`runyard.notification.http`, which the gateway routes authenticated requests
-to).
+readiness, metrics, the alert subscription routes of
+`runyard.notification.http` and the rebuild routes of `queue_waits`
+(`runyard.notification.rebuild`), which the gateway routes authenticated
+requests to).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from runyard.messaging.consumer import IdempotentConsumer, make_broker
 from runyard.notification import firsterror
 from runyard.notification.app import EVENT_TYPES, NotificationApp, NotificationConfig
 from runyard.notification.http import notification_router
+from runyard.notification.rebuild import rebuild_router
 from runyard.stack.context import ServiceContext
 
 CONSUMER = "notification"
@@ -67,7 +69,7 @@ async def run(ctx: ServiceContext) -> None:
         consumer = make_consumer(ctx, store.pool, app)
         consumer.subscribe(broker, ctx.kafka.topics.task_events)
         await broker.start()
-        http = http_app(store.pool, ctx.config_dir)
+        http = http_app(app, ctx.config_dir)
         serving = serve_service(NAME, http, settings=ctx.settings, endpoints=ctx.endpoints)
         async with asyncio.TaskGroup() as tasks:  # a crash of either stops both
             tasks.create_task(serving, name="notification-http")
@@ -89,16 +91,22 @@ async def deliver_forever(app: NotificationApp, poll_s: float) -> None:
         await asyncio.sleep(poll_s)
 
 
-def http_app(pool: asyncpg.Pool, config_dir: Path) -> FastAPI:
+def http_app(app: NotificationApp, config_dir: Path) -> FastAPI:
     """The service's HTTP face: health, readiness (its database answers), its routes
-    (webhooks checked against `notification.yaml` of `config_dir`)."""
+    (webhooks checked against `notification.yaml` of `config_dir`) and the rebuild of
+    `queue_waits` (`runyard.notification.rebuild`)."""
+    pool = app.store.pool
 
     async def ready() -> Mapping[str, float]:
         await pool.fetchval("SELECT 1")  # an outage raises: not ready
         return {}
 
-    router = notification_router(pool, TokenAuthenticator(pool), config_dir)
-    return service_app(NAME, routers=[router], ready=ready)
+    authenticator = TokenAuthenticator(pool)
+    routers = [
+        notification_router(pool, authenticator, config_dir),
+        rebuild_router(app, authenticator),
+    ]
+    return service_app(NAME, routers=routers, ready=ready)
 
 
 def make_consumer(

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from importlib import resources
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import asyncpg
 from runyard.eventstore import Migration, apply_migrations, load_migrations
@@ -369,6 +369,9 @@ async def lock_tenant_subscriptions(conn: asyncpg.Connection, tenant: str) -> No
 
 # --- queue waits ----------------------------------------------------------------------
 
+#: The read model of the tasks waiting now (`runyard rebuild queue_waits`).
+QUEUE_WAITS: Final = "queue_waits"
+
 
 @dataclass(frozen=True, slots=True)
 class QueueWait:
@@ -383,9 +386,10 @@ class QueueWait:
     cause: Cause
 
 
-async def put_queue_wait(db: Db, wait: QueueWait) -> None:
+async def put_queue_wait(db: Db, wait: QueueWait, *, table: str = QUEUE_WAITS) -> None:
+    """Start or change the task's wait (in `table`: the live one, or a rebuild's shadow)."""
     await db.execute(
-        """INSERT INTO queue_waits
+        f"""INSERT INTO {table}
                (task_id, tenant, run, queued_at, facts, subscriptions, causation_id, correlation_id)
            VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb, $7, $8)
            ON CONFLICT (task_id) DO UPDATE SET run = $3, queued_at = $4, facts = $5::jsonb,

@@ -1,7 +1,8 @@
 """Read-model rebuilds on the whole platform: after tasks ran, were stopped and
 queued, `runyard rebuild NAME --diff` finds 0 differences for every read model,
-through the gateway (the scheduler's routed to it), and a corrupted row of the
-task list is one difference that the swap repairs while the platform runs.
+through the gateway (the scheduler's and the notification service's routed to
+it), and a corrupted row of the task list is one difference that the swap
+repairs while the platform runs.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ READ_MODELS = {
     "task_list": "/v1/admin/read-models/task_list",
     "scheduler_pool_views": "/v1/admin/scheduler/read-models/scheduler_pool_views",
     "scheduler_queue": "/v1/admin/scheduler/read-models/scheduler_queue",
+    "queue_waits": "/v1/admin/notification/read-models/queue_waits",
 }
 
 

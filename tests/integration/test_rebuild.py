@@ -1,10 +1,11 @@
 """Rebuilding read models beside the live ones, on a real Postgres: `runyard rebuild`.
 
-The task list (the gateway's) and the scheduler's pool views and queue are
-rebuilt from position 0 into shadow tables with their owners' own code: after
-tasks have run, the diff is empty; a corrupted live row is exactly one
-difference, and the swap repairs it without stopping anything; a rebuild cut
-off half way resumes from its shadow checkpoint.
+The task list (the gateway's), the scheduler's pool views and queue, and the
+notification service's queue waits are rebuilt from position 0 into shadow
+tables with their owners' own code: after tasks have run, the diff is empty;
+a corrupted live row is exactly one difference, and the swap repairs it
+without stopping anything; a rebuild cut off half way resumes from its shadow
+checkpoint.
 """
 
 from __future__ import annotations
@@ -17,14 +18,19 @@ from typing import Any
 import httpx
 import pytest
 from runyard.api.auth import create_token
-from runyard.cli.rebuild import print_diff
+from runyard.cli.rebuild import READ_MODELS, print_diff
 from runyard.contracts import Metadata, NewEvent
+from runyard.domain import Fail, Queue
 from runyard.gateway.app import Gateway
 from runyard.gateway.http import create_app
+from runyard.gateway.proxy import ROUTES
 from runyard.gateway.rebuild import TaskListRebuild
 from runyard.messaging.progress import read_progress
+from runyard.notification.main import http_app as notification_http
 
 from tests.integration.test_gateway import config_dir
+from tests.integration.test_notification import Harness, harness
+from tests.integration.test_notification import spec as notification_spec
 from tests.integration.test_scheduler_http import Face, face  # noqa: F401  (fixture)
 from tests.unit.test_task_domain import Story, make_spec
 
@@ -203,3 +209,92 @@ async def test_scheduler_read_models_rebuild_diff_and_swap(
         f"{base}/scheduler_queue/rebuild", headers={"Authorization": face.auth("t1")}
     )
     assert (refused.status_code, refused.json()["code"]) == (403, "auth.operator_only")
+
+
+# --- the notification service's queue waits (its own routes, routed by the gateway) -----
+
+
+async def test_queue_waits_rebuild_diff_and_swap(dsn: str, tmp_path: Path) -> None:
+    gateway = await Gateway.connect(dsn, config_dir(tmp_path))  # its migrations hold the tokens
+    try:
+        tokens = {
+            "sre": await create_token(gateway.db, "ops", "sam", "sre"),
+            "member": await create_token(gateway.db, "t1", "alice", "member"),
+        }
+        async with harness(dsn, serve=False) as h:
+            await queued_and_ran(h)
+            app = notification_http(h.app, tmp_path)
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://notification"
+            ) as http:
+                await _queue_waits_rebuilt(h, http, tokens)
+    finally:
+        await gateway.close()
+
+
+async def queued_and_ran(h: Harness) -> None:
+    """Three tasks waiting (one queued twice), one whose wait ended, two that ran and
+    restarted (their streams as the task domain makes them)."""
+    for n in range(3):
+        await h.submit(f"w{n}", notification_spec(f"waits-{n}"))
+        await h.command(f"w{n}", Queue(f"w{n}", "needs 2 x 8-GPU workers", n, 16, 1))
+    await h.command("w0", Queue("w0", "pool too small", 0, 16, 0, blocked=True))  # a new kind
+    await h.submit("ended", notification_spec("ended"))
+    await h.command("ended", Queue("ended", "waiting", 3, 16, 0))
+    await h.command("ended", Fail("ended", "ends the wait"))
+    for n in range(2):
+        story = Story(make_spec(workers=1, auto_restart=True, max_restarts=1)).running()
+        story.exit(0, 1)
+        events = [
+            NewEvent(e.model_copy(update={"task_id": f"ran{n}"}), Metadata(actor="x:y"), at)
+            if "task_id" in type(e).model_fields
+            else NewEvent(e, Metadata(actor="x:y"), at)
+            for e, at in story.events
+        ]
+        await h.store.append(f"task-ran{n}", events)
+        await h.deliver(await h.store.read_stream(f"task-ran{n}"))
+
+
+async def _queue_waits_rebuilt(
+    h: Harness, http: httpx.AsyncClient, tokens: dict[str, str]
+) -> None:
+    base = "/v1/admin/notification/read-models/queue_waits"
+
+    async def call(method: str, path: str, who: str = "sre") -> Any:
+        headers = {"Authorization": f"Bearer {tokens[who]}"}
+        answer = await http.request(method, f"{base}/{path}", headers=headers)
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    step = await call("POST", "rebuild")
+    assert step["done"] and (step["tasks"], step["waiting"]) == (6, 3)
+    [table] = (await call("GET", "diff"))["tables"]
+    assert (table["differences"], table["live_rows"], table["rebuilt_rows"]) == (0, 3, 3), table
+
+    before = await h.store.pool.fetchrow("SELECT * FROM queue_waits WHERE task_id = 'w1'")
+    await h.store.pool.execute(
+        "UPDATE queue_waits SET queued_at = queued_at - interval '1 hour' WHERE task_id = 'w1'"
+    )
+    [table] = (await call("GET", "diff"))["tables"]
+    assert table["differences"] == 1, table
+    [row] = table["items"]
+    assert (row["key"], row["kind"], list(row["columns"])) == ("w1", "changed", ["queued_at"])
+    swapped = await call("POST", "swap")
+    assert (swapped["repaired"], swapped["rows"]) == (1, 3)
+    after = await h.store.pool.fetchrow("SELECT * FROM queue_waits WHERE task_id = 'w1'")
+    assert dict(after) == dict(before)
+    # the service goes on with the swapped rows: a wait that ends deletes its row
+    await h.command("w2", Fail("w2", "ends the wait"))
+    await call("POST", "rebuild")
+    [table] = (await call("GET", "diff"))["tables"]
+    assert (table["differences"], table["live_rows"]) == (0, 2)
+    assert (await call("DELETE", "rebuild"))["dropped"]
+
+    refused = await http.post(
+        f"{base}/rebuild", headers={"Authorization": f"Bearer {tokens['member']}"}
+    )
+    assert (refused.status_code, refused.json()["code"]) == (403, "auth.operator_only")
+    # the gateway routes the same paths to the notification service, for operators only
+    [route] = [r for r in ROUTES if r.owner == "notification" and r.operator]
+    assert route.path.format(name="queue_waits", action="swap") == f"{base}/swap"
+    assert READ_MODELS["queue_waits"] == base

@@ -1,0 +1,188 @@
+"""Rebuilding `queue_waits` beside the live one (`runyard rebuild queue_waits`).
+
+    POST   /v1/admin/notification/read-models/queue_waits/rebuild  rebuild the shadow
+    GET    /v1/admin/notification/read-models/queue_waits/diff     the shadow against the live rows
+    POST   /v1/admin/notification/read-models/queue_waits/swap     the shadow's rows become live
+    DELETE /v1/admin/notification/read-models/queue_waits/rebuild  drop the shadow
+
+The live rows are kept by `NotificationApp.handle`, one event at a time as the
+consumer hands them over: each event of `EVENT_TYPES` on a task stream puts
+the task's row (`queue_wait` of the task folded up to that event, that event
+as the cause) or deletes it. So a row is a function of its task stream alone:
+the task folded up to its last event of `EVENT_TYPES`, and that event. The
+rebuild folds every task stream once with the task domain's `evolve`, and
+writes those rows with the code that writes the live ones (`queue_wait`,
+`put_queue_wait`) into `queue_waits__shadow`. It decodes only what a row
+uses: each payload for the fold, the metadata (the correlation id) of the
+one event a row names. Like the scheduler's rebuild it is one pass with
+nothing to resume: a step is the whole rebuild, its position (the log's end
+when it read) kept under `shadow:queue_waits`.
+
+A diff and a swap lock the live table (SHARE for a diff, EXCLUSIVE for a
+swap: the queue timer reads on, the consumer's inbox transactions wait) and
+fold again under the lock. No column depends on when a row was written, so
+rows are compared whole. Compare when the consumer is caught up
+(`runyard projections`, lag 0 for `notification`): events it has not handled
+yet are in the rebuild and not yet in the live rows.
+
+(No `from __future__ import annotations` here: FastAPI must see the routes'
+`caller_dependency(...)` when it reads the handlers' signatures.)
+"""
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Annotated, Any, Final
+
+import asyncpg
+from fastapi import APIRouter
+from runyard.api.auth import Principal
+from runyard.api.security import Authenticator, caller_dependency
+from runyard.contracts import Metadata
+from runyard.domain import TaskState, evolve
+from runyard.eventstore.shadow import (
+    create_shadow,
+    diff_table,
+    drop_shadow,
+    lock_tables,
+    require_shadow,
+    set_shadow_position,
+    swap_in,
+)
+from runyard.notification.app import EVENT_TYPES, NotificationApp
+from runyard.notification.store import QUEUE_WAITS, Cause, QueueWait, put_queue_wait
+
+KEY: Final = ("task_id",)
+#: Task streams folded per query of a rebuild.
+STREAMS_PER_READ: Final = 500
+_STREAMS = (
+    "SELECT stream_id FROM streams WHERE stream_id LIKE 'task-%' AND stream_id > $1"
+    " ORDER BY stream_id LIMIT $2"
+)
+_EVENTS = (
+    "SELECT stream_id, event_id, event_type, schema_version, data::text AS data,"
+    " metadata::text AS metadata, occurred_at FROM events"
+    " WHERE stream_id = ANY($1::text[]) ORDER BY stream_id, stream_version"
+)
+
+
+class QueueWaitsRebuild:
+    """The shadow rebuild of `queue_waits`, with the notification service's own code."""
+
+    def __init__(self, app: NotificationApp) -> None:
+        self.app = app
+
+    async def step(self) -> dict[str, Any]:
+        """Rebuild the shadow now (one pass; see the module docstring)."""
+        async with self.app.store.transaction() as conn:
+            folded = await self._rebuild(conn)
+        return {"name": QUEUE_WAITS, **folded, "done": True}
+
+    async def diff(self) -> dict[str, Any]:
+        async with self.app.store.transaction() as conn:
+            await require_shadow(conn, QUEUE_WAITS)
+            await lock_tables(conn, [QUEUE_WAITS], "SHARE")
+            folded = await self._rebuild(conn)
+            found = await diff_table(conn, QUEUE_WAITS, KEY)
+        return {"name": QUEUE_WAITS, **folded, "tables": [found.as_json()]}
+
+    async def swap(self) -> dict[str, Any]:
+        async with self.app.store.transaction() as conn:
+            await require_shadow(conn, QUEUE_WAITS)
+            await lock_tables(conn, [QUEUE_WAITS], "EXCLUSIVE")
+            folded = await self._rebuild(conn)
+            swapped = await swap_in(conn, QUEUE_WAITS, KEY)
+        return {"name": QUEUE_WAITS, **folded, **swapped}
+
+    async def discard(self) -> dict[str, Any]:
+        async with self.app.store.transaction() as conn:
+            await drop_shadow(conn, QUEUE_WAITS, [QUEUE_WAITS])
+        return {"name": QUEUE_WAITS, "dropped": True}
+
+    async def _rebuild(self, conn: asyncpg.Connection) -> dict[str, Any]:
+        """Fold every task stream and write the shadow's rows on `conn`."""
+        position = int(await conn.fetchval("SELECT coalesce(max(global_position), 0) FROM events"))
+        shadow = await create_shadow(conn, QUEUE_WAITS, fresh=True)
+        await set_shadow_position(conn, QUEUE_WAITS, position)
+        tasks = waiting = 0
+        async for streams in _stream_pages(conn):
+            rows = await conn.fetch(_EVENTS, streams)
+            for wait in self._waits(rows):
+                await put_queue_wait(conn, wait, table=shadow)
+                waiting += 1
+            tasks += len(streams)
+        return {
+            "position": position,
+            "target": position,
+            "log_end": position,
+            "tasks": tasks,
+            "waiting": waiting,
+        }
+
+    def _waits(self, rows: Sequence[asyncpg.Record]) -> list[QueueWait]:
+        """The rows of the waiting tasks among the streams of `rows` (ordered by stream)."""
+        waits: list[QueueWait] = []
+        start = 0
+        for end in range(1, len(rows) + 1):
+            if end == len(rows) or rows[end]["stream_id"] != rows[start]["stream_id"]:
+                wait = self._wait(rows[start:end])
+                if wait is not None:
+                    waits.append(wait)
+                start = end
+        return waits
+
+    def _wait(self, stream: Sequence[asyncpg.Record]) -> QueueWait | None:
+        """The row `handle` left for one task stream: that of its last handled event."""
+        decode = self.app.store.mapper.decode
+        state: TaskState | None = None
+        last: tuple[TaskState, asyncpg.Record] | None = None
+        for row in stream:
+            event = decode(row["event_type"], row["schema_version"], row["data"])
+            state = evolve(state, (event, row["occurred_at"]))
+            if event.type_name() in EVENT_TYPES:
+                last = (state, row)
+        if last is None:
+            return None
+        state, row = last
+        event_id = str(row["event_id"])
+        correlation = Metadata.model_validate_json(row["metadata"]).correlation_id
+        return self.app.queue_wait(state, Cause(event_id, correlation or event_id))
+
+
+async def _stream_pages(conn: asyncpg.Connection) -> AsyncIterator[list[str]]:
+    """The task streams' ids, in pages of `STREAMS_PER_READ`."""
+    after = ""
+    while page := await conn.fetch(_STREAMS, after, STREAMS_PER_READ):
+        yield [r["stream_id"] for r in page]
+        after = page[-1]["stream_id"]
+
+
+def rebuild_router(app: NotificationApp, authenticator: Authenticator) -> APIRouter:
+    """The `queue_waits` rebuild routes (sre, platform_admin; see the module docstring)."""
+    rebuild = QueueWaitsRebuild(app)
+    Caller = Annotated[Principal, caller_dependency(authenticator, operator=True)]
+    router = APIRouter(tags=["read models"])
+    base = f"/v1/admin/notification/read-models/{QUEUE_WAITS}"
+
+    @router.post(f"{base}/rebuild")
+    async def step(caller: Caller) -> dict[str, Any]:
+        """Rebuild the queue waits into their shadow, from the log."""
+        return await rebuild.step()
+
+    @router.get(f"{base}/diff")
+    async def diff(caller: Caller) -> dict[str, Any]:
+        """The differences between the rebuilt queue waits and the live ones."""
+        return await rebuild.diff()
+
+    @router.post(f"{base}/swap")
+    async def swap(caller: Caller) -> dict[str, Any]:
+        """Replace the live queue waits with the rebuild, without stopping the service."""
+        return await rebuild.swap()
+
+    @router.delete(f"{base}/rebuild")
+    async def discard(caller: Caller) -> dict[str, Any]:
+        """Drop the shadow."""
+        return await rebuild.discard()
+
+    return router
+
+
+__all__ = ["KEY", "STREAMS_PER_READ", "QueueWaitsRebuild", "rebuild_router"]
