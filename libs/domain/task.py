@@ -278,22 +278,33 @@ D = TypeVar("D")
 
 
 def _replacer(cls: type[D]) -> Callable[[D, dict[str, Any]], D]:
-    """`dataclasses.replace` specialised to the dataclass `cls`: one call of `cls` with
-    each field named, taken from `changes` or else from `s`. The generic `replace`
-    walks the fields' metadata on every call, which was 90% of a fold's time; this
-    one gives the same value (tests/unit/test_task_fold.py checks it over random
-    histories). Made once per class, as `dataclasses` makes `__init__`: from source."""
+    """`dataclasses.replace` specialised to the frozen dataclass `cls`: a new instance
+    with every field of `s` copied, then `changes` set, as its generated `__init__`
+    sets fields (`object.__setattr__`). The generic `replace` walks the fields'
+    metadata and calls `__init__` by keyword on every call, which was 90% of a fold's
+    time; this one gives the same value (tests/unit/test_task_fold.py checks it over
+    random histories). Made once per class from source, as `dataclasses` makes
+    `__init__`; only for classes whose `__init__` does nothing else."""
     names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
-    if not all(f.init for f in fields(cls)):  # type: ignore[arg-type]
-        raise TypeError(f"{cls.__name__}: every field must be an __init__ argument")
-    given = ", ".join(f"{n}=changes[{n!r}] if {n!r} in changes else s.{n}" for n in names)
+    if hasattr(cls, "__post_init__") or not all(f.init for f in fields(cls)):  # type: ignore[arg-type]
+        raise TypeError(f"{cls.__name__}: its __init__ must only set its fields")
+    copied = "".join(f"    put(new, {n!r}, s.{n})\n" for n in names)
     source = (
         "def replace(s, changes):\n"
         "    if not changes.keys() <= known:\n"
         "        raise TypeError(f'{cls.__name__} has no field {set(changes) - known}')\n"
-        f"    return cls({given})\n"
+        "    new = make(cls)\n"
+        f"{copied}"
+        "    for name, value in changes.items():\n"
+        "        put(new, name, value)\n"
+        "    return new\n"
     )
-    scope: dict[str, Any] = {"cls": cls, "known": frozenset(names)}
+    scope: dict[str, Any] = {
+        "cls": cls,
+        "known": frozenset(names),
+        "make": object.__new__,
+        "put": object.__setattr__,
+    }
     exec(source, scope)  # our own field names only
     made: Callable[[D, dict[str, Any]], D] = scope["replace"]
     return made
