@@ -11,8 +11,10 @@ caller took (`lock_tables`), so readers never see a half-swapped table and
 the live table keeps its name, indexes and grants.
 
 Which service rebuilds: the owner of the read model (the gateway for
-`task_list`, the scheduler for its views), behind its admin routes; this
-module is the part they share (docs/operations.md, "Rebuilding a read model").
+`task_list`, the scheduler for its views, the notification service for
+`queue_waits`), behind its admin routes; this module is the part they share
+(docs/operations.md, "Rebuilding a read model"), `OnePassRebuild` the steps
+of a rebuild that is one fold of the log.
 """
 
 from __future__ import annotations
@@ -21,10 +23,13 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import asyncpg
 from runyard.eventstore.errors import EventStoreError
+
+if TYPE_CHECKING:
+    from runyard.eventstore.postgres import PostgresEventStore
 
 #: The most differing rows one diff lists (all are counted).
 MAX_DIFF_ROWS: Final = 1000
@@ -203,6 +208,76 @@ async def swap_in(
     return {"rows": rows, "repaired": found.differences, "tables": [found.as_json()]}
 
 
+class OnePassRebuild:
+    """A rebuild that is one fold of the log, with nothing to resume (the scheduler's
+    views, the notification service's queue waits): the owner's `fold_into` writes
+    the shadow of every one of `tables` on the connection it is given.
+
+    A step is the whole rebuild; its position (the log's end when it read) is kept
+    under `shadow:<table>`. A diff and a swap of `name` lock all of `tables`, in
+    the order given (the order their writer writes them; SHARE for a diff,
+    EXCLUSIVE for a swap: readers go on, the writer waits) and fold again under
+    the lock, so the shadow holds every event the live rows could hold."""
+
+    def __init__(
+        self,
+        store: PostgresEventStore,
+        name: str,
+        tables: Sequence[str],
+        key: Sequence[str],
+        *,
+        comparable: Callable[[Row], Row] = lambda row: row,
+    ) -> None:
+        self.store = store
+        self.name = name
+        self.tables = tuple(tables)
+        self.key = tuple(key)
+        self.comparable = comparable
+
+    async def fold_into(self, conn: asyncpg.Connection) -> dict[str, Any]:
+        """Write the shadows of `tables` from the log; what to report of the fold."""
+        raise NotImplementedError
+
+    async def step(self) -> dict[str, Any]:
+        """Rebuild the shadows now (one pass)."""
+        async with self.store.transaction() as conn:
+            folded = await self._rebuild(conn)
+        return {"name": self.name, **folded, "done": True}
+
+    async def diff(self) -> dict[str, Any]:
+        """The shadow, folded again under a SHARE lock, against the live rows."""
+        async with self.store.transaction() as conn:
+            await require_shadow(conn, self.name)
+            await lock_tables(conn, self.tables, "SHARE")
+            folded = await self._rebuild(conn)
+            found = await diff_table(conn, self.name, self.key, comparable=self.comparable)
+        return {"name": self.name, **folded, "tables": [found.as_json()]}
+
+    async def swap(self) -> dict[str, Any]:
+        """The live rows replaced by a shadow folded again under an EXCLUSIVE lock."""
+        async with self.store.transaction() as conn:
+            await require_shadow(conn, self.name)
+            await lock_tables(conn, self.tables, "EXCLUSIVE")
+            folded = await self._rebuild(conn)
+            swapped = await swap_in(conn, self.name, self.key, comparable=self.comparable)
+        return {"name": self.name, **folded, **swapped}
+
+    async def discard(self) -> dict[str, Any]:
+        """Drop the shadows and their positions."""
+        async with self.store.transaction() as conn:
+            for table in self.tables:
+                await drop_shadow(conn, table, [table])
+        return {"name": self.name, "dropped": True}
+
+    async def _rebuild(self, conn: asyncpg.Connection) -> dict[str, Any]:
+        position = int(await conn.fetchval("SELECT coalesce(max(global_position), 0) FROM events"))
+        for table in self.tables:
+            await create_shadow(conn, table, fresh=True)
+            await set_shadow_position(conn, table, position)
+        folded = await self.fold_into(conn)
+        return {"position": position, "target": position, "log_end": position, **folded}
+
+
 async def replace_from_shadow(conn: asyncpg.Connection, table: str) -> int:
     """Make `table`'s rows its shadow's (in the caller's transaction, under its lock);
     the number of rows now live."""
@@ -215,6 +290,7 @@ async def replace_from_shadow(conn: asyncpg.Connection, table: str) -> int:
 __all__ = [
     "MAX_DIFF_ROWS",
     "SHADOW_PREFIX",
+    "OnePassRebuild",
     "RebuildNotStarted",
     "RowDiff",
     "TableDiff",

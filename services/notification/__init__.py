@@ -4,7 +4,8 @@ Shape, as every service: `rules` (pure: which events raise which alerts, who
 wants them), `feishu` (pure: bodies, signing, fitting in 20 KB, answers),
 `ratelimit` (per-bot token buckets), `store` (tables), `app` (the application
 layer: reactions, the queue timer, delivery and audit), `subscriptions` (the
-API's use cases), the edges `http` (router the gateway includes) and `main`
+API's use cases), `rebuild` (`queue_waits` rebuilt from the log beside the
+live one), the edges `http` (router the gateway includes) and `main`
 (`async def run(ctx)`). See docs/notifications.md.
 """
 

@@ -23,30 +23,22 @@ swap: the queue timer reads on, the consumer's inbox transactions wait) and
 fold again under the lock. No column depends on when a row was written, so
 rows are compared whole. Compare when the consumer is caught up
 (`runyard projections`, lag 0 for `notification`): events it has not handled
-yet are in the rebuild and not yet in the live rows.
-
-(No `from __future__ import annotations` here: FastAPI must see the routes'
-`caller_dependency(...)` when it reads the handlers' signatures.)
+yet are in the rebuild and not yet in the live rows. The steps, locks
+included, are `runyard.eventstore.shadow.OnePassRebuild`'s; this module
+gives it the fold.
 """
 
+from __future__ import annotations
+
 from collections.abc import AsyncIterator, Sequence
-from typing import Annotated, Any, Final
+from typing import Any, Final
 
 import asyncpg
 from fastapi import APIRouter
-from runyard.api.auth import Principal
 from runyard.api.security import Authenticator, caller_dependency
 from runyard.contracts import Metadata
 from runyard.domain import TaskState, evolve
-from runyard.eventstore.shadow import (
-    create_shadow,
-    diff_table,
-    drop_shadow,
-    lock_tables,
-    require_shadow,
-    set_shadow_position,
-    swap_in,
-)
+from runyard.eventstore.shadow import OnePassRebuild, shadow_of
 from runyard.notification.app import EVENT_TYPES, NotificationApp
 from runyard.notification.store import QUEUE_WAITS, Cause, QueueWait, put_queue_wait
 
@@ -64,58 +56,23 @@ _EVENTS = (
 )
 
 
-class QueueWaitsRebuild:
+class QueueWaitsRebuild(OnePassRebuild):
     """The shadow rebuild of `queue_waits`, with the notification service's own code."""
 
     def __init__(self, app: NotificationApp) -> None:
+        super().__init__(app.store, QUEUE_WAITS, [QUEUE_WAITS], KEY)
         self.app = app
 
-    async def step(self) -> dict[str, Any]:
-        """Rebuild the shadow now (one pass; see the module docstring)."""
-        async with self.app.store.transaction() as conn:
-            folded = await self._rebuild(conn)
-        return {"name": QUEUE_WAITS, **folded, "done": True}
-
-    async def diff(self) -> dict[str, Any]:
-        async with self.app.store.transaction() as conn:
-            await require_shadow(conn, QUEUE_WAITS)
-            await lock_tables(conn, [QUEUE_WAITS], "SHARE")
-            folded = await self._rebuild(conn)
-            found = await diff_table(conn, QUEUE_WAITS, KEY)
-        return {"name": QUEUE_WAITS, **folded, "tables": [found.as_json()]}
-
-    async def swap(self) -> dict[str, Any]:
-        async with self.app.store.transaction() as conn:
-            await require_shadow(conn, QUEUE_WAITS)
-            await lock_tables(conn, [QUEUE_WAITS], "EXCLUSIVE")
-            folded = await self._rebuild(conn)
-            swapped = await swap_in(conn, QUEUE_WAITS, KEY)
-        return {"name": QUEUE_WAITS, **folded, **swapped}
-
-    async def discard(self) -> dict[str, Any]:
-        async with self.app.store.transaction() as conn:
-            await drop_shadow(conn, QUEUE_WAITS, [QUEUE_WAITS])
-        return {"name": QUEUE_WAITS, "dropped": True}
-
-    async def _rebuild(self, conn: asyncpg.Connection) -> dict[str, Any]:
+    async def fold_into(self, conn: asyncpg.Connection) -> dict[str, Any]:
         """Fold every task stream and write the shadow's rows on `conn`."""
-        position = int(await conn.fetchval("SELECT coalesce(max(global_position), 0) FROM events"))
-        shadow = await create_shadow(conn, QUEUE_WAITS, fresh=True)
-        await set_shadow_position(conn, QUEUE_WAITS, position)
         tasks = waiting = 0
         async for streams in _stream_pages(conn):
             rows = await conn.fetch(_EVENTS, streams)
             for wait in self._waits(rows):
-                await put_queue_wait(conn, wait, table=shadow)
+                await put_queue_wait(conn, wait, table=shadow_of(QUEUE_WAITS))
                 waiting += 1
             tasks += len(streams)
-        return {
-            "position": position,
-            "target": position,
-            "log_end": position,
-            "tasks": tasks,
-            "waiting": waiting,
-        }
+        return {"tasks": tasks, "waiting": waiting}
 
     def _waits(self, rows: Sequence[asyncpg.Record]) -> list[QueueWait]:
         """The rows of the waiting tasks among the streams of `rows` (ordered by stream)."""
@@ -158,30 +115,16 @@ async def _stream_pages(conn: asyncpg.Connection) -> AsyncIterator[list[str]]:
 def rebuild_router(app: NotificationApp, authenticator: Authenticator) -> APIRouter:
     """The `queue_waits` rebuild routes (sre, platform_admin; see the module docstring)."""
     rebuild = QueueWaitsRebuild(app)
-    Caller = Annotated[Principal, caller_dependency(authenticator, operator=True)]
-    router = APIRouter(tags=["read models"])
+    operator = caller_dependency(authenticator, operator=True)
+    router = APIRouter(tags=["read models"], dependencies=[operator])
     base = f"/v1/admin/notification/read-models/{QUEUE_WAITS}"
-
-    @router.post(f"{base}/rebuild")
-    async def step(caller: Caller) -> dict[str, Any]:
-        """Rebuild the queue waits into their shadow, from the log."""
-        return await rebuild.step()
-
-    @router.get(f"{base}/diff")
-    async def diff(caller: Caller) -> dict[str, Any]:
-        """The differences between the rebuilt queue waits and the live ones."""
-        return await rebuild.diff()
-
-    @router.post(f"{base}/swap")
-    async def swap(caller: Caller) -> dict[str, Any]:
-        """Replace the live queue waits with the rebuild, without stopping the service."""
-        return await rebuild.swap()
-
-    @router.delete(f"{base}/rebuild")
-    async def discard(caller: Caller) -> dict[str, Any]:
-        """Drop the shadow."""
-        return await rebuild.discard()
-
+    for method, path, action in (
+        ("POST", "rebuild", rebuild.step),
+        ("GET", "diff", rebuild.diff),
+        ("POST", "swap", rebuild.swap),
+        ("DELETE", "rebuild", rebuild.discard),
+    ):
+        router.add_api_route(f"{base}/{path}", action, methods=[method])
     return router
 
 
