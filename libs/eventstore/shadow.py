@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -246,21 +246,29 @@ class OnePassRebuild:
 
     async def diff(self) -> dict[str, Any]:
         """The shadow, folded again under a SHARE lock, against the live rows."""
-        async with self.store.transaction() as conn:
-            await require_shadow(conn, self.name)
-            await lock_tables(conn, self.tables, "SHARE")
-            folded = await self._rebuild(conn)
-            found = await diff_table(conn, self.name, self.key, comparable=self.comparable)
-        return {"name": self.name, **folded, "tables": [found.as_json()]}
+        return await self._under_lock("SHARE", self._diff)
 
     async def swap(self) -> dict[str, Any]:
         """The live rows replaced by a shadow folded again under an EXCLUSIVE lock."""
+        return await self._under_lock("EXCLUSIVE", self._swap)
+
+    async def _diff(self, conn: asyncpg.Connection) -> dict[str, Any]:
+        found = await diff_table(conn, self.name, self.key, comparable=self.comparable)
+        return {"tables": [found.as_json()]}
+
+    async def _swap(self, conn: asyncpg.Connection) -> dict[str, Any]:
+        return await swap_in(conn, self.name, self.key, comparable=self.comparable)
+
+    async def _under_lock(
+        self, mode: str, then: Callable[[asyncpg.Connection], Awaitable[dict[str, Any]]]
+    ) -> dict[str, Any]:
+        """Lock the tables, fold again, then `then` on the live table, in one transaction."""
         async with self.store.transaction() as conn:
             await require_shadow(conn, self.name)
-            await lock_tables(conn, self.tables, "EXCLUSIVE")
+            await lock_tables(conn, self.tables, mode)
             folded = await self._rebuild(conn)
-            swapped = await swap_in(conn, self.name, self.key, comparable=self.comparable)
-        return {"name": self.name, **folded, **swapped}
+            done = await then(conn)
+        return {"name": self.name, **folded, **done}
 
     async def discard(self) -> dict[str, Any]:
         """Drop the shadows and their positions."""
