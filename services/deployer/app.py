@@ -6,7 +6,8 @@ work and returns at once, so a long deployment never holds the consumer):
 - `TaskPlaced` of the task's current attempt: the four deploy stages in order
   (R-20), each `DeployStageStarted` then `DeployStageCompleted` (with its
   duration) or `DeployStageFailed` (with the runtime's reason; the domain
-  fails the run with it). Then, when the spec asks for no env check (or once
+  fails the run with it); a completion and the next stage's start are one
+  append. Then, when the spec asks for no env check (or once
   `EnvCheckFinished` passed), every worker starts at once (gang) and one
   append records all `WorkerStarted` (the domain adds `TaskRunning`).
 - a worker exits: `WorkerExited` with its code, at the time it exited (from
@@ -61,7 +62,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from runyard.contracts import Event, Metadata, RecordedEvent
+from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent
 from runyard.contracts.commands import CaptureStacks
 from runyard.contracts.stacks import bounded, by_worker, digest
 from runyard.contracts.task_events import (
@@ -106,7 +107,14 @@ from runyard.domain.task import (
     evolve,
     fold,
 )
-from runyard.eventstore import PostgresEventStore, TaskCommands, decide_and_append
+from runyard.eventstore import (
+    AppendRequest,
+    AppendResult,
+    Decision,
+    PostgresEventStore,
+    TaskCommands,
+    decide_and_append,
+)
 
 log = logging.getLogger("runyard.deployer")
 
@@ -152,6 +160,11 @@ class _Active:
     meta: Metadata | None = None
     #: The env check program was started in the workers (R-30).
     env_check_started: bool = False
+    #: The task's stream as of this deployer's last decision (None: read it again).
+    #: Decisions start from it instead of reading the stream each time; one that
+    #: another writer made stale conflicts on append and is decided again on a
+    #: fresh read.
+    events: list[RecordedEvent[Event]] | None = None
 
 
 #: The task events the deployer reacts to; the consumer skips every other type
@@ -431,14 +444,21 @@ class DeployerApp:
             "storage_mount": self.runtime.mount_storage,
             "env_init": init_env,
         }
-        for stage in DEPLOY_STAGES:
-            if active.stopping:
+        started_next = False  # the stage was started with the previous one's completion
+        for i, stage in enumerate(DEPLOY_STAGES):
+            if active.stopping and not started_next:
                 return
             if stage in state.stages_done:  # resumed after a restart: prepare it again
                 ok = await self._redo(active, stage, steps[stage], meta)
+                started_next = False
             else:
-                running = stage == state.stage  # started before a restart: finish it
-                ok = await self._stage(active, stage, steps[stage], meta, started=running)
+                # started before a restart (finish it), or with the previous one
+                running = started_next or stage == state.stage
+                then = DEPLOY_STAGES[i + 1] if i + 1 < len(DEPLOY_STAGES) else None
+                ok = await self._stage(
+                    active, stage, steps[stage], meta, started=running, then=then
+                )
+                started_next = then is not None
             if not ok:
                 return
         if not active.may_start.is_set():
@@ -538,14 +558,22 @@ class DeployerApp:
         meta: Metadata,
         *,
         started: bool = False,
+        then: DeployStageName | None = None,
     ) -> bool:
-        """Run one stage with its events; False when the deployment must not go on."""
+        """Run one stage with its events; False when the deployment must not go on.
+
+        `then`: the stage that follows, started in the same append as this one's
+        completion (one write instead of two; the next stage starts at that moment)."""
         d = active.deployment
         try:
             if not started:
                 await self._decide(d.task_id, [StartStage(d.task_id, stage)], meta)
         except DomainError as exc:
             log.info("%s: stage %s not started: %s", d.task_id, stage, exc)
+            return False
+        if active.stopping:  # stopped before its step began
+            reason = "the task is being stopped"
+            await self._decide_quietly(d.task_id, [FailStage(d.task_id, stage, reason)], meta)
             return False
         try:
             await step(d)
@@ -562,8 +590,11 @@ class DeployerApp:
             reason = "the task is being stopped"
             await self._decide_quietly(d.task_id, [FailStage(d.task_id, stage, reason)], meta)
             return False
+        commands: list[Command] = [CompleteStage(d.task_id, stage)]
+        if then is not None:
+            commands.append(StartStage(d.task_id, then))
         try:
-            await self._decide(d.task_id, [CompleteStage(d.task_id, stage)], meta)
+            await self._decide(d.task_id, commands, meta)
         except DomainError as exc:
             log.info("%s: stage %s not completed: %s", d.task_id, stage, exc)
             return False
@@ -921,15 +952,70 @@ class DeployerApp:
             at=at,
             log_refusals=log if quietly else None,
         )
+        active = self._active.get(task_id)
         async with self._locks.setdefault(task_id, asyncio.Lock()):
-            appended = await decide_and_append(
-                self.store,
-                task_stream(task_id),
-                decision,
-                attempts=MAX_CONFLICT_RETRIES,
-                wait_out_outages=STORE,
-            )
+            cached = active.events if active is not None else None
+            try:
+                appended, stream = await self._decide_on(task_id, decision, cached)
+                if cached is not None and not appended:  # a refusal: never on a stale copy
+                    appended, stream = await self._decide_on(task_id, decision, None)
+            except DomainError:
+                if cached is None:
+                    raise
+                appended, stream = await self._decide_on(task_id, decision, None)
+            if active is not None and self._active.get(task_id) is active:
+                active.events = stream
         return [e.event for e in appended]
+
+    async def _decide_on(
+        self,
+        task_id: str,
+        decision: TaskCommands,
+        recorded: list[RecordedEvent[Event]] | None,
+    ) -> tuple[list[NewEvent[Event]], list[RecordedEvent[Event]] | None]:
+        """`decision` on `recorded` (None: the stream read now), appended; the events
+        appended and the stream as it is after them (None when not known)."""
+        stream_id = task_stream(task_id)
+        read: list[list[RecordedEvent[Event]]] = []
+        results: list[AppendResult] = []
+
+        def decide(events: list[RecordedEvent[Event]]) -> Decision[list[NewEvent[Event]]]:
+            read.append(events)
+            return decision(events)
+
+        async def write(requests: list[AppendRequest]) -> None:
+            (request,) = requests
+            result = await self.store.append(stream_id, request.events, request.expected)
+            results.append(result)
+
+        appended = await decide_and_append(
+            self.store,
+            stream_id,
+            decide,
+            attempts=MAX_CONFLICT_RETRIES,
+            recorded=recorded,
+            write=write,
+            wait_out_outages=STORE,
+        )
+        if not appended:
+            return appended, read[-1] if read else None
+        if not results or len(results[-1].positions) != len(appended):
+            return appended, None
+        result = results[-1]
+        first = result.version - len(appended) + 1
+        stored = [
+            RecordedEvent(
+                event_id=e.event_id,
+                stream_id=stream_id,
+                stream_version=first + i,
+                global_position=position,
+                occurred_at=e.occurred_at,
+                event=e.event,
+                metadata=e.metadata,
+            )
+            for i, (e, position) in enumerate(zip(appended, result.positions, strict=True))
+        ]
+        return appended, [*read[-1], *stored]
 
     async def _decide_quietly(
         self,

@@ -1356,7 +1356,6 @@ class _Tools:
     unshare: str
     nsenter: str
     setpriv: str
-    true: str
 
     @classmethod
     def find(cls) -> _Tools:
@@ -1442,13 +1441,13 @@ def _make_namespaces(root: Path, tools: _Tools) -> None:
     net, ipc = root / "netns", root / "ipcns"
     net.touch()
     ipc.touch()
-    for args in (
-        [tools.unshare, f"--net={net}", f"--ipc={ipc}", tools.true],
-        [tools.nsenter, f"--net={net}", sys.executable, "-c", _LOOPBACK_UP],
-    ):
-        done = subprocess.run(args, capture_output=True, timeout=30, check=False)
-        if done.returncode != 0:
-            raise OSError(done.stderr.decode(errors="replace").strip() or f"{args[0]} failed")
+    # One process: unshare makes both (kept by the bind mounts) and runs, inside them,
+    # a bare interpreter (-I -S: no site, no user paths) that brings the loopback up.
+    loopback = [sys.executable, "-I", "-S", "-c", _LOOPBACK_UP]
+    args = [tools.unshare, f"--net={net}", f"--ipc={ipc}", *loopback]
+    done = subprocess.run(args, capture_output=True, timeout=30, check=False)
+    if done.returncode != 0:
+        raise OSError(done.stderr.decode(errors="replace").strip() or f"{args[0]} failed")
 
 
 def _release_namespaces(root: Path, tools: _Tools) -> None:
@@ -1625,6 +1624,18 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
+def _group_exists(pgid: int) -> bool:
+    """Whether any process (zombies too) is left in group `pgid`: one system call, so
+    the scan of /proc in `group_members` is skipped when the whole group is gone."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def group_members(pgid: int) -> list[int]:
     """Live (not zombie) processes of process group `pgid`, from /proc (Linux)."""
     members: list[int] = []
@@ -1645,7 +1656,7 @@ def group_members(pgid: int) -> list[int]:
 async def _until_gone(pgid: int, timeout_s: float = 2.0) -> None:
     """SIGKILL the group until none of its members is left (or the timeout passes)."""
     deadline = time.monotonic() + timeout_s
-    while group_members(pgid) and time.monotonic() < deadline:
+    while _group_exists(pgid) and group_members(pgid) and time.monotonic() < deadline:
         _signal_group(pgid, signal.SIGKILL)
         await asyncio.sleep(0.01)
 
