@@ -303,11 +303,15 @@ class LocalRuntimeConfig:
 
 
 def _runyard_root() -> Path:
-    """The folder Runyard's code is imported from (a source checkout or site-packages)."""
-    import runyard
+    """The folder Runyard's code is imported from (a source checkout or site-packages).
 
-    package = Path(runyard.__file__).resolve().parent  # <root>/libs/runyard or site-packages
-    checkout = package.parents[1]
+    `runyard` is a namespace package whose portions are the members' src folders
+    (`<root>/libs/<name>/src/runyard`, `<root>/services/<name>/src/runyard`) in a
+    checkout, or one `site-packages/runyard`; the checkout holds them all."""
+    import runyard.errors
+
+    package = Path(runyard.errors.__file__).resolve().parent  # <root>/libs/errors/src/runyard
+    checkout = package.parents[3]
     return checkout if (checkout / "pyproject.toml").exists() else package.parent
 
 

@@ -871,12 +871,11 @@ class BundleApi:
 
 
 def _runyard_version() -> str:
+    """The version of the whole platform (the `runyard` distribution), else the gateway's."""
     try:
         return metadata.version("runyard")
-    except metadata.PackageNotFoundError:  # pragma: no cover - run from a source tree
-        from runyard import __version__
-
-        return __version__
+    except metadata.PackageNotFoundError:  # pragma: no cover - the gateway installed alone
+        return metadata.version("runyard-gateway")
 
 
 # --- HTTP ---------------------------------------------------------------------------
