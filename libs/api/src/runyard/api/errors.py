@@ -103,7 +103,7 @@ class Unavailable(GatewayError):
 
 
 #: Errors that may be an outage: their handler answers 503 when `is_transient` says so.
-OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
+OUTAGE_ERRORS: tuple[type[Exception], ...] = (
     *DATABASE_ERRORS,
     OSError,
     asyncpg.InterfaceError,

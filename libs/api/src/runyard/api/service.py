@@ -120,7 +120,8 @@ def install_error_handlers(app: FastAPI) -> None:
         headers = error.headers or None
         return JSONResponse(error.to_dict(), status_code=error.http_status, headers=headers)
 
-    for kind in (RunyardError, *DATA_ERRORS, *OUTAGE_ERRORS):
+    kinds: tuple[type[Exception], ...] = (RunyardError, *DATA_ERRORS, *OUTAGE_ERRORS)
+    for kind in kinds:
         app.add_exception_handler(kind, typed)
 
     @app.exception_handler(StarletteHTTPException)

@@ -62,7 +62,7 @@ def print_report(report: dict[str, Any], raw: bool) -> None:
         f"  at {markup(report['captured_at'])}",
         soft_wrap=True,
     )
-    plain = {"markup": False, "highlight": False, "soft_wrap": True}
+    plain: dict[str, Any] = {"markup": False, "highlight": False, "soft_wrap": True}
     p(f"summary: {clean(report.get('summary') or '-')}", **plain)
     odd = report.get("odd_ones_out") or []
     if odd:

@@ -18,7 +18,8 @@ import uuid_utils
 from pydantic import BaseModel, ConfigDict
 from runyard.contracts.base import Event
 
-E = TypeVar("E", bound=Event)
+# A new or recorded event of one type is one of `Event` (frozen: read, never written).
+E_co = TypeVar("E_co", bound=Event, covariant=True)
 
 
 def new_event_id() -> UUID:
@@ -68,10 +69,10 @@ class Metadata(BaseModel):
 
 
 @dataclass(frozen=True, slots=True)
-class NewEvent(Generic[E]):
+class NewEvent(Generic[E_co]):
     """An event about to be appended."""
 
-    event: E
+    event: E_co
     metadata: Metadata
     occurred_at: datetime
     event_id: UUID = field(default_factory=new_event_id)
@@ -82,7 +83,7 @@ class NewEvent(Generic[E]):
 
 
 @dataclass(frozen=True, slots=True)
-class RecordedEvent(Generic[E]):
+class RecordedEvent(Generic[E_co]):
     """An event as stored: payload plus envelope."""
 
     event_id: UUID
@@ -90,7 +91,7 @@ class RecordedEvent(Generic[E]):
     stream_version: int
     global_position: int
     occurred_at: datetime
-    event: E
+    event: E_co
     metadata: Metadata
 
     @property

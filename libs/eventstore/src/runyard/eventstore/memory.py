@@ -47,7 +47,10 @@ class InMemoryEventStore(EventStore):
         async with self._lock:
             results: list[AppendResult | None] = []
             for request in requests:
-                results.append(self._replayed(request) or self._check(request))
+                replayed = self._replayed(request)
+                if replayed is None:
+                    self._check(request)
+                results.append(replayed)
             replays = [r is not None for r in results]
             if any(replays) and not all(replays):
                 # One atomic append: repeated only as a whole, like in Postgres.

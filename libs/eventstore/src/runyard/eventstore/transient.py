@@ -33,7 +33,7 @@ log = logging.getLogger("runyard.transient")
 T = TypeVar("T")
 
 #: Driver errors of a database that is down, restarting, or dropped the connection.
-DATABASE_ERRORS: tuple[type[BaseException], ...] = (
+DATABASE_ERRORS: tuple[type[Exception], ...] = (
     StoreUnavailable,
     asyncpg.PostgresConnectionError,  # class 08: connection exceptions
     asyncpg.CannotConnectNowError,  # 57P03: starting up or shutting down

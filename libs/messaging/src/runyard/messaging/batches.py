@@ -102,7 +102,7 @@ class LogBatchConsumer:
             group_id=self.group_id,
             enable_auto_commit=False,
             max_poll_records=self.max_records,
-            **self.kafka.consumer_options(),  # type: ignore[arg-type]
+            **self.kafka.consumer_options(),
         )
         self._consumer = consumer
         untrack = track_lag(self.name, self.lag)

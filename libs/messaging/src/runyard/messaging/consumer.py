@@ -124,15 +124,15 @@ class IdempotentConsumer:
             batch_timeout_ms=self.kafka.fetch_max_wait_ms,
             ack_policy=AckPolicy.MANUAL,
             decoder=_raw_body,  # we decode ourselves, so a bad message can be dead-lettered
-            **self.kafka.consumer_options(),  # type: ignore[arg-type]
+            **self.kafka.consumer_options(),
         )
         track_lag(self.name, self.lag)
 
-        @self._subscriber  # type: ignore[misc]
+        @self._subscriber  # type: ignore[untyped-decorator]  # FastStream's is not annotated
         async def on_messages(body: list[bytes], message: KafkaMessage) -> None:
             records = message.raw_message
             batch = records if isinstance(records, tuple) else (records,)
-            await self.process_batch(list(batch))  # type: ignore[arg-type]
+            await self.process_batch(list(batch))
             await self._commit(message)
 
     def attach(self, broker: KafkaBroker, *topics: str) -> None:

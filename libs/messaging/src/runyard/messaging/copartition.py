@@ -97,7 +97,7 @@ class CoPartitionedConsumer:
             enable_auto_commit=False,
             max_poll_records=self.max_records,
             partition_assignment_strategy=(RangePartitionAssignor,),
-            **self.kafka.consumer_options(),  # type: ignore[arg-type]
+            **self.kafka.consumer_options(),
         )
         consumer.subscribe([self.events_topic, self.lines_topic], listener=_Listener(self))
         self._consumer = consumer

@@ -303,7 +303,8 @@ class EmbeddedPostgres:
             timeout=60,
             check=False,
             cwd="/",
-            **run_as,  # type: ignore[arg-type]
+            user=run_as.get("user"),
+            group=run_as.get("group"),
         )
         if result.returncode != 0:
             log = self.data_dir / "server.log"
@@ -385,7 +386,7 @@ class EmbeddedKafka:
                 start_new_session=True,  # a Ctrl-C in the terminal is for its owner
             )
         finally:
-            if out is not subprocess.DEVNULL:
+            if not isinstance(out, int):  # not subprocess.DEVNULL
                 out.close()  # the broker has its own copy of the descriptor
         if self.pid_file is not None and (me := ProcessIdentity.of(self.process.pid)):
             write_pid_file(self.pid_file, me)  # the same process after its exec

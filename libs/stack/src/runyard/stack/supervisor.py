@@ -56,7 +56,7 @@ def restart_delay(
     """Seconds to wait before a restart after `quick_exits` exits in a row that came
     before the child ran healthy: base, doubling, capped; drawn in [half, whole] so
     that services that failed together do not come back in lockstep."""
-    bound = min(cap_s, base_s * 2 ** max(quick_exits - 1, 0))
+    bound = min(cap_s, base_s * 2.0 ** max(quick_exits - 1, 0))
     draw: float = (rng or random).random()
     return bound * (0.5 + 0.5 * draw)
 

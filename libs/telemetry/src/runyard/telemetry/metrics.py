@@ -127,7 +127,7 @@ def setup_metrics(service: str) -> None:
         metrics.set_meter_provider(provider)
         if metrics.get_meter_provider() is not provider:
             log.warning("a meter provider was installed before runyard's: /metrics is partial")
-        REGISTRY.register(_HandlerSecondsCollector())  # type: ignore[arg-type]
+        REGISTRY.register(_HandlerSecondsCollector())
         _installed = service
 
 
@@ -207,7 +207,9 @@ class _HandlerSecondsCollector:
         from prometheus_client.utils import floatToGoString
 
         family = HistogramMetricFamily(HANDLER_SECONDS, HANDLER_SECONDS_HELP, labels=["consumer"])
-        bounds = [floatToGoString(b) for b in LATENCY_BUCKETS_S] + ["+Inf"]
+        # prometheus_client.utils is not annotated.
+        bounds = [floatToGoString(b) for b in LATENCY_BUCKETS_S]  # type: ignore[no-untyped-call]
+        bounds.append("+Inf")
         for consumer, histogram in list(_handler_seconds.items()):
             cumulative = list(accumulate(histogram.counts))
             family.add_metric([consumer], list(zip(bounds, cumulative, strict=True)), histogram.sum)
@@ -246,7 +248,7 @@ def track_lag(consumer: str, reading: LagReading) -> Callable[[], None]:
     read what the consumer already knows."""
     token = next(_next_token)
     if hasattr(reading, "__self__") and hasattr(reading, "__func__"):
-        ref = weakref.WeakMethod(reading)  # type: ignore[arg-type]
+        ref = weakref.WeakMethod(reading)
         _lag_sources[token] = (consumer, ref)
     else:
         _lag_sources[token] = (consumer, lambda: reading)

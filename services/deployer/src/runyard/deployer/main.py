@@ -106,8 +106,8 @@ async def follow_commands(app: DeployerApp, kafka: KafkaSettings, group: str) ->
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(consumer.commit(), timeout=5)
     finally:
-        for task in running:
-            task.cancel()
+        for pending in running:
+            pending.cancel()
         with contextlib.suppress(Exception):
             await consumer.stop()
 

@@ -36,7 +36,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 log = logging.getLogger("runyard.deployer.outputs")
 
@@ -228,7 +228,7 @@ def forget(root: Path) -> None:
 def _stream(name: object) -> Stream:
     if name not in STREAMS:
         raise ValueError(f"not an output stream: {name!r}")
-    return cast(Stream, name)
+    return name
 
 
 def _remove(path: Path) -> None:

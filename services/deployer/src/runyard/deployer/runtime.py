@@ -1136,8 +1136,8 @@ class LocalRuntime:
         lines = {
             (w.index, s): n
             for w in local.workers.values()
-            for s, n in w.next_seq.items()
-            if n  # a stream with no numbered line has nothing to confirm
+            for s in outputs.STREAMS
+            if (n := w.next_seq.get(s))  # a stream with no numbered line has nothing to confirm
         }
         if self.config.keep_output and lines:
             kept = await asyncio.to_thread(outputs.keep, local.root, key, lines)

@@ -206,7 +206,7 @@ def group_message(group: Mapping[str, Any]) -> pb.Group:
     )
 
 
-class TasksService(pb_grpc.TasksServicer):  # type: ignore[misc]  # generated, untyped
+class TasksService(pb_grpc.TasksServicer):
     """The `runyard.v1.Tasks` service over one `Gateway`; log methods through `owners`."""
 
     def __init__(self, gateway: Gateway, owners: Owners) -> None:

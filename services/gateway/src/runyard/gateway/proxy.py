@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -253,7 +253,7 @@ class Owners:
 
     async def lines(
         self, owner: str, path: str, *, token: str | None, params: Any = None
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncGenerator[Any, None]:
         """The JSON items of an owner's NDJSON stream, each as it comes (the call is
         made, and a refusal raised, before the first item)."""
         answer = await self.send(
@@ -267,7 +267,7 @@ class Owners:
         return _json_lines(owner, answer)
 
 
-async def _json_lines(owner: str, answer: httpx.Response) -> AsyncIterator[Any]:
+async def _json_lines(owner: str, answer: httpx.Response) -> AsyncGenerator[Any, None]:
     try:
         async for line in answer.aiter_lines():
             if line.strip():

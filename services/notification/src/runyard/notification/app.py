@@ -75,7 +75,7 @@ from runyard.notification.rules import (
     spec_words,
     task_subscriptions,
 )
-from runyard.notification.store import Cause, FailureWindow, PendingAlert, QueueWait
+from runyard.notification.store import Cause, Db, FailureWindow, PendingAlert, QueueWait
 
 log = logging.getLogger("runyard.notification")
 
@@ -89,7 +89,8 @@ QUEUE_EVENTS: Final = (TaskQueued, TaskRequeued, TaskPlaced)
 #: `TaskRequeued` or `TaskMarkedAbnormal` after it; tests/integration/
 #: test_notification_events.py checks over random task histories that skipping
 #: the other types never leaves the queue waits behind.)
-EVENT_TYPES: Final = frozenset(t.type_name() for t in (*ALERT_EVENTS, *QUEUE_EVENTS))
+_HANDLED: Final[tuple[type[Event], ...]] = (*ALERT_EVENTS, *QUEUE_EVENTS)
+EVENT_TYPES: Final = frozenset(t.type_name() for t in _HANDLED)
 _APPEND_RETRIES = 5
 
 
@@ -212,7 +213,7 @@ class NotificationApp:
             return
         kind = alert_kind(payload)
         state = await self._state_at(event)
-        db: store.Db = conn if conn is not None else self.db
+        db: Db = conn if conn is not None else self.db
         cause = Cause(str(event.event_id), event.metadata.correlation_id or str(event.event_id))
         await self._track_queue(db, state, cause)
         if kind is not None:
@@ -239,13 +240,13 @@ class NotificationApp:
         )
 
     async def _subscriptions(
-        self, db: store.Db, tenant: str, own: Sequence[Subscription]
+        self, db: Db, tenant: str, own: Sequence[Subscription]
     ) -> list[Subscription]:
         return [*own, *await store.tenant_subscriptions(db, tenant)]
 
     async def _raise(
         self,
-        db: store.Db,
+        db: Db,
         state: TaskState,
         facts: AlertFacts,
         label: str,
@@ -259,7 +260,7 @@ class NotificationApp:
 
     async def _add(
         self,
-        db: store.Db,
+        db: Db,
         sub: Subscription,
         facts: AlertFacts,
         label: str,
@@ -280,7 +281,7 @@ class NotificationApp:
             suppressed=repeat,
         )
 
-    async def _track_queue(self, db: store.Db, state: TaskState, cause: Cause) -> None:
+    async def _track_queue(self, db: Db, state: TaskState, cause: Cause) -> None:
         wait = self.queue_wait(state, cause)
         if wait is None:
             await store.end_queue_wait(db, state.task_id)

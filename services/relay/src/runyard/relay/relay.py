@@ -274,10 +274,10 @@ class OutboxRelay:
             elif isinstance(result, BaseException):
                 raise result
             else:
-                key = (result.topic, result.partition)  # type: ignore[attr-defined]
-                sent[key] = max(sent.get(key, 0), stored.global_position)
-        for key, position in sent.items():  # the whole batch is in: remember where it went
-            self._published[key] = max(self._published.get(key, 0), position)
+                where = (result.topic, result.partition)  # type: ignore[attr-defined]
+                sent[where] = max(sent.get(where, 0), stored.global_position)
+        for where, position in sent.items():  # the whole batch is in: remember where it went
+            self._published[where] = max(self._published.get(where, 0), position)
 
     async def _dead_letter(
         self, stored: StoredEvent, size: int | None, error: Exception, parked: set[int]

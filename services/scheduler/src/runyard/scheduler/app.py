@@ -310,7 +310,7 @@ class SchedulerApp:
             await self._load_tasks()
             now = self.clock()
             for task in list(self.tasks.values()):
-                await self._retrying(lambda t=task.task_id: self._reconcile(t, now), [])
+                await self._retrying(partial(self._reconcile, task.task_id, now), [])
             for runtime in self.pools.values():
                 if plan:
                     await self._pass(runtime, now)
@@ -738,9 +738,7 @@ class SchedulerApp:
                     ids = sorted(runtime.unconfirmed)
                     runtime.queue_stored(await read_queue_rows(self.store.pool, ids))
                 for abnormal in timed_out(runtime.queue, now):
-                    await self._retrying(
-                        lambda a=abnormal, r=runtime: self._time_out(r, a, now), []
-                    )
+                    await self._retrying(partial(self._time_out, runtime, abnormal, now), [])
                 if runtime.unreported or runtime.pool_id in self._dirty:
                     await self._pass(runtime, now)
             self._dirty |= self._views_unconfirmed
@@ -973,7 +971,7 @@ class SchedulerApp:
                 self._dirty.add(stream_id.removeprefix("pool-"))
             else:  # what the task asks now (a finished one is forgotten, as usual)
                 task_id = stream_id.removeprefix("task-")
-                pool_id = await self._retrying(lambda t=task_id: self._reconcile(t, now), [])
+                pool_id = await self._retrying(partial(self._reconcile, task_id, now), [])
                 if pool_id is not None:
                     self._dirty.add(pool_id)
             self._unsure.discard(stream_id)
@@ -1028,11 +1026,11 @@ class SchedulerApp:
                 runtime.queue_written(rows, gone)
         now = self.clock()
         for pool_id in sorted(self._dirty):
-            runtime = self.pools.get(pool_id)
-            if runtime is None:
+            changed = self.pools.get(pool_id)
+            if changed is None:
                 continue
             view = build_view(
-                runtime.state, runtime.queue, runtime.plan, version=runtime.version, now=now
+                changed.state, changed.queue, changed.plan, version=changed.version, now=now
             )
             await write_view(conn if conn is not None else self.store.pool, view)
         if conn is not None:

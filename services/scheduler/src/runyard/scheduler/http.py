@@ -54,6 +54,7 @@ from typing import Annotated, Any
 import asyncpg
 from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.config import JsonDict
 from runyard.api.auth import Principal
 from runyard.api.errors import BadRequest
 from runyard.api.inputs import check_request_id, reject_unstorable
@@ -92,7 +93,7 @@ class Fault(_Body):
 
 
 #: The document says what the handler checks: exactly one of `remove` and `add`.
-_ONE_OF_REMOVE_ADD = {
+_ONE_OF_REMOVE_ADD: JsonDict = {
     "oneOf": [
         {
             "required": ["remove"],

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import astuple, dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import asyncpg
 from runyard.eventstore import apply_migrations, load_migrations
@@ -53,7 +53,7 @@ NODE_LIMIT = 1000
 TASK_LIMIT = 1000
 QUEUE_LIMIT = 100
 
-Queryable = asyncpg.Pool | asyncpg.Connection
+Queryable: TypeAlias = asyncpg.Pool | asyncpg.Connection
 
 
 async def ensure_schema(conn: Queryable) -> None:

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from runyard.api.auth import ROLES, Principal, Role
+from runyard.api.auth import ROLES, Principal
 from runyard.api.errors import BadRequest
 from runyard.api.grpc_errors import abort
 from runyard.contracts.rpc import credential
@@ -46,7 +46,7 @@ def call_of(context: pb.CallContext) -> Call:
             "the gateway fills in the caller it authenticated",
             "context.caller",
         )
-    role = cast(Role, caller.role)  # one of ROLES, checked above
+    role = caller.role  # one of ROLES, checked above
     principal = Principal(caller.tenant, caller.user, role, caller.token_id)
     return Call(principal, context.request_id, dict(context.trace_context), context.call_id)
 
@@ -170,7 +170,7 @@ class SubmissionServicer(pb_grpc.SubmissionServicer):
         return await self._answer(context, work)
 
 
-class ServiceCredential(grpc.aio.ServerInterceptor):
+class ServiceCredential(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc: untyped
     """Refuse, before any handler, a call without the platform's service credential."""
 
     def __init__(self, token: str) -> None:

@@ -169,7 +169,7 @@ class Console:
         now = utcnow()
         for row in page["items"]:
             row["age"] = display.age(row["created_at"], now)
-        context = {
+        context: dict[str, Any] = {
             "page": page,
             "query": query,
             "rows_url": f"{PREFIX}/tasks/rows?{urlencode(query['params'])}",
@@ -200,7 +200,7 @@ class Console:
         if task["status"] in ("failed", "abnormal"):
             first_error = await self._first_error(who, task_id)
         chart = display.stage_chart(task["stages"], utcnow())
-        context = {"task": task, "chart": chart, "first_error": first_error}
+        context: dict[str, Any] = {"task": task, "chart": chart, "first_error": first_error}
         if fragment:
             return render("task_summary.html", who, **context)
         return render("task.html", who, **context)
