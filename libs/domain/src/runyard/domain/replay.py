@@ -175,7 +175,9 @@ def stream_prefix(
 
 def check_order(start: Point, end: Point) -> None:
     """`from` must not come after `to` when both are positions or both are times."""
-    if type(start) is type(end) and start > end:  # type: ignore[operator]
+    if (isinstance(start, int) and isinstance(end, int) and start > end) or (
+        isinstance(start, datetime) and isinstance(end, datetime) and start > end
+    ):
         raise ReplayRefused(
             "replay.bad_range",
             "from: it comes after `to`",

@@ -320,9 +320,9 @@ async def _run_all(runners: dict[str, Awaitable[None]]) -> None:
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         for task in done:
-            if task.exception() is not None:
-                console.print(f"[red]{tasks[task]} stopped: {task.exception()!r}")
-                raise task.exception()  # type: ignore[misc]
+            if (failure := task.exception()) is not None:
+                console.print(f"[red]{tasks[task]} stopped: {failure!r}")
+                raise failure
     finally:
         for task in tasks:
             task.cancel()

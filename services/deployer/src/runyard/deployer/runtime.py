@@ -738,9 +738,13 @@ class LocalRuntime:
                 start_new_session=True,
             )
             local.checks[worker.index] = process
-            for stream, pipe in (("stdout", process.stdout), ("stderr", process.stderr)):
+            pipes: tuple[tuple[Stream, asyncio.StreamReader | None], ...] = (
+                ("stdout", process.stdout),
+                ("stderr", process.stderr),
+            )
+            for stream, pipe in pipes:
                 assert pipe is not None
-                reader = self._follow_check(local, worker.index, stream, pipe, on_output)  # type: ignore[arg-type]
+                reader = self._follow_check(local, worker.index, stream, pipe, on_output)
                 local.check_readers.append(asyncio.create_task(reader))
         return {i: p.pid for i, p in local.checks.items()}
 
