@@ -1,11 +1,11 @@
-# Runyard control plane: one image, every service.
+# Runyard control plane: by default one image with every service (SERVICE below).
 #
 # Each container runs one service, `runyard serve <name>` (relay, gateway,
 # submission, scheduler, deployer, faulttolerance, logs, notification), against
 # external Postgres and Kafka (docker-compose.yml, deploy/kubernetes). The
 # default command is the one-process layout, `runyard up` on 0.0.0.0, for a
 # quick look: with DATABASE_URL and KAFKA_BOOTSTRAP_SERVERS set it starts no
-# embedded server (libs/stack/up.py). See docs/deployment.md.
+# embedded server (libs/stack/src/runyard/stack/up.py). See docs/deployment.md.
 FROM python:3.11-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -24,12 +24,19 @@ RUN apt-get update \
 
 WORKDIR /app
 
-# The single pyproject maps libs/* and services/* into the `runyard` namespace
-# (docs/adr/0001-layout-and-packaging.md); the editable install needs them here.
+# Every lib and service is a distribution of its own (libs/<name>, services/<name>;
+# docs/adr/0008-members-and-namespace.md). SERVICE picks what this image installs:
+# `all` (the default, what docker-compose.yml builds) is every member and the whole
+# platform (`runyard up`); a service's name is that service, the members it
+# depends on and libs/cli (`runyard serve <name>`), as infra/members.py lists them:
+#   docker build --build-arg SERVICE=gateway -t runyard-gateway .
+ARG SERVICE=all
 COPY pyproject.toml constraints.txt ./
+COPY infra/members.py ./infra/
 COPY libs ./libs
 COPY services ./services
-RUN pip install --no-cache-dir -c constraints.txt -e .
+RUN pip install --no-cache-dir -c constraints.txt $(python infra/members.py "$SERVICE") \
+    && rm -rf build libs/*/build services/*/build
 
 # Pool, catalogue and runtime configuration (RUNYARD_CONFIG; Kubernetes mounts
 # its ConfigMap over it), the containers' health probe and the one-shot

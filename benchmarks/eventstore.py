@@ -50,7 +50,7 @@ import asyncpg
 from aiokafka import AIOKafkaConsumer
 from runyard.contracts import Event, Metadata, NewEvent, default_mapper, utcnow
 from runyard.contracts.task_events import TaskQueued
-from runyard.eventstore import NO_STREAM, PostgresEventStore
+from runyard.eventstore import NO_STREAM, ExpectedVersion, PostgresEventStore
 from runyard.messaging import KafkaSettings, Topics
 from runyard.relay import OutboxRelay, save_checkpoint
 from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres
@@ -166,7 +166,7 @@ class Bench:
         start = time.perf_counter()
         for i, e in enumerate(events):
             stream = streams[i % 10]
-            expected = versions[stream] or NO_STREAM
+            expected: ExpectedVersion = versions[stream] or NO_STREAM
             result = await self.store.append(stream, [e], expected)
             versions[stream] = result.version
         return count / (time.perf_counter() - start)

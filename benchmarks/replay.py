@@ -39,10 +39,10 @@ import asyncpg
 from runyard.contracts import default_mapper
 from runyard.contracts.pool_events import AllocatedWorker, NodeCordoned, WorkersAllocated
 from runyard.contracts.spec import FaultToleranceOptions, TaskSpec
+from runyard.contracts.task_events import DEPLOY_STAGES, WorkerPlacement
 from runyard.domain import fold
 from runyard.domain.replay import stream_prefix
 from runyard.domain.task import (
-    DEPLOY_STAGES,
     CompleteStage,
     ExitWorker,
     Place,
@@ -51,7 +51,6 @@ from runyard.domain.task import (
     StartStage,
     StartWorker,
     Submit,
-    WorkerPlacement,
     decide,
     evolve,
 )

@@ -30,7 +30,7 @@ from tests.submission_beside import submission_beside_gateway  # noqa: F401
 
 def _docker_reachable() -> bool:
     try:
-        import docker  # type: ignore[import-not-found]
+        import docker  # type: ignore[import-untyped]
 
         docker.from_env().ping()
         return True

@@ -48,6 +48,7 @@ def submission_beside_gateway(monkeypatch: pytest.MonkeyPatch) -> None:
 
     async def with_submission(
         cls: type[Gateway],
+        /,
         dsn: str,
         config_dir: Path,
         mapper: EventMapper | None = None,

@@ -37,7 +37,8 @@ def _copy(tmp_path: Path) -> Path:
 
 def test_a_service_importing_another_breaks_the_contract(tmp_path: Path) -> None:
     root = _copy(tmp_path)
-    (root / "services" / "logs" / "shortcut.py").write_text("from runyard.scheduler import views\n")
+    shortcut = root / "services/logs/src/runyard/logs/shortcut.py"
+    shortcut.write_text("from runyard.scheduler import views\n")
     result = run_check(root)
     assert result.returncode != 0
     assert "Services never import each other BROKEN" in result.stdout
@@ -46,7 +47,15 @@ def test_a_service_importing_another_breaks_the_contract(tmp_path: Path) -> None
 
 def test_io_in_the_domain_breaks_the_contract(tmp_path: Path) -> None:
     root = _copy(tmp_path)
-    (root / "libs" / "domain" / "shortcut.py").write_text("import asyncpg\n")
+    (root / "libs/domain/src/runyard/domain/shortcut.py").write_text("import asyncpg\n")
     result = run_check(root)
     assert result.returncode != 0
     assert "The domain is pure: no I/O library BROKEN" in result.stdout
+
+
+def test_a_member_owning_the_namespace_breaks_the_layout(tmp_path: Path) -> None:
+    root = _copy(tmp_path)
+    (root / "libs/domain/src/runyard/__init__.py").write_text("")
+    result = run_check(root)
+    assert result.returncode != 0
+    assert "Layout BROKEN" in result.stdout

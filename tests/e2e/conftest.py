@@ -89,7 +89,7 @@ class Platform:
     def kafka(self) -> KafkaSettings:
         return self.ctx.kafka
 
-    def worker_pids(self, key: tuple[str, int, int]) -> dict[int, int]:
+    def worker_pids(self, key: tuple[str, int | str, int]) -> dict[int, int]:
         """Worker index -> pid (its process group) of the live workers of `key`
         (task id, run, attempt), found in /proc by the variables the local runtime
         gives each worker's wrapper (the task's id and the attempt: a test's task

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import httpx
@@ -163,7 +164,7 @@ async def gateway(
 
 
 async def _get(
-    gw: tuple[httpx.AsyncClient, dict[str, str]], role: str, **params: object
+    gw: tuple[httpx.AsyncClient, dict[str, str]], role: str, **params: str | int
 ) -> httpx.Response:
     client, tokens = gw
     return await client.get(
@@ -175,7 +176,7 @@ async def _get(
 async def test_sre_and_platform_admin_ask_over_http(
     log: AuditLog, gateway: object, role: str
 ) -> None:
-    gw = gateway  # type: ignore[assignment]
+    gw = gateway
     answer = await _get(gw, role, type="TaskRequeued,TaskPreempted", tenant="ta")  # type: ignore[arg-type]
     assert answer.status_code == 200, answer.text
     f = AuditFilter(types=("TaskRequeued", "TaskPreempted"), tenant="ta")
@@ -245,10 +246,10 @@ class _SyncOverAsgi(httpx.Client):
         self._client = client
         self._loop = loop
 
-    def request(self, method: str, url: str, **kw: object) -> httpx.Response:  # type: ignore[override]
+    def request(self, method: str, url: str, **kw: Any) -> httpx.Response:  # type: ignore[override]
         future = asyncio.run_coroutine_threadsafe(
             self._client.request(method, url, headers=self.headers, **kw),
-            self._loop,  # type: ignore[arg-type]
+            self._loop,
         )
         return future.result(30)
 

@@ -58,7 +58,7 @@ def commands(*command: Any, **options: Any) -> TaskCommands:
     return TaskCommands(TASK, list(command), META, clock, ids=lambda: "unused", **options)
 
 
-def delivered(n: int = 1) -> NewEvent[Event]:
+def delivered(n: int = 1) -> NewEvent[AlertDelivered]:
     """An event that changes no decision on the task."""
     alert = AlertDelivered(alert="failed", channel="feishu:sub-1", attempt=n)
     return NewEvent(alert, OTHER, clock())

@@ -440,7 +440,11 @@ async def test_a_preempted_attempt_is_ended_and_recorded_before_its_gpus_are_fre
     scheduler = SchedulerApp(world.store, one_pool(2))
     await scheduler.start()
     app, runtime = world.deployer()
-    options = {"pool": "spot", "resource_type": "spot", "spot": SpotOptions(max_requeues=3)}
+    options: dict[str, Any] = {
+        "pool": "spot",
+        "resource_type": "spot",
+        "spot": SpotOptions(max_requeues=3),
+    }
     slow_to_stop = (
         'if [ "$RUNYARD_ATTEMPT" = 1 ]; then trap "sleep 0.5; exit 7" TERM; '
         "echo up; sleep 60 & wait; fi; echo done"

@@ -252,7 +252,7 @@ async def test_grpc_refusals_keep_their_code_hint_and_extra(rpc: Rpc) -> None:
         "task_already_finished",
         "rerun or clone the task to run it again",
     )
-    assert json.loads(trailing["runyard-error-bin"]) == servicer.error.to_dict()  # type: ignore[attr-defined]
+    assert json.loads(trailing["runyard-error-bin"]) == servicer.error.to_dict()
     servicer.error = GroupItemError(ErrorCode.IMAGE_NOT_FOUND, "items[1].image", "no", "fix", 1)
     again = error_of_rpc(await call())
     assert again is not None and (again.http_status, again.extra) == (400, {"item": 1})

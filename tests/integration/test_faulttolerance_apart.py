@@ -199,4 +199,5 @@ async def test_stacks_on_demand_come_from_the_deployer_in_another_process(
     ]
     assert captured.metadata.actor == "user:acme/alice"
     assert captured.metadata.causation_id == "req-stacks"
+    assert isinstance(captured.event, StacksCaptured)
     assert captured.event.workers == (0,)

@@ -420,6 +420,7 @@ async def test_stacks_on_demand_are_recorded(h: Harness, hung_worker: int) -> No
     report = await h.app.request_stacks("ask", asked)
     assert report.frames_by_worker[0][0].startswith("wait_for_all_reduce")
     (captured,) = [e for e in await h.events("ask") if isinstance(e.event, StacksCaptured)]
+    assert isinstance(captured.event, StacksCaptured)
     assert captured.event.report_id == report.report_id
     assert captured.metadata.actor == "user:acme/alice"
     assert captured.metadata.causation_id == "req-1"

@@ -427,7 +427,7 @@ async def test_the_service_ingests_the_deployers_records(
     await producer.start()
     try:
         line = OutputLine("task-d", 1, 1, 0, "stderr", "hello from a worker", datetime.now(UTC))
-        # what the deployer publishes (services/deployer/main.py `publish`)
+        # what the deployer publishes (services/deployer/src/runyard/deployer/main.py `publish`)
         await producer.send_and_wait(kafka.topics.logs, line.record().to_bytes(), key=b"task-d")
         await wait_until(lambda: "logs" in ctx.endpoints)  # migrated, serving
         pool = await asyncpg.create_pool(dsn, min_size=1, max_size=1)

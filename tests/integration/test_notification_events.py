@@ -65,7 +65,8 @@ def recorded(event: Event, stream: str = "task-t-1") -> RecordedEvent[Event]:
 
 
 def test_the_filter_is_the_rules_alert_events_and_the_queue_events() -> None:
-    derived = frozenset(t.type_name() for t in (*ALERT_EVENTS, *QUEUE_EVENTS))
+    handled: tuple[type[Event], ...] = (*ALERT_EVENTS, *QUEUE_EVENTS)
+    derived = frozenset(t.type_name() for t in handled)
     assert derived == EVENT_TYPES
     # every alert kind but the timer's has its event in the rules' table, and only task events
     raised = {alert_kind(t.model_construct()) for t in ALERT_EVENTS}

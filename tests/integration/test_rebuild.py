@@ -84,7 +84,7 @@ async def tasks_ran(gateway: Gateway, count: int, first: int = 0) -> None:
 
 async def rebuilt(lists: Lists, max_events: int = 100_000) -> list[dict[str, Any]]:
     """Steps of a rebuild until it is done, as the CLI makes them."""
-    steps = []
+    steps: list[dict[str, Any]] = []
     while not steps or not steps[-1]["done"]:
         answer = await lists.call("sre", "POST", "/rebuild", max_events=max_events)
         assert answer.status_code == 200, answer.text

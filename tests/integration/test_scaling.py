@@ -265,7 +265,7 @@ async def test_two_consumers_of_one_group_handle_each_event_once(
                 )
 
                 async def caught_up() -> bool:
-                    rows = await store.pool.fetchval("SELECT count(*) FROM handled")
+                    rows: int = await store.pool.fetchval("SELECT count(*) FROM handled")
                     return rows == total and second.stats.duplicates >= by_first
 
                 await _wait_async(caught_up)

@@ -114,7 +114,7 @@ async def test_queue_route_refuses_without_a_token_and_past_its_bound(face: Face
     assert answer.status_code == 401
     many = [("task_id", f"t{n}") for n in range(MAX_QUEUE_TASKS + 1)]
     answer = await face.http.get(
-        BASE + "/v1/internal/queue", params=many, headers={"Authorization": face.auth("t1")}
+        BASE + "/v1/internal/queue", params=tuple(many), headers={"Authorization": face.auth("t1")}
     )
     assert (answer.status_code, answer.json()["field"]) == (400, "task_id")
     # the client asks in chunks under the bound; a refusal leaves places out

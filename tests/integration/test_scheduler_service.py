@@ -244,7 +244,8 @@ async def test_task_queued_again_only_when_the_wait_changes_kind(dsn: str) -> No
         await h.app.cordon_node("dev-a100", node)
         events = [e.event for e in await h.events("task-gang")]
         assert [getattr(e, "blocked", None) for e in events[1:]] == [False, True]
-        assert "even if idle" in events[-1].reason  # type: ignore[attr-defined]
+        assert isinstance(events[-1], TaskQueued)
+        assert "even if idle" in events[-1].reason
         entry = (await read_queue_entries(h.store.pool, ["gang"]))["gang"]
         assert entry["blocked"] and "could start only 3 even if idle" in entry["reason"]
         await h.app.uncordon_node("dev-a100", node)
@@ -532,6 +533,7 @@ async def test_an_append_of_unknown_outcome_is_read_back_before_the_next_decisio
 ) -> None:
     clock = Clock()
     store = await CommitsThenFails.connect(dsn, default_mapper())
+    assert isinstance(store, CommitsThenFails)
     app = SchedulerApp(store, parse_pools(POOLS), clock=clock)
     await app.start()
     h = Harness(store, [app], clock)

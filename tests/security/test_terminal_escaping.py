@@ -126,12 +126,11 @@ async def test_reasons_and_ids_in_show_and_ls_are_inert(served_gateway: Served) 
         shown = await cli(s.url, s.token, *command)
         assert shown.exit_code == 0, shown.output
         assert no_raw_controls(shown.stdout), command
-    shown = (await cli(s.url, s.token, "show", task_id)).stdout
+    page = (await cli(s.url, s.token, "show", task_id)).stdout
     assert (
-        "last failure: " in shown
-        and "\\x1b[2J\\x1b]0;owned\\x07\\u202e\\r\\nTaskSucceeded" in shown
+        "last failure: " in page and "\\x1b[2J\\x1b]0;owned\\x07\\u202e\\r\\nTaskSucceeded" in page
     )
-    assert not any(line.startswith("TaskSucceeded") for line in shown.splitlines())
+    assert not any(line.startswith("TaskSucceeded") for line in page.splitlines())
 
 
 async def test_worker_output_loses_its_escape_sequences_unless_raw(served_gateway: Served) -> None:

@@ -20,7 +20,7 @@ def test_a_relay_reference_lists_its_event_and_reason() -> None:
         "size": 2_000_000,
         "reason": "relay could not publish: MessageSizeTooLargeError",
     }
-    headers = {"source": "relay", "reason": reference["reason"]}
+    headers = {"source": "relay", "reason": str(reference["reason"])}
     letter = parse_dead_letter(1, 7, 0, headers, json.dumps(reference).encode())
     assert (letter.source, letter.event_id, letter.global_position, letter.size) == (
         "relay",

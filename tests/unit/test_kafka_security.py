@@ -63,7 +63,8 @@ async def test_aiokafka_clients_are_built_with_scram() -> None:
 def test_faststream_broker_is_built_with_scram() -> None:
     settings = KafkaSettings(bootstrap="kafka:9092", security=KafkaSecurity.from_env(SCRAM))
     broker = make_broker(settings)
-    options = broker.config.broker_config.builder.keywords
+    # FastStream types its builder as any callable; it is a functools.partial.
+    options = broker.config.broker_config.builder.keywords  # type: ignore[attr-defined]
     assert options["security_protocol"] == "SASL_PLAINTEXT"
     assert options["sasl_mechanism"] == "SCRAM-SHA-512"
     assert options["sasl_plain_username"] == "runyard-relay"

@@ -247,9 +247,11 @@ def test_queue_records_the_start_of_a_wait_and_changes_of_its_kind_only() -> Non
     assert story.state.queue_position == 0
     # the pool can no longer start it even if idle: the wait changed kind
     blocked = story.do(Queue(TASK, "even if idle", 3, 16, 0, blocked=True))
-    assert types_of(blocked) == (TaskQueued,) and blocked[0].blocked
+    assert isinstance(blocked[0], TaskQueued) and blocked[0].blocked
+    assert types_of(blocked) == (TaskQueued,)
     assert story.do(Queue(TASK, "even if idle; 2 tasks ahead", 2, 16, 0, blocked=True)) == []
     assert types_of(story.do(Queue(TASK, "can start", 2, 16, 1))) == (TaskQueued,)
+    assert story.state.queue is not None
     assert story.state.queue_position == 2 and not story.state.queue.blocked
     assert story.state.queued_at == first_queued_at
 
@@ -564,11 +566,15 @@ def test_a_stop_names_who_asked_and_in_what_role() -> None:
     assert isinstance(by_member, TaskStopRequested)
     assert by_member.reason == "stopped by bob (member)"
     assert (by_member.stopped_by, by_member.role, by_member.group_id) == ("bob", "member", None)
-    grouped = Story().running().do(
-        RequestStop(TASK, by="carol", role="tenant_admin", group_id="sweep-1")
-    )[0]
+    grouped = (
+        Story()
+        .running()
+        .do(RequestStop(TASK, by="carol", role="tenant_admin", group_id="sweep-1"))[0]
+    )
+    assert isinstance(grouped, TaskStopRequested)
     assert grouped.reason == "stopped by carol (tenant_admin) with task group sweep-1"
     anonymous = Story().queue().do(RequestStop(TASK))[0]
+    assert isinstance(anonymous, TaskStopRequested)
     assert anonymous.reason == "stop requested" and "owner" not in anonymous.reason
 
 
@@ -752,7 +758,7 @@ def test_rerun_starts_the_next_run_with_fresh_counters() -> None:
     assert story.state.held_live == (1,)
     story.refuse(ReleaseResources(TASK, "run 1 finished"), InvalidCommand)
     (exited,) = story.do(ExitWorker(TASK, 1, 2, 1, 143))
-    assert isinstance(exited, WorkerExited) and story.state.held_live == ()
+    assert isinstance(exited, WorkerExited) and not story.state.held_live
     assert story.state.workers[1].exit_code == 143 and story.status() == "failed"
     new_spec = story.state.spec.model_copy(update={"command": "torchrun train.py --fix"})
     events = story.do(Rerun(TASK, new_spec))

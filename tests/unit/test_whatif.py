@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from runyard.api.auth import Principal
@@ -69,12 +70,12 @@ def pool(nodes: int) -> list[Event]:
     return [registered, *(NodeAdded(node=f"n{i}") for i in range(nodes))]
 
 
-def run(key: str, arrived: float, hold: float | None, **kw: object) -> SimRun:
+def run(key: str, arrived: float, hold: float | None, **kw: Any) -> SimRun:
     gpus = kw.pop("gpus", (8,))
     return SimRun(
         key=key,
         spec="8gpu",
-        request=PlacementRequest(key, tuple(gpus)),  # type: ignore[arg-type]
+        request=PlacementRequest(key, tuple(gpus)),
         submitted_at=at(arrived),
         arrived_at=at(arrived),
         hold_s=hold,

@@ -1,0 +1,171 @@
+"""Waiting out outages: which errors are transient, and retrying them with backoff.
+
+Postgres restarting, a dropped connection, a broker that is not there for a
+moment: none of these is a reason for a service to stop. Every loop that talks
+to the store or the broker runs its calls through `retrying` (or catches with
+`is_transient` and waits with a `Backoff`), so an outage costs time, never the
+process. While a component waits it is marked down in `HEALTH`, which the
+gateway's `/readyz` answers from; the first success marks it up again.
+
+Only errors that say "the other side is not reachable now" are transient. A
+refused statement, a constraint violation or a bug raises at once: retrying
+those would hide them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import random
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import asyncpg
+from aiokafka.errors import KafkaConnectionError, KafkaError
+from runyard.eventstore.errors import StoreUnavailable
+
+log = logging.getLogger("runyard.transient")
+
+T = TypeVar("T")
+
+#: Driver errors of a database that is down, restarting, or dropped the connection.
+DATABASE_ERRORS: tuple[type[Exception], ...] = (
+    StoreUnavailable,
+    asyncpg.PostgresConnectionError,  # class 08: connection exceptions
+    asyncpg.CannotConnectNowError,  # 57P03: starting up or shutting down
+    asyncpg.AdminShutdownError,  # 57P01: the server is shutting down
+    asyncpg.CrashShutdownError,  # 57P02
+    asyncpg.TooManyConnectionsError,
+    ConnectionError,  # refused, reset, aborted, broken pipe
+    TimeoutError,
+)
+#: Socket errors of a peer that is not there (not a missing file or a permission).
+_NETWORK_ERRNOS = frozenset(
+    {
+        errno.ECONNREFUSED,
+        errno.ECONNRESET,
+        errno.ECONNABORTED,
+        errno.EHOSTUNREACH,
+        errno.ENETUNREACH,
+        errno.ETIMEDOUT,
+        errno.EPIPE,
+    }
+)
+#: asyncpg's interface errors are mostly misuse; these texts are a dead connection.
+_DEAD_CONNECTION_TEXTS = ("connection is closed", "connection was closed", "terminating connection")
+
+
+def is_transient(error: BaseException) -> bool:
+    """True for an error that only says the database or the broker is unreachable now."""
+    if isinstance(error, (*DATABASE_ERRORS, KafkaConnectionError, socket.gaierror)):
+        return True
+    if isinstance(error, OSError) and (
+        error.errno in _NETWORK_ERRNOS
+        # a unix socket that is gone while the server is down (a file has a filename)
+        or (error.errno == errno.ENOENT and error.filename is None)
+        # asyncio's connect to several addresses (localhost: ::1 and 127.0.0.1)
+        or str(error).startswith(("Multiple exceptions:", "Connect call failed"))
+    ):
+        return True
+    if isinstance(error, KafkaError):
+        return bool(getattr(error, "retriable", False))
+    if isinstance(error, asyncpg.InterfaceError):
+        text = str(error).lower()
+        return any(t in text for t in _DEAD_CONNECTION_TEXTS)
+    cause = error.__cause__ or error.__context__
+    return cause is not None and cause is not error and is_transient(cause)
+
+
+@dataclass
+class Backoff:
+    """Exponential backoff with full jitter, capped: waits grow 0.1 s, 0.2 s, ... up to
+    `cap` s, each drawn at random below its bound so that services that lost the same
+    database do not come back in lockstep."""
+
+    base: float = 0.1
+    cap: float = 5.0
+    attempt: int = 0
+
+    def next_delay(self) -> float:
+        bound = min(self.cap, self.base * 2**self.attempt)
+        self.attempt += 1
+        return random.uniform(bound / 2, bound)
+
+    async def wait(self) -> None:
+        await asyncio.sleep(self.next_delay())
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+@dataclass
+class Health:
+    """Which components of this process are waiting out an outage, and why.
+
+    `down` holds component -> (reason, since, as monotonic seconds)."""
+
+    down: dict[str, tuple[str, float]] = field(default_factory=dict)
+
+    def mark_down(self, component: str, reason: str) -> None:
+        if component not in self.down:
+            log.warning("%s: waiting out an outage: %s", component, reason)
+        since = self.down.get(component, ("", time.monotonic()))[1]
+        self.down[component] = (reason, since)
+
+    def forget(self, component: str) -> None:
+        """`component` stopped (cancelled) while it waited: it reports nothing any more."""
+        self.down.pop(component, None)
+
+    def mark_up(self, component: str) -> None:
+        if self.down.pop(component, None) is not None:
+            log.warning("%s: reachable again, resuming", component)
+
+    @property
+    def ready(self) -> bool:
+        return not self.down
+
+    def report(self) -> dict[str, dict[str, object]]:
+        """component -> {reason, down_s}, for readiness answers."""
+        now = time.monotonic()
+        return {
+            name: {"reason": reason, "down_s": round(now - since, 1)}
+            for name, (reason, since) in sorted(self.down.items())
+        }
+
+
+#: The health of this process: every `retrying` call reports to it by default.
+HEALTH = Health()
+
+
+async def retrying(
+    call: Callable[[], Awaitable[T]],
+    *,
+    component: str,
+    backoff: Backoff | None = None,
+    health: Health = HEALTH,
+) -> T:
+    """`await call()` until it returns, waiting out transient errors (forever).
+
+    Other errors raise at once. `component` names what waits, in logs and in
+    `health` (down while it waits, up again on success). Cancellation ends the
+    wait, so a service still stops promptly during an outage."""
+    backoff = backoff or Backoff()
+    while True:
+        try:
+            result = await call()
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            health.mark_down(component, f"{type(exc).__name__}: {exc}"[:300])
+            try:
+                await backoff.wait()
+            except asyncio.CancelledError:
+                health.forget(component)
+                raise
+            continue
+        health.mark_up(component)
+        return result

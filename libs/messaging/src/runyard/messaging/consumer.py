@@ -1,0 +1,386 @@
+"""The consumer pattern every Runyard service uses.
+
+- Idempotent: each event id is recorded in the `inbox` table in the same
+  transaction as the handler's effects; a redelivered event finds its row and
+  is skipped. Kafka gives at-least-once, the inbox makes it exactly-once.
+- Never blocks a partition: a message that cannot be decoded, or whose
+  handler keeps failing, goes to the dead-letter topic with the reason, and
+  the next message is processed.
+- Retryable errors (a stream that moved on) are retried a few times with
+  backoff first; the handler reloads and decides again.
+- Outages are waited out: while the database (or the broker, for a dead
+  letter) cannot be reached, the batch is retried with backoff and jitter,
+  the consumer is marked down in the process's health, and nothing is dead-
+  lettered or skipped; the partition simply waits.
+- Each batch's transaction also raises the group's positions per partition
+  (`runyard.messaging.positions`): after a broker loss, the relay publishes
+  again only what some group had not handled.
+- Scales out: N instances with one name form one consumer group and share the
+  topics' partitions. A partition that moves to another instance in a
+  rebalance is read again from its last committed offset; what the previous
+  owner handled after that offset finds its inbox rows and is skipped.
+- Measured (`runyard.telemetry.metrics`): events taken by outcome, handler
+  time, and the lag of the partitions it holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from time import perf_counter
+from typing import Any
+
+import asyncpg
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from faststream.kafka import KafkaBroker
+from faststream.kafka.annotations import KafkaMessage
+from faststream.middlewares import AckPolicy
+from opentelemetry import trace
+from opentelemetry.propagate import extract
+from runyard.contracts import Event, EventMapper, RecordedEvent
+from runyard.eventstore.transient import is_transient, retrying
+from runyard.messaging import codec
+from runyard.messaging.positions import Positions, positions_of, save_positions
+from runyard.messaging.settings import KafkaSettings
+from runyard.telemetry.metrics import ConsumerMetrics, track_lag
+
+log = logging.getLogger("runyard.consumer")
+_tracer = trace.get_tracer("runyard.messaging")
+
+Handler = Callable[[RecordedEvent[Event], asyncpg.Connection], Awaitable[None]]
+#: Runs in the batch's transaction after its events (e.g. one planning pass).
+BatchHook = Callable[[asyncpg.Connection], Awaitable[None]]
+
+
+@dataclass
+class ConsumerStats:
+    processed: int = 0
+    duplicates: int = 0
+    dead_lettered: int = 0
+    retries: int = 0
+    commit_failures: int = 0
+    skipped: int = 0
+
+
+class IdempotentConsumer:
+    """One consumer group running one handler over some event topics.
+
+    Messages come in batches (whatever the broker has, up to `max_records`).
+    A batch is handled in one database transaction, each event inside its own
+    savepoint with its inbox row, so a batch costs one commit instead of one
+    per event, and a failing event is rolled back alone. Offsets are committed
+    once per batch, after the transaction. Events whose type the handler does
+    not care about (`event_types`) are skipped before any database work.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        pool: asyncpg.Pool,
+        mapper: EventMapper,
+        handler: Handler,
+        kafka: KafkaSettings,
+        max_attempts: int = 5,
+        event_types: frozenset[str] | None = None,
+        max_records: int = 200,
+        after_batch: BatchHook | None = None,
+    ) -> None:
+        self.name = name
+        self.pool = pool
+        self.mapper = mapper
+        self.handler = handler
+        self.kafka = kafka
+        self.max_attempts = max_attempts
+        self.event_types = event_types
+        self.max_records = max_records
+        self.after_batch = after_batch
+        self.stats = ConsumerStats()
+        self.metrics = ConsumerMetrics(name)
+        self._broker: KafkaBroker | None = None
+        self._subscriber: Any = None
+        self._commits_paused_until = 0.0
+        #: Subscribed topics whose registration row is not written yet.
+        self._unregistered: set[str] = set()
+
+    @property
+    def group_id(self) -> str:
+        """The consumer group: the name under the topic prefix, so isolated
+        deployments (and tests) never share groups."""
+        return self.kafka.topics.prefix + self.name
+
+    def subscribe(self, broker: KafkaBroker, *topics: str) -> None:
+        """Register the subscriber on `broker` (FastStream) for `topics`."""
+        self._broker = broker
+        self._unregistered.update(topics)
+        self._subscriber = broker.subscriber(  # type: ignore[call-overload]
+            *topics,
+            group_id=self.group_id,
+            batch=True,
+            max_records=self.max_records,
+            batch_timeout_ms=self.kafka.fetch_max_wait_ms,
+            ack_policy=AckPolicy.MANUAL,
+            decoder=_raw_body,  # we decode ourselves, so a bad message can be dead-lettered
+            **self.kafka.consumer_options(),
+        )
+        track_lag(self.name, self.lag)
+
+        @self._subscriber  # type: ignore[untyped-decorator]  # FastStream's is not annotated
+        async def on_messages(body: list[bytes], message: KafkaMessage) -> None:
+            records = message.raw_message
+            batch = records if isinstance(records, tuple) else (records,)
+            await self.process_batch(list(batch))
+            await self._commit(message)
+
+    def attach(self, broker: KafkaBroker, *topics: str) -> None:
+        """Read `topics` through another consumer that hands their batches to
+        `process_batch` (`runyard.messaging.copartition`); `broker` carries dead letters."""
+        self._broker = broker
+        self._unregistered.update(topics)
+
+    def lag(self) -> Mapping[str, int]:
+        """topic -> messages not taken yet in the partitions this instance holds."""
+        return kafka_lag(self._kafka_consumer())
+
+    def assignment(self) -> set[TopicPartition]:
+        """The partitions this instance holds now (none before the broker starts)."""
+        consumer = self._kafka_consumer()
+        return set(consumer.assignment()) if consumer is not None else set()
+
+    def _kafka_consumer(self) -> AIOKafkaConsumer | None:
+        # FastStream's subscriber holds its aiokafka consumer while it runs.
+        return getattr(self._subscriber, "consumer", None)
+
+    async def _commit(self, message: KafkaMessage) -> None:
+        """Commit the offsets after processing; a failed commit only means a
+        redelivery, which the inbox absorbs, so it must never wedge the consumer
+        (e.g. while the embedded broker restarts with no memory of the group)."""
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._commits_paused_until:
+            return  # a later commit covers these offsets too
+        try:
+            await asyncio.wait_for(message.ack(), timeout=0.5)
+        except Exception as exc:
+            self.stats.commit_failures += 1
+            self._commits_paused_until = loop.time() + 2.0
+            log.debug("%s: offset commit failed (%r); redelivery will be deduped", self.name, exc)
+
+    async def process(self, record: ConsumerRecord[Any, Any]) -> None:
+        """Handle one message (a batch of one)."""
+        await self.process_batch([record])
+
+    async def process_batch(self, records: list[ConsumerRecord[Any, Any]]) -> None:
+        """Decode, filter and handle a batch; never raises for one bad message.
+
+        While the database cannot be reached it waits (retrying with backoff) and
+        does not return: the batch is handled once the database is back."""
+        wanted: list[tuple[ConsumerRecord[Any, Any], RecordedEvent[Event]]] = []
+        for record in records:
+            if not self._wants(record):
+                self.stats.skipped += 1
+                continue
+            try:
+                wanted.append((record, codec.decode(record.value, self.mapper)))
+            except codec.UndecodableMessage as exc:
+                self.metrics.handled("unknown", "undecodable")
+                await self.dead_letter(record, exc.reason)
+        positions = positions_of(records)
+        component = f"consumer {self.name}"
+        if not wanted:
+            if positions:
+                await retrying(lambda: self._save_positions(positions), component=component)
+            return
+        done = await retrying(lambda: self._handle_batch(wanted, positions), component=component)
+        self.stats.processed += sum(done)
+
+    async def _handle_batch(
+        self,
+        wanted: list[tuple[ConsumerRecord[Any, Any], RecordedEvent[Event]]],
+        positions: Positions,
+    ) -> list[bool]:
+        """Handle `wanted` in one transaction (or one by one if that fails);
+        transient errors raise, for `retrying` to wait out."""
+        try:
+            async with self.pool.acquire() as conn, conn.transaction():
+                done = [await self._handle(conn, record, event) for record, event in wanted]
+                if self.after_batch is not None:
+                    await self.after_batch(conn)
+                await self._write_positions(conn, positions)
+            self._registered()
+            return done
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            # The batch transaction itself failed: nothing of it is committed;
+            # handle each event on its own instead.
+            log.warning("%s: batch of %d failed; one by one", self.name, len(wanted))
+        done = []
+        for record, event in wanted:
+            async with self.pool.acquire() as conn, conn.transaction():
+                done.append(await self._handle(conn, record, event))
+                if self.after_batch is not None:
+                    await self.after_batch(conn)
+        await self._save_positions(positions)
+        return done
+
+    async def _save_positions(self, positions: Positions) -> None:
+        async with self.pool.acquire() as conn, conn.transaction():
+            await self._write_positions(conn, positions)
+        self._registered()
+
+    async def _write_positions(self, conn: asyncpg.Connection, positions: Positions) -> None:
+        """Raise the group's positions; the first time, also register every subscribed
+        topic (partition -1), so a topic it has not received anything from yet counts."""
+        rows = dict(positions)
+        for topic in self._unregistered:
+            rows.setdefault((topic, -1), 0)
+        await save_positions(conn, self.name, rows)
+
+    def _registered(self) -> None:
+        self._unregistered.clear()
+
+    def _wants(self, record: ConsumerRecord[Any, Any]) -> bool:
+        if self.event_types is None:
+            return True
+        for key, value in record.headers or ():
+            if key == "event_type":
+                return bytes(value).decode() in self.event_types
+        return True  # no header: decode it and let the handler (or dead letter) decide
+
+    async def _handle(
+        self,
+        conn: asyncpg.Connection,
+        record: ConsumerRecord[Any, Any],
+        event: RecordedEvent[Event],
+    ) -> bool:
+        """Handle one event in a savepoint; True when it was new and handled.
+
+        It runs in a consumer span whose parent is the event's own trace context,
+        so whatever the handler writes stays in the trace of its cause (the batch
+        span FastStream opens cannot have one parent per message)."""
+        with _tracer.start_as_current_span(
+            f"{self.name} {event.type}",
+            context=extract(event.metadata.trace_context),
+            kind=trace.SpanKind.CONSUMER,
+            links=_link_to_current(),
+        ):
+            return await self._handle_traced(conn, record, event)
+
+    async def _handle_traced(
+        self,
+        conn: asyncpg.Connection,
+        record: ConsumerRecord[Any, Any],
+        event: RecordedEvent[Event],
+    ) -> bool:
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                async with conn.transaction():  # a savepoint: this event alone
+                    return await self._handle_once(conn, event)
+            except Exception as exc:
+                if is_transient(exc):
+                    raise  # the database is away: the whole batch waits, nothing is parked
+                if getattr(exc, "retryable", False) and attempt < self.max_attempts:
+                    self.stats.retries += 1
+                    await asyncio.sleep(0.05 * 2**attempt)
+                    continue
+                log.exception("%s: handler failed on %s", self.name, event.event_id)
+                self.metrics.handled(event.type, "failed")
+                await self.dead_letter(record, f"handler failed: {type(exc).__name__}: {exc}")
+                return False
+        return False
+
+    async def _handle_once(self, conn: asyncpg.Connection, event: RecordedEvent[Event]) -> bool:
+        fresh = await conn.fetchval(
+            """INSERT INTO inbox (consumer, event_id, global_position) VALUES ($1, $2, $3)
+               ON CONFLICT DO NOTHING RETURNING true""",
+            self.name,
+            event.event_id,
+            event.global_position,
+        )
+        if not fresh:
+            self.stats.duplicates += 1
+            self.metrics.handled(event.type, "duplicate")
+            return False
+        started = perf_counter()
+        await self.handler(event, conn)
+        self.metrics.latency(perf_counter() - started)
+        self.metrics.handled(event.type)
+        return True
+
+    async def dead_letter(self, record: ConsumerRecord[Any, Any], reason: str) -> None:
+        """Park a message on the dead-letter topic with why, where it came from."""
+        assert self._broker is not None, "subscribe() first"
+        self.stats.dead_lettered += 1
+        log.warning(
+            "%s: dead-lettering %s[%s]@%s: %s",
+            self.name,
+            record.topic,
+            record.partition,
+            record.offset,
+            reason,
+        )
+        broker = self._broker
+        publish = partial(
+            broker.publish,
+            record.value or b"",
+            topic=self.kafka.topics.dead_letter,
+            key=record.key,
+            headers={
+                "reason": reason[:1000],
+                "consumer": self.name,
+                "source_topic": record.topic,
+                "source_partition": str(record.partition),
+                "source_offset": str(record.offset),
+            },
+        )
+        await retrying(publish, component=f"consumer {self.name}")
+
+
+def kafka_lag(consumer: AIOKafkaConsumer | None) -> dict[str, int]:
+    """topic -> messages not taken yet by `consumer`, over its assigned partitions:
+    the last known log end offset (from its fetches) minus its position. Reads only
+    what the consumer already holds, so a scrape costs no broker call; a partition
+    not fetched yet counts for nothing."""
+    if consumer is None:
+        return {}
+    # aiokafka keeps highwater and position on each partition's state (what its
+    # `highwater()` reads) and has no synchronous way to read the position.
+    subscription = consumer._subscription.subscription
+    assignment = subscription.assignment if subscription is not None else None
+    if assignment is None:
+        return {}
+    lag: dict[str, int] = {}
+    for tp in assignment.tps:
+        state = assignment.state_value(tp)
+        if state is None or state.highwater is None or not state.has_valid_position:
+            continue
+        lag[tp.topic] = lag.get(tp.topic, 0) + max(0, state.highwater - state.position)
+    return lag
+
+
+def _link_to_current() -> list[trace.Link]:
+    current = trace.get_current_span().get_span_context()
+    return [trace.Link(current)] if current.is_valid else []
+
+
+async def _raw_body(message: Any) -> Any:
+    """The body untouched (bytes, or a list of them for a batch): no JSON guessing."""
+    return message.body
+
+
+def make_broker(kafka: KafkaSettings, **options: Any) -> KafkaBroker:
+    """A FastStream broker on `kafka.bootstrap`, with tracing middleware."""
+    from faststream.kafka.opentelemetry import KafkaTelemetryMiddleware
+
+    return KafkaBroker(
+        kafka.bootstrap,
+        security=kafka.security.faststream(),  # SASL/TLS when the environment asks
+        log_level=logging.DEBUG,  # per-message access logs only when asked for
+        enable_idempotence=False,
+        request_timeout_ms=kafka.request_timeout_ms,
+        middlewares=[KafkaTelemetryMiddleware()],
+        **options,
+    )

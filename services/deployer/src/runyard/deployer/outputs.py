@@ -1,0 +1,238 @@
+"""A worker's output files: cut into the same numbered lines however they are read,
+and what is kept of them once the worker is gone.
+
+Lines: a worker's `stdout.log` and `stderr.log` are cut at each newline, and a
+line longer than `LINE_MAX` bytes into pieces of `LINE_MAX` bytes (the last
+piece of a line keeps what is left), each piece a line of its own; an
+unfinished last line counts only once the worker is gone. The cut depends on
+the bytes alone, not on how they arrived, so the runtime's tail (reading as the
+worker writes) and `numbered_lines` (reading a whole file again) give every
+line the same number (`seq`), and the log store drops a line published twice.
+
+Time marks: lines read again carry no time of their own (the files have none),
+so the runtime writes, with each saved offset, when it had published up to
+which number of each stream (`Marks`: at most `MAX_MARKS`, every other one
+dropped when there are more, so older marks thin out while the recent ones,
+those of the lines a broker loss can take, stay about a second apart). A
+line published again gets the time of the first mark after it: within about a
+second of when it was first read.
+
+Kept outputs: when a deployment is cleaned up and output is kept
+(`LocalRuntimeConfig.keep_output`), everything the worker had (home, tmp,
+work, its environment file, the namespaces) goes at once, but its output
+files, offsets and exit status stay in `<scratch_root>/<task>/run<r>-a<a>/`,
+whose `state.json` says `finished` and how many numbered lines each stream
+holds, until the log service has stored every one of them (the deployer's
+`OutputKeeper`). Such a folder is never adopted again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import shutil
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+log = logging.getLogger("runyard.deployer.outputs")
+
+#: The longest line (bytes) a worker's output gives; longer ones are cut.
+LINE_MAX = 64 * 1024
+#: Time marks kept per worker (older ones thinned past this many).
+MAX_MARKS = 512
+Stream = Literal["stdout", "stderr"]
+STREAMS: tuple[Stream, Stream] = ("stdout", "stderr")
+#: What a kept worker folder holds: its output, where publishing got, its exit status.
+KEPT_FILES = frozenset({"stdout.log", "stderr.log", "offsets.json", "exit_status"})
+
+DeploymentKey = tuple[str, int, int]
+
+
+class LineSplitter:
+    """Cuts a stream of bytes that starts at `offset` of a file (a line boundary)
+    into lines, each with the offset just after it in the file."""
+
+    def __init__(self, offset: int = 0) -> None:
+        self._pending = b""
+        self._offset = offset  # where the next chunk starts in the file
+
+    def feed(self, chunk: bytes) -> list[tuple[bytes, int]]:
+        data = self._pending + chunk
+        start = self._offset - len(self._pending)  # where `data` starts in the file
+        self._offset += len(chunk)
+        lines: list[tuple[bytes, int]] = []
+        pos = 0
+        while (newline := data.find(b"\n", pos)) != -1:
+            while newline - pos > LINE_MAX:
+                lines.append((data[pos : pos + LINE_MAX], start + pos + LINE_MAX))
+                pos += LINE_MAX
+            lines.append((data[pos:newline], start + newline + 1))
+            pos = newline + 1
+        while len(data) - pos > LINE_MAX:  # no newline in sight: a full piece is a line
+            lines.append((data[pos : pos + LINE_MAX], start + pos + LINE_MAX))
+            pos += LINE_MAX
+        self._pending = data[pos:]
+        return lines
+
+    def finish(self) -> list[tuple[bytes, int]]:
+        """The unfinished last line, once nothing more can come."""
+        rest, self._pending = self._pending, b""
+        return [(rest, self._offset)] if rest else []
+
+
+def numbered_lines(path: Path, *, complete: bool) -> Iterator[tuple[int, bytes]]:
+    """Every line of an output file with its number, from the start; the unfinished
+    last line too when the file is `complete` (its worker is gone)."""
+    splitter = LineSplitter()
+    seq = 0
+    try:
+        f = open(path, "rb")  # noqa: SIM115 (closed below, around the generator's yields)
+    except FileNotFoundError:
+        return
+    with f:
+        while chunk := f.read(1024 * 1024):
+            for raw, _ in splitter.feed(chunk):
+                yield seq, raw
+                seq += 1
+    if complete:
+        for raw, _ in splitter.finish():
+            yield seq, raw
+
+
+@dataclass
+class Marks:
+    """When publishing had reached which line of each stream: [time, stdout, stderr]."""
+
+    entries: list[list[float]] = field(default_factory=list)
+
+    def add(self, next_seq: Mapping[str, int | None], now: float | None = None) -> None:
+        numbers = [float(next_seq.get(s) or 0) for s in STREAMS]
+        if self.entries and self.entries[-1][1:] == numbers:
+            return
+        self.entries.append([time.time() if now is None else now, *numbers])
+        if len(self.entries) > MAX_MARKS:  # every other one goes; the last one stays
+            self.entries = self.entries[-1::-2][::-1]
+
+    def time_of(self, stream: str, seq: int) -> float | None:
+        """When line `seq` of `stream` had been published (None: never, as far as known)."""
+        column = 1 + STREAMS.index(stream)
+        for entry in self.entries:
+            if entry[column] > seq:
+                return entry[0]
+        return None
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Marks:
+        if not isinstance(raw, list):
+            return cls()
+        entries = [
+            [float(x) for x in e]
+            for e in raw
+            if isinstance(e, list) and len(e) == 3 and all(isinstance(x, int | float) for x in e)
+        ]
+        return cls(entries)
+
+
+def read_marks(worker_dir: Path) -> Marks:
+    try:
+        saved = json.loads((worker_dir / "offsets.json").read_text())
+    except (OSError, ValueError):
+        return Marks()
+    return Marks.from_json(saved.get("marks") if isinstance(saved, dict) else None)
+
+
+def text(raw: bytes) -> str:
+    """A line as published: UTF-8 (what is not becomes U+FFFD), without a trailing CR."""
+    return raw.decode("utf-8", "replace").rstrip("\r")
+
+
+@dataclass(frozen=True)
+class OutputStream:
+    """One output stream of one worker, whose lines [0, published) were published."""
+
+    key: DeploymentKey
+    worker: int
+    stream: Stream
+    path: Path
+    published: int
+    marks: Marks
+
+
+@dataclass(frozen=True)
+class KeptOutput:
+    """The output files of a finished deployment, kept until their lines are stored."""
+
+    key: DeploymentKey
+    root: Path
+    #: How many numbered lines each (worker, stream) holds.
+    lines: Mapping[tuple[int, Stream], int]
+    #: When the deployment finished (unix time).
+    kept_at: float
+
+    def path(self, worker: int, stream: str) -> Path:
+        return self.root / f"w{worker}" / f"{stream}.log"
+
+
+def keep(root: Path, key: DeploymentKey, lines: Mapping[tuple[int, Stream], int]) -> KeptOutput:
+    """Remove all of a cleaned-up deployment's folder but its workers' output files,
+    and mark it `finished` (never adopted again)."""
+    for child in list(root.iterdir()) if root.is_dir() else []:
+        if child.is_dir() and not child.is_symlink() and child.name.startswith("w"):
+            for item in child.iterdir():
+                if item.name not in KEPT_FILES:
+                    _remove(item)
+        elif child.name != "state.json":
+            _remove(child)
+    kept = KeptOutput(key, root, dict(lines), time.time())
+    state = {
+        "task_id": key[0],
+        "run": key[1],
+        "attempt": key[2],
+        "phase": "finished",
+        "finished_at": kept.kept_at,
+        "lines": [[w, s, n] for (w, s), n in sorted(kept.lines.items())],
+    }
+    tmp = root / "state.json.tmp"
+    tmp.write_text(json.dumps(state))
+    tmp.replace(root / "state.json")
+    return kept
+
+
+def load_kept(scratch_root: Path) -> dict[DeploymentKey, KeptOutput]:
+    """The kept outputs an earlier deployer left (`finished` in their state.json)."""
+    found: dict[DeploymentKey, KeptOutput] = {}
+    for state_file in sorted(scratch_root.glob("*/run*-a*/state.json")):
+        try:
+            raw = json.loads(state_file.read_text())
+            if raw.get("phase") != "finished":
+                continue
+            key: DeploymentKey = (str(raw["task_id"]), int(raw["run"]), int(raw["attempt"]))
+            lines = {(int(w), _stream(s)): int(n) for w, s, n in raw.get("lines", [])}
+            found[key] = KeptOutput(key, state_file.parent, lines, float(raw["finished_at"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            log.warning("unreadable kept output %s", state_file)
+    return found
+
+
+def forget(root: Path) -> None:
+    """Remove a kept output's folder (and its task's folder, when that is empty)."""
+    shutil.rmtree(root, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        root.parent.rmdir()
+
+
+def _stream(name: object) -> Stream:
+    if name not in STREAMS:
+        raise ValueError(f"not an output stream: {name!r}")
+    return name
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)

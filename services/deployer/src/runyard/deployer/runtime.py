@@ -1,0 +1,1692 @@
+"""Where workers run: the `Runtime` interface and the local (embedded) runtime.
+
+The deployer drives a runtime through one deployment (one attempt of one run
+of a task) in this order; every step is keyed by the deployment's `key`
+(task id, run, attempt):
+
+    allocate -> pull_image -> mount_storage -> init_env      the 4 deploy stages (R-20)
+    start_workers(on_output, on_exit)                         all at once (gang)
+    stop(key, grace_s)  |  workers exit by themselves         on_exit per worker
+    cleanup(key)                                              scratch removed (R-22)
+
+A stage that cannot be done raises `StageFailed(reason)`; the reason goes into
+`DeployStageFailed` as is, so it must say what a person can fix.
+
+How a Kubernetes runtime maps onto it
+-------------------------------------
+- `allocate`: create the task's namespace objects (a headless Service for
+  rank discovery, a ConfigMap, a Secret holding the resolved creator-only
+  variables) and one Pod per worker, pinned to the placed node
+  (`nodeName` / node affinity) with `nvidia.com/gpu: len(gpus)` limits;
+  Pods start suspended (a `wait-for-go` init container) so no launch command
+  runs before the whole gang is ready.
+- `pull_image`: wait until every Pod's image is pulled (ImagePullBackOff /
+  ErrImagePull -> `StageFailed` with the kubelet message).
+- `mount_storage`: PVCs / CSI volumes for each `VolumeMount` at its
+  `mount_path` (readOnly as asked; public data read-only); an `emptyDir`
+  for the worker-local scratch (HOME, TMPDIR, working dir), which disappears
+  with the Pod (R-22). Wait for volumes attached (FailedMount -> StageFailed).
+- `init_env`: the same variables as here (`worker_env`), MASTER_ADDR being
+  the rank-0 Pod's Service DNS name instead of 127.0.0.1; wait for Ready.
+- `start_workers`: release the gate of every Pod (e.g. write the go file
+  through `exec`, or patch an annotation the init container watches); the
+  container runs `bash --login -c "<launch command>"`. Output comes from the
+  Pod log stream (`follow=True`) per container, one line at a time; exits come
+  from a Pod watch (`containerStatuses[].state.terminated.exitCode`).
+- `stop`: delete the Pods with `gracePeriodSeconds` = grace_s (kubelet sends
+  SIGTERM, then SIGKILL), exactly what the local runtime does to a process group.
+- `capture_stacks`: `kubectl exec py-spy dump` in each container.
+- `cleanup`: delete what `allocate` created; `deployments()`: list Pods by the
+  `runyard.io/task` label, used by the deployer to reconcile after a restart.
+
+The local runtime
+-----------------
+Each worker is a real process group on this machine (`start_new_session`),
+running `bash --login -c "<launch command>"`:
+
+- sandbox (when the deployer runs as root and `unshare` is permitted; detected
+  once, `namespaces:` in runtime.yaml overrides): every worker runs in a PID
+  namespace and a mount namespace of its own, inside a network and an IPC
+  namespace per deployment (its workers share a loopback of their own; the
+  host's is unreachable), as an unprivileged user (`local.worker_user`,
+  default `runyard-worker`, created as a system user when missing) with no
+  capabilities and `no_new_privs`. An empty tmpfs covers the control plane's
+  paths (scratch and volume roots, the data dir, `local.hide`); the worker's
+  own scratch, the image and Runyard's interpreter are bound back at their
+  paths (see `_mount_script`). The processes that run as root before the
+  privilege drop get no user variable; the worker's shell sources them from a
+  file. Without the sandbox (the fallback) workers run as the deployer's user
+  in its namespaces, and a warning says what is then not isolated;
+- images: a local catalogue maps an image name to a directory whose `bin/`
+  goes first on PATH (a virtualenv is such a directory). `bash --login` reads
+  /etc/profile, which may reset PATH, so the worker's private HOME gets a
+  `.bash_profile` that puts the image's `bin/` first again;
+- storage: each volume is a host directory `<volumes_root>/<file system>/<volume>`
+  (owned by the worker user when the runtime creates it). Sandboxed, each
+  volume is bind-mounted at its mount path (read-only volumes read-only) and
+  the worker's scratch `tmp/` is bind-mounted over /tmp, so nothing it writes
+  outside volumes outlives it. In the fallback a worker cannot see a volume at
+  the absolute mount path: it is a symlink at the mount path taken relative to
+  the worker's working directory (`/mnt/ckpt` -> `./mnt/ckpt`), read-only is
+  not enforced, and /tmp is shared. Both set
+  `RUNYARD_MOUNT_<N>=<mount path>=<host dir>`;
+- scratch: a private directory per worker (HOME, TMPDIR and working
+  directory, owned by the worker user), removed at cleanup; the runtime's own
+  files of the worker (output, exit status, offsets) sit in the folder above,
+  which the worker cannot change;
+- exit status: a small bash wrapper runs the launch command and writes its
+  exit status to `<worker scratch>/exit_status` before exiting with it, so
+  the status survives a restart of the deployer;
+- output: each worker writes stdout and stderr to files in its scratch; the
+  runtime follows them line by line into one bounded queue per deployment,
+  drained by a pump that awaits the `on_output` callback. A worker never
+  blocks on a slow sink (a full queue only slows the reading) and never dies
+  of SIGPIPE when the deployer goes away; the published offsets are saved so
+  a new deployer resumes after them; lines are cut as
+  `runyard.deployer.outputs` says (at newlines, and every 64 KiB of a longer
+  line); with `keep_output` cleanup keeps the output files until the log
+  service has stored them (`runyard.deployer.keeper`);
+- line numbers: each line of a worker's output file gets `seq`, its number
+  in that file (per task, run, attempt, worker and stream, from 0), when it
+  is read, before the bounded queue. It is a property of the file (not of
+  how the two streams interleave), so a line the pump dropped leaves a gap,
+  two identical lines in one microsecond stay two, and a new deployer that
+  re-reads lines after the last saved offset gives them the same numbers as
+  before (the log store skips such a repeat: it looks its identity up around
+  its time, docs/logs.md). The next number is saved with the offsets;
+  a deployment whose saved offsets have no number (an older deployer) goes
+  on without `seq`. Env check lines (pipes, never re-read) have none;
+- recovery: `<scratch_root>/<task>/run<r>-a<a>/state.json` records the phase
+  (`allocated`, `starting`, `started`; `finished` for kept output) and each
+  worker's pid (its process group), start time and when it was started, each
+  worker as soon as it is spawned; `recover` lists what an earlier process
+  started, `adopt` follows those workers, `discard` ends them;
+- env check (R-30): `start_env_check` runs the Bootcheck program through the
+  same wrapper as the launch command (same environment, namespace, mounts),
+  its output through pipes straight to `on_output`;
+- stop: SIGTERM to the process group, SIGKILL after `grace_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import pwd
+import shlex
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from runyard.contracts.loglines import LogRecord
+from runyard.contracts.spec import TaskSpec
+from runyard.contracts.stacks import WorkerStacks
+from runyard.contracts.task_events import WorkerPlacement
+from runyard.deployer import outputs
+from runyard.deployer.outputs import KeptOutput, LineSplitter, Marks, OutputStream, Stream
+from runyard.deployer.retry import until_done
+from runyard.deployer.stacks import capture_group
+
+log = logging.getLogger("runyard.deployer.runtime")
+
+DeploymentKey = tuple[str, int, int]
+"""(task id, run, attempt)."""
+
+DEFAULT_MASTER_PORT = 29500
+
+
+class StageFailed(Exception):
+    """A deploy stage could not be done; `reason` is what a person reads."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    """What a runtime needs to run one attempt of one run of a task."""
+
+    task_id: str
+    run: int
+    attempt: int
+    spec: TaskSpec
+    workers: tuple[WorkerPlacement, ...]
+    #: Values of the spec's creator-only variables, by name, resolved by the deployer
+    #: at deploy time for a run its creator started (never logged, never in events).
+    creator_values: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def key(self) -> DeploymentKey:
+        return (self.task_id, self.run, self.attempt)
+
+    @property
+    def run_id(self) -> str:
+        """Distinct per run of the task (and the same for every worker of it)."""
+        return f"{self.task_id}-run{self.run}"
+
+
+@dataclass(frozen=True, slots=True)
+class OutputLine:
+    """One line a worker wrote (without its newline)."""
+
+    task_id: str
+    run: int
+    attempt: int
+    worker: int
+    stream: Stream
+    line: str
+    at: datetime
+    #: The line's number in its worker's stream (from 0); None when unknown.
+    seq: int | None = None
+
+    def record(self) -> LogRecord:
+        """The record the deployer publishes on `runyard.logs` (`record().to_bytes()`)."""
+        return LogRecord(
+            at=self.at,
+            task_id=self.task_id,
+            run=self.run,
+            attempt=self.attempt,
+            worker=self.worker,
+            stream=self.stream,
+            line=self.line,
+            seq=self.seq,
+        )
+
+
+OnOutput = Callable[[OutputLine], Awaitable[None]]
+OnExit = Callable[[DeploymentKey, int, int, datetime], Awaitable[None]]
+"""(deployment key, worker index, exit code, when it exited): the code is 128+N when
+killed by signal N; the time is the one the worker's wrapper wrote with the status (so
+an exit seen late, e.g. by a restarted deployer, keeps its own time)."""
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    """What the deployer needs from wherever workers run; see the module docstring."""
+
+    async def allocate(self, deployment: Deployment) -> None: ...
+
+    async def pull_image(self, deployment: Deployment) -> None: ...
+
+    async def mount_storage(self, deployment: Deployment) -> None: ...
+
+    async def init_env(self, deployment: Deployment) -> None: ...
+
+    async def start_workers(
+        self, deployment: Deployment, on_output: OnOutput, on_exit: OnExit
+    ) -> dict[int, int]:
+        """Start every worker at once; their process (or pod) ids by worker index."""
+        ...
+
+    async def stop(self, key: DeploymentKey, grace_s: float | None = None) -> None:
+        """End every worker of the deployment; returns once all of them are gone."""
+        ...
+
+    async def capture_stacks(
+        self, key: DeploymentKey, *, native: bool = True
+    ) -> tuple[WorkerStacks, ...]:
+        """The stacks of every worker of the deployment that has a process here, by
+        worker index; empty when the deployment is not held here."""
+        ...
+
+    async def cleanup(self, key: DeploymentKey) -> None:
+        """Release what the deployment holds (scratch space); stops it first if needed."""
+        ...
+
+    def deployments(self) -> list[DeploymentKey]:
+        """Deployments this runtime holds now (for reconciliation after a restart)."""
+        ...
+
+
+# --- the local runtime ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LocalRuntimeConfig:
+    """Where the local runtime keeps things, and its image catalogue."""
+
+    #: Worker scratch space: `<scratch_root>/<task>/run<r>-a<a>/w<i>/`.
+    scratch_root: Path
+    #: Host directories of volumes: `<volumes_root>/<file system>/<volume>`.
+    volumes_root: Path
+    #: Image name -> directory whose bin/ goes first on PATH.
+    images: Mapping[str, Path] = field(default_factory=dict)
+    #: Seconds between SIGTERM and SIGKILL on stop.
+    grace_s: float = 10.0
+    #: Output lines buffered per deployment before lines are dropped.
+    output_buffer: int = 10_000
+    #: Sandboxed workers (private mount, PID, network and IPC namespaces, an
+    #: unprivileged user): None detects once whether this machine permits it.
+    namespaces: bool | None = None
+    #: The unprivileged user sandboxed workers run as: a name (created as a system
+    #: user when missing) or `uid[:gid]`.
+    worker_user: str = "runyard-worker"
+    #: Control-plane paths hidden from sandboxed workers (an empty tmpfs over each),
+    #: besides `scratch_root` and `volumes_root`, which are always hidden.
+    hidden: tuple[Path, ...] = ()
+    #: Seconds between looks at an adopted worker (one this process did not start).
+    poll_s: float = 0.2
+    #: Keep a finished deployment's output files until the log service has stored
+    #: every line (`runyard.deployer.outputs`); otherwise cleanup removes them at once.
+    keep_output: bool = False
+
+    @classmethod
+    def from_mapping(
+        cls, raw: Mapping[str, Any], *, data_dir: Path, base_dir: Path
+    ) -> LocalRuntimeConfig:
+        """Build from `runtime.yaml`'s `local:` section; see infra/config/runtime.yaml."""
+        images: dict[str, Path] = {}
+        for name, where in (raw.get("images") or {}).items():
+            images[str(name)] = _image_dir(str(where), base_dir)
+        return cls(
+            scratch_root=Path(raw.get("scratch_root") or data_dir / "scratch").absolute(),
+            volumes_root=Path(raw.get("volumes_root") or data_dir / "volumes").absolute(),
+            images=images,
+            grace_s=float(raw.get("grace_s", 10.0)),
+            output_buffer=int(raw.get("output_buffer", 10_000)),
+            namespaces=raw.get("namespaces"),
+            worker_user=str(raw.get("worker_user") or "runyard-worker"),
+            hidden=(data_dir.absolute(), *(Path(str(p)) for p in raw.get("hide") or ())),
+        )
+
+
+def _runyard_root() -> Path:
+    """The folder Runyard's code is imported from (a source checkout or site-packages).
+
+    `runyard` is a namespace package whose portions are the members' src folders
+    (`<root>/libs/<name>/src/runyard`, `<root>/services/<name>/src/runyard`) in a
+    checkout, or one `site-packages/runyard`; the checkout holds them all."""
+    import runyard.errors
+
+    package = Path(runyard.errors.__file__).resolve().parent  # <root>/libs/errors/src/runyard
+    checkout = package.parents[3]
+    return checkout if (checkout / "pyproject.toml").exists() else package.parent
+
+
+def _python_home(image: Path | None) -> Path | None:
+    """The base interpreter's prefix of a virtualenv image (its pyvenv.cfg `home`'s parent)."""
+    if image is None:
+        return None
+    try:
+        text = (image / "pyvenv.cfg").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "home" and value.strip():
+            return Path(value.strip()).resolve().parent
+    return None
+
+
+def _enterable(folder: Path, ids: tuple[int, int, str]) -> bool:
+    """Whether the user `ids` may list and enter `folder` (by its mode bits)."""
+    st = folder.stat()
+    if st.st_uid == ids[0]:
+        bits = stat.S_IRUSR | stat.S_IXUSR
+    elif st.st_gid == ids[1]:
+        bits = stat.S_IRGRP | stat.S_IXGRP
+    else:
+        bits = stat.S_IROTH | stat.S_IXOTH
+    return st.st_mode & bits == bits
+
+
+def _untraversable(path: Path) -> Path | None:
+    """The outermost folder above (or at) `path` that other users cannot enter, if any."""
+    current = Path("/")
+    for part in path.resolve().parts[1:]:
+        current = current / part
+        try:
+            mode = current.stat().st_mode
+        except OSError:
+            return None
+        if stat.S_ISDIR(mode) and not mode & stat.S_IXOTH:
+            return current
+    return None
+
+
+def _covered(path: Path, covers: list[Path]) -> bool:
+    """Whether `path` lies in one of `covers` (and so is hidden once they are covered)."""
+    resolved = path.resolve()
+    return any(resolved.is_relative_to(c) for c in covers)
+
+
+def _image_dir(where: str, base_dir: Path) -> Path:
+    if where == "@python":  # the environment Runyard itself runs in
+        return Path(sys.prefix)
+    path = Path(where).expanduser()
+    return path if path.is_absolute() else base_dir / path
+
+
+@dataclass
+class _Worker:
+    index: int
+    placement: WorkerPlacement
+    scratch: Path
+    env: dict[str, str] = field(default_factory=dict)
+    process: asyncio.subprocess.Process | None = None
+    #: Process id (= process group id) and its start time (/proc, clock ticks).
+    pid: int | None = None
+    starttime: int | None = None
+    #: When it was started (unix time; saved in state.json for a deployer that adopts it).
+    started_at: float | None = None
+    exit_code: int | None = None
+    #: When the worker exited (from its `exit_status`; when it was found gone otherwise).
+    exited_at: datetime | None = None
+    #: Set once the worker's process group is gone (its output is complete).
+    gone: asyncio.Event = field(default_factory=asyncio.Event)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    offsets: dict[str, int] = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
+    #: The number the next line read from each stream gets (None: unknown).
+    read_seq: dict[str, int | None] = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
+    #: The number after the last published line of each stream (saved with `offsets`).
+    next_seq: dict[str, int | None] = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
+    #: When publishing reached which numbers (saved with `offsets`).
+    marks: Marks = field(default_factory=Marks)
+
+    @property
+    def status_file(self) -> Path:
+        return self.scratch / "exit_status"
+
+
+@dataclass
+class _Local:
+    deployment: Deployment
+    root: Path
+    workers: dict[int, _Worker]
+    image_bin: Path | None = None
+    mounts: list[tuple[str, Path, bool]] = field(default_factory=list)
+    #: (line, worker, end offset of the line in its file); None ends the pump.
+    queue: asyncio.Queue[tuple[OutputLine, _Worker, int] | None] | None = None
+    pump: asyncio.Task[None] | None = None
+    watchers: list[asyncio.Task[None]] = field(default_factory=list)
+    #: The tasks following each worker's output files.
+    readers: list[asyncio.Task[None]] = field(default_factory=list)
+    dropped: int = 0
+    stopping: bool = False
+    #: Found on disk after a restart (workers not started by this process).
+    adopted: bool = False
+    offsets_saved: float = 0.0
+    #: The env check program (R-30) per worker, and the tasks following its output.
+    checks: dict[int, asyncio.subprocess.Process] = field(default_factory=dict)
+    check_readers: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+class LocalRuntime:
+    """Workers as process groups on this machine; see the module docstring."""
+
+    def __init__(self, config: LocalRuntimeConfig) -> None:
+        self.config = config
+        self._deps: dict[DeploymentKey, _Local] = {}
+        self._kept: dict[DeploymentKey, KeptOutput] | None = None
+        self.dropped_lines = 0
+        self.tools = _Tools.find()
+        why_not = _sandbox_unavailable(self.tools) if config.namespaces is not False else None
+        if config.namespaces is None:
+            self.namespaces = why_not is None
+        elif config.namespaces and why_not is not None:
+            raise RuntimeError(
+                f"local.namespaces is true but workers cannot be sandboxed here: {why_not}; "
+                "run the deployer as root with util-linux installed, or remove the setting"
+            )
+        else:
+            self.namespaces = bool(config.namespaces)
+        #: The unprivileged user sandboxed workers run as (None: not sandboxed).
+        self.worker_ids: tuple[int, int, str] | None = None
+        if self.namespaces:
+            self.worker_ids = _worker_user(config.worker_user, self.tools)
+        else:
+            log.warning(
+                "workers are NOT sandboxed (%s): they run as this deployer's user, in its "
+                "PID, network and mount namespaces, so they can read every file this user "
+                "can (the dev token, Postgres data, other tasks' scratch), see and signal "
+                "its processes and connect to Postgres, the broker and the gateway on "
+                "127.0.0.1; volumes are symlinks relative to the working directory and "
+                "/tmp is shared. Run the deployer as root for sandboxed workers",
+                why_not or "local.namespaces is false",
+            )
+
+    # -- stages ------------------------------------------------------------------
+
+    async def allocate(self, deployment: Deployment) -> None:
+        key = deployment.key
+        if key in self._deps:
+            return
+        task, run, attempt = key
+        self.config.scratch_root.mkdir(parents=True, exist_ok=True)
+        self.config.scratch_root.chmod(0o700)
+        root = self.config.scratch_root / task / f"run{run}-a{attempt}"
+        workers: dict[int, _Worker] = {}
+        for placement in deployment.workers:
+            scratch = root / f"w{placement.index}"
+            scratch.mkdir(parents=True, exist_ok=True)
+            # The worker's own folders; the folder above them (logs, exit status,
+            # offsets) stays the runtime's, so a worker can neither replace nor
+            # redirect what the runtime reads back.
+            for sub in ("home", "tmp", "work"):
+                (scratch / sub).mkdir(exist_ok=True)
+                self._give(scratch / sub)
+            scratch.chmod(0o755 if self.namespaces else 0o700)
+            workers[placement.index] = _Worker(placement.index, placement, scratch)
+        self._deps[key] = local = _Local(deployment, root, workers)
+        self._write_state(local, "allocated")
+        if self.namespaces:
+            (root / "shm").mkdir(exist_ok=True)
+            self._give(root / "shm")
+            try:
+                await asyncio.to_thread(_make_namespaces, root, self.tools)
+            except (OSError, subprocess.SubprocessError) as exc:
+                raise StageFailed(
+                    f"the deployment's network namespace could not be created: {exc}"
+                ) from exc
+
+    def _give(self, path: Path) -> None:
+        """Hand a folder to the worker user (mode 0700), when workers are sandboxed."""
+        path.chmod(0o700)
+        if self.worker_ids is not None:
+            uid, gid, _ = self.worker_ids
+            os.chown(path, uid, gid)
+
+    async def pull_image(self, deployment: Deployment) -> None:
+        local = self._get(deployment.key)
+        image = deployment.spec.image
+        where = self.config.images.get(image)
+        if where is None:
+            known = ", ".join(sorted(self.config.images)) or "none"
+            raise StageFailed(
+                f"image {image!r} is not in the local image catalogue (known images: {known})"
+            )
+        if not (where / "bin").is_dir():
+            raise StageFailed(
+                f"image {image!r} maps to {where}, which has no bin/ directory on this machine"
+            )
+        if self.worker_ids is not None:
+            for folder in (where, where / "bin"):
+                if not _enterable(folder, self.worker_ids):
+                    raise StageFailed(
+                        f"image {image!r} maps to {where}, but the worker user "
+                        f"{self.worker_ids[2]!r} cannot read {folder} (mode "
+                        f"{stat.S_IMODE(folder.stat().st_mode):04o}): make it readable by "
+                        "others (chmod o+rx)"
+                    )
+        local.image_bin = where / "bin"
+
+    async def mount_storage(self, deployment: Deployment) -> None:
+        local = self._get(deployment.key)
+        local.mounts = []
+        for mount in deployment.spec.mounts:
+            host = self.config.volumes_root / mount.file_system / mount.volume
+            try:
+                created = not host.exists()
+                host.mkdir(parents=True, exist_ok=True)
+                if created and self.worker_ids is not None:
+                    os.chown(host, self.worker_ids[0], self.worker_ids[1])
+            except OSError as exc:
+                raise StageFailed(
+                    f"volume {mount.file_system}/{mount.volume} cannot be prepared at {host}: {exc}"
+                ) from exc
+            local.mounts.append((mount.mount_path, host, mount.read_only))
+        if self.namespaces:
+            return  # bind-mounted at each mount path when the worker starts
+        for worker in local.workers.values():
+            for mount_path, host, _ in local.mounts:
+                link = worker.scratch / "work" / mount_path.lstrip("/")
+                link.parent.mkdir(parents=True, exist_ok=True)
+                if not link.exists():
+                    link.symlink_to(host, target_is_directory=True)
+
+    async def init_env(self, deployment: Deployment) -> None:
+        local = self._get(deployment.key)
+        if local.image_bin is None:
+            raise StageFailed("the image was not prepared (image_pull did not run)")
+        _check_env(deployment)
+        port = 0
+        if deployment.spec.framework == "pytorch_ddp":
+            # A sandboxed deployment has a network namespace of its own: every port is free.
+            port = DEFAULT_MASTER_PORT if self.namespaces else free_port(DEFAULT_MASTER_PORT)
+        for worker in local.workers.values():
+            hostfile: Path | None = None
+            if deployment.spec.framework == "mpi":
+                hostfile = worker.scratch / "hostfile"
+                slots = "".join(f"127.0.0.1 slots={len(w.gpus)}\n" for w in deployment.workers)
+                hostfile.write_text(slots)
+            worker.env = self.worker_env(
+                deployment, worker, local, master_port=port, hostfile=hostfile
+            )
+            profile = (
+                "# written by the Runyard local runtime: the image's bin/ first on PATH\n"
+                f'export PATH="{local.image_bin}:$PATH"\n'
+            )
+            _write_private(worker.scratch / "home" / ".bash_profile", profile, self.worker_ids)
+
+    def worker_env(
+        self,
+        deployment: Deployment,
+        worker: _Worker,
+        local: _Local,
+        *,
+        master_port: int,
+        hostfile: Path | None,
+    ) -> dict[str, str]:
+        """The environment of one worker (R-15). Values of user variables are never logged.
+
+        The user's variables come first and the platform's last, so a platform value
+        (PATH, CUDA_VISIBLE_DEVICES, RUNYARD_*, the framework's) always wins. A
+        creator-only variable gets the value the deployer resolved for this run
+        (`Deployment.creator_values`); without one it is left unset.
+        """
+        spec = deployment.spec
+        env: dict[str, str] = {}
+        for var in spec.env:
+            value = deployment.creator_values.get(var.name) if var.creator_only else var.value
+            if value is not None:
+                env[var.name] = value
+        home = worker.scratch / "home"
+        base_path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+        user = self.worker_ids[2] if self.worker_ids else os.environ.get("USER", "runyard")
+        env |= {
+            "PATH": f"{local.image_bin}:{base_path}",
+            "HOME": str(home),
+            "TMPDIR": str(worker.scratch / "tmp"),
+            "PWD": str(worker.scratch / "work"),
+            "LANG": os.environ.get("LANG", "C.UTF-8"),
+            "USER": user,
+            "LOGNAME": user,
+            "PYTHONUNBUFFERED": "1",
+            "RUNYARD_TASK_ID": deployment.task_id,
+            "RUNYARD_RUN_ID": deployment.run_id,
+            "RUNYARD_ATTEMPT": str(deployment.attempt),
+            "RUNYARD_WORKER_INDEX": str(worker.index),
+            "RUNYARD_WORKER_COUNT": str(len(deployment.workers)),
+            "RUNYARD_NODE": worker.placement.node,
+            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in worker.placement.gpus),
+        }
+        if local.image_bin is not None:
+            env["VIRTUAL_ENV"] = str(local.image_bin.parent)
+        for n, (mount_path, host, _) in enumerate(local.mounts):
+            env[f"RUNYARD_MOUNT_{n}"] = f"{mount_path}={host}"
+        if spec.framework == "pytorch_ddp":
+            env.update(
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(master_port),
+                WORLD_SIZE=str(len(deployment.workers)),
+                RANK=str(worker.index),
+                LOCAL_RANK="0",
+            )
+        elif spec.framework == "mpi" and hostfile is not None:
+            env.update(
+                RUNYARD_MPI_HOSTFILE=str(hostfile), OMPI_MCA_orte_default_hostfile=str(hostfile)
+            )
+        elif spec.framework == "ray":
+            env["RAY_ADDRESS"] = "127.0.0.1:6379"
+            env["RUNYARD_RAY_HEAD"] = "1" if worker.index == 0 else "0"
+        return env
+
+    # -- workers -----------------------------------------------------------------
+
+    async def start_workers(
+        self, deployment: Deployment, on_output: OnOutput, on_exit: OnExit
+    ) -> dict[int, int]:
+        local = self._get(deployment.key)
+        if any(w.pid is not None for w in local.workers.values()):
+            raise RuntimeError(f"workers of {deployment.key} already started")
+        # Written before any process exists: a deployer that dies now leaves a trace that
+        # the next one follows (it ends stray processes instead of starting a second gang).
+        self._write_state(local, "starting")
+        pids: dict[int, int] = {}
+        try:
+            for worker in local.workers.values():
+                env_file = self._write_env(worker, worker.env, "env")
+                args = self._launch_args(local, worker, env_file=env_file)
+                files = [open(worker.scratch / f"{s}.log", "ab") for s in ("stdout", "stderr")]  # noqa: SIM115, ASYNC230
+                try:
+                    worker.process = await asyncio.create_subprocess_exec(
+                        *args,
+                        cwd=worker.scratch / "work",
+                        env=_wrapper_env(local.deployment, worker.index),
+                        stdin=asyncio.subprocess.DEVNULL,
+                        stdout=files[0],
+                        stderr=files[1],
+                        start_new_session=True,
+                    )
+                finally:
+                    for f in files:
+                        f.close()
+                worker.pid = worker.process.pid
+                worker.starttime = _starttime(worker.pid)
+                worker.started_at = time.time()
+                pids[worker.index] = worker.pid
+                # Each worker named as soon as it runs: a deployer that dies now leaves
+                # the next one every process it started (see `recover`).
+                self._write_state(local, "starting")
+        except BaseException:
+            # No half-started gang: the workers already started go, the caller fails the
+            # attempt (e.g. E2BIG for a launch command over the kernel's argument limit).
+            await self._kill_started(local)
+            raise
+        self._write_state(local, "started")
+        self._watch_all(local, on_output, on_exit)
+        return pids
+
+    async def _kill_started(self, local: _Local) -> None:
+        """SIGKILL the process groups of the workers started so far, and wait for them."""
+        for worker in local.workers.values():
+            if worker.pid is None:
+                continue
+            _signal_group(worker.pid, signal.SIGKILL)
+            if worker.process is not None:
+                await worker.process.wait()
+            await _until_gone(worker.pid)
+            worker.pid = worker.process = None
+
+    def _write_env(self, worker: _Worker, env: Mapping[str, str], name: str) -> Path:
+        """The worker's variables as a shell file its unprivileged shell sources.
+
+        The processes that run as root (nsenter, unshare, the wrapper, mount) never
+        get the worker's variables (an LD_PRELOAD or BASH_ENV there would run as root):
+        only the shell that has already dropped privileges reads them.
+        """
+        text = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
+        path = worker.scratch / name
+        _write_private(path, text, self.worker_ids)
+        return path
+
+    # -- env check (R-30) ----------------------------------------------------------
+
+    async def start_env_check(
+        self, deployment: Deployment, on_output: OnOutput, *, port: int
+    ) -> dict[int, int]:
+        """Run the env check program in every worker at once; its pids by worker index.
+
+        Each worker runs `python -m runyard.faulttolerance.bootcheck --worker <i>
+        [--rdma] [--mount <path>[:ro] ...]` exactly as its launch command would run
+        (same wrapper, mount namespace, variables, image PATH, working directory), with
+        `RUNYARD_BOOTCHECK_PORT=<port>` (one free port for all workers: the all-reduce's
+        rendezvous). Every line it prints goes to `on_output` as a line of that worker
+        (stdout as `stdout`, its errors as `stderr`). Ends on its own; `end_env_check`
+        (or `stop`) kills whatever is left.
+        """
+        local = self._get(deployment.key)
+        if local.checks:
+            return {i: p.pid for i, p in local.checks.items()}
+        for worker in local.workers.values():
+            command = bootcheck_command(deployment, worker.index)
+            status = worker.scratch / "bootcheck_status"
+            env = {**worker.env, "RUNYARD_BOOTCHECK_PORT": str(port)}
+            env_file = self._write_env(worker, env, "bootcheck.env")
+            args = self._launch_args(
+                local, worker, command=command, status_file=status, env_file=env_file
+            )
+            process = await asyncio.create_subprocess_exec(
+                *args,
+                cwd=worker.scratch / "work",
+                env=_wrapper_env(local.deployment, worker.index),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )
+            local.checks[worker.index] = process
+            pipes: tuple[tuple[Stream, asyncio.StreamReader | None], ...] = (
+                ("stdout", process.stdout),
+                ("stderr", process.stderr),
+            )
+            for stream, pipe in pipes:
+                assert pipe is not None
+                reader = self._follow_check(local, worker.index, stream, pipe, on_output)
+                local.check_readers.append(asyncio.create_task(reader))
+        return {i: p.pid for i, p in local.checks.items()}
+
+    async def _follow_check(
+        self,
+        local: _Local,
+        worker: int,
+        stream: Stream,
+        pipe: asyncio.StreamReader,
+        on_output: OnOutput,
+    ) -> None:
+        d = local.deployment
+        while True:
+            try:
+                raw = await pipe.readline()
+            except ValueError:  # a line over the reader's limit: take what is there
+                raw = await pipe.read(64 * 1024)
+            if not raw:
+                return
+            text = raw.decode("utf-8", "replace").rstrip("\n").rstrip("\r")
+            line = OutputLine(d.task_id, d.run, d.attempt, worker, stream, text, datetime.now(UTC))
+            try:
+                await on_output(line)
+            except Exception:
+                log.exception("output sink failed; env check line of %s dropped", d.key)
+
+    async def wait_env_check(self, key: DeploymentKey) -> dict[int, int]:
+        """Wait until the env check program ended in every worker; exit codes by index."""
+        local = self._deps.get(key)
+        if local is None:
+            return {}
+        codes = {i: await p.wait() for i, p in local.checks.items()}
+        await asyncio.gather(*local.check_readers, return_exceptions=True)
+        return codes
+
+    async def end_env_check(self, key: DeploymentKey) -> None:
+        """Kill what is left of the env check program (its result is known by now)."""
+        local = self._deps.get(key)
+        if local is None or not local.checks:
+            return
+        for process in local.checks.values():
+            if process.returncode is None:
+                _signal_group(process.pid, signal.SIGKILL)
+        for process in local.checks.values():
+            await process.wait()
+            await _until_gone(process.pid)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(
+                asyncio.gather(*local.check_readers, return_exceptions=True), 5.0
+            )
+        for reader in local.check_readers:
+            reader.cancel()
+        local.checks.clear()
+        local.check_readers.clear()
+
+    def _launch_args(
+        self,
+        local: _Local,
+        worker: _Worker,
+        *,
+        env_file: Path,
+        command: str | None = None,
+        status_file: Path | None = None,
+    ) -> list[str]:
+        """The command line of one worker process: a bash wrapper running the launch command.
+
+        The wrapper runs `bash --login -c "<launch command>"` with the worker's variables
+        (sourced from `env_file` by a shell of the worker's own), then writes its exit
+        status to the worker's `exit_status` file (so a deployer that restarts meanwhile
+        still learns it exactly) and exits with it. It survives SIGTERM itself (`trap :`),
+        so a stop's grace period is the launch command's, as if it ran alone.
+
+        Sandboxed, the wrapper is the first process of a PID namespace of its own, in a
+        mount namespace of its own, inside the deployment's network and IPC namespaces:
+        it sets up the worker's view of the file system as root (`_mount_script`), then
+        runs the launch command as the worker user with no capabilities and
+        `no_new_privs` (setpriv).
+        """
+        t = self.tools
+        q = shlex.quote
+        user_shell = f'{q(t.bash)} -c \'. "$0" && exec {q(t.bash)} --login -c "$1"\' "$3" "$1"'
+        setup = ""
+        if self.namespaces:
+            assert self.worker_ids is not None
+            uid, gid, _ = self.worker_ids
+            setup = self._mount_script(local, worker)
+            user_shell = (
+                f"{q(t.setpriv)} --reuid={uid} --regid={gid} --clear-groups --inh-caps=-all "
+                f"--bounding-set=-all --no-new-privs -- {user_shell}"
+            )
+        wrapper = (
+            # Every way out writes the status and the time it was known (bash's
+            # EPOCHREALTIME): a deployer that reads it later records the exit at the
+            # time it happened, also for a worker stopped while its mounts were set up.
+            'status_file="$2"\n'
+            'finish() { printf "%s %s\\n" "$1" "$EPOCHREALTIME" > "$status_file.tmp" && '
+            f'{q(t.mv)} -f "$status_file.tmp" "$status_file"; exit "$1"; }}\n'
+            "trap : TERM INT HUP\n"
+            f"{setup}cd {q(str(worker.scratch / 'work'))} || finish 111\n"
+            # The wrapper's own messages ("Terminated") are not the worker's output.
+            "exec 3>&2 2>/dev/null\n"
+            f"{user_shell} 2>&3 3>&-\n"
+            "finish $?\n"
+        )
+        args = [t.bash, "-c", wrapper, "runyard-worker", command or local.deployment.spec.command]
+        args += [str(status_file or worker.status_file), str(env_file)]
+        if not self.namespaces:
+            return args
+        root = local.root
+        return [
+            t.nsenter,
+            f"--net={root / 'netns'}",
+            f"--ipc={root / 'ipcns'}",
+            "--",
+            t.unshare,
+            "--mount",
+            "--propagation",
+            "private",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--kill-child",
+            "--",
+            *args,
+        ]
+
+    def _mount_script(self, local: _Local, worker: _Worker) -> str:
+        """Shell lines, run as root in the worker's own mount namespace, that set up its view.
+
+        First every folder the worker must see but that would be hidden is opened: its
+        scratch, and the image, the image's base interpreter (a virtualenv's `home`),
+        Runyard itself and the interpreter it runs on, when they lie under a hidden path,
+        under /tmp, or below a folder the worker user cannot traverse (e.g. an
+        interpreter under /root). Then each volume is bind-mounted at its mount path
+        (read-only when asked); the deployment's shared `shm/` goes over /dev/shm and
+        the worker's scratch `tmp/` over /tmp and /var/tmp (nothing of the host's /tmp
+        stays visible). Then, outermost first, an empty tmpfs goes over every hidden
+        path (the scratch and volume roots, the data dir, `local.hide`, and those
+        untraversable folders) and the opened folders are bind-mounted back at their
+        own paths through /proc/self/fd (a hidden path inside one of them is covered
+        again after it). Any failure ends the worker (exit 112, written as its status)
+        before the launch command runs: a worker never runs with a partial view.
+        """
+        t = self.tools
+        q = shlex.quote
+        scratch = worker.scratch.resolve()
+        image = local.image_bin.parent.resolve() if local.image_bin is not None else None
+        # Runyard and its interpreter too: the env check runs Runyard's bootcheck module.
+        runyard = (_runyard_root(), Path(sys.prefix), Path(sys.base_prefix))
+        needed = [p for p in (image, _python_home(image), *runyard) if p is not None]
+        blocked = [a for a in map(_untraversable, needed) if a is not None]
+        hidden = sorted({*self._hidden_paths(), *blocked})
+        covers = [Path("/tmp"), *hidden]
+        keep = list(dict.fromkeys([scratch, *(p for p in needed if _covered(p, covers))]))
+        lines = [f"exec {10 + n}<{q(str(path))}" for n, path in enumerate(keep)]
+        for mount_path, host, read_only in local.mounts:
+            lines.append(f"{q(t.mkdir)} -p {q(mount_path)}")
+            lines.append(f"{q(t.mount)} --bind {q(str(host))} {q(mount_path)}")
+            if read_only:
+                lines.append(f"{q(t.mount)} -o remount,bind,ro {q(mount_path)}")
+        lines.append(f"{q(t.mount)} --bind {q(str(local.root / 'shm'))} /dev/shm")
+        # The host's other folder anyone may write to: no channel between tasks there.
+        lines.append(
+            f"if [ -d /var/tmp ]; then {q(t.mount)} --bind {q(str(scratch / 'tmp'))} /var/tmp; fi"
+        )
+        lines.append(f"{q(t.mount)} --bind {q(str(scratch / 'tmp'))} /tmp")
+        steps = [(len(p.parts), 0, p, -1) for p in hidden]
+        steps += [(len(p.parts), 1, p, 10 + n) for n, p in enumerate(keep)]
+        for _, bind, path, fd in sorted(steps):
+            p = q(str(path))
+            if bind:
+                lines.append(f"{q(t.mkdir)} -p {p}")
+                lines.append(f"{q(t.mount)} -c --bind /proc/self/fd/{fd} {p}")
+                lines.append(f"exec {fd}<&-")
+            else:
+                lines.append(
+                    f"if [ -d {p} ]; then {q(t.mount)} -t tmpfs -o size=1m,mode=0755,nosuid,"
+                    f"nodev runyard-hidden {p}; elif [ -e {p} ]; then {q(t.mount)} --bind "
+                    f"/dev/null {p}; fi"
+                )
+        return "".join(f"{line} || finish 112\n" for line in lines)
+
+    def _hidden_paths(self) -> list[Path]:
+        """The control-plane paths a sandboxed worker must not see."""
+        wanted = [self.config.scratch_root, self.config.volumes_root, *self.config.hidden]
+        return sorted({p.resolve() for p in wanted})
+
+    def _watch_all(self, local: _Local, on_output: OnOutput, on_exit: OnExit) -> None:
+        local.queue = asyncio.Queue(maxsize=self.config.output_buffer)
+        local.pump = asyncio.create_task(self._pump(local, on_output))
+        for worker in local.workers.values():
+            local.watchers.append(asyncio.create_task(self._watch(local, worker, on_exit)))
+
+    async def _watch(self, local: _Local, worker: _Worker, on_exit: OnExit) -> None:
+        """Follow one worker until it is gone, its output is read and its exit reported.
+
+        `on_exit` is awaited to the end: the deployer's handler returns once the exit is
+        recorded (it retries through a store outage), so everything after a worker's
+        `wait` (cleanup: scratch removed) happens only once its exit is in the log.
+        """
+        readers = [
+            asyncio.create_task(self._tail(local, worker, "stdout")),
+            asyncio.create_task(self._tail(local, worker, "stderr")),
+        ]
+        local.readers.extend(readers)
+        assert worker.pid is not None
+        if worker.process is not None:
+            code: int | None = await worker.process.wait()
+            assert code is not None
+            code = 128 - code if code < 0 else code
+        else:  # adopted: not our child, so look at /proc until it is gone
+            while _alive(worker.pid, worker.starttime):  # noqa: ASYNC110 (no event for a non-child)
+                await asyncio.sleep(self.config.poll_s)
+            code = None
+        # The launch command ended: whatever it left in its group goes with it.
+        _signal_group(worker.pid, signal.SIGKILL)
+        await _until_gone(worker.pid)
+        exited_at = datetime.now(UTC)  # when the wrapper itself was killed: no status
+        worker.gone.set()
+        # Every line is read (a full queue only slows this down; lines are never cut off).
+        await asyncio.gather(*readers, return_exceptions=True)
+        status = _read_status(worker.status_file)
+        if status is not None:
+            code, exited_at = status[0], min(status[1], exited_at)
+        worker.exit_code = UNKNOWN_EXIT_CODE if code is None else code
+        worker.exited_at = exited_at
+        worker.done.set()
+        try:
+            await on_exit(local.deployment.key, worker.index, worker.exit_code, exited_at)
+        except Exception:
+            log.exception(
+                "exit handler failed for %s worker %s", local.deployment.key, worker.index
+            )
+
+    async def _tail(self, local: _Local, worker: _Worker, stream: Stream) -> None:
+        """Follow one output file of a worker, line by line, until the worker is gone.
+
+        The worker writes to a file, never to a pipe: it can neither block on a slow
+        reader nor die of SIGPIPE when the deployer goes away, and a new deployer
+        resumes reading where the last saved offset says.
+        """
+        path = worker.scratch / f"{stream}.log"
+        offset = worker.offsets[stream]
+        # Cut as `outputs.numbered_lines` cuts a whole file: the numbers match.
+        splitter = LineSplitter(offset)
+        delay = 0.005
+        try:
+            with open(path, "rb") as f:  # noqa: ASYNC230 (local file, small reads)
+                f.seek(offset)
+                while True:
+                    last = worker.gone.is_set()
+                    chunk = f.read(256 * 1024)
+                    if not chunk:
+                        if last:
+                            break
+                        await asyncio.sleep(delay)
+                        delay = min(delay * 2, 0.2)
+                        continue
+                    delay = 0.005
+                    for raw, end in splitter.feed(chunk):
+                        await self._emit(local, worker, stream, raw, end)
+                for raw, end in splitter.finish():
+                    await self._emit(local, worker, stream, raw, end)
+        except FileNotFoundError:
+            return
+
+    async def _emit(
+        self, local: _Local, worker: _Worker, stream: Stream, raw: bytes, end: int
+    ) -> None:
+        d = local.deployment
+        seq = worker.read_seq[stream]
+        if seq is not None:  # numbered here, before the queue: a dropped line leaves a gap
+            worker.read_seq[stream] = seq + 1
+        line = OutputLine(
+            d.task_id,
+            d.run,
+            d.attempt,
+            worker.index,
+            stream,
+            outputs.text(raw),
+            datetime.now(UTC),
+            seq,
+        )
+        assert local.queue is not None
+        # The file holds what is not read yet: waiting here slows reading, never the worker.
+        await local.queue.put((line, worker, end))
+
+    async def _pump(self, local: _Local, on_output: OnOutput) -> None:
+        """Publish the read lines in order; a line the sink refuses is tried again.
+
+        A sink that fails (the broker is away) is retried with backoff, never skipped:
+        the offsets saved are those of published lines, so the worker's output files
+        hold what is not out yet, and cleanup waits for this pump to finish.
+        """
+        assert local.queue is not None
+        while True:
+            item = await local.queue.get()
+            try:
+                if item is None:
+                    return
+                line, worker, end = item
+                await _until_published(local, on_output, line)
+                # What was published: a new deployer resumes after it. Saved at the end
+                # of every burst and at least once a second within one (a crash in a
+                # burst repeats at most about a second of lines, and loses none).
+                worker.offsets[line.stream] = end
+                worker.next_seq[line.stream] = None if line.seq is None else line.seq + 1
+                now = time.monotonic()
+                if local.queue.empty() or now - local.offsets_saved > 1.0:
+                    local.offsets_saved = now
+                    _save_offsets(worker)
+            finally:
+                local.queue.task_done()
+
+    async def flush_output(self, key: DeploymentKey) -> None:
+        """Wait until every line read so far reached the output callback."""
+        local = self._deps.get(key)
+        if local is not None and local.queue is not None and local.pump and not local.pump.done():
+            await local.queue.join()
+
+    def dropped(self, key: DeploymentKey) -> int:
+        local = self._deps.get(key)
+        return local.dropped if local else 0
+
+    def pids(self, key: DeploymentKey) -> dict[int, int]:
+        local = self._deps.get(key)
+        if local is None:
+            return {}
+        return {i: w.pid for i, w in local.workers.items() if w.pid is not None}
+
+    async def stop(self, key: DeploymentKey, grace_s: float | None = None) -> None:
+        local = self._deps.get(key)
+        if local is None:
+            return
+        local.stopping = True
+        await self.end_env_check(key)
+        grace = self.config.grace_s if grace_s is None else grace_s
+        live = [w for w in local.workers.values() if w.pid is not None and not w.done.is_set()]
+        for worker in live:
+            assert worker.pid is not None
+            _signal_group(worker.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for worker in live:
+            left = max(0.0, deadline - time.monotonic())
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(worker.done.wait(), left)
+        for worker in live:
+            if not worker.done.is_set():
+                assert worker.pid is not None
+                _signal_group(worker.pid, signal.SIGKILL)
+        for worker in live:
+            if local.watchers:
+                await worker.done.wait()
+
+    async def wait(self, key: DeploymentKey) -> dict[int, int]:
+        """Wait until every started worker has exited and been reported; exit codes by index."""
+        local = self._deps.get(key)
+        if local is None:
+            return {}
+        if local.watchers:
+            await asyncio.gather(*local.watchers, return_exceptions=True)
+        return {i: w.exit_code for i, w in local.workers.items() if w.exit_code is not None}
+
+    async def capture_stacks(
+        self, key: DeploymentKey, *, native: bool = True
+    ) -> tuple[WorkerStacks, ...]:
+        """py-spy dumps of every Python process of each worker's process group."""
+        pids = self.pids(key)
+        indexes = sorted(pids)
+        dumps = await asyncio.gather(
+            *(capture_group(pids[i], group_members, native=native) for i in indexes)
+        )
+        return tuple(
+            WorkerStacks(worker=i, processes=tuple(d)) for i, d in zip(indexes, dumps, strict=True)
+        )
+
+    async def cleanup(self, key: DeploymentKey) -> None:
+        local = self._deps.get(key)
+        if local is None:
+            return
+        await self.stop(key, grace_s=0 if local.stopping else None)
+        for task in local.watchers:
+            with contextlib.suppress(BaseException):
+                await task
+        if local.queue is not None and local.pump is not None:
+            # Every line read is published before the output files go (the pump retries a
+            # sink that fails; only a detach, i.e. a crash, leaves lines to the next one).
+            if not local.pump.done():
+                await local.queue.put(None)
+            with contextlib.suppress(BaseException):
+                await local.pump
+        await asyncio.to_thread(_release_namespaces, local.root, self.tools)
+        lines = {
+            (w.index, s): n
+            for w in local.workers.values()
+            for s in outputs.STREAMS
+            if (n := w.next_seq.get(s))  # a stream with no numbered line has nothing to confirm
+        }
+        if self.config.keep_output and lines:
+            kept = await asyncio.to_thread(outputs.keep, local.root, key, lines)
+            self.kept()[key] = kept
+        else:
+            await asyncio.to_thread(outputs.forget, local.root)
+        del self._deps[key]
+
+    def deployments(self) -> list[DeploymentKey]:
+        return list(self._deps)
+
+    # -- output kept until stored (runyard.deployer.outputs) --------------------------
+
+    def kept(self) -> dict[DeploymentKey, KeptOutput]:
+        """The finished deployments whose output files are kept (found on disk at first)."""
+        if self._kept is None:
+            self._kept = outputs.load_kept(self.config.scratch_root)
+        return self._kept
+
+    async def forget(self, key: DeploymentKey) -> None:
+        """Remove a kept output (every line of it is stored)."""
+        kept = self.kept().pop(key, None)
+        if kept is not None:
+            await asyncio.to_thread(outputs.forget, kept.root)
+
+    def live_streams(self) -> list[OutputStream]:
+        """The output streams of the workers being followed, with how far each is
+        published: what a broker that lost its memory may have taken."""
+        found = []
+        for local in self._deps.values():
+            if local.queue is None:
+                continue  # not started, or only its env check ran
+            for w in local.workers.values():
+                for stream in outputs.STREAMS:
+                    published = w.next_seq[stream]
+                    if published:
+                        path = w.scratch / f"{stream}.log"
+                        key = local.deployment.key
+                        found.append(OutputStream(key, w.index, stream, path, published, w.marks))
+        return found
+
+    # -- after a deployer restart ------------------------------------------------------
+
+    def recover(self) -> dict[DeploymentKey, dict[int, int]]:
+        """Deployments whose workers were started by an earlier deployer process.
+
+        Reads every `state.json` under the scratch root. A deployment cut while its
+        workers were being started (`starting`) is started when the file names every
+        worker (each is written down as soon as it runs); otherwise its processes are
+        found by their environment and ended, their output removed (a gang that never
+        started whole ran nothing of the task), and the deployment is left to be
+        deployed again. Returns the process ids, by worker, of every started
+        deployment; `adopt` then watches them.
+        """
+        found: dict[DeploymentKey, dict[int, int]] = {}
+        root = self.config.scratch_root
+        if not root.is_dir():
+            return found
+        for state_file in sorted(root.glob("*/run*-a*/state.json")):
+            try:
+                raw = json.loads(state_file.read_text())
+                key: DeploymentKey = (str(raw["task_id"]), int(raw["run"]), int(raw["attempt"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                log.warning("unreadable deployment state %s", state_file)
+                continue
+            if key in self._deps:
+                continue
+            named = raw.get("workers", [])
+            whole = raw.get("worker_count") == len(named)
+            if raw.get("phase") == "starting" and not whole:
+                _end_strays(key)
+                _forget_output(state_file.parent)
+                continue
+            if raw.get("phase") not in ("started", "starting"):
+                continue
+            found[key] = {int(w["index"]): int(w["pid"]) for w in raw.get("workers", [])}
+        return found
+
+    async def adopt(
+        self, deployment: Deployment, on_output: OnOutput, on_exit: OnExit
+    ) -> dict[int, int]:
+        """Watch the workers an earlier deployer started: their output and their exits.
+
+        A worker whose process is still there (same pid and start time) is watched
+        until it goes; one already gone is reported at once, with the status its wrapper
+        wrote (`UNKNOWN_EXIT_CODE` when the wrapper itself was killed and wrote none).
+        """
+        key = deployment.key
+        task, run, attempt = key
+        root = self.config.scratch_root / task / f"run{run}-a{attempt}"
+        raw = json.loads((root / "state.json").read_text())
+        workers: dict[int, _Worker] = {}
+        for placement in deployment.workers:
+            workers[placement.index] = _Worker(
+                placement.index, placement, root / f"w{placement.index}"
+            )
+        for entry in raw.get("workers", []):
+            worker = workers.get(int(entry["index"]))
+            if worker is None:
+                continue
+            worker.pid = int(entry["pid"])
+            worker.starttime = entry.get("starttime")
+            worker.started_at = entry.get("started_at")
+            _load_offsets(worker)
+        local = _Local(deployment, root, workers, adopted=True)
+        self._deps[key] = local
+        self._watch_all(local, on_output, on_exit)
+        return self.pids(key)
+
+    async def discard(self, key: DeploymentKey, grace_s: float | None = None) -> None:
+        """End the workers of a deployment found on disk that must not go on; remove it.
+
+        Used by reconciliation for attempts the log has moved past (or stopped): their
+        process groups get SIGTERM, then SIGKILL after the grace period.
+        """
+        task, run, attempt = key
+        root = self.config.scratch_root / task / f"run{run}-a{attempt}"
+        try:
+            raw = json.loads((root / "state.json").read_text())
+        except (OSError, ValueError):
+            raw = {}
+        groups = [
+            int(w["pid"])
+            for w in raw.get("workers", [])
+            if _alive(int(w["pid"]), w.get("starttime"))
+        ]
+        for pgid in groups:
+            _signal_group(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + (self.config.grace_s if grace_s is None else grace_s)
+        while any(group_members(g) for g in groups) and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        for pgid in groups:
+            await _until_gone(pgid)
+        await asyncio.to_thread(_release_namespaces, root, self.tools)
+        await asyncio.to_thread(outputs.forget, root)
+
+    def detach(self) -> None:
+        """Forget every deployment without touching its processes (what a crash does)."""
+        for local in self._deps.values():
+            for task in [*local.watchers, *local.readers, local.pump]:
+                if task is not None:
+                    task.cancel()
+        self._deps.clear()
+
+    def _write_state(self, local: _Local, phase: str) -> None:
+        d = local.deployment
+        state = {
+            "task_id": d.task_id,
+            "run": d.run,
+            "attempt": d.attempt,
+            "phase": phase,
+            "namespaces": self.namespaces,
+            "worker_count": len(local.workers),
+            "workers": [
+                {
+                    "index": w.index,
+                    "pid": w.pid,
+                    "starttime": w.starttime,
+                    "started_at": w.started_at,
+                }
+                for w in local.workers.values()
+                if w.pid is not None
+            ],
+        }
+        tmp = local.root / "state.json.tmp"
+        tmp.write_text(json.dumps(state))
+        tmp.replace(local.root / "state.json")
+
+    def start_times(self, key: DeploymentKey) -> dict[int, datetime]:
+        """When each started worker of the deployment was started, by worker index."""
+        local = self._deps.get(key)
+        if local is None:
+            return {}
+        return {
+            i: datetime.fromtimestamp(w.started_at, UTC)
+            for i, w in local.workers.items()
+            if w.started_at is not None
+        }
+
+    def scratch_dir(self, key: DeploymentKey, worker: int) -> Path | None:
+        local = self._deps.get(key)
+        return local.workers[worker].scratch if local and worker in local.workers else None
+
+    def _get(self, key: DeploymentKey) -> _Local:
+        local = self._deps.get(key)
+        if local is None:
+            raise StageFailed(
+                f"deployment {key} holds no resources (resource_allocation did not run)"
+            )
+        return local
+
+
+#: The exit code recorded for a worker whose exit status nobody could learn: it ended
+#: while no deployer watched it and its wrapper was killed before writing `exit_status`.
+UNKNOWN_EXIT_CODE = -1
+
+
+#: PATH of the processes that run as root before a worker drops its privileges.
+_SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+#: Brings `lo` up in the network namespace it runs in (a new one has it down).
+_LOOPBACK_UP = """
+import fcntl, socket, struct
+with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+    req = struct.pack("16sH14x", b"lo", 0)
+    flags = struct.unpack("16sH14x", fcntl.ioctl(s, 0x8913, req))[1]
+    fcntl.ioctl(s, 0x8914, struct.pack("16sH14x", b"lo", flags | 1))
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class _Tools:
+    """Absolute paths of the programs the runtime runs (never looked up in a worker's PATH)."""
+
+    bash: str
+    mv: str
+    mkdir: str
+    mount: str
+    umount: str
+    unshare: str
+    nsenter: str
+    setpriv: str
+
+    @classmethod
+    def find(cls) -> _Tools:
+        path = f"{os.environ.get('PATH', '')}:{_SYSTEM_PATH}"
+        found = {name: shutil.which(name, path=path) or "" for name in cls.__slots__}
+        found["bash"] = found["bash"] or "bash"
+        return cls(**found)
+
+    def missing(self) -> list[str]:
+        return [name for name in self.__slots__ if not getattr(self, name)]
+
+
+def _sandbox_unavailable(tools: _Tools) -> str | None:
+    """Why workers cannot be sandboxed here (None: they can). Checked once, at start."""
+    if os.geteuid() != 0:
+        return "the deployer does not run as root"
+    if missing := tools.missing():
+        return f"{', '.join(missing)} not found (install util-linux)"
+    probe = [tools.unshare, "--mount", "--propagation", "private", "--pid", "--fork"]
+    probe += ["--mount-proc", "--net", "--ipc", tools.mount, "--bind", "/", "/"]
+    try:
+        done = subprocess.run(probe, capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"`unshare` failed: {exc}"
+    if done.returncode != 0:
+        return f"`unshare` is not permitted: {done.stderr.decode(errors='replace').strip()}"
+    return None
+
+
+def _worker_user(spec: str, tools: _Tools) -> tuple[int, int, str]:
+    """(uid, gid, name) of the user sandboxed workers run as; a missing name is created."""
+    if spec.replace(":", "", 1).isdigit():
+        uid_text, _, gid_text = spec.partition(":")
+        uid, gid = int(uid_text), int(gid_text or uid_text)
+        try:
+            name = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            name = f"uid{uid}"
+    else:
+        try:
+            entry = pwd.getpwnam(spec)
+        except KeyError:
+            entry = _create_user(spec)
+        uid, gid, name = entry.pw_uid, entry.pw_gid, entry.pw_name
+    if uid == 0 or gid == 0:
+        raise RuntimeError(
+            f"local.worker_user {spec!r} is root: workers must run as an unprivileged user"
+        )
+    return uid, gid, name
+
+
+def _create_user(name: str) -> pwd.struct_passwd:
+    """Create `name` as a system user with a group of its own, no home and no login shell."""
+    useradd = shutil.which("useradd", path=f"{os.environ.get('PATH', '')}:{_SYSTEM_PATH}")
+    if useradd is None:
+        raise RuntimeError(
+            f"the worker user {name!r} does not exist and useradd is not installed: create "
+            "it, or set local.worker_user in runtime.yaml to an unused `uid:gid`"
+        )
+    args = [useradd, "--system", "--user-group", "--no-create-home"]
+    args += ["--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin", name]
+    done = subprocess.run(args, capture_output=True, timeout=30, check=False)
+    try:
+        entry = pwd.getpwnam(name)  # also when another process created it meanwhile
+    except KeyError:
+        why = done.stderr.decode(errors="replace").strip()
+        raise RuntimeError(
+            f"the worker user {name!r} could not be created ({why}): create it, or set "
+            "local.worker_user in runtime.yaml to an unused `uid:gid`"
+        ) from None
+    log.info("created the system user %r (uid %d) for sandboxed workers", name, entry.pw_uid)
+    return entry
+
+
+def _make_namespaces(root: Path, tools: _Tools) -> None:
+    """The deployment's network and IPC namespaces, kept by bind mounts on two files.
+
+    Every worker of the deployment enters both (`nsenter`): they share a loopback of
+    their own (DDP rendezvous on 127.0.0.1) and nothing else; the host's loopback
+    (Postgres, the broker, the gateway) is not reachable from there.
+    """
+    _release_namespaces(root, tools)
+    net, ipc = root / "netns", root / "ipcns"
+    net.touch()
+    ipc.touch()
+    # One process: unshare makes both (kept by the bind mounts) and runs, inside them,
+    # a bare interpreter (-I -S: no site, no user paths) that brings the loopback up.
+    loopback = [sys.executable, "-I", "-S", "-c", _LOOPBACK_UP]
+    args = [tools.unshare, f"--net={net}", f"--ipc={ipc}", *loopback]
+    done = subprocess.run(args, capture_output=True, timeout=30, check=False)
+    if done.returncode != 0:
+        raise OSError(done.stderr.decode(errors="replace").strip() or f"{args[0]} failed")
+
+
+def _release_namespaces(root: Path, tools: _Tools) -> None:
+    """Unmount the files that keep a deployment's namespaces (they go with the last user)."""
+    for name in ("netns", "ipcns"):
+        path = root / name
+        if tools.umount and os.path.ismount(path):
+            subprocess.run(
+                [tools.umount, "-l", str(path)], capture_output=True, timeout=30, check=False
+            )
+
+
+def _write_private(path: Path, text: str, owner: tuple[int, int, str] | None) -> None:
+    """Write a new file (mode 0600) that never follows a link a worker may have left there."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with open(fd, "wb") as f:
+        if owner is not None:
+            os.fchown(fd, owner[0], owner[1])
+        f.write(text.encode())
+
+
+def _check_env(deployment: Deployment) -> None:
+    """Refuse variables a shell cannot carry (the message names them, never a value)."""
+    for var in deployment.spec.env:
+        if (
+            not var.name.isascii()
+            or not var.name.replace("_", "a").isalnum()
+            or (var.name[:1].isdigit())
+        ):
+            raise StageFailed(
+                f"environment variable name {var.name!r} is not a valid shell name: use "
+                "letters, digits and _ (not first a digit)"
+            )
+        value = deployment.creator_values.get(var.name) if var.creator_only else var.value
+        if value is not None and "\0" in value:
+            raise StageFailed(f"the value of environment variable {var.name} has a NUL byte")
+
+
+def _wrapper_env(deployment: Deployment, worker: int) -> dict[str, str]:
+    """The environment of a worker's wrapper: no user variable (see `_write_env`).
+
+    The ids let a new deployer find the processes of a deployment cut while starting.
+    """
+    return {
+        "PATH": _SYSTEM_PATH,
+        "LANG": "C.UTF-8",
+        "RUNYARD_TASK_ID": deployment.task_id,
+        "RUNYARD_RUN_ID": deployment.run_id,
+        "RUNYARD_ATTEMPT": str(deployment.attempt),
+        "RUNYARD_WORKER_INDEX": str(worker),
+    }
+
+
+def _starttime(pid: int) -> int | None:
+    """The process's start time since boot in clock ticks (with the pid: its identity)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return int(fields[19]) if len(fields) > 19 else None
+
+
+def _alive(pid: int, starttime: int | None) -> bool:
+    """Whether `pid` is still the same live (not zombie) process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+    except OSError:
+        return False
+    fields = stat[stat.rfind(")") + 2 :].split()
+    if not fields or fields[0] in ("Z", "X"):
+        return False
+    return starttime is None or (len(fields) > 19 and int(fields[19]) == starttime)
+
+
+def _read_status(path: Path) -> tuple[int, datetime] | None:
+    """The exit status a worker's wrapper wrote, and when: `<code> <epoch seconds>`.
+
+    The time is the wrapper's (bash's EPOCHREALTIME); a file without one (an older
+    wrapper) gives its modification time, which the wrapper set at the same moment.
+    """
+    try:
+        text = path.read_text().split()
+        code = int(text[0])
+        # EPOCHREALTIME is written with the locale's decimal point
+        at = float(text[1].replace(",", ".")) if len(text) > 1 else path.stat().st_mtime
+    except (OSError, ValueError, IndexError):
+        return None
+    return code, datetime.fromtimestamp(at, UTC)
+
+
+async def _until_published(local: _Local, on_output: OnOutput, line: OutputLine) -> None:
+    """Hand `line` to the sink, again and again with backoff while the sink fails."""
+
+    async def publish() -> None:
+        await on_output(line)
+
+    what = f"publishing output of {local.deployment.key} worker {line.worker}"
+    await until_done(publish, what=what, component="deployer (worker output)", any_error=True)
+
+
+def _save_offsets(worker: _Worker) -> None:
+    """The published offsets, per stream the number of the next line, and when."""
+    worker.marks.add(worker.next_seq)
+    saved = {**worker.offsets, "seq": worker.next_seq, "marks": worker.marks.entries}
+    with contextlib.suppress(OSError):
+        (worker.scratch / "offsets.json").write_text(json.dumps(saved))
+
+
+def _load_offsets(worker: _Worker) -> None:
+    """What `_save_offsets` wrote: reading resumes there, numbering too. A stream
+    already read whose next number was not saved (an older deployer) goes on
+    without numbers rather than reuse ones its earlier lines had."""
+    try:
+        saved = json.loads((worker.scratch / "offsets.json").read_text())
+        offsets = {s: int(saved[s]) for s in ("stdout", "stderr") if s in saved}
+        seqs = saved.get("seq") if isinstance(saved.get("seq"), dict) else {}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return
+    worker.offsets.update(offsets)
+    worker.marks = Marks.from_json(saved.get("marks"))
+    for stream, offset in worker.offsets.items():
+        value = seqs.get(stream)
+        seq = int(value) if isinstance(value, int) else (0 if offset == 0 else None)
+        worker.read_seq[stream] = worker.next_seq[stream] = seq
+
+
+def _forget_output(root: Path) -> None:
+    """Remove what the workers of a deployment that never started wrote (output,
+    offsets, exit status): the deployment starts again from nothing."""
+    for worker in root.glob("w*"):
+        for name in outputs.KEPT_FILES:
+            with contextlib.suppress(OSError):
+                (worker / name).unlink()
+
+
+def _end_strays(key: DeploymentKey) -> None:
+    """SIGKILL the process groups of workers of `key` that no state file names."""
+    task, run, attempt = key
+    wanted = {
+        f"RUNYARD_TASK_ID={task}".encode(),
+        f"RUNYARD_RUN_ID={task}-run{run}".encode(),
+        f"RUNYARD_ATTEMPT={attempt}".encode(),
+    }
+    groups: set[int] = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                env = set(f.read().split(b"\0"))
+        except OSError:
+            continue
+        if wanted <= env:
+            with contextlib.suppress(OSError):
+                groups.add(os.getpgid(int(entry.name)))
+    for pgid in groups:
+        _signal_group(pgid, signal.SIGKILL)
+    # Gone before the deployment is started again (a PID namespace takes a moment to
+    # empty once its first process is killed).
+    deadline = time.monotonic() + 5.0
+    while any(group_members(g) for g in groups) and time.monotonic() < deadline:
+        for pgid in groups:
+            _signal_group(pgid, signal.SIGKILL)
+        time.sleep(0.01)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _group_exists(pgid: int) -> bool:
+    """Whether any process (zombies too) is left in group `pgid`: one system call, so
+    the scan of /proc in `group_members` is skipped when the whole group is gone."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group `pgid`, from /proc (Linux)."""
+    members: list[int] = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 2 and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+async def _until_gone(pgid: int, timeout_s: float = 2.0) -> None:
+    """SIGKILL the group until none of its members is left (or the timeout passes)."""
+    deadline = time.monotonic() + timeout_s
+    while _group_exists(pgid) and group_members(pgid) and time.monotonic() < deadline:
+        _signal_group(pgid, signal.SIGKILL)
+        await asyncio.sleep(0.01)
+
+
+def bootcheck_command(deployment: Deployment, worker: int) -> str:
+    """The env check command line of one worker (R-30), run in its environment."""
+    spec = deployment.spec
+    parts = ["python", "-m", "runyard.faulttolerance.bootcheck", "--worker", str(worker)]
+    if spec.rdma:
+        parts.append("--rdma")
+    for mount in spec.mounts:
+        parts += ["--mount", f"{mount.mount_path}:ro" if mount.read_only else mount.mount_path]
+    return shlex.join(parts)
+
+
+def free_port(preferred: int = DEFAULT_MASTER_PORT) -> int:
+    """`preferred` when nothing listens on it, otherwise a free port the kernel picks."""
+    for port in (preferred, 0):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    raise RuntimeError("no free TCP port on 127.0.0.1")

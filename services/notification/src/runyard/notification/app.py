@@ -1,0 +1,589 @@
+"""The notification service's application layer: rules, the queue timer, delivery, audit.
+
+Three steps, each safe to repeat and to restart:
+
+1. `handle(event, conn)` (the IdempotentConsumer's handler, in its inbox
+   transaction): a task event that raises an alert puts one row per
+   interested subscription in the outbox (`alert_outbox`); a repeat of the same
+   alert of the same run within `repeat_interval_s` is kept as `suppressed`.
+   Queue events keep `queue_waits` (the tasks waiting now and since when).
+2. `tick()`: the "queued too long" timer. It reads `queue_waits` (so a restart
+   finds every wait again, with the time the log gives) and puts a `queued`
+   alert in the outbox once per wait and subscription: the row's dedupe key
+   names the wait, so firing again is a no-op.
+3. `deliver()`: one delivery pass over due outbox rows, per bot (webhook).
+   A bot's rows wait `group_window_s` after the first of them so that one
+   task's alerts go in one card; more than `burst_threshold` tasks at once go
+   as summary cards naming every task. Each request needs a token of the
+   bot's buckets (5/s, 100/min); what does not get one waits for the next
+   pass. A delivery is appended to the task's stream (`AlertDelivered`,
+   through the task domain's `Record`) in the same transaction as the row's
+   new status. Failed attempts to one webhook are coalesced: they are counted
+   per webhook in a window of `failure_window_s` (`alert_failures`, in the
+   same transaction), and when the window closes one `AlertFailed` with the
+   counts goes to the task of its first failure (0: one event per attempt).
+   Network errors, 5xx and 11232 are retried with exponential backoff up to
+   `max_attempts`; other refusals (19021 signature, 9499 bad request, a
+   redirect) are final at once. Only webhooks the `WebhookPolicy` allows
+   are called (checked again before each request); redirects are not
+   followed, at most `max_answer_bytes` of an answer are read, and only its
+   code is kept.
+   The card of a `failed` or `abnormal` alert carries the run's first error
+   when the log service knows it (looked up then, never failing the alert).
+
+`EVENT_TYPES` are the task events `handle` reacts to, derived from the rules'
+table and the queue events; the consumer is given them as its filter, so it
+skips every other event before any database work.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+import asyncpg
+import httpx
+from runyard.api.internal import read_at_most
+from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent
+from runyard.contracts.envelope import utcnow
+from runyard.contracts.task_events import (
+    AlertDelivered,
+    AlertFailed,
+    TaskPlaced,
+    TaskQueued,
+    TaskRequeued,
+)
+from runyard.contracts.webhooks import WebhookPolicy
+from runyard.domain import Record, TaskState, decide, fold
+from runyard.eventstore import ConcurrencyError, PostgresEventStore
+from runyard.notification import feishu, firsterror, store
+from runyard.notification.feishu import MAX_BODY_BYTES, AlertFacts, FirstErrorFact, Outcome
+from runyard.notification.ratelimit import BotLimiter, Limits
+from runyard.notification.rules import (
+    ALERT_EVENTS,
+    FIRST_ERROR_KINDS,
+    Subscription,
+    alert_kind,
+    queue_due,
+    queued_reason,
+    reason,
+    spec_words,
+    task_subscriptions,
+)
+from runyard.notification.store import Cause, Db, FailureWindow, PendingAlert, QueueWait
+
+log = logging.getLogger("runyard.notification")
+
+ACTOR = "service:notification"
+#: Events that start, change or end a queue wait besides the alert events (which
+#: `handle` looks at too: a failed, stopped or abnormal task waits no more).
+QUEUE_EVENTS: Final = (TaskQueued, TaskRequeued, TaskPlaced)
+#: Every task event type `handle` reacts to: the alert events of the rules' table
+#: and the queue events. The consumer skips all others before any database work.
+#: (`TaskPreempted` starts a wait too, but the same decision always appends
+#: `TaskRequeued` or `TaskMarkedAbnormal` after it; tests/integration/
+#: test_notification_events.py checks over random task histories that skipping
+#: the other types never leaves the queue waits behind.)
+_HANDLED: Final[tuple[type[Event], ...]] = (*ALERT_EVENTS, *QUEUE_EVENTS)
+EVENT_TYPES: Final = frozenset(t.type_name() for t in _HANDLED)
+_APPEND_RETRIES = 5
+
+
+@dataclass(frozen=True, slots=True)
+class NotificationConfig:
+    """Knobs of the service; tests shrink the times so that they run in seconds."""
+
+    gateway_url: str = "http://127.0.0.1:8080"
+    #: Default threshold of the `queued` alert.
+    queued_after_s: float = 1800.0
+    #: A bot's alerts wait this long after the first one, so one task's alerts
+    #: (and a burst across tasks) go out together.
+    group_window_s: float = 5.0
+    #: The same alert of the same run to the same subscription at most once in this time.
+    repeat_interval_s: float = 3600.0
+    #: More tasks than this for one bot in one pass go as summary cards.
+    burst_threshold: int = 3
+    summary_per_card: int = 40
+    max_body_bytes: int = MAX_BODY_BYTES
+    limits: Limits = field(default_factory=Limits)
+    backoff_s: float = 2.0
+    backoff_max_s: float = 300.0
+    max_attempts: int = 8
+    http_timeout_s: float = 10.0
+    #: How often the service runs the timer and a delivery pass.
+    poll_s: float = 0.5
+    #: How long a delivery pass holds the rows it took (a crash gives them back then).
+    claim_s: float = 300.0
+    #: Longest wait for the log service's first error of a run (then the card goes without).
+    first_error_timeout_s: float = 5.0
+    #: Where alerts may go (Feishu's bot endpoints; `webhook_origins` in notification.yaml).
+    webhooks: WebhookPolicy = field(default_factory=WebhookPolicy)
+    #: Failed attempts to one webhook within this long are one `AlertFailed` (0: one each).
+    failure_window_s: float = 60.0
+    #: The most of a webhook's answer that is read (Feishu's is a few dozen bytes).
+    max_answer_bytes: int = 16 * 1024
+
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any]) -> NotificationConfig:
+        """The config from `notification_<field>` settings (unknown ones ignored)."""
+        given = {
+            name: settings[f"notification_{name}"]
+            for name in cls.__dataclass_fields__
+            if f"notification_{name}" in settings
+        }
+        return cls(**given)
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds before the attempt after `attempt` (1-based): doubling, capped."""
+        return float(min(self.backoff_s * 2 ** (attempt - 1), self.backoff_max_s))
+
+
+@dataclass
+class PassStats:
+    """What delivery passes did so far (for tests and logs)."""
+
+    requests: int = 0
+    delivered: int = 0
+    failed: int = 0
+    retried: int = 0
+    waited_for_tokens: int = 0
+
+
+@dataclass
+class NotificationApp:
+    """Alerts for task events over the event store; see the module docstring."""
+
+    store: PostgresEventStore
+    config: NotificationConfig = NotificationConfig()
+    clock: Callable[[], datetime] = utcnow
+    monotonic: Callable[[], float] = time.monotonic
+    http: httpx.AsyncClient | None = None
+    #: Where the first error of a failed run is asked (None: cards go without it).
+    logs: firsterror.LogService | None = None
+    stats: PassStats = field(default_factory=PassStats)
+    _fired: set[str] = field(default_factory=set)
+    _sent: set[int] = field(default_factory=set)
+    #: First errors looked up in this delivery pass, per (task, run).
+    _first_errors: dict[tuple[str, int], FirstErrorFact | None] = field(default_factory=dict)
+    _limiter: BotLimiter | None = None
+
+    @property
+    def db(self) -> asyncpg.Pool:
+        return self.store.pool
+
+    @property
+    def limiter(self) -> BotLimiter:
+        if self._limiter is None:
+            self._limiter = BotLimiter(self.config.limits, self.monotonic)
+        return self._limiter
+
+    async def start(self) -> None:
+        """Create the tables; the outbox and queue waits already hold what a restart needs."""
+        await store.migrate(self.db)
+        if self.http is None:
+            self.http = httpx.AsyncClient(
+                timeout=self.config.http_timeout_s, follow_redirects=False
+            )
+
+    async def close(self) -> None:
+        if self.http is not None:
+            await self.http.aclose()
+            self.http = None
+        if self.logs is not None:
+            await self.logs.aclose()
+
+    async def step(self) -> None:
+        """One round of the service loop: the queue timer, then a delivery pass."""
+        await self.tick()
+        await self.deliver()
+
+    # --- 1. rules ---------------------------------------------------------------
+
+    async def handle(
+        self, event: RecordedEvent[Event], conn: asyncpg.Connection | None = None
+    ) -> None:
+        """React to one task event (the IdempotentConsumer's handler)."""
+        payload = event.event
+        if not event.stream_id.startswith("task-") or payload.type_name() not in EVENT_TYPES:
+            return
+        kind = alert_kind(payload)
+        state = await self._state_at(event)
+        db: Db = conn if conn is not None else self.db
+        cause = Cause(str(event.event_id), event.metadata.correlation_id or str(event.event_id))
+        await self._track_queue(db, state, cause)
+        if kind is not None:
+            facts = self._facts(state, kind, reason(payload, state))
+            label = f"{kind}: {payload.type_name()} of run {state.run}"
+            await self._raise(db, state, facts, label, str(event.event_id), cause)
+
+    async def _state_at(self, event: RecordedEvent[Event]) -> TaskState:
+        """The task as of `event` (later events are not looked at, so a replay agrees)."""
+        events = await self.store.read_stream(event.stream_id)
+        return fold(e for e in events if e.stream_version <= event.stream_version)
+
+    def _facts(self, state: TaskState, kind: str, why: str) -> AlertFacts:
+        return AlertFacts(
+            task_id=state.task_id,
+            task_name=state.spec.name,
+            kind=kind,
+            state=state.status,
+            pool=state.spec.pool,
+            spec=spec_words(state.spec),
+            run=state.run,
+            reason=why,
+            link=f"{self.config.gateway_url.rstrip('/')}/v1/tasks/{state.task_id}",
+        )
+
+    async def _subscriptions(
+        self, db: Db, tenant: str, own: Sequence[Subscription]
+    ) -> list[Subscription]:
+        return [*own, *await store.tenant_subscriptions(db, tenant)]
+
+    async def _raise(
+        self,
+        db: Db,
+        state: TaskState,
+        facts: AlertFacts,
+        label: str,
+        key: str,
+        cause: Cause,
+    ) -> None:
+        own = task_subscriptions(state.task_id, state.tenant, state.spec)
+        for sub in await self._subscriptions(db, state.tenant, own):
+            if sub.wants(facts.kind):
+                await self._add(db, sub, facts, label, f"{sub.id}|{key}", cause)
+
+    async def _add(
+        self,
+        db: Db,
+        sub: Subscription,
+        facts: AlertFacts,
+        label: str,
+        dedupe_key: str,
+        cause: Cause,
+    ) -> bool:
+        now = self.clock()
+        since = now - timedelta(seconds=self.config.repeat_interval_s)
+        repeat = await store.sent_recently(db, sub.id, facts.task_id, facts.run, facts.kind, since)
+        return await store.add_alert(
+            db,
+            dedupe_key=dedupe_key,
+            sub=sub,
+            facts=facts,
+            alert=label,
+            cause=cause,
+            now=now,
+            suppressed=repeat,
+        )
+
+    async def _track_queue(self, db: Db, state: TaskState, cause: Cause) -> None:
+        wait = self.queue_wait(state, cause)
+        if wait is None:
+            await store.end_queue_wait(db, state.task_id)
+        else:
+            await store.put_queue_wait(db, wait)
+
+    def queue_wait(self, state: TaskState, cause: Cause) -> QueueWait | None:
+        """The task's row of `queue_waits` as of `state`: None when it is not waiting."""
+        if state.status != "queued" or state.queued_at is None:
+            return None
+        own = task_subscriptions(state.task_id, state.tenant, state.spec)
+        facts = self._facts(state, "queued", state.queue_reason or "waiting for resources")
+        return QueueWait(
+            state.task_id, state.tenant, state.run, state.queued_at, facts, tuple(own), cause
+        )
+
+    # --- 2. the queue timer -------------------------------------------------------
+
+    async def tick(self) -> int:
+        """Raise `queued` alerts for waits past their thresholds; how many were raised."""
+        now, raised = self.clock(), 0
+        tenants: dict[str, list[Subscription]] = {}
+        for wait in await store.queue_waits(self.db):
+            if wait.tenant not in tenants:
+                tenants[wait.tenant] = await store.tenant_subscriptions(self.db, wait.tenant)
+            for sub in [*wait.subscriptions, *tenants[wait.tenant]]:
+                raised += await self._queue_alert(wait, sub, now)
+        return raised
+
+    async def _queue_alert(self, wait: QueueWait, sub: Subscription, now: datetime) -> int:
+        if not sub.wants("queued"):
+            return 0
+        threshold = sub.queue_threshold_s(self.config.queued_after_s)
+        key = f"{sub.id}|queued|{wait.task_id}|{wait.run}|{wait.queued_at.isoformat()}"
+        if key in self._fired or not queue_due(wait.queued_at, threshold, now):
+            return 0
+        waited = (now - wait.queued_at).total_seconds()
+        facts = replace(wait.facts, reason=queued_reason(wait.facts.reason, waited, threshold))
+        label = f"queued: over {threshold:.0f} s in the queue, run {wait.run}"
+        added = await self._add(self.db, sub, facts, label, key, wait.cause)
+        self._fired.add(key)
+        return int(added)
+
+    # --- 3. delivery ----------------------------------------------------------------
+
+    async def deliver(self) -> int:
+        """One delivery pass; the number of requests made.
+
+        The due rows are claimed for `claim_s` (another instance skips them, and
+        a crash mid-pass gives them back then); what this pass did not send is
+        given back at once.
+        """
+        now = self.clock()
+        until = now + timedelta(seconds=self.config.claim_s)
+        due = await store.claim_due(self.db, now, until)
+        by_bot: dict[str, list[PendingAlert]] = defaultdict(list)
+        for alert in due:
+            by_bot[alert.webhook_url].append(alert)
+        requests, self._sent, self._first_errors = 0, set(), {}
+        try:
+            for bot, alerts in by_bot.items():
+                if not self._still_gathering(alerts, now):
+                    requests += await self._deliver_to(bot, alerts)
+        finally:
+            unsent = [a.id for a in due if a.id not in self._sent]
+            await store.release(self.db, unsent, now)
+        await self.record_closed_windows()
+        return requests
+
+    def _still_gathering(self, alerts: Sequence[PendingAlert], now: datetime) -> bool:
+        """New alerts of a bot wait out the group window; retries do not wait again."""
+        if any(a.attempts > 0 for a in alerts):
+            return False
+        oldest = min(a.created_at for a in alerts)
+        return (now - oldest).total_seconds() < self.config.group_window_s
+
+    async def _deliver_to(self, bot: str, alerts: Sequence[PendingAlert]) -> int:
+        requests = 0
+        for build, members in self._messages(alerts):
+            if not self.limiter.try_acquire(bot):
+                self.stats.waited_for_tokens += 1
+                break  # the rest waits for the next pass: delayed, never dropped
+            requests += 1
+            await self._attempt(bot, await build(), members)
+        return requests
+
+    def _messages(self, alerts: Sequence[PendingAlert]) -> list[tuple[_Build, list[PendingAlert]]]:
+        """The requests for one bot's due alerts (per task, or summaries of a burst),
+        each built only once it has a token (a task card looks up the first error)."""
+        groups: dict[tuple[str, str | None, bool], list[PendingAlert]] = defaultdict(list)
+        for alert in alerts:
+            groups[(alert.tenant, alert.secret_ref, alert.text_only)].append(alert)
+        messages: list[tuple[_Build, list[PendingAlert]]] = []
+        for (_, _, text_only), members in groups.items():
+            messages += self._group_messages(members, text_only)
+        return messages
+
+    def _group_messages(
+        self, alerts: Sequence[PendingAlert], text_only: bool
+    ) -> list[tuple[_Build, list[PendingAlert]]]:
+        by_task: dict[str, list[PendingAlert]] = defaultdict(list)
+        for alert in alerts:
+            by_task[alert.task_id].append(alert)
+        limit = self.config.max_body_bytes
+        if len(by_task) <= self.config.burst_threshold:
+            render: Callable[..., dict[str, Any]] = (
+                feishu.task_text if text_only else feishu.task_card
+            )
+
+            def task_message(rows: list[PendingAlert]) -> _Build:
+                async def build() -> dict[str, Any]:
+                    return render(await self._with_first_error(rows), limit=limit)
+
+                return build
+
+            return [(task_message(rows), rows) for rows in by_task.values()]
+        latest = {rows[-1].facts.task_id: rows for rows in by_task.values()}
+        cards = feishu.summary_cards(
+            [rows[-1].facts for rows in by_task.values()],
+            per_card=self.config.summary_per_card,
+            limit=limit,
+        )
+        return [
+            (_ready(card), [a for f in named for a in latest[f.task_id]]) for card, named in cards
+        ]
+
+    async def _with_first_error(self, rows: Sequence[PendingAlert]) -> list[AlertFacts]:
+        """The rows' facts, those of `failed`/`abnormal` alerts with the run's first error
+        when the log service knows it."""
+        facts = []
+        for row in rows:
+            fact = row.facts
+            if fact.kind in FIRST_ERROR_KINDS and fact.first_error is None:
+                fact = replace(fact, first_error=await self._first_error(fact.task_id, fact.run))
+            facts.append(fact)
+        return facts
+
+    async def _first_error(self, task_id: str, run: int) -> FirstErrorFact | None:
+        key = (task_id, run)
+        if key not in self._first_errors:
+            found = None if self.logs is None else await self.logs.lookup(task_id, run)
+            self._first_errors[key] = found
+        return self._first_errors[key]
+
+    async def _attempt(
+        self, bot: str, message: dict[str, Any], members: list[PendingAlert]
+    ) -> None:
+        self._sent.update(a.id for a in members)
+        first = members[0]
+        secret: str | None = None
+        if first.secret_ref:
+            secret = await store.secret(self.db, first.tenant, first.secret_ref)
+            if secret is None:
+                missing = f"signing secret {first.secret_ref!r} is not in the secret store"
+                await self._record(members, Outcome(False, False, missing, None))
+                return
+        body = feishu.encode(message, secret=secret, timestamp=int(self.clock().timestamp()))
+        self.stats.requests += 1
+        outcome = await self._post(bot, body)
+        self.limiter.answered(bot)
+        if outcome.code == feishu.RATE_LIMITED:
+            self.limiter.rate_limited(bot)
+        await self._record(members, outcome)
+
+    async def _post(self, bot: str, body: bytes) -> Outcome:
+        assert self.http is not None, "start() first"
+        if (refused := self.config.webhooks.problem(bot)) is not None:
+            return Outcome(False, False, f"webhook not allowed: {refused}", None)
+        try:
+            async with self.http.stream(
+                "POST", bot, content=body, headers={"Content-Type": "application/json"}
+            ) as answer:
+                head = await read_at_most(answer, self.config.max_answer_bytes)
+        except httpx.HTTPError as exc:
+            # Only the kind of error: its text may hold the URL (the bot's token) or
+            # words of the remote end, and it goes into the task's timeline.
+            return Outcome(False, True, f"network error: {type(exc).__name__}", None)
+        return feishu.outcome(answer.status_code, head)
+
+    async def _record(self, members: list[PendingAlert], outcome: Outcome) -> None:
+        """Append each alert's attempt outcome to its task and settle its outbox row."""
+        by_task: dict[str, list[PendingAlert]] = defaultdict(list)
+        for alert in members:
+            by_task[alert.task_id].append(alert)
+        for task_id, rows in by_task.items():
+            await self._record_task(task_id, rows, outcome)
+
+    async def _record_task(self, task_id: str, rows: list[PendingAlert], outcome: Outcome) -> None:
+        now = self.clock()
+        verdicts = [(row, *self._verdict(row, outcome, now)) for row in rows]
+        window_s = self.config.failure_window_s
+        for _ in range(_APPEND_RETRIES):
+            try:
+                async with self.store.transaction() as conn:
+                    state = fold(await self.store.read_stream(f"task-{task_id}"), task_id=task_id)
+                    new: list[NewEvent[Event]] = []
+                    for row, event, status, next_at in verdicts:
+                        if isinstance(event, AlertFailed) and window_s > 0:
+                            await store.count_failure(
+                                conn,
+                                row,
+                                reason=event.reason,
+                                code=event.code,
+                                retryable=event.retryable,
+                                now=now,
+                                window_s=window_s,
+                            )
+                        else:
+                            decided = decide(state, Record(task_id, event), now=now, ids=_no_ids)
+                            new += [NewEvent(e, _meta(row.cause), now) for e in decided]
+                        await store.settle(
+                            conn, [row.id], status, row.attempts + 1, next_at, _error(outcome)
+                        )
+                    if new:
+                        await self.store.append_in(conn, f"task-{task_id}", new, state.version)
+                return
+            except ConcurrencyError:
+                continue  # another service appended to the task meanwhile: fold again
+        log.warning("could not record alert outcome on task %s: it kept changing", task_id)
+
+    async def record_closed_windows(self) -> int:
+        """One `AlertFailed` per closed window of coalesced failures, on the task of its
+        first failure, in the transaction that marks it recorded; how many were."""
+        recorded = 0
+        while await self._record_one_window():
+            recorded += 1
+        return recorded
+
+    async def _record_one_window(self) -> bool:
+        for _ in range(_APPEND_RETRIES):
+            try:
+                async with self.store.transaction() as conn:
+                    window = await store.take_closed_window(conn, self.clock())
+                    if window is None:
+                        return False
+                    await self._append_window(conn, window)
+                    await store.mark_recorded(conn, window.id)
+                return True
+            except ConcurrencyError:
+                continue  # the task changed meanwhile: fold again
+        log.warning("could not record coalesced alert failures: the task kept changing")
+        return False
+
+    async def _append_window(self, conn: asyncpg.Connection, window: FailureWindow) -> None:
+        now = self.clock()
+        stream = f"task-{window.task_id}"
+        state = fold(await self.store.read_stream(stream), task_id=window.task_id)
+        failed = AlertFailed(
+            alert=window.alert,
+            channel=window.channel,
+            reason=window.reason,
+            code=window.code,
+            retryable=window.retryable,
+            count=window.failures,
+            tasks=window.tasks,
+        )
+        decided = decide(state, Record(window.task_id, failed), now=now, ids=_no_ids)
+        new = [NewEvent(e, _meta(window.cause), now) for e in decided]
+        await self.store.append_in(conn, stream, new, state.version)
+
+    def _verdict(
+        self, row: PendingAlert, outcome: Outcome, now: datetime
+    ) -> tuple[AlertDelivered | AlertFailed, str, datetime]:
+        attempt = row.attempts + 1
+        if outcome.delivered:
+            self.stats.delivered += 1
+            delivered = AlertDelivered(alert=row.alert, channel=row.channel, attempt=attempt)
+            return delivered, "delivered", now
+        again = outcome.retryable and attempt < self.config.max_attempts
+        why = outcome.reason
+        if outcome.retryable and not again:
+            why = f"{why} (gave up after {attempt} attempts)"
+        failed = AlertFailed(
+            alert=row.alert, channel=row.channel, reason=why, code=outcome.code, retryable=again
+        )
+        if again:
+            self.stats.retried += 1
+            return failed, "pending", now + timedelta(seconds=self.config.backoff(attempt))
+        self.stats.failed += 1
+        return failed, "failed", now
+
+
+#: Builds one request's message when it is about to be sent.
+_Build = Callable[[], Awaitable[dict[str, Any]]]
+
+
+def _ready(message: dict[str, Any]) -> _Build:
+    async def build() -> dict[str, Any]:
+        return message
+
+    return build
+
+
+def _meta(cause: Cause) -> Metadata:
+    return Metadata(
+        actor=ACTOR, causation_id=cause.causation_id, correlation_id=cause.correlation_id
+    )
+
+
+def _error(outcome: Outcome) -> str | None:
+    return None if outcome.delivered else outcome.reason
+
+
+def _no_ids() -> str:
+    raise RuntimeError("alert decisions never create ids")
