@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml constraints.txt $(addsuffix /pyproject.toml,$(MEMBERS))
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt \
 		$(addprefix -e ,$(MEMBERS)) -e '.[dev,e2e]'
+	# A venv of the earlier single distribution loses `runyard` when it is replaced.
+	test -x $(BIN)/runyard || $(BIN)/pip install --quiet --disable-pip-version-check \
+		--no-deps --force-reinstall -e libs/cli
 	touch $(STAMP)
 
 install: $(STAMP)
