@@ -18,20 +18,30 @@ from typing import Any
 import httpx
 import pytest
 from runyard.api.auth import create_token
-from runyard.cli.rebuild import READ_MODELS, print_diff
-from runyard.contracts import Metadata, NewEvent
+from runyard.cli.rebuild import READ_MODELS, print_diff, progress
+from runyard.contracts import Metadata, NewEvent, default_mapper
+from runyard.contracts.spec import TaskSpec
 from runyard.domain import Fail, Queue
+from runyard.domain.task import Submit, decide
+from runyard.eventstore import PostgresEventStore
 from runyard.gateway.app import Gateway
 from runyard.gateway.http import create_app
 from runyard.gateway.proxy import ROUTES
 from runyard.gateway.rebuild import TaskListRebuild
 from runyard.messaging.progress import read_progress
 from runyard.notification.main import http_app as notification_http
+from runyard.notification.rebuild import QueueWaitsRebuild
+from runyard.scheduler.app import SchedulerApp
+from runyard.scheduler.config import parse_pools
+from runyard.scheduler.rebuild import SchedulerRebuild
+from runyard.scheduler.views import POOL_VIEWS as POOL_VIEWS_TABLE
+from runyard.scheduler.views import QUEUE as QUEUE_TABLE
 
 from tests.integration.test_gateway import config_dir
 from tests.integration.test_notification import Harness, harness
 from tests.integration.test_notification import spec as notification_spec
-from tests.integration.test_scheduler_http import Face, face  # noqa: F401  (fixture)
+from tests.integration.test_scheduler_http import NOW, Face, face  # noqa: F401  (fixture)
+from tests.integration.test_scheduler_http import POOLS as SCHEDULER_POOLS
 from tests.unit.test_task_domain import Story, make_spec
 
 pytestmark = pytest.mark.integration
@@ -255,9 +265,7 @@ async def queued_and_ran(h: Harness) -> None:
         await h.deliver(await h.store.read_stream(f"task-ran{n}"))
 
 
-async def _queue_waits_rebuilt(
-    h: Harness, http: httpx.AsyncClient, tokens: dict[str, str]
-) -> None:
+async def _queue_waits_rebuilt(h: Harness, http: httpx.AsyncClient, tokens: dict[str, str]) -> None:
     base = "/v1/admin/notification/read-models/queue_waits"
 
     async def call(method: str, path: str, who: str = "sre") -> Any:
@@ -298,3 +306,117 @@ async def _queue_waits_rebuilt(
     [route] = [r for r in ROUTES if r.owner == "notification" and r.operator]
     assert route.path.format(name="queue_waits", action="swap") == f"{base}/swap"
     assert READ_MODELS["queue_waits"] == base
+
+
+# --- rebuilds cut off half way resume from their shadow checkpoints --------------------
+
+
+def two_pools() -> dict[str, Any]:
+    """The scheduler's test pool and a second one like it (a rebuild goes pool by pool)."""
+    [pool] = SCHEDULER_POOLS["pools"]
+    return {"pools": [pool, {**pool, "id": "dev-b100", "nodes": {"prefix": "b-", "count": 1}}]}
+
+
+async def submitted(
+    store: PostgresEventStore, scheduler: SchedulerApp, task: str, pool: str
+) -> None:
+    spec = TaskSpec(
+        name="t",
+        pool=pool,
+        worker_spec="8gpu",
+        image="img",
+        command="python train.py",
+        resource_type="subscription",
+    )
+    new = decide(None, Submit(task, "t1", "alice", spec), now=NOW, ids=str)
+    meta = Metadata(actor="user:t1/alice")
+    await store.append(f"task-{task}", [NewEvent(e, meta, NOW) for e in new], 0)
+    for recorded in await store.read_stream(f"task-{task}"):
+        await scheduler.handle(recorded)
+
+
+async def test_an_interrupted_scheduler_rebuild_resumes_pool_by_pool(
+    dsn: str, tmp_path: Path
+) -> None:
+    gateway = await Gateway.connect(dsn, config_dir(tmp_path))  # the migrations
+    store = await PostgresEventStore.connect(dsn, default_mapper())
+    try:
+        scheduler = SchedulerApp(store, parse_pools(two_pools()), clock=lambda: NOW)
+        await scheduler.start()
+        for task, pool in [("a1", "dev-a100"), ("a2", "dev-a100"), ("b1", "dev-b100")]:
+            await submitted(store, scheduler, task, pool)
+        await submitted(store, scheduler, "b2", "dev-b100")
+        head = await store.head_position()
+
+        first = await SchedulerRebuild(store).step(QUEUE_TABLE)
+        assert (first["pools_done"], first["pools"], first["done"]) == (1, 2, False)
+        assert first["folded"] == ["dev-a100"] and first["position"] == head
+        assert progress(first) == "pools 1 of 2 (50%)"  # what the CLI prints on stderr
+        async with store.pool.acquire() as conn:
+            checkpoints = {p.name: p.position for p in await read_progress(conn)}
+        assert checkpoints["shadow:scheduler_queue"] == head
+        assert checkpoints["shadow:scheduler_pool_views"] == head
+        shadow_pools = "SELECT pool_id FROM scheduler_pool_views__shadow"
+        assert [r["pool_id"] for r in await store.pool.fetch(shadow_pools)] == ["dev-a100"]
+
+        # cut off here: a new process goes on with the next pool, not from the start
+        await submitted(store, scheduler, "a3", "dev-a100")  # after the rebuild's position
+        resumed = await SchedulerRebuild(store).step(QUEUE_TABLE)
+        assert (resumed["pools_done"], resumed["done"], resumed["folded"]) == (
+            2,
+            True,
+            ["dev-b100"],
+        )
+        assert progress(resumed) == "pools 2 of 2 (100%)"
+        # the diff folds, under the lock, only the pool that moved since (a3's)
+        for name in (QUEUE_TABLE, POOL_VIEWS_TABLE):
+            diff = await SchedulerRebuild(store).diff(name)
+            [table] = diff["tables"]
+            assert table["differences"] == 0, table
+            assert diff["position"] == await store.head_position()
+        assert diff["folded"] == []  # nothing moved after the first diff
+        assert table["live_rows"] == 2
+        waiting = "SELECT count(*) FROM scheduler_queue__shadow"
+        assert await store.pool.fetchval(waiting) == 3  # a2, a3, b2 (a1, b1 run)
+        restarted = await SchedulerRebuild(store).step(QUEUE_TABLE, restart=True)
+        assert (restarted["pools_done"], restarted["done"]) == (1, False)
+    finally:
+        await store.close()
+        await gateway.close()
+
+
+async def test_an_interrupted_queue_waits_rebuild_resumes_from_its_checkpoint(
+    dsn: str, tmp_path: Path
+) -> None:
+    async with harness(dsn, serve=False) as h:
+        await queued_and_ran(h)
+        head = await h.store.head_position()
+        first = await QueueWaitsRebuild(h.app).step(3)
+        assert (first["position"], first["target"], first["applied"]) == (3, head, 3)
+        assert not first["done"]
+        assert progress(first) == f"position 3 of {head} ({300 // head}%)"
+        async with h.store.pool.acquire() as conn:
+            checkpoints = {p.name: p.position for p in await read_progress(conn)}
+        assert checkpoints["shadow:queue_waits"] == 3
+
+        # cut off here: a new process goes on from position 3, in steps of 3
+        steps = [first]
+        while not steps[-1]["done"]:
+            steps.append(await QueueWaitsRebuild(h.app).step(3))
+        assert len(steps) == -(-head // 3)
+        assert sum(s["applied"] for s in steps) == head
+        assert [s["position"] for s in steps] == [min(3 * (n + 1), head) for n in range(len(steps))]
+        diff = await QueueWaitsRebuild(h.app).diff()
+        [table] = diff["tables"]
+        assert (table["differences"], table["live_rows"], table["rebuilt_rows"]) == (0, 3, 3)
+
+        # events after the rebuild's position are folded in under the lock
+        await h.command("w2", Fail("w2", "ends the wait"))
+        diff = await QueueWaitsRebuild(h.app).diff()
+        [table] = diff["tables"]
+        assert (table["differences"], table["live_rows"]) == (0, 2), table
+        assert diff["position"] == await h.store.head_position()
+        restarted = await QueueWaitsRebuild(h.app).step(2, restart=True)
+        assert (restarted["position"], restarted["applied"]) == (2, 2)
+        assert await h.store.pool.fetchval("SELECT count(*) FROM queue_waits__shadow") <= 1
+        assert (await QueueWaitsRebuild(h.app).discard())["dropped"]

@@ -39,7 +39,7 @@ def rebuild(
     swap: Annotated[bool, typer.Option("--swap", help="Replace the live rows.")] = False,
     restart: Annotated[bool, typer.Option("--restart", help="Start from 0 again.")] = False,
     discard: Annotated[bool, typer.Option("--discard", help="Drop the shadow.")] = False,
-    step: Annotated[int, typer.Option(help="Events per request (task_list).")] = 50_000,
+    step: Annotated[int, typer.Option(help="Events per request (pools: one).")] = 50_000,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
@@ -66,7 +66,7 @@ def rebuild(
     if "tables" in answer:
         print_diff(answer, swapped=swap)
     else:
-        out.print(f"{markup(name)}: shadow at position {answer['position']}; --diff to compare")
+        out.print(f"{markup(name)}: {progress(answer)}; --diff to compare")
 
 
 def _build(
@@ -80,13 +80,19 @@ def _build(
         params["restart"] = False
         applied += answer.get("applied", 0)
         rate = applied / max(time.monotonic() - started, 1e-6)
-        target = max(answer["target"], 1)
-        err.print(
-            f"rebuild {markup(name)}: position {answer['position']} of {answer['target']}"
-            f" ({100 * answer['position'] // target}%), {rate:,.0f} events/s"
-        )
+        speed = f", {rate:,.0f} events/s" if "applied" in answer else ""
+        err.print(f"rebuild {markup(name)}: {progress(answer)}{speed}")
         if answer["done"]:
             return answer
+
+
+def progress(answer: dict[str, Any]) -> str:
+    """How far a rebuild step got: log positions, or pools for the scheduler's read
+    models (rebuilt pool by pool)."""
+    done, total, unit = answer["position"], answer["target"], "position"
+    if "pools" in answer:
+        done, total, unit = answer["pools_done"], answer["pools"], "pools"
+    return f"{unit} {done} of {total} ({100 * done // max(total, 1)}%)"
 
 
 def print_diff(answer: dict[str, Any], *, swapped: bool) -> None:

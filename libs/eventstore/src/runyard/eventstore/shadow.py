@@ -13,8 +13,8 @@ the live table keeps its name, indexes and grants.
 Which service rebuilds: the owner of the read model (the gateway for
 `task_list`, the scheduler for its views, the notification service for
 `queue_waits`), behind its admin routes; this module is the part they share
-(docs/operations.md, "Rebuilding a read model"), `OnePassRebuild` the steps
-of a rebuild that is one fold of the log.
+(docs/operations.md, "Rebuilding a read model"), `SteppedRebuild` the steps
+of a rebuild whose rows are each a function of one stream.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 import asyncpg
+from runyard.eventstore.audit import settled_head
 from runyard.eventstore.errors import EventStoreError
 
 if TYPE_CHECKING:
@@ -208,16 +209,26 @@ async def swap_in(
     return {"rows": rows, "repaired": found.differences, "tables": [found.as_json()]}
 
 
-class OnePassRebuild:
-    """A rebuild that is one fold of the log, with nothing to resume (the scheduler's
-    views, the notification service's queue waits): the owner's `fold_into` writes
-    the shadow of every one of `tables` on the connection it is given.
+class SteppedRebuild:
+    """A rebuild whose rows are each a function of one stream (the notification
+    service's queue waits), folded in bounded steps by global position: the
+    owner's `refold` writes, on the connection it is given, the shadow rows of
+    the streams it is handed, each folded whole from the log as it is now.
 
-    A step is the whole rebuild; its position (the log's end when it read) is kept
-    under `shadow:<table>`. A diff and a swap of `name` lock all of `tables`, in
-    the order given (the order their writer writes them; SHARE for a diff,
-    EXCLUSIVE for a swap: readers go on, the writer waits) and fold again under
-    the lock, so the shadow holds every event the live rows could hold."""
+    A step from the shadow's position `p` (kept under `shadow:<name>`) to
+    `q = min(p + max_events, log end)` refolds every stream with an event in
+    `(p, q]` and moves the position to `q`, in one transaction: the shadow rows
+    and the position commit together, so a rebuild cut off after step k goes on
+    from step k's position. Every stream with an event at or below the position
+    was folded after that event was written, so the shadow holds the log up to
+    the position at least; a stream that moved on since is refolded when the
+    position passes its new events. A diff and a swap lock `tables` (the order
+    their writer writes them; SHARE for a diff, EXCLUSIVE for a swap: readers go
+    on, the writer waits) and step to the log's end under the lock, so the
+    shadow holds every event the live rows could hold."""
+
+    #: Streams refolded (ids under this prefix; rows of other streams are not kept).
+    prefix: str = "task-"
 
     def __init__(
         self,
@@ -234,22 +245,30 @@ class OnePassRebuild:
         self.key = tuple(key)
         self.comparable = comparable
 
-    async def fold_into(self, conn: asyncpg.Connection) -> dict[str, Any]:
-        """Write the shadows of `tables` from the log; what to report of the fold."""
+    async def refold(self, conn: asyncpg.Connection, streams: Sequence[str]) -> dict[str, int]:
+        """Write the shadow rows of `streams` afresh (each folded whole); counts to report."""
         raise NotImplementedError
 
-    async def step(self) -> dict[str, Any]:
-        """Rebuild the shadows now (one pass)."""
+    async def step(self, max_events: int = 50_000, *, restart: bool = False) -> dict[str, Any]:
+        """Advance the shadow by at most `max_events` positions of the log (a transaction)."""
+        if max_events < 1:
+            raise ValueError("max_events must be at least 1")
         async with self.store.transaction() as conn:
-            folded = await self._rebuild(conn)
-        return {"name": self.name, **folded, "done": True}
+            log_end = await settled_head(conn)  # before this transaction writes
+            position = None if restart else await shadow_position(conn, self.name)
+            if position is None:  # a rebuild from 0 (again)
+                for table in self.tables:
+                    await create_shadow(conn, table, fresh=True)
+                position = 0
+            return await self._advance(conn, position, log_end, max_events)
 
     async def diff(self) -> dict[str, Any]:
-        """The shadow, folded again under a SHARE lock, against the live rows."""
+        """The shadow, brought to the log's end under a SHARE lock, against the live rows."""
         return await self._under_lock("SHARE", self._diff)
 
     async def swap(self) -> dict[str, Any]:
-        """The live rows replaced by a shadow folded again under an EXCLUSIVE lock."""
+        """The live rows replaced by the shadow's, brought to the log's end under an
+        EXCLUSIVE lock."""
         return await self._under_lock("EXCLUSIVE", self._swap)
 
     async def _diff(self, conn: asyncpg.Connection) -> dict[str, Any]:
@@ -262,28 +281,46 @@ class OnePassRebuild:
     async def _under_lock(
         self, mode: str, then: Callable[[asyncpg.Connection], Awaitable[dict[str, Any]]]
     ) -> dict[str, Any]:
-        """Lock the tables, fold again, then `then` on the live table, in one transaction."""
+        """Lock the tables, step to the log's end, then `then`, in one transaction."""
         async with self.store.transaction() as conn:
-            await require_shadow(conn, self.name)
+            position = await require_shadow(conn, self.name)
             await lock_tables(conn, self.tables, mode)
-            folded = await self._rebuild(conn)
+            log_end = await settled_head(conn)
+            folded = await self._advance(conn, position, log_end, None)
             done = await then(conn)
-        return {"name": self.name, **folded, **done}
+        return {**folded, **done}
 
     async def discard(self) -> dict[str, Any]:
-        """Drop the shadows and their positions."""
+        """Drop the shadows and their position."""
         async with self.store.transaction() as conn:
-            for table in self.tables:
-                await drop_shadow(conn, table, [table])
+            await drop_shadow(conn, self.name, self.tables)
         return {"name": self.name, "dropped": True}
 
-    async def _rebuild(self, conn: asyncpg.Connection) -> dict[str, Any]:
-        position = int(await conn.fetchval("SELECT coalesce(max(global_position), 0) FROM events"))
-        for table in self.tables:
-            await create_shadow(conn, table, fresh=True)
-            await set_shadow_position(conn, table, position)
-        folded = await self.fold_into(conn)
-        return {"position": position, "target": position, "log_end": position, **folded}
+    async def _advance(
+        self, conn: asyncpg.Connection, position: int, log_end: int, max_events: int | None
+    ) -> dict[str, Any]:
+        """Refold the streams with events in `(position, reached]`; the new position kept.
+        `log_end` is a settled head (`settled_head`): no event at or below it can still
+        commit, so none is passed over."""
+        reached = log_end if max_events is None else min(log_end, position + max_events)
+        rows = await conn.fetch(
+            "SELECT DISTINCT stream_id FROM events WHERE global_position > $1"
+            " AND global_position <= $2 AND stream_id LIKE $3 ORDER BY 1",
+            position,
+            reached,
+            self.prefix + "%",
+        )
+        folded = await self.refold(conn, [r["stream_id"] for r in rows])
+        await set_shadow_position(conn, self.name, reached)
+        return {
+            "name": self.name,
+            "position": reached,
+            "target": log_end,
+            "log_end": log_end,
+            "applied": reached - position,
+            **folded,
+            "done": reached >= log_end,
+        }
 
 
 async def replace_from_shadow(conn: asyncpg.Connection, table: str) -> int:
@@ -298,9 +335,9 @@ async def replace_from_shadow(conn: asyncpg.Connection, table: str) -> int:
 __all__ = [
     "MAX_DIFF_ROWS",
     "SHADOW_PREFIX",
-    "OnePassRebuild",
     "RebuildNotStarted",
     "RowDiff",
+    "SteppedRebuild",
     "TableDiff",
     "create_shadow",
     "diff_table",

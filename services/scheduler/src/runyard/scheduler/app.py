@@ -317,15 +317,18 @@ class SchedulerApp:
                 await self._rebuild_queue_rows(runtime)
             await self._flush_views(None)
 
-    async def load_from_log(self, pool_ids: Iterable[str]) -> int:
+    async def load_from_log(
+        self, pool_ids: Iterable[str], task_streams: Sequence[str] | None = None
+    ) -> int:
         """Memory as a start builds it from the log, deciding nothing: the pools' streams
         and every task stream folded, the queues filled, each pool's plan made. For a
         shadow rebuild of the read models (`runyard.scheduler.rebuild`), over a store
         that refuses appends; returns how many tasks a start would have acted on (an
-        append refused), which the log does not show done yet."""
+        append refused), which the log does not show done yet. With `task_streams`, only
+        those task streams are folded (a superset of the pools' tasks will do)."""
         for pool_id in pool_ids:
             self.pools[pool_id] = await self._load_pool(pool_id)
-        await self._load_tasks()
+        await self._load_tasks(task_streams)
         now = self.clock()
         pending = 0
         for task_id in list(self.tasks):
@@ -381,13 +384,21 @@ class SchedulerApp:
         self._dirty.add(pool_id)
         return runtime
 
-    async def _load_tasks(self) -> None:
-        """Fold every task stream; keep the open tasks of our pools."""
-        rows = await self.store.pool.fetch(
+    async def _load_tasks(self, streams: Sequence[str] | None = None) -> None:
+        """Fold every task stream (or `streams`); keep the open tasks of our pools."""
+        columns = (
             "SELECT global_position, event_id, stream_id, stream_version, event_type,"
             " schema_version, data::text AS data, metadata::text AS metadata, occurred_at"
-            " FROM events WHERE stream_id LIKE 'task-%' ORDER BY stream_id, stream_version"
         )
+        order = " ORDER BY stream_id, stream_version"
+        if streams is None:
+            rows = await self.store.pool.fetch(
+                columns + " FROM events WHERE stream_id LIKE 'task-%'" + order
+            )
+        else:
+            rows = await self.store.pool.fetch(
+                columns + " FROM events WHERE stream_id = ANY($1::text[])" + order, list(streams)
+            )
         states: dict[str, TaskState] = {}
         for row in rows:
             recorded = self.store.decode(row)

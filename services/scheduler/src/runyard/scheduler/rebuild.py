@@ -1,24 +1,34 @@
 """Rebuilding the scheduler's read models beside the live ones (`runyard rebuild NAME`).
 
-    POST   /v1/admin/scheduler/read-models/{name}/rebuild  rebuild both shadows
+    POST   /v1/admin/scheduler/read-models/{name}/rebuild[?restart=true]  fold the next pool
     GET    /v1/admin/scheduler/read-models/{name}/diff     the shadow against the live rows
     POST   /v1/admin/scheduler/read-models/{name}/swap     the shadow's rows become live
     DELETE /v1/admin/scheduler/read-models/{name}/rebuild  drop the shadows
 
-`name` is `scheduler_pool_views` or `scheduler_queue`. Both come from one fold:
-a `SchedulerApp` of its own, over a store that refuses appends, loads memory
-as a start of the scheduler does (`SchedulerApp.load_from_log`: every pool
-stream and every task stream from version 1, the queues filled, each pool's
-plan made) and the rows are built by the code that writes the live ones
-(`build_view`, `queue_row`, `write_view`, `write_queue_rows` into
-`<table>__shadow`). The fold is one pass over the streams, not a walk of the
-log by position, so it has nothing to resume: a step is the whole rebuild,
-its position (the log's end when it read) kept under `shadow:<name>`.
+`name` is `scheduler_pool_views` or `scheduler_queue`. Both come from one fold
+per pool: a `SchedulerApp` of its own, over a store that refuses appends,
+loads memory as a start of the scheduler does (`SchedulerApp.load_from_log`:
+the pool's stream and its task streams from version 1, the queue filled, the
+pool's plan made) and the rows are built by the code that writes the live
+ones (`build_view`, `queue_row`, `write_view`, `write_queue_rows` into
+`<table>__shadow`). A pool's rows depend on its own stream and its tasks'
+alone (a task's pool is its spec's), but the fold is of streams with the
+scheduler's domain, not a walk of the log by position, so the rebuild goes
+pool by pool: a step folds the next pool (in pool id order) that has no row
+in the pool views' shadow and writes its rows in one transaction; a rebuild
+cut off after step k goes on with pool k+1. The first step (or `restart`)
+empties the shadows and keeps the log's end under `shadow:<name>` (both
+names; a settled head, read before the step writes: no event below it can
+still commit), so every pool is folded with the log at least up to there. Progress is
+pools done of pools.
 
 A diff and a swap lock both live tables (in the order the scheduler writes
 them: queue, then pool views; SHARE for a diff, EXCLUSIVE for a swap:
-readers go on, the scheduler's writes wait) and fold again under the lock,
-so the shadow holds every event the live rows could hold. What depends on
+readers go on, the scheduler's writes wait) and under the lock fold the
+pools not folded yet and every pool with an event after that position (on
+its own stream, or on a task stream whose spec names it), then keep the
+log's end as the position: the shadow holds every event the live rows could
+hold, and a pool that did not move is not folded twice. What depends on
 when a row was written is left out of the comparison (`updated_at`, the
 view's `as_of`, waiting times). After a swap the scheduler goes on writing
 rows from its memory as before: nothing is stopped.
@@ -36,10 +46,11 @@ from collections.abc import Sequence
 from typing import Annotated, Any, Final
 
 import asyncpg
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Query
 from runyard.api.auth import Principal
 from runyard.api.security import Authenticator, caller_dependency
 from runyard.eventstore import PostgresEventStore
+from runyard.eventstore.audit import settled_head
 from runyard.eventstore.shadow import (
     create_shadow,
     diff_table,
@@ -48,6 +59,7 @@ from runyard.eventstore.shadow import (
     require_shadow,
     set_shadow_position,
     shadow_of,
+    shadow_position,
     swap_in,
 )
 from runyard.scheduler.app import SchedulerApp
@@ -57,6 +69,24 @@ from runyard.scheduler.views import POOL_VIEWS, QUEUE, write_queue_rows, write_v
 #: The read models, in the order the scheduler writes them (and the lock takes them).
 TABLES: Final = (QUEUE, POOL_VIEWS)
 KEYS: Final = {QUEUE: ("task_id",), POOL_VIEWS: ("pool_id",)}
+
+_ALL_POOLS = (
+    "SELECT substr(stream_id, 6) AS pool_id FROM streams WHERE stream_id LIKE 'pool-%' ORDER BY 1"
+)
+#: The task streams of the pools `$1`: those whose spec names one of them (a task's
+#: pool is its spec's, which a rerun cannot change).
+_POOL_TASKS = (
+    "SELECT DISTINCT stream_id FROM events WHERE stream_id LIKE 'task-%'"
+    " AND data->'spec'->>'pool' = ANY($1::text[])"
+)
+#: The pools with an event after position `$1`: on their own stream or one of their tasks'.
+_MOVED_POOLS = (
+    "SELECT substr(stream_id, 6) AS pool_id FROM events"
+    " WHERE global_position > $1 AND stream_id LIKE 'pool-%'"
+    " UNION SELECT data->'spec'->>'pool' FROM events WHERE stream_id IN"
+    " (SELECT stream_id FROM events WHERE global_position > $1 AND stream_id LIKE 'task-%')"
+    " AND data->'spec'->>'pool' IS NOT NULL"
+)
 
 
 class _ReadOnlyStore:
@@ -97,30 +127,45 @@ def comparable(table: str) -> Any:
 
 
 class SchedulerRebuild:
-    """Shadow rebuilds of the scheduler's read models over `store`."""
+    """Shadow rebuilds of the scheduler's read models over `store`, pool by pool."""
 
     def __init__(self, store: PostgresEventStore) -> None:
         self.store = store
 
-    async def step(self, name: str) -> dict[str, Any]:
-        """Rebuild both shadows now (one pass; see the module docstring)."""
+    async def step(self, name: str, *, restart: bool = False) -> dict[str, Any]:
+        """Fold the next pool not yet in the shadows, in one transaction with its rows
+        (the first step, or `restart`, empties the shadows; see the module docstring)."""
         async with self.store.transaction() as conn:
-            folded = await self._rebuild(conn)
-        return {"name": name, **folded, "done": True}
+            log_end = await settled_head(conn)  # before this transaction writes
+            since = None if restart else await shadow_position(conn, name)
+            if since is None:  # a rebuild from 0 (again)
+                for table in TABLES:
+                    await create_shadow(conn, table, fresh=True)
+                    await set_shadow_position(conn, table, log_end)
+                since = log_end
+            pools, todo = await _pools(conn)
+            folded = await self._fold(conn, todo[:1])
+        left = len(todo) - len(todo[:1])
+        return {
+            "name": name,
+            "position": since,
+            "target": log_end,
+            "log_end": log_end,
+            "pools_done": len(pools) - left,
+            "pools": len(pools),
+            **folded,
+            "done": left == 0,
+        }
 
     async def diff(self, name: str) -> dict[str, Any]:
         async with self.store.transaction() as conn:
-            await require_shadow(conn, name)
-            await lock_tables(conn, TABLES, "SHARE")
-            folded = await self._rebuild(conn)
+            folded = await self._catch_up(conn, name, "SHARE")
             found = await diff_table(conn, name, KEYS[name], comparable=comparable(name))
         return {"name": name, **folded, "tables": [found.as_json()]}
 
     async def swap(self, name: str) -> dict[str, Any]:
         async with self.store.transaction() as conn:
-            await require_shadow(conn, name)
-            await lock_tables(conn, TABLES, "EXCLUSIVE")
-            folded = await self._rebuild(conn)
+            folded = await self._catch_up(conn, name, "EXCLUSIVE")
             swapped = await swap_in(conn, name, KEYS[name], comparable=comparable(name))
         return {"name": name, **folded, **swapped}
 
@@ -130,29 +175,41 @@ class SchedulerRebuild:
                 await drop_shadow(conn, table, [table])
         return {"name": name, "dropped": True}
 
-    async def _rebuild(self, conn: asyncpg.Connection) -> dict[str, Any]:
-        """Fold the log with the scheduler's code and write both shadows on `conn`."""
-        position = int(await conn.fetchval("SELECT coalesce(max(global_position), 0) FROM events"))
-        pools = await conn.fetch(
-            "SELECT substr(stream_id, 6) AS pool_id FROM streams"
-            " WHERE stream_id LIKE 'pool-%' ORDER BY 1"
-        )
-        app = SchedulerApp(_ReadOnlyStore(self.store), [], write_views=False)  # type: ignore[arg-type]
-        pending = await app.load_from_log(r["pool_id"] for r in pools)
+    async def _catch_up(self, conn: asyncpg.Connection, name: str, mode: str) -> dict[str, Any]:
+        """Lock both live tables, then fold on `conn` the pools not folded yet and those
+        with events after the rebuild's position; the position becomes the log's end."""
+        since = await require_shadow(conn, name)
+        await lock_tables(conn, TABLES, mode)
+        log_end = await settled_head(conn)
+        pools, todo = await _pools(conn)
+        moved = {r["pool_id"] for r in await conn.fetch(_MOVED_POOLS, since)}
+        folded = await self._fold(conn, sorted(set(todo) | (moved & set(pools))))
         for table in TABLES:
-            await create_shadow(conn, table, fresh=True)
-            await set_shadow_position(conn, table, position)
+            await set_shadow_position(conn, table, log_end)
+        return {"position": log_end, "target": log_end, "log_end": log_end, **folded}
+
+    async def _fold(self, conn: asyncpg.Connection, pool_ids: Sequence[str]) -> dict[str, Any]:
+        """Fold `pool_ids` with the scheduler's code and write their shadow rows afresh."""
+        if not pool_ids:
+            return {"folded": [], "open_tasks": 0, "pending": 0}
+        streams = [r["stream_id"] for r in await conn.fetch(_POOL_TASKS, list(pool_ids))]
+        app = SchedulerApp(_ReadOnlyStore(self.store), [], write_views=False)  # type: ignore[arg-type]
+        pending = await app.load_from_log(pool_ids, streams)
+        for table in TABLES:
+            await conn.execute(
+                f"DELETE FROM {shadow_of(table)} WHERE pool_id = ANY($1::text[])", list(pool_ids)
+            )
         for pool_id in app.pools:
             await write_view(conn, app.view(pool_id), table=shadow_of(POOL_VIEWS))
             await write_queue_rows(conn, app.queue_rows(pool_id), table=shadow_of(QUEUE))
-        return {
-            "position": position,
-            "target": position,
-            "log_end": position,
-            "pools": len(app.pools),
-            "open_tasks": len(app.tasks),
-            "pending": pending,
-        }
+        return {"folded": list(app.pools), "open_tasks": len(app.tasks), "pending": pending}
+
+
+async def _pools(conn: asyncpg.Connection) -> tuple[list[str], list[str]]:
+    """Every pool, and those not in the shadow yet (both in pool order)."""
+    pools = [r["pool_id"] for r in await conn.fetch(_ALL_POOLS)]
+    done = {r["pool_id"] for r in await conn.fetch(f"SELECT pool_id FROM {shadow_of(POOL_VIEWS)}")}
+    return pools, [p for p in pools if p not in done]
 
 
 Name = Annotated[str, Path(pattern=f"^({QUEUE}|{POOL_VIEWS})$", description=" or ".join(TABLES))]
@@ -166,9 +223,13 @@ def rebuild_router(store: PostgresEventStore, authenticator: Authenticator) -> A
     base = "/v1/admin/scheduler/read-models/{name}"
 
     @router.post(f"{base}/rebuild")
-    async def step(caller: Caller, name: Name) -> dict[str, Any]:
+    async def step(
+        caller: Caller,
+        name: Name,
+        restart: Annotated[bool, Query(description="drop the shadows, start again")] = False,
+    ) -> dict[str, Any]:
         """Rebuild the scheduler's read models into their shadows, from the log."""
-        return await rebuild.step(name)
+        return await rebuild.step(name, restart=restart)
 
     @router.get(f"{base}/diff")
     async def diff(caller: Caller, name: Name) -> dict[str, Any]:
