@@ -46,7 +46,7 @@ from runyard.gateway.http import create_app
 from runyard.logs import LogStore
 from runyard.logs.http import LogApi
 from runyard.logs.main import http_app as logs_app
-from runyard.notification import store as notification_store
+from runyard.notification.app import NotificationApp, NotificationConfig
 from runyard.notification.main import http_app as notification_app
 
 from tests.integration.test_gateway import BASE, config_dir
@@ -125,15 +125,17 @@ async def notification_service(
     dsn: str, config: Path, endpoints: dict[str, str]
 ) -> AsyncIterator[list[str]]:
     """The notification service's HTTP face on a real port; yields the paths it was asked."""
-    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=4)
+    store = await PostgresEventStore.connect(dsn, default_mapper(), min_size=1, max_size=4)
+    service = NotificationApp(store, NotificationConfig())
     try:
-        await notification_store.migrate(pool)
-        app = notification_app(pool, config)
+        await service.start()
+        app = notification_app(service, config)
         calls = count_requests(app)
         async with serving("notification", app, endpoints):
             yield calls
     finally:
-        await pool.close()
+        await service.close()
+        await store.close()
 
 
 def closed_port_url() -> str:
