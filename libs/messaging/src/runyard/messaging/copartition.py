@@ -194,4 +194,4 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         try:
             await self.owner.reassigned(set(assigned))
         except Exception:
-            log.exception("%s: dropping the state of moved partitions failed", self.owner.name)
+            log.exception("%s: handing over the state of moved partitions failed", self.owner.name)
