@@ -81,6 +81,20 @@ class NewEvent(Generic[E_co]):
         if self.occurred_at.tzinfo is None:
             raise ValueError("occurred_at must be timezone-aware (UTC), e.g. utcnow()")
 
+    def recorded(
+        self, stream_id: str, stream_version: int, global_position: int
+    ) -> RecordedEvent[E_co]:
+        """This event as the store keeps it, at the place an append gave it."""
+        return RecordedEvent(
+            event_id=self.event_id,
+            stream_id=stream_id,
+            stream_version=stream_version,
+            global_position=global_position,
+            occurred_at=self.occurred_at,
+            event=self.event,
+            metadata=self.metadata,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class RecordedEvent(Generic[E_co]):

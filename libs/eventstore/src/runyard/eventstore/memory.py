@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import replace
 
 from runyard.contracts import Event, EventMapper, NewEvent, RecordedEvent
 from runyard.eventstore.errors import ConcurrencyError, DuplicateEventError, EventTooLarge
@@ -110,18 +111,9 @@ class InMemoryEventStore(EventStore):
         return AppendResult(request.stream_id, len(stream), tuple(positions))
 
     def _record(self, stream_id: str, version: int, new: NewEvent[Event]) -> RecordedEvent[Event]:
-        event = new.event
         if self.mapper is not None:  # round trip, so tests see what Postgres would give
-            event = self.mapper.decode(*self.mapper.encode(event))
-        return RecordedEvent(
-            event_id=new.event_id,
-            stream_id=stream_id,
-            stream_version=version,
-            global_position=len(self._log) + 1,
-            occurred_at=new.occurred_at,
-            event=event,
-            metadata=new.metadata,
-        )
+            new = replace(new, event=self.mapper.decode(*self.mapper.encode(new.event)))
+        return new.recorded(stream_id, version, len(self._log) + 1)
 
     async def read_stream(
         self, stream_id: str, from_version: int = 1, limit: int | None = None

@@ -178,13 +178,23 @@ class LogBatchConsumer:
             yield values, partial(self._commit, consumer, offsets)
 
     async def _commit(self, consumer: AIOKafkaConsumer, offsets: dict[TopicPartition, int]) -> None:
-        """Commit `offsets`; a commit that fails only means a redelivery, so it never
-        stops the consumer (e.g. a partition that moved to another member meanwhile)."""
-        try:
-            await asyncio.wait_for(consumer.commit(offsets), timeout=COMMIT_TIMEOUT_S)
-        except Exception as exc:
+        """Commit `offsets` (`commit_offsets`), counting a failure."""
+        if not await commit_offsets(self.name, consumer, offsets):
             self.stats.commit_failures += 1
-            log.debug("%s: offset commit failed (%r); the batch may come again", self.name, exc)
+
+
+async def commit_offsets(
+    reader: str, consumer: AIOKafkaConsumer, offsets: dict[TopicPartition, int]
+) -> bool:
+    """Commit `offsets`; False when that failed. A commit that fails only means a
+    redelivery, so it never stops the consumer (e.g. a partition that moved to another
+    member meanwhile)."""
+    try:
+        await asyncio.wait_for(consumer.commit(offsets), timeout=COMMIT_TIMEOUT_S)
+    except Exception as exc:
+        log.debug("%s: offset commit failed (%r); the batch may come again", reader, exc)
+        return False
+    return True
 
 
 def decode_lines(reader: str, values: Sequence[bytes | None]) -> tuple[list[LogRecord], int]:

@@ -32,7 +32,6 @@ instance ("co-partitioning", as Kafka Streams calls it).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -42,7 +41,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from runyard.eventstore.transient import retrying
-from runyard.messaging.batches import COMMIT_TIMEOUT_S, POLL_MS, Handler, decode_lines
+from runyard.messaging.batches import POLL_MS, Handler, commit_offsets, decode_lines
 from runyard.messaging.consumer import IdempotentConsumer, kafka_lag
 from runyard.messaging.settings import KafkaSettings
 from runyard.telemetry.metrics import register_gauge, track_lag
@@ -153,10 +152,7 @@ class CoPartitionedConsumer:
         self, consumer: AIOKafkaConsumer, polled: Mapping[TopicPartition, list[Any]]
     ) -> None:
         offsets = {tp: messages[-1].offset + 1 for tp, messages in polled.items() if messages}
-        try:
-            await asyncio.wait_for(consumer.commit(offsets), timeout=COMMIT_TIMEOUT_S)
-        except Exception as exc:  # a partition that moved meanwhile: read again, absorbed
-            log.debug("%s: offset commit failed (%r); the batch may come again", self.name, exc)
+        await commit_offsets(self.name, consumer, offsets)
 
     def _check_counts(self, consumer: AIOKafkaConsumer) -> None:
         topics = (self.events_topic, self.lines_topic)

@@ -1004,15 +1004,7 @@ class DeployerApp:
         result = results[-1]
         first = result.version - len(appended) + 1
         stored = [
-            RecordedEvent(
-                event_id=e.event_id,
-                stream_id=stream_id,
-                stream_version=first + i,
-                global_position=position,
-                occurred_at=e.occurred_at,
-                event=e.event,
-                metadata=e.metadata,
-            )
+            e.recorded(stream_id, first + i, position)
             for i, (e, position) in enumerate(zip(appended, result.positions, strict=True))
         ]
         return appended, [*read[-1], *stored]
