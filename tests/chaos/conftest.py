@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -99,6 +100,8 @@ class ChaosStack:
             RUNYARD_KAFKA_PORT=str(self.kafka_port),
             RUNYARD_CONFIG=str(self.root / "config"),
             RUNYARD_LOG_LEVEL="WARNING",
+            # Anti-entropy every 3 s: what it heals is done within the stall limit.
+            RUNYARD_SETTINGS=json.dumps({"scheduler_sweep_s": 3}),
             PYTHONUNBUFFERED="1",
         )
         (self.root / "work").mkdir(exist_ok=True)

@@ -238,12 +238,20 @@ async def run_scenario(
     platform_log = stack.log_path.read_text(errors="replace")
     republished = re.findall(r"published again (\d+) line", platform_log)
     noticed = platform_log.count("the broker lost output lines")
+    # What the scheduler's anti-entropy sweep had to do (it heals; a healthy run has none).
+    swept = len(
+        re.findall(
+            r"scheduler: (?:events of task \S+ never reached it|task \S+ was left undone)",
+            platform_log,
+        )
+    )
     print(
         "\n".join(
             [
                 report.summary(),
                 f"  (broker losses noticed by the deployer: {noticed};"
-                f" output lines published again: {sum(map(int, republished))})",
+                f" output lines published again: {sum(map(int, republished))};"
+                f" tasks the scheduler's sweep acted on: {swept})",
                 f"  (alerting tasks: {len(alerts)}; alerts delivered: {sum(delivered.values())};"
                 f" cards accepted: {len(stack.feishu.accepted(FEISHU_BOT))})",
                 *report.problems(),

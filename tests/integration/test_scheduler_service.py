@@ -417,6 +417,41 @@ async def test_stop_requested_alone_on_a_queued_task_is_confirmed(dsn: str) -> N
         assert h.app.view("dev-a100")["queue"]["waiting"] == 0
 
 
+async def test_the_sweep_acts_on_an_event_that_never_reached_the_scheduler(dsn: str) -> None:
+    async with harness(dsn) as h:
+        await h.submit("lost", spec("8gpu"), deliver=False)
+        # First sighting: it may still be on its way to the consumer.
+        assert await h.app.sweep() == []
+        assert await h.types("lost") == ["TaskSubmitted"]
+        h.clock.now += timedelta(seconds=30)
+        # Still not folded at the next sweep: read from the log and placed.
+        assert await h.app.sweep() == ["lost"]
+        assert await h.types("lost") == ["TaskSubmitted", "TaskPlaced"]
+        assert await h.app.sweep() == []  # nothing more to do
+
+
+async def test_an_event_the_consumer_brings_late_is_not_acted_on_twice(dsn: str) -> None:
+    async with harness(dsn) as h:
+        await h.submit("late", spec("8gpu"), deliver=False)
+        assert await h.app.sweep() == []
+        await h.deliver(await h.events("task-late"))  # the consumer catches up
+        assert await h.types("late") == ["TaskSubmitted", "TaskPlaced"]
+        assert await h.app.sweep() == []
+        assert await h.types("late") == ["TaskSubmitted", "TaskPlaced"]
+
+
+async def test_the_sweep_puts_back_a_task_memory_dropped_from_the_queue(dsn: str) -> None:
+    async with harness(dsn) as h:
+        await h.submit("full", spec("8gpu", count=4))
+        await h.submit("waits", spec("1gpu"))
+        assert (await h.types("waits"))[-1] == "TaskQueued"
+        h.app.pools["dev-a100"].dequeue("waits")  # lost from memory, never from the log
+        assert await h.app.sweep() == ["waits"]
+        assert h.app.view("dev-a100")["queue"]["waiting"] == 1
+        await h.finish("full")
+        assert (await h.types("waits"))[-1] == "TaskPlaced"
+
+
 async def test_spot_shrink_preempts_and_requeues_then_abnormal_past_the_limit(dsn: str) -> None:
     async with harness(dsn) as h:
         limits = SpotOptions(max_requeues=1, max_queue_duration_s=3600)

@@ -410,6 +410,7 @@ def _main(http_port: int, grpc_port: int, host: str, home: Path, *, one_process:
     os.environ.setdefault("XDG_RUNTIME_DIR", str(home / "run"))
     stack = Stack(home)
     settings: dict[str, object] = {
+        **_json_settings(),
         "http_host": host,
         "http_port": http_port,
         "grpc_host": host,
@@ -433,6 +434,19 @@ def _main(http_port: int, grpc_port: int, host: str, home: Path, *, one_process:
         with console.status("stopping"):
             stack.stop_infrastructure()
         console.print("stopped")
+
+
+def _json_settings() -> dict[str, object]:
+    """Settings from RUNYARD_SETTINGS (a JSON object), e.g. `{"scheduler_sweep_s": 5}`;
+    the command line's host and ports win over it."""
+    raw = os.environ.get("RUNYARD_SETTINGS") or "{}"
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise SystemExit(f"RUNYARD_SETTINGS is not JSON ({exc}): give an object") from None
+    if not isinstance(value, dict):
+        raise SystemExit('RUNYARD_SETTINGS must be a JSON object, e.g. {"scheduler_tick_s": 5}')
+    return value
 
 
 def service_endpoints(settings: Mapping[str, object]) -> dict[str, str]:

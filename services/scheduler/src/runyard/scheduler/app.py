@@ -261,6 +261,7 @@ class SchedulerApp:
         max_reports: int = 1000,
         batch_size: int = 500,
         write_views: bool = True,
+        sweep_s: float = 15.0,
     ) -> None:
         self.store = store
         self.configs = {p.pool_id: p for p in pools}
@@ -289,6 +290,10 @@ class SchedulerApp:
         #: When set, `handle` leaves planning to `after_batch` (see there).
         self.defer_planning = False
         self._replan: set[str] = set()
+        #: Anti-entropy (`sweep`): how often, when last, and the events found unseen then.
+        self.sweep_s = sweep_s
+        self._swept_at: datetime | None = None
+        self._unseen: set[str] = set()
 
     # -- start -------------------------------------------------------------------
 
@@ -752,9 +757,94 @@ class SchedulerApp:
                     await self._retrying(partial(self._time_out, runtime, abnormal, now), [])
                 if runtime.unreported or runtime.pool_id in self._dirty:
                     await self._pass(runtime, now)
+            if self._swept_at is None or (now - self._swept_at).total_seconds() >= self.sweep_s:
+                self._swept_at = now
+                await self._sweep(now)
             self._dirty |= self._views_unconfirmed
             self._views_unconfirmed.clear()
             await self._flush_views(None)
+
+    async def sweep(self, now: datetime | None = None) -> list[str]:
+        """Anti-entropy now (the tick runs it every `sweep_s`); the tasks acted on."""
+        async with self._turn():
+            acted = await self._sweep(now or self.clock())
+            await self._flush_views(None)
+            return acted
+
+    async def _sweep(self, now: datetime) -> list[str]:
+        """Catch up with what the consumer should have brought, and do what was missed.
+
+        Memory follows the log through the consumer, and nothing else reads a task
+        again: were an event never to reach the scheduler (or its effect lost), its
+        task would wait forever. So the sweep compares the store with memory:
+
+        - events of our tasks' streams that memory has not folded, of a type the
+          scheduler acts on, found unfolded at two sweeps in a row (so not an event
+          still on its way): the task is read again from the log and reconciled;
+        - every open task is reconciled: a consistent memory has nothing to do, so
+          whatever it does do was missed.
+
+        Both are logged as warnings (a healthy platform never needs them).
+        """
+        acted: list[str] = []
+        unseen = await self._unseen_events()
+        missed = {task_id for task_id, event_id in unseen if event_id in self._unseen}
+        self._unseen = {event_id for _, event_id in unseen}
+        for task_id in sorted(missed):
+            log.warning("scheduler: events of task %s never reached it; reading them now", task_id)
+            if await self._reload_task(task_id):
+                acted.append(task_id)
+        for task_id in list(self.tasks):
+            if task_id in self.tasks and task_id not in missed:
+                pool_id = await self._retrying(partial(self._reconcile, task_id, now), [])
+                if pool_id is not None:
+                    log.warning("scheduler: task %s was left undone; done now", task_id)
+                    self._replan.add(pool_id)
+                    acted.append(task_id)
+        while self._replan:
+            await self._pass(self.pools[self._replan.pop()], now)
+        return acted
+
+    async def _unseen_events(self) -> list[tuple[str, str]]:
+        """(task id, event id) of every event of our pools' task streams (and of tasks
+        never seen) past what memory folded, of a type the scheduler acts on."""
+        known: dict[str, int] = {t: s.version for t, s in self.tasks.items()}
+        known.update(self._done)
+        behind = [
+            (stream, known.get(stream.removeprefix("task-"), 0))
+            for stream, version in (await self.store.stream_versions("task-")).items()
+            if stream.removeprefix("task-") not in self._foreign
+            and version > known.get(stream.removeprefix("task-"), 0)
+        ]
+        if not behind:
+            return []
+        rows = await self.store.pool.fetch(
+            """SELECT e.stream_id, e.event_id::text AS event_id
+               FROM unnest($1::text[], $2::bigint[]) AS k(stream_id, known)
+               JOIN events e ON e.stream_id = k.stream_id AND e.stream_version > k.known
+               WHERE e.event_type <> ALL($3::text[])""",
+            [stream for stream, _ in behind],
+            [version for _, version in behind],
+            sorted(IGNORED),
+        )
+        return [(row["stream_id"].removeprefix("task-"), row["event_id"]) for row in rows]
+
+    async def _reload_task(self, task_id: str) -> bool:
+        """Fold the task's whole stream again and do what it asks; whether it is ours."""
+        self.tasks.pop(task_id, None)
+        self._done.pop(task_id, None)
+        await self._refresh_task(task_id)
+        state = self.tasks.get(task_id)
+        if state is None:
+            return False
+        if state.spec.pool not in self.pools:
+            del self.tasks[task_id]
+            self._foreign.add(task_id)
+            return False
+        pool_id = await self._retrying(partial(self._reconcile, task_id, self.clock()), [])
+        if pool_id is not None:
+            self._replan.add(pool_id)
+        return True
 
     async def _time_out(self, runtime: PoolRuntime, abnormal: Abnormal, now: datetime) -> None:
         """A spot task waited past its max single queue duration: abnormal, out of the queue."""

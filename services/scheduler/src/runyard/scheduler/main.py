@@ -12,8 +12,10 @@ config folder), starts a fresh application (`SchedulerApp.start`: registers
 pools, rebuilds its memory from the log, plans once), subscribes one
 idempotent consumer to the task and pool event topics, and ticks every
 `scheduler_tick_s` seconds (5) for time limits (R-08) and pending queue
-reports. When the lease may be lost the term is cancelled at once: its
-consumer stops and the instance stands by again.
+reports; every `scheduler_sweep_s` seconds (15) the tick also sweeps for what
+the consumer should have brought and did not (`SchedulerApp.sweep`). When the
+lease may be lost the term is cancelled at once: its consumer stops and the
+instance stands by again.
 
 No double booking, even from an instance that has not noticed yet that it lost
 the lease: each placement appends `WorkersAllocated` and `TaskPlaced` in one
@@ -44,6 +46,8 @@ log = logging.getLogger("runyard.scheduler")
 NAME = "scheduler"
 CONSUMER = "scheduler"
 TICK_S = 5.0
+#: Seconds between anti-entropy sweeps (`SchedulerApp.sweep`).
+SWEEP_S = 15.0
 #: How long the end of a term waits for its consumer to stop (its handler may be waiting
 #: out a database outage: the term's events must not be left to it).
 TERM_STOP_S = 120.0
@@ -67,7 +71,8 @@ class SchedulerService:
         """One term: a fresh application rebuilt from the log, its consumer and its
         ticks, until cancelled (the lease lost, or the service stopping)."""
         pools: list[PoolConfig] = load_pools_file(self.ctx.config_dir / "pools.yaml")
-        app = SchedulerApp(self.store, pools)
+        sweep_s = float(self.ctx.settings.get("scheduler_sweep_s", SWEEP_S))
+        app = SchedulerApp(self.store, pools, sweep_s=sweep_s)
         await retrying(app.start, component="scheduler start")
         app.defer_planning = True  # one placement pass per consumer batch
         broker = make_broker(self.ctx.kafka)
