@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from uuid import uuid4
 
@@ -140,7 +139,7 @@ def test_a_prefix_stops_at_the_first_event_past_the_point() -> None:
     stream = recorded(story.events)
     # a later event stamped earlier (another service's clock) does not slip in
     early = stream[0].occurred_at - timedelta(hours=1)
-    skewed = [*stream[:4], replace(stream[4], occurred_at=early), *stream[5:]]
+    skewed = [*stream[:4], stream[4].replace(occurred_at=early), *stream[5:]]
     assert prefix(skewed, stream[2].occurred_at) == stream[:3]
 
 

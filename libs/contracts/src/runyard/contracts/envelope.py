@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 from uuid import UUID
 
 import uuid_utils
@@ -96,25 +96,193 @@ class NewEvent(Generic[E_co]):
         )
 
 
-@dataclass(frozen=True, slots=True)
 class RecordedEvent(Generic[E_co]):
-    """An event as stored: payload plus envelope."""
+    """An event as stored: payload plus envelope. Immutable.
 
-    event_id: UUID
-    stream_id: str
-    stream_version: int
-    global_position: int
-    occurred_at: datetime
-    event: E_co
-    metadata: Metadata
+    An event read from the store (`RecordedEvent.stored`) keeps its payload and
+    metadata as the stored JSON until first asked for, then builds and keeps
+    them: a reader that filters by type, or folds without reading who caused an
+    event, builds nothing it does not use. Equal events compare equal however
+    they were made.
+    """
+
+    # One tuple holds the envelope (event id, stream id, stream version, global
+    # position, occurred at, type name, payload builder, stored metadata): a
+    # reader makes one of these per row, so making it costs one attribute set.
+    # `_event` and `_metadata` are set when built (absent until then).
+    __slots__ = ("_event", "_f", "_metadata")
+    _event: E_co
+    _f: tuple[Any, ...]
+    _metadata: Metadata
+
+    def __init__(
+        self,
+        event_id: UUID,
+        stream_id: str,
+        stream_version: int,
+        global_position: int,
+        occurred_at: datetime,
+        event: E_co,
+        metadata: Metadata,
+    ) -> None:
+        _set = object.__setattr__
+        _set(
+            self,
+            "_f",
+            (event_id, stream_id, stream_version, global_position, occurred_at, None, None, None),
+        )
+        _set(self, "_event", event)
+        _set(self, "_metadata", metadata)
+
+    @classmethod
+    def stored(
+        cls,
+        event_id: UUID,
+        stream_id: str,
+        stream_version: int,
+        global_position: int,
+        occurred_at: datetime,
+        event_type: str,
+        decode: Callable[[], E_co],
+        metadata: str | bytes,
+    ) -> RecordedEvent[E_co]:
+        """An event as read from the store: `decode()` builds its payload and
+        `metadata` is the stored JSON, both used when first asked for."""
+        recorded: RecordedEvent[E_co] = _new(cls)
+        _set_f(
+            recorded,
+            (
+                event_id,
+                stream_id,
+                stream_version,
+                global_position,
+                occurred_at,
+                event_type,
+                decode,
+                metadata,
+            ),
+        )
+        return recorded
+
+    @property
+    def event_id(self) -> UUID:
+        return self._f[0]  # type: ignore[no-any-return]
+
+    @property
+    def stream_id(self) -> str:
+        return self._f[1]  # type: ignore[no-any-return]
+
+    @property
+    def stream_version(self) -> int:
+        return self._f[2]  # type: ignore[no-any-return]
+
+    @property
+    def global_position(self) -> int:
+        return self._f[3]  # type: ignore[no-any-return]
+
+    @property
+    def occurred_at(self) -> datetime:
+        return self._f[4]  # type: ignore[no-any-return]
+
+    @property
+    def event(self) -> E_co:
+        """The payload (built on first use for an event read from the store)."""
+        try:
+            return self._event
+        except AttributeError:
+            event: E_co = self._f[6]()
+            object.__setattr__(self, "_event", event)
+            return event
+
+    @property
+    def metadata(self) -> Metadata:
+        """Who or what caused the event (built on first use, as `event`)."""
+        try:
+            return self._metadata
+        except AttributeError:
+            metadata = Metadata.model_validate_json(self._f[7])
+            object.__setattr__(self, "_metadata", metadata)
+            return metadata
 
     @property
     def type(self) -> str:
-        return self.event.type_name()
+        """The event's type name (without building the payload)."""
+        name = self._f[5]
+        return name if name is not None else self.event.type_name()
 
     @property
     def category(self) -> str:
         return stream_category(self.stream_id)
+
+    def replace(self, **changes: Any) -> RecordedEvent[E_co]:
+        """A copy with some fields changed (as `dataclasses.replace` would)."""
+        fields = dict(
+            event_id=self.event_id,
+            stream_id=self.stream_id,
+            stream_version=self.stream_version,
+            global_position=self.global_position,
+            occurred_at=self.occurred_at,
+            event=self.event,
+            metadata=self.metadata,
+        )
+        unknown = set(changes) - set(fields)
+        if unknown:
+            raise TypeError(f"RecordedEvent has no fields {sorted(unknown)}")
+        return RecordedEvent(**{**fields, **changes})
+
+    def _key(self) -> tuple[object, ...]:
+        return (
+            self.event_id,
+            self.stream_id,
+            self.stream_version,
+            self.global_position,
+            self.occurred_at,
+            self.event,
+            self.metadata,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, RecordedEvent)
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return (
+            f"RecordedEvent(event_id={self.event_id!r}, stream_id={self.stream_id!r},"
+            f" stream_version={self.stream_version!r}, global_position={self.global_position!r},"
+            f" occurred_at={self.occurred_at!r}, event={self.event!r},"
+            f" metadata={self.metadata!r})"
+        )
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"RecordedEvent is immutable: cannot set {name}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"RecordedEvent is immutable: cannot delete {name}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_recorded, self._key())
+
+
+_new = object.__new__
+_set_f = RecordedEvent.__dict__["_f"].__set__  # the slot's own setter
+
+
+def _recorded(*key: Any) -> RecordedEvent[Any]:
+    event_id, stream_id, stream_version, global_position, occurred_at, event, metadata = key
+    return RecordedEvent(
+        event_id=event_id,
+        stream_id=stream_id,
+        stream_version=stream_version,
+        global_position=global_position,
+        occurred_at=occurred_at,
+        event=event,
+        metadata=metadata,
+    )
 
 
 def stream_category(stream_id: str) -> str:

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any
 from uuid import UUID
 
@@ -276,14 +277,28 @@ class PostgresEventStore(EventStore):
         return PostgresAllReader(self, after)
 
     def decode(self, row: asyncpg.Record) -> RecordedEvent[Event]:
-        return RecordedEvent(
-            event_id=row["event_id"],
-            stream_id=row["stream_id"],
-            stream_version=row["stream_version"],
-            global_position=row["global_position"],
-            occurred_at=row["occurred_at"],
-            event=self.mapper.decode(row["event_type"], row["schema_version"], row["data"]),
-            metadata=Metadata.model_validate_json(row["metadata"]),
+        event_type, schema_version, data = row["event_type"], row["schema_version"], row["data"]
+        # An unknown type, or a payload that needs upcasting (or is newer than this
+        # code), is dealt with now; a current payload is built when first used.
+        if schema_version != self.mapper.model(event_type).schema_version:
+            return RecordedEvent(
+                event_id=row["event_id"],
+                stream_id=row["stream_id"],
+                stream_version=row["stream_version"],
+                global_position=row["global_position"],
+                occurred_at=row["occurred_at"],
+                event=self.mapper.decode(event_type, schema_version, data),
+                metadata=Metadata.model_validate_json(row["metadata"]),
+            )
+        return RecordedEvent.stored(
+            row["event_id"],
+            row["stream_id"],
+            row["stream_version"],
+            row["global_position"],
+            row["occurred_at"],
+            event_type,
+            partial(self.mapper.decode, event_type, schema_version, data),
+            row["metadata"],
         )
 
     @asynccontextmanager
