@@ -19,13 +19,21 @@ HTTP API, `--concurrency` requests in flight, after one warm-up task has run
 - tasks_per_s: N / (first TaskSubmitted -> last TaskSucceeded);
 - submit_to_running p50/p99: TaskSubmitted -> TaskRunning per task.
 
+Before the burst, `--idle` tasks (20) run one at a time, each submitted once
+the one before succeeded: idle_running and idle_succeeded are the p50s of
+TaskSubmitted -> TaskRunning and -> TaskSucceeded, what one user alone sees.
+
 It also prints where the time goes between those events (placement, the four
-deploy stages, the worker's run), the HTTP submit rate, and with `--profile`
+deploy stages, the worker's run), the HTTP submit rate, the resident memory
+of each service process (its peak during the burst, and what it holds after
+every 1,000 tasks, so growth with finished tasks shows), and with `--profile`
 the top functions of a cProfile of this (single) process.
 
-`--quick` runs n=300. The last line is exactly
+`--quick` runs n=300 and 10 idle tasks. The last line is exactly
 `e2e: layout=<layout> tasks=<n> tasks_per_s=<x> submit_to_running_p50_ms=<a>
-submit_to_running_p99_ms=<b>` (one line).
+submit_to_running_p99_ms=<b> idle_running_p50_ms=<c> idle_succeeded_p50_ms=<d>
+vs_slurm=<r>` (one line; `vs_slurm=na` here: the same trivial jobs through
+plain `sbatch` need the Slurm runtime's cluster).
 """
 
 from __future__ import annotations
@@ -155,7 +163,13 @@ async def submit(http: httpx.AsyncClient, i: int) -> str:
 
 
 async def wait_done(
-    db: asyncpg.Pool, streams: list[str], run: asyncio.Task[None], timeout_s: float
+    db: asyncpg.Pool,
+    streams: list[str],
+    run: asyncio.Task[None],
+    timeout_s: float,
+    *,
+    quiet: bool = False,
+    memory: MemoryWatch | None = None,
 ) -> None:
     deadline = time.monotonic() + timeout_s
     last_report = time.monotonic()
@@ -179,12 +193,14 @@ async def wait_done(
             raise SystemExit(
                 f"{row['bad']} tasks did not succeed, e.g. {[dict(r) for r in failed]}"
             )
+        if memory is not None:
+            memory.sample(row["ok"], last=row["ok"] >= len(streams))
         if row["ok"] >= len(streams):
             return
         now = time.monotonic()
         if now > deadline:
             raise SystemExit(f"only {row['ok']} of {len(streams)} tasks succeeded in {timeout_s}s")
-        if now - last_report > 5:
+        if now - last_report > 5 and not quiet:
             print(f"  ... {row['ok']} of {len(streams)} succeeded", flush=True)
             last_report = now
         await asyncio.sleep(0.05)
@@ -260,6 +276,85 @@ def report_breakdown(times: dict[str, dict[str, float]]) -> None:
             )
 
 
+def _rss_kib(pid: int) -> int:
+    """Resident memory of a process in KiB (0 once it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def service_rss(layout: str) -> dict[str, int]:
+    """KiB resident per service process: the children this process started
+    (`python -m runyard.stack.serve <name>`), or this process in one-process."""
+    me = os.getpid()
+    if layout != "processes":
+        return {"one-process": _rss_kib(me)}
+    found: dict[str, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == me and b"runyard.stack.serve" in argv:
+            name = argv[argv.index(b"runyard.stack.serve") + 1].decode()
+            found[name] = found.get(name, 0) + _rss_kib(int(entry.name))
+    return found
+
+
+class MemoryWatch:
+    """Samples each service's RSS while tasks succeed: the peak, and the RSS when
+    the number of succeeded tasks first reaches each multiple of `every`."""
+
+    def __init__(self, layout: str, every: int = 1000) -> None:
+        self.layout = layout
+        self.every = every
+        self.peak: dict[str, int] = {}
+        self.at: dict[int, dict[str, int]] = {}
+
+    def sample(self, succeeded: int, *, last: bool = False) -> None:
+        now = service_rss(self.layout)
+        for name, kib in now.items():
+            self.peak[name] = max(self.peak.get(name, 0), kib)
+        mark = succeeded // self.every * self.every
+        if mark and mark not in self.at:
+            self.at[mark] = now
+        if last:
+            self.at.setdefault(succeeded, now)
+
+    def report(self) -> None:
+        marks = sorted(self.at)
+        print(f"  {'memory (MiB)':34} {'peak':>8}" + "".join(f" {f'@{m}':>8}" for m in marks))
+        for name in sorted(self.peak):
+            cells = "".join(f" {self.at[m].get(name, 0) / 1024:8.0f}" for m in marks)
+            print(f"  {name:34} {self.peak[name] / 1024:8.0f}{cells}")
+
+
+async def idle_latency(
+    http: httpx.AsyncClient, db: asyncpg.Pool, run: asyncio.Task[None], count: int
+) -> tuple[float, float]:
+    """p50 (ms) of submit -> running and submit -> succeeded, one task at a time."""
+    running: list[float] = []
+    succeeded: list[float] = []
+    for i in range(count):
+        task_id = await submit(http, 1_000_000 + i)
+        await wait_done(db, [f"task-{task_id}"], run, 60, quiet=True)
+        t = (await timeline(db, [f"task-{task_id}"]))[f"task-{task_id}"]
+        running.append((t["TaskRunning"] - t["TaskSubmitted"]) * 1000)
+        succeeded.append((t["TaskSucceeded"] - t["TaskSubmitted"]) * 1000)
+    print(
+        f"  idle: {count} tasks one at a time: submit -> running p50"
+        f" {percentile(running, 50):.0f} ms, -> succeeded p50 {percentile(succeeded, 50):.0f} ms"
+    )
+    return percentile(running, 50), percentile(succeeded, 50)
+
+
 async def supervised(ctx: ServiceContext) -> None:
     """Every built service as a child process, until cancelled (then all stopped); a
     child that exits ends the run with an error."""
@@ -275,8 +370,8 @@ def services() -> list[str]:
 
 
 async def bench(
-    n: int, concurrency: int, server_dsn: str, bootstrap: str, home: Path, layout: str
-) -> tuple[float, float, float]:
+    n: int, concurrency: int, server_dsn: str, bootstrap: str, home: Path, layout: str, idle: int
+) -> tuple[float, float, float, float, float]:
     dsn = await fresh_database(server_dsn)
     kafka = KafkaSettings(bootstrap=bootstrap, topics=Topics(f"b{uuid.uuid4().hex[:8]}."))
     port, grpc_port = free_port(), free_port()
@@ -287,6 +382,7 @@ async def bench(
         config_dir=bench_config(home / "config", n + 8),
         settings={"http_port": port, "grpc_port": grpc_port},
     )
+    memory = MemoryWatch(layout)
     platform = supervised(ctx) if layout == "processes" else run_platform(ctx)
     run = asyncio.create_task(platform, name="platform")
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
@@ -300,7 +396,9 @@ async def bench(
             http.headers["Authorization"] = f"Bearer {token}"
             warm = await submit(http, -1)
             await wait_done(db, [f"task-{warm}"], run, 60)
-            print(f"  platform up, warm-up task done; submitting {n} tasks", flush=True)
+            print("  platform up, warm-up task done", flush=True)
+            idle_running, idle_succeeded = await idle_latency(http, db, run, idle)
+            print(f"  submitting {n} tasks", flush=True)
 
             gate = asyncio.Semaphore(concurrency)
 
@@ -312,7 +410,7 @@ async def bench(
             ids = await asyncio.gather(*(one(i) for i in range(n)))
             submit_s = time.monotonic() - started
             streams = [f"task-{t}" for t in ids]
-            await wait_done(db, streams, run, max(120.0, n * 1.0))
+            await wait_done(db, streams, run, max(120.0, n * 1.0), memory=memory)
             wall_s = time.monotonic() - started
         times = await timeline(db, streams)
         await consumer_lag(db, streams)
@@ -329,7 +427,14 @@ async def bench(
     print(f"  submitted {n} over HTTP in {submit_s:.2f}s ({rate:.0f}/s, {concurrency} in flight)")
     print(f"  all succeeded {wall_s:.2f}s after the first request")
     report_breakdown(times)
-    return n / (last - first), percentile(latency, 50), percentile(latency, 99)
+    memory.report()
+    return (
+        n / (last - first),
+        percentile(latency, 50),
+        percentile(latency, 99),
+        idle_running,
+        idle_succeeded,
+    )
 
 
 def main() -> None:
@@ -337,6 +442,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="n=300")
     parser.add_argument("-n", type=int, default=1000, help="tasks (default 1000)")
     parser.add_argument("--concurrency", type=int, default=32, help="HTTP requests in flight")
+    parser.add_argument(
+        "--idle", type=int, default=None, help="tasks run one at a time first (20; --quick 10)"
+    )
     parser.add_argument(
         "--layout",
         choices=("processes", "one-process"),
@@ -354,6 +462,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     n = 300 if args.quick else args.n
+    idle = args.idle if args.idle is not None else (10 if args.quick else 20)
     home = Path(tempfile.mkdtemp(prefix="runyard-bench-e2e-home-"))
     profiler = cProfile.Profile() if args.profile else None
     try:
@@ -361,8 +470,8 @@ def main() -> None:
         with infrastructure(args.keep, pg_settings) as (server_dsn, bootstrap):
             if profiler is not None:
                 profiler.enable()
-            rate, p50, p99 = asyncio.run(
-                bench(n, args.concurrency, server_dsn, bootstrap, home, args.layout)
+            rate, p50, p99, idle_running, idle_succeeded = asyncio.run(
+                bench(n, args.concurrency, server_dsn, bootstrap, home, args.layout, idle)
             )
             if profiler is not None:
                 profiler.disable()
@@ -378,6 +487,8 @@ def main() -> None:
     print(
         f"e2e: layout={args.layout} tasks={n} tasks_per_s={rate:.1f}"
         f" submit_to_running_p50_ms={p50:.0f} submit_to_running_p99_ms={p99:.0f}"
+        f" idle_running_p50_ms={idle_running:.0f} idle_succeeded_p50_ms={idle_succeeded:.0f}"
+        " vs_slurm=na"
     )
 
 
