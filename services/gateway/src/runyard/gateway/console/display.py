@@ -140,8 +140,9 @@ def runs(
 ) -> list[dict[str, Any]]:
     """One row per run of the task, newest first: its attempts, when its first stage
     began and its last ended, what its rerun changed, and (the current run) the
-    task's status; earlier runs ended before the rerun that followed them."""
-    changes = {int(r["data"].get("run", 0)): r["data"].get("changes") or {} for r in reruns}
+    task's status; earlier runs ended before the rerun that followed them. `reruns`:
+    the `TaskRerunRequested` events' data (run, spec, the names of the fields changed)."""
+    changes = {int(r["data"].get("run", 0)): _changed(r["data"]) for r in reruns}
     rows: dict[int, dict[str, Any]] = {
         n: {"run": n, "attempts": 0, "started_at": None, "ended_at": None, "changes": {}}
         for n in range(1, current + 1)
@@ -160,6 +161,12 @@ def runs(
         row["changes"] = changes.get(n, {})
         row["status"] = status if n == current else "ended"
     return [rows[n] for n in sorted(rows, reverse=True)]
+
+
+def _changed(rerun: Mapping[str, Any]) -> dict[str, Any]:
+    """A rerun's changed fields (`changes` names them) with their new values."""
+    spec = rerun.get("spec") or {}
+    return {name: spec.get(name) for name in rerun.get("changes") or ()}
 
 
 def env_text(env: Sequence[Mapping[str, Any]]) -> tuple[str, list[str]]:
