@@ -152,3 +152,47 @@ def test_consumer_lag_is_read_from_the_metrics_text() -> None:
         'runyard_other{consumer="x"} 1\n'
     )
     assert consumer_lags(text) == [{"consumer": "scheduler", "topic": "t.tasks", "lag": 3.0}]
+
+
+def test_stack_reports_and_alerts_render_escaped() -> None:
+    from runyard.gateway.console.pages import template
+
+    report = {
+        "report_id": "r1",
+        "task_id": "t1",
+        "run": 1,
+        "attempt": 2,
+        "captured_at": "2026-01-01T00:00:00+00:00",
+        "summary": "<b>2 of 3 workers</b> wait in allreduce",
+        "odd_ones_out": [2],
+        "frames_by_worker": {"0": ["allreduce (dist.py:10)"]},
+        "functions": {"allreduce": {"threads": 2, "workers": [0, 1]}},
+    }
+    html = template(
+        "stack_report.html",
+        task={"task_id": "t1", "name": "train"},
+        report=report,
+        functions=list(report["functions"].items()),
+        frames=list(report["frames_by_worker"].items()),
+    )
+    assert "&lt;b&gt;2 of 3 workers" in html and "allreduce (dist.py:10)" in html
+    alerts = [
+        {
+            "type": "AlertDelivered",
+            "at": "t",
+            "data": {"alert": "failed", "channel": "feishu:1", "attempt": 1},
+        },
+        {
+            "type": "AlertFailed",
+            "at": "t",
+            "data": {
+                "alert": "hang",
+                "channel": "feishu:2",
+                "reason": "timed out",
+                "code": 504,
+                "retryable": True,
+            },
+        },
+    ]
+    html = template("task_alerts.html", alerts=alerts, page=50)
+    assert "delivered (attempt 1)" in html and "failed: timed out (504), retried" in html

@@ -199,11 +199,16 @@ def spec_launchable(raw: Mapping[str, Any], cap: Mapping[str, Any]) -> list[dict
     """Workers launchable now per spec: from the scheduler's view (its specs carry the
     count), else the pool's size (config only: nothing is known to be in use)."""
     specs = raw.get("specs")
+    counts = cap.get("launchable") or {}
     if isinstance(specs, list):
         return [
-            {"spec": s.get("name"), "gpus": s.get("gpus"), "launchable": s.get("launchable")}
+            {
+                "spec": s.get("name"),
+                "gpus": s.get("gpus"),
+                "launchable": s.get("launchable", counts.get(s.get("name"))),
+            }
             for s in specs
+            if isinstance(s, Mapping)
         ]
-    counts = cap.get("launchable") or {}
     gpus = specs if isinstance(specs, Mapping) else {}
     return [{"spec": k, "gpus": gpus.get(k), "launchable": v} for k, v in counts.items()]

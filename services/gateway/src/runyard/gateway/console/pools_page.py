@@ -58,8 +58,9 @@ async def pool(console: Console, request: HttpRequest, who: SignedIn) -> Respons
             "pool.not_found", f"pool {pool_id!r} does not exist", "choose a listed pool", "pool_id"
         )
     raw = info.raw
-    nodes = (raw.get("nodes") or {}).get("items") or []
-    queue = raw.get("queue") or {}
+    listing = raw.get("nodes") if isinstance(raw.get("nodes"), dict) else {}
+    nodes = listing.get("items") or []
+    queue = raw.get("queue") if isinstance(raw.get("queue"), dict) else {}
     waiting = queue.get("items") or []
     held = {o for n in nodes for o in n.get("owners") or [] if o}
     tenants = await reads.task_tenants(console.gw.db, [*held, *(t["task_id"] for t in waiting)])
@@ -77,7 +78,7 @@ async def pool(console: Console, request: HttpRequest, who: SignedIn) -> Respons
         launchable=display.spec_launchable(raw, capacity(info)),
         raw=raw,
         grid=grid,
-        nodes_total=(raw.get("nodes") or {}).get("total", len(nodes)),
+        nodes_total=listing.get("total", len(nodes)),
         queue=queue,
         places=places,
         admin=who.principal.is_platform_admin,
