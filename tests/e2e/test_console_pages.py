@@ -12,6 +12,7 @@ finds no serious violation (screenshots as in test_console.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -20,10 +21,12 @@ from typing import Any
 
 import asyncpg
 import pytest
+import yaml
 from runyard.api.auth import create_token
 from runyard.messaging import KafkaSettings, Topics, ensure_topics
 
 from tests.conftest import fresh_database
+from tests.e2e import conftest as e2e
 from tests.e2e.conftest import LAYOUT, Platform, running_platform
 from tests.e2e.test_console import (
     CHROMIUM,
@@ -34,10 +37,12 @@ from tests.e2e.test_console import (
     shot,
     signed_in,
 )
+from tests.feishu_fake import FeishuFake
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 QUICK = "echo hello from the console"
+FEISHU_BOT = "console-alerts"
 
 
 @pytest.fixture(scope="module")
@@ -49,19 +54,42 @@ async def stack(
     topics = Topics(prefix=f"t{uuid.uuid4().hex[:10]}.")
     kafka = KafkaSettings(bootstrap=kafka_bootstrap, topics=topics)
     await ensure_topics(kafka.bootstrap, kafka.topics)
-    async with fresh_database(postgres_url) as dsn:
+    feishu = FeishuFake(bots={FEISHU_BOT: None})
+    await feishu.start()
+    copy = e2e.copy_config
+
+    def with_feishu(target: Path, *, grace_s: float = 2.0) -> Path:
+        copied = copy(target, grace_s=grace_s)
+        origins = {"webhook_origins": [f"http://127.0.0.1:{feishu.port}"]}
+        (copied / "notification.yaml").write_text(yaml.safe_dump(origins))
+        return copied
+
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(feishu.stop)
+        patch = stack.enter_context(pytest.MonkeyPatch.context())
+        patch.setattr(e2e, "copy_config", with_feishu)
+        dsn = await stack.enter_async_context(fresh_database(postgres_url))
         home: Path = tmp_path_factory.mktemp("console-pages")
-        async with running_platform(dsn, kafka, home, layout=LAYOUT) as platform:
-            conn = await asyncpg.connect(dsn)
-            try:
-                tokens = {
-                    "carol": await create_token(conn, "e2e", "carol", "member"),
-                    "erin": await create_token(conn, "other", "erin", "member"),
-                    "sam": await create_token(conn, "ops", "sam", "sre"),
-                }
-            finally:
-                await conn.close()
-            yield {"platform": platform, "tokens": tokens}
+        platform = await stack.enter_async_context(
+            running_platform(
+                dsn,
+                kafka,
+                home,
+                layout=LAYOUT,
+                notification_group_window_s=0.1,
+                notification_poll_s=0.1,
+            )
+        )
+        conn = await asyncpg.connect(dsn)
+        try:
+            tokens = {
+                "carol": await create_token(conn, "e2e", "carol", "member"),
+                "erin": await create_token(conn, "other", "erin", "member"),
+                "sam": await create_token(conn, "ops", "sam", "sre"),
+            }
+        finally:
+            await conn.close()
+        yield {"platform": platform, "tokens": tokens, "feishu": feishu}
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +136,14 @@ async def test_task_page_fault_tolerance_alerts_runs_rerun_with_changes_clone_an
         creator_only=["SECRET_TOKEN"],
     )
     await platform.wait_status(task_id, "succeeded")
+    feishu: FeishuFake = stack["feishu"]
+    failing = await submit_as(
+        platform,
+        carol,
+        name="console-alerted",
+        command="exit 3",
+        alerts=[{"webhook_url": feishu.url(FEISHU_BOT), "alerts": ["failed"]}],
+    )
     base = base_url(platform)
 
     context, page = await signed_in(browser, base, carol)
@@ -152,6 +188,19 @@ async def test_task_page_fault_tolerance_alerts_runs_rerun_with_changes_clone_an
     await page.fill("#f-name", "console-clone")
     await page.click("#submit-button")
     await page.wait_for_url(lambda url: "/console/tasks/" in url and task_id not in url)
+
+    # An alert sent about a failed task: shown with its channel and result.
+    await platform.wait_status(failing, "failed")
+    for _ in range(200):
+        if any(e["type"] == "AlertDelivered" for e in await platform.events(failing)):
+            break
+        await asyncio.sleep(0.2)
+    else:
+        raise AssertionError(f"no alert delivered: {feishu.received}")
+    await page.goto(f"/console/tasks/{failing}")
+    await page.wait_for_selector('#alerts-sent tr[data-alert-type="AlertDelivered"]')
+    assert "delivered" in await page.locator("#alerts-sent").inner_text()
+    await shot(page, "task-alerts")
 
     # The trace of the task: each event under its cause.
     await page.goto(f"/console/tasks/{task_id}/trace")
