@@ -157,6 +157,8 @@ def test_consumer_lag_is_read_from_the_metrics_text() -> None:
 def test_stack_reports_and_alerts_render_escaped() -> None:
     from runyard.gateway.console.pages import template
 
+    functions = {"allreduce": {"threads": 2, "workers": [0, 1]}}
+    frames = {"0": ["allreduce (dist.py:10)"]}
     report = {
         "report_id": "r1",
         "task_id": "t1",
@@ -165,15 +167,15 @@ def test_stack_reports_and_alerts_render_escaped() -> None:
         "captured_at": "2026-01-01T00:00:00+00:00",
         "summary": "<b>2 of 3 workers</b> wait in allreduce",
         "odd_ones_out": [2],
-        "frames_by_worker": {"0": ["allreduce (dist.py:10)"]},
-        "functions": {"allreduce": {"threads": 2, "workers": [0, 1]}},
+        "frames_by_worker": frames,
+        "functions": functions,
     }
     html = template(
         "stack_report.html",
         task={"task_id": "t1", "name": "train"},
         report=report,
-        functions=list(report["functions"].items()),
-        frames=list(report["frames_by_worker"].items()),
+        functions=list(functions.items()),
+        frames=list(frames.items()),
     )
     assert "&lt;b&gt;2 of 3 workers" in html and "allreduce (dist.py:10)" in html
     alerts = [

@@ -15,6 +15,7 @@ other role before anything is sent.
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import quote
 
 from fastapi import Request as HttpRequest
@@ -58,9 +59,9 @@ async def pool(console: Console, request: HttpRequest, who: SignedIn) -> Respons
             "pool.not_found", f"pool {pool_id!r} does not exist", "choose a listed pool", "pool_id"
         )
     raw = info.raw
-    listing = raw.get("nodes") if isinstance(raw.get("nodes"), dict) else {}
+    listing = _mapping(raw.get("nodes"))
     nodes = listing.get("items") or []
-    queue = raw.get("queue") if isinstance(raw.get("queue"), dict) else {}
+    queue = _mapping(raw.get("queue"))
     waiting = queue.get("items") or []
     held = {o for n in nodes for o in n.get("owners") or [] if o}
     tenants = await reads.task_tenants(console.gw.db, [*held, *(t["task_id"] for t in waiting)])
@@ -119,6 +120,11 @@ def _node_action(request: HttpRequest, who: SignedIn) -> tuple[str, str, str]:
             "action",
         )
     return request.path_params["pool_id"], request.path_params["node"], action
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    """A part of the pool's view that is an object (the config's shapes differ)."""
+    return value if isinstance(value, dict) else {}
 
 
 PAGES = (
