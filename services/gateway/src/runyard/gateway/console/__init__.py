@@ -61,8 +61,10 @@ class ConsoleHeaders:
 
 
 def install_console(app: FastAPI, gateway: Gateway, owners: Owners) -> Console:
-    """Mount the console on the gateway's app; answers it (its sessions, for tests)."""
+    """Mount the console on the gateway's app; answers it (its sessions, for tests).
+    It is also `app.state.console`: close it when the gateway stops serving."""
     console = Console(gateway, owners, Sessions())
+    app.state.console = console
     app.mount(PREFIX + "/static", StaticFiles(directory=STATIC), name="console-static")
     more = (*task_pages.PAGES, *lint.PAGES, *pools_page.PAGES, *sre.PAGES, *live.PAGES)
     app.include_router(console_router(console, more))

@@ -7,7 +7,8 @@ the page as the list does (one keyset query on the task list) and sends
 - `event: row`, a `<tr>`, for each row whose values changed (same rows, same order);
 - `event: rows`, the page's rows, when rows came, went or moved;
 - a comment every `HEARTBEAT_S` when nothing changed (proxies keep it open);
-- `event: end` when the session ended (signed out, expired, token revoked).
+- `event: end` when the session ended (signed out, expired, token revoked) or
+  the gateway stops (it waits for open answers: `Console.close` ends them).
 
 A stream lasts `MAX_S` at most; the browser reconnects by itself. While the
 stream is not open (no `EventSource`, a proxy that buffers, a reconnect) the
@@ -32,7 +33,7 @@ from runyard.gateway.console.pages import PAGE_SIZE, Console, SignedIn, list_que
 TICK_S = 1.0
 HEARTBEAT_S = 15.0
 #: How long one stream lasts; the browser reconnects (its session checked again).
-MAX_S = 600.0
+MAX_S = 300.0
 #: Ticks between authentications of the session's token (a revoked token ends it).
 AUTH_EVERY = 10
 
@@ -75,7 +76,18 @@ async def _changes(
             yield ": still here\n\n"
         shown, order = keys, ids
         tick += 1
-        await asyncio.sleep(TICK_S)
+        if await _closing(console):
+            yield _event("end", "")
+            return
+
+
+async def _closing(console: Console) -> bool:
+    """Wait a tick; True when the gateway is stopping meanwhile."""
+    try:
+        await asyncio.wait_for(console.closing.wait(), TICK_S)
+    except TimeoutError:
+        return False
+    return True
 
 
 async def _still_signed_in(console: Console, who: SignedIn, tick: int) -> bool:

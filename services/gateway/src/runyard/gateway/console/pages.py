@@ -15,6 +15,7 @@ are what htmx polls to keep a page live without reloading it.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -96,6 +97,12 @@ class Console:
         self.gw = gateway
         self.owners = owners
         self.sessions = sessions
+        #: Set when the gateway stops: live streams end at once (the server waits for them).
+        self.closing = asyncio.Event()
+
+    def close(self) -> None:
+        """End the live streams (called when the gateway stops serving)."""
+        self.closing.set()
 
     # --- sessions -------------------------------------------------------------
 

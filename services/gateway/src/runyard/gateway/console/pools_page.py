@@ -21,9 +21,10 @@ from urllib.parse import quote
 from fastapi import Request as HttpRequest
 from fastapi.responses import RedirectResponse, Response
 from runyard.api.errors import NotFound
+from runyard.contracts.resources import pool_view_of
 from runyard.gateway.console import display, reads
 from runyard.gateway.console.pages import PREFIX, Console, SignedIn, render
-from runyard.gateway.pools import capacity, describe, load_pools
+from runyard.gateway.pools import PoolInfo, capacity, describe, load_pools
 
 #: Node actions: path word -> what the confirmation asks and the button says.
 NODE_ACTIONS = {
@@ -53,7 +54,7 @@ async def pools(console: Console, request: HttpRequest, who: SignedIn) -> Respon
 async def pool(console: Console, request: HttpRequest, who: SignedIn) -> Response:
     """One pool: its node grid, its specs' launchable counts, its queue."""
     pool_id = request.path_params["pool_id"]
-    info = (await load_pools(console.gw.db, console.gw.config_dir)).get(pool_id)
+    info = await _pool(console, pool_id)
     if info is None:
         raise NotFound(
             "pool.not_found", f"pool {pool_id!r} does not exist", "choose a listed pool", "pool_id"
@@ -120,6 +121,15 @@ def _node_action(request: HttpRequest, who: SignedIn) -> tuple[str, str, str]:
             "action",
         )
     return request.path_params["pool_id"], request.path_params["node"], action
+
+
+async def _pool(console: Console, pool_id: str) -> PoolInfo | None:
+    """The pool from its one view row; before the scheduler wrote any, from the config."""
+    raw = await reads.pool_view(console.gw.db, pool_id)
+    view = pool_view_of({"id": pool_id, **raw}) if raw is not None else None
+    if raw is not None and view is not None:
+        return PoolInfo(view, "scheduler", raw)
+    return (await load_pools(console.gw.db, console.gw.config_dir)).get(pool_id)
 
 
 def _mapping(value: Any) -> dict[str, Any]:

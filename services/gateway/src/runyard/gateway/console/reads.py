@@ -6,7 +6,8 @@
   (the SRE event tail), filtered by type (`events_type_idx`) or task (the
   stream key), never read whole;
 - `task_tenants`: the tenant of each of a few tasks (from the task list), so a
-  page about pools shows a task's id only to those who may read it.
+  page about pools shows a task's id only to those who may read it;
+- `pool_view`: one pool's view as the scheduler last wrote it (one row).
 
 Payloads are not read by the tail (a spec's values stay in the task's own
 pages, masked there); alert and rerun rows take the few fields they show.
@@ -115,3 +116,14 @@ async def task_tenants(db: asyncpg.Pool, task_ids: Sequence[str]) -> dict[str, s
 
 def _json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
+
+
+async def pool_view(db: asyncpg.Pool, pool_id: str) -> dict[str, Any] | None:
+    """The scheduler's view of one pool (`scheduler_pool_views`, the same document the
+    gateway's pool routes read), or None when it has written none (yet)."""
+    exists = await db.fetchval("SELECT to_regclass('scheduler_pool_views') IS NOT NULL")
+    if not exists:
+        return None
+    view = await db.fetchval("SELECT view FROM scheduler_pool_views WHERE pool_id = $1", pool_id)
+    found = _json(view) if view is not None else None
+    return found if isinstance(found, dict) else None
