@@ -287,6 +287,19 @@ async def test_pools_show_nodes_queue_and_only_admins_act_on_nodes(
         raise AssertionError("the waiting task is not in the queue shown")
     assert await page.locator(f'#queue tr[data-task-id="{waiting}"] td').last.inner_text()
     await shot(page, "pool")
+    # Marking a node faulty asks for the reason, shown on the node.
+    await page.click(f'li[data-node="{nodes[1]}"] a.fault')
+    await page.fill("#fault-reason", "ECC errors on GPU 3")
+    await page.click("#confirm-node-action")
+    await page.wait_for_url("**/console/pools/dev-a100")
+    for _ in range(100):
+        if await page.locator(f'li[data-node="{nodes[1]}"][data-health="faulty"]').count():
+            break
+        await asyncio.sleep(0.3)
+        await page.reload()
+    else:
+        raise AssertionError("the node was not shown faulty")
+    assert "ECC errors" in await page.locator(f'li[data-node="{nodes[1]}"]').inner_text()
     await context.close()
 
     # A member sees the pool but may not act on nodes (403, nothing sent).
@@ -311,9 +324,11 @@ async def test_pools_show_nodes_queue_and_only_admins_act_on_nodes(
     assert "another tenant's task" in await page.locator("#queue").inner_text()
     await context.close()
 
+    answer = await platform.http.post(f"/v1/admin/pools/dev-a100/nodes/{nodes[1]}/heal")
+    assert answer.status_code == 200, answer.text
     for node in nodes:
         answer = await platform.http.post(f"/v1/admin/pools/dev-a100/nodes/{node}/uncordon")
-        assert answer.status_code == 200, answer.text
+        assert answer.status_code in (200, 409), answer.text
     for task in (running, waiting):
         await platform.http.post(f"/v1/tasks/{task}/stop", headers=bearer(carol))
 
@@ -367,9 +382,9 @@ async def test_task_list_is_live_by_server_sent_events_and_polls_without_them(
     base = base_url(platform)
 
     context, page = await signed_in(browser, base, carol)
-    polls: list[str] = []
-    page.on("request", lambda r: polls.append(r.url) if "/console/tasks/rows" in r.url else None)
     await page.wait_for_selector('#task-rows[data-live="sse"]', timeout=WAIT_MS)
+    polls: list[str] = []  # from now on: the stream is open
+    page.on("request", lambda r: polls.append(r.url) if "/console/tasks/rows" in r.url else None)
     await page.evaluate("window.runyardNotReloaded = true")
     task_id = await submit_as(platform, carol, name="streamed", command="sleep 2; echo done")
     row = f'tr[data-task-id="{task_id}"]'
