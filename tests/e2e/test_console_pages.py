@@ -49,8 +49,9 @@ FEISHU_BOT = "console-alerts"
 async def stack(
     postgres_url: str, kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[dict[str, Any]]:
-    """One platform for the module, and tokens: `e2e` member carol, `other` member erin,
-    `ops` sre sam (the platform's own token is tenant e2e's platform admin)."""
+    """One platform for the module (restarts after at most 0.5 s, alerts allowed to a fake
+    Feishu bot), and tokens: `e2e` member carol, `other` member erin, `ops` sre sam (the
+    platform's own token is tenant e2e's platform admin)."""
     topics = Topics(prefix=f"t{uuid.uuid4().hex[:10]}.")
     kafka = KafkaSettings(bootstrap=kafka_bootstrap, topics=topics)
     await ensure_topics(kafka.bootstrap, kafka.topics)
@@ -58,8 +59,11 @@ async def stack(
     await feishu.start()
     copy = e2e.copy_config
 
-    def with_feishu(target: Path, *, grace_s: float = 2.0) -> Path:
+    def fast_restarts_and_feishu(target: Path, *, grace_s: float = 2.0) -> Path:
         copied = copy(target, grace_s=grace_s)
+        runtime = yaml.safe_load((copied / "runtime.yaml").read_text())
+        runtime["deployer"] = {**(runtime.get("deployer") or {}), "max_restart_delay_s": 0.5}
+        (copied / "runtime.yaml").write_text(yaml.safe_dump(runtime))
         origins = {"webhook_origins": [f"http://127.0.0.1:{feishu.port}"]}
         (copied / "notification.yaml").write_text(yaml.safe_dump(origins))
         return copied
@@ -67,7 +71,7 @@ async def stack(
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(feishu.stop)
         patch = stack.enter_context(pytest.MonkeyPatch.context())
-        patch.setattr(e2e, "copy_config", with_feishu)
+        patch.setattr(e2e, "copy_config", fast_restarts_and_feishu)
         dsn = await stack.enter_async_context(fresh_database(postgres_url))
         home: Path = tmp_path_factory.mktemp("console-pages")
         platform = await stack.enter_async_context(
@@ -143,6 +147,7 @@ async def test_task_page_fault_tolerance_alerts_runs_rerun_with_changes_clone_an
         name="console-alerted",
         command="exit 3",
         alerts=[{"webhook_url": feishu.url(FEISHU_BOT), "alerts": ["failed"]}],
+        fault_tolerance={"auto_restart": True, "max_restarts": 1},
     )
     base = base_url(platform)
 
@@ -189,7 +194,8 @@ async def test_task_page_fault_tolerance_alerts_runs_rerun_with_changes_clone_an
     await page.click("#submit-button")
     await page.wait_for_url(lambda url: "/console/tasks/" in url and task_id not in url)
 
-    # An alert sent about a failed task: shown with its channel and result.
+    # A task restarted once, then failed: its fault-tolerance log, and the alert sent
+    # about it with its channel and result.
     await platform.wait_status(failing, "failed")
     for _ in range(200):
         if any(e["type"] == "AlertDelivered" for e in await platform.events(failing)):
@@ -199,6 +205,7 @@ async def test_task_page_fault_tolerance_alerts_runs_rerun_with_changes_clone_an
         raise AssertionError(f"no alert delivered: {feishu.received}")
     await page.goto(f"/console/tasks/{failing}")
     await page.wait_for_selector('#alerts-sent tr[data-alert-type="AlertDelivered"]')
+    await page.wait_for_selector("#ft-log >> text=Restart 1 scheduled after failure")
     assert "delivered" in await page.locator("#alerts-sent").inner_text()
     await shot(page, "task-alerts")
 
