@@ -11,6 +11,11 @@ Changes are POSTs of a form carrying the session's CSRF token (or the
 `X-CSRF-Token` header htmx sends); a POST without it, or with another, is a 403
 before anything is done. Fragments (`.../rows`, `.../summary`, `.../lines`)
 are what htmx polls to keep a page live without reloading it.
+
+The further pages live in modules of their own (`task_pages`, `lint`,
+`pools_page`, `sre`, `live`), each a `PAGES` tuple of functions of the
+`Console`, routed by `console_router` as these are (signed in, refusals as
+error pages).
 """
 
 from __future__ import annotations

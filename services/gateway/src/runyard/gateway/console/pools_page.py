@@ -42,9 +42,9 @@ async def pools(console: Console, request: HttpRequest, who: SignedIn) -> Respon
         {
             **describe(info),
             "launchable": display.spec_launchable(info.raw, capacity(info)),
-            "health": info.raw.get("health"),
-            "waiting": (info.raw.get("queue") or {}).get("waiting"),
-            "free_gpus": (info.raw.get("capacity") or {}).get("free_gpus"),
+            "health": _mapping(info.raw.get("health")) or None,
+            "waiting": _mapping(info.raw.get("queue")).get("waiting"),
+            "free_gpus": _mapping(info.raw.get("capacity")).get("free_gpus"),
         }
         for info in found.values()
     ]
