@@ -362,6 +362,14 @@ async def test_sre_pages_tail_events_live_show_health_and_refuse_members(
     )
     assert set(types) == {"TaskSubmitted"}
     await shot(page, "sre-events")
+    # Older pages by position: not live, each event older than the page before.
+    await page.goto("/console/sre/events?limit=5")
+    newest = await page.locator("#tail-rows tr[data-position]").last.get_attribute("data-position")
+    await page.click("a[rel=next]")
+    await page.wait_for_url(re.compile(r".*before=.*"))
+    older = await page.locator("#tail-rows tr[data-position]").first.get_attribute("data-position")
+    assert int(older) < int(newest)
+    assert await page.locator("#tail-rows").get_attribute("hx-get") is None
     await page.goto(f"/console/sre/events?task={task_id}")
     streams = await page.locator("#tail-rows tr[data-type] td:nth-child(4)").all_inner_texts()
     assert streams and all(f"task-{task_id}" in s for s in streams)

@@ -2,8 +2,9 @@
 
 - `/sre/events`: the event log's newest events, live (the rows are redrawn
   every 2 s: one indexed query for the newest page), filtered by event type
-  and by task; older pages by position. Types, streams, actors and ids only:
-  payloads stay on the tasks' own pages, masked there;
+  and by task; older pages by position (`limit` a page, 50 by default).
+  Types, streams, actors and ids only: payloads stay on the tasks' own pages,
+  masked there;
 - `/sre/health`: every service the gateway knows an address of (the same
   `endpoints` it routes to), asked for `/readyz` and `/metrics` now: ready or
   what it waits for, and the consumers' lag (`runyard_consumer_lag`); a service
@@ -28,6 +29,8 @@ from runyard.gateway.console.pages import PREFIX, Console, SignedIn, render
 from runyard.gateway.proxy import why
 from runyard.gateway.trace import TraceApi
 
+#: Events a page of the tail may show (`?limit=`; 50 by default).
+MAX_TAIL = 200
 #: Seconds a service has to answer /readyz or /metrics before it is shown as not answering.
 HEALTH_TIMEOUT_S = 2.0
 _LAG = re.compile(r"^runyard_consumer_lag\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)", re.MULTILINE)
@@ -55,18 +58,23 @@ async def _tail(console: Console, request: HttpRequest) -> dict[str, Any]:
     q = request.query_params
     event_type = q.get("type", "").strip() or None
     task = q.get("task", "").strip() or None
-    before_text = q.get("before", "")
+    before_text, limit_text = q.get("before", ""), q.get("limit", "")
     before = int(before_text) if before_text.isdigit() else None
+    limit = min(int(limit_text), MAX_TAIL) if limit_text.isdigit() else reads.TAIL_PAGE
+    limit = max(limit, 1)
     rows = await reads.event_tail(
         console.gw.db,
         event_type=event_type,
         stream_id=f"task-{task}" if task else None,
         before=before,
+        limit=limit,
     )
     filters = {k: v for k, v in (("type", event_type), ("task", task)) if v}
+    if limit != reads.TAIL_PAGE:
+        filters["limit"] = str(limit)
     query = urlencode(filters)
     older = None
-    if len(rows) == reads.TAIL_PAGE:
+    if len(rows) == limit:
         older = f"{PREFIX}/sre/events?{urlencode({**filters, 'before': rows[-1]['position']})}"
     return {
         "rows": rows,
