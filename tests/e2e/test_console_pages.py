@@ -331,13 +331,21 @@ async def test_pools_show_nodes_queue_and_only_admins_act_on_nodes(
     assert "another tenant's task" in await page.locator("#queue").inner_text()
     await context.close()
 
+    # The pool as it was, for the other tests.
+    for task in (running, waiting):
+        await platform.http.post(f"/v1/tasks/{task}/stop", headers=bearer(carol))
     answer = await platform.http.post(f"/v1/admin/pools/dev-a100/nodes/{nodes[1]}/heal")
     assert answer.status_code == 200, answer.text
     for node in nodes:
         answer = await platform.http.post(f"/v1/admin/pools/dev-a100/nodes/{node}/uncordon")
         assert answer.status_code in (200, 409), answer.text
-    for task in (running, waiting):
-        await platform.http.post(f"/v1/tasks/{task}/stop", headers=bearer(carol))
+    for _ in range(100):
+        capacity = (await platform.http.get("/v1/pools/dev-a100/capacity")).json()
+        if capacity.get("schedulable_nodes") == len(nodes):
+            break
+        await asyncio.sleep(0.2)
+    else:
+        raise AssertionError(f"the pool did not come back: {capacity}")
 
 
 async def test_sre_pages_tail_events_live_show_health_and_refuse_members(
@@ -404,7 +412,8 @@ async def test_task_list_is_live_by_server_sent_events_and_polls_without_them(
     task_id = await submit_as(platform, carol, name="streamed", command="sleep 2; echo done")
     row = f'tr[data-task-id="{task_id}"]'
     await page.wait_for_selector(row, timeout=WAIT_MS)
-    await page.wait_for_selector(f'{row} [data-status="succeeded"]', timeout=WAIT_MS)
+    await platform.wait_status(task_id, "succeeded", within=WAIT_MS / 1000)
+    await page.wait_for_selector(f'{row} [data-status="succeeded"]', timeout=10_000)
     assert await page.evaluate("window.runyardNotReloaded") is True
     assert polls == []  # the stream kept it live, no polling
     await shot(page, "tasks-live")

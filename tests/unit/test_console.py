@@ -198,3 +198,15 @@ def test_stack_reports_and_alerts_render_escaped() -> None:
     ]
     html = template("task_alerts.html", alerts=alerts, page=50)
     assert "delivered (attempt 1)" in html and "failed: timed out (504), retried" in html
+
+
+def test_server_sent_rows_are_one_data_line_per_html_line_and_ignore_age() -> None:
+    from runyard.gateway.console import live
+
+    assert live._event("rows", "<tr>\n<td>a</td></tr>") == (
+        "event: rows\ndata: <tr>\ndata: <td>a</td></tr>\n\n"
+    )
+    assert live._event("end", "") == "event: end\ndata: \n\n"
+    row = {"task_id": "t", "status": "running", "age": "3 s"}
+    assert live._key(row) == live._key({**row, "age": "4 s"})
+    assert live._key(row) != live._key({**row, "status": "succeeded"})
