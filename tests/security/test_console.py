@@ -99,7 +99,19 @@ async def test_changes_need_the_sessions_csrf_token_and_the_consoles_origin(api:
 async def test_another_tenant_gets_404_from_every_page_and_fragment(api: Api) -> None:
     task_id = await created_task(api)
     async with sign_in(api, "carol") as client:  # tenant t2
-        for suffix in ("", "/summary", "/summary?version=1", "/events", "/logs", "/logs/lines"):
+        for suffix in (
+            "",
+            "/summary",
+            "/summary?version=1",
+            "/events",
+            "/logs",
+            "/logs/lines",
+            "/fault-tolerance",
+            "/stacks/any",
+            "/alerts",
+            "/rerun-with-changes",
+            "/trace",
+        ):
             answer = await client.get(f"/console/tasks/{task_id}{suffix}")
             assert answer.status_code == 404, (suffix, answer.text)
         rows = await client.get("/console/tasks/rows")
@@ -107,6 +119,16 @@ async def test_another_tenant_gets_404_from_every_page_and_fragment(api: Api) ->
         csrf = await csrf_of(client)
         rerun = await client.post(f"/console/tasks/{task_id}/rerun", data={"csrf": csrf})
         assert rerun.status_code == 404
+        changed = f"/console/tasks/{task_id}/rerun-with-changes"
+        assert (await client.post(changed, data={"command": "x"})).status_code == 403
+        assert (await client.post(changed, data={"csrf": csrf, "command": "x"})).status_code == 404
+        assert (await client.get(f"/console/submit?clone={task_id}")).status_code == 404
+        # SRE pages and node actions are for their roles only.
+        for path in ("/console/sre/events", "/console/sre/events/rows", "/console/sre/health"):
+            assert (await client.get(path)).status_code == 403, path
+        cordon = "/console/pools/any/nodes/n-0/cordon"
+        assert (await client.get(cordon)).status_code == 403
+        assert (await client.post(cordon, data={"csrf": csrf})).status_code == 403
         export = f"/console/tasks/{task_id}/logs/export"
         assert (await client.post(export)).status_code == 403  # no CSRF token
         assert (await client.post(export, data={"csrf": csrf})).status_code == 404
@@ -130,6 +152,11 @@ async def test_a_creator_only_value_submitted_in_the_form_is_masked_for_all_but_
         assert ("******" in spec) is not shown, who
         assert SECRET not in page.replace(spec, ""), who
         assert SECRET not in events
+    # The clone's form leaves the value out, for its creator too.
+    async with sign_in(api, "alice") as client:
+        clone = await client.get(f"/console/submit?clone={task_id}")
+    assert clone.status_code == 200 and "OTHER=1" in clone.text
+    assert SECRET not in clone.text and "KEY" in clone.text
 
 
 async def test_submit_form_shows_the_rules_code_field_and_hint(api: Api) -> None:

@@ -87,3 +87,126 @@ def test_log_lines_are_escaped_and_matches_marked() -> None:
     assert str(display.marked("EPOCH 12 done", regex)) == "<mark>EPOCH 12</mark> done"
     assert display.search_pattern("regex", "(unclosed") is None
     assert str(display.marked("<i>", None)) == "&lt;i&gt;"
+
+
+def _run_stage(run: int, attempt: int, start: str, end: str | None) -> dict[str, object]:
+    return {"run": run, "attempt": attempt, "started_at": start, "finished_at": end}
+
+
+def test_runs_newest_first_with_attempts_times_and_the_rerun_changes() -> None:
+    stages = [
+        _run_stage(1, 1, "2026-01-01T00:00:00+00:00", "2026-01-01T00:01:00+00:00"),
+        _run_stage(1, 2, "2026-01-01T00:02:00+00:00", "2026-01-01T00:03:00+00:00"),
+        _run_stage(2, 1, "2026-01-01T01:00:00+00:00", None),
+    ]
+    reruns = [{"data": {"run": 2, "changes": ["command"], "spec": {"command": "echo again"}}}]
+    rows = display.runs(stages, reruns, current=3, status="queued")
+    assert [r["run"] for r in rows] == [3, 2, 1]
+    assert rows[0] == {
+        "run": 3,
+        "attempts": 0,
+        "started_at": None,
+        "ended_at": None,
+        "changes": {},
+        "status": "queued",
+    }
+    assert rows[1]["changes"] == {"command": "echo again"} and rows[1]["ended_at"] is None
+    assert rows[2]["attempts"] == 2 and rows[2]["ended_at"] == "2026-01-01T00:03:00+00:00"
+    assert rows[2]["status"] == "ended"
+
+
+def test_a_clone_form_leaves_creator_only_values_out() -> None:
+    env = [
+        {"name": "PLAIN", "value": "1", "creator_only": False},
+        {"name": "TOKEN", "value": "hunter2", "creator_only": True},
+    ]
+    assert display.env_text(env) == ("PLAIN=1", ["TOKEN"])
+
+
+def test_a_node_of_the_grid_names_only_readable_tasks() -> None:
+    node = {"node": "n-0", "health": "healthy", "gpus": 3, "free": 1, "owners": ["a", "b", None]}
+    cell = display.node_cell(node, lambda task: task == "a")
+    assert [(g["used"], g["task_id"]) for g in cell["gpus"]] == [
+        (True, "a"),
+        (True, None),
+        (False, None),
+    ]
+    assert cell["free"] == 1 and cell["total"] == 3
+
+
+def test_rerun_changes_are_the_fields_changed_only() -> None:
+    from runyard.gateway.console.task_pages import rerun_changes
+
+    spec = {"command": "echo a", "image": "bash-only", "worker_spec": "1gpu", "worker_count": 1}
+    form = {"command": "echo b", "image": "bash-only", "worker_spec": "1gpu", "worker_count": "2"}
+    assert rerun_changes(spec, form) == {"command": "echo b", "worker_count": 2}
+    assert rerun_changes(spec, {"command": "echo a", "worker_count": "1"}) == {}
+
+
+def test_consumer_lag_is_read_from_the_metrics_text() -> None:
+    from runyard.gateway.console.sre import consumer_lags
+
+    text = (
+        "# TYPE runyard_consumer_lag gauge\n"
+        'runyard_consumer_lag{consumer="scheduler",topic="t.tasks"} 3.0\n'
+        'runyard_other{consumer="x"} 1\n'
+    )
+    assert consumer_lags(text) == [{"consumer": "scheduler", "topic": "t.tasks", "lag": 3.0}]
+
+
+def test_stack_reports_and_alerts_render_escaped() -> None:
+    from runyard.gateway.console.pages import template
+
+    functions = {"allreduce": {"threads": 2, "workers": [0, 1]}}
+    frames = {"0": ["allreduce (dist.py:10)"]}
+    report = {
+        "report_id": "r1",
+        "task_id": "t1",
+        "run": 1,
+        "attempt": 2,
+        "captured_at": "2026-01-01T00:00:00+00:00",
+        "summary": "<b>2 of 3 workers</b> wait in allreduce",
+        "odd_ones_out": [2],
+        "frames_by_worker": frames,
+        "functions": functions,
+    }
+    html = template(
+        "stack_report.html",
+        task={"task_id": "t1", "name": "train"},
+        report=report,
+        functions=list(functions.items()),
+        frames=list(frames.items()),
+    )
+    assert "&lt;b&gt;2 of 3 workers" in html and "allreduce (dist.py:10)" in html
+    alerts = [
+        {
+            "type": "AlertDelivered",
+            "at": "t",
+            "data": {"alert": "failed", "channel": "feishu:1", "attempt": 1},
+        },
+        {
+            "type": "AlertFailed",
+            "at": "t",
+            "data": {
+                "alert": "hang",
+                "channel": "feishu:2",
+                "reason": "timed out",
+                "code": 504,
+                "retryable": True,
+            },
+        },
+    ]
+    html = template("task_alerts.html", alerts=alerts, page=50)
+    assert "delivered (attempt 1)" in html and "failed: timed out (504), retried" in html
+
+
+def test_server_sent_rows_are_one_data_line_per_html_line_and_ignore_age() -> None:
+    from runyard.gateway.console import live
+
+    assert live._event("rows", "<tr>\n<td>a</td></tr>") == (
+        "event: rows\ndata: <tr>\ndata: <td>a</td></tr>\n\n"
+    )
+    assert live._event("end", "") == "event: end\ndata: \n\n"
+    row = {"task_id": "t", "status": "running", "age": "3 s"}
+    assert live._key(row) == live._key({**row, "age": "4 s"})
+    assert live._key(row) != live._key({**row, "status": "succeeded"})

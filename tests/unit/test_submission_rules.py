@@ -16,13 +16,13 @@ from runyard.contracts.spec import (
     VolumeMount,
     mask_spec,
 )
+from runyard.domain.launch_command import command_warnings
 from runyard.submission.changes import (
     check_group,
     clone_spec,
     expand_group,
     rerun_with_changes,
 )
-from runyard.submission.command import command_warnings
 from runyard.submission.env import check_env, parse_env
 from runyard.submission.errors import (
     ChangeError,

@@ -30,8 +30,9 @@ async def run(ctx: ServiceContext) -> None:
         ctx.dsn, ctx.config_dir, ctx.mapper, submission=submission, endpoints=ctx.endpoints
     )
     owners = Owners(ctx.endpoints)  # the services whose routes the gateway routes to them
+    app = create_app(gateway, owners)
     config = uvicorn.Config(
-        create_app(gateway, owners),
+        app,
         host=ctx.settings.get("http_host", "127.0.0.1"),
         port=int(ctx.settings.get("http_port", 8080)),
         log_level=ctx.settings.get("log_level", "warning"),
@@ -49,7 +50,9 @@ async def run(ctx: ServiceContext) -> None:
     try:
         await asyncio.shield(serving)
     finally:
-        # Let uvicorn shut down cleanly (close its sockets) instead of cancelling it mid-serve.
+        # Let uvicorn shut down cleanly (close its sockets) instead of cancelling it mid-serve;
+        # it waits for open answers, so the console's live streams end first.
+        app.state.console.close()
         server.should_exit = True
         await asyncio.gather(serving, return_exceptions=True)
         await grpc_server.stop(grace=1)

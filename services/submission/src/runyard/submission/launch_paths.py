@@ -34,7 +34,7 @@ from collections.abc import Iterator
 
 from runyard.contracts.resources import PUBLIC_DATA_PATH
 from runyard.contracts.spec import TaskSpec, VolumeMount
-from runyard.submission.command import program, split_command
+from runyard.domain.launch_command import program, split_command
 from runyard.submission.warnings import SubmissionWarning, WarningCode
 
 #: Folders whose content belongs to one machine or user: a worker has its own, or none.

@@ -7,7 +7,7 @@ clock: the catalogue and the pool (from the scheduler's read model) are
 passed in. Reruns, clones and task groups (R-16, R-17) are in
 `runyard.submission.changes`; environment variables (R-12) in
 `runyard.submission.env`; storage (R-13) in `runyard.submission.storage`;
-launch command warnings (R-14) in `runyard.submission.command`.
+launch command warnings (R-14) in `runyard.domain.launch_command`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 import re2
 from runyard.contracts.resources import TRAINING_SERVICE, Catalogue, PoolView
 from runyard.contracts.spec import TaskSpec
-from runyard.submission.command import command_warnings
+from runyard.domain.launch_command import command_warnings
 from runyard.submission.env import check_env
 from runyard.submission.errors import ErrorCode, ImageError, RdmaError, SpecError
 from runyard.submission.launch_paths import launch_path_warnings

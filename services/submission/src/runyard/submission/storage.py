@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 from runyard.contracts.resources import PUBLIC_DATA_PATH, Catalogue, PoolView
 from runyard.contracts.spec import EnvVar, TaskSpec, VolumeMount
-from runyard.submission.command import MAX_WARNINGS_PER_CHECK
+from runyard.domain.launch_command import MAX_WARNINGS_PER_CHECK
 from runyard.submission.errors import ErrorCode, StorageError
 from runyard.submission.warnings import SubmissionWarning, WarningCode
 

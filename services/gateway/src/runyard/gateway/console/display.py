@@ -9,7 +9,7 @@ never HTML).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -130,3 +130,85 @@ def marked(line: str, pattern: Any) -> Markup:
         at = match.end()
     out.append(escape(line[at:]))
     return Markup("").join(out)
+
+
+def runs(
+    stages: Sequence[Mapping[str, Any]],
+    reruns: Sequence[Mapping[str, Any]],
+    current: int,
+    status: str,
+) -> list[dict[str, Any]]:
+    """One row per run of the task, newest first: its attempts, when its first stage
+    began and its last ended, what its rerun changed, and (the current run) the
+    task's status; earlier runs ended before the rerun that followed them. `reruns`:
+    the `TaskRerunRequested` events' data (run, spec, the names of the fields changed)."""
+    changes = {int(r["data"].get("run", 0)): _changed(r["data"]) for r in reruns}
+    rows: dict[int, dict[str, Any]] = {
+        n: {"run": n, "attempts": 0, "started_at": None, "ended_at": None, "changes": {}}
+        for n in range(1, current + 1)
+    }
+    for stage in stages:
+        row = rows.setdefault(
+            stage["run"],
+            {"run": stage["run"], "attempts": 0, "started_at": None, "ended_at": None},
+        )
+        row["attempts"] = max(row["attempts"], stage["attempt"])
+        if row["started_at"] is None or stage["started_at"] < row["started_at"]:
+            row["started_at"] = stage["started_at"]
+        if stage["finished_at"] and (row["ended_at"] or "") < stage["finished_at"]:
+            row["ended_at"] = stage["finished_at"]
+    for n, row in rows.items():
+        row["changes"] = changes.get(n, {})
+        row["status"] = status if n == current else "ended"
+    return [rows[n] for n in sorted(rows, reverse=True)]
+
+
+def _changed(rerun: Mapping[str, Any]) -> dict[str, Any]:
+    """A rerun's changed fields (`changes` names them) with their new values."""
+    spec = rerun.get("spec") or {}
+    return {name: spec.get(name) for name in rerun.get("changes") or ()}
+
+
+def env_text(env: Sequence[Mapping[str, Any]]) -> tuple[str, list[str]]:
+    """The submit form's `A=x;B=y` of a spec's variables, creator-only ones left out,
+    and the names of those left out (their values are asked for again)."""
+    shown = [f"{v['name']}={v.get('value') or ''}" for v in env if not v.get("creator_only")]
+    hidden = [str(v["name"]) for v in env if v.get("creator_only")]
+    return ";".join(shown), hidden
+
+
+def node_cell(node: Mapping[str, Any], readable: Callable[[str | None], bool]) -> dict[str, Any]:
+    """A node of the pool grid: its health and one cell per GPU, free or held; a held
+    GPU names its task only when `readable(task)` (else: another tenant's)."""
+    owners = list(node.get("owners") or [None] * int(node.get("gpus") or 0))
+    gpus = [
+        {"index": i, "task_id": owner if readable(owner) else None, "used": owner is not None}
+        for i, owner in enumerate(owners)
+    ]
+    return {
+        "node": node["node"],
+        "health": node.get("health", "healthy"),
+        "fault": node.get("fault"),
+        "free": node.get("free", sum(1 for g in gpus if not g["used"])),
+        "total": len(gpus),
+        "gpus": gpus,
+    }
+
+
+def spec_launchable(raw: Mapping[str, Any], cap: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Workers launchable now per spec: from the scheduler's view (its specs carry the
+    count), else the pool's size (config only: nothing is known to be in use)."""
+    specs = raw.get("specs")
+    counts = cap.get("launchable") or {}
+    if isinstance(specs, list):
+        return [
+            {
+                "spec": s.get("name"),
+                "gpus": s.get("gpus"),
+                "launchable": s.get("launchable", counts.get(s.get("name"))),
+            }
+            for s in specs
+            if isinstance(s, Mapping)
+        ]
+    gpus = specs if isinstance(specs, Mapping) else {}
+    return [{"spec": k, "gpus": gpus.get(k), "launchable": v} for k, v in counts.items()]

@@ -11,12 +11,19 @@ Changes are POSTs of a form carrying the session's CSRF token (or the
 `X-CSRF-Token` header htmx sends); a POST without it, or with another, is a 403
 before anything is done. Fragments (`.../rows`, `.../summary`, `.../lines`)
 are what htmx polls to keep a page live without reloading it.
+
+The further pages live in modules of their own (`task_pages`, `lint`,
+`pools_page`, `sre`, `live`), each a `PAGES` tuple of functions of the
+`Console`, routed by `console_router` as these are (signed in, refusals as
+error pages).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
@@ -33,7 +40,7 @@ from runyard.contracts.spec import Framework, ResourceType
 from runyard.domain import TERMINAL_STATUSES, TaskStatus, fold
 from runyard.errors import RunyardError
 from runyard.gateway.app import Gateway, Request
-from runyard.gateway.console import display
+from runyard.gateway.console import display, reads
 from runyard.gateway.console.sessions import COOKIE, Session, Sessions
 from runyard.gateway.proxy import OwnerAnswer, Owners, caller_headers, owner_error
 from runyard.gateway.views import event_view
@@ -95,6 +102,12 @@ class Console:
         self.gw = gateway
         self.owners = owners
         self.sessions = sessions
+        #: Set when the gateway stops: live streams end at once (the server waits for them).
+        self.closing = asyncio.Event()
+
+    def close(self) -> None:
+        """End the live streams (called when the gateway stops serving)."""
+        self.closing.set()
 
     # --- sessions -------------------------------------------------------------
 
@@ -162,7 +175,7 @@ class Console:
         return await self._tasks(request, who, fragment=True)
 
     async def _tasks(self, request: HttpRequest, who: SignedIn, *, fragment: bool) -> Response:
-        query = _list_query(request)
+        query = list_query(request)
         page = await self.gw.list_tasks(
             who.principal, query["filters"], PAGE_SIZE, query["cursor"] or None, query["tenant"]
         )
@@ -174,6 +187,10 @@ class Console:
             "query": query,
             "rows_url": f"{PREFIX}/tasks/rows?{urlencode(query['params'])}",
             "next_url": _next_url(query["params"], page["next_cursor"]),
+            # Only the newest page is live (server-sent events, polling as the fallback).
+            "stream_url": None
+            if query["cursor"]
+            else f"{PREFIX}/tasks/stream?{urlencode(query['params'])}",
         }
         if fragment:
             return render("task_rows.html", who, **context)
@@ -189,7 +206,7 @@ class Console:
         events reads two rows, not its history."""
         task_id = request.path_params["task_id"]
         shown = _int_param(request, "version")
-        stream = await self._readable_stream(who, task_id)
+        stream = await self.readable_stream(who, task_id)
         if shown and await self.gw.store.stream_version(stream) == shown:
             return Response(status_code=204)
         return await self._task(task_id, who, fragment=True)
@@ -203,14 +220,18 @@ class Console:
         context: dict[str, Any] = {"task": task, "chart": chart, "first_error": first_error}
         if fragment:
             return render("task_summary.html", who, **context)
-        return render("task.html", who, **context)
+        reruns = await reads.stream_events_of_types(
+            self.gw.db, f"task-{task_id}", ("TaskRerunRequested",)
+        )
+        runs = display.runs(task["stages"], reruns, task["run"], task["status"])
+        return render("task.html", who, runs=runs, **context)
 
     async def events(self, request: HttpRequest, who: SignedIn) -> Response:
         """A page of the task's events after version `after`, read as a page (a task
         with 20,000 events is never read whole for it)."""
         task_id = request.path_params["task_id"]
         after = _int_param(request, "after")
-        stream = await self._readable_stream(who, task_id)
+        stream = await self.readable_stream(who, task_id)
         recorded = await self.gw.store.read_stream(stream, after + 1, limit=EVENTS_PAGE + 1)
         items = [event_view(e, is_creator=False) for e in recorded[:EVENTS_PAGE]]
         more = len(recorded) > EVENTS_PAGE
@@ -223,7 +244,7 @@ class Console:
             next_after=items[-1]["version"] if more else None,
         )
 
-    async def _readable_stream(self, who: SignedIn, task_id: str) -> str:
+    async def readable_stream(self, who: SignedIn, task_id: str) -> str:
         """The task's stream id if the caller may read the task (its tenant, from the
         first event: `Principal.may_read_tenant`, as `Gateway.get_task` decides); a 404
         as for no task otherwise."""
@@ -320,7 +341,14 @@ class Console:
         return file
 
     async def submit_form(self, request: HttpRequest, who: SignedIn) -> Response:
-        return await self._submit_page(who, {}, None, 200)
+        """The submit form; `?clone=ID`: prefilled from that task's spec as the caller
+        sees it, creator-only values left out (they are asked for again)."""
+        clone_of = request.query_params.get("clone")
+        if not clone_of:
+            return await self._submit_page(who, {}, None, 200)
+        task = await self.gw.get_task(who.principal, clone_of)
+        form, hidden = _form_of(task["spec"])
+        return await self._submit_page(who, form, None, 200, clone=task, hidden=hidden)
 
     async def submit(self, request: HttpRequest, who: SignedIn) -> Response:
         form = await self.form(request, who)
@@ -331,7 +359,12 @@ class Console:
         return RedirectResponse(f"{PREFIX}/tasks/{created['task_id']}", status_code=303)
 
     async def _submit_page(
-        self, who: SignedIn, form: Mapping[str, str], error: RunyardError | None, status: int
+        self,
+        who: SignedIn,
+        form: Mapping[str, str],
+        error: RunyardError | None,
+        status: int,
+        **extra: Any,
     ) -> Response:
         pools = await self.gw.pools(who.principal)
         catalogue = await self.gw.catalogue_view(who.principal)
@@ -346,6 +379,7 @@ class Console:
             images=images,
             frameworks=get_args(Framework),
             resource_types=get_args(ResourceType),
+            **extra,
         )
 
     async def _first_error(self, who: SignedIn, task_id: str) -> dict[str, Any] | None:
@@ -364,6 +398,11 @@ class Console:
         signed-in user's own token (the log service checks the tenant again)."""
         path = f"/v1/tasks/{quote(task_id, safe='')}/{route}"
         return await self.owners.call("logs", "GET", path, token=who.session.token, params=params)
+
+
+def template(name: str, **context: Any) -> str:
+    """A template (a fragment) as text, with no user: for what is not an HTML answer."""
+    return _templates.get_template(name).render(who=None, csrf="", **context)
 
 
 def render(name: str, who: SignedIn | None, *, status: int = 200, **context: Any) -> HTMLResponse:
@@ -397,7 +436,7 @@ async def _read_form(request: HttpRequest) -> dict[str, str]:
     return dict(parse_qsl(body, keep_blank_values=True))
 
 
-def _list_query(request: HttpRequest) -> dict[str, Any]:
+def list_query(request: HttpRequest) -> dict[str, Any]:
     q = request.query_params
     filters = {
         "status": q.get("status") or None,
@@ -472,6 +511,15 @@ def _spec_of(form: Mapping[str, str]) -> dict[str, Any]:
     return spec
 
 
+def _form_of(spec: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
+    """The submit form's fields of a spec (the clone's form), and the names of its
+    creator-only variables, whose values are not put in the form."""
+    form = {k: "" if spec.get(k) is None else str(spec[k]) for k in (*SUBMIT_TEXT, *SUBMIT_NUMBERS)}
+    form["env"], hidden = display.env_text(spec.get("env") or [])
+    form["tags"] = ", ".join(spec.get("tags") or [])
+    return form, hidden
+
+
 def _int_param(request: HttpRequest, name: str) -> int:
     """A query parameter that is a version (0 when absent or not a whole number)."""
     value = request.query_params.get(name, "")
@@ -479,6 +527,8 @@ def _int_param(request: HttpRequest, name: str) -> int:
 
 
 Handler = Callable[[HttpRequest, SignedIn], Awaitable[Response]]
+#: A page of another console module: a function of the console, the request, the caller.
+Page = Callable[[Console, HttpRequest, SignedIn], Awaitable[Response]]
 #: The signed-in pages: method, path under PREFIX, and the `Console` method answering.
 PAGES = (
     ("POST", "/sign-out", "sign_out"),
@@ -499,9 +549,17 @@ PAGES = (
 )
 
 
-def console_router(console: Console) -> APIRouter:
-    """The console's routes (kept out of the OpenAPI document: they answer HTML)."""
+def console_router(console: Console, more: Iterable[tuple[str, str, Page]] = ()) -> APIRouter:
+    """The console's routes (kept out of the OpenAPI document: they answer HTML);
+    `more`: the pages of the other console modules (method, path, page), routed
+    before these (`/tasks/stream` before `/tasks/{task_id}`)."""
     router = APIRouter(include_in_schema=False)
+    for method, path, page in more:
+        router.add_api_route(
+            PREFIX + path,
+            signed_in_page(console, functools.partial(page, console)),
+            methods=[method],
+        )
 
     @router.get("/")
     @router.get(PREFIX)

@@ -16,6 +16,9 @@ good one fail before it starts:
 These are heuristics over a light shell split (quotes, `$(...)` and comments
 are understood; here-documents are not); a command that hides its training in
 a script is judged only by what the launch command itself shows.
+
+Pure functions of the command's text: the submission rules call them on every
+spec, and the gateway's console on the submit form while it is being filled in.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import functools
 import re
 from dataclasses import dataclass
 
-from runyard.submission.warnings import SubmissionWarning, WarningCode
+from runyard.domain.warnings import SubmissionWarning, WarningCode
 
 #: At most this many warnings of one kind: a long command with many pipes gets a few,
 #: not one per pipe (warnings travel in the task's events).

@@ -1,0 +1,438 @@
+"""The console's further pages in a real headless Chromium, against one platform for
+the whole module (started once: the tests here share it, each with tasks of its own).
+
+The task page's fault tolerance, alerts, runs, rerun with changes, clone and
+trace; launch-command warnings while the submit form is filled in; pools with
+their node grid, queue and admin node actions; the SRE event tail and health;
+the task list live by server-sent events, and polling when there are none.
+Every page: another tenant sees nothing of it, POSTs need the CSRF token, axe
+finds no serious violation (screenshots as in test_console.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+import yaml
+from runyard.api.auth import create_token
+from runyard.messaging import KafkaSettings, Topics, ensure_topics
+
+from tests.conftest import fresh_database
+from tests.e2e import conftest as e2e
+from tests.e2e.conftest import LAYOUT, Platform, running_platform
+from tests.e2e.test_console import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    WAIT_MS,
+    async_api,
+    base_url,
+    shot,
+    signed_in,
+)
+from tests.feishu_fake import FeishuFake
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+QUICK = "echo hello from the console"
+FEISHU_BOT = "console-alerts"
+
+
+@pytest.fixture(scope="module")
+async def stack(
+    postgres_url: str, kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[dict[str, Any]]:
+    """One platform for the module (restarts after at most 0.5 s, alerts allowed to a fake
+    Feishu bot), and tokens: `e2e` member carol, `other` member erin, `ops` sre sam (the
+    platform's own token is tenant e2e's platform admin)."""
+    topics = Topics(prefix=f"t{uuid.uuid4().hex[:10]}.")
+    kafka = KafkaSettings(bootstrap=kafka_bootstrap, topics=topics)
+    await ensure_topics(kafka.bootstrap, kafka.topics)
+    feishu = FeishuFake(bots={FEISHU_BOT: None})
+    await feishu.start()
+    copy = e2e.copy_config
+
+    def fast_restarts_and_feishu(target: Path, *, grace_s: float = 2.0) -> Path:
+        copied = copy(target, grace_s=grace_s)
+        runtime = yaml.safe_load((copied / "runtime.yaml").read_text())
+        runtime["deployer"] = {**(runtime.get("deployer") or {}), "max_restart_delay_s": 0.5}
+        (copied / "runtime.yaml").write_text(yaml.safe_dump(runtime))
+        origins = {"webhook_origins": [f"http://127.0.0.1:{feishu.port}"]}
+        (copied / "notification.yaml").write_text(yaml.safe_dump(origins))
+        return copied
+
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(feishu.stop)
+        patch = stack.enter_context(pytest.MonkeyPatch.context())
+        patch.setattr(e2e, "copy_config", fast_restarts_and_feishu)
+        dsn = await stack.enter_async_context(fresh_database(postgres_url))
+        home: Path = tmp_path_factory.mktemp("console-pages")
+        platform = await stack.enter_async_context(
+            running_platform(
+                dsn,
+                kafka,
+                home,
+                layout=LAYOUT,
+                notification_group_window_s=0.1,
+                notification_poll_s=0.1,
+            )
+        )
+        conn = await asyncpg.connect(dsn)
+        try:
+            tokens = {
+                "carol": await create_token(conn, "e2e", "carol", "member"),
+                "erin": await create_token(conn, "other", "erin", "member"),
+                "sam": await create_token(conn, "ops", "sam", "sre"),
+            }
+        finally:
+            await conn.close()
+        yield {"platform": platform, "tokens": tokens, "feishu": feishu}
+
+
+@pytest.fixture(scope="module")
+async def browser() -> AsyncIterator[Any]:
+    async with async_api.async_playwright() as pw:
+        launched = await pw.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+async def submit_as(platform: Platform, token: str, **spec: Any) -> str:
+    body = {"pool": "dev-a100", "worker_spec": "1gpu", "image": "bash-only", **spec}
+    body.setdefault("name", "console-pages")
+    answer = await platform.http.post("/v1/tasks", json=body, headers=bearer(token))
+    assert answer.status_code == 201, answer.text
+    task_id: str = answer.json()["task_id"]
+    return task_id
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def csrf_of(page: Any) -> str:
+    token: str = await page.locator("input[name=csrf]").first.get_attribute("value")
+    return token
+
+
+async def test_task_page_fault_tolerance_alerts_runs_rerun_with_changes_clone_and_trace(
+    stack: dict[str, Any], browser: Any
+) -> None:
+    platform: Platform = stack["platform"]
+    carol, erin = stack["tokens"]["carol"], stack["tokens"]["erin"]
+    task_id = await submit_as(
+        platform,
+        carol,
+        name="console-rerun",
+        command=QUICK,
+        env="PLAIN=1;SECRET_TOKEN=hunter2",
+        creator_only=["SECRET_TOKEN"],
+    )
+    await platform.wait_status(task_id, "succeeded")
+    feishu: FeishuFake = stack["feishu"]
+    failing = await submit_as(
+        platform,
+        carol,
+        name="console-alerted",
+        command="exit 3",
+        alerts=[{"webhook_url": feishu.url(FEISHU_BOT), "alerts": ["failed"]}],
+        fault_tolerance={"auto_restart": True, "max_restarts": 1},
+    )
+    base = base_url(platform)
+
+    context, page = await signed_in(browser, base, carol)
+    await page.goto(f"/console/tasks/{task_id}")
+    await page.wait_for_selector("#ft-counts", timeout=WAIT_MS)
+    await page.wait_for_selector("#no-stack-reports")
+    await page.wait_for_selector("#no-alerts")
+    assert await page.locator("#runs tr[data-run]").count() == 1
+    await shot(page, "task-more")
+
+    # Rerun with changes: the form holds the spec's values; only the change is sent.
+    await page.click("#rerun-changes-link")
+    assert await page.input_value("#r-command") == QUICK
+    assert await page.input_value("#r-spec") == "1gpu"
+    await shot(page, "rerun-with-changes")
+    refused = await context.request.post(
+        f"/console/tasks/{task_id}/rerun-with-changes", form={"command": "echo no"}
+    )
+    assert refused.status == 403  # no CSRF token: nothing done
+    await page.fill("#r-command", "echo changed by the rerun")
+    page.on("dialog", lambda dialog: asyncio.ensure_future(dialog.accept()))
+    await page.click("#rerun-changes-button")
+    await page.wait_for_url(f"**/console/tasks/{task_id}")
+    await platform.wait_for(task_id, lambda t: t["run"] == 2 and t["status"] == "succeeded")
+    reruns = [e for e in await platform.events(task_id) if e["type"] == "TaskRerunRequested"]
+    assert [e["data"]["changes"] for e in reruns] == [["command"]]
+    assert reruns[0]["data"]["spec"]["command"] == "echo changed by the rerun"
+    assert reruns[0]["actor"] == "user:e2e/carol"
+    await page.reload()
+    assert await page.locator("#runs tr[data-run]").count() == 2
+    assert "echo changed by the rerun" in await page.locator('#runs tr[data-run="2"]').inner_text()
+
+    # Clone: the submit form with the spec, the creator-only value left out, even for
+    # its creator.
+    await page.click("#clone-link")
+    await page.wait_for_selector("#clone-note")
+    assert await page.input_value("#f-command") == "echo changed by the rerun"
+    assert await page.input_value("#f-env") == "PLAIN=1"
+    assert "hunter2" not in await page.content()
+    assert "SECRET_TOKEN" in await page.locator("#clone-note").inner_text()
+    await shot(page, "clone")
+    await page.fill("#f-name", "console-clone")
+    await page.click("#submit-button")
+    await page.wait_for_url(lambda url: "/console/tasks/" in url and task_id not in url)
+
+    # A task restarted once, then failed: its fault-tolerance log, and the alert sent
+    # about it with its channel and result.
+    await platform.wait_status(failing, "failed")
+    for _ in range(200):
+        if any(e["type"] == "AlertDelivered" for e in await platform.events(failing)):
+            break
+        await asyncio.sleep(0.2)
+    else:
+        raise AssertionError(f"no alert delivered: {feishu.received}")
+    await page.goto(f"/console/tasks/{failing}")
+    await page.wait_for_selector('#alerts-sent tr[data-alert-type="AlertDelivered"]')
+    await page.wait_for_selector("#ft-log >> text=Restart 1 scheduled after failure")
+    assert "delivered" in await page.locator("#alerts-sent").inner_text()
+    await shot(page, "task-alerts")
+
+    # The trace of the task: each event under its cause.
+    await page.goto(f"/console/tasks/{task_id}/trace")
+    await page.wait_for_selector('#trace tr[data-type="TaskSubmitted"]')
+    await shot(page, "trace")
+    await context.close()
+
+    # Another tenant: every part of the task is a 404.
+    context, page = await signed_in(browser, base, erin)
+    for path in (
+        f"/console/tasks/{task_id}/fault-tolerance",
+        f"/console/tasks/{task_id}/alerts",
+        f"/console/tasks/{task_id}/rerun-with-changes",
+        f"/console/tasks/{task_id}/trace",
+        f"/console/submit?clone={task_id}",
+    ):
+        answer = await context.request.get(path)
+        assert answer.status == 404, path
+        assert "hunter2" not in await answer.text()
+    await context.close()
+
+
+async def test_submit_form_warns_about_the_launch_command_while_it_is_typed(
+    stack: dict[str, Any], browser: Any
+) -> None:
+    platform: Platform = stack["platform"]
+    context, page = await signed_in(browser, base_url(platform), stack["tokens"]["carol"])
+    await page.goto("/console/submit")
+    await page.fill("#f-command", "python train.py | tee out.log")
+    warning = page.locator('.command-warning[data-code="command.pipe_without_pipefail"]')
+    await warning.wait_for(timeout=WAIT_MS)
+    await shot(page, "submit-warnings")
+    await page.fill("#f-command", "set -o pipefail; python train.py | tee out.log")
+    await warning.wait_for(state="detached", timeout=WAIT_MS)
+    refused = await context.request.post("/console/submit/lint", form={"command": "x | tee y"})
+    assert refused.status == 403  # the CSRF token is needed here too
+    await context.close()
+
+
+async def test_pools_show_nodes_queue_and_only_admins_act_on_nodes(
+    stack: dict[str, Any], browser: Any
+) -> None:
+    platform: Platform = stack["platform"]
+    carol, erin = stack["tokens"]["carol"], stack["tokens"]["erin"]
+    base = base_url(platform)
+    nodes = [f"dev-a100-node-{n}" for n in range(4)]
+    running = await submit_as(platform, carol, name="holds-a-gpu", command="sleep 60")
+    await platform.wait_status(running, "running")
+
+    # The admin cordons a node from the page, confirmed on a page of its own.
+    context, page = await signed_in(browser, base, platform.token)
+    await page.click("nav >> text=Pools")
+    await page.wait_for_selector('#pools tr[data-pool="dev-a100"]')
+    await shot(page, "pools")
+    await page.click('#pools tr[data-pool="dev-a100"] a')
+    await page.wait_for_selector(f'#node-grid a.gpu-used[href$="{running}"]', timeout=WAIT_MS)
+    await page.click(f'li[data-node="{nodes[0]}"] a.cordon')
+    await page.wait_for_selector("#node-action-question")
+    await shot(page, "node-action")
+    refused = await context.request.post(f"/console/pools/dev-a100/nodes/{nodes[0]}/cordon")
+    assert refused.status == 403  # no CSRF token
+    await page.click("#confirm-node-action")
+    await page.wait_for_url("**/console/pools/dev-a100")
+    for _ in range(100):
+        if await page.locator(f'li[data-node="{nodes[0]}"][data-health="cordoned"]').count():
+            break
+        await asyncio.sleep(0.3)
+        await page.reload()
+    else:
+        raise AssertionError("the node was not shown cordoned")
+
+    # With every node cordoned a new task waits: its place and why are shown.
+    for node in nodes[1:]:
+        answer = await platform.http.post(f"/v1/admin/pools/dev-a100/nodes/{node}/cordon")
+        assert answer.status_code == 200, answer.text
+    waiting = await submit_as(platform, carol, name="waits", command=QUICK)
+    await platform.wait_status(waiting, "queued")
+    for _ in range(100):
+        await page.reload()
+        if await page.locator(f'#queue tr[data-task-id="{waiting}"]').count():
+            break
+        await asyncio.sleep(0.3)
+    else:
+        raise AssertionError("the waiting task is not in the queue shown")
+    assert await page.locator(f'#queue tr[data-task-id="{waiting}"] td').last.inner_text()
+    await shot(page, "pool")
+    # Marking a node faulty asks for the reason, shown on the node.
+    await page.click(f'li[data-node="{nodes[1]}"] a.fault')
+    await page.fill("#fault-reason", "ECC errors on GPU 3")
+    await page.click("#confirm-node-action")
+    await page.wait_for_url("**/console/pools/dev-a100")
+    for _ in range(100):
+        if await page.locator(f'li[data-node="{nodes[1]}"][data-health="faulty"]').count():
+            break
+        await asyncio.sleep(0.3)
+        await page.reload()
+    else:
+        raise AssertionError("the node was not shown faulty")
+    assert "ECC errors" in await page.locator(f'li[data-node="{nodes[1]}"]').inner_text()
+    await context.close()
+
+    # A member sees the pool but may not act on nodes (403, nothing sent).
+    context, page = await signed_in(browser, base, carol)
+    await page.goto("/console/pools/dev-a100")
+    assert await page.locator(".node-actions").count() == 0
+    csrf = await csrf_of(page)
+    confirm = await context.request.get(f"/console/pools/dev-a100/nodes/{nodes[1]}/uncordon")
+    assert confirm.status == 403
+    act = await context.request.post(
+        f"/console/pools/dev-a100/nodes/{nodes[1]}/uncordon", form={"csrf": csrf}
+    )
+    assert act.status == 403
+    await context.close()
+
+    # Another tenant sees that GPUs and queue places are taken, never by which task.
+    context, page = await signed_in(browser, base, erin)
+    await page.goto("/console/pools/dev-a100")
+    html = await page.content()
+    assert running not in html and waiting not in html
+    assert await page.locator("#node-grid .gpu-other").count() >= 1
+    assert "another tenant's task" in await page.locator("#queue").inner_text()
+    await context.close()
+
+    # The pool as it was, for the other tests.
+    for task in (running, waiting):
+        await platform.http.post(f"/v1/tasks/{task}/stop", headers=bearer(carol))
+    answer = await platform.http.post(f"/v1/admin/pools/dev-a100/nodes/{nodes[1]}/heal")
+    assert answer.status_code == 200, answer.text
+    for node in nodes:
+        answer = await platform.http.post(f"/v1/admin/pools/dev-a100/nodes/{node}/uncordon")
+        assert answer.status_code in (200, 409), answer.text
+    for _ in range(100):
+        capacity = (await platform.http.get("/v1/pools/dev-a100/capacity")).json()
+        if capacity.get("schedulable_nodes") == len(nodes):
+            break
+        await asyncio.sleep(0.2)
+    else:
+        raise AssertionError(f"the pool did not come back: {capacity}")
+
+
+async def test_sre_pages_tail_events_live_show_health_and_refuse_members(
+    stack: dict[str, Any], browser: Any
+) -> None:
+    platform: Platform = stack["platform"]
+    carol, sam = stack["tokens"]["carol"], stack["tokens"]["sam"]
+    base = base_url(platform)
+
+    context, page = await signed_in(browser, base, sam)
+    await page.click("nav >> text=Event tail")
+    await page.fill("input[name=type]", "TaskSubmitted")
+    await page.click("form.filters button[type=submit]")
+    await page.wait_for_url(re.compile(r".*/console/sre/events\?.*"))
+    await page.evaluate("window.runyardNotReloaded = true")
+    task_id = await submit_as(platform, carol, name="tailed", command=QUICK)
+    row = f'#tail-rows tr[data-type="TaskSubmitted"] >> text=task-{task_id}'
+    await page.wait_for_selector(row, timeout=WAIT_MS)
+    assert await page.evaluate("window.runyardNotReloaded") is True
+    types = await page.locator("#tail-rows tr[data-type]").evaluate_all(
+        "rows => rows.map(r => r.dataset.type)"
+    )
+    assert set(types) == {"TaskSubmitted"}
+    await shot(page, "sre-events")
+    # Older pages by position: not live, each event older than the page before.
+    await page.goto("/console/sre/events?limit=5")
+    newest = await page.locator("#tail-rows tr[data-position]").last.get_attribute("data-position")
+    await page.click("a[rel=next]")
+    await page.wait_for_url(re.compile(r".*before=.*"))
+    older = await page.locator("#tail-rows tr[data-position]").first.get_attribute("data-position")
+    assert int(older) < int(newest)
+    assert await page.locator("#tail-rows").get_attribute("hx-get") is None
+    await page.goto(f"/console/sre/events?task={task_id}")
+    streams = await page.locator("#tail-rows tr[data-type] td:nth-child(4)").all_inner_texts()
+    assert streams and all(f"task-{task_id}" in s for s in streams)
+    await page.click("#tail-rows a.trace-link >> nth=0")
+    await page.wait_for_selector('#trace tr[data-type="TaskSubmitted"]')
+
+    await page.click("nav >> text=Health")
+    await page.wait_for_selector('#services tr[data-service="gateway"][data-ready="True"]')
+    await shot(page, "sre-health")
+    await context.close()
+
+    context, page = await signed_in(browser, base, carol)
+    assert await page.locator("nav >> text=Event tail").count() == 0
+    for path in ("/console/sre/events", "/console/sre/events/rows", "/console/sre/health"):
+        answer = await context.request.get(path)
+        assert answer.status == 403, path
+    await context.close()
+
+
+async def test_task_list_is_live_by_server_sent_events_and_polls_without_them(
+    stack: dict[str, Any], browser: Any
+) -> None:
+    platform: Platform = stack["platform"]
+    carol, erin = stack["tokens"]["carol"], stack["tokens"]["erin"]
+    base = base_url(platform)
+
+    context, page = await signed_in(browser, base, carol)
+    await page.wait_for_selector('#task-rows[data-live="sse"]', timeout=WAIT_MS)
+    polls: list[str] = []  # from now on: the stream is open
+    page.on("request", lambda r: polls.append(r.url) if "/console/tasks/rows" in r.url else None)
+    await page.evaluate("window.runyardNotReloaded = true")
+    task_id = await submit_as(platform, carol, name="streamed", command="sleep 2; echo done")
+    row = f'tr[data-task-id="{task_id}"]'
+    await page.wait_for_selector(row, timeout=WAIT_MS)
+    await platform.wait_status(task_id, "succeeded", within=WAIT_MS / 1000)
+    await page.wait_for_selector(f'{row} [data-status="succeeded"]', timeout=10_000)
+    assert await page.evaluate("window.runyardNotReloaded") is True
+    assert polls == []  # the stream kept it live, no polling
+    await shot(page, "tasks-live")
+    await context.close()
+
+    # Without EventSource the rows poll, as before.
+    context = await browser.new_context(base_url=base)
+    await context.add_init_script("delete window.EventSource;")
+    page = await context.new_page()
+    await page.goto("/")
+    await page.fill("#token", carol)
+    await page.click("button[type=submit]")
+    async with page.expect_request(lambda r: "/console/tasks/rows" in r.url, timeout=WAIT_MS):
+        await page.wait_for_url("**/console/tasks")
+    await context.close()
+
+    # Another tenant's stream carries none of these rows.
+    context, page = await signed_in(browser, base, erin)
+    await page.wait_for_selector('#task-rows[data-live="sse"]', timeout=WAIT_MS)
+    await asyncio.sleep(1.5)
+    assert task_id not in await page.content()
+    await context.close()
