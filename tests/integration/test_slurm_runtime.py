@@ -183,3 +183,136 @@ async def test_true_succeeds_with_every_stage_timed(h: Harness) -> None:
         "TaskSucceeded",
     ]
     assert not [j for j in h.jobs() if "runyard-ok-" in j]
+
+
+ALLREDUCE = """
+import os, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")  # env:// from MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK
+rank, world = dist.get_rank(), dist.get_world_size()
+value = torch.tensor([float(rank + 1)])
+dist.all_reduce(value)
+print(f"rank {rank} of {world} on {os.environ['SLURMD_NODENAME']}: sum {value.item():.0f}")
+assert value.item() == world * (world + 1) / 2
+dist.destroy_process_group()
+while not os.path.exists(os.environ["RELEASE"]):  # the test reads the lines meanwhile
+    time.sleep(0.1)
+"""
+
+
+async def test_pytorch_ddp_gloo_all_reduce_on_two_nodes_with_lines_while_running(
+    h: Harness, tmp_path: Path
+) -> None:
+    pytest.importorskip("torch")
+    release = tmp_path / "release"
+    spec = make_spec(
+        f"set -o pipefail\npython - <<'EOF'\n{ALLREDUCE}\nEOF",
+        workers=2,
+        framework="pytorch_ddp",
+        env=({"name": "RELEASE", "value": str(release)},),
+    )
+    await h.launch("ddp", spec, wait=False)
+    wanted = {"0:rank 0 of 2 on n1: sum 3", "1:rank 1 of 2 on n2: sum 3"}
+    deadline = asyncio.get_running_loop().time() + WITHIN_S
+    while not wanted <= set(h.output("ddp")):
+        assert asyncio.get_running_loop().time() < deadline, h.output("ddp")
+        await asyncio.sleep(0.1)
+    # Both lines arrived while the workers still run (they wait for the release file).
+    assert (await h.state("ddp")).status == "running"
+    release.touch()
+    await asyncio.wait_for(h.app.drain(), WITHIN_S)
+    assert (await h.state("ddp")).status == "succeeded"
+    seqs = [x.seq for x in h.lines if x.task_id == "ddp" and x.stream == "stdout"]
+    assert seqs == [0, 0]
+
+
+async def test_pytorch_ddp_env_names_the_first_node_and_the_placed_gpus(h: Harness) -> None:
+    command = 'echo "$RANK $WORLD_SIZE $MASTER_ADDR $MASTER_PORT $CUDA_VISIBLE_DEVICES $FOO"'
+    spec = make_spec(
+        command, workers=2, framework="pytorch_ddp", env=({"name": "FOO", "value": "bar"},)
+    )
+    await h.launch("env", spec)
+    assert (await h.state("env")).status == "succeeded"
+    lines = sorted(h.output("env"))
+    port = lines[0].split()[3]
+    assert lines == [f"0:0 2 127.0.0.1 {port} 0 bar", f"1:1 2 127.0.0.1 {port} 0 bar"]
+    # The env files (and the whole deployment folder) are gone with the task (R-22).
+    assert not (h.runtime.config.scratch_root / "env").exists()
+
+
+async def test_failing_command_fails_with_its_exit_code(h: Harness) -> None:
+    await h.launch("bad", make_spec("echo about to fail >&2; exit 3"))
+    failed = (await h.events("bad"))[-1].event
+    assert isinstance(failed, TaskFailed)
+    assert failed.exit_code == 3 and failed.worker == 0
+    assert "0:about to fail" in h.output("bad")
+    assert [x.stream for x in h.lines if x.task_id == "bad"] == ["stderr"]
+
+
+async def test_pipe_without_pipefail_reports_what_the_command_returned(h: Harness) -> None:
+    command = "echo x | tee f; false | tee g"
+    await h.launch("pipe", make_spec(command))
+    assert (await h.state("pipe")).status == "succeeded"
+    await h.launch("pipefail", make_spec("set -o pipefail; " + command))
+    assert (await h.state("pipefail")).status == "failed"
+    exited = [e.event for e in await h.events("pipefail") if isinstance(e.event, WorkerExited)]
+    assert exited[0].exit_code == 1
+
+
+async def test_a_failing_worker_ends_its_peer_and_the_job(h: Harness) -> None:
+    command = 'if [ "$RUNYARD_WORKER_INDEX" = 1 ]; then sleep 1; exit 7; fi; sleep 300'
+    await h.launch("gang", make_spec(command, workers=2))
+    outcome = [e.event for e in await h.events("gang") if isinstance(e.event, TaskFailed)]
+    assert len(outcome) == 1 and outcome[0].worker == 1 and outcome[0].exit_code == 7
+    exited = {e.event.worker: e.event.exit_code for e in await h.events("gang") if isinstance(e.event, WorkerExited)}
+    assert exited == {1: 7, 0: 143}  # the peer's sleep got SIGTERM
+    assert not [j for j in h.jobs() if "runyard-gang-" in j]
+    assert task_processes("gang") == []
+
+
+async def test_stop_cancels_the_job_and_leaves_no_process(h: Harness) -> None:
+    # Each worker leaves a background child and ignores SIGTERM: only SIGKILL ends it.
+    command = "sleep 300 & trap '' TERM; sleep 300; wait"
+    await h.launch("stopme", make_spec(command, workers=2), wait=False)
+    await h.wait_for("stopme", "TaskRunning")
+    assert [j for j in h.jobs() if "runyard-stopme-" in j]
+    assert len(task_processes("stopme")) >= 4
+    state = await h.state("stopme")
+    stop = decide(state, RequestStop("stopme"), now=state.submitted_at, ids=lambda: "x")
+    await h.deliver(await h.append("stopme", stop))
+    await asyncio.wait_for(h.app.drain(), WITHIN_S)
+    assert (await h.types("stopme"))[-1] == "TaskStopped"
+    assert not [j for j in h.jobs() if "runyard-stopme-" in j]
+    assert task_processes("stopme") == []
+    assert not (h.runtime.config.scratch_root / "stopme").exists()
+
+
+async def test_missing_image_fails_in_image_pull(h: Harness) -> None:
+    await h.launch("noimg", make_spec("true", image="nope:latest"))
+    failed = [e.event for e in await h.events("noimg") if isinstance(e.event, DeployStageFailed)]
+    assert len(failed) == 1 and failed[0].stage == "image_pull"
+    assert "nope:latest" in failed[0].reason and "catalogue" in failed[0].reason
+    assert not [j for j in h.jobs() if "runyard-noimg-" in j]
+
+
+async def test_a_node_slurm_does_not_know_fails_resource_allocation_with_slurms_words(
+    h: Harness,
+) -> None:
+    submitted = decide(
+        None,
+        Submit("ghost", "acme", "alice", make_spec("true")),
+        now=datetime.now(UTC),
+        ids=lambda: "x",
+    )
+    await h.append("ghost", submitted)
+    placed = TaskPlaced(
+        run=1, attempt=1, pool="slurm", workers=(WorkerPlacement(index=0, node="n9", gpus=(0,)),)
+    )
+    await h.deliver(await h.append("ghost", [placed]))
+    await asyncio.wait_for(h.app.drain(), WITHIN_S)
+    failed = [e.event for e in await h.events("ghost") if isinstance(e.event, DeployStageFailed)]
+    assert len(failed) == 1 and failed[0].stage == "resource_allocation"
+    assert "Slurm refused the job" in failed[0].reason
+    assert "node" in failed[0].reason.lower()
