@@ -29,6 +29,7 @@ from runyard.contracts.task_events import (
     TaskPlaced,
     WorkerExited,
     WorkerPlacement,
+    WorkerStarted,
 )
 from runyard.deployer.app import DeployerApp
 from runyard.deployer.runtime import OutputLine
@@ -316,3 +317,91 @@ async def test_a_node_slurm_does_not_know_fails_resource_allocation_with_slurms_
     assert len(failed) == 1 and failed[0].stage == "resource_allocation"
     assert "Slurm refused the job" in failed[0].reason
     assert "node" in failed[0].reason.lower()
+
+
+def second_deployer(h: Harness) -> tuple[DeployerApp, SlurmRuntime]:
+    """A new deployer process, as far as the test can tell: its own app and runtime."""
+    runtime = SlurmRuntime(h.runtime.config)
+
+    async def sink(line: OutputLine) -> None:
+        h.lines.append(line)
+
+    return DeployerApp(h.store, runtime, on_output=sink, stop_grace_s=2.0), runtime
+
+
+async def test_a_restarted_deployer_adopts_the_running_job_and_records_the_exit(
+    h: Harness,
+) -> None:
+    command = 'echo before; while [ ! -e "$RELEASE" ]; do sleep 0.1; done; echo after; exit 4'
+    release = h.runtime.config.volumes_root / "release"
+    release.parent.mkdir(parents=True, exist_ok=True)
+    spec = make_spec(command, env=({"name": "RELEASE", "value": str(release)},))
+    await h.launch("crash", spec, wait=False)
+    await h.wait_for("crash", "TaskRunning")
+    job = h.runtime.job_id(("crash", 1, 1))
+    while "0:before" not in h.output("crash"):  # noqa: ASYNC110
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(1.5)  # the published offsets are saved at least once a second
+    h.app.detach()  # the deployer dies; its job does not
+    assert [j for j in h.jobs() if j.startswith(f"{job} ")]
+
+    app2, runtime2 = second_deployer(h)
+    try:
+        assert await app2.reconcile() == ["crash"]
+        assert runtime2.job_id(("crash", 1, 1)) == job  # adopted, not submitted again
+        release.touch()
+        await asyncio.wait_for(app2.drain(), WITHIN_S)
+    finally:
+        await asyncio.wait_for(app2.close(), 60)
+    events = [e.event for e in await h.events("crash")]
+    failed = [e for e in events if isinstance(e, TaskFailed)]
+    assert len(failed) == 1 and failed[0].exit_code == 4
+    assert sum(isinstance(e, WorkerStarted) for e in events) == 1
+    assert h.output("crash") == ["0:before", "0:after"]  # each line once
+    assert not [j for j in h.jobs() if "runyard-crash-" in j]
+
+
+async def test_allocate_after_a_restart_takes_the_job_already_submitted(h: Harness) -> None:
+    from runyard.deployer.runtime import Deployment
+
+    spec = make_spec("true")
+    workers = (WorkerPlacement(index=0, node="n2", gpus=(0,)),)
+    deployment = Deployment("twice", 1, 1, spec, workers)
+    await h.runtime.allocate(deployment)
+    job = h.runtime.job_id(deployment.key)
+    h.runtime.detach()
+    runtime2 = SlurmRuntime(h.runtime.config)
+    try:
+        await runtime2.allocate(deployment)
+        assert runtime2.job_id(deployment.key) == job
+        assert len([j for j in h.jobs() if "runyard-twice-" in j]) == 1
+    finally:
+        await runtime2.cleanup(deployment.key)
+    assert not [j for j in h.jobs() if "runyard-twice-" in j]
+
+
+STUCK = """
+import time
+
+def wait_for_all_reduce():
+    print("waiting", flush=True)
+    time.sleep(300)
+
+wait_for_all_reduce()
+"""
+
+
+async def test_capture_stacks_dumps_every_worker_on_its_node(h: Harness) -> None:
+    await h.launch("hang", make_spec(f"python - <<'EOF'\n{STUCK}\nEOF", workers=2), wait=False)
+    while sorted(h.output("hang")) != ["0:waiting", "1:waiting"]:  # noqa: ASYNC110
+        await asyncio.sleep(0.05)
+    stacks = await h.runtime.capture_stacks(("hang", 1, 1), native=False)
+    assert [s.worker for s in stacks] == [0, 1]
+    for worker in stacks:
+        assert worker.processes, worker
+        frames = [f.name for p in worker.processes for t in p.threads for f in t.frames]
+        assert "wait_for_all_reduce" in frames, worker
+    assert await h.runtime.capture_stacks(("other", 1, 1)) == ()
+    await h.runtime.stop(("hang", 1, 1), grace_s=1)
+    await asyncio.wait_for(h.app.drain(), WITHIN_S)
+    assert task_processes("hang") == []
