@@ -405,3 +405,39 @@ async def test_capture_stacks_dumps_every_worker_on_its_node(h: Harness) -> None
     await h.runtime.stop(("hang", 1, 1), grace_s=1)
     await asyncio.wait_for(h.app.drain(), WITHIN_S)
     assert task_processes("hang") == []
+
+
+async def test_the_env_check_runs_in_every_worker_before_the_gate_opens(h: Harness) -> None:
+    from runyard.deployer.runtime import Deployment, free_port
+
+    spec = make_spec("echo launched", workers=2, framework="pytorch_ddp")
+    workers = tuple(WorkerPlacement(index=i, node=f"n{i + 1}", gpus=(0,)) for i in range(2))
+    deployment = Deployment("check", 1, 1, spec, workers)
+    runtime = h.runtime
+    for step in (runtime.allocate, runtime.pull_image, runtime.mount_storage, runtime.init_env):
+        await step(deployment)
+    lines: list[OutputLine] = []
+
+    async def collect(line: OutputLine) -> None:
+        lines.append(line)
+
+    try:
+        await runtime.start_env_check(deployment, collect, port=free_port(0))
+        codes = await asyncio.wait_for(runtime.wait_env_check(deployment.key), WITHIN_S)
+        assert codes == {0: 0, 1: 0}, [x.line for x in lines]
+        await runtime.end_env_check(deployment.key)
+        for worker in (0, 1):
+            said = [x.line for x in lines if x.worker == worker and x.stream == "stdout"]
+            assert any(s.startswith("Bootcheck Finished") for s in said), said
+        assert not (runtime.config.scratch_root / "check" / "run1-a1" / "w0" / "stdout.log").exists()
+        exits: list[int] = []
+
+        async def on_exit(key: Any, worker: int, code: int, at: datetime) -> None:
+            exits.append(code)
+
+        await runtime.start_workers(deployment, collect, on_exit)
+        assert await asyncio.wait_for(runtime.wait(deployment.key), WITHIN_S) == {0: 0, 1: 0}
+        assert sorted(x.line for x in lines if x.line == "launched") == ["launched"] * 2
+    finally:
+        await runtime.cleanup(deployment.key)
+    assert not [j for j in h.jobs() if "runyard-check-" in j]
