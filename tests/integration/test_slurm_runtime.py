@@ -267,7 +267,11 @@ async def test_a_failing_worker_ends_its_peer_and_the_job(h: Harness) -> None:
     await h.launch("gang", make_spec(command, workers=2))
     outcome = [e.event for e in await h.events("gang") if isinstance(e.event, TaskFailed)]
     assert len(outcome) == 1 and outcome[0].worker == 1 and outcome[0].exit_code == 7
-    exited = {e.event.worker: e.event.exit_code for e in await h.events("gang") if isinstance(e.event, WorkerExited)}
+    exited = {
+        e.event.worker: e.event.exit_code
+        for e in await h.events("gang")
+        if isinstance(e.event, WorkerExited)
+    }
     assert exited == {1: 7, 0: 143}  # the peer's sleep got SIGTERM
     assert not [j for j in h.jobs() if "runyard-gang-" in j]
     assert task_processes("gang") == []
@@ -429,7 +433,9 @@ async def test_the_env_check_runs_in_every_worker_before_the_gate_opens(h: Harne
         for worker in (0, 1):
             said = [x.line for x in lines if x.worker == worker and x.stream == "stdout"]
             assert any(s.startswith("Bootcheck Finished") for s in said), said
-        assert not (runtime.config.scratch_root / "check" / "run1-a1" / "w0" / "stdout.log").exists()
+        assert not (
+            runtime.config.scratch_root / "check" / "run1-a1" / "w0" / "stdout.log"
+        ).exists()
         exits: list[int] = []
 
         async def on_exit(key: Any, worker: int, code: int, at: datetime) -> None:
@@ -441,3 +447,48 @@ async def test_the_env_check_runs_in_every_worker_before_the_gate_opens(h: Harne
     finally:
         await runtime.cleanup(deployment.key)
     assert not [j for j in h.jobs() if "runyard-check-" in j]
+
+
+async def test_each_pool_runs_on_its_own_runtime(
+    dsn: str, tmp_path: Path, slurm_cluster: SlurmCluster
+) -> None:
+    """runtime.yaml's `pools:` sends pool `slurm` to Slurm; pool `dev` stays local."""
+    from runyard.deployer.pools import PoolRuntimes, build_runtimes
+
+    raw = {
+        "local": {"images": {"python": sys.prefix}, "grace_s": 2, "namespaces": False},
+        "pools": {
+            "slurm": {
+                "runtime": "slurm",
+                "partition": slurm_cluster.partition,
+                "slurm_conf": str(slurm_cluster.conf),
+                "grace_s": 2,
+            }
+        },
+    }
+    runtime = build_runtimes(raw, data_dir=tmp_path, base_dir=tmp_path, keep_output=False)
+    assert isinstance(runtime, PoolRuntimes)
+    store = await PostgresEventStore.connect(dsn, default_mapper())
+    lines: list[OutputLine] = []
+
+    async def sink(line: OutputLine) -> None:
+        lines.append(line)
+
+    app = DeployerApp(store, runtime, on_output=sink, stop_grace_s=2.0)
+    try:
+        h = Harness(store, app, runtime.by_pool["slurm"], slurm_cluster)  # type: ignore[arg-type]
+        h.lines = lines
+        command = 'echo "${SLURM_JOB_ID:-none}"'
+        await h.launch("on-slurm", make_spec(command))
+        local_spec = make_spec(command).model_copy(update={"pool": "dev"})
+        await h.launch("on-local", local_spec)
+        assert (await h.state("on-slurm")).status == "succeeded"
+        assert (await h.state("on-local")).status == "succeeded"
+        (slurm_line,) = h.output("on-slurm")
+        assert slurm_line.removeprefix("0:").isdigit()  # a step of a Slurm job
+        assert h.output("on-local") == ["0:none"]  # a process of this machine
+        assert runtime.deployments() == []
+        assert (tmp_path / "slurm" / "slurm").is_dir()  # the pool's own scratch root
+    finally:
+        await asyncio.wait_for(app.close(), 60)
+        await store.close()

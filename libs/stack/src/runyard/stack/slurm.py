@@ -25,6 +25,7 @@ may use).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -296,10 +297,8 @@ def _ensure_munged() -> None:
 
 
 def _kill(pid: int, sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _exists(pid: int) -> bool:

@@ -74,8 +74,8 @@ from runyard.deployer.runtime import (
     OnOutput,
     StageFailed,
     _image_dir,
-    _Local,
     _load_offsets,
+    _Local,
     _read_status,
     _Tools,
     _Worker,
@@ -325,9 +325,7 @@ class SlurmRuntime(LocalRuntime):
             if deadline is not None and time.monotonic() > deadline:
                 with contextlib.suppress(SlurmError):
                     await self._slurm(self.bin["scancel"], job)
-                raise StageFailed(
-                    f"Slurm job {job} still {state[0]} after {timeout:.0f} s: {said}"
-                )
+                raise StageFailed(f"Slurm job {job} still {state[0]} after {timeout:.0f} s: {said}")
             await asyncio.sleep(0.2)
 
     async def pull_image(self, deployment: Deployment) -> None:
@@ -337,12 +335,15 @@ class SlurmRuntime(LocalRuntime):
         if where is None:
             known = ", ".join(sorted(self.config.images)) or "none"
             raise StageFailed(
-                f"image {image!r} is not in the Slurm pool's image catalogue (known images: {known})"
+                f"image {image!r} is not in the Slurm pool's image catalogue "
+                f"(known images: {known})"
             )
         nodes = list(dict.fromkeys(w.node for w in deployment.workers))
         probe = 'test -d "$1/bin" || { echo "$SLURMD_NODENAME"; exit 1; }'
         try:
-            await self._slurm(*self._step(local, nodes), self.tools.bash, "-c", probe, "_", str(where))
+            await self._slurm(
+                *self._step(local, nodes), self.tools.bash, "-c", probe, "_", str(where)
+            )
         except SlurmError as exc:
             raise StageFailed(
                 f"image {image!r} maps to {where}, which has no bin/ directory on node(s) "
@@ -438,10 +439,10 @@ class SlurmRuntime(LocalRuntime):
             return
         out = ""
         with contextlib.suppress(SlurmError):
-            out = await self._slurm(
-                _program("squeue"), "-h", "-s", "-j", job, "-o", "%i %j"
-            )
-        steps = [s for s, _, name in (x.partition(" ") for x in out.splitlines()) if name == _CHECK_STEP]
+            out = await self._slurm(_program("squeue"), "-h", "-s", "-j", job, "-o", "%i %j")
+        steps = [
+            s for s, _, name in (x.partition(" ") for x in out.splitlines()) if name == _CHECK_STEP
+        ]
         if steps:
             with contextlib.suppress(SlurmError):
                 await self._slurm(self.bin["scancel"], "--signal=KILL", *steps)
@@ -590,7 +591,8 @@ class SlurmRuntime(LocalRuntime):
         live = [w for w in local.workers.values() if w.pid is not None and not w.done.is_set()]
         dumps = await asyncio.gather(*(self._worker_stacks(local, w, native) for w in live))
         return tuple(
-            WorkerStacks(worker=w.index, processes=tuple(d)) for w, d in zip(live, dumps, strict=True)
+            WorkerStacks(worker=w.index, processes=tuple(d))
+            for w, d in zip(live, dumps, strict=True)
         )
 
     async def _worker_stacks(
@@ -611,14 +613,23 @@ class SlurmRuntime(LocalRuntime):
             parts = line.split(" ", 2)
             if len(parts) != 3 or not parts[0].isdigit():
                 continue
-            pid, rc, data = int(parts[0]), parts[1], base64.b64decode(parts[2]).decode(errors="replace")
+            pid, rc, data = (
+                int(parts[0]),
+                parts[1],
+                base64.b64decode(parts[2]).decode(errors="replace"),
+            )
             if rc == "0":
                 try:
                     found.append(parse_dump(pid, data))
                     continue
                 except (ValueError, TypeError) as exc:
                     data = f"unreadable py-spy output: {exc}"
-            found.append(ProcessStacks(pid=pid, error=data.strip().splitlines()[-1] if data.strip() else f"py-spy exit {rc}"))
+            found.append(
+                ProcessStacks(
+                    pid=pid,
+                    error=data.strip().splitlines()[-1] if data.strip() else f"py-spy exit {rc}",
+                )
+            )
         if not found:
             return [ProcessStacks(pid=worker.pid, error="no Python process in the worker")]
         return found
@@ -718,7 +729,10 @@ class SlurmRuntime(LocalRuntime):
 #: Run on a worker's node: py-spy for every Python process under the wrapper ($1),
 #: one line each: `<pid> <exit code> <base64 of py-spy's output>`.
 _STACKS_SCRIPT = r"""
-kids() { local c; for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); do echo "$c"; kids "$c"; done; }
+kids() {
+  local c
+  for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); do echo "$c"; kids "$c"; done
+}
 for pid in $(kids "$1"); do
   case "$(readlink /proc/"$pid"/exe 2>/dev/null)" in *python*) ;; *) continue ;; esac
   out=$("$2" dump --pid "$pid" --json @NATIVE@ 2>&1); rc=$?
@@ -747,5 +761,3 @@ def _read_pid(path: Path) -> int | None:
         return int(path.read_text().strip())
     except (OSError, ValueError):
         return None
-
-
