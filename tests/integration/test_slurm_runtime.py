@@ -283,7 +283,10 @@ async def test_stop_cancels_the_job_and_leaves_no_process(h: Harness) -> None:
     await h.launch("stopme", make_spec(command, workers=2), wait=False)
     await h.wait_for("stopme", "TaskRunning")
     assert [j for j in h.jobs() if "runyard-stopme-" in j]
-    assert len(task_processes("stopme")) >= 4
+    deadline = asyncio.get_running_loop().time() + WITHIN_S
+    while len(task_processes("stopme")) < 4:  # both sleeps of both workers
+        assert asyncio.get_running_loop().time() < deadline, task_processes("stopme")
+        await asyncio.sleep(0.1)
     state = await h.state("stopme")
     stop = decide(state, RequestStop("stopme"), now=state.submitted_at, ids=lambda: "x")
     await h.deliver(await h.append("stopme", stop))
