@@ -495,3 +495,27 @@ async def test_each_pool_runs_on_its_own_runtime(
     finally:
         await asyncio.wait_for(app.close(), 60)
         await store.close()
+
+
+async def test_a_job_slurm_keeps_pending_fails_resource_allocation_with_slurms_reason(
+    h: Harness,
+) -> None:
+    import dataclasses
+
+    from runyard.deployer.runtime import Deployment, StageFailed
+
+    config = dataclasses.replace(h.runtime.config, allocate_timeout_s=3.0)
+    runtime = SlurmRuntime(config)
+    workers = (WorkerPlacement(index=0, node="n2", gpus=(0,)),)
+    deployment = Deployment("drained", 1, 1, make_spec("true"), workers)
+    h.cluster.run("scontrol", "update", "nodename=n2", "state=drain", "reason=runyard test")
+    try:
+        with pytest.raises(StageFailed) as failed:
+            await runtime.allocate(deployment)
+        assert "still PENDING after 3 s" in failed.value.reason
+        assert "ReqNodeNotAvail" in failed.value.reason or "Resources" in failed.value.reason
+        await runtime.cleanup(deployment.key)
+        assert not [j for j in h.jobs() if "runyard-drained-" in j]
+    finally:
+        h.cluster.run("scontrol", "update", "nodename=n2", "state=resume")
+        h.cluster.wait_idle()
