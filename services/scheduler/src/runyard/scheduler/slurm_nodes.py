@@ -11,7 +11,9 @@ so the placement rules never place on a node Slurm would not run:
 - back in service (idle, mixed, allocated, completing): `NodeMarkedHealthy`,
   only for a fault whose reason starts with `Slurm:`.
 
-A fault an operator marked is never healed here, and a node Slurm does not
+Each such event is the root of its audit chain (R-62): its causation and
+correlation id are `slurm:<pool>/<node>/<faulty|healthy>/<uuid>`, what Slurm
+said. A fault an operator marked is never healed here, and a node Slurm does not
 list (or that is not in the pool) is left alone. The decision is
 `slurm_node_changes` (pure); `SlurmNodeWatch` reads sinfo and the pool stream
 and appends. A DRAIN counts as a fault, not a cordon: a fault carries a reason
@@ -25,6 +27,7 @@ import asyncio
 import logging
 import os
 import shutil
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,12 +171,21 @@ class SlurmNodeWatch:
         state = fold_pool(r.event for r in recorded)
         changes = slurm_node_changes(state.nodes, slurm)
         for change in changes:
+            # The root of the event's audit chain: what Slurm said, once.
+            said = f"slurm:{self.pool_id}/{change.node}/{change.to}/{uuid.uuid4()}"
             if change.to == "faulty":
                 await admin.mark_node_faulty(
-                    self.store, self.pool_id, change.node, change.reason, actor=ACTOR
+                    self.store,
+                    self.pool_id,
+                    change.node,
+                    change.reason,
+                    actor=ACTOR,
+                    request_id=said,
                 )
             else:
-                await admin.mark_node_healthy(self.store, self.pool_id, change.node, actor=ACTOR)
+                await admin.mark_node_healthy(
+                    self.store, self.pool_id, change.node, actor=ACTOR, request_id=said
+                )
             log.info("pool %s: node %s %s per Slurm", self.pool_id, change.node, change.to)
         return changes
 
