@@ -378,12 +378,18 @@ async def test_allocate_after_a_restart_takes_the_job_already_submitted(h: Harne
     job = h.runtime.job_id(deployment.key)
     h.runtime.detach()
     runtime2 = SlurmRuntime(h.runtime.config)
+    await runtime2.allocate(deployment)
+    assert runtime2.job_id(deployment.key) == job
+    # A deployer that died between sbatch's answer and saving the id: found by name.
+    runtime2.detach()
+    (h.runtime.config.scratch_root / "twice" / "run1-a1" / "state.json.slurm").unlink()
+    runtime3 = SlurmRuntime(h.runtime.config)
     try:
-        await runtime2.allocate(deployment)
-        assert runtime2.job_id(deployment.key) == job
+        await runtime3.allocate(deployment)
+        assert runtime3.job_id(deployment.key) == job
         assert len([j for j in h.jobs() if "runyard-twice-" in j]) == 1
     finally:
-        await runtime2.cleanup(deployment.key)
+        await runtime3.cleanup(deployment.key)
     assert not [j for j in h.jobs() if "runyard-twice-" in j]
 
 

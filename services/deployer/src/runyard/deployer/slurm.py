@@ -219,8 +219,27 @@ class SlurmRuntime(LocalRuntime):
         return state
 
     async def _job_over(self, job_id: str) -> bool:
-        state = await self._cached_state(job_id)
+        """Whether Slurm is done with the job; False while Slurm does not answer (a
+        slurmctld restart must not count as the end of every worker)."""
+        try:
+            state = await self._cached_state(job_id)
+        except SlurmError as exc:
+            log.warning("cannot learn the state of Slurm job %s: %s", job_id, exc)
+            return False
         return state is None or state[0] in _OVER
+
+    async def _state_or_wait(self, job_id: str, within_s: float = 120.0) -> tuple[str, str] | None:
+        """`job_state`, asked again (every 2 s) while Slurm does not answer, for up to
+        `within_s` seconds (then the last SlurmError)."""
+        deadline = time.monotonic() + within_s
+        while True:
+            try:
+                return await self.job_state(job_id)
+            except SlurmError as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("cannot learn the state of Slurm job %s: %s", job_id, exc)
+                await asyncio.sleep(2.0)
 
     def job_id(self, key: DeploymentKey) -> str | None:
         """The Slurm job of a deployment held here."""
@@ -249,13 +268,24 @@ class SlurmRuntime(LocalRuntime):
         await self._until_running(job)
 
     async def _job_of_earlier(self, local: _Local) -> str | None:
-        """The job an earlier deployer submitted for this deployment, if it still runs."""
+        """The job an earlier deployer submitted for this deployment, if it still runs:
+        by the id it saved, else by the job's name (it died before saving the id)."""
         try:
             raw = json.loads((local.root / "state.json.slurm").read_text())
             job = str(raw["job_id"])
         except (OSError, ValueError, KeyError, TypeError):
-            return None
-        state = await self.job_state(job)
+            try:
+                out = await self._slurm(
+                    _program("squeue"), "-h", f"--name={_job_name(local)}", "-o", "%i"
+                )
+            except SlurmError as exc:
+                raise StageFailed(f"Slurm does not answer: {exc}") from exc
+            found = out.split()
+            return found[0] if found else None
+        try:
+            state = await self._state_or_wait(job)
+        except SlurmError as exc:
+            raise StageFailed(f"Slurm does not answer about job {job}: {exc}") from exc
         return job if state is not None and state[0] not in _OVER else None
 
     def _sbatch_args(self, local: _Local) -> list[str]:
@@ -264,10 +294,9 @@ class SlurmRuntime(LocalRuntime):
         gpus: dict[str, int] = {}
         for w in d.workers:
             gpus[w.node] = gpus.get(w.node, 0) + len(w.gpus)
-        task, run, attempt = d.key
         args = [
             "--parsable",
-            f"--job-name=runyard-{task}-r{run}-a{attempt}",
+            f"--job-name={_job_name(local)}",
             f"--nodes={len(nodes)}",
             "--ntasks-per-node=1",
             f"--nodelist={','.join(nodes)}",
@@ -312,7 +341,10 @@ class SlurmRuntime(LocalRuntime):
         deadline = None if timeout is None else time.monotonic() + timeout
         said = ""
         while True:
-            state = await self.job_state(job)
+            try:
+                state = await self._state_or_wait(job)
+            except SlurmError as exc:
+                raise StageFailed(f"Slurm does not answer about job {job}: {exc}") from exc
             if state is None or state[0] in _OVER:
                 what = "was forgotten by Slurm" if state is None else f"ended {state[0]}"
                 why = "" if state is None or state[1] == "None" else f" ({state[1]})"
@@ -549,7 +581,11 @@ class SlurmRuntime(LocalRuntime):
     async def _cancel(self, job: str, key: DeploymentKey, timeout_s: float = 120.0) -> None:
         """Cancel the job (SIGKILL to what is left) and wait until Slurm says it is over."""
         self._states.pop(job, None)
-        state = await self.job_state(job)
+        try:
+            state = await self._state_or_wait(job)
+        except SlurmError as exc:
+            log.error("Slurm job %s: its state is unknown, cancelling it anyway: %s", job, exc)
+            state = ("UNKNOWN", "")
         if state is not None and state[0] not in _OVER:
             self._killed.add(key)
             with contextlib.suppress(SlurmError):
@@ -558,7 +594,10 @@ class SlurmRuntime(LocalRuntime):
                 await self._slurm(self.bin["scancel"], job)
         deadline = time.monotonic() + timeout_s
         while True:
-            state = await self.job_state(job)
+            try:
+                state = await self._state_or_wait(job, within_s=5.0)
+            except SlurmError:
+                state = ("UNKNOWN", "")
             if state is None or state[0] in _OVER:
                 self._states[job] = (time.monotonic(), state)
                 return
@@ -740,6 +779,12 @@ for pid in $(kids "$1"); do
   printf '%s %s %s\n' "$pid" "$rc" "$(printf '%s' "$out" | base64 -w0)"
 done
 """
+
+
+def _job_name(local: _Local) -> str:
+    """The Slurm job name of a deployment: `runyard-<task>-r<run>-a<attempt>`."""
+    task, run, attempt = local.deployment.key
+    return f"runyard-{task}-r{run}-a{attempt}"
 
 
 def _program(name: str) -> str:
