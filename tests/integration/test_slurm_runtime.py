@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import sys
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -525,3 +526,36 @@ async def test_a_job_slurm_keeps_pending_fails_resource_allocation_with_slurms_r
     finally:
         h.cluster.run("scontrol", "update", "nodename=n2", "state=resume")
         h.cluster.wait_idle()
+
+
+async def test_volumes_are_bound_at_their_mount_paths_and_read_only_ones_refuse_writes(
+    h: Harness, tmp_path: Path
+) -> None:
+    if not h.runtime.bind_mounts:
+        pytest.skip("volumes are bound only when the deployer runs as root with util-linux")
+    mark = tmp_path.name
+    ckpt, data = f"/mnt/runyard-test-{mark}/ckpt", f"/mnt/runyard-test-{mark}/data"
+    seed = h.runtime.config.volumes_root / "fs" / "data"
+    seed.mkdir(parents=True)
+    (seed / "in.txt").write_text("seed\n")
+    command = (
+        f"cat {data}/in.txt && echo kept > {ckpt}/out.txt && "
+        f"if echo no > {data}/no.txt; then echo WROTE; else echo refused; fi"
+    )
+    spec = make_spec(
+        command,
+        mounts=(
+            {"file_system": "fs", "volume": "ckpt", "mount_path": ckpt},
+            {"file_system": "fs", "volume": "data", "mount_path": data, "read_only": True},
+        ),
+    )
+    try:
+        await h.launch("vol", spec)
+        assert (await h.state("vol")).status == "succeeded", h.output("vol")
+        assert "0:seed" in h.output("vol") and "0:refused" in h.output("vol")
+        host = h.runtime.config.volumes_root / "fs"
+        assert (host / "ckpt" / "out.txt").read_text() == "kept\n"
+        assert not (host / "data" / "no.txt").exists()
+        assert not os.path.ismount(ckpt)  # bound only in the worker's own namespace
+    finally:
+        shutil.rmtree(f"/mnt/runyard-test-{mark}", ignore_errors=True)

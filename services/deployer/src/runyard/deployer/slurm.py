@@ -9,8 +9,10 @@ it like this:
                     wait until Slurm says RUNNING (while PENDING: Slurm's reason;
                     a job that ends or is refused: StageFailed with Slurm's words)
     pull_image      the image of the catalogue exists on every node (one step)
-    mount_storage   volumes as the local runtime's fallback: a link at the mount
-                    path, relative to the worker's working directory
+    mount_storage   volumes as host directories under `volumes_root`, bound at
+                    their mount paths in a mount namespace of each worker's own
+                    (read-only ones read-only; root with util-linux), and linked
+                    at the mount path relative to the working directory
     init_env        the same variables as the local runtime (`worker_env`), with
                     MASTER_ADDR = the address Slurm gives the first worker's node;
                     written to one env file per worker, never on a command line
@@ -120,6 +122,9 @@ class SlurmRuntimeConfig(LocalRuntimeConfig):
     slurm_conf: Path | None = None
     #: Seconds a job may stay PENDING before `resource_allocation` fails (None: no limit).
     allocate_timeout_s: float | None = 600.0
+    #: Volumes bound at their mount paths (a mount namespace per worker; needs root and
+    #: util-linux on the nodes). None: when the deployer runs as root with util-linux.
+    bind_mounts: bool | None = None
 
     @classmethod
     def from_mapping(
@@ -143,6 +148,7 @@ class SlurmRuntimeConfig(LocalRuntimeConfig):
             partition=raw.get("partition"),
             slurm_conf=Path(str(conf)) if conf else None,
             allocate_timeout_s=float(timeout) if timeout is not None else None,
+            bind_mounts=raw.get("bind_mounts"),
         )
 
 
@@ -169,6 +175,16 @@ class SlurmRuntime(LocalRuntime):
         self._killed: set[DeploymentKey] = set()
         self._states: dict[str, tuple[float, tuple[str, str] | None]] = {}
         self.bin = {name: _program(name) for name in ("sbatch", "srun", "scancel", "scontrol")}
+        tools = self.tools.unshare and self.tools.mount and self.tools.mkdir
+        can_bind = os.geteuid() == 0 and bool(tools)
+        if config.bind_mounts and not can_bind:
+            raise RuntimeError(
+                "bind_mounts is true but volumes cannot be bound here: run the deployer as "
+                "root with util-linux installed, or remove the setting"
+            )
+        #: Volumes bound at their mount paths in a mount namespace per worker (root, on
+        #: nodes with util-linux); otherwise only the links of the local fallback.
+        self.bind_mounts = can_bind if config.bind_mounts is None else config.bind_mounts
 
     # -- Slurm client commands -------------------------------------------------------
 
@@ -409,26 +425,59 @@ class SlurmRuntime(LocalRuntime):
         for worker in local.workers.values():
             self._write_env(worker, worker.env, "env")
             (worker.scratch / "command").write_text(deployment.spec.command)
-            (worker.scratch / "run.sh").write_text(self._run_script(worker))
+            (worker.scratch / "mounts.sh").write_text(self._mounts_script(local))
+            (worker.scratch / "run.sh").write_text(self._run_script(local, worker))
 
     async def node_address(self, node: str) -> str:
         """The address Slurm knows a node by (NodeAddr)."""
         out = await self._slurm(self.bin["scontrol"], "show", "node", "-o", node)
         return _fields(out).get("NodeAddr") or node
 
-    def _run_script(self, worker: _Worker) -> str:
-        """The worker's step: output to its files, then the launch command in the wrapper."""
+    def _run_script(self, local: _Local, worker: _Worker) -> str:
+        """The worker's step: output to its files, its volumes bound (when it can), then
+        the launch command in the wrapper."""
         q = shlex.quote
         w = worker.scratch
+        entry = shlex.join(self._entry(local, worker, worker.status_file))
         return (
             "#!/bin/bash\n"
             f"exec </dev/null >>{q(str(w / 'stdout.log'))} 2>>{q(str(w / 'stderr.log'))}\n"
             # The wrapper keeps this pid (exec): the stacks are those of its descendants.
             f"echo $$ > {q(str(w / 'pid.tmp'))} && mv -f {q(str(w / 'pid.tmp'))} "
             f"{q(str(w / 'pid'))}\n"
-            f"exec {q(self.tools.bash)} -c {q(self._wrapper())} runyard-worker "
+            f"exec {entry} {q(self.tools.bash)} -c {q(self._wrapper())} runyard-worker "
             f'"$(cat {q(str(w / "command"))})" {q(str(worker.status_file))} {q(str(w / "env"))}\n'
         )
+
+    def _entry(self, local: _Local, worker: _Worker, status_file: Path) -> list[str]:
+        """What runs before the wrapper: a mount namespace of the worker's own with its
+        volumes bound at their mount paths (`mounts.sh`), when this runtime binds."""
+        if not (self.bind_mounts and local.mounts):
+            return []
+        t = self.tools
+        mounts = worker.scratch / "mounts.sh"
+        namespace = [t.unshare, "--mount", "--propagation", "private", "--"]
+        return [*namespace, t.bash, str(mounts), str(status_file)]
+
+    def _mounts_script(self, local: _Local) -> str:
+        """Run as root in the worker's mount namespace: every volume bound at its mount
+        path (read-only ones remounted read-only), then `exec "$@"` (the wrapper). A
+        failure writes 112 as the worker's status (the error is on its stderr)."""
+        q = shlex.quote
+        t = self.tools
+        lines = [
+            "#!/bin/bash",
+            'status_file="$1"; shift',
+            'fail() { printf "%s %s\\n" 112 "$EPOCHREALTIME" > "$status_file.tmp" && '
+            f'{q(t.mv or "mv")} -f "$status_file.tmp" "$status_file"; exit 112; }}',
+        ]
+        for mount_path, host, read_only in local.mounts:
+            lines.append(f"{q(t.mkdir)} -p {q(mount_path)} || fail")
+            lines.append(f"{q(t.mount)} --bind {q(str(host))} {q(mount_path)} || fail")
+            if read_only:
+                lines.append(f"{q(t.mount)} -o remount,bind,ro {q(mount_path)} || fail")
+        lines.append('exec "$@"')
+        return "\n".join(lines) + "\n"
 
     def _wrapper(self) -> str:
         """The local runtime's wrapper, unsandboxed: the status file, then the exit."""
@@ -456,10 +505,12 @@ class SlurmRuntime(LocalRuntime):
         status_file: Path | None = None,
     ) -> list[str]:
         """A step on the worker's node running `command` in the wrapper (the env check)."""
+        status = status_file or worker.status_file
         step = self._step(local, [worker.placement.node], f"--job-name={_CHECK_STEP}")
-        step += ["--input=none", self.tools.bash, "-c", self._wrapper(), "runyard-worker"]
+        step += ["--input=none", *self._entry(local, worker, status)]
+        step += [self.tools.bash, "-c", self._wrapper(), "runyard-worker"]
         step += [command or local.deployment.spec.command]
-        step += [str(status_file or worker.status_file), str(env_file)]
+        step += [str(status), str(env_file)]
         env = [f"{k}={v}" for k, v in self._env().items()]
         return [shutil.which("env") or "/usr/bin/env", *env, *step]
 
