@@ -559,3 +559,28 @@ async def test_volumes_are_bound_at_their_mount_paths_and_read_only_ones_refuse_
         assert not os.path.ismount(ckpt)  # bound only in the worker's own namespace
     finally:
         shutil.rmtree(f"/mnt/runyard-test-{mark}", ignore_errors=True)
+
+
+async def test_a_stop_while_slurm_keeps_the_job_pending_cancels_it_and_fails_the_stage(
+    h: Harness,
+) -> None:
+    from runyard.deployer.runtime import Deployment, StageFailed
+
+    workers = (WorkerPlacement(index=0, node="n2", gpus=(0,)),)
+    deployment = Deployment("waiting", 1, 1, make_spec("true"), workers)
+    h.cluster.run("scontrol", "update", "nodename=n2", "state=drain", "reason=runyard test")
+    try:
+        allocating = asyncio.create_task(h.runtime.allocate(deployment))
+        deadline = asyncio.get_running_loop().time() + WITHIN_S
+        while not [j for j in h.jobs() if "runyard-waiting-" in j and "PENDING" in j]:
+            assert asyncio.get_running_loop().time() < deadline, h.jobs()
+            await asyncio.sleep(0.1)
+        await h.runtime.stop(deployment.key, grace_s=1)
+        with pytest.raises(StageFailed) as failed:
+            await asyncio.wait_for(allocating, WITHIN_S)
+        assert "ended CANCELLED before it ran" in failed.value.reason
+        await h.runtime.cleanup(deployment.key)
+        assert not [j for j in h.jobs() if "runyard-waiting-" in j]
+    finally:
+        h.cluster.run("scontrol", "update", "nodename=n2", "state=resume")
+        h.cluster.wait_idle()
