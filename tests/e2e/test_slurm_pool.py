@@ -48,6 +48,7 @@ def slurm_pool(cluster: SlurmCluster) -> Any:
                 "grace_s": 2,
             }
         }
+        runtime["deployer"] = {**(runtime.get("deployer") or {}), "max_restart_delay_s": 0.5}
         (config / "runtime.yaml").write_text(yaml.safe_dump(runtime))
 
     return configure
@@ -110,3 +111,28 @@ async def test_a_node_slurm_drains_leaves_the_pools_capacity_until_resumed(
     finally:
         slurm_cluster.run("scontrol", "update", "nodename=n2", "state=resume")
     await until_schedulable(on_slurm, full)
+
+
+async def test_a_node_slurm_drains_under_a_running_task_moves_it_to_the_other_node(
+    on_slurm: Platform, slurm_cluster: SlurmCluster
+) -> None:
+    created = await on_slurm.submit(
+        pool=POOL,
+        command='echo "on $SLURMD_NODENAME attempt $RUNYARD_ATTEMPT"; '
+        'if [ "$RUNYARD_ATTEMPT" = 1 ]; then sleep 300; fi',
+    )
+    task_id = created["task_id"]
+    await on_slurm.wait_status(task_id, "running", within=120)
+    (placed,) = [e for e in await on_slurm.events(task_id) if e["type"] == "TaskPlaced"]
+    node = placed["data"]["workers"][0]["node"]
+    slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=drain", "reason=e2e")
+    try:
+        await on_slurm.wait_status(task_id, "succeeded", within=120)
+    finally:
+        slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=resume")
+    events = await on_slurm.events(task_id)
+    types = [e["type"] for e in events]
+    assert "TaskRescheduleRequested" in types
+    second = [e for e in events if e["type"] == "TaskPlaced"][-1]
+    assert second["data"]["attempt"] == 2
+    assert second["data"]["workers"][0]["node"] != node
