@@ -21,7 +21,7 @@ from runyard.stack.slurm import SlurmCluster
 
 from tests.e2e.conftest import Platform, running_platform
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.slurm]
 
 POOL = "slurm-e2e"
 
