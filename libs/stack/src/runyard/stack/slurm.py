@@ -70,10 +70,10 @@ def slurm_missing() -> str | None:
             f"Slurm is not installed ({', '.join(missing)} not found): "
             "apt-get install -y slurm-wlm munge"
         )
-    if not _MUNGE_KEY.exists():
-        return f"munge has no key ({_MUNGE_KEY} is missing): reinstall munge"
     if os.geteuid() != 0:
         return "a Slurm cluster on this host needs root (its daemons run as SlurmUser=root)"
+    if not _MUNGE_KEY.exists():
+        return f"munge has no key ({_MUNGE_KEY} is missing): reinstall munge"
     return None
 
 
