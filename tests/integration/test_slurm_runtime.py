@@ -33,7 +33,7 @@ from runyard.contracts.task_events import (
     WorkerStarted,
 )
 from runyard.deployer.app import DeployerApp
-from runyard.deployer.runtime import OutputLine
+from runyard.deployer.runtime import OutputLine, Runtime
 from runyard.deployer.slurm import SlurmRuntime, SlurmRuntimeConfig
 from runyard.domain.task import RequestStop, Submit, decide, fold
 from runyard.eventstore import PostgresEventStore
@@ -477,7 +477,9 @@ async def test_each_pool_runs_on_its_own_runtime(
         },
     }
     runtime = build_runtimes(raw, data_dir=tmp_path, base_dir=tmp_path, keep_output=False)
-    assert isinstance(runtime, PoolRuntimes)
+    assert isinstance(runtime, PoolRuntimes) and isinstance(runtime, Runtime)
+    assert isinstance(runtime.by_pool["slurm"], SlurmRuntime)
+    assert isinstance(runtime.by_pool["slurm"], Runtime)
     store = await PostgresEventStore.connect(dsn, default_mapper())
     lines: list[OutputLine] = []
 
