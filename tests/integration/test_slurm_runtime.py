@@ -488,7 +488,9 @@ async def test_each_pool_runs_on_its_own_runtime(
 
     app = DeployerApp(store, runtime, on_output=sink, stop_grace_s=2.0)
     try:
-        h = Harness(store, app, runtime.by_pool["slurm"], slurm_cluster)  # type: ignore[arg-type]
+        slurm = runtime.by_pool["slurm"]
+        assert isinstance(slurm, SlurmRuntime)
+        h = Harness(store, app, slurm, slurm_cluster)
         h.lines = lines
         command = 'echo "${SLURM_JOB_ID:-none}"'
         await h.launch("on-slurm", make_spec(command))
@@ -586,3 +588,57 @@ async def test_a_stop_while_slurm_keeps_the_job_pending_cancels_it_and_fails_the
     finally:
         h.cluster.run("scontrol", "update", "nodename=n2", "state=resume")
         h.cluster.wait_idle()
+
+
+async def test_a_restarted_deployer_with_a_runtime_per_pool_adopts_the_slurm_job(
+    dsn: str, tmp_path: Path, slurm_cluster: SlurmCluster
+) -> None:
+    from runyard.deployer.pools import PoolRuntimes, build_runtimes
+
+    raw = {
+        "local": {"images": {"python": sys.prefix}, "namespaces": False},
+        "pools": {"slurm": {"runtime": "slurm", "slurm_conf": str(slurm_cluster.conf)}},
+    }
+    release = tmp_path / "release"
+    command = 'echo up; while [ ! -e "$RELEASE" ]; do sleep 0.1; done; exit 5'
+    spec = make_spec(command, env=({"name": "RELEASE", "value": str(release)},))
+    store = await PostgresEventStore.connect(dsn, default_mapper())
+    lines: list[OutputLine] = []
+
+    async def sink(line: OutputLine) -> None:
+        lines.append(line)
+
+    def deployer() -> tuple[DeployerApp, PoolRuntimes]:
+        runtime = build_runtimes(raw, data_dir=tmp_path, base_dir=tmp_path, keep_output=False)
+        assert isinstance(runtime, PoolRuntimes)
+        return DeployerApp(store, runtime, on_output=sink, stop_grace_s=2.0), runtime
+
+    app1, runtime1 = deployer()
+    slurm1 = runtime1.by_pool["slurm"]
+    assert isinstance(slurm1, SlurmRuntime)
+    h = Harness(store, app1, slurm1, slurm_cluster)
+    h.lines = lines
+    app2 = None
+    try:
+        await h.launch("pooled", spec, wait=False)
+        await h.wait_for("pooled", "TaskRunning")
+        job = slurm1.job_id(("pooled", 1, 1))
+        while "0:up" not in h.output("pooled"):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # its offset saved
+        app1.detach()
+        app2, runtime2 = deployer()
+        assert await app2.reconcile() == ["pooled"]
+        slurm2 = runtime2.by_pool["slurm"]
+        assert isinstance(slurm2, SlurmRuntime)
+        assert slurm2.job_id(("pooled", 1, 1)) == job
+        release.touch()
+        await asyncio.wait_for(app2.drain(), WITHIN_S)
+        failed = [e.event for e in await h.events("pooled") if isinstance(e.event, TaskFailed)]
+        assert len(failed) == 1 and failed[0].exit_code == 5
+        assert h.output("pooled") == ["0:up"]
+    finally:
+        if app2 is not None:
+            await asyncio.wait_for(app2.close(), 60)
+        await store.close()
+    assert not [j for j in h.jobs() if "runyard-pooled-" in j]

@@ -33,6 +33,7 @@ from runyard.deployer.runtime import (
     LocalRuntimeConfig,
     OnExit,
     OnOutput,
+    Runtime,
 )
 from runyard.deployer.slurm import SlurmRuntime, SlurmRuntimeConfig
 
@@ -52,7 +53,7 @@ def build_runtimes(
     local_raw = raw.get("local") or {}
     config = LocalRuntimeConfig.from_mapping(local_raw, data_dir=data_dir, base_dir=base_dir)
     local = LocalRuntime(dataclasses.replace(config, keep_output=keep_output))
-    by_pool: dict[str, LocalRuntime] = {}
+    by_pool: dict[str, Runtime] = {}
     for pool, settings in (raw.get("pools") or {}).items():
         kind = str((settings or {}).get("runtime", "local"))
         if kind not in RUNTIMES:
@@ -70,12 +71,16 @@ def build_runtimes(
 
 
 class PoolRuntimes:
-    """A runtime per pool behind the `Runtime` interface; see the module docstring."""
+    """A runtime per pool behind the `Runtime` interface; see the module docstring.
 
-    def __init__(self, default: LocalRuntime, by_pool: Mapping[str, LocalRuntime]) -> None:
+    The runtimes of the pools are any `Runtime`; their optional methods (`wait`,
+    `recover`, `adopt`, the env check, the kept output, ...) are used when they have
+    them, as the deployer does with a single runtime."""
+
+    def __init__(self, default: LocalRuntime, by_pool: Mapping[str, Runtime]) -> None:
         self.default = default
         self.by_pool = dict(by_pool)
-        self._where: dict[DeploymentKey, LocalRuntime] = {}
+        self._where: dict[DeploymentKey, Runtime] = {}
 
     @property
     def config(self) -> LocalRuntimeConfig:
@@ -87,15 +92,15 @@ class PoolRuntimes:
         """Whether the local runtime sandboxes its workers."""
         return self.default.namespaces
 
-    def all(self) -> list[LocalRuntime]:
+    def all(self) -> list[Runtime]:
         return [self.default, *self.by_pool.values()]
 
-    def of(self, deployment: Deployment) -> LocalRuntime:
+    def of(self, deployment: Deployment) -> Runtime:
         runtime = self.by_pool.get(deployment.spec.pool, self.default)
         self._where[deployment.key] = runtime
         return runtime
 
-    def at(self, key: DeploymentKey) -> LocalRuntime | None:
+    def at(self, key: DeploymentKey) -> Runtime | None:
         """The runtime that holds (or last held) the deployment."""
         if key in self._where:
             return self._where[key]
@@ -103,6 +108,10 @@ class PoolRuntimes:
             if key in runtime.deployments():
                 return runtime
         return None
+
+    def _optional(self, runtime: Runtime | None, name: str) -> Any:
+        """`runtime.<name>` when the runtime has that optional method, else None."""
+        return getattr(runtime, name, None) if runtime is not None else None
 
     # -- the Runtime protocol ------------------------------------------------------------
 
@@ -145,30 +154,34 @@ class PoolRuntimes:
     # -- optional methods the deployer uses when present -----------------------------------
 
     async def wait(self, key: DeploymentKey) -> dict[int, int]:
-        runtime = self.at(key)
-        return await runtime.wait(key) if runtime else {}
+        wait = self._optional(self.at(key), "wait")
+        return dict(await wait(key)) if wait else {}
 
     def start_times(self, key: DeploymentKey) -> dict[int, datetime]:
-        runtime = self.at(key)
-        return runtime.start_times(key) if runtime else {}
+        start_times = self._optional(self.at(key), "start_times")
+        return dict(start_times(key)) if start_times else {}
 
     async def start_env_check(
         self, deployment: Deployment, on_output: OnOutput, *, port: int
     ) -> dict[int, int]:
-        return await self.of(deployment).start_env_check(deployment, on_output, port=port)
+        start = self._optional(self.of(deployment), "start_env_check")
+        if start is None:
+            raise RuntimeError(f"the runtime of pool {deployment.spec.pool} has no env check")
+        return dict(await start(deployment, on_output, port=port))
 
     async def wait_env_check(self, key: DeploymentKey) -> dict[int, int]:
-        runtime = self.at(key)
-        return await runtime.wait_env_check(key) if runtime else {}
+        wait = self._optional(self.at(key), "wait_env_check")
+        return dict(await wait(key)) if wait else {}
 
     async def end_env_check(self, key: DeploymentKey) -> None:
-        if runtime := self.at(key):
-            await runtime.end_env_check(key)
+        if end := self._optional(self.at(key), "end_env_check"):
+            await end(key)
 
     def recover(self) -> dict[DeploymentKey, dict[int, int]]:
         found: dict[DeploymentKey, dict[int, int]] = {}
         for runtime in self.all():
-            for key, pids in runtime.recover().items():
+            recover = self._optional(runtime, "recover")
+            for key, pids in (recover() if recover else {}).items():
                 found[key] = pids
                 self._where[key] = runtime
         return found
@@ -178,26 +191,40 @@ class PoolRuntimes:
     ) -> dict[int, int]:
         runtime = self._where.get(deployment.key) or self.of(deployment)
         self._where[deployment.key] = runtime
-        return await runtime.adopt(deployment, on_output, on_exit)
+        adopt = self._optional(runtime, "adopt")
+        if adopt is None:
+            raise RuntimeError(f"the runtime of pool {deployment.spec.pool} cannot adopt")
+        return dict(await adopt(deployment, on_output, on_exit))
 
     async def discard(self, key: DeploymentKey, grace_s: float | None = None) -> None:
         runtime = self._where.pop(key, None) or self.default
-        await runtime.discard(key, grace_s)
+        if discard := self._optional(runtime, "discard"):
+            await discard(key, grace_s)
 
     def detach(self) -> None:
         for runtime in self.all():
-            runtime.detach()
+            if detach := self._optional(runtime, "detach"):
+                detach()
         self._where.clear()
 
     # -- output kept until stored (runyard.deployer.keeper) --------------------------------
 
     def kept(self) -> dict[DeploymentKey, KeptOutput]:
-        return {key: kept for runtime in self.all() for key, kept in runtime.kept().items()}
+        found: dict[DeploymentKey, KeptOutput] = {}
+        for runtime in self.all():
+            if kept := self._optional(runtime, "kept"):
+                found.update(kept())
+        return found
 
     async def forget(self, key: DeploymentKey) -> None:
         for runtime in self.all():
-            if key in runtime.kept():
-                await runtime.forget(key)
+            kept, forget = self._optional(runtime, "kept"), self._optional(runtime, "forget")
+            if kept is not None and forget is not None and key in kept():
+                await forget(key)
 
     def live_streams(self) -> list[OutputStream]:
-        return [stream for runtime in self.all() for stream in runtime.live_streams()]
+        found: list[OutputStream] = []
+        for runtime in self.all():
+            if live := self._optional(runtime, "live_streams"):
+                found.extend(live())
+        return found
