@@ -34,8 +34,9 @@ Slurm's step state: Slurm knows the step, not the command.
   wrapper, run on the worker's node by `srun --jobid=<job> --overlap -w <node>`;
 - recovery: `state.json` in the deployment's folder records the Slurm job id
   (written as soon as sbatch answers) and the phase; `allocate` of a
-  deployment whose job still runs takes that job instead of submitting a
-  second one, and `recover`/`adopt` follow the workers of a started job;
+  deployment whose job still runs takes that job (by the saved id, else by
+  its name `runyard-<task>-r<run>-a<attempt>`) instead of submitting a second
+  one, and `recover`/`adopt` follow the workers of a job whose gate is open;
 - env check (R-30): the check program runs in every worker as a step of its
   own (`srun --jobid=<job> --overlap`), through the same wrapper and
   variables, before the gate opens.
@@ -43,7 +44,9 @@ Slurm's step state: Slurm knows the step, not the command.
 The deployment's folder (`<scratch_root>/<task>/run<r>-a<a>/`) and the volume
 root must be the same path on the deployer's host and on every node (a
 shared file system; on one host, trivially). Client commands find the
-cluster through `slurm_conf` (SLURM_CONF) when it is set.
+cluster through `slurm_conf` (SLURM_CONF) when it is set, and get no other
+variable of the deployer (so neither do the workers). Workers run as the user
+the deployer submits as; there is no sandbox beyond the volume binds.
 """
 
 from __future__ import annotations
