@@ -642,3 +642,11 @@ async def test_a_restarted_deployer_with_a_runtime_per_pool_adopts_the_slurm_job
             await asyncio.wait_for(app2.close(), 60)
         await store.close()
     assert not [j for j in h.jobs() if "runyard-pooled-" in j]
+
+
+async def test_workers_get_no_variable_of_the_deployer(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DEPLOYER_ONLY_SECRET", "s3cret")
+    await h.launch("clean", make_spec('echo "${DEPLOYER_ONLY_SECRET:-unset} $RUNYARD_TASK_ID"'))
+    assert h.output("clean") == ["0:unset clean"]
