@@ -535,7 +535,7 @@ async def test_a_job_slurm_keeps_pending_fails_resource_allocation_with_slurms_r
 async def test_volumes_are_bound_at_their_mount_paths_and_read_only_ones_refuse_writes(
     h: Harness, tmp_path: Path
 ) -> None:
-    if not h.runtime.bind_mounts:
+    if not h.runtime.worker_namespaces:
         pytest.skip("volumes are bound only when the deployer runs as root with util-linux")
     mark = tmp_path.name
     ckpt, data = f"/mnt/runyard-test-{mark}/ckpt", f"/mnt/runyard-test-{mark}/data"
@@ -650,3 +650,28 @@ async def test_workers_get_no_variable_of_the_deployer(
     monkeypatch.setenv("DEPLOYER_ONLY_SECRET", "s3cret")
     await h.launch("clean", make_spec('echo "${DEPLOYER_ONLY_SECRET:-unset} $RUNYARD_TASK_ID"'))
     assert h.output("clean") == ["0:unset clean"]
+
+
+async def test_a_worker_whose_wrapper_is_killed_is_recorded_with_an_unknown_exit(
+    h: Harness,
+) -> None:
+    """No status file and the job over: Slurm's word is not taken for the command's, and
+    nothing of the worker is left (its PID namespace went with the wrapper)."""
+    from runyard.deployer.runtime import UNKNOWN_EXIT_CODE
+
+    if not h.runtime.worker_namespaces:
+        pytest.skip("workers have a PID namespace only when the deployer runs as root")
+    command = "echo before; sleep 300 & setsid sleep 300 & wait"
+    await h.launch("lost", make_spec(command), wait=False)
+    await h.wait_for("lost", "TaskRunning")
+    while "0:before" not in h.output("lost"):  # noqa: ASYNC110
+        await asyncio.sleep(0.05)
+    (outer,) = h.runtime.pids(("lost", 1, 1)).values()  # unshare, outside the namespace
+    wrapper = int(Path(f"/proc/{outer}/task/{outer}/children").read_text().split()[0])
+    os.kill(wrapper, 9)  # the wrapper dies without writing a status
+    await asyncio.wait_for(h.app.drain(), WITHIN_S)
+    exited = [e.event for e in await h.events("lost") if isinstance(e.event, WorkerExited)]
+    assert [e.exit_code for e in exited] == [UNKNOWN_EXIT_CODE]
+    assert (await h.state("lost")).status == "failed"
+    assert task_processes("lost") == []
+    assert not [j for j in h.jobs() if "runyard-lost-" in j]

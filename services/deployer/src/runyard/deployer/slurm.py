@@ -10,9 +10,10 @@ it like this:
                     a job that ends or is refused: StageFailed with Slurm's words)
     pull_image      the image of the catalogue exists on every node (one step)
     mount_storage   volumes as host directories under `volumes_root`, bound at
-                    their mount paths in a mount namespace of each worker's own
-                    (read-only ones read-only; root with util-linux), and linked
-                    at the mount path relative to the working directory
+                    their mount paths in a mount (and PID) namespace of each
+                    worker's own (read-only ones read-only; root with
+                    util-linux), and linked at the mount path relative to the
+                    working directory
     init_env        the same variables as the local runtime (`worker_env`), with
                     MASTER_ADDR = the address Slurm gives the first worker's node;
                     written to one env file per worker, never on a command line
@@ -46,7 +47,8 @@ root must be the same path on the deployer's host and on every node (a
 shared file system; on one host, trivially). Client commands find the
 cluster through `slurm_conf` (SLURM_CONF) when it is set, and get no other
 variable of the deployer (so neither do the workers). Workers run as the user
-the deployer submits as; there is no sandbox beyond the volume binds.
+the deployer submits as; with `worker_namespaces` each sees only its own
+processes and its volumes at their mount paths, and nothing more is isolated.
 """
 
 from __future__ import annotations
@@ -125,9 +127,10 @@ class SlurmRuntimeConfig(LocalRuntimeConfig):
     slurm_conf: Path | None = None
     #: Seconds a job may stay PENDING before `resource_allocation` fails (None: no limit).
     allocate_timeout_s: float | None = 600.0
-    #: Volumes bound at their mount paths (a mount namespace per worker; needs root and
-    #: util-linux on the nodes). None: when the deployer runs as root with util-linux.
-    bind_mounts: bool | None = None
+    #: A mount and PID namespace per worker step (volumes bound at their mount paths;
+    #: every process of the worker ends with it); needs root and util-linux on the
+    #: nodes. None: when the deployer runs as root with util-linux.
+    worker_namespaces: bool | None = None
 
     @classmethod
     def from_mapping(
@@ -151,7 +154,7 @@ class SlurmRuntimeConfig(LocalRuntimeConfig):
             partition=raw.get("partition"),
             slurm_conf=Path(str(conf)) if conf else None,
             allocate_timeout_s=float(timeout) if timeout is not None else None,
-            bind_mounts=raw.get("bind_mounts"),
+            worker_namespaces=raw.get("worker_namespaces"),
         )
 
 
@@ -179,15 +182,17 @@ class SlurmRuntime(LocalRuntime):
         self._states: dict[str, tuple[float, tuple[str, str] | None]] = {}
         self.bin = {name: _program(name) for name in ("sbatch", "srun", "scancel", "scontrol")}
         tools = self.tools.unshare and self.tools.mount and self.tools.mkdir
-        can_bind = os.geteuid() == 0 and bool(tools)
-        if config.bind_mounts and not can_bind:
+        possible = os.geteuid() == 0 and bool(tools)
+        if config.worker_namespaces and not possible:
             raise RuntimeError(
-                "bind_mounts is true but volumes cannot be bound here: run the deployer as "
-                "root with util-linux installed, or remove the setting"
+                "worker_namespaces is true but this deployer cannot make namespaces: run it "
+                "as root with util-linux installed, or remove the setting"
             )
-        #: Volumes bound at their mount paths in a mount namespace per worker (root, on
-        #: nodes with util-linux); otherwise only the links of the local fallback.
-        self.bind_mounts = can_bind if config.bind_mounts is None else config.bind_mounts
+        #: A mount and PID namespace per worker step (root, nodes with util-linux): volumes
+        #: bound at their mount paths, and no process of a worker outlives it. Otherwise
+        #: only the links of the local fallback, and Slurm's process tracking.
+        wanted = config.worker_namespaces
+        self.worker_namespaces = possible if wanted is None else wanted
 
     # -- Slurm client commands -------------------------------------------------------
 
@@ -453,13 +458,19 @@ class SlurmRuntime(LocalRuntime):
         )
 
     def _entry(self, local: _Local, worker: _Worker, status_file: Path) -> list[str]:
-        """What runs before the wrapper: a mount namespace of the worker's own with its
-        volumes bound at their mount paths (`mounts.sh`), when this runtime binds."""
-        if not (self.bind_mounts and local.mounts):
+        """What runs before the wrapper: a mount and a PID namespace of the worker's own
+        (`worker_namespaces`), its volumes bound at their mount paths (`mounts.sh`).
+
+        The wrapper is the PID namespace's first process: when it ends, however it ends
+        (even SIGKILL), the kernel ends every process of the worker, also those that left
+        their parent (which Slurm's `proctrack/linuxproc` would lose); `--kill-child`
+        does the same when `unshare` itself is killed."""
+        if not self.worker_namespaces:
             return []
         t = self.tools
         mounts = worker.scratch / "mounts.sh"
-        namespace = [t.unshare, "--mount", "--propagation", "private", "--"]
+        namespace = [t.unshare, "--mount", "--propagation", "private", "--pid", "--fork"]
+        namespace += ["--mount-proc", "--kill-child", "--"]
         return [*namespace, t.bash, str(mounts), str(status_file)]
 
     def _mounts_script(self, local: _Local) -> str:
