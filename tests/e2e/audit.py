@@ -5,7 +5,8 @@ names a stored event and its correlation id is that event's. A root's
 causation id and correlation id are one id that is no event's: a person's
 request or an admin's action (actor `user:...`, the request id), or the
 operator's configuration read at start (`config:...`, e.g. the pools the
-scheduler registers from pools.yaml).
+scheduler registers from pools.yaml), or what a cluster manager said of a
+node (`slurm:...`, a node Slurm took out of service or back).
 Following causation ids from any event then ends at a root, and the whole
 chain shares the root's request id.
 """
@@ -79,10 +80,10 @@ def _problem(event: Stored, by_id: dict[str, Stored]) -> str | None:
     cause = by_id.get(event.causation_id)
     if cause is None:  # a root: a request, an admin's action, the configuration
         person = event.actor.startswith("user:")
-        if not person and not event.causation_id.startswith("config:"):
+        if not person and not event.causation_id.startswith(("config:", "slurm:")):
             return (
                 f"names {event.causation_id}, no event, as its cause, but is neither a "
-                "person's request nor the configuration"
+                "person's request, the configuration nor a cluster manager's word"
             )
         if event.correlation_id != event.causation_id:
             return "a request's event whose correlation id is not its request id"

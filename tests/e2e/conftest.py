@@ -217,15 +217,25 @@ async def _processes(ctx: ServiceContext, names: list[str]) -> AsyncIterator[Cal
 
 @contextlib.asynccontextmanager
 async def running_platform(
-    dsn: str, kafka: KafkaSettings, home: Path, *, layout: str | None = None, **settings: Any
+    dsn: str,
+    kafka: KafkaSettings,
+    home: Path,
+    *,
+    layout: str | None = None,
+    configure: Callable[[Path], None] | None = None,
+    **settings: Any,
 ) -> AsyncIterator[Platform]:
     """The platform on `dsn` / `kafka` with config and data under `home`, in `layout`
-    (default: the running test's, see `layout` above)."""
+    (default: the running test's, see `layout` above); `configure` may change the
+    copied config folder before any service reads it."""
+    config_dir = copy_config(home / "config")
+    if configure is not None:
+        configure(config_dir)
     ctx = ServiceContext(
         dsn=dsn,
         kafka=kafka,
         data_dir=home / "data",
-        config_dir=copy_config(home / "config"),
+        config_dir=config_dir,
         settings={
             "http_port": free_port(),
             "grpc_port": free_port(),

@@ -48,7 +48,7 @@ from runyard.api.internal import ServiceClient
 from runyard.deployer import outputs
 from runyard.deployer.outputs import DeploymentKey, KeptOutput, Marks, OutputStream, Stream
 from runyard.deployer.retry import until_done
-from runyard.deployer.runtime import LocalRuntime, OutputLine
+from runyard.deployer.runtime import OutputLine
 
 log = logging.getLogger("runyard.deployer.keeper")
 
@@ -205,12 +205,22 @@ class _Watching:
     lost: bool = False
 
 
+class KeepsOutput(Protocol):
+    """What the keeper needs of a runtime (the local one, or `PoolRuntimes`)."""
+
+    def kept(self) -> dict[DeploymentKey, KeptOutput]: ...
+
+    async def forget(self, key: DeploymentKey) -> None: ...
+
+    def live_streams(self) -> list[OutputStream]: ...
+
+
 class OutputKeeper:
     """Republishes what a broker lost; removes kept output once stored (module docstring)."""
 
     def __init__(
         self,
-        runtime: LocalRuntime,
+        runtime: KeepsOutput,
         lines: StoredLines,
         publish: Publish,
         *,

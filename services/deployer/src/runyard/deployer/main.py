@@ -1,7 +1,9 @@
 """The deployer service: `async def run(ctx)` until cancelled.
 
 It builds the local runtime from `runtime.yaml` of the config folder (its
-`local:` section: image catalogue, scratch and volume roots, stop grace),
+`local:` section: image catalogue, scratch and volume roots, stop grace), and
+one runtime per pool its `pools:` section sends elsewhere (`runtime: slurm`:
+`runyard.deployer.slurm`), each deployment going to its task's pool's runtime,
 starts `DeployerApp`, and subscribes one idempotent consumer to the task
 event topic. Worker output goes to the `runyard.logs` topic, one JSON record
 per line (time, task, run, attempt, worker, stream, line); workers write to
@@ -32,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import sys
 
@@ -50,8 +51,9 @@ from runyard.contracts.commands import (
 from runyard.contracts.rpc import credential
 from runyard.deployer.app import REACTS_TO, DeployerApp
 from runyard.deployer.keeper import BrokerWatch, LogServiceLines, OutputKeeper
+from runyard.deployer.pools import PoolRuntimes, build_runtimes
 from runyard.deployer.retry import until_done
-from runyard.deployer.runtime import LocalRuntime, LocalRuntimeConfig, OutputLine
+from runyard.deployer.runtime import LocalRuntime, OutputLine
 from runyard.eventstore import PostgresEventStore
 from runyard.messaging import KafkaSettings
 from runyard.messaging.consumer import IdempotentConsumer, make_broker
@@ -120,10 +122,15 @@ def _log_failure(task: asyncio.Task[object]) -> None:
         log.error("deployer command failed", exc_info=task.exception())
 
 
-def build_runtime(ctx: ServiceContext, *, keep_output: bool = False) -> LocalRuntime:
-    raw = ctx.config("runtime.yaml").get("local") or {}
-    config = LocalRuntimeConfig.from_mapping(raw, data_dir=ctx.data_dir, base_dir=ctx.config_dir)
-    return LocalRuntime(dataclasses.replace(config, keep_output=keep_output))
+def build_runtime(ctx: ServiceContext, *, keep_output: bool = False) -> LocalRuntime | PoolRuntimes:
+    """The local runtime, or one runtime per pool when runtime.yaml's `pools:` names
+    another (`runtime: slurm`; see runyard.deployer.pools)."""
+    return build_runtimes(
+        ctx.config("runtime.yaml"),
+        data_dir=ctx.data_dir,
+        base_dir=ctx.config_dir,
+        keep_output=keep_output,
+    )
 
 
 class LogsTopicEnds:

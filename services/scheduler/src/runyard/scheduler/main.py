@@ -13,9 +13,10 @@ pools, rebuilds its memory from the log, plans once), subscribes one
 idempotent consumer to the task and pool event topics, and ticks every
 `scheduler_tick_s` seconds (5) for time limits (R-08) and pending queue
 reports; every `scheduler_sweep_s` seconds (15) the tick also sweeps for what
-the consumer should have brought and did not (`SchedulerApp.sweep`). When the
-lease may be lost the term is cancelled at once: its consumer stops and the
-instance stands by again.
+the consumer should have brought and did not (`SchedulerApp.sweep`). For every
+pool runtime.yaml runs on Slurm it keeps the nodes' health in line with Slurm's
+(`runyard.scheduler.slurm_nodes`). When the lease may be lost the term is
+cancelled at once: its consumer stops and the instance stands by again.
 
 No double booking, even from an instance that has not noticed yet that it lost
 the lease: each placement appends `WorkersAllocated` and `TaskPlaced` in one
@@ -36,6 +37,7 @@ from runyard.messaging.consumer import IdempotentConsumer, make_broker
 from runyard.scheduler.app import IGNORED, SchedulerApp
 from runyard.scheduler.config import PoolConfig, load_pools_file
 from runyard.scheduler.http import http_app
+from runyard.scheduler.slurm_nodes import SlurmNodeWatch, slurm_pools
 from runyard.scheduler.views import ensure_schema
 from runyard.stack.context import ServiceContext
 from runyard.stack.leader import Leadership, Lease, Role
@@ -88,6 +90,13 @@ class SchedulerService:
         topics = self.ctx.kafka.topics
         consumer.subscribe(broker, topics.task_events, topics.pool_events)
         self.app = app
+        # Node truth of the pools Slurm runs (runtime.yaml `pools:`): one watch each.
+        watches = [
+            asyncio.create_task(
+                SlurmNodeWatch(self.store, pool, slurm_conf=conf, partition=partition).run()
+            )
+            for pool, (conf, partition) in slurm_pools(self.ctx.config("runtime.yaml")).items()
+        ]
         try:
             await broker.start()
             tick_s = float(self.ctx.settings.get("scheduler_tick_s", TICK_S))
@@ -96,6 +105,8 @@ class SchedulerService:
                 await retrying(app.tick, component="scheduler tick")  # outages are waited out
         finally:
             self.app = None
+            for watch in watches:
+                watch.cancel()
             # The consumer must be gone before another term starts: one left running
             # (its handler waiting out an outage when the lease was lost) would keep
             # partitions for this term's app, and its events would never reach the next.

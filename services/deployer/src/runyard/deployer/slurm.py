@@ -1,0 +1,873 @@
+"""Workers as Slurm job steps: the Slurm runtime.
+
+One Slurm job per deployment (one attempt of one run of a task), on exactly
+the placed nodes (`--nodelist`), with the placed GPUs as generic resources
+(`--gres=gpu:<n>`), one job step per worker. The four deploy stages map onto
+it like this:
+
+    allocate        sbatch a job whose batch script waits for a gate file (`go`);
+                    wait until Slurm says RUNNING (while PENDING: Slurm's reason;
+                    a job that ends or is refused: StageFailed with Slurm's words)
+    pull_image      the image of the catalogue exists on every node (one step)
+    mount_storage   volumes as host directories under `volumes_root`, bound at
+                    their mount paths in a mount (and PID) namespace of each
+                    worker's own (read-only ones read-only; root with
+                    util-linux), and linked at the mount path relative to the
+                    working directory
+    init_env        the same variables as the local runtime (`worker_env`), with
+                    MASTER_ADDR = the address Slurm gives the first worker's node;
+                    written to one env file per worker, never on a command line
+    start_workers   the gate opens: the batch script runs
+                    `srun --overlap -N1 -n1 -w <node> <worker's run.sh>` per worker
+
+Each worker's `run.sh` sends its stdout/stderr to files in the worker's folder,
+which the runtime follows line by line while it runs (as the local runtime:
+`runyard.deployer.outputs`, seq numbers, saved offsets), and runs the launch
+command through the local runtime's wrapper, which writes the command's exit
+status and time to `exit_status`. A worker's exit status is that file, never
+Slurm's step state: Slurm knows the step, not the command.
+
+- stop: `scancel --signal=TERM` (the steps: each launch command gets SIGTERM,
+  its wrapper writes 143), after the grace period `scancel --signal=KILL
+  --full` and `scancel`; returns once Slurm says the job is over (no
+  process of it is left: a job stays COMPLETING until its processes are gone);
+- capture_stacks: `py-spy dump` of every Python process under each worker's
+  wrapper, run on the worker's node by `srun --jobid=<job> --overlap -w <node>`;
+- recovery: `state.json` in the deployment's folder records the Slurm job id
+  (written as soon as sbatch answers) and the phase; `allocate` of a
+  deployment whose job still runs takes that job (by the saved id, else by
+  its name `runyard-<task>-r<run>-a<attempt>`) instead of submitting a second
+  one, and `recover`/`adopt` follow the workers of a job whose gate is open;
+- env check (R-30): the check program runs in every worker as a step of its
+  own (`srun --jobid=<job> --overlap`), through the same wrapper and
+  variables, before the gate opens.
+
+The deployment's folder (`<scratch_root>/<task>/run<r>-a<a>/`) and the volume
+root must be the same path on the deployer's host and on every node (a
+shared file system; on one host, trivially). Client commands find the
+cluster through `slurm_conf` (SLURM_CONF) when it is set, and get no other
+variable of the deployer (so neither do the workers). Workers run as the user
+the deployer submits as; with `worker_namespaces` each sees only its own
+processes and its volumes at their mount paths, and nothing more is isolated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import os
+import shlex
+import shutil
+import signal
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from runyard.contracts.stacks import ProcessStacks, WorkerStacks
+from runyard.deployer import outputs
+from runyard.deployer.runtime import (
+    UNKNOWN_EXIT_CODE,
+    Deployment,
+    DeploymentKey,
+    LocalRuntime,
+    LocalRuntimeConfig,
+    OnExit,
+    OnOutput,
+    StageFailed,
+    _image_dir,
+    _load_offsets,
+    _Local,
+    _read_status,
+    _Tools,
+    _Worker,
+)
+from runyard.deployer.stacks import parse_dump, py_spy_binary
+
+log = logging.getLogger("runyard.deployer.slurm")
+
+_SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: Job states after which Slurm holds nothing of the job any more.
+_OVER = {
+    "BOOT_FAIL",
+    "CANCELLED",
+    "COMPLETED",
+    "DEADLINE",
+    "FAILED",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "TIMEOUT",
+}
+#: The name of the env check's steps (`end_env_check` cancels them by it).
+_CHECK_STEP = "runyard-env-check"
+
+
+class SlurmError(Exception):
+    """A Slurm client command failed; `message` is what it said."""
+
+    def __init__(self, command: str, message: str) -> None:
+        super().__init__(f"{command}: {message}")
+        self.command = command
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmRuntimeConfig(LocalRuntimeConfig):
+    """The local runtime's settings (scratch, volumes, images, grace) plus the cluster's."""
+
+    #: The partition every job of the pool goes to (None: the cluster's default).
+    partition: str | None = None
+    #: The cluster's slurm.conf (SLURM_CONF of every client command; None: Slurm's default).
+    slurm_conf: Path | None = None
+    #: Seconds a job may stay PENDING before `resource_allocation` fails (None: no limit).
+    allocate_timeout_s: float | None = 600.0
+    #: A mount and PID namespace per worker step (volumes bound at their mount paths;
+    #: every process of the worker ends with it); needs root and util-linux on the
+    #: nodes. None: when the deployer runs as root with util-linux.
+    worker_namespaces: bool | None = None
+
+    @classmethod
+    def from_mapping(
+        cls, raw: Mapping[str, Any], *, data_dir: Path, base_dir: Path
+    ) -> SlurmRuntimeConfig:
+        """Build from a `runtime.yaml` `slurm:` section; see infra/config/runtime.yaml."""
+        images = {
+            str(name): _image_dir(str(where), base_dir)
+            for name, where in (raw.get("images") or {}).items()
+        }
+        conf = raw.get("slurm_conf")
+        timeout = raw.get("allocate_timeout_s", 600.0)
+        return cls(
+            scratch_root=Path(raw.get("scratch_root") or data_dir / "slurm-scratch").absolute(),
+            volumes_root=Path(raw.get("volumes_root") or data_dir / "volumes").absolute(),
+            images=images,
+            grace_s=float(raw.get("grace_s", 10.0)),
+            output_buffer=int(raw.get("output_buffer", 10_000)),
+            namespaces=False,
+            poll_s=float(raw.get("poll_s", 0.2)),
+            partition=raw.get("partition"),
+            slurm_conf=Path(str(conf)) if conf else None,
+            allocate_timeout_s=float(timeout) if timeout is not None else None,
+            worker_namespaces=raw.get("worker_namespaces"),
+        )
+
+
+class SlurmRuntime(LocalRuntime):
+    """Workers as steps of one Slurm job per deployment; see the module docstring.
+
+    It keeps the local runtime's folder layout, environment, volume links and
+    output following (they are the same on a node that shares the file system),
+    and replaces everything that starts, watches or ends a process.
+    """
+
+    config: SlurmRuntimeConfig
+
+    def __init__(self, config: SlurmRuntimeConfig) -> None:
+        # Not LocalRuntime.__init__: no sandbox here (Slurm's nodes are the workers' hosts).
+        self.config = config
+        self._deps: dict[DeploymentKey, _Local] = {}
+        self._kept = None
+        self.dropped_lines = 0
+        self.tools = _Tools.find()
+        self.namespaces = False
+        self.worker_ids = None
+        self._jobs: dict[DeploymentKey, str] = {}
+        self._killed: set[DeploymentKey] = set()
+        self._states: dict[str, tuple[float, tuple[str, str] | None]] = {}
+        self.bin = {name: _program(name) for name in ("sbatch", "srun", "scancel", "scontrol")}
+        tools = self.tools.unshare and self.tools.mount and self.tools.mkdir
+        possible = os.geteuid() == 0 and bool(tools)
+        if config.worker_namespaces and not possible:
+            raise RuntimeError(
+                "worker_namespaces is true but this deployer cannot make namespaces: run it "
+                "as root with util-linux installed, or remove the setting"
+            )
+        #: A mount and PID namespace per worker step (root, nodes with util-linux): volumes
+        #: bound at their mount paths, and no process of a worker outlives it. Otherwise
+        #: only the links of the local fallback, and Slurm's process tracking.
+        wanted = config.worker_namespaces
+        self.worker_namespaces = possible if wanted is None else wanted
+
+    # -- Slurm client commands -------------------------------------------------------
+
+    def _env(self) -> dict[str, str]:
+        env = {"PATH": _SYSTEM_PATH, "LANG": "C.UTF-8"}
+        if self.config.slurm_conf is not None:
+            env["SLURM_CONF"] = str(self.config.slurm_conf)
+        return env
+
+    async def _slurm(self, *args: str, timeout_s: float = 60.0) -> str:
+        """Run a Slurm client command; its stdout, or SlurmError with its stderr."""
+        proc = await asyncio.create_subprocess_exec(
+            *args,
+            env=self._env(),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise SlurmError(Path(args[0]).name, f"no answer within {timeout_s:.0f} s") from None
+        if proc.returncode != 0:
+            text = err.decode(errors="replace").strip() or out.decode(errors="replace").strip()
+            raise SlurmError(Path(args[0]).name, text or f"exit {proc.returncode}")
+        return out.decode(errors="replace")
+
+    async def job_state(self, job_id: str) -> tuple[str, str] | None:
+        """(state, reason) of a job as Slurm says it; None once Slurm forgot the job."""
+        try:
+            out = await self._slurm(self.bin["scontrol"], "show", "job", "-o", job_id)
+        except SlurmError as exc:
+            if "Invalid job id" in exc.message:
+                return None
+            raise
+        fields = _fields(out)
+        return fields.get("JobState", "UNKNOWN"), fields.get("Reason", "None")
+
+    async def _cached_state(self, job_id: str, max_age_s: float = 1.0) -> tuple[str, str] | None:
+        """`job_state`, asked at most once per `max_age_s` (every worker's watcher asks)."""
+        seen = self._states.get(job_id)
+        if seen is not None and time.monotonic() - seen[0] < max_age_s:
+            return seen[1]
+        state = await self.job_state(job_id)
+        self._states[job_id] = (time.monotonic(), state)
+        return state
+
+    async def _job_over(self, job_id: str) -> bool:
+        """Whether Slurm is done with the job; False while Slurm does not answer (a
+        slurmctld restart must not count as the end of every worker)."""
+        try:
+            state = await self._cached_state(job_id)
+        except SlurmError as exc:
+            log.warning("cannot learn the state of Slurm job %s: %s", job_id, exc)
+            return False
+        return state is None or state[0] in _OVER
+
+    async def _state_or_wait(self, job_id: str, within_s: float = 120.0) -> tuple[str, str] | None:
+        """`job_state`, asked again (every 2 s) while Slurm does not answer, for up to
+        `within_s` seconds (then the last SlurmError)."""
+        deadline = time.monotonic() + within_s
+        while True:
+            try:
+                return await self.job_state(job_id)
+            except SlurmError as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("cannot learn the state of Slurm job %s: %s", job_id, exc)
+                await asyncio.sleep(2.0)
+
+    def job_id(self, key: DeploymentKey) -> str | None:
+        """The Slurm job of a deployment held here."""
+        return self._jobs.get(key)
+
+    # -- stages ------------------------------------------------------------------------
+
+    async def allocate(self, deployment: Deployment) -> None:
+        key = deployment.key
+        if key in self._deps:
+            return
+        await super().allocate(deployment)
+        local = self._deps[key]
+        job = await self._job_of_earlier(local)
+        if job is None:
+            (local.root / "go").unlink(missing_ok=True)
+            script = local.root / "job.sh"
+            script.write_text(self._batch_script(local))
+            try:
+                out = await self._slurm(self.bin["sbatch"], *self._sbatch_args(local), str(script))
+            except SlurmError as exc:
+                raise StageFailed(f"Slurm refused the job: {exc.message}") from exc
+            job = out.strip().split(";")[0]
+        self._jobs[key] = job
+        self._write_state(local, "allocated")
+        await self._until_running(job)
+
+    async def _job_of_earlier(self, local: _Local) -> str | None:
+        """The job an earlier deployer submitted for this deployment, if it still runs:
+        by the id it saved, else by the job's name (it died before saving the id)."""
+        try:
+            raw = json.loads((local.root / "state.json.slurm").read_text())
+            job = str(raw["job_id"])
+        except (OSError, ValueError, KeyError, TypeError):
+            try:
+                out = await self._slurm(
+                    _program("squeue"), "-h", f"--name={_job_name(local)}", "-o", "%i"
+                )
+            except SlurmError as exc:
+                raise StageFailed(f"Slurm does not answer: {exc}") from exc
+            found = out.split()
+            return found[0] if found else None
+        try:
+            state = await self._state_or_wait(job)
+        except SlurmError as exc:
+            raise StageFailed(f"Slurm does not answer about job {job}: {exc}") from exc
+        return job if state is not None and state[0] not in _OVER else None
+
+    def _sbatch_args(self, local: _Local) -> list[str]:
+        d = local.deployment
+        nodes = list(dict.fromkeys(w.node for w in d.workers))
+        gpus: dict[str, int] = {}
+        for w in d.workers:
+            gpus[w.node] = gpus.get(w.node, 0) + len(w.gpus)
+        args = [
+            "--parsable",
+            f"--job-name={_job_name(local)}",
+            f"--nodes={len(nodes)}",
+            "--ntasks-per-node=1",
+            f"--nodelist={','.join(nodes)}",
+            f"--gres=gpu:{max(gpus.values())}",
+            f"--output={local.root / 'job.log'}",
+            f"--chdir={local.root}",
+            "--export=ALL",
+            "--no-requeue",
+        ]
+        if self.config.partition:
+            args.append(f"--partition={self.config.partition}")
+        return args
+
+    def _batch_script(self, local: _Local) -> str:
+        """Wait for the gate, then one step per worker on its node; wait for them all."""
+        q = shlex.quote
+        root = local.root
+        lines = [
+            "#!/bin/bash",
+            f"# Runyard deployment {local.deployment.key}: the workers start when 'go' exists.",
+            f"while [ ! -e {q(str(root / 'go'))} ]; do sleep 0.1; done",
+        ]
+        for worker in local.workers.values():
+            step = [
+                self.bin["srun"],
+                "--overlap",
+                "-N1",
+                "-n1",
+                f"-w{worker.placement.node}",
+                f"--job-name=runyard-w{worker.index}",
+                "--input=none",
+                self.tools.bash,
+                str(worker.scratch / "run.sh"),
+            ]
+            lines.append(shlex.join(step) + " &")
+        lines.append("wait")
+        return "\n".join(lines) + "\n"
+
+    async def _until_running(self, job: str) -> None:
+        """Wait until Slurm runs the job; StageFailed when it ends or waits too long."""
+        timeout = self.config.allocate_timeout_s
+        deadline = None if timeout is None else time.monotonic() + timeout
+        said = ""
+        while True:
+            try:
+                state = await self._state_or_wait(job)
+            except SlurmError as exc:
+                raise StageFailed(f"Slurm does not answer about job {job}: {exc}") from exc
+            if state is None or state[0] in _OVER:
+                what = "was forgotten by Slurm" if state is None else f"ended {state[0]}"
+                why = "" if state is None or state[1] == "None" else f" ({state[1]})"
+                raise StageFailed(f"Slurm job {job} {what} before it ran{why}")
+            if state[0] == "RUNNING":
+                return
+            if state[1] != said:
+                said = state[1]
+                log.info("Slurm job %s is %s: %s", job, state[0], said)
+            if deadline is not None and time.monotonic() > deadline:
+                with contextlib.suppress(SlurmError):
+                    await self._slurm(self.bin["scancel"], job)
+                raise StageFailed(f"Slurm job {job} still {state[0]} after {timeout:.0f} s: {said}")
+            await asyncio.sleep(0.2)
+
+    async def pull_image(self, deployment: Deployment) -> None:
+        local = self._get(deployment.key)
+        image = deployment.spec.image
+        where = self.config.images.get(image)
+        if where is None:
+            known = ", ".join(sorted(self.config.images)) or "none"
+            raise StageFailed(
+                f"image {image!r} is not in the Slurm pool's image catalogue "
+                f"(known images: {known})"
+            )
+        nodes = list(dict.fromkeys(w.node for w in deployment.workers))
+        probe = 'test -d "$1/bin" || { echo "$SLURMD_NODENAME"; exit 1; }'
+        try:
+            await self._slurm(
+                *self._step(local, nodes), self.tools.bash, "-c", probe, "_", str(where)
+            )
+        except SlurmError as exc:
+            raise StageFailed(
+                f"image {image!r} maps to {where}, which has no bin/ directory on node(s) "
+                f"{exc.message}"
+            ) from exc
+        local.image_bin = where / "bin"
+
+    def _step(self, local: _Local, nodes: list[str], *extra: str) -> list[str]:
+        """`srun` of one task per node in the deployment's job, beside its workers."""
+        job = self._jobs[local.deployment.key]
+        n = str(len(nodes))
+        return [
+            self.bin["srun"],
+            f"--jobid={job}",
+            "--overlap",
+            f"-N{n}",
+            f"-n{n}",
+            f"-w{','.join(nodes)}",
+            "--quiet",
+            *extra,
+        ]
+
+    async def init_env(self, deployment: Deployment) -> None:
+        await super().init_env(deployment)
+        local = self._get(deployment.key)
+        if deployment.spec.framework == "pytorch_ddp":
+            first = min(local.workers.values(), key=lambda w: w.index).placement.node
+            address = await self.node_address(first)
+            for worker in local.workers.values():
+                worker.env["MASTER_ADDR"] = address
+        for worker in local.workers.values():
+            self._write_env(worker, worker.env, "env")
+            (worker.scratch / "command").write_text(deployment.spec.command)
+            (worker.scratch / "mounts.sh").write_text(self._mounts_script(local))
+            (worker.scratch / "run.sh").write_text(self._run_script(local, worker))
+
+    async def node_address(self, node: str) -> str:
+        """The address Slurm knows a node by (NodeAddr)."""
+        out = await self._slurm(self.bin["scontrol"], "show", "node", "-o", node)
+        return _fields(out).get("NodeAddr") or node
+
+    def _run_script(self, local: _Local, worker: _Worker) -> str:
+        """The worker's step: output to its files, its volumes bound (when it can), then
+        the launch command in the wrapper."""
+        q = shlex.quote
+        w = worker.scratch
+        entry = shlex.join(self._entry(local, worker, worker.status_file))
+        return (
+            "#!/bin/bash\n"
+            f"exec </dev/null >>{q(str(w / 'stdout.log'))} 2>>{q(str(w / 'stderr.log'))}\n"
+            # The wrapper keeps this pid (exec): the stacks are those of its descendants.
+            f"echo $$ > {q(str(w / 'pid.tmp'))} && mv -f {q(str(w / 'pid.tmp'))} "
+            f"{q(str(w / 'pid'))}\n"
+            f"exec {entry} {q(self.tools.bash)} -c {q(self._wrapper())} runyard-worker "
+            f'"$(cat {q(str(w / "command"))})" {q(str(worker.status_file))} {q(str(w / "env"))}\n'
+        )
+
+    def _entry(self, local: _Local, worker: _Worker, status_file: Path) -> list[str]:
+        """What runs before the wrapper: a mount and a PID namespace of the worker's own
+        (`worker_namespaces`), its volumes bound at their mount paths (`mounts.sh`).
+
+        The wrapper is the PID namespace's first process: when it ends, however it ends
+        (even SIGKILL), the kernel ends every process of the worker, also those that left
+        their parent (which Slurm's `proctrack/linuxproc` would lose); `--kill-child`
+        does the same when `unshare` itself is killed."""
+        if not self.worker_namespaces:
+            return []
+        t = self.tools
+        mounts = worker.scratch / "mounts.sh"
+        namespace = [t.unshare, "--mount", "--propagation", "private", "--pid", "--fork"]
+        namespace += ["--mount-proc", "--kill-child", "--"]
+        return [*namespace, t.bash, str(mounts), str(status_file)]
+
+    def _mounts_script(self, local: _Local) -> str:
+        """Run as root in the worker's mount namespace: every volume bound at its mount
+        path (read-only ones remounted read-only), then `exec "$@"` (the wrapper). A
+        failure writes 112 as the worker's status (the error is on its stderr)."""
+        q = shlex.quote
+        t = self.tools
+        lines = [
+            "#!/bin/bash",
+            'status_file="$1"; shift',
+            'fail() { printf "%s %s\\n" 112 "$EPOCHREALTIME" > "$status_file.tmp" && '
+            f'{q(t.mv or "mv")} -f "$status_file.tmp" "$status_file"; exit 112; }}',
+        ]
+        for mount_path, host, read_only in local.mounts:
+            lines.append(f"{q(t.mkdir)} -p {q(mount_path)} || fail")
+            lines.append(f"{q(t.mount)} --bind {q(str(host))} {q(mount_path)} || fail")
+            if read_only:
+                lines.append(f"{q(t.mount)} -o remount,bind,ro {q(mount_path)} || fail")
+        lines.append('exec "$@"')
+        return "\n".join(lines) + "\n"
+
+    def _wrapper(self) -> str:
+        """The local runtime's wrapper, unsandboxed: the status file, then the exit."""
+        q = shlex.quote
+        t = self.tools
+        user_shell = f'{q(t.bash)} -c \'. "$0" && exec {q(t.bash)} --login -c "$1"\' "$3" "$1"'
+        return (
+            'status_file="$2"\n'
+            'finish() { printf "%s %s\\n" "$1" "$EPOCHREALTIME" > "$status_file.tmp" && '
+            f'{q(t.mv or "mv")} -f "$status_file.tmp" "$status_file"; exit "$1"; }}\n'
+            "trap : TERM INT HUP\n"
+            'cd "$(dirname "$2")/work" || finish 111\n'
+            "exec 3>&2 2>/dev/null\n"
+            f"{user_shell} 2>&3 3>&-\n"
+            "finish $?\n"
+        )
+
+    def _launch_args(
+        self,
+        local: _Local,
+        worker: _Worker,
+        *,
+        env_file: Path,
+        command: str | None = None,
+        status_file: Path | None = None,
+    ) -> list[str]:
+        """A step on the worker's node running `command` in the wrapper (the env check)."""
+        status = status_file or worker.status_file
+        step = self._step(local, [worker.placement.node], f"--job-name={_CHECK_STEP}")
+        step += ["--input=none", *self._entry(local, worker, status)]
+        step += [self.tools.bash, "-c", self._wrapper(), "runyard-worker"]
+        step += [command or local.deployment.spec.command]
+        step += [str(status), str(env_file)]
+        env = [f"{k}={v}" for k, v in self._env().items()]
+        return [shutil.which("env") or "/usr/bin/env", *env, *step]
+
+    async def end_env_check(self, key: DeploymentKey) -> None:
+        """End the env check's steps (their srun processes here, then the steps in Slurm)."""
+        job = self._jobs.get(key)
+        local = self._deps.get(key)
+        if job is None or local is None or not local.checks:
+            return
+        out = ""
+        with contextlib.suppress(SlurmError):
+            out = await self._slurm(_program("squeue"), "-h", "-s", "-j", job, "-o", "%i %j")
+        steps = [
+            s for s, _, name in (x.partition(" ") for x in out.splitlines()) if name == _CHECK_STEP
+        ]
+        if steps:
+            with contextlib.suppress(SlurmError):
+                await self._slurm(self.bin["scancel"], "--signal=KILL", *steps)
+        await super().end_env_check(key)
+
+    # -- workers -----------------------------------------------------------------------
+
+    async def start_workers(
+        self, deployment: Deployment, on_output: OnOutput, on_exit: OnExit
+    ) -> dict[int, int]:
+        """Open the gate; wait until every worker's wrapper runs; their pids on the node."""
+        local = self._get(deployment.key)
+        job = self._jobs[deployment.key]
+        if (local.root / "go").exists():
+            raise RuntimeError(f"workers of {deployment.key} already started")
+        for worker in local.workers.values():
+            if not (worker.scratch / "run.sh").exists():
+                raise RuntimeError(f"worker {worker.index} has no environment (env_init)")
+        self._write_state(local, "starting")
+        (local.root / "go").touch()
+        now = time.time()
+        for worker in local.workers.values():
+            worker.started_at = now
+        self._write_state(local, "started")
+        try:
+            await self._until_spawned(local, job)
+        except BaseException:
+            await self._cancel(job, deployment.key)
+            raise
+        self._watch_all(local, on_output, on_exit)
+        return self.pids(deployment.key)
+
+    async def _until_spawned(self, local: _Local, job: str, timeout_s: float = 120.0) -> None:
+        """Wait until each worker's wrapper has written its pid (or already exited)."""
+        deadline = time.monotonic() + timeout_s
+        for worker in local.workers.values():
+            while True:
+                pid = _read_pid(worker.scratch / "pid")
+                if pid is not None or worker.status_file.exists():
+                    worker.pid = pid
+                    break
+                if await self._job_over(job):
+                    raise RuntimeError(
+                        f"Slurm job {job} ended before worker {worker.index} started; "
+                        f"see {local.root / 'job.log'}"
+                    )
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"worker {worker.index} did not start within {timeout_s:.0f} s "
+                        f"in Slurm job {job}"
+                    )
+                await asyncio.sleep(0.05)
+
+    async def _watch(self, local: _Local, worker: _Worker, on_exit: OnExit) -> None:
+        """Follow one worker until its wrapper wrote its status (or the job is over)."""
+        key = local.deployment.key
+        readers = [
+            asyncio.create_task(self._tail(local, worker, "stdout")),
+            asyncio.create_task(self._tail(local, worker, "stderr")),
+        ]
+        local.readers.extend(readers)
+        job = self._jobs[key]
+        while _read_status(worker.status_file) is None and not await self._job_over(job):  # noqa: ASYNC110 (a file on another host: no event)
+            await asyncio.sleep(self.config.poll_s)
+        exited_at = datetime.now(UTC)
+        worker.gone.set()
+        await asyncio.gather(*readers, return_exceptions=True)
+        status = _read_status(worker.status_file)
+        if status is not None:
+            code, exited_at = status[0], min(status[1], exited_at)
+        else:  # killed with its wrapper: by our stop (SIGKILL), or unknown
+            code = 128 + signal.SIGKILL if key in self._killed else UNKNOWN_EXIT_CODE
+        worker.exit_code = code
+        worker.exited_at = exited_at
+        worker.done.set()
+        try:
+            await on_exit(key, worker.index, code, exited_at)
+        except Exception:
+            log.exception("exit handler failed for %s worker %s", key, worker.index)
+
+    async def stop(self, key: DeploymentKey, grace_s: float | None = None) -> None:
+        """SIGTERM to every step, SIGKILL after the grace period; returns once the job is over."""
+        local = self._deps.get(key)
+        job = self._jobs.get(key)
+        if local is None or job is None:
+            return
+        local.stopping = True
+        await self.end_env_check(key)
+        grace = self.config.grace_s if grace_s is None else grace_s
+        live = [w for w in local.workers.values() if local.watchers and not w.done.is_set()]
+        if live and not await self._job_over(job):
+            with contextlib.suppress(SlurmError):
+                await self._slurm(self.bin["scancel"], "--signal=TERM", job)
+            deadline = time.monotonic() + grace
+            for worker in live:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        worker.done.wait(), max(0.0, deadline - time.monotonic())
+                    )
+        await self._cancel(job, key)
+        for worker in live:
+            await worker.done.wait()
+
+    async def _cancel(self, job: str, key: DeploymentKey, timeout_s: float = 120.0) -> None:
+        """Cancel the job (SIGKILL to what is left) and wait until Slurm says it is over."""
+        self._states.pop(job, None)
+        try:
+            state = await self._state_or_wait(job)
+        except SlurmError as exc:
+            log.error("Slurm job %s: its state is unknown, cancelling it anyway: %s", job, exc)
+            state = ("UNKNOWN", "")
+        if state is not None and state[0] not in _OVER:
+            self._killed.add(key)
+            with contextlib.suppress(SlurmError):
+                await self._slurm(self.bin["scancel"], "--signal=KILL", "--full", job)
+            with contextlib.suppress(SlurmError):
+                await self._slurm(self.bin["scancel"], job)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                state = await self._state_or_wait(job, within_s=5.0)
+            except SlurmError:
+                state = ("UNKNOWN", "")
+            if state is None or state[0] in _OVER:
+                self._states[job] = (time.monotonic(), state)
+                return
+            if time.monotonic() > deadline:
+                log.error("Slurm job %s is still %s after scancel", job, state[0])
+                return
+            await asyncio.sleep(0.2)
+
+    async def cleanup(self, key: DeploymentKey) -> None:
+        job = self._jobs.get(key)
+        if job is not None and key in self._deps:
+            local = self._deps[key]
+            if not local.watchers:  # never started (a failed stage): the job goes now
+                await self._cancel(job, key)
+        await super().cleanup(key)
+        self._jobs.pop(key, None)
+        self._killed.discard(key)
+        if job is not None:
+            self._states.pop(job, None)
+
+    # -- stacks ------------------------------------------------------------------------
+
+    async def capture_stacks(
+        self, key: DeploymentKey, *, native: bool = True
+    ) -> tuple[WorkerStacks, ...]:
+        """py-spy dumps of the Python processes under each worker's wrapper, on its node."""
+        local = self._deps.get(key)
+        if local is None or key not in self._jobs:
+            return ()
+        live = [w for w in local.workers.values() if w.pid is not None and not w.done.is_set()]
+        dumps = await asyncio.gather(*(self._worker_stacks(local, w, native) for w in live))
+        return tuple(
+            WorkerStacks(worker=w.index, processes=tuple(d))
+            for w, d in zip(live, dumps, strict=True)
+        )
+
+    async def _worker_stacks(
+        self, local: _Local, worker: _Worker, native: bool
+    ) -> list[ProcessStacks]:
+        assert worker.pid is not None
+        spy = py_spy_binary() or "py-spy"
+        script = _STACKS_SCRIPT.replace("@NATIVE@", "--native" if native else "")
+        step = self._step(local, [worker.placement.node])
+        try:
+            out = await self._slurm(
+                *step, self.tools.bash, "-c", script, "_", str(worker.pid), spy, timeout_s=30.0
+            )
+        except SlurmError as exc:
+            return [ProcessStacks(pid=worker.pid, error=f"srun: {exc.message}")]
+        found = []
+        for line in out.splitlines():
+            parts = line.split(" ", 2)
+            if len(parts) != 3 or not parts[0].isdigit():
+                continue
+            pid, rc, data = (
+                int(parts[0]),
+                parts[1],
+                base64.b64decode(parts[2]).decode(errors="replace"),
+            )
+            if rc == "0":
+                try:
+                    found.append(parse_dump(pid, data))
+                    continue
+                except (ValueError, TypeError) as exc:
+                    data = f"unreadable py-spy output: {exc}"
+            found.append(
+                ProcessStacks(
+                    pid=pid,
+                    error=data.strip().splitlines()[-1] if data.strip() else f"py-spy exit {rc}",
+                )
+            )
+        if not found:
+            return [ProcessStacks(pid=worker.pid, error="no Python process in the worker")]
+        return found
+
+    # -- after a deployer restart --------------------------------------------------------
+
+    def _write_state(self, local: _Local, phase: str) -> None:
+        super()._write_state(local, phase)
+        job = self._jobs.get(local.deployment.key)
+        if job is None:
+            return
+        path = local.root / "state.json"
+        state = json.loads(path.read_text())
+        state["job_id"] = job
+        state["workers"] = [
+            {"index": w.index, "pid": w.pid, "started_at": w.started_at}
+            for w in local.workers.values()
+            if w.started_at is not None
+        ]
+        tmp = local.root / "state.json.tmp"
+        tmp.write_text(json.dumps(state))
+        tmp.replace(path)
+        # The job id alone, kept through `LocalRuntime.allocate` (which rewrites state.json).
+        (local.root / "state.json.slurm").write_text(json.dumps({"job_id": job}))
+
+    def recover(self) -> dict[DeploymentKey, dict[int, int]]:
+        """Deployments whose gate an earlier deployer opened (their workers run in Slurm).
+
+        A deployment whose gate was not opened is left to be deployed again: its
+        `allocate` takes the job that is already there."""
+        found: dict[DeploymentKey, dict[int, int]] = {}
+        root = self.config.scratch_root
+        if not root.is_dir():
+            return found
+        for state_file in sorted(root.glob("*/run*-a*/state.json")):
+            try:
+                raw = json.loads(state_file.read_text())
+                key: DeploymentKey = (str(raw["task_id"]), int(raw["run"]), int(raw["attempt"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                log.warning("unreadable deployment state %s", state_file)
+                continue
+            if key in self._deps or "job_id" not in raw:
+                continue
+            if not (state_file.parent / "go").exists():
+                continue
+            pids = {}
+            for w in raw.get("workers", []):
+                pid = _read_pid(state_file.parent / f"w{w['index']}" / "pid")
+                pids[int(w["index"])] = pid if pid is not None else int(raw["job_id"])
+            found[key] = pids
+        return found
+
+    async def adopt(
+        self, deployment: Deployment, on_output: OnOutput, on_exit: OnExit
+    ) -> dict[int, int]:
+        """Follow the workers of a job an earlier deployer started: output and exits."""
+        key = deployment.key
+        task, run, attempt = key
+        root = self.config.scratch_root / task / f"run{run}-a{attempt}"
+        raw = json.loads((root / "state.json").read_text())
+        started = {int(w["index"]): w.get("started_at") for w in raw.get("workers", [])}
+        workers: dict[int, _Worker] = {}
+        for placement in deployment.workers:
+            worker = _Worker(placement.index, placement, root / f"w{placement.index}")
+            worker.pid = _read_pid(worker.scratch / "pid")
+            worker.started_at = started.get(placement.index)
+            _load_offsets(worker)
+            workers[placement.index] = worker
+        local = _Local(deployment, root, workers, adopted=True)
+        self._deps[key] = local
+        self._jobs[key] = str(raw["job_id"])
+        self._watch_all(local, on_output, on_exit)
+        return self.pids(key)
+
+    async def discard(self, key: DeploymentKey, grace_s: float | None = None) -> None:
+        """End the job of a deployment found on disk that must not go on; remove it."""
+        task, run, attempt = key
+        root = self.config.scratch_root / task / f"run{run}-a{attempt}"
+        try:
+            job = str(json.loads((root / "state.json").read_text())["job_id"])
+        except (OSError, ValueError, KeyError, TypeError):
+            job = None
+        if job is not None:
+            with contextlib.suppress(SlurmError):
+                await self._slurm(self.bin["scancel"], "--signal=TERM", job)
+            deadline = time.monotonic() + (self.config.grace_s if grace_s is None else grace_s)
+            while not await self._job_over(job) and time.monotonic() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.2)
+            await self._cancel(job, key)
+        await asyncio.to_thread(outputs.forget, root)
+
+    def detach(self) -> None:
+        super().detach()
+        self._jobs.clear()
+
+
+#: Run on a worker's node: py-spy for every Python process under the wrapper ($1),
+#: one line each: `<pid> <exit code> <base64 of py-spy's output>`.
+_STACKS_SCRIPT = r"""
+kids() {
+  local c
+  for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); do echo "$c"; kids "$c"; done
+}
+for pid in $(kids "$1"); do
+  case "$(readlink /proc/"$pid"/exe 2>/dev/null)" in *python*) ;; *) continue ;; esac
+  out=$("$2" dump --pid "$pid" --json @NATIVE@ 2>&1); rc=$?
+  if [ $rc -ne 0 ] && [ -n "@NATIVE@" ]; then out=$("$2" dump --pid "$pid" --json 2>&1); rc=$?; fi
+  printf '%s %s %s\n' "$pid" "$rc" "$(printf '%s' "$out" | base64 -w0)"
+done
+"""
+
+
+def _job_name(local: _Local) -> str:
+    """The Slurm job name of a deployment: `runyard-<task>-r<run>-a<attempt>`."""
+    task, run, attempt = local.deployment.key
+    return f"runyard-{task}-r{run}-a{attempt}"
+
+
+def _program(name: str) -> str:
+    return shutil.which(name, path=f"{os.environ.get('PATH', '')}:{_SYSTEM_PATH}") or name
+
+
+def _fields(text: str) -> dict[str, str]:
+    """`Key=Value` pairs of one `scontrol show ... -o` line."""
+    found = {}
+    for part in text.split():
+        key, sep, value = part.partition("=")
+        if sep and key not in found:
+            found[key] = value
+    return found
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None

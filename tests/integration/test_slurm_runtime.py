@@ -1,0 +1,677 @@
+"""The deployer with the Slurm runtime, on a real slurmctld and two slurmd (n1, n2).
+
+As tests/integration/test_deployer.py does for the local runtime: tests append
+`TaskSubmitted` and `TaskPlaced` (workers on Slurm's nodes), hand the events to
+`DeployerApp.handle`, and read the stream back; Slurm runs the workers as steps
+of one job per attempt. Skipped, with the reason, where Slurm cannot run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import sys
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent, default_mapper
+from runyard.contracts.spec import TaskSpec
+from runyard.contracts.task_events import (
+    DEPLOY_STAGES,
+    DeployStageCompleted,
+    DeployStageFailed,
+    DeployStageStarted,
+    TaskFailed,
+    TaskPlaced,
+    WorkerExited,
+    WorkerPlacement,
+    WorkerStarted,
+)
+from runyard.deployer.app import DeployerApp
+from runyard.deployer.runtime import OutputLine, Runtime
+from runyard.deployer.slurm import SlurmRuntime, SlurmRuntimeConfig
+from runyard.domain.task import RequestStop, Submit, decide, fold
+from runyard.eventstore import PostgresEventStore
+from runyard.stack.slurm import SlurmCluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.slurm]
+
+#: Generous: two cores shared with other work; Slurm polls and schedules in between.
+WITHIN_S = 90.0
+
+
+def make_spec(command: str, *, workers: int = 1, image: str = "python", **kw: Any) -> TaskSpec:
+    return TaskSpec(
+        name="t",
+        pool="slurm",
+        worker_spec="1gpu",
+        worker_count=workers,
+        image=image,
+        command=command,
+        **kw,
+    )
+
+
+class Harness:
+    def __init__(
+        self,
+        store: PostgresEventStore,
+        app: DeployerApp,
+        runtime: SlurmRuntime,
+        cluster: SlurmCluster,
+    ) -> None:
+        self.store = store
+        self.app = app
+        self.runtime = runtime
+        self.cluster = cluster
+        self.lines: list[OutputLine] = []
+
+    async def events(self, task_id: str) -> list[RecordedEvent[Event]]:
+        return await self.store.read_stream(f"task-{task_id}")
+
+    async def types(self, task_id: str) -> list[str]:
+        return [e.type for e in await self.events(task_id)]
+
+    async def append(self, task_id: str, events: list[Event]) -> list[RecordedEvent[Event]]:
+        stream = f"task-{task_id}"
+        version = await self.store.stream_version(stream)
+        meta = Metadata(actor="service:test")
+        now = datetime.now(UTC)
+        await self.store.append(stream, [NewEvent(e, meta, now) for e in events], version)
+        return await self.store.read_stream(stream, version + 1)
+
+    async def deliver(self, recorded: list[RecordedEvent[Event]]) -> None:
+        for event in recorded:
+            await self.app.handle(event)
+
+    async def launch(self, task_id: str, spec: TaskSpec, *, wait: bool = True) -> None:
+        """Submit and place the task (worker i on node n<i+1>, GPU 0), hand the placement over."""
+        submitted = decide(
+            None, Submit(task_id, "acme", "alice", spec), now=datetime.now(UTC), ids=lambda: "x"
+        )
+        await self.append(task_id, submitted)
+        nodes = self.cluster.nodes
+        workers = tuple(
+            WorkerPlacement(index=i, node=nodes[i % len(nodes)], gpus=(0,))
+            for i in range(spec.worker_count)
+        )
+        placed = TaskPlaced(run=1, attempt=1, pool="slurm", workers=workers)
+        await self.deliver(await self.append(task_id, [placed]))
+        if wait:
+            await asyncio.wait_for(self.app.drain(), WITHIN_S)
+
+    async def state(self, task_id: str) -> Any:
+        return fold(await self.events(task_id))
+
+    async def wait_for(self, task_id: str, type_name: str, within: float = WITHIN_S) -> None:
+        async def poll() -> None:
+            while type_name not in await self.types(task_id):  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(poll(), within)
+
+    def output(self, task_id: str) -> list[str]:
+        return [f"{x.worker}:{x.line}" for x in self.lines if x.task_id == task_id]
+
+    def jobs(self) -> list[str]:
+        """Every job Slurm holds now (squeue)."""
+        return self.cluster.run("squeue", "-h", "-o", "%i %j %T").splitlines()
+
+
+@pytest.fixture
+async def h(dsn: str, tmp_path: Path, slurm_cluster: SlurmCluster) -> AsyncIterator[Harness]:
+    store = await PostgresEventStore.connect(dsn, default_mapper())
+    config = SlurmRuntimeConfig(
+        scratch_root=tmp_path / "scratch",
+        volumes_root=tmp_path / "volumes",
+        images={"python": Path(sys.prefix)},
+        grace_s=2.0,
+        partition=slurm_cluster.partition,
+        slurm_conf=slurm_cluster.conf,
+    )
+    runtime = SlurmRuntime(config)
+    harness: Harness
+
+    async def sink(line: OutputLine) -> None:
+        harness.lines.append(line)
+
+    app = DeployerApp(store, runtime, on_output=sink, stop_grace_s=2.0)
+    harness = Harness(store, app, runtime, slurm_cluster)
+    try:
+        yield harness
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(app.close(), 60)
+        await store.close()
+
+
+def task_processes(task_id: str) -> list[int]:
+    """Live processes whose environment names the task (workers and what they left)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        if stat[stat.rfind(")") + 2 :][:1] in ("Z", "X"):
+            continue
+        if f"RUNYARD_TASK_ID={task_id}".encode() in env:
+            found.append(int(entry))
+    return found
+
+
+async def test_true_succeeds_with_every_stage_timed(h: Harness) -> None:
+    await h.launch("ok", make_spec("true"))
+    events = [e.event for e in await h.events("ok")]
+    started = [e.stage for e in events if isinstance(e, DeployStageStarted)]
+    completed = [e for e in events if isinstance(e, DeployStageCompleted)]
+    assert started == list(DEPLOY_STAGES)
+    assert [e.stage for e in completed] == list(DEPLOY_STAGES)
+    assert all(isinstance(e.duration_ms, int) and e.duration_ms >= 0 for e in completed)
+    assert (await h.types("ok"))[-4:] == [
+        "WorkerStarted",
+        "TaskRunning",
+        "WorkerExited",
+        "TaskSucceeded",
+    ]
+    assert not [j for j in h.jobs() if "runyard-ok-" in j]
+
+
+ALLREDUCE = """
+import os, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")  # env:// from MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK
+rank, world = dist.get_rank(), dist.get_world_size()
+value = torch.tensor([float(rank + 1)])
+dist.all_reduce(value)
+print(f"rank {rank} of {world} on {os.environ['SLURMD_NODENAME']}: sum {value.item():.0f}")
+assert value.item() == world * (world + 1) / 2
+dist.destroy_process_group()
+while not os.path.exists(os.environ["RELEASE"]):  # the test reads the lines meanwhile
+    time.sleep(0.1)
+"""
+
+
+async def test_pytorch_ddp_gloo_all_reduce_on_two_nodes_with_lines_while_running(
+    h: Harness, tmp_path: Path
+) -> None:
+    pytest.importorskip("torch")
+    release = tmp_path / "release"
+    spec = make_spec(
+        f"set -o pipefail\npython - <<'EOF'\n{ALLREDUCE}\nEOF",
+        workers=2,
+        framework="pytorch_ddp",
+        env=({"name": "RELEASE", "value": str(release)},),
+    )
+    await h.launch("ddp", spec, wait=False)
+    wanted = {"0:rank 0 of 2 on n1: sum 3", "1:rank 1 of 2 on n2: sum 3"}
+    deadline = asyncio.get_running_loop().time() + WITHIN_S
+    while not wanted <= set(h.output("ddp")):
+        assert asyncio.get_running_loop().time() < deadline, h.output("ddp")
+        await asyncio.sleep(0.1)
+    # Both lines arrived while the workers still run (they wait for the release file).
+    assert (await h.state("ddp")).status == "running"
+    release.touch()
+    await asyncio.wait_for(h.app.drain(), WITHIN_S)
+    assert (await h.state("ddp")).status == "succeeded"
+    seqs = [x.seq for x in h.lines if x.task_id == "ddp" and x.stream == "stdout"]
+    assert seqs == [0, 0]
+
+
+async def test_pytorch_ddp_env_names_the_first_node_and_the_placed_gpus(h: Harness) -> None:
+    command = 'echo "$RANK $WORLD_SIZE $MASTER_ADDR $MASTER_PORT $CUDA_VISIBLE_DEVICES $FOO"'
+    spec = make_spec(
+        command, workers=2, framework="pytorch_ddp", env=({"name": "FOO", "value": "bar"},)
+    )
+    await h.launch("env", spec)
+    assert (await h.state("env")).status == "succeeded"
+    lines = sorted(h.output("env"))
+    port = lines[0].split()[3]
+    assert lines == [f"0:0 2 127.0.0.1 {port} 0 bar", f"1:1 2 127.0.0.1 {port} 0 bar"]
+    # The env files (and the whole deployment folder) are gone with the task (R-22).
+    assert not (h.runtime.config.scratch_root / "env").exists()
+
+
+async def test_failing_command_fails_with_its_exit_code(h: Harness) -> None:
+    await h.launch("bad", make_spec("echo about to fail >&2; exit 3"))
+    failed = (await h.events("bad"))[-1].event
+    assert isinstance(failed, TaskFailed)
+    assert failed.exit_code == 3 and failed.worker == 0
+    assert "0:about to fail" in h.output("bad")
+    assert [x.stream for x in h.lines if x.task_id == "bad"] == ["stderr"]
+
+
+async def test_pipe_without_pipefail_reports_what_the_command_returned(h: Harness) -> None:
+    command = "echo x | tee f; false | tee g"
+    await h.launch("pipe", make_spec(command))
+    assert (await h.state("pipe")).status == "succeeded"
+    await h.launch("pipefail", make_spec("set -o pipefail; " + command))
+    assert (await h.state("pipefail")).status == "failed"
+    exited = [e.event for e in await h.events("pipefail") if isinstance(e.event, WorkerExited)]
+    assert exited[0].exit_code == 1
+
+
+async def test_a_failing_worker_ends_its_peer_and_the_job(h: Harness) -> None:
+    command = 'if [ "$RUNYARD_WORKER_INDEX" = 1 ]; then sleep 1; exit 7; fi; sleep 300'
+    await h.launch("gang", make_spec(command, workers=2))
+    outcome = [e.event for e in await h.events("gang") if isinstance(e.event, TaskFailed)]
+    assert len(outcome) == 1 and outcome[0].worker == 1 and outcome[0].exit_code == 7
+    exited = {
+        e.event.worker: e.event.exit_code
+        for e in await h.events("gang")
+        if isinstance(e.event, WorkerExited)
+    }
+    assert exited == {1: 7, 0: 143}  # the peer's sleep got SIGTERM
+    assert not [j for j in h.jobs() if "runyard-gang-" in j]
+    assert task_processes("gang") == []
+
+
+async def test_stop_cancels_the_job_and_leaves_no_process(h: Harness) -> None:
+    # Each worker leaves a background child and ignores SIGTERM: only SIGKILL ends it.
+    command = "sleep 300 & trap '' TERM; sleep 300; wait"
+    await h.launch("stopme", make_spec(command, workers=2), wait=False)
+    await h.wait_for("stopme", "TaskRunning")
+    assert [j for j in h.jobs() if "runyard-stopme-" in j]
+    deadline = asyncio.get_running_loop().time() + WITHIN_S
+    while len(task_processes("stopme")) < 4:  # both sleeps of both workers
+        assert asyncio.get_running_loop().time() < deadline, task_processes("stopme")
+        await asyncio.sleep(0.1)
+    state = await h.state("stopme")
+    stop = decide(state, RequestStop("stopme"), now=state.submitted_at, ids=lambda: "x")
+    await h.deliver(await h.append("stopme", stop))
+    await asyncio.wait_for(h.app.drain(), WITHIN_S)
+    assert (await h.types("stopme"))[-1] == "TaskStopped"
+    assert not [j for j in h.jobs() if "runyard-stopme-" in j]
+    assert task_processes("stopme") == []
+    assert not (h.runtime.config.scratch_root / "stopme").exists()
+
+
+async def test_missing_image_fails_in_image_pull(h: Harness) -> None:
+    await h.launch("noimg", make_spec("true", image="nope:latest"))
+    failed = [e.event for e in await h.events("noimg") if isinstance(e.event, DeployStageFailed)]
+    assert len(failed) == 1 and failed[0].stage == "image_pull"
+    assert "nope:latest" in failed[0].reason and "catalogue" in failed[0].reason
+    assert not [j for j in h.jobs() if "runyard-noimg-" in j]
+
+
+async def test_a_node_slurm_does_not_know_fails_resource_allocation_with_slurms_words(
+    h: Harness,
+) -> None:
+    submitted = decide(
+        None,
+        Submit("ghost", "acme", "alice", make_spec("true")),
+        now=datetime.now(UTC),
+        ids=lambda: "x",
+    )
+    await h.append("ghost", submitted)
+    placed = TaskPlaced(
+        run=1, attempt=1, pool="slurm", workers=(WorkerPlacement(index=0, node="n9", gpus=(0,)),)
+    )
+    await h.deliver(await h.append("ghost", [placed]))
+    await asyncio.wait_for(h.app.drain(), WITHIN_S)
+    failed = [e.event for e in await h.events("ghost") if isinstance(e.event, DeployStageFailed)]
+    assert len(failed) == 1 and failed[0].stage == "resource_allocation"
+    assert "Slurm refused the job" in failed[0].reason
+    assert "node" in failed[0].reason.lower()
+
+
+def second_deployer(h: Harness) -> tuple[DeployerApp, SlurmRuntime]:
+    """A new deployer process, as far as the test can tell: its own app and runtime."""
+    runtime = SlurmRuntime(h.runtime.config)
+
+    async def sink(line: OutputLine) -> None:
+        h.lines.append(line)
+
+    return DeployerApp(h.store, runtime, on_output=sink, stop_grace_s=2.0), runtime
+
+
+async def test_a_restarted_deployer_adopts_the_running_job_and_records_the_exit(
+    h: Harness,
+) -> None:
+    command = 'echo before; while [ ! -e "$RELEASE" ]; do sleep 0.1; done; echo after; exit 4'
+    release = h.runtime.config.volumes_root / "release"
+    release.parent.mkdir(parents=True, exist_ok=True)
+    spec = make_spec(command, env=({"name": "RELEASE", "value": str(release)},))
+    await h.launch("crash", spec, wait=False)
+    await h.wait_for("crash", "TaskRunning")
+    job = h.runtime.job_id(("crash", 1, 1))
+    while "0:before" not in h.output("crash"):  # noqa: ASYNC110
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(1.5)  # the published offsets are saved at least once a second
+    h.app.detach()  # the deployer dies; its job does not
+    assert [j for j in h.jobs() if j.startswith(f"{job} ")]
+
+    app2, runtime2 = second_deployer(h)
+    try:
+        assert await app2.reconcile() == ["crash"]
+        assert runtime2.job_id(("crash", 1, 1)) == job  # adopted, not submitted again
+        release.touch()
+        await asyncio.wait_for(app2.drain(), WITHIN_S)
+    finally:
+        await asyncio.wait_for(app2.close(), 60)
+    events = [e.event for e in await h.events("crash")]
+    failed = [e for e in events if isinstance(e, TaskFailed)]
+    assert len(failed) == 1 and failed[0].exit_code == 4
+    assert sum(isinstance(e, WorkerStarted) for e in events) == 1
+    assert h.output("crash") == ["0:before", "0:after"]  # each line once
+    assert not [j for j in h.jobs() if "runyard-crash-" in j]
+
+
+async def test_allocate_after_a_restart_takes_the_job_already_submitted(h: Harness) -> None:
+    from runyard.deployer.runtime import Deployment
+
+    spec = make_spec("true")
+    workers = (WorkerPlacement(index=0, node="n2", gpus=(0,)),)
+    deployment = Deployment("twice", 1, 1, spec, workers)
+    await h.runtime.allocate(deployment)
+    job = h.runtime.job_id(deployment.key)
+    h.runtime.detach()
+    runtime2 = SlurmRuntime(h.runtime.config)
+    await runtime2.allocate(deployment)
+    assert runtime2.job_id(deployment.key) == job
+    # A deployer that died between sbatch's answer and saving the id: found by name.
+    runtime2.detach()
+    (h.runtime.config.scratch_root / "twice" / "run1-a1" / "state.json.slurm").unlink()
+    runtime3 = SlurmRuntime(h.runtime.config)
+    try:
+        await runtime3.allocate(deployment)
+        assert runtime3.job_id(deployment.key) == job
+        assert len([j for j in h.jobs() if "runyard-twice-" in j]) == 1
+    finally:
+        await runtime3.cleanup(deployment.key)
+    assert not [j for j in h.jobs() if "runyard-twice-" in j]
+
+
+STUCK = """
+import time
+
+def wait_for_all_reduce():
+    print("waiting", flush=True)
+    time.sleep(300)
+
+wait_for_all_reduce()
+"""
+
+
+async def test_capture_stacks_dumps_every_worker_on_its_node(h: Harness) -> None:
+    await h.launch("hang", make_spec(f"python - <<'EOF'\n{STUCK}\nEOF", workers=2), wait=False)
+    while sorted(h.output("hang")) != ["0:waiting", "1:waiting"]:  # noqa: ASYNC110
+        await asyncio.sleep(0.05)
+    stacks = await h.runtime.capture_stacks(("hang", 1, 1), native=False)
+    assert [s.worker for s in stacks] == [0, 1]
+    for worker in stacks:
+        assert worker.processes, worker
+        frames = [f.name for p in worker.processes for t in p.threads for f in t.frames]
+        assert "wait_for_all_reduce" in frames, worker
+    assert await h.runtime.capture_stacks(("other", 1, 1)) == ()
+    await h.runtime.stop(("hang", 1, 1), grace_s=1)
+    await asyncio.wait_for(h.app.drain(), WITHIN_S)
+    assert task_processes("hang") == []
+
+
+async def test_the_env_check_runs_in_every_worker_before_the_gate_opens(h: Harness) -> None:
+    from runyard.deployer.runtime import Deployment, free_port
+
+    spec = make_spec("echo launched", workers=2, framework="pytorch_ddp")
+    workers = tuple(WorkerPlacement(index=i, node=f"n{i + 1}", gpus=(0,)) for i in range(2))
+    deployment = Deployment("check", 1, 1, spec, workers)
+    runtime = h.runtime
+    for step in (runtime.allocate, runtime.pull_image, runtime.mount_storage, runtime.init_env):
+        await step(deployment)
+    lines: list[OutputLine] = []
+
+    async def collect(line: OutputLine) -> None:
+        lines.append(line)
+
+    try:
+        await runtime.start_env_check(deployment, collect, port=free_port(0))
+        codes = await asyncio.wait_for(runtime.wait_env_check(deployment.key), WITHIN_S)
+        assert codes == {0: 0, 1: 0}, [x.line for x in lines]
+        await runtime.end_env_check(deployment.key)
+        for worker in (0, 1):
+            said = [x.line for x in lines if x.worker == worker and x.stream == "stdout"]
+            assert any(s.startswith("Bootcheck Finished") for s in said), said
+        assert not (
+            runtime.config.scratch_root / "check" / "run1-a1" / "w0" / "stdout.log"
+        ).exists()
+        exits: list[int] = []
+
+        async def on_exit(key: Any, worker: int, code: int, at: datetime) -> None:
+            exits.append(code)
+
+        await runtime.start_workers(deployment, collect, on_exit)
+        assert await asyncio.wait_for(runtime.wait(deployment.key), WITHIN_S) == {0: 0, 1: 0}
+        assert sorted(x.line for x in lines if x.line == "launched") == ["launched"] * 2
+    finally:
+        await runtime.cleanup(deployment.key)
+    assert not [j for j in h.jobs() if "runyard-check-" in j]
+
+
+async def test_each_pool_runs_on_its_own_runtime(
+    dsn: str, tmp_path: Path, slurm_cluster: SlurmCluster
+) -> None:
+    """runtime.yaml's `pools:` sends pool `slurm` to Slurm; pool `dev` stays local."""
+    from runyard.deployer.pools import PoolRuntimes, build_runtimes
+
+    raw = {
+        "local": {"images": {"python": sys.prefix}, "grace_s": 2, "namespaces": False},
+        "pools": {
+            "slurm": {
+                "runtime": "slurm",
+                "partition": slurm_cluster.partition,
+                "slurm_conf": str(slurm_cluster.conf),
+                "grace_s": 2,
+            }
+        },
+    }
+    runtime = build_runtimes(raw, data_dir=tmp_path, base_dir=tmp_path, keep_output=False)
+    assert isinstance(runtime, PoolRuntimes) and isinstance(runtime, Runtime)
+    assert isinstance(runtime.by_pool["slurm"], SlurmRuntime)
+    assert isinstance(runtime.by_pool["slurm"], Runtime)
+    store = await PostgresEventStore.connect(dsn, default_mapper())
+    lines: list[OutputLine] = []
+
+    async def sink(line: OutputLine) -> None:
+        lines.append(line)
+
+    app = DeployerApp(store, runtime, on_output=sink, stop_grace_s=2.0)
+    try:
+        slurm = runtime.by_pool["slurm"]
+        assert isinstance(slurm, SlurmRuntime)
+        h = Harness(store, app, slurm, slurm_cluster)
+        h.lines = lines
+        command = 'echo "${SLURM_JOB_ID:-none}"'
+        await h.launch("on-slurm", make_spec(command))
+        local_spec = make_spec(command).model_copy(update={"pool": "dev"})
+        await h.launch("on-local", local_spec)
+        assert (await h.state("on-slurm")).status == "succeeded"
+        assert (await h.state("on-local")).status == "succeeded"
+        (slurm_line,) = h.output("on-slurm")
+        assert slurm_line.removeprefix("0:").isdigit()  # a step of a Slurm job
+        assert h.output("on-local") == ["0:none"]  # a process of this machine
+        assert runtime.deployments() == []
+        assert (tmp_path / "slurm" / "slurm").is_dir()  # the pool's own scratch root
+    finally:
+        await asyncio.wait_for(app.close(), 60)
+        await store.close()
+
+
+async def test_a_job_slurm_keeps_pending_fails_resource_allocation_with_slurms_reason(
+    h: Harness,
+) -> None:
+    import dataclasses
+
+    from runyard.deployer.runtime import Deployment, StageFailed
+
+    config = dataclasses.replace(h.runtime.config, allocate_timeout_s=3.0)
+    runtime = SlurmRuntime(config)
+    workers = (WorkerPlacement(index=0, node="n2", gpus=(0,)),)
+    deployment = Deployment("drained", 1, 1, make_spec("true"), workers)
+    h.cluster.run("scontrol", "update", "nodename=n2", "state=drain", "reason=runyard test")
+    try:
+        with pytest.raises(StageFailed) as failed:
+            await runtime.allocate(deployment)
+        assert "still PENDING after 3 s" in failed.value.reason
+        assert "ReqNodeNotAvail" in failed.value.reason or "Resources" in failed.value.reason
+        await runtime.cleanup(deployment.key)
+        assert not [j for j in h.jobs() if "runyard-drained-" in j]
+    finally:
+        h.cluster.run("scontrol", "update", "nodename=n2", "state=resume")
+        h.cluster.wait_idle()
+
+
+async def test_volumes_are_bound_at_their_mount_paths_and_read_only_ones_refuse_writes(
+    h: Harness, tmp_path: Path
+) -> None:
+    if not h.runtime.worker_namespaces:
+        pytest.skip("volumes are bound only when the deployer runs as root with util-linux")
+    mark = tmp_path.name
+    ckpt, data = f"/mnt/runyard-test-{mark}/ckpt", f"/mnt/runyard-test-{mark}/data"
+    seed = h.runtime.config.volumes_root / "fs" / "data"
+    seed.mkdir(parents=True)
+    (seed / "in.txt").write_text("seed\n")
+    command = (
+        f"cat {data}/in.txt && echo kept > {ckpt}/out.txt && "
+        f"if echo no > {data}/no.txt; then echo WROTE; else echo refused; fi"
+    )
+    spec = make_spec(
+        command,
+        mounts=(
+            {"file_system": "fs", "volume": "ckpt", "mount_path": ckpt},
+            {"file_system": "fs", "volume": "data", "mount_path": data, "read_only": True},
+        ),
+    )
+    try:
+        await h.launch("vol", spec)
+        assert (await h.state("vol")).status == "succeeded", h.output("vol")
+        assert "0:seed" in h.output("vol") and "0:refused" in h.output("vol")
+        host = h.runtime.config.volumes_root / "fs"
+        assert (host / "ckpt" / "out.txt").read_text() == "kept\n"
+        assert not (host / "data" / "no.txt").exists()
+        assert not os.path.ismount(ckpt)  # bound only in the worker's own namespace
+    finally:
+        shutil.rmtree(f"/mnt/runyard-test-{mark}", ignore_errors=True)
+
+
+async def test_a_stop_while_slurm_keeps_the_job_pending_cancels_it_and_fails_the_stage(
+    h: Harness,
+) -> None:
+    from runyard.deployer.runtime import Deployment, StageFailed
+
+    workers = (WorkerPlacement(index=0, node="n2", gpus=(0,)),)
+    deployment = Deployment("waiting", 1, 1, make_spec("true"), workers)
+    h.cluster.run("scontrol", "update", "nodename=n2", "state=drain", "reason=runyard test")
+    try:
+        allocating = asyncio.create_task(h.runtime.allocate(deployment))
+        deadline = asyncio.get_running_loop().time() + WITHIN_S
+        while not [j for j in h.jobs() if "runyard-waiting-" in j and "PENDING" in j]:
+            assert asyncio.get_running_loop().time() < deadline, h.jobs()
+            await asyncio.sleep(0.1)
+        await h.runtime.stop(deployment.key, grace_s=1)
+        with pytest.raises(StageFailed) as failed:
+            await asyncio.wait_for(allocating, WITHIN_S)
+        assert "ended CANCELLED before it ran" in failed.value.reason
+        await h.runtime.cleanup(deployment.key)
+        assert not [j for j in h.jobs() if "runyard-waiting-" in j]
+    finally:
+        h.cluster.run("scontrol", "update", "nodename=n2", "state=resume")
+        h.cluster.wait_idle()
+
+
+async def test_a_restarted_deployer_with_a_runtime_per_pool_adopts_the_slurm_job(
+    dsn: str, tmp_path: Path, slurm_cluster: SlurmCluster
+) -> None:
+    from runyard.deployer.pools import PoolRuntimes, build_runtimes
+
+    raw = {
+        "local": {"images": {"python": sys.prefix}, "namespaces": False},
+        "pools": {"slurm": {"runtime": "slurm", "slurm_conf": str(slurm_cluster.conf)}},
+    }
+    release = tmp_path / "release"
+    command = 'echo up; while [ ! -e "$RELEASE" ]; do sleep 0.1; done; exit 5'
+    spec = make_spec(command, env=({"name": "RELEASE", "value": str(release)},))
+    store = await PostgresEventStore.connect(dsn, default_mapper())
+    lines: list[OutputLine] = []
+
+    async def sink(line: OutputLine) -> None:
+        lines.append(line)
+
+    def deployer() -> tuple[DeployerApp, PoolRuntimes]:
+        runtime = build_runtimes(raw, data_dir=tmp_path, base_dir=tmp_path, keep_output=False)
+        assert isinstance(runtime, PoolRuntimes)
+        return DeployerApp(store, runtime, on_output=sink, stop_grace_s=2.0), runtime
+
+    app1, runtime1 = deployer()
+    slurm1 = runtime1.by_pool["slurm"]
+    assert isinstance(slurm1, SlurmRuntime)
+    h = Harness(store, app1, slurm1, slurm_cluster)
+    h.lines = lines
+    app2 = None
+    try:
+        await h.launch("pooled", spec, wait=False)
+        await h.wait_for("pooled", "TaskRunning")
+        job = slurm1.job_id(("pooled", 1, 1))
+        while "0:up" not in h.output("pooled"):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # its offset saved
+        app1.detach()
+        app2, runtime2 = deployer()
+        assert await app2.reconcile() == ["pooled"]
+        slurm2 = runtime2.by_pool["slurm"]
+        assert isinstance(slurm2, SlurmRuntime)
+        assert slurm2.job_id(("pooled", 1, 1)) == job
+        release.touch()
+        await asyncio.wait_for(app2.drain(), WITHIN_S)
+        failed = [e.event for e in await h.events("pooled") if isinstance(e.event, TaskFailed)]
+        assert len(failed) == 1 and failed[0].exit_code == 5
+        assert h.output("pooled") == ["0:up"]
+    finally:
+        if app2 is not None:
+            await asyncio.wait_for(app2.close(), 60)
+        await store.close()
+    assert not [j for j in h.jobs() if "runyard-pooled-" in j]
+
+
+async def test_workers_get_no_variable_of_the_deployer(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DEPLOYER_ONLY_SECRET", "s3cret")
+    await h.launch("clean", make_spec('echo "${DEPLOYER_ONLY_SECRET:-unset} $RUNYARD_TASK_ID"'))
+    assert h.output("clean") == ["0:unset clean"]
+
+
+async def test_a_worker_whose_wrapper_is_killed_is_recorded_with_an_unknown_exit(
+    h: Harness,
+) -> None:
+    """No status file and the job over: Slurm's word is not taken for the command's, and
+    nothing of the worker is left (its PID namespace went with the wrapper)."""
+    from runyard.deployer.runtime import UNKNOWN_EXIT_CODE
+
+    if not h.runtime.worker_namespaces:
+        pytest.skip("workers have a PID namespace only when the deployer runs as root")
+    command = "echo before; sleep 300 & setsid sleep 300 & wait"
+    await h.launch("lost", make_spec(command), wait=False)
+    await h.wait_for("lost", "TaskRunning")
+    while "0:before" not in h.output("lost"):  # noqa: ASYNC110
+        await asyncio.sleep(0.05)
+    (outer,) = h.runtime.pids(("lost", 1, 1)).values()  # unshare, outside the namespace
+    wrapper = int(Path(f"/proc/{outer}/task/{outer}/children").read_text().split()[0])
+    os.kill(wrapper, 9)  # the wrapper dies without writing a status
+    await asyncio.wait_for(h.app.drain(), WITHIN_S)
+    exited = [e.event for e in await h.events("lost") if isinstance(e.event, WorkerExited)]
+    assert [e.exit_code for e in exited] == [UNKNOWN_EXIT_CODE]
+    assert (await h.state("lost")).status == "failed"
+    assert task_processes("lost") == []
+    assert not [j for j in h.jobs() if "runyard-lost-" in j]
