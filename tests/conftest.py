@@ -72,11 +72,7 @@ def postgres_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    """A real slurmctld and two slurmd (`n1`, `n2`, 8 fake GPUs each) on this host.
-
-    Skipped, with the reason, where Slurm cannot run (not installed, no munge key,
-    not root): see README.md."""
+def _slurm_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     if why := slurm_missing():
         pytest.skip(why)
     cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), nodes=("n1", "n2"))
@@ -85,6 +81,21 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def slurm_cluster(_slurm_session: SlurmCluster) -> SlurmCluster:
+    """A real slurmctld and two slurmd (`n1`, `n2`, 8 fake GPUs each) on this host,
+    one for the whole run; each test gets it with every node idle and responding
+    (an earlier test may have drained one, or left a slow slurmd not answering).
+
+    Skipped, with the reason, where Slurm cannot run (not installed, no munge key,
+    not root): see README.md."""
+    for node, state in _slurm_session.node_states().items():
+        if state.rstrip("*~#!%$@^-+") in ("drain", "drng", "drained", "down"):
+            _slurm_session.run("scontrol", "update", f"nodename={node}", "state=resume")
+    _slurm_session.wait_idle()
+    return _slurm_session
 
 
 @pytest.fixture(scope="session")

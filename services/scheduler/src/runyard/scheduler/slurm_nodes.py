@@ -99,7 +99,7 @@ def slurm_node_changes(
         if not seen.in_service:
             if node.fault is None:
                 why = f" ({seen.reason})" if seen.reason and seen.reason != "none" else ""
-                state = seen.state.upper().rstrip("*") or seen.base
+                state = seen.base.replace("_", " ")  # `idle*` is NOT RESPONDING
                 changes.append(NodeChange(name, "faulty", f"{PREFIX}node {name} is {state}{why}"))
         elif node.fault is not None and node.fault.startswith(PREFIX):
             changes.append(NodeChange(name, "healthy"))
