@@ -77,6 +77,8 @@ SOMETIMES: dict[str, frozenset[str]] = {
         {"line", "exception", "before", "after", "layer", "rule", "why", "evidence", "status"}
     ),
 }
+#: Text fields that are empty where the HTTP answer has null (the last page's cursor).
+NULL_WHEN_EMPTY = frozenset({"next_cursor", "tail_cursor"})
 _TIMESTAMP = timestamp_pb2.Timestamp.DESCRIPTOR.full_name
 _STRUCT = struct_pb2.Struct.DESCRIPTOR.full_name
 _VALUE = struct_pb2.Value.DESCRIPTOR.full_name
@@ -138,7 +140,10 @@ def to_message(message: Message, data: Mapping[str, Any]) -> Message:
         value = data.get(_http_name(descriptor, field))
         if value is None:
             continue
-        _set(message, field, value)
+        try:
+            _set(message, field, value)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{descriptor.name}.{field.name}: {exc}") from exc
     return message
 
 
@@ -201,7 +206,7 @@ def to_dict(message: Message) -> dict[str, Any]:
         key = _http_name(descriptor, field)
         if value is None and key in sometimes:
             continue
-        data[key] = value
+        data[key] = None if value == "" and key in NULL_WHEN_EMPTY else value
     return data
 
 
@@ -432,6 +437,13 @@ def group_message(group: Mapping[str, Any]) -> pb.Group:
     return message
 
 
+def group_dict(message: pb.Group) -> dict[str, Any]:
+    """The HTTP group: its task rows carry no queue place (the task list's do)."""
+    data = to_dict(message)
+    data["tasks"] = [{k: v for k, v in t.items() if k != "queue"} for t in data["tasks"]]
+    return data
+
+
 def group_summary_message(group: Mapping[str, Any]) -> pb.GroupSummary:
     message = pb.GroupSummary()
     to_message(message, group)
@@ -476,7 +488,7 @@ def first_error_dict(message: pb.FirstError) -> dict[str, Any]:
     """The HTTP answer: a found error has its line, context and classification."""
     data = to_dict(message)
     if not message.found:
-        return {k: data[k] for k in ("task_id", "found")}
+        return {k: v for k, v in data.items() if k in ("task_id", "status", "found")}
     data.setdefault("exception", None)
     return data
 
@@ -616,6 +628,7 @@ __all__ = [
     "first_error_dict",
     "first_error_message",
     "follow_page_message",
+    "group_dict",
     "group_message",
     "group_summary_message",
     "log_filter",

@@ -90,7 +90,7 @@ def check_fields(message: Message, prefix: str = "") -> None:
 #: other nested messages (a `LogFilter`) are named as the HTTP query parameters.
 _NESTED = frozenset({"spec", "template", "items", "changes", "overrides", "pools"})
 #: Well-known messages with no text of their own to check.
-_OPAQUE = frozenset({"google.protobuf.Timestamp", "google.protobuf.FieldMask"})
+_OPAQUE = frozenset({"google.protobuf.Timestamp", "google.protobuf.Duration"})
 
 
 def _limit(limit: int) -> int:

@@ -639,7 +639,7 @@ class GetFirstErrorRequest(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., run: _Optional[int] = ...) -> None: ...
 
 class FirstError(_message.Message):
-    __slots__ = ("task_id", "found", "line", "exception", "before", "after", "layer", "rule", "why", "evidence")
+    __slots__ = ("task_id", "found", "line", "exception", "before", "after", "layer", "rule", "why", "evidence", "status")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     FOUND_FIELD_NUMBER: _ClassVar[int]
     LINE_FIELD_NUMBER: _ClassVar[int]
@@ -650,6 +650,7 @@ class FirstError(_message.Message):
     RULE_FIELD_NUMBER: _ClassVar[int]
     WHY_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     found: bool
     line: LogLine
@@ -660,7 +661,8 @@ class FirstError(_message.Message):
     rule: str
     why: str
     evidence: str
-    def __init__(self, task_id: _Optional[str] = ..., found: _Optional[bool] = ..., line: _Optional[_Union[LogLine, _Mapping]] = ..., exception: _Optional[_Union[LogLine, _Mapping]] = ..., before: _Optional[_Iterable[_Union[LogLine, _Mapping]]] = ..., after: _Optional[_Iterable[_Union[LogLine, _Mapping]]] = ..., layer: _Optional[str] = ..., rule: _Optional[str] = ..., why: _Optional[str] = ..., evidence: _Optional[str] = ...) -> None: ...
+    status: TaskStatus
+    def __init__(self, task_id: _Optional[str] = ..., found: _Optional[bool] = ..., line: _Optional[_Union[LogLine, _Mapping]] = ..., exception: _Optional[_Union[LogLine, _Mapping]] = ..., before: _Optional[_Iterable[_Union[LogLine, _Mapping]]] = ..., after: _Optional[_Iterable[_Union[LogLine, _Mapping]]] = ..., layer: _Optional[str] = ..., rule: _Optional[str] = ..., why: _Optional[str] = ..., evidence: _Optional[str] = ..., status: _Optional[_Union[TaskStatus, str]] = ...) -> None: ...
 
 class StartLogExportRequest(_message.Message):
     __slots__ = ("task_id", "filter", "format")
