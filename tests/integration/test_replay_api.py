@@ -9,7 +9,6 @@ replay shows a member only its own tenant's task ids.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ import pytest
 from runyard.api.auth import create_token
 from runyard.contracts import Metadata, NewEvent
 from runyard.domain import fold
+from runyard.gateway import grpc_convert as convert
 from runyard.gateway.app import Gateway
 from runyard.gateway.grpc_gen import tasks_pb2 as pb
 from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
@@ -176,22 +176,29 @@ async def test_grpc_answers_the_same_as_http_with_the_same_refusals(replay: Repl
     def auth(who: str) -> tuple[tuple[str, str]]:
         return (("authorization", f"Bearer {replay.tokens[who]}"),)
 
-    reply = await replay.stub.GetTaskAt(pb.TaskAtRequest(task_id=TASK, at=at), metadata=auth("sre"))
+    reply = await replay.stub.GetTaskAt(
+        pb.GetTaskAtRequest(task_id=TASK, at=at), metadata=auth("sre")
+    )
     over_http = await replay.get("sre", f"/v1/tasks/{TASK}/replay", at=at)
-    assert json.loads(reply.json) == over_http.json()
+    assert convert.task_at_dict(reply) == over_http.json()
+    assert reply.task.status == pb.TASK_STATUS_RESTARTING
     diff = await replay.stub.DiffTask(
         pb.DiffTaskRequest(task_id=TASK, from_point=start, to_point=at), metadata=auth("ml_bob")
     )
-    assert json.loads(diff.json)["to"]["version"] == len(stream)
+    assert diff.to_point.version == len(stream)
+    diff_http = await replay.get(
+        "ml_bob", f"/v1/tasks/{TASK}/replay/diff", **{"from": start, "to": at}
+    )
+    assert convert.diff_dict(diff) == diff_http.json()
     for who, request, code in [
-        ("other", pb.TaskAtRequest(task_id=TASK, at=at), grpc.StatusCode.NOT_FOUND),
-        ("sre", pb.TaskAtRequest(task_id=TASK, at="noon"), grpc.StatusCode.INVALID_ARGUMENT),
+        ("other", pb.GetTaskAtRequest(task_id=TASK, at=at), grpc.StatusCode.NOT_FOUND),
+        ("sre", pb.GetTaskAtRequest(task_id=TASK, at="noon"), grpc.StatusCode.INVALID_ARGUMENT),
     ]:
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await replay.stub.GetTaskAt(request, metadata=auth(who))
         assert refused.value.code() == code
     with pytest.raises(grpc.aio.AioRpcError) as anonymous:
-        await replay.stub.GetTaskAt(pb.TaskAtRequest(task_id=TASK, at=at))
+        await replay.stub.GetTaskAt(pb.GetTaskAtRequest(task_id=TASK, at=at))
     assert anonymous.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
