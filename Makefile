@@ -39,6 +39,7 @@ lint: install
 	$(BIN)/ruff check libs services tests benchmarks tools infra
 	$(BIN)/python -m runyard.contracts.catalogue --check docs/events.md
 	$(BIN)/python tools/boundaries.py
+	$(BIN)/python tools/protolint.py
 	$(MAKE) --no-print-directory typecheck
 
 # mypy strict over all code (pyproject.toml [tool.mypy]); the generated gRPC

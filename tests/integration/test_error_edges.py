@@ -433,8 +433,8 @@ def assert_same_refusal(
     assert (trailing["runyard-code"], trailing["runyard-hint"]) == (body["code"], body["hint"])
     assert json.loads(trailing["runyard-error-bin"]) == body
     assert body["hint"]
-    status = status_of_rpc(failed)
-    info = error_info(status) if status is not None else None
+    rich = status_of_rpc(failed)
+    info = error_info(rich) if rich is not None else None
     assert info is not None and (info.metadata["code"], info.metadata["hint"]) == (
         body["code"],
         body["hint"],
