@@ -15,9 +15,11 @@ and every message, field, enum, service and method is checked:
                                 leading comment starts with `Resource:` (standard
                                 methods answer the resource itself: GetTask -> Task)
 
-    python tools/protolint.py [FILE.proto ...]   exit 0: clean; 1: findings (printed)
+    python tools/protolint.py [--root DIR] [FILE.proto ...]
+                                     exit 0: clean; 1: findings (printed)
 
-Without files it checks proto/runyard/v1/*.proto, the public API.
+Without files it checks proto/runyard/v1/*.proto, the public API; `--root` is
+the folder the files import from (proto/).
 """
 
 from __future__ import annotations
@@ -43,9 +45,8 @@ PASCAL = re.compile(r"^[A-Z][a-zA-Z0-9]*$")
 LOWER_SNAKE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
 UPPER_SNAKE = re.compile(r"^[A-Z][A-Z0-9]*(_[A-Z0-9]+)*$")
 
-# Paths of SourceCodeInfo locations (descriptor.proto field numbers).
+#: The path of a top-level message in SourceCodeInfo (FileDescriptorProto.message_type).
 _FILE_MESSAGES = 4
-_MESSAGE_NESTED = 3
 
 
 @dataclass(frozen=True)
@@ -85,9 +86,9 @@ def resources_of(file: descriptor_pb2.FileDescriptorProto) -> set[str]:
     marked = set()
     for location in file.source_code_info.location:
         path = list(location.path)
-        if len(path) == 2 and path[0] == _FILE_MESSAGES:
-            if location.leading_comments.strip().startswith(RESOURCE_MARK):
-                marked.add(file.message_type[path[1]].name)
+        top_message = len(path) == 2 and path[0] == _FILE_MESSAGES
+        if top_message and location.leading_comments.strip().startswith(RESOURCE_MARK):
+            marked.add(file.message_type[path[1]].name)
     return marked
 
 
@@ -162,11 +163,13 @@ def lint(files: list[Path], root: Path = PROTO_ROOT) -> list[Finding]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="*", type=Path)
+    parser.add_argument("--root", type=Path, default=PROTO_ROOT)
     args = parser.parse_args(argv)
+    root = args.root.resolve()
     files = [f.resolve() for f in args.files] or sorted(
-        f for folder in PUBLIC for f in (PROTO_ROOT / folder).glob("*.proto")
+        f for folder in PUBLIC for f in (root / folder).glob("*.proto")
     )
-    findings = lint(files)
+    findings = lint(files, root)
     for finding in findings:
         print(finding)
     return 1 if findings else 0
