@@ -45,6 +45,7 @@ HTTP_NAMES: dict[str, str] = {
     "create_time": "created_at",
     "update_time": "updated_at",
     "occur_time": "occurred_at",
+    "capture_time": "captured_at",
     "from_point": "from",
     "to_point": "to",
     "from_value": "from",
@@ -54,6 +55,7 @@ HTTP_NAMES: dict[str, str] = {
 #: Per message, field names that differ only there.
 MESSAGE_NAMES: dict[str, dict[str, str]] = {
     "LogLine": {"time": "at"},
+    "FaultToleranceLine": {"time": "at"},
     "WhatIfResponse": {"start_time": "from", "end_time": "to"},
     "WhatIfRequest": {"start_time": "from", "end_time": "to", "pool_id": "pool"},
     "WhatIfPool": {"pool_id": "id"},
@@ -615,6 +617,32 @@ def whatif_message(answer: Mapping[str, Any]) -> pb.WhatIfResponse:
     return message
 
 
+def stack_report_message(report: Mapping[str, Any]) -> pb.StackReport:
+    """A stack report; its per-worker maps (keyed by the worker index as text in
+    JSON) become lists of messages that name the worker."""
+    keyed = ("workers", "frames_by_worker", "functions")
+    message = pb.StackReport()
+    to_message(message, {k: v for k, v in report.items() if k not in keyed})
+    for worker, processes in report.get("workers", {}).items():
+        to_message(message.workers.add(), {"worker": int(worker), "processes": processes})
+    for worker, frames in report.get("frames_by_worker", {}).items():
+        message.frames_by_worker.add(worker=int(worker), frames=frames)
+    for function, use in report.get("functions", {}).items():
+        message.functions.add(function=function, threads=use["threads"], workers=use["workers"])
+    return message
+
+
+def stack_report_dict(message: pb.StackReport) -> dict[str, Any]:
+    """The HTTP stack report of a message (the inverse of `stack_report_message`)."""
+    data = to_dict(message)
+    data["workers"] = {str(w.worker): [to_dict(p) for p in w.processes] for w in message.workers}
+    data["frames_by_worker"] = {str(w.worker): list(w.frames) for w in message.frames_by_worker}
+    data["functions"] = {
+        f.function: {"threads": f.threads, "workers": list(f.workers)} for f in message.functions
+    }
+    return data
+
+
 __all__ = [
     "capacity_dict",
     "capacity_message",
@@ -622,6 +650,8 @@ __all__ = [
     "changes_message",
     "diff_dict",
     "diff_message",
+    "enum_name",
+    "enum_number",
     "event_message",
     "export_dict",
     "export_message",
@@ -631,22 +661,28 @@ __all__ = [
     "group_dict",
     "group_message",
     "group_summary_message",
+    "iso",
     "log_filter",
     "log_page_message",
     "log_params",
     "point_dict",
     "pools_at_message",
+    "present",
     "spec_body",
     "spec_message",
     "spec_model",
+    "stack_report_dict",
+    "stack_report_message",
     "summary_message",
     "task_at_dict",
     "task_at_message",
     "task_dict",
+    "timestamp",
     "to_dict",
     "to_message",
     "trace_dict",
     "trace_message",
+    "value_message",
     "whatif_body",
     "whatif_message",
 ]

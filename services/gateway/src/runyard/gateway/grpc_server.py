@@ -453,6 +453,66 @@ class TasksService(pb_grpc.TasksServicer):
 
         return await self._run(context, request, call)
 
+    # --- fault tolerance (the fault-tolerance service's API, with the caller's token) ---
+
+    async def _faulttolerance(
+        self,
+        context: grpc.aio.ServicerContext,
+        method: str,
+        path: str,
+        *,
+        request_id: str | None = None,
+    ) -> Any:
+        await self._caller(context)  # 401 before the fault-tolerance service is asked
+        return await self.owners.call(
+            "faulttolerance", method, path, token=_token(context), request_id=request_id
+        )
+
+    async def GetFaultToleranceLog(
+        self, request: pb.GetFaultToleranceLogRequest, context: grpc.aio.ServicerContext
+    ) -> pb.FaultToleranceLog:
+        async def call() -> pb.FaultToleranceLog:
+            path = _task_path(request.task_id, "ft-log")
+            answer = await self._faulttolerance(context, "GET", path)
+            message = pb.FaultToleranceLog()
+            convert.to_message(message, answer)
+            return message
+
+        return await self._run(context, request, call)
+
+    async def ListStackReports(
+        self, request: pb.ListStackReportsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListStackReportsResponse:
+        async def call() -> pb.ListStackReportsResponse:
+            path = _task_path(request.task_id, "stacks")
+            answer = await self._faulttolerance(context, "GET", path)
+            message = pb.ListStackReportsResponse()
+            convert.to_message(message, answer)
+            return message
+
+        return await self._run(context, request, call)
+
+    async def CaptureStacks(
+        self, request: pb.CaptureStacksRequest, context: grpc.aio.ServicerContext
+    ) -> pb.StackReport:
+        async def call() -> pb.StackReport:
+            req = await self._request(context)  # its request id is the capture's cause
+            path = _task_path(request.task_id, "stacks")
+            answer = await self._faulttolerance(context, "POST", path, request_id=req.request_id)
+            return convert.stack_report_message(answer)
+
+        return await self._run(context, request, call)
+
+    async def GetStackReport(
+        self, request: pb.GetStackReportRequest, context: grpc.aio.ServicerContext
+    ) -> pb.StackReport:
+        async def call() -> pb.StackReport:
+            tail = f"stacks/{quote(request.report_id, safe='')}"
+            answer = await self._faulttolerance(context, "GET", _task_path(request.task_id, tail))
+            return convert.stack_report_message(answer)
+
+        return await self._run(context, request, call)
+
 
 def _token(context: grpc.aio.ServicerContext) -> str | None:
     """The bearer token of the `authorization` metadata (None: none or malformed)."""

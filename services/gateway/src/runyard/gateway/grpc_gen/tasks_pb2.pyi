@@ -953,3 +953,179 @@ class TraceResponse(_message.Message):
     limit: int
     tree: _containers.RepeatedCompositeFieldContainer[TraceNode]
     def __init__(self, task_id: _Optional[str] = ..., event_id: _Optional[str] = ..., correlation_ids: _Optional[_Iterable[str]] = ..., trace_ids: _Optional[_Iterable[str]] = ..., events: _Optional[int] = ..., truncated: _Optional[bool] = ..., limit: _Optional[int] = ..., tree: _Optional[_Iterable[_Union[TraceNode, _Mapping]]] = ...) -> None: ...
+
+class GetFaultToleranceLogRequest(_message.Message):
+    __slots__ = ("task_id",)
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    def __init__(self, task_id: _Optional[str] = ...) -> None: ...
+
+class FaultToleranceLine(_message.Message):
+    __slots__ = ("time", "run", "attempt", "kind", "level", "text")
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    time: _timestamp_pb2.Timestamp
+    run: int
+    attempt: int
+    kind: str
+    level: str
+    text: str
+    def __init__(self, time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., run: _Optional[int] = ..., attempt: _Optional[int] = ..., kind: _Optional[str] = ..., level: _Optional[str] = ..., text: _Optional[str] = ...) -> None: ...
+
+class FaultToleranceCounts(_message.Message):
+    __slots__ = ("restarts", "reschedules", "hangs", "slowdowns")
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    RESCHEDULES_FIELD_NUMBER: _ClassVar[int]
+    HANGS_FIELD_NUMBER: _ClassVar[int]
+    SLOWDOWNS_FIELD_NUMBER: _ClassVar[int]
+    restarts: int
+    reschedules: int
+    hangs: int
+    slowdowns: int
+    def __init__(self, restarts: _Optional[int] = ..., reschedules: _Optional[int] = ..., hangs: _Optional[int] = ..., slowdowns: _Optional[int] = ...) -> None: ...
+
+class FaultToleranceLog(_message.Message):
+    __slots__ = ("task_id", "status", "run", "counts", "lines")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    LINES_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    status: TaskStatus
+    run: int
+    counts: FaultToleranceCounts
+    lines: _containers.RepeatedCompositeFieldContainer[FaultToleranceLine]
+    def __init__(self, task_id: _Optional[str] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., run: _Optional[int] = ..., counts: _Optional[_Union[FaultToleranceCounts, _Mapping]] = ..., lines: _Optional[_Iterable[_Union[FaultToleranceLine, _Mapping]]] = ...) -> None: ...
+
+class ListStackReportsRequest(_message.Message):
+    __slots__ = ("task_id",)
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    def __init__(self, task_id: _Optional[str] = ...) -> None: ...
+
+class StackReportSummary(_message.Message):
+    __slots__ = ("report_id", "run", "attempt", "capture_time", "summary")
+    REPORT_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    CAPTURE_TIME_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    report_id: str
+    run: int
+    attempt: int
+    capture_time: _timestamp_pb2.Timestamp
+    summary: str
+    def __init__(self, report_id: _Optional[str] = ..., run: _Optional[int] = ..., attempt: _Optional[int] = ..., capture_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., summary: _Optional[str] = ...) -> None: ...
+
+class ListStackReportsResponse(_message.Message):
+    __slots__ = ("task_id", "reports")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    reports: _containers.RepeatedCompositeFieldContainer[StackReportSummary]
+    def __init__(self, task_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[StackReportSummary, _Mapping]]] = ...) -> None: ...
+
+class CaptureStacksRequest(_message.Message):
+    __slots__ = ("task_id",)
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    def __init__(self, task_id: _Optional[str] = ...) -> None: ...
+
+class GetStackReportRequest(_message.Message):
+    __slots__ = ("task_id", "report_id")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    REPORT_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    report_id: str
+    def __init__(self, task_id: _Optional[str] = ..., report_id: _Optional[str] = ...) -> None: ...
+
+class StackFrame(_message.Message):
+    __slots__ = ("name", "filename", "line")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FILENAME_FIELD_NUMBER: _ClassVar[int]
+    LINE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    filename: str
+    line: int
+    def __init__(self, name: _Optional[str] = ..., filename: _Optional[str] = ..., line: _Optional[int] = ...) -> None: ...
+
+class ThreadStack(_message.Message):
+    __slots__ = ("pid", "thread_id", "thread_name", "active", "frames")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    THREAD_NAME_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    thread_id: int
+    thread_name: str
+    active: bool
+    frames: _containers.RepeatedCompositeFieldContainer[StackFrame]
+    def __init__(self, pid: _Optional[int] = ..., thread_id: _Optional[int] = ..., thread_name: _Optional[str] = ..., active: _Optional[bool] = ..., frames: _Optional[_Iterable[_Union[StackFrame, _Mapping]]] = ...) -> None: ...
+
+class ProcessStacks(_message.Message):
+    __slots__ = ("pid", "threads", "error")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    threads: _containers.RepeatedCompositeFieldContainer[ThreadStack]
+    error: str
+    def __init__(self, pid: _Optional[int] = ..., threads: _Optional[_Iterable[_Union[ThreadStack, _Mapping]]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class WorkerStacks(_message.Message):
+    __slots__ = ("worker", "processes")
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    worker: int
+    processes: _containers.RepeatedCompositeFieldContainer[ProcessStacks]
+    def __init__(self, worker: _Optional[int] = ..., processes: _Optional[_Iterable[_Union[ProcessStacks, _Mapping]]] = ...) -> None: ...
+
+class WorkerFrames(_message.Message):
+    __slots__ = ("worker", "frames")
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    worker: int
+    frames: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker: _Optional[int] = ..., frames: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class FunctionUse(_message.Message):
+    __slots__ = ("function", "threads", "workers")
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    function: str
+    threads: int
+    workers: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, function: _Optional[str] = ..., threads: _Optional[int] = ..., workers: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class StackReport(_message.Message):
+    __slots__ = ("report_id", "task_id", "run", "attempt", "capture_time", "workers", "frames_by_worker", "functions", "odd_ones_out", "summary", "note")
+    REPORT_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    CAPTURE_TIME_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_BY_WORKER_FIELD_NUMBER: _ClassVar[int]
+    FUNCTIONS_FIELD_NUMBER: _ClassVar[int]
+    ODD_ONES_OUT_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    report_id: str
+    task_id: str
+    run: int
+    attempt: int
+    capture_time: _timestamp_pb2.Timestamp
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerStacks]
+    frames_by_worker: _containers.RepeatedCompositeFieldContainer[WorkerFrames]
+    functions: _containers.RepeatedCompositeFieldContainer[FunctionUse]
+    odd_ones_out: _containers.RepeatedScalarFieldContainer[int]
+    summary: str
+    note: str
+    def __init__(self, report_id: _Optional[str] = ..., task_id: _Optional[str] = ..., run: _Optional[int] = ..., attempt: _Optional[int] = ..., capture_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., workers: _Optional[_Iterable[_Union[WorkerStacks, _Mapping]]] = ..., frames_by_worker: _Optional[_Iterable[_Union[WorkerFrames, _Mapping]]] = ..., functions: _Optional[_Iterable[_Union[FunctionUse, _Mapping]]] = ..., odd_ones_out: _Optional[_Iterable[int]] = ..., summary: _Optional[str] = ..., note: _Optional[str] = ...) -> None: ...

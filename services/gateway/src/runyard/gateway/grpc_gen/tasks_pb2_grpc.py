@@ -159,6 +159,26 @@ class TasksStub:
                 request_serializer=runyard_dot_v1_dot_tasks__pb2.TraceRequest.SerializeToString,
                 response_deserializer=runyard_dot_v1_dot_tasks__pb2.TraceResponse.FromString,
                 _registered_method=True)
+        self.GetFaultToleranceLog = channel.unary_unary(
+                '/runyard.v1.Tasks/GetFaultToleranceLog',
+                request_serializer=runyard_dot_v1_dot_tasks__pb2.GetFaultToleranceLogRequest.SerializeToString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.FaultToleranceLog.FromString,
+                _registered_method=True)
+        self.ListStackReports = channel.unary_unary(
+                '/runyard.v1.Tasks/ListStackReports',
+                request_serializer=runyard_dot_v1_dot_tasks__pb2.ListStackReportsRequest.SerializeToString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.ListStackReportsResponse.FromString,
+                _registered_method=True)
+        self.CaptureStacks = channel.unary_unary(
+                '/runyard.v1.Tasks/CaptureStacks',
+                request_serializer=runyard_dot_v1_dot_tasks__pb2.CaptureStacksRequest.SerializeToString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.StackReport.FromString,
+                _registered_method=True)
+        self.GetStackReport = channel.unary_unary(
+                '/runyard.v1.Tasks/GetStackReport',
+                request_serializer=runyard_dot_v1_dot_tasks__pb2.GetStackReportRequest.SerializeToString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.StackReport.FromString,
+                _registered_method=True)
 
 
 class TasksServicer:
@@ -331,6 +351,35 @@ class TasksServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetFaultToleranceLog(self, request, context):
+        """Fault tolerance (docs/fault-tolerance.md), asked of the fault-tolerance service
+        with the caller's token. The FT log: GET /v1/tasks/{id}/ft-log.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListStackReports(self, request, context):
+        """The task's stack reports, oldest first: GET /v1/tasks/{id}/stacks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CaptureStacks(self, request, context):
+        """Capture the stacks of the current attempt now: POST /v1/tasks/{id}/stacks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetStackReport(self, request, context):
+        """One report: GET /v1/tasks/{id}/stacks/{report_id}.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TasksServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -458,6 +507,26 @@ def add_TasksServicer_to_server(servicer, server):
                     servicer.Trace,
                     request_deserializer=runyard_dot_v1_dot_tasks__pb2.TraceRequest.FromString,
                     response_serializer=runyard_dot_v1_dot_tasks__pb2.TraceResponse.SerializeToString,
+            ),
+            'GetFaultToleranceLog': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetFaultToleranceLog,
+                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.GetFaultToleranceLogRequest.FromString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.FaultToleranceLog.SerializeToString,
+            ),
+            'ListStackReports': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListStackReports,
+                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.ListStackReportsRequest.FromString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.ListStackReportsResponse.SerializeToString,
+            ),
+            'CaptureStacks': grpc.unary_unary_rpc_method_handler(
+                    servicer.CaptureStacks,
+                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.CaptureStacksRequest.FromString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.StackReport.SerializeToString,
+            ),
+            'GetStackReport': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStackReport,
+                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.GetStackReportRequest.FromString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.StackReport.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1135,6 +1204,114 @@ class Tasks:
             '/runyard.v1.Tasks/Trace',
             runyard_dot_v1_dot_tasks__pb2.TraceRequest.SerializeToString,
             runyard_dot_v1_dot_tasks__pb2.TraceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetFaultToleranceLog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runyard.v1.Tasks/GetFaultToleranceLog',
+            runyard_dot_v1_dot_tasks__pb2.GetFaultToleranceLogRequest.SerializeToString,
+            runyard_dot_v1_dot_tasks__pb2.FaultToleranceLog.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListStackReports(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runyard.v1.Tasks/ListStackReports',
+            runyard_dot_v1_dot_tasks__pb2.ListStackReportsRequest.SerializeToString,
+            runyard_dot_v1_dot_tasks__pb2.ListStackReportsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CaptureStacks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runyard.v1.Tasks/CaptureStacks',
+            runyard_dot_v1_dot_tasks__pb2.CaptureStacksRequest.SerializeToString,
+            runyard_dot_v1_dot_tasks__pb2.StackReport.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStackReport(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runyard.v1.Tasks/GetStackReport',
+            runyard_dot_v1_dot_tasks__pb2.GetStackReportRequest.SerializeToString,
+            runyard_dot_v1_dot_tasks__pb2.StackReport.FromString,
             options,
             channel_credentials,
             insecure,
