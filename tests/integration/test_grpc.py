@@ -803,6 +803,7 @@ async def test_grpc_changes_reach_into_nested_fields_and_clear_optional_ones(
     assert clone.status == "OK", clone
     assert clone.body["spec"]["fault_tolerance"]["auto_restart"] is True
     assert clone.body["spec"]["fault_tolerance"]["max_restarts"] == 3
+    assert clone.body["spec"]["tensorboard_dir"] is None
     changes = pb.TaskChanges(
         update_mask=field_mask_pb2.FieldMask(paths=["fault_tolerance.env_check"])
     )
@@ -812,7 +813,7 @@ async def test_grpc_changes_reach_into_nested_fields_and_clear_optional_ones(
         pb.CloneTaskRequest(task_id=both.seed_task, overrides=changes), metadata=metadata
     )
     assert task.spec.fault_tolerance.env_check and not task.spec.fault_tolerance.auto_restart
-    assert task.status == pb.TASK_STATUS_QUEUED or task.status == pb.TASK_STATUS_NEW
+    assert task.cloned_from == both.seed_task and task.HasField("submit_time")
 
 
 async def test_grpc_request_id_becomes_correlation_id(both: Both) -> None:
