@@ -588,9 +588,21 @@ def trace_dict(message: pb.TraceResponse) -> dict[str, Any]:
 
 
 def pools_at_message(answer: Mapping[str, Any]) -> pb.GetPoolsAtResponse:
+    """The pools replayed at a point (`point` a position or a time, as asked)."""
     message = pb.GetPoolsAtResponse()
-    to_message(message, answer)
+    to_message(message, {k: v for k, v in answer.items() if k != "point"})
+    point = answer.get("point")
+    if isinstance(point, int):
+        message.position_point = point
+    elif isinstance(point, str):
+        message.time_point.CopyFrom(timestamp(point))
     return message
+
+
+def pools_at_dict(message: pb.GetPoolsAtResponse) -> dict[str, Any]:
+    data = to_dict(message)
+    position, at = data.pop("position_point"), data.pop("time_point")
+    return {"point": position if position is not None else at, **data}
 
 
 def whatif_body(request: pb.WhatIfRequest) -> dict[str, Any]:
@@ -666,6 +678,7 @@ __all__ = [
     "log_page_message",
     "log_params",
     "point_dict",
+    "pools_at_dict",
     "pools_at_message",
     "present",
     "spec_body",

@@ -825,14 +825,16 @@ class GetPoolsAtRequest(_message.Message):
     def __init__(self, at: _Optional[str] = ..., pool_id: _Optional[str] = ...) -> None: ...
 
 class GetPoolsAtResponse(_message.Message):
-    __slots__ = ("point", "pools", "absent")
-    POINT_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("position_point", "time_point", "pools", "absent")
+    POSITION_POINT_FIELD_NUMBER: _ClassVar[int]
+    TIME_POINT_FIELD_NUMBER: _ClassVar[int]
     POOLS_FIELD_NUMBER: _ClassVar[int]
     ABSENT_FIELD_NUMBER: _ClassVar[int]
-    point: _struct_pb2.Struct
+    position_point: int
+    time_point: _timestamp_pb2.Timestamp
     pools: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]
     absent: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, point: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., pools: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., absent: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, position_point: _Optional[int] = ..., time_point: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pools: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., absent: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NodeNames(_message.Message):
     __slots__ = ("names",)
