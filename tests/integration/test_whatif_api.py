@@ -110,10 +110,26 @@ async def test_grpc_whatif_asks_the_scheduler_with_the_callers_token(
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = pb_grpc.TasksStub(channel)
             reply = await stub.WhatIf(request, metadata=(("authorization", f"Bearer {sre}"),))
-            (report,) = convert.to_dict(reply)["pools"]
-            assert report["nodes"] == {"real": 1, "simulated": 2}
-            assert report["simulated"]["max_s"] == 0.0
+            (report,) = reply.pools
+            assert (report.nodes.real, report.nodes.simulated) == (1, 2)
+            assert report.simulated.max_s == 0.0
             assert convert.iso(reply.start_time) == WINDOW["from"]
+            face.tokens["sre"] = sre
+            body = {**WINDOW, "pools": [{"id": "dev-a100", "nodes": ["a", "b"]}]}
+            over_http = await ask(face, "sre", body)
+            assert convert.to_dict(reply) == over_http.json()
+            assert [r.task_id for r in reply.runs] == [
+                r["task_id"] for r in over_http.json()["runs"]
+            ]
+            nodes = pb.NodeRange(prefix="sim-", count=3, gpus=8)
+            ranged = pb.WhatIfRequest(
+                start_time=request.start_time,
+                end_time=request.end_time,
+                pools=[pb.WhatIfPool(pool_id="dev-a100", node_range=nodes)],
+                policy="fifo",
+            )
+            reply = await stub.WhatIf(ranged, metadata=(("authorization", f"Bearer {sre}"),))
+            assert (reply.policy, reply.pools[0].nodes.simulated) == ("fifo", 3)
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 member = (("authorization", f"Bearer {face.tokens['t1']}"),)
                 await stub.WhatIf(request, metadata=member)

@@ -46,6 +46,9 @@ HTTP_NAMES: dict[str, str] = {
     "update_time": "updated_at",
     "occur_time": "occurred_at",
     "capture_time": "captured_at",
+    "arrive_time": "arrived_at",
+    "real_place_time": "real_placed_at",
+    "simulated_place_time": "simulated_placed_at",
     "from_point": "from",
     "to_point": "to",
     "from_value": "from",
@@ -75,6 +78,7 @@ SOMETIMES: dict[str, frozenset[str]] = {
             "as_of",
         }
     ),
+    "WhatIfOutcome": frozenset({"utilisation", "capacity_gpu_hours"}),
     "FirstError": frozenset(
         {"line", "exception", "before", "after", "layer", "rule", "why", "evidence", "status"}
     ),

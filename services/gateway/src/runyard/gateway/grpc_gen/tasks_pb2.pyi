@@ -876,6 +876,98 @@ class WhatIfRequest(_message.Message):
     pool_id: str
     def __init__(self, start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pools: _Optional[_Iterable[_Union[WhatIfPool, _Mapping]]] = ..., policy: _Optional[str] = ..., pool_id: _Optional[str] = ...) -> None: ...
 
+class RealAndSimulated(_message.Message):
+    __slots__ = ("real", "simulated")
+    REAL_FIELD_NUMBER: _ClassVar[int]
+    SIMULATED_FIELD_NUMBER: _ClassVar[int]
+    real: int
+    simulated: int
+    def __init__(self, real: _Optional[int] = ..., simulated: _Optional[int] = ...) -> None: ...
+
+class WhatIfOutcome(_message.Message):
+    __slots__ = ("runs", "placed", "waiting_at_end", "left_queue", "p50_s", "p90_s", "p99_s", "max_s", "mean_s", "gpu_hours", "utilisation", "capacity_gpu_hours")
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    PLACED_FIELD_NUMBER: _ClassVar[int]
+    WAITING_AT_END_FIELD_NUMBER: _ClassVar[int]
+    LEFT_QUEUE_FIELD_NUMBER: _ClassVar[int]
+    P50_S_FIELD_NUMBER: _ClassVar[int]
+    P90_S_FIELD_NUMBER: _ClassVar[int]
+    P99_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_S_FIELD_NUMBER: _ClassVar[int]
+    MEAN_S_FIELD_NUMBER: _ClassVar[int]
+    GPU_HOURS_FIELD_NUMBER: _ClassVar[int]
+    UTILISATION_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_GPU_HOURS_FIELD_NUMBER: _ClassVar[int]
+    runs: int
+    placed: int
+    waiting_at_end: int
+    left_queue: int
+    p50_s: float
+    p90_s: float
+    p99_s: float
+    max_s: float
+    mean_s: float
+    gpu_hours: float
+    utilisation: float
+    capacity_gpu_hours: float
+    def __init__(self, runs: _Optional[int] = ..., placed: _Optional[int] = ..., waiting_at_end: _Optional[int] = ..., left_queue: _Optional[int] = ..., p50_s: _Optional[float] = ..., p90_s: _Optional[float] = ..., p99_s: _Optional[float] = ..., max_s: _Optional[float] = ..., mean_s: _Optional[float] = ..., gpu_hours: _Optional[float] = ..., utilisation: _Optional[float] = ..., capacity_gpu_hours: _Optional[float] = ...) -> None: ...
+
+class WhatIfSpec(_message.Message):
+    __slots__ = ("spec", "real", "simulated")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    REAL_FIELD_NUMBER: _ClassVar[int]
+    SIMULATED_FIELD_NUMBER: _ClassVar[int]
+    spec: str
+    real: WhatIfOutcome
+    simulated: WhatIfOutcome
+    def __init__(self, spec: _Optional[str] = ..., real: _Optional[_Union[WhatIfOutcome, _Mapping]] = ..., simulated: _Optional[_Union[WhatIfOutcome, _Mapping]] = ...) -> None: ...
+
+class WhatIfPoolReport(_message.Message):
+    __slots__ = ("pool_id", "nodes", "gpus", "real", "simulated", "specs", "node_changes", "node_changes_skipped", "displaced", "runs_skipped")
+    POOL_ID_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    REAL_FIELD_NUMBER: _ClassVar[int]
+    SIMULATED_FIELD_NUMBER: _ClassVar[int]
+    SPECS_FIELD_NUMBER: _ClassVar[int]
+    NODE_CHANGES_FIELD_NUMBER: _ClassVar[int]
+    NODE_CHANGES_SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    DISPLACED_FIELD_NUMBER: _ClassVar[int]
+    RUNS_SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    pool_id: str
+    nodes: RealAndSimulated
+    gpus: RealAndSimulated
+    real: WhatIfOutcome
+    simulated: WhatIfOutcome
+    specs: _containers.RepeatedCompositeFieldContainer[WhatIfSpec]
+    node_changes: int
+    node_changes_skipped: int
+    displaced: int
+    runs_skipped: int
+    def __init__(self, pool_id: _Optional[str] = ..., nodes: _Optional[_Union[RealAndSimulated, _Mapping]] = ..., gpus: _Optional[_Union[RealAndSimulated, _Mapping]] = ..., real: _Optional[_Union[WhatIfOutcome, _Mapping]] = ..., simulated: _Optional[_Union[WhatIfOutcome, _Mapping]] = ..., specs: _Optional[_Iterable[_Union[WhatIfSpec, _Mapping]]] = ..., node_changes: _Optional[int] = ..., node_changes_skipped: _Optional[int] = ..., displaced: _Optional[int] = ..., runs_skipped: _Optional[int] = ...) -> None: ...
+
+class WhatIfRun(_message.Message):
+    __slots__ = ("task_id", "run", "pool", "spec", "arrive_time", "real_place_time", "simulated_place_time", "real_wait_s", "simulated_wait_s")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    ARRIVE_TIME_FIELD_NUMBER: _ClassVar[int]
+    REAL_PLACE_TIME_FIELD_NUMBER: _ClassVar[int]
+    SIMULATED_PLACE_TIME_FIELD_NUMBER: _ClassVar[int]
+    REAL_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    SIMULATED_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    run: int
+    pool: str
+    spec: str
+    arrive_time: _timestamp_pb2.Timestamp
+    real_place_time: _timestamp_pb2.Timestamp
+    simulated_place_time: _timestamp_pb2.Timestamp
+    real_wait_s: float
+    simulated_wait_s: float
+    def __init__(self, task_id: _Optional[str] = ..., run: _Optional[int] = ..., pool: _Optional[str] = ..., spec: _Optional[str] = ..., arrive_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., real_place_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., simulated_place_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., real_wait_s: _Optional[float] = ..., simulated_wait_s: _Optional[float] = ...) -> None: ...
+
 class WhatIfResponse(_message.Message):
     __slots__ = ("start_time", "end_time", "policy", "events_read", "pools", "runs", "runs_listed", "runs_total")
     START_TIME_FIELD_NUMBER: _ClassVar[int]
@@ -890,11 +982,11 @@ class WhatIfResponse(_message.Message):
     end_time: _timestamp_pb2.Timestamp
     policy: str
     events_read: int
-    pools: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]
-    runs: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]
+    pools: _containers.RepeatedCompositeFieldContainer[WhatIfPoolReport]
+    runs: _containers.RepeatedCompositeFieldContainer[WhatIfRun]
     runs_listed: int
     runs_total: int
-    def __init__(self, start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., policy: _Optional[str] = ..., events_read: _Optional[int] = ..., pools: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., runs: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., runs_listed: _Optional[int] = ..., runs_total: _Optional[int] = ...) -> None: ...
+    def __init__(self, start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., policy: _Optional[str] = ..., events_read: _Optional[int] = ..., pools: _Optional[_Iterable[_Union[WhatIfPoolReport, _Mapping]]] = ..., runs: _Optional[_Iterable[_Union[WhatIfRun, _Mapping]]] = ..., runs_listed: _Optional[int] = ..., runs_total: _Optional[int] = ...) -> None: ...
 
 class TraceRequest(_message.Message):
     __slots__ = ("task_id", "event_id", "limit")
