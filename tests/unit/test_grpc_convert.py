@@ -293,6 +293,21 @@ def test_a_replay_point_keeps_whether_it_was_a_position_or_a_time() -> None:
         assert convert.point_dict(convert.point_message(pb.ReplayPoint(), as_of)) == as_of
 
 
+def test_a_node_keeps_its_free_gpus_as_null_owners() -> None:
+    node = {
+        "node": "n-0",
+        "health": "faulty",
+        "fault": "xid 79",
+        "gpus": 4,
+        "free": 2,
+        "owners": ["t-1", None, "(another tenant)", None],
+    }
+    message = pb.NodeView()
+    convert.to_message(message, node)
+    assert list(message.owners) == ["t-1", "", "(another tenant)", ""]
+    assert convert.to_dict(message) == node
+
+
 def test_a_capacity_keeps_the_members_of_its_source() -> None:
     config = {
         "pool_id": "pool-a",
@@ -312,8 +327,39 @@ def test_a_capacity_keeps_the_members_of_its_source() -> None:
         "free_gpus": 8,
         "launchable": {"8": 1},
         "custom_gpus_max": 8,
-        "occupancy": {"tasks": [{"task_id": "t-1", "gpus": 8}]},
-        "queue": {"waiting": 1},
+        "occupancy": {
+            "tasks": 1,
+            "allocated_gpus": 8,
+            "truncated": False,
+            "items": [
+                {
+                    "task_id": "t-1",
+                    "run": 1,
+                    "attempt": 1,
+                    "priority": 0,
+                    "resource_type": "subscription",
+                    "gpus": 8,
+                    "workers": [{"index": 0, "node": "n-0", "gpus": [0, 1, 2, 3, 4, 5, 6, 7]}],
+                }
+            ],
+        },
+        "queue": {
+            "waiting": 1,
+            "gpus": 16,
+            "oldest_wait_s": 12.5,
+            "head": "t-2",
+            "items": [
+                {
+                    "task_id": "t-2",
+                    "position": 0,
+                    "priority": 0,
+                    "worker_gpus": [8, 8],
+                    "gpus": 16,
+                    "waited_s": 12.5,
+                    "reason": "waiting for 16 GPUs",
+                }
+            ],
+        },
         "as_of": "2026-12-01T10:00:00+00:00",
     }
     for answer in (config, scheduler):

@@ -85,6 +85,8 @@ SOMETIMES: dict[str, frozenset[str]] = {
 }
 #: Text fields that are empty where the HTTP answer has null (the last page's cursor).
 NULL_WHEN_EMPTY = frozenset({"next_cursor", "tail_cursor"})
+#: Lists whose items may be null (a free GPU has no owner): an empty text there.
+NULL_ITEMS = frozenset({"NodeView.owners"})
 _TIMESTAMP = timestamp_pb2.Timestamp.DESCRIPTOR.full_name
 _STRUCT = struct_pb2.Struct.DESCRIPTOR.full_name
 _VALUE = struct_pb2.Value.DESCRIPTOR.full_name
@@ -163,7 +165,7 @@ def _set(message: Message, field: FieldDescriptor, value: Any) -> None:
         target = getattr(message, name)
         for item in value:
             if field.message_type is None:
-                target.append(_scalar(field, item))
+                target.append("" if item is None else _scalar(field, item))
             else:
                 _fill(target.add(), field, item)
     elif field.message_type is None:
@@ -182,6 +184,8 @@ def _fill(target: Message, field: FieldDescriptor, value: Any) -> None:
         target.update(value)
     elif kind == _VALUE:
         target.CopyFrom(value_message(value))
+    elif kind == pb.ReplayPoint.DESCRIPTOR.full_name:
+        point_message(target, value)
     else:
         to_message(target, value)
 
@@ -222,7 +226,8 @@ def _get(message: Message, field: FieldDescriptor) -> Any:
         return {k: _plain(v) for k, v in sorted(value.items())}
     if field.is_repeated:
         if field.message_type is None:
-            return [_read_scalar(field, v) for v in value]
+            nullable = f"{message.DESCRIPTOR.name}.{field.name}" in NULL_ITEMS
+            return [None if nullable and v == "" else _read_scalar(field, v) for v in value]
         return [_read(field, v) for v in value]
     present = field.message_type is not None or field.has_presence
     if present and not message.HasField(field.name):
@@ -238,6 +243,8 @@ def _read(field: FieldDescriptor, value: Message) -> Any:
         return iso(value)
     if kind in (_STRUCT, _VALUE):
         return _plain(_json_of(value))
+    if kind == pb.ReplayPoint.DESCRIPTOR.full_name:
+        return point_dict(value)
     return to_dict(value)
 
 
@@ -535,7 +542,7 @@ def task_at_dict(message: pb.GetTaskAtResponse) -> dict[str, Any]:
 
 def point_message(message: pb.ReplayPoint, as_of: Mapping[str, Any]) -> pb.ReplayPoint:
     """A replay point `{point, position, version, occurred_at, last_event, stream_events}`."""
-    to_message(message, as_of)
+    to_message(message, {k: v for k, v in as_of.items() if k != "point"})
     point = as_of.get("point")
     if isinstance(point, int):
         message.position_point = point

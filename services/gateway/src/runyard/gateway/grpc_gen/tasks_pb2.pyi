@@ -463,10 +463,10 @@ class PoolCapacity(_message.Message):
     schedulable_nodes: int
     schedulable_gpus: int
     free_gpus: int
-    occupancy: _struct_pb2.Struct
-    queue: _struct_pb2.Struct
+    occupancy: Occupancy
+    queue: QueueLoad
     as_of: _timestamp_pb2.Timestamp
-    def __init__(self, pool_id: _Optional[str] = ..., source: _Optional[str] = ..., launchable: _Optional[_Mapping[str, int]] = ..., custom_gpus_max: _Optional[int] = ..., total_gpus: _Optional[int] = ..., queued_tasks: _Optional[int] = ..., nodes: _Optional[int] = ..., schedulable_nodes: _Optional[int] = ..., schedulable_gpus: _Optional[int] = ..., free_gpus: _Optional[int] = ..., occupancy: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., queue: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    def __init__(self, pool_id: _Optional[str] = ..., source: _Optional[str] = ..., launchable: _Optional[_Mapping[str, int]] = ..., custom_gpus_max: _Optional[int] = ..., total_gpus: _Optional[int] = ..., queued_tasks: _Optional[int] = ..., nodes: _Optional[int] = ..., schedulable_nodes: _Optional[int] = ..., schedulable_gpus: _Optional[int] = ..., free_gpus: _Optional[int] = ..., occupancy: _Optional[_Union[Occupancy, _Mapping]] = ..., queue: _Optional[_Union[QueueLoad, _Mapping]] = ..., as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class CreateGroupRequest(_message.Message):
     __slots__ = ("template", "items", "group_id")
@@ -824,6 +824,161 @@ class GetPoolsAtRequest(_message.Message):
     pool_id: str
     def __init__(self, at: _Optional[str] = ..., pool_id: _Optional[str] = ...) -> None: ...
 
+class PoolCounts(_message.Message):
+    __slots__ = ("nodes", "schedulable_nodes", "schedulable_gpus", "free_gpus", "launchable", "custom_gpus_max")
+    class LaunchableEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULABLE_NODES_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULABLE_GPUS_FIELD_NUMBER: _ClassVar[int]
+    FREE_GPUS_FIELD_NUMBER: _ClassVar[int]
+    LAUNCHABLE_FIELD_NUMBER: _ClassVar[int]
+    CUSTOM_GPUS_MAX_FIELD_NUMBER: _ClassVar[int]
+    nodes: int
+    schedulable_nodes: int
+    schedulable_gpus: int
+    free_gpus: int
+    launchable: _containers.ScalarMap[str, int]
+    custom_gpus_max: int
+    def __init__(self, nodes: _Optional[int] = ..., schedulable_nodes: _Optional[int] = ..., schedulable_gpus: _Optional[int] = ..., free_gpus: _Optional[int] = ..., launchable: _Optional[_Mapping[str, int]] = ..., custom_gpus_max: _Optional[int] = ...) -> None: ...
+
+class NodeHealthCounts(_message.Message):
+    __slots__ = ("healthy", "faulty", "cordoned")
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    FAULTY_FIELD_NUMBER: _ClassVar[int]
+    CORDONED_FIELD_NUMBER: _ClassVar[int]
+    healthy: int
+    faulty: int
+    cordoned: int
+    def __init__(self, healthy: _Optional[int] = ..., faulty: _Optional[int] = ..., cordoned: _Optional[int] = ...) -> None: ...
+
+class NodeView(_message.Message):
+    __slots__ = ("node", "health", "fault", "gpus", "free", "owners")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    FAULT_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    FREE_FIELD_NUMBER: _ClassVar[int]
+    OWNERS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    health: str
+    fault: str
+    gpus: int
+    free: int
+    owners: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node: _Optional[str] = ..., health: _Optional[str] = ..., fault: _Optional[str] = ..., gpus: _Optional[int] = ..., free: _Optional[int] = ..., owners: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class NodeList(_message.Message):
+    __slots__ = ("total", "truncated", "items")
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    total: int
+    truncated: bool
+    items: _containers.RepeatedCompositeFieldContainer[NodeView]
+    def __init__(self, total: _Optional[int] = ..., truncated: _Optional[bool] = ..., items: _Optional[_Iterable[_Union[NodeView, _Mapping]]] = ...) -> None: ...
+
+class AllocatedWorker(_message.Message):
+    __slots__ = ("index", "node", "gpus")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    node: str
+    gpus: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, index: _Optional[int] = ..., node: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PoolAllocation(_message.Message):
+    __slots__ = ("task_id", "run", "attempt", "priority", "resource_type", "gpus", "workers")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    run: int
+    attempt: int
+    priority: int
+    resource_type: str
+    gpus: int
+    workers: _containers.RepeatedCompositeFieldContainer[AllocatedWorker]
+    def __init__(self, task_id: _Optional[str] = ..., run: _Optional[int] = ..., attempt: _Optional[int] = ..., priority: _Optional[int] = ..., resource_type: _Optional[str] = ..., gpus: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[AllocatedWorker, _Mapping]]] = ...) -> None: ...
+
+class Occupancy(_message.Message):
+    __slots__ = ("tasks", "allocated_gpus", "truncated", "items")
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATED_GPUS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    tasks: int
+    allocated_gpus: int
+    truncated: bool
+    items: _containers.RepeatedCompositeFieldContainer[PoolAllocation]
+    def __init__(self, tasks: _Optional[int] = ..., allocated_gpus: _Optional[int] = ..., truncated: _Optional[bool] = ..., items: _Optional[_Iterable[_Union[PoolAllocation, _Mapping]]] = ...) -> None: ...
+
+class QueuedTask(_message.Message):
+    __slots__ = ("task_id", "position", "priority", "worker_gpus", "gpus", "waited_s", "reason")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    WORKER_GPUS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    WAITED_S_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    position: int
+    priority: int
+    worker_gpus: _containers.RepeatedScalarFieldContainer[int]
+    gpus: int
+    waited_s: float
+    reason: str
+    def __init__(self, task_id: _Optional[str] = ..., position: _Optional[int] = ..., priority: _Optional[int] = ..., worker_gpus: _Optional[_Iterable[int]] = ..., gpus: _Optional[int] = ..., waited_s: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class QueueLoad(_message.Message):
+    __slots__ = ("waiting", "gpus", "oldest_wait_s", "head", "items")
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    HEAD_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    waiting: int
+    gpus: int
+    oldest_wait_s: float
+    head: str
+    items: _containers.RepeatedCompositeFieldContainer[QueuedTask]
+    def __init__(self, waiting: _Optional[int] = ..., gpus: _Optional[int] = ..., oldest_wait_s: _Optional[float] = ..., head: _Optional[str] = ..., items: _Optional[_Iterable[_Union[QueuedTask, _Mapping]]] = ...) -> None: ...
+
+class PoolAt(_message.Message):
+    __slots__ = ("pool_id", "zone", "resource_type", "gpu_model", "network", "capacity", "health", "nodes", "occupancy", "as_of")
+    POOL_ID_FIELD_NUMBER: _ClassVar[int]
+    ZONE_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    OCCUPANCY_FIELD_NUMBER: _ClassVar[int]
+    AS_OF_FIELD_NUMBER: _ClassVar[int]
+    pool_id: str
+    zone: str
+    resource_type: str
+    gpu_model: str
+    network: str
+    capacity: PoolCounts
+    health: NodeHealthCounts
+    nodes: NodeList
+    occupancy: Occupancy
+    as_of: ReplayPoint
+    def __init__(self, pool_id: _Optional[str] = ..., zone: _Optional[str] = ..., resource_type: _Optional[str] = ..., gpu_model: _Optional[str] = ..., network: _Optional[str] = ..., capacity: _Optional[_Union[PoolCounts, _Mapping]] = ..., health: _Optional[_Union[NodeHealthCounts, _Mapping]] = ..., nodes: _Optional[_Union[NodeList, _Mapping]] = ..., occupancy: _Optional[_Union[Occupancy, _Mapping]] = ..., as_of: _Optional[_Union[ReplayPoint, _Mapping]] = ...) -> None: ...
+
 class GetPoolsAtResponse(_message.Message):
     __slots__ = ("position_point", "time_point", "pools", "absent")
     POSITION_POINT_FIELD_NUMBER: _ClassVar[int]
@@ -832,9 +987,9 @@ class GetPoolsAtResponse(_message.Message):
     ABSENT_FIELD_NUMBER: _ClassVar[int]
     position_point: int
     time_point: _timestamp_pb2.Timestamp
-    pools: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]
+    pools: _containers.RepeatedCompositeFieldContainer[PoolAt]
     absent: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, position_point: _Optional[int] = ..., time_point: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pools: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., absent: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, position_point: _Optional[int] = ..., time_point: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pools: _Optional[_Iterable[_Union[PoolAt, _Mapping]]] = ..., absent: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NodeNames(_message.Message):
     __slots__ = ("names",)
