@@ -9,9 +9,11 @@ Errors are answered by the gRPC edge every Runyard server shares
 `google.rpc.Status` (ErrorInfo, BadRequest, RetryInfo) and the `runyard-*`
 trailing metadata.
 
-The log methods call the log service's HTTP API (`runyard.gateway.proxy.Owners`,
-the client the HTTP routing uses) with the caller's token, after
-authenticating it here; the log service's refusals map as the gateway's own.
+The log, pool replay, what-if and fault-tolerance methods call the HTTP API of
+the service that owns them (logs, scheduler, faulttolerance) through
+`runyard.gateway.proxy.Owners`, the client the HTTP routing uses, with the
+caller's token, after authenticating it here; their refusals map as the
+gateway's own.
 The server also serves the standard gRPC health service (`grpc.health.v1`,
 SERVING once started) and server reflection.
 """
