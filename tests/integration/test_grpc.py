@@ -22,12 +22,13 @@ import httpx
 import pytest
 from google.protobuf import field_mask_pb2
 from runyard.api.auth import create_token
-from runyard.api.errors import Conflict, PermissionDenied
+from runyard.api.errors import BadRequest, Conflict, PermissionDenied, Unavailable
 from runyard.api.grpc_errors import (
     bad_request,
     error_info,
     error_metadata,
     reason_of,
+    rich_status,
     status_of,
     status_of_rpc,
 )
@@ -840,6 +841,38 @@ def test_status_mapping_of_other_refusals() -> None:
     )
     odd = Conflict("x", "m", "Zone 区\nnext")
     assert dict(error_metadata(odd))["runyard-hint"] == "Zone \\u533a next"
+
+
+def test_the_rich_status_of_each_kind_of_refusal() -> None:
+    """ErrorInfo always (the reason in UPPER_SNAKE, the code as HTTP spells it);
+    BadRequest for INVALID_ARGUMENT only; RetryInfo for an outage only."""
+    refused = BadRequest("image.not_found", "no image nope:1", "pick a listed image", "image")
+    refused.extra = {"item": 1}
+    status = rich_status(refused)
+    assert (status.code, status.message) == (
+        grpc.StatusCode.INVALID_ARGUMENT.value[0],
+        "no image nope:1",
+    )
+    info = error_info(status)
+    assert info is not None and (info.reason, info.domain) == ("IMAGE_NOT_FOUND", "runyard")
+    assert dict(info.metadata) == {
+        "code": "image.not_found",
+        "field": "image",
+        "hint": "pick a listed image",
+        "httpStatus": "400",
+        "item": "1",
+    }
+    violations = bad_request(status)
+    assert violations is not None and [v.field for v in violations.field_violations] == ["image"]
+    conflict = rich_status(Conflict("invalid_transition", "no", "stop it first"))
+    assert bad_request(conflict) is None and len(conflict.details) == 1
+    outage = rich_status(Unavailable("service.unavailable", "the database is away", "retry"))
+    assert outage.code == grpc.StatusCode.UNAVAILABLE.value[0]
+    assert [d.type_url.rsplit("/", 1)[1] for d in outage.details] == [
+        "google.rpc.ErrorInfo",
+        "google.rpc.RetryInfo",
+    ]
+    assert (reason_of("409"), reason_of("a.b-c d")) == ("E_409", "A_B_C_D")
 
 
 async def test_grpc_nul_in_a_field_is_invalid_argument(both: Both) -> None:
