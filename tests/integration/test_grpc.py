@@ -21,6 +21,7 @@ import grpc
 import httpx
 import pytest
 from google.protobuf import field_mask_pb2
+from google.rpc import code_pb2
 from runyard.api.auth import create_token
 from runyard.api.errors import BadRequest, Conflict, PermissionDenied, Unavailable
 from runyard.api.grpc_errors import (
@@ -873,6 +874,8 @@ def test_the_rich_status_of_each_kind_of_refusal() -> None:
         "google.rpc.RetryInfo",
     ]
     assert (reason_of("409"), reason_of("a.b-c d")) == ("E_409", "A_B_C_D")
+    for code in grpc.StatusCode:  # a Status's code is the number of the gRPC status
+        assert code_pb2.Code.Name(code.value[0]) == code.name
 
 
 async def test_grpc_nul_in_a_field_is_invalid_argument(both: Both) -> None:
