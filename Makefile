@@ -39,6 +39,7 @@ lint: install
 	$(BIN)/ruff check libs services tests benchmarks tools infra
 	$(BIN)/python -m runyard.contracts.catalogue --check docs/events.md
 	$(BIN)/python tools/boundaries.py
+	$(BIN)/python tools/protolint.py
 	$(MAKE) --no-print-directory typecheck
 
 # mypy strict over all code (pyproject.toml [tool.mypy]); the generated gRPC
@@ -56,11 +57,13 @@ clean:
 	rm -rf $(VENV) .runyard build *.egg-info libs/*/src/*.egg-info services/*/src/*.egg-info
 
 # Regenerate the committed gRPC modules from proto/: the public API's (GRPC_GEN) and
-# the submission service's internal API's (RPC_GEN).
+# the submission service's internal API's (RPC_GEN); the public API is linted first
+# (tools/protolint.py).
 GRPC_GEN := services/gateway/src/runyard/gateway/grpc_gen
 RPC_GEN  := libs/contracts/src/runyard/contracts/rpc
 .PHONY: proto
 proto: install
+	$(BIN)/python tools/protolint.py
 	rm -rf build/proto && mkdir -p build/proto $(GRPC_GEN)
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=build/proto \
 		--pyi_out=build/proto --grpc_python_out=build/proto proto/runyard/v1/tasks.proto

@@ -28,11 +28,13 @@ import grpc
 import httpx
 import pytest
 from fastapi import APIRouter
+from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from runyard.api.auth import create_token
 from runyard.api.errors import BadRequest
-from runyard.api.grpc_errors import abort, error_of_rpc
+from runyard.api.grpc_errors import abort, error_info, error_of_rpc, status_of_rpc
 from runyard.api.service import service_app
+from runyard.contracts.spec import TaskSpec
 from runyard.domain import DomainError, TaskAlreadyFinished, TaskNotFound
 from runyard.errors import RunyardError
 from runyard.eventstore import (
@@ -42,6 +44,7 @@ from runyard.eventstore import (
     EventTooLarge,
     StoreUnavailable,
 )
+from runyard.gateway import grpc_convert as convert
 from runyard.gateway.app import Gateway
 from runyard.gateway.grpc_gen import tasks_pb2 as pb
 from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
@@ -349,6 +352,12 @@ def assert_outage(answer: httpx.Response, failed: grpc.aio.AioRpcError) -> None:
     assert (trailing["runyard-code"], trailing["runyard-status"]) == ("service.unavailable", "503")
     for text in (answer.text, failed.details() or "", repr(trailing)):
         assert "127.0.0.1:" not in text and "postgres" not in text.lower()
+    status = status_of_rpc(failed)  # the standard details: retry after Retry-After
+    assert status is not None
+    (retry,) = [d for d in status.details if d.Is(error_details_pb2.RetryInfo.DESCRIPTOR)]
+    delay = error_details_pb2.RetryInfo()
+    retry.Unpack(delay)
+    assert delay.retry_delay.seconds == int(answer.headers["Retry-After"])
 
 
 async def until_answered(edges: Edges, request: Callable[[], Awaitable[httpx.Response]]) -> int:
@@ -366,7 +375,7 @@ async def test_an_outage_of_the_submission_services_store_is_503_and_unavailable
 ) -> None:
     async with outage(edges.submission_db):
         answer = await edges.post("/v1/tasks", BASE)
-        request = pb.CreateTaskRequest(spec_json=json.dumps(BASE))
+        request = pb.CreateTaskRequest(spec=convert.spec_message(TaskSpec.model_validate(BASE)))
         failed = await edges.grpc_error(edges.stub.CreateTask(request, metadata=edges.metadata))
     assert_outage(answer, failed)
     # the submission service answered the outage itself (its store, not its absence)
@@ -382,7 +391,7 @@ async def test_an_outage_of_the_gateways_store_is_503_and_unavailable(edges: Edg
     async with outage(edges.gateway_db):
         answer = await edges.http.get(f"/v1/tasks/{task_id}", headers=headers)
         failed = await edges.grpc_error(
-            edges.stub.GetTask(pb.TaskRef(task_id=task_id), metadata=edges.metadata)
+            edges.stub.GetTask(pb.GetTaskRequest(task_id=task_id), metadata=edges.metadata)
         )
     assert_outage(answer, failed)
     again = await until_answered(
@@ -398,14 +407,14 @@ async def test_a_domain_refusal_keeps_its_code_and_hint_on_both_edges(edges: Edg
     assert (await edges.post(f"/v1/tasks/{task_id}/stop", {})).status_code == 200
     stop = await edges.post(f"/v1/tasks/{task_id}/stop", {})
     failed = await edges.grpc_error(
-        edges.stub.StopTask(pb.TaskRef(task_id=task_id), metadata=edges.metadata)
+        edges.stub.StopTask(pb.StopTaskRequest(task_id=task_id), metadata=edges.metadata)
     )
     assert_same_refusal(stop, failed, 409, grpc.StatusCode.FAILED_PRECONDITION)
     assert stop.json()["code"] == "task_already_finished"
     # decided by the submission service, behind the gateway: rerunning a queued task
     queued = (await edges.post("/v1/tasks", BASE)).json()["task_id"]
     rerun = await edges.post(f"/v1/tasks/{queued}/rerun", {})
-    request = pb.RerunTaskRequest(task_id=queued, changes_json="{}")
+    request = pb.RerunTaskRequest(task_id=queued)
     failed = await edges.grpc_error(edges.stub.RerunTask(request, metadata=edges.metadata))
     assert_same_refusal(rerun, failed, 409, grpc.StatusCode.FAILED_PRECONDITION)
     assert (rerun.json()["code"], rerun.json()["hint"]) == (
@@ -424,6 +433,12 @@ def assert_same_refusal(
     assert (trailing["runyard-code"], trailing["runyard-hint"]) == (body["code"], body["hint"])
     assert json.loads(trailing["runyard-error-bin"]) == body
     assert body["hint"]
+    rich = status_of_rpc(failed)
+    info = error_info(rich) if rich is not None else None
+    assert info is not None and (info.metadata["code"], info.metadata["hint"]) == (
+        body["code"],
+        body["hint"],
+    )
 
 
 async def test_an_unexpected_error_says_nothing_of_itself_on_either_edge(
@@ -437,7 +452,7 @@ async def test_an_unexpected_error_says_nothing_of_itself_on_either_edge(
     answer = await edges.http.get("/v1/tasks/t-1", headers=headers)
     assert (answer.status_code, answer.text) == (500, "Internal Server Error")
     failed = await edges.grpc_error(
-        edges.stub.GetTask(pb.TaskRef(task_id="t-1"), metadata=edges.metadata)
+        edges.stub.GetTask(pb.GetTaskRequest(task_id="t-1"), metadata=edges.metadata)
     )
     assert (failed.code(), failed.details()) == (
         grpc.StatusCode.INTERNAL,

@@ -72,10 +72,10 @@ async def test_run_serves_http_grpc_and_projects(dsn: str, tmp_path: Path) -> No
             async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
                 stub = tasks_pb2_grpc.TasksStub(channel)
                 got = await stub.GetTask(
-                    tasks_pb2.TaskRef(task_id=created.json()["task_id"]),
+                    tasks_pb2.GetTaskRequest(task_id=created.json()["task_id"]),
                     metadata=(("authorization", f"Bearer {token}"),),
                 )
-                assert (got.name, got.status) == ("hi", "new")
+                assert (got.name, got.status) == ("hi", tasks_pb2.TASK_STATUS_NEW)
         finally:
             await conn.close()
     for running in (service, submission):

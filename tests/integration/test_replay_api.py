@@ -9,7 +9,6 @@ replay shows a member only its own tenant's task ids.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -22,12 +21,14 @@ import pytest
 from runyard.api.auth import create_token
 from runyard.contracts import Metadata, NewEvent
 from runyard.domain import fold
+from runyard.gateway import grpc_convert as convert
 from runyard.gateway.app import Gateway
 from runyard.gateway.grpc_gen import tasks_pb2 as pb
 from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
 from runyard.gateway.grpc_server import start_server
 from runyard.gateway.http import create_app
-from runyard.gateway.proxy import ROUTES
+from runyard.gateway.proxy import ROUTES, Owners
+from runyard.scheduler.http import http_app
 from runyard.scheduler.replay import HIDDEN
 
 from tests.integration.test_gateway import config_dir
@@ -176,22 +177,29 @@ async def test_grpc_answers_the_same_as_http_with_the_same_refusals(replay: Repl
     def auth(who: str) -> tuple[tuple[str, str]]:
         return (("authorization", f"Bearer {replay.tokens[who]}"),)
 
-    reply = await replay.stub.GetTaskAt(pb.TaskAtRequest(task_id=TASK, at=at), metadata=auth("sre"))
+    reply = await replay.stub.GetTaskAt(
+        pb.GetTaskAtRequest(task_id=TASK, at=at), metadata=auth("sre")
+    )
     over_http = await replay.get("sre", f"/v1/tasks/{TASK}/replay", at=at)
-    assert json.loads(reply.json) == over_http.json()
+    assert convert.task_at_dict(reply) == over_http.json()
+    assert reply.task.status == pb.TASK_STATUS_RESTARTING
     diff = await replay.stub.DiffTask(
         pb.DiffTaskRequest(task_id=TASK, from_point=start, to_point=at), metadata=auth("ml_bob")
     )
-    assert json.loads(diff.json)["to"]["version"] == len(stream)
+    assert diff.to_point.version == len(stream)
+    diff_http = await replay.get(
+        "ml_bob", f"/v1/tasks/{TASK}/replay/diff", **{"from": start, "to": at}
+    )
+    assert convert.diff_dict(diff) == diff_http.json()
     for who, request, code in [
-        ("other", pb.TaskAtRequest(task_id=TASK, at=at), grpc.StatusCode.NOT_FOUND),
-        ("sre", pb.TaskAtRequest(task_id=TASK, at="noon"), grpc.StatusCode.INVALID_ARGUMENT),
+        ("other", pb.GetTaskAtRequest(task_id=TASK, at=at), grpc.StatusCode.NOT_FOUND),
+        ("sre", pb.GetTaskAtRequest(task_id=TASK, at="noon"), grpc.StatusCode.INVALID_ARGUMENT),
     ]:
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await replay.stub.GetTaskAt(request, metadata=auth(who))
         assert refused.value.code() == code
     with pytest.raises(grpc.aio.AioRpcError) as anonymous:
-        await replay.stub.GetTaskAt(pb.TaskAtRequest(task_id=TASK, at=at))
+        await replay.stub.GetTaskAt(pb.GetTaskAtRequest(task_id=TASK, at=at))
     assert anonymous.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
@@ -238,3 +246,40 @@ async def test_pool_replay_folds_the_stream_and_hides_other_tenants_tasks(
     assert (unknown.status_code, unknown.json()["code"]) == (404, "pool.not_found")
     anonymous = await pools.http.get(url, params={"at": head})
     assert anonymous.status_code == 401
+
+
+async def test_grpc_pools_at_answers_as_the_schedulers_route(
+    face: Face,  # noqa: F811  (the fixture)
+    dsn: str,
+    tmp_path: Path,
+) -> None:
+    pools = face
+    before = await pools.store.head_position()
+    await pools.submit("mine", "t1")
+    head = await pools.store.head_position()
+    transport = httpx.ASGITransport(app=http_app(pools.store, role=lambda: "active"))
+    owners = Owners({"scheduler": "http://scheduler"}, transport=transport)
+    gateway = await Gateway.connect(dsn, tmp_path)
+    server, port = await start_server(gateway, "127.0.0.1", 0, owners=owners)
+    url = "http://scheduler/v1/pools/replay"
+    auth = (("authorization", pools.auth("t1")),)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.TasksStub(channel)
+            for point in (str(head), str(before)):
+                reply = await stub.GetPoolsAt(pb.GetPoolsAtRequest(at=point), metadata=auth)
+                over_http = await pools.http.get(
+                    url, params={"at": point}, headers={"Authorization": pools.auth("t1")}
+                )
+                assert convert.pools_at_dict(reply) == over_http.json()
+                assert reply.WhichOneof("point") == "position_point"
+            (pool,) = convert.pools_at_dict(reply)["pools"]
+            assert pool["occupancy"]["items"] == []  # before the task was placed
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                request = pb.GetPoolsAtRequest(at=str(head), pool_id="nope")
+                await stub.GetPoolsAt(request, metadata=auth)
+            assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        await server.stop(grace=None)
+        await owners.aclose()
+        await gateway.close()

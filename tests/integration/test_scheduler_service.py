@@ -813,7 +813,6 @@ async def test_api_shows_where_a_task_waits_and_who_stopped_it(dsn: str, tmp_pat
 
 async def _grpc_positions(gateway: Any, token: str, task_id: str) -> tuple[Any, dict[str, Any]]:
     """The queue position of `task_id` by gRPC GetTask, and of every queued task by ListTasks."""
-    import json
 
     import grpc
     from runyard.gateway.grpc_gen import tasks_pb2 as pb
@@ -825,9 +824,10 @@ async def _grpc_positions(gateway: Any, token: str, task_id: str) -> tuple[Any, 
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = pb_grpc.TasksStub(channel)
             auth = (("authorization", f"Bearer {token}"),)
-            task = await stub.GetTask(pb.TaskRef(task_id=task_id), metadata=auth)
+            task = await stub.GetTask(pb.GetTaskRequest(task_id=task_id), metadata=auth)
             page = await stub.ListTasks(pb.ListTasksRequest(status="queued"), metadata=auth)
     finally:
         await server.stop(grace=None)
-    listed = {item.task_id: json.loads(item.json)["queue"]["position"] for item in page.items}
-    return json.loads(task.json)["queue"]["position"], listed
+    listed = {item.task_id: item.queue.position for item in page.tasks}
+    assert task.HasField("queue") and all(item.HasField("queue") for item in page.tasks)
+    return task.queue.position, listed

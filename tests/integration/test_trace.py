@@ -27,6 +27,7 @@ from runyard.contracts.spec import TaskSpec
 from runyard.contracts.task_events import TaskRescheduleRequested
 from runyard.domain.task import Submit, decide
 from runyard.eventstore.trace import HIDDEN, MAX_TRACE_EVENTS
+from runyard.gateway import grpc_convert as convert
 from runyard.gateway.app import Gateway
 from runyard.gateway.grpc_gen import tasks_pb2 as pb
 from runyard.scheduler import admin
@@ -157,7 +158,8 @@ async def test_the_tree_is_bounded_and_grpc_answers_as_http(traces: Traces) -> N
 
     auth = (("authorization", f"Bearer {traces.tokens['sre']}"),)
     reply = await traces.stub.Trace(pb.TraceRequest(task_id="mine"), metadata=auth)
-    assert json.loads(reply.json) == (await traces.get("sre", "/v1/tasks/mine/trace")).json()
+    assert convert.trace_dict(reply) == (await traces.get("sre", "/v1/tasks/mine/trace")).json()
+    assert all(node.HasField("occur_time") for node in reply.tree)
     for request, code in [
         (pb.TraceRequest(), grpc.StatusCode.INVALID_ARGUMENT),
         (pb.TraceRequest(task_id="nope"), grpc.StatusCode.NOT_FOUND),

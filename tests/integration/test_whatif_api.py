@@ -3,7 +3,6 @@ gateway): who may ask, what it reads, and the refusals that name the bound."""
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ import grpc
 import httpx
 import pytest
 from runyard.api.auth import create_token
+from runyard.gateway import grpc_convert as convert
 from runyard.gateway.app import Gateway
 from runyard.gateway.grpc_gen import tasks_pb2 as pb
 from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
@@ -100,17 +100,36 @@ async def test_grpc_whatif_asks_the_scheduler_with_the_callers_token(
     owners = Owners({"scheduler": "http://scheduler"}, transport=transport)
     gateway = await Gateway.connect(dsn, tmp_path)
     server, port = await start_server(gateway, "127.0.0.1", 0, owners=owners)
-    pools = {"pools": [{"id": "dev-a100", "nodes": ["a", "b"]}]}
+    pool = pb.WhatIfPool(pool_id="dev-a100", node_names=pb.NodeNames(names=["a", "b"]))
     request = pb.WhatIfRequest(
-        from_point=WINDOW["from"], to_point=WINDOW["to"], pools_json=json.dumps(pools)
+        start_time=convert.timestamp(WINDOW["from"]),
+        end_time=convert.timestamp(WINDOW["to"]),
+        pools=[pool],
     )
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = pb_grpc.TasksStub(channel)
             reply = await stub.WhatIf(request, metadata=(("authorization", f"Bearer {sre}"),))
-            (pool,) = json.loads(reply.json)["pools"]
-            assert pool["nodes"] == {"real": 1, "simulated": 2}
-            assert pool["simulated"]["max_s"] == 0.0
+            (report,) = reply.pools
+            assert (report.nodes.real, report.nodes.simulated) == (1, 2)
+            assert report.simulated.max_s == 0.0
+            assert convert.iso(reply.start_time) == WINDOW["from"]
+            face.tokens["sre"] = sre
+            body = {**WINDOW, "pools": [{"id": "dev-a100", "nodes": ["a", "b"]}]}
+            over_http = await ask(face, "sre", body)
+            assert convert.to_dict(reply) == over_http.json()
+            assert [r.task_id for r in reply.runs] == [
+                r["task_id"] for r in over_http.json()["runs"]
+            ]
+            nodes = pb.NodeRange(prefix="sim-", count=3, gpus=8)
+            ranged = pb.WhatIfRequest(
+                start_time=request.start_time,
+                end_time=request.end_time,
+                pools=[pb.WhatIfPool(pool_id="dev-a100", node_range=nodes)],
+                policy="fifo",
+            )
+            reply = await stub.WhatIf(ranged, metadata=(("authorization", f"Bearer {sre}"),))
+            assert (reply.policy, reply.pools[0].nodes.simulated) == ("fifo", 3)
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 member = (("authorization", f"Bearer {face.tokens['t1']}"),)
                 await stub.WhatIf(request, metadata=member)

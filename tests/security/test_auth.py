@@ -56,7 +56,8 @@ class World:
     async def grpc_get(self, token: str, task_id: str) -> grpc.StatusCode:
         try:
             await self.stub.GetTask(
-                pb.TaskRef(task_id=task_id), metadata=(("authorization", f"Bearer {token}"),)
+                pb.GetTaskRequest(task_id=task_id),
+                metadata=(("authorization", f"Bearer {token}"),),
             )
         except grpc.aio.AioRpcError as exc:
             return exc.code()
@@ -191,7 +192,8 @@ async def test_sre_reads_every_tenant_but_changes_nothing(world: World) -> None:
         answer = await world.call("sre", method, path, json=body)
         assert answer.status_code == 403, (path, answer.text)
     stop = world.stub.StopTask(
-        pb.TaskRef(task_id=task_id), metadata=(("authorization", f"Bearer {world.tokens['sre']}"),)
+        pb.StopTaskRequest(task_id=task_id),
+        metadata=(("authorization", f"Bearer {world.tokens['sre']}"),),
     )
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await stop

@@ -25,6 +25,7 @@ from runyard.contracts.envelope import utcnow
 from runyard.contracts.spec import TaskSpec
 from runyard.domain import Submit, decide
 from runyard.eventstore import MAX_EVENT_BYTES, EventTooLarge, PostgresEventStore
+from runyard.gateway import grpc_convert as convert
 from runyard.gateway.grpc_gen import tasks_pb2 as pb
 from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
 from runyard.gateway.grpc_server import start_server
@@ -151,9 +152,10 @@ async def test_the_limits_are_published_in_the_openapi_document(api: Api) -> Non
     assert spec["command"]["maxLength"] == 65536
     assert spec["tags"]["maxItems"] == 32
     assert spec["worker_count"]["maximum"] == 1024
-    assert document["components"]["schemas"]["EnvVar"]["properties"]["value"]["anyOf"][0][
-        "maxLength"
-    ] == 16384
+    assert (
+        document["components"]["schemas"]["EnvVar"]["properties"]["value"]["anyOf"][0]["maxLength"]
+        == 16384
+    )
     group = document["paths"]["/v1/groups"]["post"]["requestBody"]["content"]
     assert group["application/json"]["schema"]["properties"]["group_id"]["maxLength"] == 128
 
@@ -326,28 +328,38 @@ async def grpc_stub(api: Api) -> AsyncIterator[pb_grpc.TasksStub]:
         await server.stop(None)
 
 
-async def test_deeply_nested_spec_json_over_grpc_is_invalid_argument(api: Api) -> None:
+def typed_spec(**changes: Any) -> pb.TaskSpec:
+    spec = pb.TaskSpec()
+    convert.to_message(spec, {**BASE, **changes})
+    return spec
+
+
+async def test_specs_over_their_bounds_over_grpc_are_refused(api: Api) -> None:
+    """A typed spec cannot nest or carry a lone surrogate (protobuf refuses to encode
+    one); what it can carry is bounded as over HTTP, and a refusal writes nothing."""
     auth = (("authorization", f"Bearer {api.tokens['alice']}"),)
     before = await written(api)
     async with grpc_stub(api) as stub:
-        for spec_json in (
-            '{"name": "x", "description": ' + "[" * 100_000 + "]" * 100_000 + "}",
-            json.dumps({**BASE, "env": [{"name": "A", "value": "x\ud800"}]}),
+        for spec, field in (
+            (typed_spec(description="d" * 5000), "description"),
+            (typed_spec(env=[{"name": "A", "value": "x\x00"}]), "spec.env[0].value"),
         ):
             with pytest.raises(grpc.aio.AioRpcError) as info:
-                await stub.CreateTask(pb.CreateTaskRequest(spec_json=spec_json), metadata=auth)
+                await stub.CreateTask(pb.CreateTaskRequest(spec=spec), metadata=auth)
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            trailing = dict(info.value.trailing_metadata() or ())
+            assert trailing["runyard-field"] == field
         with pytest.raises(grpc.aio.AioRpcError) as info:
-            big = json.dumps({**BASE, "description": "d" * 2_000_000})
-            await stub.CreateTask(pb.CreateTaskRequest(spec_json=big), metadata=auth)
+            big = typed_spec(description="d" * 2_000_000)
+            await stub.CreateTask(pb.CreateTaskRequest(spec=big), metadata=auth)
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         with pytest.raises(grpc.aio.AioRpcError) as info:
             long_id = (*auth, ("x-request-id", "r" * 8192))
-            request = pb.CreateTaskRequest(spec_json=json.dumps(BASE))
+            request = pb.CreateTaskRequest(spec=typed_spec())
             await stub.CreateTask(request, metadata=long_id)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         with pytest.raises(grpc.aio.AioRpcError) as info:
-            await stub.GetTask(pb.TaskRef(task_id="t" * 5000), metadata=auth)
+            await stub.GetTask(pb.GetTaskRequest(task_id="t" * 5000), metadata=auth)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert await written(api) == before
 

@@ -1,16 +1,19 @@
 """The gRPC API (`proto/runyard/v1/tasks.proto`): thin handlers over the application layer.
 
 Each handler authenticates the `authorization: Bearer <token>` metadata,
-calls the same `Gateway` method as the HTTP handler and answers its result;
-specs, changes and full answers travel as JSON text in the HTTP shapes.
+calls the same `Gateway` method as the HTTP handler and answers its result as
+typed messages; `runyard.gateway.grpc_convert` is the one translation between
+the messages and the HTTP shapes the application layer takes and answers.
 Errors are answered by the gRPC edge every Runyard server shares
-(`runyard.api.grpc_errors.abort`): the error's status code, with `runyard-code`,
-`runyard-field`, `runyard-hint`, `runyard-status` and `runyard-error-bin` (the
-HTTP error body, UTF-8 JSON) in the trailing metadata.
+(`runyard.api.grpc_errors.abort`): the error's status code with a
+`google.rpc.Status` (ErrorInfo, BadRequest, RetryInfo) and the `runyard-*`
+trailing metadata.
 
-The log methods call the log service's HTTP API (`runyard.gateway.proxy.Owners`,
-the client the HTTP routing uses) with the caller's token, after
-authenticating it here; the log service's refusals map as the gateway's own.
+The log, pool replay, what-if and fault-tolerance methods call the HTTP API of
+the service that owns them (logs, scheduler, faulttolerance) through
+`runyard.gateway.proxy.Owners`, the client the HTTP routing uses, with the
+caller's token, after authenticating it here; their refusals map as the
+gateway's own.
 The server also serves the standard gRPC health service (`grpc.health.v1`,
 SERVING once started) and server reflection.
 """
@@ -18,15 +21,14 @@ SERVING once started) and server reflection.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from datetime import datetime
 from typing import Any, TypeVar
 from urllib.parse import quote
 
 import grpc
+from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from runyard.api.auth import Principal, bearer_token
@@ -39,6 +41,7 @@ from runyard.api.inputs import (
     reject_unstorable,
 )
 from runyard.eventstore.trace import MAX_TRACE_EVENTS
+from runyard.gateway import grpc_convert as convert
 from runyard.gateway.app import Gateway, Request
 from runyard.gateway.grpc_gen import tasks_pb2 as pb
 from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
@@ -61,149 +64,39 @@ HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 T = TypeVar("T")
 
 
-def _json_object(text: str, field: str) -> dict[str, Any]:
-    """A JSON object from a `*_json` field; empty text is `{}`."""
-    if not text.strip():
-        return {}
-    try:
-        value = json.loads(text)
-    except RecursionError as exc:  # nested far deeper than any spec: refuse, never crash
-        raise BadRequest(
-            "request.invalid",
-            f"{field}: JSON nested too deep",
-            "send the spec as a plain JSON object (docs/limits.md)",
-            field,
-        ) from exc
-    except ValueError as exc:
-        raise BadRequest(
-            "request.invalid", f"{field}: not valid JSON ({exc})", "send a JSON object", field
-        ) from exc
-    if not isinstance(value, dict):
-        raise BadRequest("request.invalid", f"{field} must be a JSON object", "send {...}", field)
-    reject_unstorable(value, field)
-    return value
-
-
-def check_fields(message: Any) -> None:
-    """Refuse a request whose string fields hold text the store cannot keep
-    (nested messages too: the field is named as HTTP names it)."""
+def check_fields(message: Message, prefix: str = "") -> None:
+    """Refuse a request whose text the store cannot keep, in any field of any nested
+    message; a field of the request is named as over HTTP (its name), a field of a
+    spec by its path (`spec.name`, `items[1].spec.env[0].value`)."""
     for descriptor, value in message.ListFields():
-        if isinstance(value, str):
-            reject_unstorable(value, descriptor.name)
-            if not descriptor.name.endswith("_json"):  # JSON is bounded by the message size
-                check_param(descriptor.name, value)
-        elif descriptor.message_type is not None and not descriptor.is_repeated:
-            check_fields(value)
+        name = descriptor.name
+        path = f"{prefix}{name}"
+        if descriptor.message_type is not None and descriptor.message_type.GetOptions().map_entry:
+            reject_unstorable(dict(value), path)
+        elif descriptor.is_repeated and descriptor.message_type is not None:
+            for index, item in enumerate(value):
+                check_fields(item, f"{path}[{index}].")
         elif descriptor.is_repeated:
-            reject_unstorable(list(value), descriptor.name)
+            reject_unstorable(list(value), path)
+        elif descriptor.message_type is not None:
+            if descriptor.message_type.full_name in _OPAQUE:
+                continue
+            check_fields(value, f"{path}." if prefix or name in _NESTED else "")
+        elif isinstance(value, str):
+            reject_unstorable(value, path)
+            if not prefix:  # a parameter of the request itself, as a query parameter is
+                check_param(name, value)
+
+
+#: Messages whose fields are named with their path (what a spec holds); the fields of
+#: other nested messages (a `LogFilter`) are named as the HTTP query parameters.
+_NESTED = frozenset({"spec", "template", "items", "changes", "overrides", "pools"})
+#: Well-known messages with no text of their own to check.
+_OPAQUE = frozenset({"google.protobuf.Timestamp", "google.protobuf.Duration"})
 
 
 def _limit(limit: int) -> int:
     return limit or DEFAULT_PAGE
-
-
-def log_params(message: pb.LogFilter) -> dict[str, Any]:
-    """The HTTP query parameters of a gRPC `LogFilter` (unset optionals: absent)."""
-    params: dict[str, Any] = {"worker": list(message.workers)} if message.workers else {}
-    for name in ("run", "words", "phrase", "regex"):
-        if message.HasField(name):
-            params[name] = getattr(message, name)
-    for name in ("since", "until"):
-        at = _time(getattr(message, name), name)
-        if at is not None:
-            params[name] = at.isoformat()
-    if message.ignore_case:
-        params["ignore_case"] = "true"
-    return params
-
-
-def _time(text: str, field: str) -> datetime | None:
-    if not text:
-        return None
-    try:
-        return datetime.fromisoformat(text)
-    except ValueError as exc:
-        raise BadRequest(
-            "request.invalid",
-            f"{field}: not an ISO 8601 time ({exc})",
-            "e.g. 2026-01-02T03:04:05Z",
-            field,
-        ) from exc
-
-
-def log_line_message(line: Mapping[str, Any]) -> pb.LogLine:
-    return pb.LogLine(
-        at=line["at"],
-        run=line["run"],
-        attempt=line["attempt"],
-        worker=line["worker"],
-        stream=line["stream"],
-        line=line["line"],
-    )
-
-
-def log_page_message(page: Mapping[str, Any]) -> pb.LogPage:
-    return pb.LogPage(
-        lines=[log_line_message(line) for line in page["lines"]],
-        next_cursor=page["next_cursor"] or "",
-        tail_cursor=page["tail_cursor"] or "",
-        json=json.dumps(page),
-    )
-
-
-def export_message(export: Mapping[str, Any]) -> pb.LogExport:
-    return pb.LogExport(
-        export_id=export["export_id"],
-        task_id=export["task_id"],
-        state=export["state"],
-        lines_done=export["lines_done"] or 0,
-        lines_total=export["lines_total"] or 0,
-        json=json.dumps(export),
-    )
-
-
-def task_message(task: Mapping[str, Any]) -> pb.Task:
-    return pb.Task(
-        task_id=task["task_id"],
-        name=task["name"],
-        status=task["status"],
-        creator=task["creator"],
-        run=task["run"],
-        json=json.dumps(task),
-    )
-
-
-def summary_message(row: Mapping[str, Any]) -> pb.TaskSummary:
-    return pb.TaskSummary(
-        task_id=row["task_id"],
-        name=row["name"],
-        status=row["status"],
-        pool=row["pool"],
-        creator=row["creator"],
-        run=row["run"],
-        json=json.dumps(row),
-    )
-
-
-def event_message(event: Mapping[str, Any]) -> pb.Event:
-    return pb.Event(
-        position=event["position"] or 0,
-        version=event["version"] or 0,
-        type=event["type"],
-        occurred_at=event["occurred_at"] or "",
-        actor=event["actor"] or "",
-        correlation_id=event["correlation_id"] or "",
-        json=json.dumps(event),
-    )
-
-
-def group_message(group: Mapping[str, Any]) -> pb.Group:
-    return pb.Group(
-        group_id=group["group_id"],
-        tasks=[summary_message(t) for t in group["tasks"]],
-        status_counts=group["status_counts"],
-        json=json.dumps(group),
-    )
 
 
 class TasksService(pb_grpc.TasksServicer):
@@ -232,7 +125,10 @@ class TasksService(pb_grpc.TasksServicer):
         return Request(await self._caller(context), request_id, trace)
 
     async def _run(
-        self, context: grpc.aio.ServicerContext, request: Any, call: Callable[[], Awaitable[T]]
+        self,
+        context: grpc.aio.ServicerContext,
+        request: Message,
+        call: Callable[[], Awaitable[T]],
     ) -> T:
         try:
             check_fields(request)
@@ -247,39 +143,43 @@ class TasksService(pb_grpc.TasksServicer):
     ) -> pb.Task:
         async def call() -> pb.Task:
             req = await self._request(context)
-            body = _json_object(request.spec_json, "spec_json")
-            return task_message(await self.gw.create_task(req, body))
+            body = convert.spec_body(request.spec)
+            return convert.task_message(await self.gw.create_task(req, body))
 
         return await self._run(context, request, call)
 
-    async def GetTask(self, request: pb.TaskRef, context: grpc.aio.ServicerContext) -> pb.Task:
+    async def GetTask(
+        self, request: pb.GetTaskRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Task:
         async def call() -> pb.Task:
             caller = await self._caller(context)
-            return task_message(await self.gw.get_task(caller, request.task_id))
+            return convert.task_message(await self.gw.get_task(caller, request.task_id))
 
         return await self._run(context, request, call)
 
     async def ListTasks(
         self, request: pb.ListTasksRequest, context: grpc.aio.ServicerContext
-    ) -> pb.TaskPage:
-        async def call() -> pb.TaskPage:
+    ) -> pb.ListTasksResponse:
+        async def call() -> pb.ListTasksResponse:
             caller = await self._caller(context)
             names = ("status", "name", "tag", "pool", "creator")
             filters = {n: getattr(request, n) or None for n in names}
             page = await self.gw.list_tasks(
                 caller, filters, _limit(request.limit), request.cursor or None
             )
-            return pb.TaskPage(
-                items=[summary_message(r) for r in page["items"]],
+            return pb.ListTasksResponse(
+                tasks=[convert.summary_message(r) for r in page["items"]],
                 next_cursor=page["next_cursor"] or "",
             )
 
         return await self._run(context, request, call)
 
-    async def StopTask(self, request: pb.TaskRef, context: grpc.aio.ServicerContext) -> pb.Task:
+    async def StopTask(
+        self, request: pb.StopTaskRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Task:
         async def call() -> pb.Task:
             req = await self._request(context)
-            return task_message(await self.gw.stop_task(req, request.task_id))
+            return convert.task_message(await self.gw.stop_task(req, request.task_id))
 
         return await self._run(context, request, call)
 
@@ -288,8 +188,8 @@ class TasksService(pb_grpc.TasksServicer):
     ) -> pb.Task:
         async def call() -> pb.Task:
             req = await self._request(context)
-            changes = _json_object(request.changes_json, "changes_json")
-            return task_message(await self.gw.rerun_task(req, request.task_id, changes))
+            changes = convert.changes_body(request.changes, "changes.update_mask")
+            return convert.task_message(await self.gw.rerun_task(req, request.task_id, changes))
 
         return await self._run(context, request, call)
 
@@ -298,41 +198,42 @@ class TasksService(pb_grpc.TasksServicer):
     ) -> pb.Task:
         async def call() -> pb.Task:
             req = await self._request(context)
-            overrides = _json_object(request.overrides_json, "overrides_json")
-            return task_message(await self.gw.clone_task(req, request.task_id, overrides))
+            overrides = convert.changes_body(request.overrides, "overrides.update_mask")
+            task = await self.gw.clone_task(req, request.task_id, overrides)
+            return convert.task_message(task)
 
         return await self._run(context, request, call)
 
     async def ListTaskEvents(
-        self, request: pb.TaskRef, context: grpc.aio.ServicerContext
-    ) -> pb.EventList:
-        async def call() -> pb.EventList:
+        self, request: pb.ListTaskEventsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListTaskEventsResponse:
+        async def call() -> pb.ListTaskEventsResponse:
             caller = await self._caller(context)
             events = await self.gw.task_events(caller, request.task_id)
-            return pb.EventList(events=[event_message(e) for e in events])
+            return pb.ListTaskEventsResponse(events=[convert.event_message(e) for e in events])
 
         return await self._run(context, request, call)
 
     async def WatchTask(
-        self, request: pb.TaskRef, context: grpc.aio.ServicerContext
+        self, request: pb.WatchTaskRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.Event]:
         try:
             check_fields(request)
             caller = await self._caller(context)
             async for event in self.gw.watch(caller, request.task_id):
-                yield event_message(event)
+                yield convert.event_message(event)
         except Exception as exc:
             await abort(context, exc, "gateway")
 
     # --- pools ----------------------------------------------------------------
 
     async def GetPoolCapacity(
-        self, request: pb.PoolRef, context: grpc.aio.ServicerContext
-    ) -> pb.JsonReply:
-        async def call() -> pb.JsonReply:
+        self, request: pb.GetPoolCapacityRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PoolCapacity:
+        async def call() -> pb.PoolCapacity:
             caller = await self._caller(context)
             answer = await self.gw.pool_capacity(caller, request.pool_id)
-            return pb.JsonReply(json=json.dumps(answer))
+            return convert.capacity_message(answer)
 
         return await self._run(context, request, call)
 
@@ -344,49 +245,44 @@ class TasksService(pb_grpc.TasksServicer):
         async def call() -> pb.Group:
             req = await self._request(context)
             body: dict[str, Any] = {
-                "template": _json_object(request.template_json, "template_json"),
+                "template": convert.spec_body(request.template),
                 "items": [
-                    _json_object(item, f"items_json[{i}]")
-                    for i, item in enumerate(request.items_json)
+                    convert.changes_body(item, f"items[{i}].update_mask")
+                    for i, item in enumerate(request.items)
                 ],
             }
             if request.group_id:
                 body["group_id"] = request.group_id
-            return group_message(await self.gw.create_group(req, body))
+            return convert.group_message(await self.gw.create_group(req, body))
 
         return await self._run(context, request, call)
 
-    async def GetGroup(self, request: pb.GroupRef, context: grpc.aio.ServicerContext) -> pb.Group:
+    async def GetGroup(
+        self, request: pb.GetGroupRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Group:
         async def call() -> pb.Group:
             caller = await self._caller(context)
-            return group_message(await self.gw.get_group(caller, request.group_id))
+            return convert.group_message(await self.gw.get_group(caller, request.group_id))
 
         return await self._run(context, request, call)
 
-    async def StopGroup(self, request: pb.GroupRef, context: grpc.aio.ServicerContext) -> pb.Group:
+    async def StopGroup(
+        self, request: pb.StopGroupRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Group:
         async def call() -> pb.Group:
             req = await self._request(context)
-            return group_message(await self.gw.stop_group(req, request.group_id))
+            return convert.group_message(await self.gw.stop_group(req, request.group_id))
 
         return await self._run(context, request, call)
 
     async def ListGroups(
         self, request: pb.ListGroupsRequest, context: grpc.aio.ServicerContext
-    ) -> pb.GroupList:
-        async def call() -> pb.GroupList:
+    ) -> pb.ListGroupsResponse:
+        async def call() -> pb.ListGroupsResponse:
             caller = await self._caller(context)
             answer = await self.gw.list_groups(caller, _limit(request.limit))
-            return pb.GroupList(
-                groups=[
-                    pb.GroupSummary(
-                        group_id=g["group_id"],
-                        tasks=g["tasks"],
-                        status_counts=g["status_counts"],
-                        json=json.dumps(g),
-                    )
-                    for g in answer["items"]
-                ]
-            )
+            groups = [convert.group_summary_message(g) for g in answer["items"]]
+            return pb.ListGroupsResponse(groups=groups)
 
         return await self._run(context, request, call)
 
@@ -395,8 +291,8 @@ class TasksService(pb_grpc.TasksServicer):
     ) -> pb.Group:
         async def call() -> pb.Group:
             req = await self._request(context)
-            changes = _json_object(request.changes_json, "changes_json")
-            return group_message(await self.gw.rerun_group(req, request.group_id, changes))
+            changes = convert.changes_body(request.changes, "changes.update_mask")
+            return convert.group_message(await self.gw.rerun_group(req, request.group_id, changes))
 
         return await self._run(context, request, call)
 
@@ -414,24 +310,24 @@ class TasksService(pb_grpc.TasksServicer):
 
     async def SearchLogs(
         self, request: pb.SearchLogsRequest, context: grpc.aio.ServicerContext
-    ) -> pb.LogPage:
-        async def call() -> pb.LogPage:
-            params = log_params(request.filter)
+    ) -> pb.SearchLogsResponse:
+        async def call() -> pb.SearchLogsResponse:
+            params = convert.log_params(request.filter)
             params |= {"order": request.order or "oldest", "limit": request.limit or LOG_PAGE}
             if request.cursor:
                 params["cursor"] = request.cursor
             page = await self._logs(context, _task_path(request.task_id, "logs"), params=params)
-            return log_page_message(page)
+            return convert.log_page_message(page)
 
         return await self._run(context, request, call)
 
     async def FollowLogs(
         self, request: pb.FollowLogsRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.LogPage]:
+    ) -> AsyncIterator[pb.FollowLogsResponse]:
         try:
             check_fields(request)
             await self._caller(context)
-            params = log_params(request.filter) | {"limit": request.limit or LOG_PAGE}
+            params = convert.log_params(request.filter) | {"limit": request.limit or LOG_PAGE}
             if request.cursor:
                 params["cursor"] = request.cursor
             path = _task_path(request.task_id, "logs/follow")
@@ -440,22 +336,18 @@ class TasksService(pb_grpc.TasksServicer):
             # the connection to the log service back at once
             async with contextlib.aclosing(pages) as stream:
                 async for page in stream:
-                    yield log_page_message(page)
+                    yield convert.follow_page_message(page)
         except Exception as exc:
             await abort(context, exc, "gateway")
 
     async def GetFirstError(
-        self, request: pb.FirstErrorRequest, context: grpc.aio.ServicerContext
+        self, request: pb.GetFirstErrorRequest, context: grpc.aio.ServicerContext
     ) -> pb.FirstError:
         async def call() -> pb.FirstError:
             params = {"run": request.run} if request.HasField("run") else {}
             path = _task_path(request.task_id, "first-error")
             answer = await self._logs(context, path, params=params)
-            found = pb.FirstError(found=answer["found"], json=json.dumps(answer))
-            if answer["found"]:
-                found.line.CopyFrom(log_line_message(answer["line"]))
-                found.layer, found.rule = answer["layer"], answer["rule"]
-            return found
+            return convert.first_error_message(answer)
 
         return await self._run(context, request, call)
 
@@ -465,91 +357,87 @@ class TasksService(pb_grpc.TasksServicer):
         async def call() -> pb.LogExport:
             path = _task_path(request.task_id, "logs/exports")
             body = {"format": request.format or "text"}
-            params = log_params(request.filter)
+            params = convert.log_params(request.filter)
             answer = await self._logs(context, path, write=True, params=params, body=body)
-            return export_message(answer)
+            return convert.export_message(answer)
 
         return await self._run(context, request, call)
 
     async def GetLogExport(
-        self, request: pb.ExportRef, context: grpc.aio.ServicerContext
+        self, request: pb.GetLogExportRequest, context: grpc.aio.ServicerContext
     ) -> pb.LogExport:
         async def call() -> pb.LogExport:
             path = f"/v1/exports/{quote(request.export_id, safe='')}"
-            return export_message(await self._logs(context, path))
+            return convert.export_message(await self._logs(context, path))
 
         return await self._run(context, request, call)
 
     async def ListLogExports(
         self, request: pb.ListLogExportsRequest, context: grpc.aio.ServicerContext
-    ) -> pb.LogExportList:
-        async def call() -> pb.LogExportList:
+    ) -> pb.ListLogExportsResponse:
+        async def call() -> pb.ListLogExportsResponse:
             exports = await self._logs(context, "/v1/exports")
-            return pb.LogExportList(exports=[export_message(e) for e in exports])
+            return pb.ListLogExportsResponse(exports=[convert.export_message(e) for e in exports])
 
         return await self._run(context, request, call)
 
     # --- replay (docs/api.md, "Replay") ------------------------------------------
 
     async def GetTaskAt(
-        self, request: pb.TaskAtRequest, context: grpc.aio.ServicerContext
-    ) -> pb.JsonReply:
-        async def call() -> pb.JsonReply:
+        self, request: pb.GetTaskAtRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetTaskAtResponse:
+        async def call() -> pb.GetTaskAtResponse:
             caller = await self._caller(context)
             answer = await self.replay.task_at(caller, request.task_id, request.at)
-            return pb.JsonReply(json=json.dumps(answer))
+            return convert.task_at_message(answer)
 
         return await self._run(context, request, call)
 
     async def DiffTask(
         self, request: pb.DiffTaskRequest, context: grpc.aio.ServicerContext
-    ) -> pb.JsonReply:
-        async def call() -> pb.JsonReply:
+    ) -> pb.DiffTaskResponse:
+        async def call() -> pb.DiffTaskResponse:
             caller = await self._caller(context)
             answer = await self.replay.task_diff(
                 caller, request.task_id, request.from_point, request.to_point
             )
-            return pb.JsonReply(json=json.dumps(answer))
+            return convert.diff_message(answer)
 
         return await self._run(context, request, call)
 
     async def GetPoolsAt(
-        self, request: pb.PoolsAtRequest, context: grpc.aio.ServicerContext
-    ) -> pb.JsonReply:
-        async def call() -> pb.JsonReply:
+        self, request: pb.GetPoolsAtRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetPoolsAtResponse:
+        async def call() -> pb.GetPoolsAtResponse:
             await self._caller(context)  # 401 before the scheduler is asked
             params = {"at": request.at, **({"pool": request.pool_id} if request.pool_id else {})}
             answer = await self.owners.call(
                 "scheduler", "GET", "/v1/pools/replay", token=_token(context), params=params
             )
-            return pb.JsonReply(json=json.dumps(answer))
+            return convert.pools_at_message(answer)
 
         return await self._run(context, request, call)
 
     async def WhatIf(
         self, request: pb.WhatIfRequest, context: grpc.aio.ServicerContext
-    ) -> pb.JsonReply:
-        async def call() -> pb.JsonReply:
+    ) -> pb.WhatIfResponse:
+        async def call() -> pb.WhatIfResponse:
             await self._caller(context)  # 401 before the scheduler is asked
-            body: dict[str, Any] = {"from": request.from_point, "to": request.to_point}
-            if request.pools_json.strip():  # a pools document: its `pools` list is sent
-                document = _json_object(request.pools_json, "pools_json")
-                body["pools"] = document.get("pools", document)
-            if request.policy:
-                body["policy"] = request.policy
-            if request.pool_id:
-                body["pool"] = request.pool_id
             answer = await self.owners.call(
-                "scheduler", "POST", "/v1/pools/whatif", token=_token(context), body=body
+                "scheduler",
+                "POST",
+                "/v1/pools/whatif",
+                token=_token(context),
+                body=convert.whatif_body(request),
             )
-            return pb.JsonReply(json=json.dumps(answer))
+            return convert.whatif_message(answer)
 
         return await self._run(context, request, call)
 
     async def Trace(
         self, request: pb.TraceRequest, context: grpc.aio.ServicerContext
-    ) -> pb.JsonReply:
-        async def call() -> pb.JsonReply:
+    ) -> pb.TraceResponse:
+        async def call() -> pb.TraceResponse:
             caller = await self._caller(context)
             limit = request.limit or MAX_TRACE_EVENTS
             if bool(request.task_id) == bool(request.event_id):
@@ -563,7 +451,67 @@ class TasksService(pb_grpc.TasksServicer):
                 answer = await self.trace.task_trace(caller, request.task_id, limit)
             else:
                 answer = await self.trace.event_trace(caller, request.event_id, limit)
-            return pb.JsonReply(json=json.dumps(answer))
+            return convert.trace_message(answer)
+
+        return await self._run(context, request, call)
+
+    # --- fault tolerance (the fault-tolerance service's API, with the caller's token) ---
+
+    async def _faulttolerance(
+        self,
+        context: grpc.aio.ServicerContext,
+        method: str,
+        path: str,
+        *,
+        request_id: str | None = None,
+    ) -> Any:
+        await self._caller(context)  # 401 before the fault-tolerance service is asked
+        return await self.owners.call(
+            "faulttolerance", method, path, token=_token(context), request_id=request_id
+        )
+
+    async def GetFaultToleranceLog(
+        self, request: pb.GetFaultToleranceLogRequest, context: grpc.aio.ServicerContext
+    ) -> pb.FaultToleranceLog:
+        async def call() -> pb.FaultToleranceLog:
+            path = _task_path(request.task_id, "ft-log")
+            answer = await self._faulttolerance(context, "GET", path)
+            message = pb.FaultToleranceLog()
+            convert.to_message(message, answer)
+            return message
+
+        return await self._run(context, request, call)
+
+    async def ListStackReports(
+        self, request: pb.ListStackReportsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListStackReportsResponse:
+        async def call() -> pb.ListStackReportsResponse:
+            path = _task_path(request.task_id, "stacks")
+            answer = await self._faulttolerance(context, "GET", path)
+            message = pb.ListStackReportsResponse()
+            convert.to_message(message, answer)
+            return message
+
+        return await self._run(context, request, call)
+
+    async def CaptureStacks(
+        self, request: pb.CaptureStacksRequest, context: grpc.aio.ServicerContext
+    ) -> pb.StackReport:
+        async def call() -> pb.StackReport:
+            req = await self._request(context)  # its request id is the capture's cause
+            path = _task_path(request.task_id, "stacks")
+            answer = await self._faulttolerance(context, "POST", path, request_id=req.request_id)
+            return convert.stack_report_message(answer)
+
+        return await self._run(context, request, call)
+
+    async def GetStackReport(
+        self, request: pb.GetStackReportRequest, context: grpc.aio.ServicerContext
+    ) -> pb.StackReport:
+        async def call() -> pb.StackReport:
+            tail = f"stacks/{quote(request.report_id, safe='')}"
+            answer = await self._faulttolerance(context, "GET", _task_path(request.task_id, tail))
+            return convert.stack_report_message(answer)
 
         return await self._run(context, request, call)
 

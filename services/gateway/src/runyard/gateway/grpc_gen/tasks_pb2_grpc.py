@@ -41,17 +41,17 @@ class TasksStub:
                 _registered_method=True)
         self.GetTask = channel.unary_unary(
                 '/runyard.v1.Tasks/GetTask',
-                request_serializer=runyard_dot_v1_dot_tasks__pb2.TaskRef.SerializeToString,
+                request_serializer=runyard_dot_v1_dot_tasks__pb2.GetTaskRequest.SerializeToString,
                 response_deserializer=runyard_dot_v1_dot_tasks__pb2.Task.FromString,
                 _registered_method=True)
         self.ListTasks = channel.unary_unary(
                 '/runyard.v1.Tasks/ListTasks',
                 request_serializer=runyard_dot_v1_dot_tasks__pb2.ListTasksRequest.SerializeToString,
-                response_deserializer=runyard_dot_v1_dot_tasks__pb2.TaskPage.FromString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.ListTasksResponse.FromString,
                 _registered_method=True)
         self.StopTask = channel.unary_unary(
                 '/runyard.v1.Tasks/StopTask',
-                request_serializer=runyard_dot_v1_dot_tasks__pb2.TaskRef.SerializeToString,
+                request_serializer=runyard_dot_v1_dot_tasks__pb2.StopTaskRequest.SerializeToString,
                 response_deserializer=runyard_dot_v1_dot_tasks__pb2.Task.FromString,
                 _registered_method=True)
         self.RerunTask = channel.unary_unary(
@@ -66,18 +66,18 @@ class TasksStub:
                 _registered_method=True)
         self.ListTaskEvents = channel.unary_unary(
                 '/runyard.v1.Tasks/ListTaskEvents',
-                request_serializer=runyard_dot_v1_dot_tasks__pb2.TaskRef.SerializeToString,
-                response_deserializer=runyard_dot_v1_dot_tasks__pb2.EventList.FromString,
+                request_serializer=runyard_dot_v1_dot_tasks__pb2.ListTaskEventsRequest.SerializeToString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.ListTaskEventsResponse.FromString,
                 _registered_method=True)
         self.WatchTask = channel.unary_stream(
                 '/runyard.v1.Tasks/WatchTask',
-                request_serializer=runyard_dot_v1_dot_tasks__pb2.TaskRef.SerializeToString,
+                request_serializer=runyard_dot_v1_dot_tasks__pb2.WatchTaskRequest.SerializeToString,
                 response_deserializer=runyard_dot_v1_dot_tasks__pb2.Event.FromString,
                 _registered_method=True)
         self.GetPoolCapacity = channel.unary_unary(
                 '/runyard.v1.Tasks/GetPoolCapacity',
-                request_serializer=runyard_dot_v1_dot_tasks__pb2.PoolRef.SerializeToString,
-                response_deserializer=runyard_dot_v1_dot_tasks__pb2.JsonReply.FromString,
+                request_serializer=runyard_dot_v1_dot_tasks__pb2.GetPoolCapacityRequest.SerializeToString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.PoolCapacity.FromString,
                 _registered_method=True)
         self.CreateGroup = channel.unary_unary(
                 '/runyard.v1.Tasks/CreateGroup',
@@ -86,18 +86,18 @@ class TasksStub:
                 _registered_method=True)
         self.GetGroup = channel.unary_unary(
                 '/runyard.v1.Tasks/GetGroup',
-                request_serializer=runyard_dot_v1_dot_tasks__pb2.GroupRef.SerializeToString,
+                request_serializer=runyard_dot_v1_dot_tasks__pb2.GetGroupRequest.SerializeToString,
                 response_deserializer=runyard_dot_v1_dot_tasks__pb2.Group.FromString,
                 _registered_method=True)
         self.StopGroup = channel.unary_unary(
                 '/runyard.v1.Tasks/StopGroup',
-                request_serializer=runyard_dot_v1_dot_tasks__pb2.GroupRef.SerializeToString,
+                request_serializer=runyard_dot_v1_dot_tasks__pb2.StopGroupRequest.SerializeToString,
                 response_deserializer=runyard_dot_v1_dot_tasks__pb2.Group.FromString,
                 _registered_method=True)
         self.ListGroups = channel.unary_unary(
                 '/runyard.v1.Tasks/ListGroups',
                 request_serializer=runyard_dot_v1_dot_tasks__pb2.ListGroupsRequest.SerializeToString,
-                response_deserializer=runyard_dot_v1_dot_tasks__pb2.GroupList.FromString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.ListGroupsResponse.FromString,
                 _registered_method=True)
         self.RerunGroup = channel.unary_unary(
                 '/runyard.v1.Tasks/RerunGroup',
@@ -107,16 +107,16 @@ class TasksStub:
         self.SearchLogs = channel.unary_unary(
                 '/runyard.v1.Tasks/SearchLogs',
                 request_serializer=runyard_dot_v1_dot_tasks__pb2.SearchLogsRequest.SerializeToString,
-                response_deserializer=runyard_dot_v1_dot_tasks__pb2.LogPage.FromString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.SearchLogsResponse.FromString,
                 _registered_method=True)
         self.FollowLogs = channel.unary_stream(
                 '/runyard.v1.Tasks/FollowLogs',
                 request_serializer=runyard_dot_v1_dot_tasks__pb2.FollowLogsRequest.SerializeToString,
-                response_deserializer=runyard_dot_v1_dot_tasks__pb2.LogPage.FromString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.FollowLogsResponse.FromString,
                 _registered_method=True)
         self.GetFirstError = channel.unary_unary(
                 '/runyard.v1.Tasks/GetFirstError',
-                request_serializer=runyard_dot_v1_dot_tasks__pb2.FirstErrorRequest.SerializeToString,
+                request_serializer=runyard_dot_v1_dot_tasks__pb2.GetFirstErrorRequest.SerializeToString,
                 response_deserializer=runyard_dot_v1_dot_tasks__pb2.FirstError.FromString,
                 _registered_method=True)
         self.StartLogExport = channel.unary_unary(
@@ -126,38 +126,58 @@ class TasksStub:
                 _registered_method=True)
         self.GetLogExport = channel.unary_unary(
                 '/runyard.v1.Tasks/GetLogExport',
-                request_serializer=runyard_dot_v1_dot_tasks__pb2.ExportRef.SerializeToString,
+                request_serializer=runyard_dot_v1_dot_tasks__pb2.GetLogExportRequest.SerializeToString,
                 response_deserializer=runyard_dot_v1_dot_tasks__pb2.LogExport.FromString,
                 _registered_method=True)
         self.ListLogExports = channel.unary_unary(
                 '/runyard.v1.Tasks/ListLogExports',
                 request_serializer=runyard_dot_v1_dot_tasks__pb2.ListLogExportsRequest.SerializeToString,
-                response_deserializer=runyard_dot_v1_dot_tasks__pb2.LogExportList.FromString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.ListLogExportsResponse.FromString,
                 _registered_method=True)
         self.GetTaskAt = channel.unary_unary(
                 '/runyard.v1.Tasks/GetTaskAt',
-                request_serializer=runyard_dot_v1_dot_tasks__pb2.TaskAtRequest.SerializeToString,
-                response_deserializer=runyard_dot_v1_dot_tasks__pb2.JsonReply.FromString,
+                request_serializer=runyard_dot_v1_dot_tasks__pb2.GetTaskAtRequest.SerializeToString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.GetTaskAtResponse.FromString,
                 _registered_method=True)
         self.DiffTask = channel.unary_unary(
                 '/runyard.v1.Tasks/DiffTask',
                 request_serializer=runyard_dot_v1_dot_tasks__pb2.DiffTaskRequest.SerializeToString,
-                response_deserializer=runyard_dot_v1_dot_tasks__pb2.JsonReply.FromString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.DiffTaskResponse.FromString,
                 _registered_method=True)
         self.GetPoolsAt = channel.unary_unary(
                 '/runyard.v1.Tasks/GetPoolsAt',
-                request_serializer=runyard_dot_v1_dot_tasks__pb2.PoolsAtRequest.SerializeToString,
-                response_deserializer=runyard_dot_v1_dot_tasks__pb2.JsonReply.FromString,
+                request_serializer=runyard_dot_v1_dot_tasks__pb2.GetPoolsAtRequest.SerializeToString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.GetPoolsAtResponse.FromString,
                 _registered_method=True)
         self.WhatIf = channel.unary_unary(
                 '/runyard.v1.Tasks/WhatIf',
                 request_serializer=runyard_dot_v1_dot_tasks__pb2.WhatIfRequest.SerializeToString,
-                response_deserializer=runyard_dot_v1_dot_tasks__pb2.JsonReply.FromString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.WhatIfResponse.FromString,
                 _registered_method=True)
         self.Trace = channel.unary_unary(
                 '/runyard.v1.Tasks/Trace',
                 request_serializer=runyard_dot_v1_dot_tasks__pb2.TraceRequest.SerializeToString,
-                response_deserializer=runyard_dot_v1_dot_tasks__pb2.JsonReply.FromString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.TraceResponse.FromString,
+                _registered_method=True)
+        self.GetFaultToleranceLog = channel.unary_unary(
+                '/runyard.v1.Tasks/GetFaultToleranceLog',
+                request_serializer=runyard_dot_v1_dot_tasks__pb2.GetFaultToleranceLogRequest.SerializeToString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.FaultToleranceLog.FromString,
+                _registered_method=True)
+        self.ListStackReports = channel.unary_unary(
+                '/runyard.v1.Tasks/ListStackReports',
+                request_serializer=runyard_dot_v1_dot_tasks__pb2.ListStackReportsRequest.SerializeToString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.ListStackReportsResponse.FromString,
+                _registered_method=True)
+        self.CaptureStacks = channel.unary_unary(
+                '/runyard.v1.Tasks/CaptureStacks',
+                request_serializer=runyard_dot_v1_dot_tasks__pb2.CaptureStacksRequest.SerializeToString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.StackReport.FromString,
+                _registered_method=True)
+        self.GetStackReport = channel.unary_unary(
+                '/runyard.v1.Tasks/GetStackReport',
+                request_serializer=runyard_dot_v1_dot_tasks__pb2.GetStackReportRequest.SerializeToString,
+                response_deserializer=runyard_dot_v1_dot_tasks__pb2.StackReport.FromString,
                 _registered_method=True)
 
 
@@ -331,6 +351,35 @@ class TasksServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetFaultToleranceLog(self, request, context):
+        """Fault tolerance (docs/fault-tolerance.md), asked of the fault-tolerance service
+        with the caller's token. The FT log: GET /v1/tasks/{id}/ft-log.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListStackReports(self, request, context):
+        """The task's stack reports, oldest first: GET /v1/tasks/{id}/stacks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CaptureStacks(self, request, context):
+        """Capture the stacks of the current attempt now: POST /v1/tasks/{id}/stacks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetStackReport(self, request, context):
+        """One report: GET /v1/tasks/{id}/stacks/{report_id}.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TasksServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -341,17 +390,17 @@ def add_TasksServicer_to_server(servicer, server):
             ),
             'GetTask': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTask,
-                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.TaskRef.FromString,
+                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.GetTaskRequest.FromString,
                     response_serializer=runyard_dot_v1_dot_tasks__pb2.Task.SerializeToString,
             ),
             'ListTasks': grpc.unary_unary_rpc_method_handler(
                     servicer.ListTasks,
                     request_deserializer=runyard_dot_v1_dot_tasks__pb2.ListTasksRequest.FromString,
-                    response_serializer=runyard_dot_v1_dot_tasks__pb2.TaskPage.SerializeToString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.ListTasksResponse.SerializeToString,
             ),
             'StopTask': grpc.unary_unary_rpc_method_handler(
                     servicer.StopTask,
-                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.TaskRef.FromString,
+                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.StopTaskRequest.FromString,
                     response_serializer=runyard_dot_v1_dot_tasks__pb2.Task.SerializeToString,
             ),
             'RerunTask': grpc.unary_unary_rpc_method_handler(
@@ -366,18 +415,18 @@ def add_TasksServicer_to_server(servicer, server):
             ),
             'ListTaskEvents': grpc.unary_unary_rpc_method_handler(
                     servicer.ListTaskEvents,
-                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.TaskRef.FromString,
-                    response_serializer=runyard_dot_v1_dot_tasks__pb2.EventList.SerializeToString,
+                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.ListTaskEventsRequest.FromString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.ListTaskEventsResponse.SerializeToString,
             ),
             'WatchTask': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchTask,
-                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.TaskRef.FromString,
+                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.WatchTaskRequest.FromString,
                     response_serializer=runyard_dot_v1_dot_tasks__pb2.Event.SerializeToString,
             ),
             'GetPoolCapacity': grpc.unary_unary_rpc_method_handler(
                     servicer.GetPoolCapacity,
-                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.PoolRef.FromString,
-                    response_serializer=runyard_dot_v1_dot_tasks__pb2.JsonReply.SerializeToString,
+                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.GetPoolCapacityRequest.FromString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.PoolCapacity.SerializeToString,
             ),
             'CreateGroup': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateGroup,
@@ -386,18 +435,18 @@ def add_TasksServicer_to_server(servicer, server):
             ),
             'GetGroup': grpc.unary_unary_rpc_method_handler(
                     servicer.GetGroup,
-                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.GroupRef.FromString,
+                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.GetGroupRequest.FromString,
                     response_serializer=runyard_dot_v1_dot_tasks__pb2.Group.SerializeToString,
             ),
             'StopGroup': grpc.unary_unary_rpc_method_handler(
                     servicer.StopGroup,
-                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.GroupRef.FromString,
+                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.StopGroupRequest.FromString,
                     response_serializer=runyard_dot_v1_dot_tasks__pb2.Group.SerializeToString,
             ),
             'ListGroups': grpc.unary_unary_rpc_method_handler(
                     servicer.ListGroups,
                     request_deserializer=runyard_dot_v1_dot_tasks__pb2.ListGroupsRequest.FromString,
-                    response_serializer=runyard_dot_v1_dot_tasks__pb2.GroupList.SerializeToString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.ListGroupsResponse.SerializeToString,
             ),
             'RerunGroup': grpc.unary_unary_rpc_method_handler(
                     servicer.RerunGroup,
@@ -407,16 +456,16 @@ def add_TasksServicer_to_server(servicer, server):
             'SearchLogs': grpc.unary_unary_rpc_method_handler(
                     servicer.SearchLogs,
                     request_deserializer=runyard_dot_v1_dot_tasks__pb2.SearchLogsRequest.FromString,
-                    response_serializer=runyard_dot_v1_dot_tasks__pb2.LogPage.SerializeToString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.SearchLogsResponse.SerializeToString,
             ),
             'FollowLogs': grpc.unary_stream_rpc_method_handler(
                     servicer.FollowLogs,
                     request_deserializer=runyard_dot_v1_dot_tasks__pb2.FollowLogsRequest.FromString,
-                    response_serializer=runyard_dot_v1_dot_tasks__pb2.LogPage.SerializeToString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.FollowLogsResponse.SerializeToString,
             ),
             'GetFirstError': grpc.unary_unary_rpc_method_handler(
                     servicer.GetFirstError,
-                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.FirstErrorRequest.FromString,
+                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.GetFirstErrorRequest.FromString,
                     response_serializer=runyard_dot_v1_dot_tasks__pb2.FirstError.SerializeToString,
             ),
             'StartLogExport': grpc.unary_unary_rpc_method_handler(
@@ -426,38 +475,58 @@ def add_TasksServicer_to_server(servicer, server):
             ),
             'GetLogExport': grpc.unary_unary_rpc_method_handler(
                     servicer.GetLogExport,
-                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.ExportRef.FromString,
+                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.GetLogExportRequest.FromString,
                     response_serializer=runyard_dot_v1_dot_tasks__pb2.LogExport.SerializeToString,
             ),
             'ListLogExports': grpc.unary_unary_rpc_method_handler(
                     servicer.ListLogExports,
                     request_deserializer=runyard_dot_v1_dot_tasks__pb2.ListLogExportsRequest.FromString,
-                    response_serializer=runyard_dot_v1_dot_tasks__pb2.LogExportList.SerializeToString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.ListLogExportsResponse.SerializeToString,
             ),
             'GetTaskAt': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTaskAt,
-                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.TaskAtRequest.FromString,
-                    response_serializer=runyard_dot_v1_dot_tasks__pb2.JsonReply.SerializeToString,
+                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.GetTaskAtRequest.FromString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.GetTaskAtResponse.SerializeToString,
             ),
             'DiffTask': grpc.unary_unary_rpc_method_handler(
                     servicer.DiffTask,
                     request_deserializer=runyard_dot_v1_dot_tasks__pb2.DiffTaskRequest.FromString,
-                    response_serializer=runyard_dot_v1_dot_tasks__pb2.JsonReply.SerializeToString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.DiffTaskResponse.SerializeToString,
             ),
             'GetPoolsAt': grpc.unary_unary_rpc_method_handler(
                     servicer.GetPoolsAt,
-                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.PoolsAtRequest.FromString,
-                    response_serializer=runyard_dot_v1_dot_tasks__pb2.JsonReply.SerializeToString,
+                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.GetPoolsAtRequest.FromString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.GetPoolsAtResponse.SerializeToString,
             ),
             'WhatIf': grpc.unary_unary_rpc_method_handler(
                     servicer.WhatIf,
                     request_deserializer=runyard_dot_v1_dot_tasks__pb2.WhatIfRequest.FromString,
-                    response_serializer=runyard_dot_v1_dot_tasks__pb2.JsonReply.SerializeToString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.WhatIfResponse.SerializeToString,
             ),
             'Trace': grpc.unary_unary_rpc_method_handler(
                     servicer.Trace,
                     request_deserializer=runyard_dot_v1_dot_tasks__pb2.TraceRequest.FromString,
-                    response_serializer=runyard_dot_v1_dot_tasks__pb2.JsonReply.SerializeToString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.TraceResponse.SerializeToString,
+            ),
+            'GetFaultToleranceLog': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetFaultToleranceLog,
+                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.GetFaultToleranceLogRequest.FromString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.FaultToleranceLog.SerializeToString,
+            ),
+            'ListStackReports': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListStackReports,
+                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.ListStackReportsRequest.FromString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.ListStackReportsResponse.SerializeToString,
+            ),
+            'CaptureStacks': grpc.unary_unary_rpc_method_handler(
+                    servicer.CaptureStacks,
+                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.CaptureStacksRequest.FromString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.StackReport.SerializeToString,
+            ),
+            'GetStackReport': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStackReport,
+                    request_deserializer=runyard_dot_v1_dot_tasks__pb2.GetStackReportRequest.FromString,
+                    response_serializer=runyard_dot_v1_dot_tasks__pb2.StackReport.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -512,7 +581,7 @@ class Tasks:
             request,
             target,
             '/runyard.v1.Tasks/GetTask',
-            runyard_dot_v1_dot_tasks__pb2.TaskRef.SerializeToString,
+            runyard_dot_v1_dot_tasks__pb2.GetTaskRequest.SerializeToString,
             runyard_dot_v1_dot_tasks__pb2.Task.FromString,
             options,
             channel_credentials,
@@ -540,7 +609,7 @@ class Tasks:
             target,
             '/runyard.v1.Tasks/ListTasks',
             runyard_dot_v1_dot_tasks__pb2.ListTasksRequest.SerializeToString,
-            runyard_dot_v1_dot_tasks__pb2.TaskPage.FromString,
+            runyard_dot_v1_dot_tasks__pb2.ListTasksResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -566,7 +635,7 @@ class Tasks:
             request,
             target,
             '/runyard.v1.Tasks/StopTask',
-            runyard_dot_v1_dot_tasks__pb2.TaskRef.SerializeToString,
+            runyard_dot_v1_dot_tasks__pb2.StopTaskRequest.SerializeToString,
             runyard_dot_v1_dot_tasks__pb2.Task.FromString,
             options,
             channel_credentials,
@@ -647,8 +716,8 @@ class Tasks:
             request,
             target,
             '/runyard.v1.Tasks/ListTaskEvents',
-            runyard_dot_v1_dot_tasks__pb2.TaskRef.SerializeToString,
-            runyard_dot_v1_dot_tasks__pb2.EventList.FromString,
+            runyard_dot_v1_dot_tasks__pb2.ListTaskEventsRequest.SerializeToString,
+            runyard_dot_v1_dot_tasks__pb2.ListTaskEventsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -674,7 +743,7 @@ class Tasks:
             request,
             target,
             '/runyard.v1.Tasks/WatchTask',
-            runyard_dot_v1_dot_tasks__pb2.TaskRef.SerializeToString,
+            runyard_dot_v1_dot_tasks__pb2.WatchTaskRequest.SerializeToString,
             runyard_dot_v1_dot_tasks__pb2.Event.FromString,
             options,
             channel_credentials,
@@ -701,8 +770,8 @@ class Tasks:
             request,
             target,
             '/runyard.v1.Tasks/GetPoolCapacity',
-            runyard_dot_v1_dot_tasks__pb2.PoolRef.SerializeToString,
-            runyard_dot_v1_dot_tasks__pb2.JsonReply.FromString,
+            runyard_dot_v1_dot_tasks__pb2.GetPoolCapacityRequest.SerializeToString,
+            runyard_dot_v1_dot_tasks__pb2.PoolCapacity.FromString,
             options,
             channel_credentials,
             insecure,
@@ -755,7 +824,7 @@ class Tasks:
             request,
             target,
             '/runyard.v1.Tasks/GetGroup',
-            runyard_dot_v1_dot_tasks__pb2.GroupRef.SerializeToString,
+            runyard_dot_v1_dot_tasks__pb2.GetGroupRequest.SerializeToString,
             runyard_dot_v1_dot_tasks__pb2.Group.FromString,
             options,
             channel_credentials,
@@ -782,7 +851,7 @@ class Tasks:
             request,
             target,
             '/runyard.v1.Tasks/StopGroup',
-            runyard_dot_v1_dot_tasks__pb2.GroupRef.SerializeToString,
+            runyard_dot_v1_dot_tasks__pb2.StopGroupRequest.SerializeToString,
             runyard_dot_v1_dot_tasks__pb2.Group.FromString,
             options,
             channel_credentials,
@@ -810,7 +879,7 @@ class Tasks:
             target,
             '/runyard.v1.Tasks/ListGroups',
             runyard_dot_v1_dot_tasks__pb2.ListGroupsRequest.SerializeToString,
-            runyard_dot_v1_dot_tasks__pb2.GroupList.FromString,
+            runyard_dot_v1_dot_tasks__pb2.ListGroupsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -864,7 +933,7 @@ class Tasks:
             target,
             '/runyard.v1.Tasks/SearchLogs',
             runyard_dot_v1_dot_tasks__pb2.SearchLogsRequest.SerializeToString,
-            runyard_dot_v1_dot_tasks__pb2.LogPage.FromString,
+            runyard_dot_v1_dot_tasks__pb2.SearchLogsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -891,7 +960,7 @@ class Tasks:
             target,
             '/runyard.v1.Tasks/FollowLogs',
             runyard_dot_v1_dot_tasks__pb2.FollowLogsRequest.SerializeToString,
-            runyard_dot_v1_dot_tasks__pb2.LogPage.FromString,
+            runyard_dot_v1_dot_tasks__pb2.FollowLogsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -917,7 +986,7 @@ class Tasks:
             request,
             target,
             '/runyard.v1.Tasks/GetFirstError',
-            runyard_dot_v1_dot_tasks__pb2.FirstErrorRequest.SerializeToString,
+            runyard_dot_v1_dot_tasks__pb2.GetFirstErrorRequest.SerializeToString,
             runyard_dot_v1_dot_tasks__pb2.FirstError.FromString,
             options,
             channel_credentials,
@@ -971,7 +1040,7 @@ class Tasks:
             request,
             target,
             '/runyard.v1.Tasks/GetLogExport',
-            runyard_dot_v1_dot_tasks__pb2.ExportRef.SerializeToString,
+            runyard_dot_v1_dot_tasks__pb2.GetLogExportRequest.SerializeToString,
             runyard_dot_v1_dot_tasks__pb2.LogExport.FromString,
             options,
             channel_credentials,
@@ -999,7 +1068,7 @@ class Tasks:
             target,
             '/runyard.v1.Tasks/ListLogExports',
             runyard_dot_v1_dot_tasks__pb2.ListLogExportsRequest.SerializeToString,
-            runyard_dot_v1_dot_tasks__pb2.LogExportList.FromString,
+            runyard_dot_v1_dot_tasks__pb2.ListLogExportsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1025,8 +1094,8 @@ class Tasks:
             request,
             target,
             '/runyard.v1.Tasks/GetTaskAt',
-            runyard_dot_v1_dot_tasks__pb2.TaskAtRequest.SerializeToString,
-            runyard_dot_v1_dot_tasks__pb2.JsonReply.FromString,
+            runyard_dot_v1_dot_tasks__pb2.GetTaskAtRequest.SerializeToString,
+            runyard_dot_v1_dot_tasks__pb2.GetTaskAtResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1053,7 +1122,7 @@ class Tasks:
             target,
             '/runyard.v1.Tasks/DiffTask',
             runyard_dot_v1_dot_tasks__pb2.DiffTaskRequest.SerializeToString,
-            runyard_dot_v1_dot_tasks__pb2.JsonReply.FromString,
+            runyard_dot_v1_dot_tasks__pb2.DiffTaskResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1079,8 +1148,8 @@ class Tasks:
             request,
             target,
             '/runyard.v1.Tasks/GetPoolsAt',
-            runyard_dot_v1_dot_tasks__pb2.PoolsAtRequest.SerializeToString,
-            runyard_dot_v1_dot_tasks__pb2.JsonReply.FromString,
+            runyard_dot_v1_dot_tasks__pb2.GetPoolsAtRequest.SerializeToString,
+            runyard_dot_v1_dot_tasks__pb2.GetPoolsAtResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1107,7 +1176,7 @@ class Tasks:
             target,
             '/runyard.v1.Tasks/WhatIf',
             runyard_dot_v1_dot_tasks__pb2.WhatIfRequest.SerializeToString,
-            runyard_dot_v1_dot_tasks__pb2.JsonReply.FromString,
+            runyard_dot_v1_dot_tasks__pb2.WhatIfResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1134,7 +1203,115 @@ class Tasks:
             target,
             '/runyard.v1.Tasks/Trace',
             runyard_dot_v1_dot_tasks__pb2.TraceRequest.SerializeToString,
-            runyard_dot_v1_dot_tasks__pb2.JsonReply.FromString,
+            runyard_dot_v1_dot_tasks__pb2.TraceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetFaultToleranceLog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runyard.v1.Tasks/GetFaultToleranceLog',
+            runyard_dot_v1_dot_tasks__pb2.GetFaultToleranceLogRequest.SerializeToString,
+            runyard_dot_v1_dot_tasks__pb2.FaultToleranceLog.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListStackReports(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runyard.v1.Tasks/ListStackReports',
+            runyard_dot_v1_dot_tasks__pb2.ListStackReportsRequest.SerializeToString,
+            runyard_dot_v1_dot_tasks__pb2.ListStackReportsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CaptureStacks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runyard.v1.Tasks/CaptureStacks',
+            runyard_dot_v1_dot_tasks__pb2.CaptureStacksRequest.SerializeToString,
+            runyard_dot_v1_dot_tasks__pb2.StackReport.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStackReport(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runyard.v1.Tasks/GetStackReport',
+            runyard_dot_v1_dot_tasks__pb2.GetStackReportRequest.SerializeToString,
+            runyard_dot_v1_dot_tasks__pb2.StackReport.FromString,
             options,
             channel_credentials,
             insecure,
