@@ -6,32 +6,43 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from runyard.gateway.console import display
-from runyard.gateway.console.sessions import Sessions
+from runyard.gateway.console.sessions import MemorySessions, csrf_of, seal, session_key, unseal
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def test_a_session_is_opaque_and_ends_at_its_expiry_or_sign_out() -> None:
+async def test_a_session_is_opaque_and_ends_at_its_expiry_or_sign_out() -> None:
     now = [T0]  # the test moves the clock by hand
-    sessions = Sessions(lambda: now[0], ttl=timedelta(hours=1))
-    session = sessions.open("secret-token")
+    sessions = MemorySessions(lambda: now[0], ttl=timedelta(hours=1))
+    session = await sessions.open("secret-token")
     assert "secret-token" not in session.session_id and len(session.session_id) >= 40
-    assert sessions.get(session.session_id) == session
-    assert sessions.get("forged") is None and sessions.get(None) is None
+    assert await sessions.get(session.session_id) == session
+    assert await sessions.get("forged") is None and await sessions.get(None) is None
     now[0] = T0 + timedelta(hours=1)
-    assert sessions.get(session.session_id) is None
-    again = sessions.open("secret-token")
+    assert await sessions.get(session.session_id) is None
+    again = await sessions.open("secret-token")
     assert again.session_id != session.session_id and again.csrf != session.csrf
-    sessions.close(again.session_id)
-    assert sessions.get(again.session_id) is None
+    await sessions.close(again.session_id)
+    assert await sessions.get(again.session_id) is None
 
 
-def test_csrf_token_must_be_the_sessions_own() -> None:
-    session = Sessions().open("t")
+async def test_csrf_token_must_be_the_sessions_own() -> None:
+    session = await MemorySessions().open("t")
     assert session.csrf_matches(session.csrf)
     assert not session.csrf_matches(None)
     assert not session.csrf_matches("")
-    assert not session.csrf_matches(Sessions().open("t").csrf)
+    assert not session.csrf_matches((await MemorySessions().open("t")).csrf)
+
+
+def test_a_stored_session_is_of_no_use_without_its_id() -> None:
+    sealed = seal("the-session-id", "secret-token")
+    assert b"secret-token" not in sealed
+    assert unseal("the-session-id", sealed) == "secret-token"
+    assert unseal("another-id", sealed) is None
+    assert unseal("the-session-id", sealed[:-1] + bytes([sealed[-1] ^ 1])) is None
+    assert unseal("the-session-id", b"short") is None
+    assert "the-session-id" not in session_key("the-session-id")
+    assert csrf_of("the-session-id") != csrf_of("another-id")
 
 
 def test_durations_and_ages_in_words() -> None:
