@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import html
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -215,9 +216,20 @@ async def test_a_session_is_shared_by_every_gateway_over_the_database_until_sign
 
 async def test_audit_time_travel_and_whatif_are_for_sres_and_admins_only(api: Api) -> None:
     task_id = await created_task(api)
+    await created_task(api)
     async with sign_in(api, "admin") as client:  # platform_admin: every tenant
         audit = await client.get(f"/console/sre/audit?task={task_id}")
         assert audit.status_code == 200 and 'data-type="TaskSubmitted"' in audit.text
+        # Paged by the API's cursor, oldest first, each page after the one before.
+        first = await client.get("/console/sre/audit?actor=user:t1/alice&limit=1")
+        (next_url,) = re.findall(r'<a href="([^"]+)" rel="next" id="audit-next">', first.text)
+        second = await client.get(html.unescape(next_url))
+        positions = [
+            int(p)
+            for page in (first, second)
+            for p in re.findall(r'data-position="(\d+)"', page.text)
+        ]
+        assert len(positions) == 2 and positions[0] < positions[1]
         bad = await client.get("/console/sre/audit?since=yesterday")
         assert bad.status_code == 400 and "audit.time_range" in bad.text
         travel = await client.get(f"/console/sre/time-travel?task={task_id}&at=1")

@@ -3,7 +3,7 @@
 - `/sre/audit`: the audit query (`GET /v1/audit/events`, `runyard audit`): the
   events of every stream matching an actor, a task, event types and a time
   range, oldest first, 50 a page (the API's cursor, fixed to the log's head
-  when the first page was read), payloads masked as for anyone but a task's
+  when the first page was read; `?limit=` up to 200), payloads masked as for anyone but a task's
   creator;
 - `/sre/time-travel`: a task as it was at a point of the log, a position or an
   ISO 8601 time (`GET /v1/tasks/{id}/replay?at=`, `runyard show ID --at P`):
@@ -38,6 +38,8 @@ from runyard.gateway.replay import ReplayApi
 from runyard.gateway.views import event_view
 
 AUDIT_PAGE = 50
+#: The most events an audit page shows (`?limit=`).
+MAX_AUDIT_PAGE = 200
 #: Events of the task's stream shown on the time-travel page (the last ones up to the point).
 TRAVEL_EVENTS = 200
 POLICIES = ("backfill", "fifo")
@@ -72,7 +74,15 @@ async def audit(console: Console, request: HttpRequest, who: SignedIn) -> Respon
     q = request.query_params
     values = {k: q.get(k, "").strip() for k in AUDIT_FIELDS}
     cursor = q.get("cursor") or None
-    shown: dict[str, Any] = {"values": values, "error": None, "rows": [], "next_url": None}
+    limit_text = q.get("limit", "")
+    limit = max(1, min(int(limit_text), MAX_AUDIT_PAGE)) if limit_text.isdigit() else AUDIT_PAGE
+    shown: dict[str, Any] = {
+        "values": values,
+        "error": None,
+        "rows": [],
+        "next_url": None,
+        "limit": limit,
+    }
     try:
         filters = audit_filter(
             {
@@ -83,7 +93,7 @@ async def audit(console: Console, request: HttpRequest, who: SignedIn) -> Respon
                 "node": None,
             }
         )
-        page = await audit_page(console.gw.db, filters, limit=AUDIT_PAGE, cursor=cursor)
+        page = await audit_page(console.gw.db, filters, limit=limit, cursor=cursor)
     except InvalidCursor as exc:
         shown["error"] = BadRequest(
             "cursor.invalid", str(exc), "start again from the first page", "cursor"
@@ -97,6 +107,8 @@ async def audit(console: Console, request: HttpRequest, who: SignedIn) -> Respon
         stream = row["stream_id"]
         row["task_id"] = stream.removeprefix("task-") if stream.startswith("task-") else None
     params = {k: v for k, v in values.items() if v}
+    if limit != AUDIT_PAGE:
+        params["limit"] = str(limit)
     if page.next_cursor:
         shown["next_url"] = (
             f"{PREFIX}/sre/audit?{urlencode({**params, 'cursor': page.next_cursor})}"
