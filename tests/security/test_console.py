@@ -12,13 +12,14 @@ import contextlib
 import html
 import re
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from runyard.gateway.app import Gateway
-from runyard.gateway.console.sessions import COOKIE
+from runyard.gateway.console.sessions import COOKIE, PostgresSessions, session_key
 from runyard.gateway.http import create_app
 
 from tests.integration import test_gateway
@@ -293,3 +294,19 @@ async def test_clone_with_the_whole_spec_leaves_creator_only_values_out(api: Api
         capture = f"/console/tasks/{task_id}/stacks/capture"
         assert (await client.post(capture)).status_code == 403  # no CSRF token
         assert (await client.post(capture, data={"csrf": csrf})).status_code == 404
+
+
+async def test_a_stored_session_ends_at_its_expiry_on_every_gateway(api: Api) -> None:
+    """Two session stores over one database (two gateways): each sees the other's
+    session until it expires or is closed; expired rows go when a session is opened."""
+    now = [datetime(2026, 1, 1, tzinfo=UTC)]
+    first = PostgresSessions(lambda: api.gateway.db, lambda: now[0], ttl=timedelta(hours=1))
+    second = PostgresSessions(lambda: api.gateway.db, lambda: now[0], ttl=timedelta(hours=1))
+    session = await first.open("the-token")
+    assert await second.get(session.session_id) == session
+    assert await second.get("forged") is None
+    now[0] += timedelta(hours=1)
+    assert await second.get(session.session_id) is None
+    await second.open("another-token")  # clears the expired row
+    keys = await api.gateway.db.fetch("SELECT session_key FROM console_sessions")
+    assert session_key(session.session_id) not in [r["session_key"] for r in keys]
