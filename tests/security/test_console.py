@@ -216,11 +216,13 @@ async def test_a_session_is_shared_by_every_gateway_over_the_database_until_sign
 
 
 async def test_audit_time_travel_and_whatif_are_for_sres_and_admins_only(api: Api) -> None:
-    task_id = await created_task(api)
+    env = [{"name": "KEY", "value": SECRET, "creator_only": True}]
+    task_id = await created_task(api, env=env)
     await created_task(api)
     async with sign_in(api, "admin") as client:  # platform_admin: every tenant
         audit = await client.get(f"/console/sre/audit?task={task_id}")
         assert audit.status_code == 200 and 'data-type="TaskSubmitted"' in audit.text
+        assert SECRET not in audit.text  # payloads masked as for anyone but the creator
         # Paged by the API's cursor, oldest first, each page after the one before.
         first = await client.get("/console/sre/audit?actor=user:t1/alice&limit=1")
         (next_url,) = re.findall(r'<a href="([^"]+)" rel="next" id="audit-next">', first.text)
@@ -235,6 +237,9 @@ async def test_audit_time_travel_and_whatif_are_for_sres_and_admins_only(api: Ap
         assert bad.status_code == 400 and "audit.time_range" in bad.text
         travel = await client.get(f"/console/sre/time-travel?task={task_id}&at=1")
         assert travel.status_code == 200 and 'id="as-of"' in travel.text
+        assert SECRET not in travel.text
+        bad_point = await client.get(f"/console/sre/time-travel?task={task_id}&at=yesterday")
+        assert bad_point.status_code == 400 and "replay.bad_point" in bad_point.text
         csrf = await csrf_of(client)
         assert (await client.post("/console/sre/whatif", data={"from": "1h"})).status_code == 403
         nodes = await client.post(
