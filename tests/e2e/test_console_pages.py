@@ -23,6 +23,7 @@ import asyncpg
 import pytest
 import yaml
 from runyard.api.auth import create_token
+from runyard.deployer.stacks import py_spy_binary
 from runyard.messaging import KafkaSettings, Topics, ensure_topics
 
 from tests.conftest import fresh_database
@@ -436,3 +437,163 @@ async def test_task_list_is_live_by_server_sent_events_and_polls_without_them(
     await asyncio.sleep(1.5)
     assert task_id not in await page.content()
     await context.close()
+
+
+PYTHON_WAITING = """python -u - <<'EOF'
+import time
+
+def wait_for_allreduce():
+    time.sleep(100000)
+
+print("step 1 done", flush=True)
+wait_for_allreduce()
+EOF"""
+
+
+async def test_capture_stacks_and_clone_with_the_whole_spec(
+    stack: dict[str, Any], browser: Any
+) -> None:
+    platform: Platform = stack["platform"]
+    carol, erin = stack["tokens"]["carol"], stack["tokens"]["erin"]
+    base = base_url(platform)
+    running = await submit_as(
+        platform,
+        carol,
+        name="console-stacks",
+        image="pytorch:2.3-cuda12",  # the platform's own Python
+        command=PYTHON_WAITING,
+        env="PLAIN=1;SECRET_TOKEN=hunter2",
+        creator_only=["SECRET_TOKEN"],
+        mounts=[{"file_system": "fs-main", "volume": "datasets", "mount_path": "/data"}],
+        fault_tolerance={"auto_restart": True, "max_restarts": 2},
+    )
+    await platform.wait_status(running, "running")
+
+    # Another tenant may not capture (404, nothing sent); no CSRF token: 403.
+    context, page = await signed_in(browser, base, erin)
+    csrf = await csrf_of(page)
+    capture = f"/console/tasks/{running}/stacks/capture"
+    assert (await context.request.post(capture, form={"csrf": csrf})).status == 404
+    assert (await context.request.get(f"/console/tasks/{running}/clone")).status == 404
+    await context.close()
+
+    context, page = await signed_in(browser, base, carol)
+    assert (await context.request.post(capture)).status == 403
+    await page.goto(f"/console/tasks/{running}")
+    await page.wait_for_selector("#capture-stacks-button", timeout=WAIT_MS)
+    await shot(page, "task-capture-stacks")
+    await page.click("#capture-stacks-button")
+    await page.wait_for_load_state()
+    if py_spy_binary() is not None:
+        await page.wait_for_url(re.compile(rf".*/console/tasks/{running}/stacks/.+"))
+        assert "wait_for_allreduce" in await page.content()
+        events = await platform.events(running)
+        (captured,) = [e for e in events if e["type"] == "StacksCaptured"]
+        assert captured["actor"] == "user:e2e/carol"
+    else:  # no py-spy here: the service's refusal, with its code
+        assert "stacks." in await page.locator(".error").inner_text()
+
+    # Clone with the whole spec: mounts and fault-tolerance options are in the text, the
+    # creator-only value is not (its name is listed); a bad spec shows the rules' hint.
+    await page.goto(f"/console/tasks/{running}")
+    await page.click("#clone-spec-link")
+    text = await page.input_value("#clone-spec")
+    assert "mount_path: /data" in text and "max_restarts: 2" in text
+    assert "hunter2" not in await page.content()
+    assert "SECRET_TOKEN" in await page.locator("#clone-hidden").inner_text()
+    await shot(page, "clone-spec")
+    refused = await context.request.post(f"/console/tasks/{running}/clone", form={"spec": text})
+    assert refused.status == 403  # no CSRF token
+    await page.fill("#clone-spec", text.replace("worker_spec: 1gpu", "worker_spec: 3gpu"))
+    await page.click("#clone-submit")
+    await page.wait_for_selector("#clone-error >> text=spec.unknown")
+    assert "3gpu" in await page.input_value("#clone-spec")
+    await shot(page, "clone-spec-refused")
+    edited = text.replace("name: console-stacks", "name: console-stacks-clone")
+    await page.fill("#clone-spec", edited)
+    await page.click("#clone-submit")
+    await page.wait_for_url(lambda url: "/console/tasks/" in url and running not in url)
+    clone_id = page.url.rsplit("/", 1)[1]
+    answer = await platform.http.get(f"/v1/tasks/{clone_id}", headers=bearer(carol))
+    spec = answer.json()["spec"]
+    assert spec["mounts"][0]["mount_path"] == "/data"
+    assert spec["fault_tolerance"]["max_restarts"] == 2
+    assert [v["name"] for v in spec["env"]] == ["PLAIN"]
+    await context.close()
+    for task in (running, clone_id):
+        await platform.http.post(f"/v1/tasks/{task}/stop", headers=bearer(carol))
+
+
+async def test_sre_audit_time_travel_and_whatif(stack: dict[str, Any], browser: Any) -> None:
+    platform: Platform = stack["platform"]
+    carol, erin, sam = stack["tokens"]["carol"], stack["tokens"]["erin"], stack["tokens"]["sam"]
+    base = base_url(platform)
+    task_id = await submit_as(platform, carol, name="audited", command=QUICK)
+    await platform.wait_status(task_id, "succeeded")
+
+    context, page = await signed_in(browser, base, sam)
+    # The audit: filtered by task and by actor, each event linked to the task as of it.
+    await page.click("nav >> text=Audit")
+    await page.fill("#a-task", task_id)
+    await page.fill("#a-actor", "user:e2e/carol")
+    await page.click("#audit-filters button[type=submit]")
+    await page.wait_for_selector('#audit-rows tr[data-type="TaskSubmitted"]', timeout=WAIT_MS)
+    types = await page.locator("#audit-rows tr[data-type]").evaluate_all(
+        "rows => rows.map(r => r.dataset.type)"
+    )
+    assert types == ["TaskSubmitted"]  # the other events' actors are the services
+    await shot(page, "sre-audit")
+    await page.goto(f"/console/sre/audit?task={task_id}")
+    positions = await page.locator("#audit-rows tr[data-position]").evaluate_all(
+        "rows => rows.map(r => Number(r.dataset.position))"
+    )
+    assert len(positions) > 2 and positions == sorted(positions)
+    # (the pool's events that name the task are in its audit too)
+    own = await page.locator(f'#audit-rows tr[data-stream="task-{task_id}"]').count()
+
+    # The task as of its first event, then as of now.
+    await page.click('#audit-rows tr[data-type="TaskSubmitted"] a.travel-link')
+    await page.wait_for_selector("#as-of")
+    assert await page.locator("#as-of").get_attribute("data-version") == "1"
+    assert await page.locator("#travel-events tr[data-version]").count() == 1
+    await shot(page, "sre-time-travel")
+    await page.fill("#t-at", str(positions[-1]))
+    await page.click("#travel-form button[type=submit]")
+    await page.wait_for_selector('#as-of[data-status="succeeded"]')
+    assert await page.locator("#travel-events tr[data-version]").count() == own
+
+    # What-if: dev-a100 since the task was submitted, on twice the nodes, beside what
+    # happened (the window starts after the pool was registered: the platform is new).
+    submitted = (await platform.events(task_id))[0]["occurred_at"]
+    await page.click("nav >> text=What-if")
+    await page.select_option("#w-pool", "dev-a100")
+    await page.fill("#w-from", submitted)
+    await page.fill("#w-to", "0m")
+    await page.fill("#w-nodes", "8")
+    await page.fill("#w-gpus", "8")
+    refused = await context.request.post("/console/sre/whatif", form={"from": "1h", "to": "0m"})
+    assert refused.status == 403  # no CSRF token
+    await page.click("#whatif-button")
+    await page.wait_for_selector("#whatif-answer, .error", timeout=WAIT_MS)
+    assert await page.locator(".error").count() == 0, await page.locator(".error").inner_text()
+    table = page.locator('#whatif-answer table.whatif[data-pool="dev-a100"]')
+    await table.wait_for(timeout=WAIT_MS)
+    assert "8" in await page.locator("#whatif-answer h3").first.inner_text()
+    runs = await table.locator('tr[data-figure="runs"] td').all_inner_texts()
+    assert len(runs) == 2 and int(runs[0]) >= 1  # the task's run, at least
+    await shot(page, "sre-whatif")
+    await context.close()
+
+    # A member (of either tenant) gets none of it.
+    for token in (carol, erin):
+        context, page = await signed_in(browser, base, token)
+        assert await page.locator("nav >> text=Audit").count() == 0
+        for path in (
+            f"/console/sre/audit?task={task_id}",
+            f"/console/sre/time-travel?task={task_id}&at=1",
+            "/console/sre/whatif",
+        ):
+            answer = await context.request.get(path)
+            assert answer.status == 403, path
+            assert task_id not in await answer.text()
+        await context.close()

@@ -9,11 +9,18 @@ tests/e2e/test_console.py.
 from __future__ import annotations
 
 import contextlib
+import html
+import re
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from runyard.gateway.app import Gateway
+from runyard.gateway.console.sessions import COOKIE, PostgresSessions, session_key
+from runyard.gateway.http import create_app
 
 from tests.integration import test_gateway
 from tests.integration.test_gateway import BASE, Api
@@ -170,3 +177,141 @@ async def test_submit_form_shows_the_rules_code_field_and_hint(api: Api) -> None
         accepted = await client.post("/console/submit", data={**form, "worker_spec": "1gpu"})
         assert accepted.status_code == 303
         assert accepted.headers["location"].startswith("/console/tasks/")
+
+
+async def test_a_session_is_shared_by_every_gateway_over_the_database_until_signed_out(
+    api: Api, dsn: str, tmp_path: Path
+) -> None:
+    """Two gateway processes over one database: a session opened through one is
+    accepted by the other; signing out through one ends it on both."""
+    (tmp_path / "second").mkdir()
+    second = await Gateway.connect(dsn, test_gateway.config_dir(tmp_path / "second"))
+    app = create_app(second, {})
+    try:
+        async with (
+            sign_in(api, "alice") as first,
+            httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://gw"
+            ) as other,
+        ):
+            cookie = first.cookies[COOKIE]
+            other.cookies.set(COOKIE, cookie)
+            page = await other.get("/console/tasks")
+            assert page.status_code == 200 and "alice" in page.text
+            stored = await api.gateway.db.fetch("SELECT * FROM console_sessions")
+            assert stored and all(
+                api.tokens["alice"].encode() not in bytes(r["sealed_token"])
+                and cookie not in r["session_key"]
+                for r in stored
+            )
+            csrf = await csrf_of(other)  # the same session's token, on either gateway
+            assert csrf == await csrf_of(first)
+            signed_out = await other.post("/console/sign-out", data={"csrf": csrf})
+            assert signed_out.status_code == 303
+            after = await first.get("/console/tasks")
+            assert (after.status_code, after.headers["location"]) == (303, "/console/sign-in")
+    finally:
+        await app.state.owners.aclose()
+        await second.close()
+
+
+async def test_audit_time_travel_and_whatif_are_for_sres_and_admins_only(api: Api) -> None:
+    env = [{"name": "KEY", "value": SECRET, "creator_only": True}]
+    task_id = await created_task(api, env=env)
+    await created_task(api)
+    async with sign_in(api, "admin") as client:  # platform_admin: every tenant
+        audit = await client.get(f"/console/sre/audit?task={task_id}")
+        assert audit.status_code == 200 and 'data-type="TaskSubmitted"' in audit.text
+        assert SECRET not in audit.text  # payloads masked as for anyone but the creator
+        # Paged by the API's cursor, oldest first, each page after the one before.
+        first = await client.get("/console/sre/audit?actor=user:t1/alice&limit=1")
+        (next_url,) = re.findall(r'<a href="([^"]+)" rel="next" id="audit-next">', first.text)
+        second = await client.get(html.unescape(next_url))
+        positions = [
+            int(p)
+            for page in (first, second)
+            for p in re.findall(r'data-position="(\d+)"', page.text)
+        ]
+        assert len(positions) == 2 and positions[0] < positions[1]
+        bad = await client.get("/console/sre/audit?since=yesterday")
+        assert bad.status_code == 400 and "audit.time_range" in bad.text
+        travel = await client.get(f"/console/sre/time-travel?task={task_id}&at=1")
+        assert travel.status_code == 200 and 'id="as-of"' in travel.text
+        assert SECRET not in travel.text
+        bad_point = await client.get(f"/console/sre/time-travel?task={task_id}&at=yesterday")
+        assert bad_point.status_code == 400 and "replay.bad_point" in bad_point.text
+        csrf = await csrf_of(client)
+        assert (await client.post("/console/sre/whatif", data={"from": "1h"})).status_code == 403
+        nodes = await client.post(
+            "/console/sre/whatif", data={"csrf": csrf, "from": "1h", "to": "0m", "nodes": "2"}
+        )
+        assert nodes.status_code == 400 and "console.whatif_nodes" in nodes.text
+    async with sign_in(api, "carol") as client:  # a member of another tenant
+        csrf = await csrf_of(client)
+        for path in (
+            "/console/sre/audit",
+            f"/console/sre/audit?task={task_id}",
+            f"/console/sre/time-travel?task={task_id}&at=1",
+            "/console/sre/whatif",
+        ):
+            answer = await client.get(path)
+            assert answer.status_code == 403 and task_id not in answer.text, path
+        whatif = await client.post("/console/sre/whatif", data={"csrf": csrf, "from": "1h"})
+        assert whatif.status_code == 403
+
+
+async def test_clone_with_the_whole_spec_leaves_creator_only_values_out(api: Api) -> None:
+    env = [{"name": "KEY", "value": SECRET, "creator_only": True}, {"name": "OTHER", "value": "1"}]
+    mounts = [{"file_system": "fs-main", "volume": "datasets", "mount_path": "/data"}]
+    task_id = await created_task(
+        api, env=env, mounts=mounts, fault_tolerance={"auto_restart": True}
+    )
+    async with sign_in(api, "alice") as client:
+        page = await client.get(f"/console/tasks/{task_id}/clone")
+        assert page.status_code == 200
+        assert SECRET not in page.text and "KEY" in page.text and "OTHER" in page.text
+        text = page.text.split('name="spec"', 1)[1].split(">", 1)[1].split("</textarea>", 1)[0]
+        assert "mount_path: /data" in text and "auto_restart: true" in text
+        clone = f"/console/tasks/{task_id}/clone"
+        assert (await client.post(clone, data={"spec": "name: x"})).status_code == 403  # no CSRF
+        csrf = await csrf_of(client)
+        spec = html.unescape(text)
+        refused = await client.post(
+            clone,
+            data={"csrf": csrf, "spec": spec.replace("worker_spec: 1gpu", "worker_spec: 3gpu")},
+        )
+        assert refused.status_code == 400 and "spec.unknown" in refused.text
+        assert "Hint:" in refused.text and "3gpu" in refused.text
+        accepted = await client.post(clone, data={"csrf": csrf, "spec": spec})
+        assert accepted.status_code == 303, accepted.text
+    new_id = accepted.headers["location"].rsplit("/", 1)[1]
+    created = (await api.call("alice", "GET", f"/v1/tasks/{new_id}")).json()
+    assert created["spec"]["mounts"][0]["mount_path"] == "/data"
+    assert created["spec"]["fault_tolerance"]["auto_restart"] is True
+    assert [v["name"] for v in created["spec"]["env"]] == ["OTHER"]
+    async with sign_in(api, "carol") as client:  # another tenant
+        csrf = await csrf_of(client)
+        assert (await client.get(f"/console/tasks/{task_id}/clone")).status_code == 404
+        posted = await client.post(
+            f"/console/tasks/{task_id}/clone", data={"csrf": csrf, "spec": "name: x"}
+        )
+        assert posted.status_code == 404
+        capture = f"/console/tasks/{task_id}/stacks/capture"
+        assert (await client.post(capture)).status_code == 403  # no CSRF token
+        assert (await client.post(capture, data={"csrf": csrf})).status_code == 404
+
+
+async def test_a_stored_session_ends_at_its_expiry_on_every_gateway(api: Api) -> None:
+    """Two session stores over one database (two gateways): each sees the other's
+    session until it expires or is closed; expired rows go when a session is opened."""
+    now = [datetime(2026, 1, 1, tzinfo=UTC)]
+    first = PostgresSessions(lambda: api.gateway.db, lambda: now[0], ttl=timedelta(hours=1))
+    second = PostgresSessions(lambda: api.gateway.db, lambda: now[0], ttl=timedelta(hours=1))
+    session = await first.open("the-token")
+    assert await second.get(session.session_id) == session
+    assert await second.get("forged") is None
+    now[0] += timedelta(hours=1)
+    assert await second.get(session.session_id) is None
+    await second.open("another-token")  # clears the expired row
+    keys = await api.gateway.db.fetch("SELECT session_key FROM console_sessions")
+    assert session_key(session.session_id) not in [r["session_key"] for r in keys]

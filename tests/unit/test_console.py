@@ -5,33 +5,45 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from runyard.gateway.console import display
-from runyard.gateway.console.sessions import Sessions
+from runyard.api.errors import BadRequest
+from runyard.gateway.console import clone, display, sre_replay
+from runyard.gateway.console.sessions import MemorySessions, csrf_of, seal, session_key, unseal
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def test_a_session_is_opaque_and_ends_at_its_expiry_or_sign_out() -> None:
+async def test_a_session_is_opaque_and_ends_at_its_expiry_or_sign_out() -> None:
     now = [T0]  # the test moves the clock by hand
-    sessions = Sessions(lambda: now[0], ttl=timedelta(hours=1))
-    session = sessions.open("secret-token")
+    sessions = MemorySessions(lambda: now[0], ttl=timedelta(hours=1))
+    session = await sessions.open("secret-token")
     assert "secret-token" not in session.session_id and len(session.session_id) >= 40
-    assert sessions.get(session.session_id) == session
-    assert sessions.get("forged") is None and sessions.get(None) is None
+    assert await sessions.get(session.session_id) == session
+    assert await sessions.get("forged") is None and await sessions.get(None) is None
     now[0] = T0 + timedelta(hours=1)
-    assert sessions.get(session.session_id) is None
-    again = sessions.open("secret-token")
+    assert await sessions.get(session.session_id) is None
+    again = await sessions.open("secret-token")
     assert again.session_id != session.session_id and again.csrf != session.csrf
-    sessions.close(again.session_id)
-    assert sessions.get(again.session_id) is None
+    await sessions.close(again.session_id)
+    assert await sessions.get(again.session_id) is None
 
 
-def test_csrf_token_must_be_the_sessions_own() -> None:
-    session = Sessions().open("t")
+async def test_csrf_token_must_be_the_sessions_own() -> None:
+    session = await MemorySessions().open("t")
     assert session.csrf_matches(session.csrf)
     assert not session.csrf_matches(None)
     assert not session.csrf_matches("")
-    assert not session.csrf_matches(Sessions().open("t").csrf)
+    assert not session.csrf_matches((await MemorySessions().open("t")).csrf)
+
+
+def test_a_stored_session_is_of_no_use_without_its_id() -> None:
+    sealed = seal("the-session-id", "secret-token")
+    assert b"secret-token" not in sealed
+    assert unseal("the-session-id", sealed) == "secret-token"
+    assert unseal("another-id", sealed) is None
+    assert unseal("the-session-id", sealed[:-1] + bytes([sealed[-1] ^ 1])) is None
+    assert unseal("the-session-id", b"short") is None
+    assert "the-session-id" not in session_key("the-session-id")
+    assert csrf_of("the-session-id") != csrf_of("another-id")
 
 
 def test_durations_and_ages_in_words() -> None:
@@ -210,3 +222,51 @@ def test_server_sent_rows_are_one_data_line_per_html_line_and_ignore_age() -> No
     row = {"task_id": "t", "status": "running", "age": "3 s"}
     assert live._key(row) == live._key({**row, "age": "4 s"})
     assert live._key(row) != live._key({**row, "status": "succeeded"})
+
+
+def test_a_clone_keeps_every_field_but_creator_only_variables() -> None:
+    spec = {
+        "name": "train",
+        "custom_gpus": None,
+        "env": [
+            {"name": "KEY", "value": "s3cr3t", "creator_only": True},
+            {"name": "PLAIN", "value": "1", "creator_only": False},
+        ],
+        "mounts": [{"file_system": "fs-main", "volume": "datasets", "mount_path": "/data"}],
+        "fault_tolerance": {"auto_restart": True, "max_restarts": 2},
+    }
+    copied, hidden = clone.clone_spec(spec)
+    assert hidden == ["KEY"]
+    assert "custom_gpus" not in copied and copied["mounts"] == spec["mounts"]
+    text = clone.spec_text(copied)
+    assert "s3cr3t" not in text and "max_restarts: 2" in text
+    assert clone.parse_spec(text) == copied
+    for bad in ("name: [", "- just a list"):
+        with pytest.raises(BadRequest) as refused:
+            clone.parse_spec(bad)
+        assert refused.value.code == "console.spec_yaml"
+
+
+def test_whatif_form_becomes_the_apis_body() -> None:
+    body = sre_replay.whatif_body(
+        {"pool": "dev-a100", "from": "2h", "to": "2026-12-01T10:00:00Z", "nodes": "8", "gpus": "4"}
+    )
+    assert body["to"] == "2026-12-01T10:00:00Z" and body["policy"] == "backfill"
+    assert datetime.fromisoformat(body["from"]).tzinfo is not None
+    assert body["pools"] == [
+        {"id": "dev-a100", "nodes": {"prefix": "dev-a100-whatif-", "count": 8, "gpus": 4}}
+    ]
+    document = "pools:\n  - {id: p, nodes: {prefix: n-, count: 2, gpus: 8}}\n"
+    with_document = sre_replay.whatif_body(
+        {"from": "30m", "to": "0m", "policy": "fifo", "pools_yaml": document}
+    )
+    assert with_document["pools"][0]["id"] == "p" and with_document["policy"] == "fifo"
+    assert "pool" not in with_document
+    for form, code in (
+        ({"from": "1h", "to": "0m", "nodes": "8"}, "console.whatif_nodes"),
+        ({"from": "", "to": "0m"}, "console.whatif_window"),
+        ({"from": "1h", "to": "0m", "pools_yaml": "[oops"}, "console.whatif_pools"),
+    ):
+        with pytest.raises(BadRequest) as refused:
+            sre_replay.whatif_body(form)
+        assert refused.value.code == code

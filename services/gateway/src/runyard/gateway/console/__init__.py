@@ -15,9 +15,9 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from runyard.gateway.app import Gateway
-from runyard.gateway.console import lint, live, pools_page, sre, task_pages
+from runyard.gateway.console import clone, lint, live, pools_page, sre, sre_replay, task_pages
 from runyard.gateway.console.pages import PREFIX, Console, console_router
-from runyard.gateway.console.sessions import Sessions
+from runyard.gateway.console.sessions import PostgresSessions
 from runyard.gateway.proxy import Owners
 from starlette.datastructures import MutableHeaders
 
@@ -63,10 +63,18 @@ class ConsoleHeaders:
 def install_console(app: FastAPI, gateway: Gateway, owners: Owners) -> Console:
     """Mount the console on the gateway's app; answers it (its sessions, for tests).
     It is also `app.state.console`: close it when the gateway stops serving."""
-    console = Console(gateway, owners, Sessions())
+    console = Console(gateway, owners, PostgresSessions(lambda: gateway.db))
     app.state.console = console
     app.mount(PREFIX + "/static", StaticFiles(directory=STATIC), name="console-static")
-    more = (*task_pages.PAGES, *lint.PAGES, *pools_page.PAGES, *sre.PAGES, *live.PAGES)
+    more = (
+        *task_pages.PAGES,
+        *clone.PAGES,
+        *lint.PAGES,
+        *pools_page.PAGES,
+        *sre.PAGES,
+        *sre_replay.PAGES,
+        *live.PAGES,
+    )
     app.include_router(console_router(console, more))
     app.add_middleware(ConsoleHeaders)
     return console

@@ -91,7 +91,7 @@ async def _closing(console: Console) -> bool:
 
 
 async def _still_signed_in(console: Console, who: SignedIn, tick: int) -> bool:
-    if console.sessions.get(who.session.session_id) is None:
+    if await console.sessions.get(who.session.session_id) is None:
         return False
     if tick % AUTH_EVERY:
         return True

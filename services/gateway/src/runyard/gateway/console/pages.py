@@ -96,7 +96,8 @@ class SignInNeeded(Exception):
 
 
 class Console:
-    """The pages over one gateway, its owners' client, and this process's sessions."""
+    """The pages over one gateway, its owners' client, and the sessions (shared by every
+    gateway over the same database)."""
 
     def __init__(self, gateway: Gateway, owners: Owners, sessions: Sessions) -> None:
         self.gw = gateway
@@ -113,13 +114,13 @@ class Console:
 
     async def signed_in(self, request: HttpRequest) -> SignedIn:
         """The caller of the session cookie, its token authenticated again now."""
-        session = self.sessions.get(request.cookies.get(COOKIE))
+        session = await self.sessions.get(request.cookies.get(COOKIE))
         if session is None:
             raise SignInNeeded
         try:
             principal = await self.gw.authenticate(session.token)
         except Unauthenticated:
-            self.sessions.close(session.session_id)  # revoked or expired meanwhile
+            await self.sessions.close(session.session_id)  # revoked or expired meanwhile
             raise SignInNeeded from None
         return SignedIn(principal, session)
 
@@ -147,8 +148,9 @@ class Console:
             await self.gw.authenticate(token)
         except Unauthenticated as exc:
             return render("sign_in.html", None, status=401, error=exc)
-        self.sessions.close(request.cookies.get(COOKIE))  # never keep a session across sign-ins
-        session = self.sessions.open(token)
+        # never keep a session across sign-ins
+        await self.sessions.close(request.cookies.get(COOKIE))
+        session = await self.sessions.open(token)
         answer = RedirectResponse(f"{PREFIX}/tasks", status_code=303)
         answer.set_cookie(
             COOKIE,
@@ -163,7 +165,7 @@ class Console:
 
     async def sign_out(self, request: HttpRequest, who: SignedIn) -> Response:
         await self.form(request, who)
-        self.sessions.close(who.session.session_id)
+        await self.sessions.close(who.session.session_id)
         answer = RedirectResponse(f"{PREFIX}/sign-in", status_code=303)
         answer.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
         return answer

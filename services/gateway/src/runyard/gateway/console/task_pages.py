@@ -6,6 +6,10 @@ and the two ways to run a task's spec again with changes.
   signed-in user's own token: it checks the tenant again); loaded by htmx after
   the page, so a slow or absent service never holds the page back;
 - `/tasks/{id}/stacks/{report_id}`: one stack report;
+- `POST /tasks/{id}/stacks/capture`: capture the stacks of the running attempt now
+  (the fault-tolerance service's `POST /v1/tasks/{id}/stacks`, as the signed-in
+  user: it checks the tenant and the right to change the task again), then the
+  report's page;
 - `/tasks/{id}/alerts`: the alerts sent about the task (`AlertDelivered`,
   `AlertFailed` in its stream), newest first, a page at most;
 - `/tasks/{id}/rerun-with-changes`: a form of the changes a rerun allows
@@ -79,6 +83,22 @@ async def stack_report(console: Console, request: HttpRequest, who: SignedIn) ->
     )
 
 
+async def capture_stacks(console: Console, request: HttpRequest, who: SignedIn) -> Response:
+    """Capture the stacks of the task's running attempt now; the new report's page (a
+    refusal, e.g. 409 `stacks.not_running` or 504 `stacks.timeout`, as an error page)."""
+    task_id = request.path_params["task_id"]
+    await console.form(request, who)
+    await console.readable_stream(who, task_id)  # another tenant's task: 404, nothing sent
+    report = await console.owners.call(
+        "faulttolerance",
+        "POST",
+        f"/v1/tasks/{quote(task_id, safe='')}/stacks",
+        token=who.session.token,
+    )
+    report_id = quote(str(report["report_id"]), safe="")
+    return RedirectResponse(f"{PREFIX}/tasks/{task_id}/stacks/{report_id}", status_code=303)
+
+
 async def alerts(console: Console, request: HttpRequest, who: SignedIn) -> Response:
     """The alerts sent about the task, newest first (a page: the newest `TYPED_PAGE`)."""
     task_id = request.path_params["task_id"]
@@ -136,6 +156,7 @@ def _int(text: str) -> int:
 #: method, path under PREFIX, handler (before the pages' `/tasks/{task_id}`).
 PAGES = (
     ("GET", "/tasks/{task_id}/fault-tolerance", fault_tolerance),
+    ("POST", "/tasks/{task_id}/stacks/capture", capture_stacks),
     ("GET", "/tasks/{task_id}/stacks/{report_id}", stack_report),
     ("GET", "/tasks/{task_id}/alerts", alerts),
     ("GET", "/tasks/{task_id}/rerun-with-changes", rerun_form),
