@@ -68,8 +68,10 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import StreamingResponse
 from runyard.api.auth import Principal, bearer_token
 from runyard.api.errors import GatewayError, task_not_found
+from runyard.api.responses import refusals
 from runyard.api.security import caller_dependency
 from runyard.contracts import Event, RecordedEvent
+from runyard.contracts import http as wire
 from runyard.contracts.spec import MASK, TaskSpec, mask_spec
 from runyard.contracts.task_events import (
     DeployStageFailed,
@@ -890,8 +892,15 @@ def bundle_router(gateway: Gateway, owners: Owners) -> APIRouter:
         "/v1/tasks/{task_id}/bundle",
         response_class=StreamingResponse,
         responses={
-            200: {"content": {MEDIA_TYPE: {}}, "description": "the bundle (a zip archive)"},
-            422: {"description": "bundle.too_large or bundle.secret_found: nothing written"},
+            **refusals(404),
+            200: {
+                "content": {MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}},
+                "description": "the bundle (a zip archive)",
+            },
+            422: {
+                "model": wire.Error,
+                "description": "bundle.too_large or bundle.secret_found: nothing written",
+            },
         },
     )
     async def task_bundle(

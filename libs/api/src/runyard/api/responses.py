@@ -1,0 +1,47 @@
+"""The refusals a route declares in its OpenAPI document, each with the one error body.
+
+Every refusal of every service is `runyard.contracts.http.Error` (`{code, field,
+message, hint}`); a route names the statuses it may answer with `refusals(...)`, so
+the document says which refusals a client must expect where. 400 (a parameter the
+store cannot hold), 401 (the bearer token) and 503 (an outage, with Retry-After) may
+come from any authenticated route and are always declared.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runyard.api.inputs import MAX_BODY_BYTES
+from runyard.contracts.http import Error
+
+#: What each status means, as the document says it.
+MEANING: dict[int, str] = {
+    400: "refused: the request or a value in it (`code` says which rule, `field` where)",
+    401: "no, malformed, unknown, expired or revoked bearer token",
+    403: "the caller's role or tenant does not allow it",
+    404: "no such task, group, pool, event or token visible to the caller",
+    409: "the state does not allow it now, or it changed meanwhile",
+    413: f"the request body is over {MAX_BODY_BYTES} bytes",
+    422: "the request was understood but cannot be carried out as asked",
+    503: "a database, the broker or another service cannot be reached now: send it again",
+}
+ALWAYS = (400, 401, 503)
+RETRY_AFTER = {
+    "Retry-After": {
+        "description": "seconds to wait before sending it again",
+        "schema": {"type": "integer"},
+    }
+}
+
+
+def refusals(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The `responses` of a route that may refuse with `statuses` (and 400, 401, 503)."""
+    declared: dict[int | str, dict[str, Any]] = {}
+    for status in sorted({*ALWAYS, *statuses}):
+        declared[status] = {"model": Error, "description": MEANING[status]}
+        if status == 503:
+            declared[status]["headers"] = RETRY_AFTER
+    return declared
+
+
+__all__ = ["MEANING", "refusals"]
