@@ -34,6 +34,20 @@ RETRY_AFTER = {
 }
 
 
+#: `openapi_extra` of a POST that takes no body: the document says so (an empty object
+#: may be sent, and anything sent is ignored).
+NO_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": False,
+        "content": {
+            "application/json": {
+                "schema": {"title": "NoBody", "type": "object", "maxProperties": 0}
+            }
+        },
+    }
+}
+
+
 def refusals(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """The `responses` of a route that may refuse with `statuses` (and 400, 401, 503)."""
     declared: dict[int | str, dict[str, Any]] = {}
@@ -44,4 +58,4 @@ def refusals(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return declared
 
 
-__all__ = ["MEANING", "refusals"]
+__all__ = ["MEANING", "NO_BODY", "refusals"]

@@ -25,6 +25,7 @@ from fastapi import APIRouter, Header
 from runyard.api.auth import Principal
 from runyard.api.errors import Conflict, GatewayError, NotFound, Unavailable
 from runyard.api.inputs import check_request_id
+from runyard.api.responses import NO_BODY
 from runyard.api.security import Authenticator, caller_dependency
 from runyard.api.tasks import visible_task
 from runyard.contracts import Metadata
@@ -77,6 +78,7 @@ def faulttolerance_router(
     @router.post(
         "/v1/tasks/{task_id}/stacks",
         status_code=201,
+        openapi_extra=NO_BODY,
         responses={
             503: {"description": "the capture command cannot be sent now"},
             504: {"description": "no deployer answered in time"},

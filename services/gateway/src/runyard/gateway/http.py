@@ -188,7 +188,10 @@ def _task_routes(app: FastAPI, gw: Gateway) -> None:
     @app.get(
         "/v1/tasks",
         operation_id="listTasks",
-        tags=["tasks"], response_model=wire.TaskPage, responses=refusals(403))
+        tags=["tasks"],
+        response_model=wire.TaskPage,
+        responses=refusals(403),
+    )
     async def list_tasks(
         caller: Caller,
         status: wire.TaskStatus | None = None,
@@ -207,7 +210,9 @@ def _task_routes(app: FastAPI, gw: Gateway) -> None:
     @app.get(
         "/v1/tasks/{task_id}",
         operation_id="getTask",
-        tags=["tasks"], response_model=wire.Task, responses=refusals(404)
+        tags=["tasks"],
+        response_model=wire.Task,
+        responses=refusals(404),
     )
     async def get_task(caller: Caller, task_id: str) -> dict[str, Any]:
         """A task: status, current stage, stage timeline, counters, run."""

@@ -89,16 +89,12 @@ def trace_router(gateway: Gateway) -> APIRouter:
     Limit = Annotated[int, Query(description=LIMIT_DOC, ge=1, le=MAX_TRACE_EVENTS)]
     router = APIRouter(tags=["replay"])
 
-    @router.get(
-        "/v1/tasks/{task_id}/trace", response_model=wire.Trace, responses=refusals(404)
-    )
+    @router.get("/v1/tasks/{task_id}/trace", response_model=wire.Trace, responses=refusals(404))
     async def task_trace(caller: Caller, task_id: str, limit: Limit = MAX_TRACE_EVENTS) -> Any:
         """The chains of reactions the task's events belong to, as a tree (R-62)."""
         return await api.task_trace(caller, task_id, limit)
 
-    @router.get(
-        "/v1/events/{event_id}/trace", response_model=wire.Trace, responses=refusals(404)
-    )
+    @router.get("/v1/events/{event_id}/trace", response_model=wire.Trace, responses=refusals(404))
     async def event_trace(caller: Caller, event_id: str, limit: Limit = MAX_TRACE_EVENTS) -> Any:
         """The chain of reactions one event belongs to, as a tree (R-62)."""
         return await api.event_trace(caller, event_id, limit)

@@ -389,7 +389,12 @@ def logs_router(api: LogApi, authenticator: Authenticator) -> APIRouter:
     @router.get(
         "/v1/tasks/{task_id}/logs/follow",
         response_class=StreamingResponse,
-        responses={200: {"content": {NDJSON: {}}, "description": "one page per line"}},
+        responses={
+            200: {
+                "content": {NDJSON: {"schema": {"type": "string"}}},
+                "description": "one page of lines per line (each as GET /logs answers it)",
+            }
+        },
     )
     async def follow_logs(
         caller: Caller,
@@ -466,7 +471,19 @@ def logs_router(api: LogApi, authenticator: Authenticator) -> APIRouter:
         """An export's state and progress."""
         return await api.get_export(caller, export_id)
 
-    @router.get("/v1/exports/{export_id}/file", response_class=FileResponse)
+    @router.get(
+        "/v1/exports/{export_id}/file",
+        response_class=FileResponse,
+        responses={
+            200: {
+                "content": {
+                    media: {"schema": {"type": "string", "format": "binary"}}
+                    for media in ("text/plain", NDJSON)
+                },
+                "description": "the finished file: text lines, or one JSON record per line",
+            }
+        },
+    )
     async def export_file(caller: Caller, export_id: str) -> FileResponse:
         """The finished export's file."""
         path, media = await api.export_file(caller, export_id)

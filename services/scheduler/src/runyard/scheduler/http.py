@@ -58,6 +58,7 @@ from pydantic.config import JsonDict
 from runyard.api.auth import Principal
 from runyard.api.errors import BadRequest
 from runyard.api.inputs import check_request_id, reject_unstorable
+from runyard.api.responses import NO_BODY
 from runyard.api.security import Authenticator, TokenAuthenticator, caller_dependency
 from runyard.api.service import ReadyProbe, service_app
 from runyard.contracts.pool_events import GPUS_PER_NODE
@@ -187,12 +188,12 @@ def admin_pools_router(store: EventStore, authenticator: Authenticator) -> APIRo
         """Admin: remove an idle node (409 while workers run on it)."""
         return await _answer(admin.remove_node(store, pool_id, node, **who))
 
-    @router.post("/nodes/{node}/cordon")
+    @router.post("/nodes/{node}/cordon", openapi_extra=NO_BODY)
     async def cordon_node(who: Who, pool_id: str, node: str) -> dict[str, Any]:
         """Admin: no new workers go to the node; running ones stay."""
         return await _answer(admin.cordon_node(store, pool_id, node, **who))
 
-    @router.post("/nodes/{node}/uncordon")
+    @router.post("/nodes/{node}/uncordon", openapi_extra=NO_BODY)
     async def uncordon_node(who: Who, pool_id: str, node: str) -> dict[str, Any]:
         """Admin: the node takes new workers again."""
         return await _answer(admin.uncordon_node(store, pool_id, node, **who))
@@ -202,7 +203,7 @@ def admin_pools_router(store: EventStore, authenticator: Authenticator) -> APIRo
         """Admin: the node has a hardware fault (also how tests inject faults)."""
         return await _answer(admin.mark_node_faulty(store, pool_id, node, body.reason, **who))
 
-    @router.post("/nodes/{node}/heal")
+    @router.post("/nodes/{node}/heal", openapi_extra=NO_BODY)
     async def mark_healthy(who: Who, pool_id: str, node: str) -> dict[str, Any]:
         """Admin: the node was repaired and takes new workers again."""
         return await _answer(admin.mark_node_healthy(store, pool_id, node, **who))

@@ -48,6 +48,7 @@ from typing import Annotated, Any, Final
 import asyncpg
 from fastapi import APIRouter, Path, Query
 from runyard.api.auth import Principal
+from runyard.api.responses import NO_BODY
 from runyard.api.security import Authenticator, caller_dependency
 from runyard.eventstore import PostgresEventStore
 from runyard.eventstore.audit import settled_head
@@ -222,7 +223,7 @@ def rebuild_router(store: PostgresEventStore, authenticator: Authenticator) -> A
     router = APIRouter(tags=["read models"])
     base = "/v1/admin/scheduler/read-models/{name}"
 
-    @router.post(f"{base}/rebuild")
+    @router.post(f"{base}/rebuild", openapi_extra=NO_BODY)
     async def step(
         caller: Caller,
         name: Name,
@@ -236,7 +237,7 @@ def rebuild_router(store: PostgresEventStore, authenticator: Authenticator) -> A
         """The differences between the rebuilt read model and the live one."""
         return await rebuild.diff(name)
 
-    @router.post(f"{base}/swap")
+    @router.post(f"{base}/swap", openapi_extra=NO_BODY)
     async def swap(caller: Caller, name: Name) -> dict[str, Any]:
         """Replace the live read model with its rebuild, without stopping the scheduler."""
         return await rebuild.swap(name)
