@@ -75,7 +75,6 @@ def test_every_route_has_body_and_answer_schemas(target: Target) -> None:
         for m, p, op in seen
         if not any(s.startswith("2") and has_schema(r) for s, r in op["responses"].items())
     ]
-    print("ANSWER", missing_answer)
     assert (missing_body, missing_answer) == ([], [])
 
 
@@ -144,3 +143,4 @@ def test_stateful_run_over_task_links_finds_no_error(target: Target) -> None:
     )
     followed = {path for _, path, status in seen if status < 300}
     assert {"/v1/tasks/{task_id}", "/v1/tasks/{task_id}/stop"} <= followed, seen
+
