@@ -108,14 +108,14 @@ def test_a_task_links_to_what_may_be_done_with_it(target: Target) -> None:
 
 @pytest.mark.slow
 def test_stateful_run_over_task_links_finds_no_error(target: Target) -> None:
-    schema = schemathesis.openapi.from_dict(served_document(target))
+    document = schemathesis.openapi.from_dict(served_document(target))
     # Valid requests only: `Target` sends each with the member's token, whatever was
     # generated, so a request without one is not what schemathesis thinks it sent.
-    schema.config.generation.update(allow_x00=False, modes=[GenerationMode.POSITIVE])
+    document.config.generation.update(allow_x00=False, modes=[GenerationMode.POSITIVE])
     # The rules refuse many valid shapes (a rerun of a running task, a custom GPU count
     # with a worker count): only a refusal for the shape breaks the document (below).
-    schema.config.checks.update(excluded_check_names=["ignored_auth", "positive_data_acceptance"])
-    schema = schema.include(operation_id=TASK_OPERATIONS)
+    document.config.checks.update(excluded_check_names=["ignored_auth", "positive_data_acceptance"])
+    schema = document.include(operation_id=TASK_OPERATIONS)
     names = iter(range(10**6))
     seen: Counter[tuple[str, str, int]] = Counter()
 
@@ -143,4 +143,3 @@ def test_stateful_run_over_task_links_finds_no_error(target: Target) -> None:
     )
     followed = {path for _, path, status in seen if status < 300}
     assert {"/v1/tasks/{task_id}", "/v1/tasks/{task_id}/stop"} <= followed, seen
-
