@@ -301,6 +301,136 @@ class TaskReplayDiff(Answer):
     truncated: bool
 
 
+# --- what the services behind the gateway answer (routed to them) -----------------
+
+
+class LogLine(Answer):
+    """One stored line of a worker's output."""
+
+    at: str
+    run: int
+    attempt: int
+    worker: int
+    stream: str
+    line: str
+
+
+class LogPage(Answer):
+    """A page of log lines; `next_cursor` asks for the next page (None: none stored yet),
+    `tail_cursor` resumes after the last line once more are stored."""
+
+    lines: list[LogLine]
+    next_cursor: str | None = None
+    tail_cursor: str | None = None
+
+
+class WorkerTails(Answer):
+    """Each worker of one attempt: how many lines it wrote, and its last ones' size."""
+
+    task_id: str
+    run: int
+    attempt: int
+    workers: list[dict[str, Any]]
+
+
+class TailLine(Answer):
+    at: str
+    stream: str
+    line: str
+
+
+class WorkerTail(Answer):
+    """The last lines of one worker of one attempt, oldest first."""
+
+    task_id: str
+    run: int
+    attempt: int
+    worker: int
+    lines: list[TailLine]
+
+
+class FirstError(Answer):
+    """The earliest error line of a task's run across workers, with its context and its
+    likely layer (`found`: false when the logs hold none)."""
+
+    found: bool = False
+
+
+class LogExport(Answer):
+    """A background export of a task's logs: its state and progress."""
+
+    export_id: str
+    task_id: str
+    format: str
+    state: str
+    lines_done: int | None = None
+    lines_total: int | None = None
+    error: str | None = None
+
+
+class FaultToleranceLog(Answer):
+    """A task's fault-tolerance log: env checks, restarts, reschedules, hangs, stack
+    reports, slowdowns; `counts` are of the current run."""
+
+    task_id: str
+    status: TaskStatus
+    run: int
+    counts: dict[str, Any]
+    lines: list[dict[str, Any]]
+
+
+class StackReport(Answer):
+    """Stacks of every worker of an attempt: frames, function statistics, odd ones out."""
+
+    report_id: str
+    task_id: str
+    run: int
+    attempt: int
+    captured_at: str
+
+
+class StackReports(Answer):
+    """A task's stack reports, oldest first."""
+
+    task_id: str
+    reports: list[dict[str, Any]]
+
+
+class AlertSubscription(Answer):
+    """A tenant's alert subscription (the webhook's credentials masked)."""
+
+    id: str
+    tenant: str
+    webhook_url: str
+    alerts: list[str]
+    signed: bool
+    text_only: bool = False
+
+
+class AlertSubscriptions(Answer):
+    items: list[AlertSubscription]
+
+
+class Deleted(Answer):
+    """What was deleted."""
+
+    id: str
+    deleted: bool
+
+
+class PoolChange(Answer):
+    """What a pool administration operation changed."""
+
+
+class PoolsReplay(Answer):
+    """Pools as they were at a point of the log: nodes, health, allocations."""
+
+
+class WhatIf(Answer):
+    """A replay of a window of the log on changed pools or another queue policy, with
+    queue times and utilisation compared with what happened."""
+
+
 # --- request bodies with a shape of their own -------------------------------------
 
 
@@ -317,24 +447,37 @@ class RerunChanges(BaseModel):
 
 
 __all__ = [
+    "AlertSubscription",
+    "AlertSubscriptions",
     "Answer",
     "AuditPage",
     "Catalogue",
     "CatalogueEntry",
     "Counters",
+    "Deleted",
     "Error",
+    "FaultToleranceLog",
+    "FirstError",
     "Group",
     "GroupPage",
     "GroupSummary",
     "IssuedToken",
+    "LogExport",
+    "LogLine",
+    "LogPage",
     "Pool",
     "PoolCapacity",
+    "PoolChange",
+    "PoolsReplay",
     "QueuePlace",
     "ReadModelAnswer",
     "RerunChanges",
     "Role",
+    "StackReport",
+    "StackReports",
     "Stage",
     "StageResult",
+    "TailLine",
     "Task",
     "TaskEvent",
     "TaskPage",
@@ -347,4 +490,7 @@ __all__ = [
     "TokenPage",
     "TokenState",
     "Trace",
+    "WhatIf",
+    "WorkerTail",
+    "WorkerTails",
 ]
