@@ -34,7 +34,7 @@ from rich.console import Console
 from runyard.cli.admin import admin_app
 from runyard.cli.alerts import alerts_app
 from runyard.cli.terminal import clean, markup, print_json, render_table
-from runyard.client import ApiError, Client, GatewayUnreachable, Retry, refusal
+from runyard.client import ApiError, Client, GatewayUnreachable, Retry
 
 app = typer.Typer(help="Runyard: submit and follow GPU training tasks.", no_args_is_help=True)
 group_app = typer.Typer(help="Task groups: many tasks from one template.", no_args_is_help=True)
@@ -115,11 +115,6 @@ def call(url: str | None, token: str | None, method: str, path: str, **kw: Any) 
     message and hint and exits."""
     with gateway(url, token) as api:
         return api.request(method, path, **kw)
-
-
-def fail(answer: httpx.Response) -> None:
-    """Print a refusal (code, field, message, hint) and exit with its code."""
-    refused(refusal(answer))
 
 
 def refused(error: ApiError) -> NoReturn:

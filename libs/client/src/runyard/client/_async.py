@@ -84,13 +84,20 @@ class AsyncClient:
 
     @asynccontextmanager
     async def stream(
-        self, method: str, path: str, *, params: Mapping[str, Any] | None = None
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        http_timeout: httpx.Timeout | float | None = None,
     ) -> AsyncIterator[httpx.Response]:
         """A streamed answer (a watch, a log follow, a download), its body not read yet;
-        a refusal is raised before anything is yielded. Not retried: a stream may have
-        been partly consumed."""
+        a refusal is raised before anything is yielded. `http_timeout`: None waits as long as
+        the stream lasts. Not retried: a stream may have been partly consumed."""
         try:
-            async with self.http.stream(method, path, params=params, timeout=None) as answer:
+            async with self.http.stream(
+                method, path, params=params, timeout=http_timeout
+            ) as answer:
                 if answer.status_code >= 400:
                     await answer.aread()
                     raise refusal(answer)
