@@ -38,9 +38,12 @@ StageResult = Literal["running", "completed", "failed"]
 
 
 class Answer(BaseModel):
-    """An answer of the API: the members named, and any a newer gateway adds."""
+    """An answer of the API: the members named, and any a newer gateway adds.
 
-    model_config = ConfigDict(extra="allow")
+    Strict: a value of another JSON type than declared is refused, never converted
+    (a count of 2 is not read as `true`), so what is answered is what was built."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 class Error(Answer):
@@ -70,7 +73,7 @@ class QueuePlace(Answer):
     reason: str | None = None
     position: int | None = None
     gpus_needed: int | None = None
-    launchable: bool | None = None
+    launchable: int | None = None
     blocked: bool | None = None
     queued_at: str | None = None
     as_of: str | None = None
