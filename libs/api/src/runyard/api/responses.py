@@ -5,12 +5,16 @@ message, hint}`); a route names the statuses it may answer with `refusals(...)`,
 the document says which refusals a client must expect where. 400 (a parameter the
 store cannot hold), 401 (the bearer token) and 503 (an outage, with Retry-After) may
 come from any authenticated route and are always declared.
+
+`AnswerRoute` is the route class of every router with response models: the answer
+is checked against its model and sent with the members it was built with only.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from fastapi.routing import APIRoute
 from runyard.api.inputs import MAX_BODY_BYTES
 from runyard.contracts.http import Error
 
@@ -48,6 +52,16 @@ NO_BODY: dict[str, Any] = {
 }
 
 
+class AnswerRoute(APIRoute):
+    """A route whose answer is checked against its response model and sent with the
+    members it was built with only: a default of the model is the reader's (the
+    client's), never added to the wire, so declaring a model changes no answer."""
+
+    def __init__(self, path: str, endpoint: Any, **kwargs: Any) -> None:
+        kwargs["response_model_exclude_unset"] = True
+        super().__init__(path, endpoint, **kwargs)
+
+
 def refusals(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """The `responses` of a route that may refuse with `statuses` (and 400, 401, 503)."""
     declared: dict[int | str, dict[str, Any]] = {}
@@ -58,4 +72,4 @@ def refusals(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return declared
 
 
-__all__ = ["MEANING", "NO_BODY", "refusals"]
+__all__ = ["MEANING", "NO_BODY", "AnswerRoute", "refusals"]

@@ -25,7 +25,7 @@ from fastapi import APIRouter, Header
 from runyard.api.auth import Principal
 from runyard.api.errors import Conflict, GatewayError, NotFound, Unavailable
 from runyard.api.inputs import check_request_id
-from runyard.api.responses import NO_BODY, refusals
+from runyard.api.responses import NO_BODY, AnswerRoute, refusals
 from runyard.api.security import Authenticator, caller_dependency
 from runyard.api.tasks import visible_task
 from runyard.contracts import Metadata
@@ -50,7 +50,7 @@ def faulttolerance_router(
 ) -> APIRouter:
     """The fault-tolerance routes over `app` (its store and deployer commands), the
     stack report table, and `authenticator` (bearer tokens)."""
-    router = APIRouter(tags=["fault tolerance"])
+    router = APIRouter(tags=["fault tolerance"], route_class=AnswerRoute)
     store = app.store
     Caller = Annotated[Principal, caller_dependency(authenticator)]
 

@@ -68,7 +68,7 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import StreamingResponse
 from runyard.api.auth import Principal, bearer_token
 from runyard.api.errors import GatewayError, task_not_found
-from runyard.api.responses import refusals
+from runyard.api.responses import AnswerRoute, refusals
 from runyard.api.security import caller_dependency
 from runyard.contracts import Event, RecordedEvent
 from runyard.contracts import http as wire
@@ -886,7 +886,7 @@ def _runyard_version() -> str:
 def bundle_router(gateway: Gateway, owners: Owners) -> APIRouter:
     """`GET /v1/tasks/{id}/bundle` over `gateway`, the owners' parts through `owners`."""
     api = BundleApi(gateway, owners)
-    router = APIRouter(tags=["tasks"])
+    router = APIRouter(tags=["tasks"], route_class=AnswerRoute)
 
     @router.get(
         "/v1/tasks/{task_id}/bundle",

@@ -26,7 +26,7 @@ from runyard.api.inputs import (
     check_request_id,
     reject_unstorable,
 )
-from runyard.api.responses import refusals
+from runyard.api.responses import AnswerRoute, refusals
 from runyard.api.security import caller_dependency
 from runyard.api.service import install_error_handlers
 from runyard.contracts import http as wire
@@ -88,6 +88,7 @@ def create_app(gateway: Gateway, owners: Owners | Mapping[str, str] | None = Non
         version="1",
         dependencies=[Depends(_no_nul_in_url)],
     )
+    app.router.route_class = AnswerRoute  # the routes below answer what they built only
     app.state.gateway = gateway
     app.state.owners = owners
     app.add_middleware(TracingMiddleware)

@@ -31,7 +31,7 @@ from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Query
 from runyard.api.auth import Principal
-from runyard.api.responses import refusals
+from runyard.api.responses import AnswerRoute, refusals
 from runyard.api.security import caller_dependency
 from runyard.contracts import http as wire
 from runyard.eventstore.shadow import (
@@ -126,7 +126,7 @@ def rebuild_router(gateway: Gateway) -> APIRouter:
     """The task list rebuild routes (see the module docstring)."""
     rebuild = TaskListRebuild(gateway)
     Caller = Annotated[Principal, caller_dependency(gateway, operator=True)]
-    router = APIRouter(tags=["read models"])
+    router = APIRouter(tags=["read models"], route_class=AnswerRoute)
     base = f"/v1/admin/read-models/{NAME}"
     OPERATOR = refusals(403, 409)
 

@@ -28,7 +28,7 @@ from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Query
 from runyard.api.auth import Principal
-from runyard.api.responses import refusals
+from runyard.api.responses import AnswerRoute, refusals
 from runyard.api.security import caller_dependency
 from runyard.contracts import Event, RecordedEvent
 from runyard.contracts import http as wire
@@ -147,7 +147,7 @@ def replay_router(gateway: Gateway) -> APIRouter:
     """The task replay routes over `gateway` (see the module docstring)."""
     api = ReplayApi(gateway)
     Caller = Annotated[Principal, caller_dependency(gateway)]
-    router = APIRouter(tags=["replay"])
+    router = APIRouter(tags=["replay"], route_class=AnswerRoute)
 
     @router.get(
         "/v1/tasks/{task_id}/replay", response_model=wire.TaskReplay, responses=refusals(404)

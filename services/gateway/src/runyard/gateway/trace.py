@@ -26,7 +26,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from runyard.api.auth import Principal
 from runyard.api.errors import NotFound
-from runyard.api.responses import refusals
+from runyard.api.responses import AnswerRoute, refusals
 from runyard.api.security import caller_dependency
 from runyard.contracts import http as wire
 from runyard.eventstore.trace import (
@@ -87,7 +87,7 @@ def trace_router(gateway: Gateway) -> APIRouter:
     api = TraceApi(gateway)
     Caller = Annotated[Principal, caller_dependency(gateway)]
     Limit = Annotated[int, Query(description=LIMIT_DOC, ge=1, le=MAX_TRACE_EVENTS)]
-    router = APIRouter(tags=["replay"])
+    router = APIRouter(tags=["replay"], route_class=AnswerRoute)
 
     @router.get("/v1/tasks/{task_id}/trace", response_model=wire.Trace, responses=refusals(404))
     async def task_trace(caller: Caller, task_id: str, limit: Limit = MAX_TRACE_EVENTS) -> Any:

@@ -52,7 +52,7 @@ from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from runyard.api.auth import Principal
 from runyard.api.errors import BadRequest, Unauthenticated
-from runyard.api.responses import refusals
+from runyard.api.responses import AnswerRoute, refusals
 from runyard.api.security import Authenticator, caller_dependency
 from runyard.api.tasks import visible_task
 from runyard.contracts import http as wire
@@ -363,7 +363,7 @@ def internal_router(store: LogStore, token: str) -> APIRouter:
 
 def logs_router(api: LogApi, authenticator: Authenticator) -> APIRouter:
     """The log routes over `api`; callers authenticated by `authenticator`."""
-    router = APIRouter(tags=["logs"])
+    router = APIRouter(tags=["logs"], route_class=AnswerRoute)
     Caller = Annotated[Principal, caller_dependency(authenticator)]
 
     @router.get("/v1/tasks/{task_id}/logs", response_model=wire.LogPage, responses=refusals(404))

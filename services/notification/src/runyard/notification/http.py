@@ -28,7 +28,7 @@ from fastapi import APIRouter, Depends, Header
 from pydantic import BaseModel, ConfigDict, Field
 from runyard.api.auth import Principal
 from runyard.api.inputs import check_request_id
-from runyard.api.responses import refusals
+from runyard.api.responses import AnswerRoute, refusals
 from runyard.api.security import Authenticator, caller_dependency
 from runyard.contracts import http as wire
 from runyard.contracts.webhooks import policy_of
@@ -65,7 +65,7 @@ def notification_router(
         return who
 
     Caller = Annotated[Principal, Depends(caller)]
-    router = APIRouter(prefix="/v1/alert-subscriptions", tags=["alerts"])
+    router = APIRouter(prefix="/v1/alert-subscriptions", tags=["alerts"], route_class=AnswerRoute)
 
     @router.post(
         "", status_code=201, response_model=wire.AlertSubscription, responses=refusals(403, 413)

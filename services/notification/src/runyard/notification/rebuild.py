@@ -37,7 +37,7 @@ from typing import Final
 
 import asyncpg
 from fastapi import APIRouter
-from runyard.api.responses import NO_BODY, refusals
+from runyard.api.responses import NO_BODY, AnswerRoute, refusals
 from runyard.api.security import Authenticator, caller_dependency
 from runyard.contracts import Metadata
 from runyard.contracts import http as wire
@@ -111,7 +111,7 @@ def rebuild_router(app: NotificationApp, authenticator: Authenticator) -> APIRou
     """The `queue_waits` rebuild routes (sre, platform_admin; see the module docstring)."""
     rebuild = QueueWaitsRebuild(app)
     operator = caller_dependency(authenticator, operator=True)
-    router = APIRouter(tags=["read models"], dependencies=[operator])
+    router = APIRouter(tags=["read models"], dependencies=[operator], route_class=AnswerRoute)
     base = f"/v1/admin/notification/read-models/{QUEUE_WAITS}"
     for method, path, action in (
         ("POST", "rebuild", rebuild.step),

@@ -58,7 +58,7 @@ from pydantic.config import JsonDict
 from runyard.api.auth import Principal
 from runyard.api.errors import BadRequest
 from runyard.api.inputs import check_request_id, reject_unstorable
-from runyard.api.responses import NO_BODY, refusals
+from runyard.api.responses import NO_BODY, AnswerRoute, refusals
 from runyard.api.security import Authenticator, TokenAuthenticator, caller_dependency
 from runyard.api.service import ReadyProbe, service_app
 from runyard.contracts import http as wire
@@ -177,7 +177,7 @@ def admin_pools_router(store: EventStore, authenticator: Authenticator) -> APIRo
         return {"actor": caller.actor, "request_id": x_request_id or str(uuid.uuid4())}
 
     Who = Annotated[dict[str, Any], Depends(admin_caller)]
-    router = APIRouter(prefix="/v1/admin/pools/{pool_id}", tags=["admin"])
+    router = APIRouter(prefix="/v1/admin/pools/{pool_id}", tags=["admin"], route_class=AnswerRoute)
     ADMIN = refusals(403, 404, 409)
 
     @router.post("/nodes", status_code=201, response_model=wire.PoolChange, responses=ADMIN)

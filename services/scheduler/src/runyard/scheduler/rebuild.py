@@ -48,7 +48,7 @@ from typing import Annotated, Any, Final
 import asyncpg
 from fastapi import APIRouter, Path, Query
 from runyard.api.auth import Principal
-from runyard.api.responses import NO_BODY, refusals
+from runyard.api.responses import NO_BODY, AnswerRoute, refusals
 from runyard.api.security import Authenticator, caller_dependency
 from runyard.contracts import http as wire
 from runyard.eventstore import PostgresEventStore
@@ -221,7 +221,7 @@ def rebuild_router(store: PostgresEventStore, authenticator: Authenticator) -> A
     """The scheduler's read-model rebuild routes (sre, platform_admin)."""
     rebuild = SchedulerRebuild(store)
     Caller = Annotated[Principal, caller_dependency(authenticator, operator=True)]
-    router = APIRouter(tags=["read models"])
+    router = APIRouter(tags=["read models"], route_class=AnswerRoute)
     base = "/v1/admin/scheduler/read-models/{name}"
     OPERATOR = refusals(403, 404, 409)
 
