@@ -81,15 +81,21 @@ async def serving(app: Asgi) -> AsyncIterator[str]:
         await task
 
 
+ADMIN_TOKENS: dict[str, str] = {}
+
+
 @pytest.fixture
 async def served(dsn: str, tmp_path: Any) -> AsyncIterator[tuple[str, str, Outage]]:
-    """A gateway on a free port behind an `Outage`: (url, a member's token, the outage)."""
+    """A gateway on a free port behind an `Outage`: (url, a member's token, the outage);
+    a platform admin's token in ADMIN_TOKENS[url]."""
     gateway = await Gateway.connect(dsn, config_dir(tmp_path))
     token = await create_token(gateway.db, "t1", "alice", "member")
+    admin = await create_token(gateway.db, "ops", "root", "platform_admin")
     app = create_app(gateway)
     outage = Outage(app)
     try:
         async with serving(outage) as url:
+            ADMIN_TOKENS[url] = admin
             yield url, token, outage
     finally:
         await app.state.owners.aclose()
@@ -202,3 +208,22 @@ async def test_a_refused_connection_is_tried_again_then_raised() -> None:
         with pytest.raises(GatewayUnreachable) as failed:
             await runyard.create_task(BASE)  # nothing was sent: a create too
     assert waits == [0.25, 0.5] and not failed.value.sent
+
+
+async def test_tokens_audit_and_trace_read_as_their_models(
+    served: tuple[str, str, Outage],
+) -> None:
+    url, token, _ = served
+    async with AsyncClient(url, ADMIN_TOKENS[url]) as admin:
+        issued = await admin.create_token({"tenant": "t1", "user": "dave", "role": "member"})
+        assert issued.token and issued.state == "active" and issued.role == "member"
+        listed = await admin.list_tokens(tenant="t1")
+        assert issued.token_id in [t.token_id for t in listed.items]
+        revoked = await admin.revoke_token(issued.token_id)
+        assert revoked.state == "revoked" and "token" not in revoked.model_dump()
+        async with AsyncClient(url, token) as alice:
+            task = await alice.create_task({**BASE, "name": "traced"})
+            trace = await alice.task_trace(task.task_id)
+        assert trace.of == {"task_id": task.task_id}
+        page = await admin.audit_events(task=task.task_id)
+        assert [row["type"] for row in page.items][:1] == ["TaskSubmitted"]

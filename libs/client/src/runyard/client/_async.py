@@ -191,5 +191,44 @@ class AsyncClient:
     async def catalogue(self) -> wire.Catalogue:
         return await self.send(calls.catalogue())
 
+    # --- logs, fault tolerance, causation, tokens, alerts ---------------------------
+
+    async def task_logs(self, task_id: str, **query: Any) -> wire.LogPage:
+        """A page of the task's log lines: worker, run, since, until, words, phrase,
+        regex, ignore_case, order, limit, cursor."""
+        return await self.send(calls.task_logs(task_id, **query))
+
+    async def first_error(self, task_id: str, run: int | None = None) -> wire.FirstError:
+        return await self.send(calls.first_error(task_id, run))
+
+    async def ft_log(self, task_id: str) -> wire.FaultToleranceLog:
+        return await self.send(calls.ft_log(task_id))
+
+    async def task_trace(self, task_id: str, limit: int | None = None) -> wire.Trace:
+        return await self.send(calls.task_trace(task_id, limit))
+
+    async def audit_events(self, **query: Any) -> wire.AuditPage:
+        return await self.send(calls.audit_events(**query))
+
+    async def create_token(self, request: Body) -> wire.IssuedToken:
+        return await self.send(calls.create_token(request))
+
+    async def list_tokens(
+        self, *, tenant: str | None = None, include_revoked: bool | None = None
+    ) -> wire.TokenPage:
+        return await self.send(calls.list_tokens(tenant=tenant, include_revoked=include_revoked))
+
+    async def revoke_token(self, token_id: str) -> wire.TokenInfo:
+        return await self.send(calls.revoke_token(token_id))
+
+    async def alert_subscriptions(self) -> wire.AlertSubscriptions:
+        return await self.send(calls.alert_subscriptions())
+
+    async def subscribe_alerts(self, subscription: Body) -> wire.AlertSubscription:
+        return await self.send(calls.subscribe_alerts(subscription))
+
+    async def unsubscribe_alerts(self, subscription_id: str) -> wire.Deleted:
+        return await self.send(calls.unsubscribe_alerts(subscription_id))
+
 
 __all__ = ["AsyncClient"]

@@ -154,3 +154,65 @@ def pool_capacity(pool_id: str) -> Call[wire.PoolCapacity]:
 
 def catalogue() -> Call[wire.Catalogue]:
     return call("GET", "/v1/catalogue", reader(wire.Catalogue))
+
+
+# --- logs, fault tolerance, causation -------------------------------------------------
+
+
+def task_logs(task_id: str, **query: Any) -> Call[wire.LogPage]:
+    """`query`: worker (a list), run, since, until, words, phrase, regex, ignore_case,
+    order, limit, cursor."""
+    path = f"/v1/tasks/{_id(task_id)}/logs"
+    return call("GET", path, reader(wire.LogPage), params=_given(**query))
+
+
+def first_error(task_id: str, run: int | None = None) -> Call[wire.FirstError]:
+    path = f"/v1/tasks/{_id(task_id)}/first-error"
+    return call("GET", path, reader(wire.FirstError), params=_given(run=run))
+
+
+def ft_log(task_id: str) -> Call[wire.FaultToleranceLog]:
+    return call("GET", f"/v1/tasks/{_id(task_id)}/ft-log", reader(wire.FaultToleranceLog))
+
+
+def task_trace(task_id: str, limit: int | None = None) -> Call[wire.Trace]:
+    path = f"/v1/tasks/{_id(task_id)}/trace"
+    return call("GET", path, reader(wire.Trace), params=_given(limit=limit))
+
+
+def audit_events(**query: Any) -> Call[wire.AuditPage]:
+    """`query`: type, since, until, category, actor, tenant, pool, node, task, limit,
+    cursor (sre, platform_admin)."""
+    return call("GET", "/v1/audit/events", reader(wire.AuditPage), params=_given(**query))
+
+
+# --- tokens and alerts ----------------------------------------------------------------
+
+
+def create_token(request: Body) -> Call[wire.IssuedToken]:
+    return call("POST", "/v1/admin/tokens", reader(wire.IssuedToken), body=request)
+
+
+def list_tokens(
+    *, tenant: str | None = None, include_revoked: bool | None = None
+) -> Call[wire.TokenPage]:
+    params = _given(tenant=tenant, include_revoked=include_revoked)
+    return call("GET", "/v1/admin/tokens", reader(wire.TokenPage), params=params)
+
+
+def revoke_token(token_id: str) -> Call[wire.TokenInfo]:
+    return call("DELETE", f"/v1/admin/tokens/{_id(token_id)}", reader(wire.TokenInfo))
+
+
+def alert_subscriptions() -> Call[wire.AlertSubscriptions]:
+    return call("GET", "/v1/alert-subscriptions", reader(wire.AlertSubscriptions))
+
+
+def subscribe_alerts(subscription: Body) -> Call[wire.AlertSubscription]:
+    path = "/v1/alert-subscriptions"
+    return call("POST", path, reader(wire.AlertSubscription), body=subscription)
+
+
+def unsubscribe_alerts(subscription_id: str) -> Call[wire.Deleted]:
+    path = f"/v1/alert-subscriptions/{_id(subscription_id)}"
+    return call("DELETE", path, reader(wire.Deleted))

@@ -186,5 +186,44 @@ class Client:
     def catalogue(self) -> wire.Catalogue:
         return self.send(calls.catalogue())
 
+    # --- logs, fault tolerance, causation, tokens, alerts ---------------------------
+
+    def task_logs(self, task_id: str, **query: Any) -> wire.LogPage:
+        """A page of the task's log lines: worker, run, since, until, words, phrase,
+        regex, ignore_case, order, limit, cursor."""
+        return self.send(calls.task_logs(task_id, **query))
+
+    def first_error(self, task_id: str, run: int | None = None) -> wire.FirstError:
+        return self.send(calls.first_error(task_id, run))
+
+    def ft_log(self, task_id: str) -> wire.FaultToleranceLog:
+        return self.send(calls.ft_log(task_id))
+
+    def task_trace(self, task_id: str, limit: int | None = None) -> wire.Trace:
+        return self.send(calls.task_trace(task_id, limit))
+
+    def audit_events(self, **query: Any) -> wire.AuditPage:
+        return self.send(calls.audit_events(**query))
+
+    def create_token(self, request: Body) -> wire.IssuedToken:
+        return self.send(calls.create_token(request))
+
+    def list_tokens(
+        self, *, tenant: str | None = None, include_revoked: bool | None = None
+    ) -> wire.TokenPage:
+        return self.send(calls.list_tokens(tenant=tenant, include_revoked=include_revoked))
+
+    def revoke_token(self, token_id: str) -> wire.TokenInfo:
+        return self.send(calls.revoke_token(token_id))
+
+    def alert_subscriptions(self) -> wire.AlertSubscriptions:
+        return self.send(calls.alert_subscriptions())
+
+    def subscribe_alerts(self, subscription: Body) -> wire.AlertSubscription:
+        return self.send(calls.subscribe_alerts(subscription))
+
+    def unsubscribe_alerts(self, subscription_id: str) -> wire.Deleted:
+        return self.send(calls.unsubscribe_alerts(subscription_id))
+
 
 __all__ = ["Client"]
