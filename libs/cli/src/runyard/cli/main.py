@@ -127,8 +127,8 @@ def refused(error: ApiError) -> NoReturn:
 
 
 def as_json_data(answer: BaseModel) -> dict[str, Any]:
-    """An answer as the API's JSON (the members the gateway sent, none dropped)."""
-    return answer.model_dump(mode="json")
+    """An answer as the API's JSON: the members the gateway sent, no model default added."""
+    return answer.model_dump(mode="json", exclude_unset=True)
 
 
 def given(**values: Any) -> dict[str, Any]:
