@@ -79,8 +79,8 @@ class Client:
         """Any route's JSON answer (None for an empty one), with the same errors and
         retries as the typed methods; `idempotent`: whether it may be sent twice
         (default: by its method)."""
-        body = calls.call(method, path, calls.raw, params=params, body=json, idempotent=idempotent)
-        return self.send(body)
+        ask = calls.call(method, path, calls.raw, params=params, body=json, idempotent=idempotent)
+        return self.send(ask)
 
     @contextmanager
     def stream(
