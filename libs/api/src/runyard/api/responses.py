@@ -45,7 +45,12 @@ NO_BODY: dict[str, Any] = {
         "required": False,
         "content": {
             "application/json": {
-                "schema": {"title": "NoBody", "type": "object", "maxProperties": 0}
+                "schema": {
+                    "title": "NoBody",
+                    "type": "object",
+                    "maxProperties": 0,
+                    "description": "the operation takes no body (an empty object may be sent)",
+                }
             }
         },
     }

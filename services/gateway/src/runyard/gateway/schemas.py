@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel
 from runyard.api import auth
+from runyard.api.responses import NO_BODY
 from runyard.contracts.resources import Image, PublicData, Volume
 from runyard.contracts.spec import (
     MAX_ENV_BYTES,
@@ -116,12 +117,7 @@ def _schemas() -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
         "Volume": _model(Volume, defs),
         "PublicData": _model(PublicData, defs),
         "TokenRequest": _token_request(),
-        "NoBody": {
-            "title": "NoBody",
-            "type": "object",
-            "maxProperties": 0,
-            "description": "nothing: the operation takes no body (an empty object may be sent)",
-        },
+        "NoBody": NO_BODY["requestBody"]["content"]["application/json"]["schema"],
         "LogExport": {
             "title": "LogExport",
             "type": "object",
