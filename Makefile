@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # Every lib and service is a distribution of its own (libs/<name>/pyproject.toml,
 # services/<name>/pyproject.toml; docs/adr/0008-members-and-namespace.md). The root
 # distribution `runyard` depends on all of them; pip takes each from its folder.
-LIBS     := errors contracts domain telemetry eventstore messaging api stack cli
+LIBS     := errors contracts domain telemetry eventstore messaging api client stack cli
 SERVICES := relay gateway submission scheduler deployer faulttolerance logs notification
 MEMBERS  := $(addprefix libs/,$(LIBS)) $(addprefix services/,$(SERVICES))
 

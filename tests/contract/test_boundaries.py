@@ -59,3 +59,13 @@ def test_a_member_owning_the_namespace_breaks_the_layout(tmp_path: Path) -> None
     result = run_check(root)
     assert result.returncode != 0
     assert "Layout BROKEN" in result.stdout
+
+
+def test_the_client_reaching_into_the_platform_breaks_the_contract(tmp_path: Path) -> None:
+    root = _copy(tmp_path)
+    (root / "libs/client/src/runyard/client/shortcut.py").write_text(
+        "from runyard.api import errors\n"
+    )
+    result = run_check(root)
+    assert result.returncode != 0
+    assert "The client needs only the contracts BROKEN" in result.stdout

@@ -25,12 +25,12 @@ from runyard.cli.main import (
     UrlOpt,
     app,
     err,
-    fail,
-    make_client,
+    gateway,
     out,
     show_json,
 )
 from runyard.cli.terminal import markup
+from runyard.client import GatewayUnreachable
 
 #: Gathering a bundle of a long task takes time before the first byte comes.
 READ_TIMEOUT_S = 300.0
@@ -47,20 +47,16 @@ def download(url: str | None, token: str | None, task_id: str, target: Path) -> 
     """Stream the bundle into `target` (through `target.part`); its size in bytes."""
     partial = target.with_name(target.name + ".part")
     timeout = httpx.Timeout(30.0, read=READ_TIMEOUT_S)
-    try:
-        with (
-            make_client(url, token) as client,
-            client.stream("GET", f"/v1/tasks/{task_id}/bundle", timeout=timeout) as answer,
-        ):
-            if answer.status_code >= 400:
-                answer.read()
-                fail(answer)
-            size = _save(answer, partial)
-    except httpx.TransportError as exc:
-        partial.unlink(missing_ok=True)
-        err.print(f"[red]error:[/red] the bundle did not arrive whole: {markup(exc)}")
-        err.print("hint: check that the gateway runs (`runyard up`, --url), then try again")
-        raise typer.Exit(EXIT_UNREACHABLE) from exc
+    with gateway(url, token) as api:
+        try:
+            path = f"/v1/tasks/{task_id}/bundle"
+            with api.stream("GET", path, http_timeout=timeout) as answer:
+                size = _save(answer, partial)
+        except GatewayUnreachable as exc:
+            partial.unlink(missing_ok=True)
+            err.print(f"[red]error:[/red] the bundle did not arrive whole: {markup(exc.message)}")
+            err.print("hint: check that the gateway runs (`runyard up`, --url), then try again")
+            raise typer.Exit(EXIT_UNREACHABLE) from exc
     partial.replace(target)
     return size
 

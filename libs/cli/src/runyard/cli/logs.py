@@ -32,8 +32,8 @@ from runyard.cli.main import (
     app,
     call,
     err,
+    gateway,
     given,
-    make_client,
     out,
     show_json,
 )
@@ -199,8 +199,8 @@ def run_export(
         )
         raise typer.Exit(1)
     with (
-        make_client(url, token) as client,
-        client.stream("GET", f"/v1/exports/{export_id}/file") as answer,
+        gateway(url, token) as api,
+        api.stream("GET", f"/v1/exports/{export_id}/file") as answer,
         target.open("wb") as sink,
     ):
         for chunk in answer.iter_bytes():

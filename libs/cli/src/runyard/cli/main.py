@@ -24,15 +24,17 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import httpx
 import typer
 import yaml
+from pydantic import BaseModel
 from rich.console import Console
 from runyard.cli.admin import admin_app
 from runyard.cli.alerts import alerts_app
 from runyard.cli.terminal import clean, markup, print_json, render_table
+from runyard.client import ApiError, Client, GatewayUnreachable, Retry
 
 app = typer.Typer(help="Runyard: submit and follow GPU training tasks.", no_args_is_help=True)
 group_app = typer.Typer(help="Task groups: many tasks from one template.", no_args_is_help=True)
@@ -44,6 +46,8 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 #: The dev token `runyard up` writes, relative to the current folder.
 TOKEN_FILE = Path(".runyard/token")
 EXIT_REFUSED, EXIT_AUTH, EXIT_UNREACHABLE = 1, 3, 4
+#: A command waits out a short outage (a 503, a gateway restarting), not a long one.
+RETRY = Retry(attempts=3, backoff_s=0.5, max_wait_s=5.0)
 
 UrlOpt = Annotated[str | None, typer.Option("--url", help="Gateway URL (RUNYARD_URL).")]
 TokenOpt = Annotated[str | None, typer.Option("--token", help="Bearer token (RUNYARD_TOKEN).")]
@@ -91,31 +95,40 @@ def make_client(url: str | None, token: str | None) -> httpx.Client:
     return httpx.Client(base_url=base, headers=headers, timeout=30)
 
 
-def call(url: str | None, token: str | None, method: str, path: str, **kw: Any) -> Any:
-    """One API call; an error answer prints its message and hint and exits."""
+@contextlib.contextmanager
+def gateway(url: str | None, token: str | None) -> Iterator[Client]:
+    """The gateway's API client (`runyard.client`) over `make_client`, for one command;
+    a refusal prints its message and hint and exits, as does an unreachable gateway."""
     try:
-        with make_client(url, token) as client:
-            answer = client.request(method, path, **kw)
-    except httpx.TransportError as exc:
-        err.print(f"[red]error:[/red] cannot reach the gateway: {markup(exc)}")
+        with make_client(url, token) as http:
+            yield Client(http=http, retry=RETRY)
+    except GatewayUnreachable as exc:
+        err.print(f"[red]error:[/red] {markup(exc.message)}")
         err.print("hint: start it with `runyard up`, or set --url / RUNYARD_URL")
         raise typer.Exit(EXIT_UNREACHABLE) from exc
-    if answer.status_code >= 400:
-        fail(answer)
-    return answer.json()
+    except ApiError as exc:
+        refused(exc)
 
 
-def fail(answer: httpx.Response) -> None:
+def call(url: str | None, token: str | None, method: str, path: str, **kw: Any) -> Any:
+    """One API call (`params`, `json`) answered as JSON; an error answer prints its
+    message and hint and exits."""
+    with gateway(url, token) as api:
+        return api.request(method, path, **kw)
+
+
+def refused(error: ApiError) -> NoReturn:
     """Print a refusal (code, field, message, hint) and exit with its code."""
-    try:
-        body = answer.json()
-    except ValueError:
-        body = {"code": f"http.{answer.status_code}", "message": answer.text}
-    where = f" ({markup(body['field'])})" if body.get("field") else ""
-    err.print(f"[red]error[/red] {markup(body.get('code'))}{where}: {markup(body.get('message'))}")
-    if body.get("hint"):
-        err.print(f"hint: {markup(body['hint'])}")
-    raise typer.Exit(EXIT_AUTH if answer.status_code in (401, 403) else EXIT_REFUSED)
+    where = f" ({markup(error.field)})" if error.field else ""
+    err.print(f"[red]error[/red] {markup(error.code)}{where}: {markup(error.message)}")
+    if error.hint:
+        err.print(f"hint: {markup(error.hint)}")
+    raise typer.Exit(EXIT_AUTH if error.http_status in (401, 403) else EXIT_REFUSED)
+
+
+def as_json_data(answer: BaseModel) -> dict[str, Any]:
+    """An answer as the API's JSON: the members the gateway sent, no model default added."""
+    return answer.model_dump(mode="json", exclude_unset=True)
 
 
 def given(**values: Any) -> dict[str, Any]:
@@ -223,7 +236,9 @@ def submit(
     the task mounts (e.g. `python /mnt/code/train.py`); a path that is in
     neither gets a `command.path_not_on_worker` warning.
     """
-    task = call(url, token, "POST", "/v1/tasks", json=load_yaml(file))
+    spec = load_yaml(file)
+    with gateway(url, token) as api:
+        task = as_json_data(api.create_task(spec))
     show_json(task) if as_json else print_task(task)
 
 
@@ -244,7 +259,8 @@ def list_tasks(
     params = given(
         status=status, name=name, tag=tag, pool=pool, creator=creator, limit=limit, cursor=cursor
     )
-    page = call(url, token, "GET", "/v1/tasks", params=params)
+    with gateway(url, token) as api:
+        page = as_json_data(api.list_tasks(**params))
     if as_json:
         return show_json(page)
     table(
@@ -290,9 +306,10 @@ def show(
     task as it was at that point (and its workers' placement); see `runyard diff`."""
     if at is not None:
         return replay.show_at(task_id, at, url, token, as_json)
-    task = call(url, token, "GET", f"/v1/tasks/{task_id}")
-    if task.get("status") in ("failed", "abnormal"):
-        task["first_error"] = call(url, token, "GET", f"/v1/tasks/{task_id}/first-error")
+    with gateway(url, token) as api:
+        task = as_json_data(api.get_task(task_id))
+        if task.get("status") in ("failed", "abnormal"):
+            task["first_error"] = api.request("GET", f"/v1/tasks/{task_id}/first-error")
     if as_json:
         show_json(task)
         return
@@ -308,7 +325,8 @@ def stop(
     task_id: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
 ) -> None:
     """Stop a task."""
-    task = call(url, token, "POST", f"/v1/tasks/{task_id}/stop")
+    with gateway(url, token) as api:
+        task = as_json_data(api.stop_task(task_id))
     show_json(task) if as_json else print_task(task)
 
 
@@ -325,7 +343,8 @@ def rerun(
 ) -> None:
     """Run a finished task again; only image, command, worker spec and count may change."""
     changes = given(image=image, command=command, worker_spec=spec, worker_count=workers)
-    task = call(url, token, "POST", f"/v1/tasks/{task_id}/rerun", json=changes)
+    with gateway(url, token) as api:
+        task = as_json_data(api.rerun_task(task_id, changes))
     show_json(task) if as_json else print_task(task)
 
 
@@ -339,7 +358,8 @@ def clone(
 ) -> None:
     """A new task from a task's spec, with any field overridden (the pool too)."""
     overrides = load_yaml(file) if file else {}
-    task = call(url, token, "POST", f"/v1/tasks/{task_id}/clone", json=overrides)
+    with gateway(url, token) as api:
+        task = as_json_data(api.clone_task(task_id, overrides))
     show_json(task) if as_json else print_task(task)
 
 
@@ -348,7 +368,8 @@ def events(
     task_id: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
 ) -> None:
     """The task's audit timeline: each event with its actor and correlation id."""
-    timeline = call(url, token, "GET", f"/v1/tasks/{task_id}/events")
+    with gateway(url, token) as api:
+        timeline = [as_json_data(event) for event in api.task_events(task_id)]
     if as_json:
         return show_json(timeline)
     table(
@@ -366,27 +387,18 @@ def watch(
     task_id: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
 ) -> None:
     """Follow a task live until it ends."""
-    try:
-        with (
-            make_client(url, token) as client,
-            client.stream("GET", f"/v1/tasks/{task_id}/watch", timeout=None) as answer,
-        ):
-            if answer.status_code >= 400:
-                answer.read()
-                fail(answer)
-            for line in answer.iter_lines():
-                if line.startswith("data: ") and line != "data: {}":
-                    event = json.loads(line[6:])
-                    if as_json:
-                        out.print(json.dumps(event), markup=False, highlight=False)
-                    else:
-                        when, kind, actor = (
-                            clean(event[k]) for k in ("occurred_at", "type", "actor")
-                        )
-                        out.print(f"{when}  {kind}  {actor}", markup=False, highlight=False)
-    except httpx.TransportError as exc:
-        err.print(f"[red]error:[/red] cannot reach the gateway: {markup(exc)}")
-        raise typer.Exit(EXIT_UNREACHABLE) from exc
+    with (
+        gateway(url, token) as api,
+        api.stream("GET", f"/v1/tasks/{task_id}/watch") as answer,
+    ):
+        for line in answer.iter_lines():
+            if line.startswith("data: ") and line != "data: {}":
+                event = json.loads(line[6:])
+                if as_json:
+                    out.print(json.dumps(event), markup=False, highlight=False)
+                else:
+                    when, kind, actor = (clean(event[k]) for k in ("occurred_at", "type", "actor"))
+                    out.print(f"{when}  {kind}  {actor}", markup=False, highlight=False)
 
 
 # --- pools --------------------------------------------------------------------
@@ -404,7 +416,8 @@ def pools(
     each pool's nodes, health and allocations as they were at that point."""
     if at is not None:
         return replay.pools_at(at, pool, url, token, as_json)
-    found = call(url, token, "GET", "/v1/pools")
+    with gateway(url, token) as api:
+        found = [as_json_data(pool) for pool in api.pools()]
     if as_json:
         return show_json(found)
     table(
@@ -429,7 +442,8 @@ def capacity(
     pool_id: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
 ) -> None:
     """What a pool can launch now: count per worker spec, custom-count maximum."""
-    cap = call(url, token, "GET", f"/v1/pools/{pool_id}/capacity")
+    with gateway(url, token) as api:
+        cap = as_json_data(api.pool_capacity(pool_id))
     if as_json:
         return show_json(cap)
     table(
@@ -451,7 +465,9 @@ def group_create(
     as_json: JsonOpt = False,
 ) -> None:
     """Create a task group from a template and a list of overrides (all tasks or none)."""
-    group = call(url, token, "POST", "/v1/groups", json=load_yaml(file))
+    body = load_yaml(file)
+    with gateway(url, token) as api:
+        group = as_json_data(api.create_group(body))
     print_group(group, as_json)
 
 
@@ -466,9 +482,10 @@ def group_ls(
     as_json: JsonOpt = False,
 ) -> None:
     """Your tenant's groups with a count per status; with an id, the tasks of that group."""
-    if group_id is not None:
-        return print_group(call(url, token, "GET", f"/v1/groups/{group_id}"), as_json)
-    found = call(url, token, "GET", "/v1/groups", params={"limit": limit})
+    with gateway(url, token) as api:
+        if group_id is not None:
+            return print_group(as_json_data(api.get_group(group_id)), as_json)
+        found = as_json_data(api.list_groups(limit=limit))
     if as_json:
         return show_json(found)
     table(
@@ -491,7 +508,9 @@ def group_stop(
     group_id: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
 ) -> None:
     """Stop every task of a group that has not ended."""
-    print_group(call(url, token, "POST", f"/v1/groups/{group_id}/stop"), as_json)
+    with gateway(url, token) as api:
+        group = as_json_data(api.stop_group(group_id))
+    print_group(group, as_json)
 
 
 @group_app.command("rerun")
@@ -507,7 +526,9 @@ def group_rerun(
 ) -> None:
     """Rerun every finished task of a group (all or none), with the same allowed changes."""
     changes = given(image=image, command=command, worker_spec=spec, worker_count=workers)
-    print_group(call(url, token, "POST", f"/v1/groups/{group_id}/rerun", json=changes), as_json)
+    with gateway(url, token) as api:
+        group = as_json_data(api.rerun_group(group_id, changes))
+    print_group(group, as_json)
 
 
 def print_group(group: dict[str, Any], as_json: bool) -> None:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import httpx
 import typer
-from runyard.cli.main import JsonOpt, TokenOpt, UrlOpt, app, call, fail, make_client, out, show_json
+from runyard.cli.main import JsonOpt, TokenOpt, UrlOpt, app, call, gateway, out, show_json
 from runyard.cli.terminal import markup
+from runyard.client import NotFound
 
 #: Deeper events are printed at this indentation, their depth written out.
 MAX_INDENT = 24
@@ -57,17 +57,14 @@ def _task_or_event(
     url: str | None, token: str | None, ref: str, event_path: str, params: dict[str, Any]
 ) -> Any:
     """The task's trace; on a 404 for no task, the event's (task and event ids look alike)."""
-    try:
-        with make_client(url, token) as client:
-            answer = client.get(f"/v1/tasks/{ref}/trace", params=params)
-            if answer.status_code == 404:
-                as_event = client.get(event_path, params=params)
-                answer = answer if as_event.status_code == 404 else as_event
-    except httpx.TransportError:
-        return call(url, token, "GET", f"/v1/tasks/{ref}/trace", params=params)  # says why
-    if answer.status_code >= 400:
-        fail(answer)
-    return answer.json()
+    with gateway(url, token) as api:
+        try:
+            return api.request("GET", f"/v1/tasks/{ref}/trace", params=params)
+        except NotFound as no_task:
+            try:
+                return api.request("GET", event_path, params=params)
+            except NotFound:
+                raise no_task from None
 
 
 def print_trace(answer: dict[str, Any]) -> None:

@@ -25,9 +25,11 @@ from fastapi import APIRouter, Header
 from runyard.api.auth import Principal
 from runyard.api.errors import Conflict, GatewayError, NotFound, Unavailable
 from runyard.api.inputs import check_request_id
+from runyard.api.responses import NO_BODY, AnswerRoute, refusals
 from runyard.api.security import Authenticator, caller_dependency
 from runyard.api.tasks import visible_task
 from runyard.contracts import Metadata
+from runyard.contracts import http as wire
 from runyard.faulttolerance.app import FaultToleranceApp, StacksUnavailable
 from runyard.faulttolerance.ftlog import read_fault_tolerance_log
 from runyard.faulttolerance.reports import StackReportStore
@@ -48,11 +50,15 @@ def faulttolerance_router(
 ) -> APIRouter:
     """The fault-tolerance routes over `app` (its store and deployer commands), the
     stack report table, and `authenticator` (bearer tokens)."""
-    router = APIRouter(tags=["fault tolerance"])
+    router = APIRouter(tags=["fault tolerance"], route_class=AnswerRoute)
     store = app.store
     Caller = Annotated[Principal, caller_dependency(authenticator)]
 
-    @router.get("/v1/tasks/{task_id}/ft-log")
+    @router.get(
+        "/v1/tasks/{task_id}/ft-log",
+        response_model=wire.FaultToleranceLog,
+        responses=refusals(404),
+    )
     async def ft_log(caller: Caller, task_id: str) -> dict[str, Any]:
         """The fault-tolerance log: env check items, restarts and reschedules with their
         counts, hangs, stack reports, slowdowns, resumes; counts are of the current run."""
@@ -66,7 +72,9 @@ def faulttolerance_router(
             "lines": [line.to_json() for line in log.lines],
         }
 
-    @router.get("/v1/tasks/{task_id}/stacks")
+    @router.get(
+        "/v1/tasks/{task_id}/stacks", response_model=wire.StackReports, responses=refusals(404)
+    )
     async def list_stacks(caller: Caller, task_id: str) -> dict[str, Any]:
         """The task's stack reports, oldest first (automatic after a hang, or on demand)."""
         await visible_task(store, caller, task_id)
@@ -77,9 +85,12 @@ def faulttolerance_router(
     @router.post(
         "/v1/tasks/{task_id}/stacks",
         status_code=201,
+        openapi_extra=NO_BODY,
+        response_model=wire.StackReport,
         responses={
-            503: {"description": "the capture command cannot be sent now"},
-            504: {"description": "no deployer answered in time"},
+            **refusals(403, 404, 409),
+            503: {"model": wire.Error, "description": "the capture command cannot be sent now"},
+            504: {"model": wire.Error, "description": "no deployer answered in time"},
         },
     )
     async def capture_stacks(
@@ -107,7 +118,11 @@ def faulttolerance_router(
             raise _refusal(task_id, exc) from exc
         return report.to_dict()
 
-    @router.get("/v1/tasks/{task_id}/stacks/{report_id}")
+    @router.get(
+        "/v1/tasks/{task_id}/stacks/{report_id}",
+        response_model=wire.StackReport,
+        responses=refusals(404),
+    )
     async def get_stacks(caller: Caller, task_id: str, report_id: str) -> dict[str, Any]:
         """One report: frames per worker, function statistics, odd ones out, raw stacks."""
         await visible_task(store, caller, task_id)

@@ -14,8 +14,10 @@ from fastapi import APIRouter, Query
 from runyard.api.auth import Principal
 from runyard.api.errors import BadRequest
 from runyard.api.inputs import check_param
+from runyard.api.responses import AnswerRoute, refusals
 from runyard.api.security import caller_dependency
 from runyard.contracts import default_mapper
+from runyard.contracts import http as wire
 from runyard.eventstore.audit import (
     MAX_AUDIT_LIMIT,
     MAX_AUDIT_TYPES,
@@ -114,9 +116,9 @@ def audit_filter(params: dict[str, Any]) -> AuditFilter:
 
 def audit_router(gateway: Gateway) -> APIRouter:
     """The audit route over the gateway's event store."""
-    router = APIRouter(tags=["audit"])
+    router = APIRouter(tags=["audit"], route_class=AnswerRoute)
 
-    @router.get("/v1/audit/events")
+    @router.get("/v1/audit/events", response_model=wire.AuditPage, responses=refusals(403))
     async def audit_events(
         caller: Annotated[Principal, caller_dependency(gateway)],
         type: Annotated[

@@ -68,8 +68,10 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import StreamingResponse
 from runyard.api.auth import Principal, bearer_token
 from runyard.api.errors import GatewayError, task_not_found
+from runyard.api.responses import AnswerRoute, refusals
 from runyard.api.security import caller_dependency
 from runyard.contracts import Event, RecordedEvent
+from runyard.contracts import http as wire
 from runyard.contracts.spec import MASK, TaskSpec, mask_spec
 from runyard.contracts.task_events import (
     DeployStageFailed,
@@ -884,14 +886,21 @@ def _runyard_version() -> str:
 def bundle_router(gateway: Gateway, owners: Owners) -> APIRouter:
     """`GET /v1/tasks/{id}/bundle` over `gateway`, the owners' parts through `owners`."""
     api = BundleApi(gateway, owners)
-    router = APIRouter(tags=["tasks"])
+    router = APIRouter(tags=["tasks"], route_class=AnswerRoute)
 
     @router.get(
         "/v1/tasks/{task_id}/bundle",
         response_class=StreamingResponse,
         responses={
-            200: {"content": {MEDIA_TYPE: {}}, "description": "the bundle (a zip archive)"},
-            422: {"description": "bundle.too_large or bundle.secret_found: nothing written"},
+            **refusals(404),
+            200: {
+                "content": {MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}},
+                "description": "the bundle (a zip archive)",
+            },
+            422: {
+                "model": wire.Error,
+                "description": "bundle.too_large or bundle.secret_found: nothing written",
+            },
         },
     )
     async def task_bundle(

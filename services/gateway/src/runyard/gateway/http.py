@@ -26,8 +26,10 @@ from runyard.api.inputs import (
     check_request_id,
     reject_unstorable,
 )
+from runyard.api.responses import AnswerRoute, refusals
 from runyard.api.security import caller_dependency
 from runyard.api.service import install_error_handlers
+from runyard.contracts import http as wire
 from runyard.errors import RETRY_AFTER_S
 from runyard.eventstore import HEALTH, is_transient
 from runyard.gateway.app import Gateway, Request
@@ -52,15 +54,20 @@ async def _json_body(
 
 JsonBody = Annotated[dict[str, Any], Depends(_json_body)]
 TENANT_QUERY = "another tenant (sre and platform_admin only); default: your own"
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"description": text}
-    for status, text in (
-        (400, "refused: {code, field, message, hint}"),
-        (401, "no, malformed, unknown, expired or revoked bearer token"),
-        (403, "the caller's role does not allow it"),
-        (404, "no such task, group or pool in your tenant"),
-        (409, "the task's state does not allow it"),
-        (413, f"the request body is over {MAX_BODY_BYTES} bytes"),
+#: The answer of a watch: server-sent events, each `event: <type>` and `data: <TaskEvent>`.
+SSE_ANSWER: dict[str, Any] = {
+    "description": "server-sent events: each event of the task (data: a TaskEvent as JSON),"
+    " then `event: end` when the task has ended",
+    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+}
+#: From a task's answer to what may be done with it next (OpenAPI links).
+TASK_LINKS = {
+    name: {"operationId": operation, "parameters": {"task_id": "$response.body#/task_id"}}
+    for name, operation in (
+        ("GetTask", "getTask"),
+        ("StopTask", "stopTask"),
+        ("RerunTask", "rerunTask"),
+        ("TaskEvents", "taskEvents"),
     )
 }
 #: Published bounds (the application refuses others with its own hint, as over gRPC).
@@ -79,9 +86,9 @@ def create_app(gateway: Gateway, owners: Owners | Mapping[str, str] | None = Non
     app = FastAPI(
         title="Runyard gateway",
         version="1",
-        responses=ERROR_RESPONSES,
         dependencies=[Depends(_no_nul_in_url)],
     )
+    app.router.route_class = AnswerRoute  # the routes below answer what they built only
     app.state.gateway = gateway
     app.state.owners = owners
     app.add_middleware(TracingMiddleware)
@@ -166,15 +173,29 @@ def _task_routes(app: FastAPI, gw: Gateway) -> None:
     Caller = Annotated[Principal, _principal_dependency(gw)]
     Req = Annotated[Request, _request_dependency(gw)]
 
-    @app.post("/v1/tasks", status_code=201, tags=["tasks"], openapi_extra=request_body("TaskSpec"))
-    async def create_task(req: Req, body: JsonBody) -> dict[str, Any]:
+    @app.post(
+        "/v1/tasks",
+        operation_id="createTask",
+        status_code=201,
+        tags=["tasks"],
+        response_model=wire.Task,
+        responses=refusals(403, 413),
+        openapi_extra=request_body("TaskSpec", links=TASK_LINKS),
+    )
+    async def create_task(req: Req, spec: JsonBody) -> dict[str, Any]:
         """Submit a task spec; answers the task with its warnings."""
-        return await gw.create_task(req, body)
+        return await gw.create_task(req, spec)
 
-    @app.get("/v1/tasks", tags=["tasks"])
+    @app.get(
+        "/v1/tasks",
+        operation_id="listTasks",
+        tags=["tasks"],
+        response_model=wire.TaskPage,
+        responses=refusals(403),
+    )
     async def list_tasks(
         caller: Caller,
-        status: str | None = None,
+        status: wire.TaskStatus | None = None,
         name: str | None = None,
         tag: str | None = None,
         pool: str | None = None,
@@ -187,39 +208,71 @@ def _task_routes(app: FastAPI, gw: Gateway) -> None:
         filters = {"status": status, "name": name, "tag": tag, "pool": pool, "creator": creator}
         return await gw.list_tasks(caller, filters, limit, cursor, tenant)
 
-    @app.get("/v1/tasks/{task_id}", tags=["tasks"])
+    @app.get(
+        "/v1/tasks/{task_id}",
+        operation_id="getTask",
+        tags=["tasks"],
+        response_model=wire.Task,
+        responses=refusals(404),
+    )
     async def get_task(caller: Caller, task_id: str) -> dict[str, Any]:
         """A task: status, current stage, stage timeline, counters, run."""
         return await gw.get_task(caller, task_id)
 
-    @app.post("/v1/tasks/{task_id}/stop", tags=["tasks"])
+    @app.post(
+        "/v1/tasks/{task_id}/stop",
+        operation_id="stopTask",
+        tags=["tasks"],
+        response_model=wire.Task,
+        responses=refusals(403, 404, 409),
+        openapi_extra=request_body("NoBody", required=False),
+    )
     async def stop_task(req: Req, task_id: str) -> dict[str, Any]:
         """Ask to stop the task."""
         return await gw.stop_task(req, task_id)
 
     @app.post(
-        "/v1/tasks/{task_id}/rerun", tags=["tasks"], openapi_extra=request_body("RerunChanges")
+        "/v1/tasks/{task_id}/rerun",
+        operation_id="rerunTask",
+        tags=["tasks"],
+        response_model=wire.Task,
+        responses=refusals(403, 404, 409, 413),
+        openapi_extra=request_body("RerunChanges"),
     )
-    async def rerun_task(req: Req, task_id: str, body: JsonBody) -> dict[str, Any]:
+    async def rerun_task(req: Req, task_id: str, changes: JsonBody) -> dict[str, Any]:
         """Rerun a finished task; body: changes of command, worker spec/count, image."""
-        return await gw.rerun_task(req, task_id, body)
+        return await gw.rerun_task(req, task_id, changes)
 
     @app.post(
         "/v1/tasks/{task_id}/clone",
+        operation_id="cloneTask",
         status_code=201,
         tags=["tasks"],
-        openapi_extra=request_body("SpecOverrides"),
+        response_model=wire.Task,
+        responses=refusals(403, 404, 413),
+        openapi_extra=request_body("SpecOverrides", links=TASK_LINKS),
     )
-    async def clone_task(req: Req, task_id: str, body: JsonBody) -> dict[str, Any]:
+    async def clone_task(req: Req, task_id: str, overrides: JsonBody) -> dict[str, Any]:
         """A new task from this one's spec; body: any field overrides, the pool too."""
-        return await gw.clone_task(req, task_id, body)
+        return await gw.clone_task(req, task_id, overrides)
 
-    @app.get("/v1/tasks/{task_id}/events", tags=["tasks"])
+    @app.get(
+        "/v1/tasks/{task_id}/events",
+        operation_id="taskEvents",
+        tags=["tasks"],
+        response_model=list[wire.TaskEvent],
+        responses=refusals(404),
+    )
     async def task_events(caller: Caller, task_id: str) -> list[dict[str, Any]]:
         """The audit timeline: each event with its actor and correlation id."""
         return await gw.task_events(caller, task_id)
 
-    @app.get("/v1/tasks/{task_id}/watch", tags=["tasks"], response_class=StreamingResponse)
+    @app.get(
+        "/v1/tasks/{task_id}/watch",
+        tags=["tasks"],
+        response_class=StreamingResponse,
+        responses={**refusals(404), 200: SSE_ANSWER},
+    )
     async def watch_task(caller: Caller, task_id: str) -> StreamingResponse:
         """Server-sent events: the task's events, then new ones until it ends."""
         stream = gw.watch(caller, task_id)
@@ -239,13 +292,18 @@ def _group_routes(app: FastAPI, gw: Gateway) -> None:
     Req = Annotated[Request, _request_dependency(gw)]
 
     @app.post(
-        "/v1/groups", status_code=201, tags=["groups"], openapi_extra=request_body("TaskGroup")
+        "/v1/groups",
+        status_code=201,
+        tags=["groups"],
+        response_model=wire.Group,
+        responses=refusals(403, 413),
+        openapi_extra=request_body("TaskGroup"),
     )
-    async def create_group(req: Req, body: JsonBody) -> dict[str, Any]:
+    async def create_group(req: Req, group: JsonBody) -> dict[str, Any]:
         """A task group: body {template: spec, items: [overrides, ...]}; all tasks or none."""
-        return await gw.create_group(req, body)
+        return await gw.create_group(req, group)
 
-    @app.get("/v1/groups", tags=["groups"])
+    @app.get("/v1/groups", tags=["groups"], response_model=wire.GroupPage, responses=refusals(403))
     async def list_groups(
         caller: Caller,
         limit: PageLimit = 50,
@@ -254,7 +312,12 @@ def _group_routes(app: FastAPI, gw: Gateway) -> None:
         """The tenant's task groups, newest first: `{items: [{group_id, tasks, status_counts}]}`."""
         return await gw.list_groups(caller, limit, tenant)
 
-    @app.get("/v1/groups/{group_id}", tags=["groups"])
+    @app.get(
+        "/v1/groups/{group_id}",
+        tags=["groups"],
+        response_model=wire.Group,
+        responses=refusals(403, 404),
+    )
     async def get_group(
         caller: Caller,
         group_id: str,
@@ -263,28 +326,43 @@ def _group_routes(app: FastAPI, gw: Gateway) -> None:
         """The group's tasks and a count per status."""
         return await gw.get_group(caller, group_id, tenant)
 
-    @app.post("/v1/groups/{group_id}/stop", tags=["groups"])
+    @app.post(
+        "/v1/groups/{group_id}/stop",
+        tags=["groups"],
+        response_model=wire.Group,
+        responses=refusals(403, 404, 409),
+        openapi_extra=request_body("NoBody", required=False),
+    )
     async def stop_group(req: Req, group_id: str) -> dict[str, Any]:
         """Stop every task of the group that has not ended."""
         return await gw.stop_group(req, group_id)
 
     @app.post(
-        "/v1/groups/{group_id}/rerun", tags=["groups"], openapi_extra=request_body("RerunChanges")
+        "/v1/groups/{group_id}/rerun",
+        tags=["groups"],
+        response_model=wire.Group,
+        responses=refusals(403, 404, 409, 413),
+        openapi_extra=request_body("RerunChanges"),
     )
-    async def rerun_group(req: Req, group_id: str, body: JsonBody) -> dict[str, Any]:
+    async def rerun_group(req: Req, group_id: str, changes: JsonBody) -> dict[str, Any]:
         """Rerun every finished task of the group; body: allowed changes for each (optional)."""
-        return await gw.rerun_group(req, group_id, body)
+        return await gw.rerun_group(req, group_id, changes)
 
 
 def _pool_routes(app: FastAPI, gw: Gateway) -> None:
     Caller = Annotated[Principal, _principal_dependency(gw)]
 
-    @app.get("/v1/pools", tags=["pools"])
+    @app.get("/v1/pools", tags=["pools"], response_model=list[wire.Pool], responses=refusals())
     async def pools(caller: Caller) -> list[dict[str, Any]]:
         """Pools with zone, resource type, network and worker specs."""
         return await gw.pools(caller)
 
-    @app.get("/v1/pools/{pool_id}/capacity", tags=["pools"])
+    @app.get(
+        "/v1/pools/{pool_id}/capacity",
+        tags=["pools"],
+        response_model=wire.PoolCapacity,
+        responses=refusals(404),
+    )
     async def pool_capacity(caller: Caller, pool_id: str) -> dict[str, Any]:
         """Launchable count per spec, custom-count maximum, occupancy, queue load."""
         return await gw.pool_capacity(caller, pool_id)
@@ -294,47 +372,65 @@ def _admin_routes(app: FastAPI, gw: Gateway) -> None:
     Caller = Annotated[Principal, _principal_dependency(gw)]
     Req = Annotated[Request, _request_dependency(gw)]
 
-    @app.get("/v1/catalogue", tags=["catalogue"])
+    @app.get(
+        "/v1/catalogue", tags=["catalogue"], response_model=wire.Catalogue, responses=refusals()
+    )
     async def catalogue(caller: Caller) -> dict[str, Any]:
         """Images, volumes and public data the submission rules use."""
         return await gw.catalogue_view(caller)
 
     @app.post(
-        "/v1/admin/images", status_code=201, tags=["admin"], openapi_extra=request_body("Image")
+        "/v1/admin/images",
+        status_code=201,
+        tags=["admin"],
+        response_model=wire.CatalogueEntry,
+        responses=refusals(403, 413),
+        openapi_extra=request_body("Image"),
     )
-    async def add_image(req: Req, body: JsonBody) -> dict[str, Any]:
+    async def add_image(req: Req, entry: JsonBody) -> dict[str, Any]:
         """Platform admin: add or replace an image {name, zones, services}."""
-        return await gw.add_image(req, body)
+        return await gw.add_image(req, entry)
 
     @app.post(
-        "/v1/admin/volumes", status_code=201, tags=["admin"], openapi_extra=request_body("Volume")
+        "/v1/admin/volumes",
+        status_code=201,
+        tags=["admin"],
+        response_model=wire.CatalogueEntry,
+        responses=refusals(403, 413),
+        openapi_extra=request_body("Volume"),
     )
-    async def add_volume(req: Req, body: JsonBody) -> dict[str, Any]:
+    async def add_volume(req: Req, entry: JsonBody) -> dict[str, Any]:
         """Platform admin: add a volume {file_system, volume, zone}."""
-        return await gw.add_volume(req, body)
+        return await gw.add_volume(req, entry)
 
     @app.post(
         "/v1/admin/public-data",
         status_code=201,
         tags=["admin"],
+        response_model=wire.CatalogueEntry,
+        responses=refusals(403, 413),
         openapi_extra=request_body("PublicData"),
     )
-    async def add_public_data(req: Req, body: JsonBody) -> dict[str, Any]:
+    async def add_public_data(req: Req, entry: JsonBody) -> dict[str, Any]:
         """Platform admin: offer public data in a zone {zone, path?}."""
-        return await gw.add_public_data(req, body)
+        return await gw.add_public_data(req, entry)
 
     @app.post(
         "/v1/admin/tokens",
         status_code=201,
         tags=["admin"],
+        response_model=wire.IssuedToken,
+        responses=refusals(403, 413),
         openapi_extra=request_body("TokenRequest"),
     )
-    async def create_token(req: Req, body: JsonBody) -> dict[str, Any]:
+    async def create_token(req: Req, request: JsonBody) -> dict[str, Any]:
         """Tenant or platform admin: a token for {tenant, user, role, ttl?, expires_at?,
         description?}; the token is in this answer only (stored hashed)."""
-        return await gw.create_token(req, body)
+        return await gw.create_token(req, request)
 
-    @app.get("/v1/admin/tokens", tags=["admin"])
+    @app.get(
+        "/v1/admin/tokens", tags=["admin"], response_model=wire.TokenPage, responses=refusals(403)
+    )
     async def list_tokens(
         caller: Caller,
         tenant: Annotated[str | None, Query(description="platform admin: one tenant")] = None,
@@ -343,7 +439,12 @@ def _admin_routes(app: FastAPI, gw: Gateway) -> None:
         """Tokens (never their secrets): a tenant admin's tenant, or every tenant."""
         return await gw.list_tokens(caller, tenant, include_revoked)
 
-    @app.delete("/v1/admin/tokens/{token_id}", tags=["admin"])
+    @app.delete(
+        "/v1/admin/tokens/{token_id}",
+        tags=["admin"],
+        response_model=wire.TokenInfo,
+        responses=refusals(403, 404),
+    )
     async def revoke_token(req: Req, token_id: str) -> dict[str, Any]:
         """Revoke a token: refused from its next request on, over HTTP and gRPC."""
         return await gw.revoke_token(req, token_id)

@@ -46,6 +46,7 @@ from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, StreamingResponse
 from runyard.api.errors import GatewayError, Unavailable, error_of
+from runyard.api.responses import refusals
 from runyard.telemetry import current_trace_context
 
 #: How each owner is named in a hint.
@@ -434,7 +435,34 @@ class OwnerDocuments:
                     paths.setdefault(path, operations)
             for name, schema in document.get("components", {}).get("schemas", {}).items():
                 schemas.setdefault(name, schema)
+        for path, operations in paths.items():
+            routed = any(path in owned for owned in self.paths.values())
+            for operation in operations.values():
+                declare_refusals(operation, routed=routed)
+        schemas.pop("HTTPValidationError", None)
+        schemas.pop("ValidationError", None)
         return merged
+
+
+#: What the gateway itself may answer on a routed route, before or instead of its owner.
+EDGE_REFUSALS = refusals(403, 404)
+_ERROR_REF = {"$ref": "#/components/schemas/Error"}
+
+
+def declare_refusals(operation: dict[str, Any], *, routed: bool) -> None:
+    """Every refusal of `operation` with the one error body: a routed route's are its
+    owner's and the gateway's (401 and 403 before the owner is called, 503 when it
+    cannot be reached). FastAPI's 422 is dropped: every service answers a request it
+    cannot parse with a 400 of that body (`runyard.api.service`)."""
+    responses = operation.setdefault("responses", {})
+    if "HTTPValidationError" in json.dumps(responses.get("422", {})):
+        del responses["422"]
+    if routed:
+        for status, answer in EDGE_REFUSALS.items():
+            responses.setdefault(str(status), {"description": answer["description"]})
+    for status, answer in responses.items():
+        if status[0] in "45" and not answer.get("content"):
+            answer["content"] = {"application/json": {"schema": _ERROR_REF}}
 
 
 def install_openapi(app: FastAPI, owners: Owners, routes: Iterable[Route] = ROUTES) -> None:

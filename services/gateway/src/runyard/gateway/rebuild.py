@@ -31,7 +31,9 @@ from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Query
 from runyard.api.auth import Principal
+from runyard.api.responses import AnswerRoute, refusals
 from runyard.api.security import caller_dependency
+from runyard.contracts import http as wire
 from runyard.eventstore.shadow import (
     create_shadow,
     diff_table,
@@ -46,6 +48,7 @@ from runyard.eventstore.shadow import (
 )
 from runyard.gateway.app import Gateway
 from runyard.gateway.projection import NAME, TaskListProjector
+from runyard.gateway.schemas import request_body
 
 #: The most events one rebuild step applies (a step is one request; the CLI loops).
 MAX_STEP_EVENTS: Final = 200_000
@@ -123,10 +126,16 @@ def rebuild_router(gateway: Gateway) -> APIRouter:
     """The task list rebuild routes (see the module docstring)."""
     rebuild = TaskListRebuild(gateway)
     Caller = Annotated[Principal, caller_dependency(gateway, operator=True)]
-    router = APIRouter(tags=["read models"])
+    router = APIRouter(tags=["read models"], route_class=AnswerRoute)
     base = f"/v1/admin/read-models/{NAME}"
+    OPERATOR = refusals(403, 409)
 
-    @router.post(f"{base}/rebuild")
+    @router.post(
+        f"{base}/rebuild",
+        response_model=wire.ReadModelAnswer,
+        responses=OPERATOR,
+        openapi_extra=request_body("NoBody", required=False),
+    )
     async def step(
         caller: Caller,
         max_events: Annotated[
@@ -137,17 +146,22 @@ def rebuild_router(gateway: Gateway) -> APIRouter:
         """Advance the shadow rebuild of the task list (sre, platform_admin)."""
         return await rebuild.step(max_events, restart=restart)
 
-    @router.get(f"{base}/diff")
+    @router.get(f"{base}/diff", response_model=wire.ReadModelAnswer, responses=OPERATOR)
     async def diff(caller: Caller) -> dict[str, Any]:
         """The differences between the rebuilt task list and the live one."""
         return await rebuild.diff()
 
-    @router.post(f"{base}/swap")
+    @router.post(
+        f"{base}/swap",
+        response_model=wire.ReadModelAnswer,
+        responses=OPERATOR,
+        openapi_extra=request_body("NoBody", required=False),
+    )
     async def swap(caller: Caller) -> dict[str, Any]:
         """Replace the live task list with the rebuilt one, without stopping the gateway."""
         return await rebuild.swap()
 
-    @router.delete(f"{base}/rebuild")
+    @router.delete(f"{base}/rebuild", response_model=wire.ReadModelAnswer, responses=OPERATOR)
     async def discard(caller: Caller) -> dict[str, Any]:
         """Drop the shadow rebuild."""
         return await rebuild.discard()

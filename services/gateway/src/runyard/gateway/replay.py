@@ -28,8 +28,10 @@ from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Query
 from runyard.api.auth import Principal
+from runyard.api.responses import AnswerRoute, refusals
 from runyard.api.security import caller_dependency
 from runyard.contracts import Event, RecordedEvent
+from runyard.contracts import http as wire
 from runyard.domain import TaskState, fold
 from runyard.domain.replay import (
     AsOf,
@@ -145,16 +147,22 @@ def replay_router(gateway: Gateway) -> APIRouter:
     """The task replay routes over `gateway` (see the module docstring)."""
     api = ReplayApi(gateway)
     Caller = Annotated[Principal, caller_dependency(gateway)]
-    router = APIRouter(tags=["replay"])
+    router = APIRouter(tags=["replay"], route_class=AnswerRoute)
 
-    @router.get("/v1/tasks/{task_id}/replay")
+    @router.get(
+        "/v1/tasks/{task_id}/replay", response_model=wire.TaskReplay, responses=refusals(404)
+    )
     async def task_at(
         caller: Caller, task_id: str, at: Annotated[str, Query(description=POINT_DOC)]
     ) -> dict[str, Any]:
         """The task as it was at `at`: a fold of its stream up to that point (R-61)."""
         return await api.task_at(caller, task_id, at)
 
-    @router.get("/v1/tasks/{task_id}/replay/diff")
+    @router.get(
+        "/v1/tasks/{task_id}/replay/diff",
+        response_model=wire.TaskReplayDiff,
+        responses=refusals(404),
+    )
     async def task_diff(
         caller: Caller,
         task_id: str,

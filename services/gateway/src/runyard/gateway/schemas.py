@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel
 from runyard.api import auth
+from runyard.api.responses import NO_BODY
 from runyard.contracts.resources import Image, PublicData, Volume
 from runyard.contracts.spec import (
     MAX_ENV_BYTES,
@@ -33,9 +34,13 @@ _MARK = "x-runyard-body"
 _REF = "#/components/schemas/{model}"
 
 
-def request_body(name: str) -> dict[str, Any]:
-    """`openapi_extra` of a route whose JSON body is the named schema of `body_schemas`."""
-    return {_MARK: name}
+def request_body(
+    name: str, *, required: bool = True, links: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """`openapi_extra` of a route whose JSON body is the named schema of `body_schemas`
+    (`required=False`: the body may be left out); `links`: the OpenAPI links of its
+    success answer (what a client may call next with what it answered)."""
+    return {_MARK: {"name": name, "required": required, "links": links or {}}}
 
 
 def body_schemas(app: FastAPI) -> None:
@@ -57,12 +62,16 @@ def _apply(document: dict[str, Any]) -> None:
     document.setdefault("components", {}).setdefault("schemas", {}).update(components)
     for operations in document.get("paths", {}).values():
         for operation in operations.values():
-            name = operation.pop(_MARK, None) if isinstance(operation, dict) else None
-            if name is not None:
-                operation["requestBody"] = {
-                    "required": True,
-                    "content": {"application/json": {"schema": schemas[name]}},
-                }
+            mark = operation.pop(_MARK, None) if isinstance(operation, dict) else None
+            if mark is None:
+                continue
+            operation["requestBody"] = {
+                "required": mark["required"],
+                "content": {"application/json": {"schema": schemas[mark["name"]]}},
+            }
+            if mark["links"]:
+                success = next(s for s in operation["responses"] if s.startswith("2"))
+                operation["responses"][success]["links"] = mark["links"]
 
 
 def _model(model: type[BaseModel], defs: dict[str, Any]) -> dict[str, Any]:
@@ -108,6 +117,7 @@ def _schemas() -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
         "Volume": _model(Volume, defs),
         "PublicData": _model(PublicData, defs),
         "TokenRequest": _token_request(),
+        "NoBody": NO_BODY["requestBody"]["content"]["application/json"]["schema"],
         "LogExport": {
             "title": "LogExport",
             "type": "object",

@@ -26,7 +26,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from runyard.api.auth import Principal
 from runyard.api.errors import NotFound
+from runyard.api.responses import AnswerRoute, refusals
 from runyard.api.security import caller_dependency
+from runyard.contracts import http as wire
 from runyard.eventstore.trace import (
     MAX_TRACE_EVENTS,
     event_by_id,
@@ -85,14 +87,14 @@ def trace_router(gateway: Gateway) -> APIRouter:
     api = TraceApi(gateway)
     Caller = Annotated[Principal, caller_dependency(gateway)]
     Limit = Annotated[int, Query(description=LIMIT_DOC, ge=1, le=MAX_TRACE_EVENTS)]
-    router = APIRouter(tags=["replay"])
+    router = APIRouter(tags=["replay"], route_class=AnswerRoute)
 
-    @router.get("/v1/tasks/{task_id}/trace")
+    @router.get("/v1/tasks/{task_id}/trace", response_model=wire.Trace, responses=refusals(404))
     async def task_trace(caller: Caller, task_id: str, limit: Limit = MAX_TRACE_EVENTS) -> Any:
         """The chains of reactions the task's events belong to, as a tree (R-62)."""
         return await api.task_trace(caller, task_id, limit)
 
-    @router.get("/v1/events/{event_id}/trace")
+    @router.get("/v1/events/{event_id}/trace", response_model=wire.Trace, responses=refusals(404))
     async def event_trace(caller: Caller, event_id: str, limit: Limit = MAX_TRACE_EVENTS) -> Any:
         """The chain of reactions one event belongs to, as a tree (R-62)."""
         return await api.event_trace(caller, event_id, limit)

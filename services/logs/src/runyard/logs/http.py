@@ -52,8 +52,10 @@ from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from runyard.api.auth import Principal
 from runyard.api.errors import BadRequest, Unauthenticated
+from runyard.api.responses import AnswerRoute, refusals
 from runyard.api.security import Authenticator, caller_dependency
 from runyard.api.tasks import visible_task
+from runyard.contracts import http as wire
 from runyard.contracts.rpc import credential
 from runyard.domain import TaskState, is_terminal
 from runyard.eventstore import EventStore
@@ -361,10 +363,10 @@ def internal_router(store: LogStore, token: str) -> APIRouter:
 
 def logs_router(api: LogApi, authenticator: Authenticator) -> APIRouter:
     """The log routes over `api`; callers authenticated by `authenticator`."""
-    router = APIRouter(tags=["logs"])
+    router = APIRouter(tags=["logs"], route_class=AnswerRoute)
     Caller = Annotated[Principal, caller_dependency(authenticator)]
 
-    @router.get("/v1/tasks/{task_id}/logs")
+    @router.get("/v1/tasks/{task_id}/logs", response_model=wire.LogPage, responses=refusals(404))
     async def task_logs(
         caller: Caller,
         task_id: str,
@@ -389,7 +391,12 @@ def logs_router(api: LogApi, authenticator: Authenticator) -> APIRouter:
     @router.get(
         "/v1/tasks/{task_id}/logs/follow",
         response_class=StreamingResponse,
-        responses={200: {"content": {NDJSON: {}}, "description": "one page per line"}},
+        responses={
+            200: {
+                "content": {NDJSON: {"schema": {"type": "string"}}},
+                "description": "one page of lines per line (each as GET /logs answers it)",
+            }
+        },
     )
     async def follow_logs(
         caller: Caller,
@@ -409,7 +416,11 @@ def logs_router(api: LogApi, authenticator: Authenticator) -> APIRouter:
         pages = await api.follow(caller, task_id, params.filter(), limit=limit, cursor=cursor)
         return StreamingResponse(_ndjson(pages), media_type=NDJSON)
 
-    @router.get("/v1/tasks/{task_id}/logs/tails")
+    @router.get(
+        "/v1/tasks/{task_id}/logs/tails",
+        response_model=wire.WorkerTails,
+        responses=refusals(404),
+    )
     async def tails(
         caller: Caller,
         task_id: str,
@@ -424,7 +435,11 @@ def logs_router(api: LogApi, authenticator: Authenticator) -> APIRouter:
         check_int32("attempt", attempt)
         return await api.tails(caller, task_id, run, attempt, lines, line_chars)
 
-    @router.get("/v1/tasks/{task_id}/logs/tails/{worker}")
+    @router.get(
+        "/v1/tasks/{task_id}/logs/tails/{worker}",
+        response_model=wire.WorkerTail,
+        responses=refusals(404),
+    )
     async def tail(
         caller: Caller,
         task_id: str,
@@ -440,12 +455,22 @@ def logs_router(api: LogApi, authenticator: Authenticator) -> APIRouter:
         check_int32("worker", worker)
         return await api.tail(caller, task_id, run, attempt, worker, lines)
 
-    @router.get("/v1/tasks/{task_id}/first-error")
+    @router.get(
+        "/v1/tasks/{task_id}/first-error",
+        response_model=wire.FirstError,
+        responses=refusals(404),
+    )
     async def first_error(caller: Caller, task_id: str, run: int | None = None) -> dict[str, Any]:
         """The earliest error line across workers, with context and its likely layer."""
         return await api.first_error(caller, task_id, run)
 
-    @router.post("/v1/tasks/{task_id}/logs/exports", status_code=202, openapi_extra=EXPORT_BODY)
+    @router.post(
+        "/v1/tasks/{task_id}/logs/exports",
+        status_code=202,
+        openapi_extra=EXPORT_BODY,
+        response_model=wire.LogExport,
+        responses=refusals(404, 409),
+    )
     async def start_export(
         caller: Caller,
         task_id: str,
@@ -456,17 +481,29 @@ def logs_router(api: LogApi, authenticator: Authenticator) -> APIRouter:
         fmt = str(body.get("format", "text"))
         return await api.start_export(caller, task_id, params.filter(), fmt)
 
-    @router.get("/v1/exports")
+    @router.get("/v1/exports", response_model=list[wire.LogExport], responses=refusals())
     async def list_exports(caller: Caller) -> list[dict[str, Any]]:
         """The caller's exports, newest first (the last 5 are kept)."""
         return await api.list_exports(caller)
 
-    @router.get("/v1/exports/{export_id}")
+    @router.get("/v1/exports/{export_id}", response_model=wire.LogExport, responses=refusals(404))
     async def get_export(caller: Caller, export_id: str) -> dict[str, Any]:
         """An export's state and progress."""
         return await api.get_export(caller, export_id)
 
-    @router.get("/v1/exports/{export_id}/file", response_class=FileResponse)
+    @router.get(
+        "/v1/exports/{export_id}/file",
+        response_class=FileResponse,
+        responses={
+            200: {
+                "content": {
+                    media: {"schema": {"type": "string", "format": "binary"}}
+                    for media in ("text/plain", NDJSON)
+                },
+                "description": "the finished file: text lines, or one JSON record per line",
+            }
+        },
+    )
     async def export_file(caller: Caller, export_id: str) -> FileResponse:
         """The finished export's file."""
         path, media = await api.export_file(caller, export_id)

@@ -28,7 +28,9 @@ from fastapi import APIRouter, Depends, Header
 from pydantic import BaseModel, ConfigDict, Field
 from runyard.api.auth import Principal
 from runyard.api.inputs import check_request_id
+from runyard.api.responses import AnswerRoute, refusals
 from runyard.api.security import Authenticator, caller_dependency
+from runyard.contracts import http as wire
 from runyard.contracts.webhooks import policy_of
 from runyard.notification import subscriptions
 from runyard.notification.rules import DEFAULT_ALERTS
@@ -63,9 +65,11 @@ def notification_router(
         return who
 
     Caller = Annotated[Principal, Depends(caller)]
-    router = APIRouter(prefix="/v1/alert-subscriptions", tags=["alerts"])
+    router = APIRouter(prefix="/v1/alert-subscriptions", tags=["alerts"], route_class=AnswerRoute)
 
-    @router.post("", status_code=201)
+    @router.post(
+        "", status_code=201, response_model=wire.AlertSubscription, responses=refusals(403, 413)
+    )
     async def create(who: Caller, body: SubscriptionBody) -> dict[str, Any]:
         """Subscribe a Feishu bot to the tenant's task alerts; the secret is stored, not shown."""
         new = NewSubscription(
@@ -78,12 +82,12 @@ def notification_router(
         webhooks = policy_of(config_dir)  # a changed file is read again
         return await subscriptions.create(db, who.tenant, who.actor, new, webhooks=webhooks)
 
-    @router.get("")
+    @router.get("", response_model=wire.AlertSubscriptions, responses=refusals())
     async def list_subscriptions(who: Caller) -> dict[str, Any]:
         """The tenant's alert subscriptions, oldest first."""
         return {"items": await subscriptions.list_all(db, who.tenant)}
 
-    @router.delete("/{sub_id}")
+    @router.delete("/{sub_id}", response_model=wire.Deleted, responses=refusals(403, 404))
     async def delete(who: Caller, sub_id: str) -> dict[str, Any]:
         """Delete a subscription of the tenant (and its stored secret)."""
         await subscriptions.delete(db, who.tenant, sub_id)

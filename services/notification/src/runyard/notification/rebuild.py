@@ -37,8 +37,10 @@ from typing import Final
 
 import asyncpg
 from fastapi import APIRouter
+from runyard.api.responses import NO_BODY, AnswerRoute, refusals
 from runyard.api.security import Authenticator, caller_dependency
 from runyard.contracts import Metadata
+from runyard.contracts import http as wire
 from runyard.domain import TaskState, evolve
 from runyard.eventstore.shadow import SteppedRebuild, shadow_of
 from runyard.notification.app import EVENT_TYPES, NotificationApp
@@ -109,7 +111,7 @@ def rebuild_router(app: NotificationApp, authenticator: Authenticator) -> APIRou
     """The `queue_waits` rebuild routes (sre, platform_admin; see the module docstring)."""
     rebuild = QueueWaitsRebuild(app)
     operator = caller_dependency(authenticator, operator=True)
-    router = APIRouter(tags=["read models"], dependencies=[operator])
+    router = APIRouter(tags=["read models"], dependencies=[operator], route_class=AnswerRoute)
     base = f"/v1/admin/notification/read-models/{QUEUE_WAITS}"
     for method, path, action in (
         ("POST", "rebuild", rebuild.step),
@@ -117,7 +119,14 @@ def rebuild_router(app: NotificationApp, authenticator: Authenticator) -> APIRou
         ("POST", "swap", rebuild.swap),
         ("DELETE", "rebuild", rebuild.discard),
     ):
-        router.add_api_route(f"{base}/{path}", action, methods=[method])
+        router.add_api_route(
+            f"{base}/{path}",
+            action,
+            methods=[method],
+            response_model=wire.ReadModelAnswer,
+            responses=refusals(403, 409),
+            openapi_extra=NO_BODY if method == "POST" else None,
+        )
     return router
 
 

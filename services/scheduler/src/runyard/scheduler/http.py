@@ -58,8 +58,10 @@ from pydantic.config import JsonDict
 from runyard.api.auth import Principal
 from runyard.api.errors import BadRequest
 from runyard.api.inputs import check_request_id, reject_unstorable
+from runyard.api.responses import NO_BODY, AnswerRoute, refusals
 from runyard.api.security import Authenticator, TokenAuthenticator, caller_dependency
 from runyard.api.service import ReadyProbe, service_app
+from runyard.contracts import http as wire
 from runyard.contracts.pool_events import GPUS_PER_NODE
 from runyard.eventstore import EventStore, PostgresEventStore
 from runyard.scheduler import admin
@@ -175,39 +177,55 @@ def admin_pools_router(store: EventStore, authenticator: Authenticator) -> APIRo
         return {"actor": caller.actor, "request_id": x_request_id or str(uuid.uuid4())}
 
     Who = Annotated[dict[str, Any], Depends(admin_caller)]
-    router = APIRouter(prefix="/v1/admin/pools/{pool_id}", tags=["admin"])
+    router = APIRouter(prefix="/v1/admin/pools/{pool_id}", tags=["admin"], route_class=AnswerRoute)
+    ADMIN = refusals(403, 404, 409)
 
-    @router.post("/nodes", status_code=201)
+    @router.post("/nodes", status_code=201, response_model=wire.PoolChange, responses=ADMIN)
     async def add_node(who: Who, pool_id: str, body: AddNode) -> dict[str, Any]:
         """Admin: add a healthy node with every GPU free; the scheduler re-plans."""
         return await _answer(admin.add_node(store, pool_id, body.node, body.gpus, **who))
 
-    @router.delete("/nodes/{node}")
+    @router.delete("/nodes/{node}", response_model=wire.PoolChange, responses=ADMIN)
     async def remove_node(who: Who, pool_id: str, node: str) -> dict[str, Any]:
         """Admin: remove an idle node (409 while workers run on it)."""
         return await _answer(admin.remove_node(store, pool_id, node, **who))
 
-    @router.post("/nodes/{node}/cordon")
+    @router.post(
+        "/nodes/{node}/cordon",
+        openapi_extra=NO_BODY,
+        response_model=wire.PoolChange,
+        responses=ADMIN,
+    )
     async def cordon_node(who: Who, pool_id: str, node: str) -> dict[str, Any]:
         """Admin: no new workers go to the node; running ones stay."""
         return await _answer(admin.cordon_node(store, pool_id, node, **who))
 
-    @router.post("/nodes/{node}/uncordon")
+    @router.post(
+        "/nodes/{node}/uncordon",
+        openapi_extra=NO_BODY,
+        response_model=wire.PoolChange,
+        responses=ADMIN,
+    )
     async def uncordon_node(who: Who, pool_id: str, node: str) -> dict[str, Any]:
         """Admin: the node takes new workers again."""
         return await _answer(admin.uncordon_node(store, pool_id, node, **who))
 
-    @router.post("/nodes/{node}/fault")
+    @router.post("/nodes/{node}/fault", response_model=wire.PoolChange, responses=ADMIN)
     async def mark_faulty(who: Who, pool_id: str, node: str, body: Fault) -> dict[str, Any]:
         """Admin: the node has a hardware fault (also how tests inject faults)."""
         return await _answer(admin.mark_node_faulty(store, pool_id, node, body.reason, **who))
 
-    @router.post("/nodes/{node}/heal")
+    @router.post(
+        "/nodes/{node}/heal",
+        openapi_extra=NO_BODY,
+        response_model=wire.PoolChange,
+        responses=ADMIN,
+    )
     async def mark_healthy(who: Who, pool_id: str, node: str) -> dict[str, Any]:
         """Admin: the node was repaired and takes new workers again."""
         return await _answer(admin.mark_node_healthy(store, pool_id, node, **who))
 
-    @router.post("/spot-capacity")
+    @router.post("/spot-capacity", response_model=wire.PoolChange, responses=ADMIN)
     async def spot_capacity(who: Who, pool_id: str, body: SpotChange) -> dict[str, Any]:
         """Admin: shrink a spot pool by `remove` nodes (preempting and requeueing spot
         tasks, lowest priority and newest first) or grow it by the `add` nodes."""

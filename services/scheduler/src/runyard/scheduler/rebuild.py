@@ -48,7 +48,9 @@ from typing import Annotated, Any, Final
 import asyncpg
 from fastapi import APIRouter, Path, Query
 from runyard.api.auth import Principal
+from runyard.api.responses import NO_BODY, AnswerRoute, refusals
 from runyard.api.security import Authenticator, caller_dependency
+from runyard.contracts import http as wire
 from runyard.eventstore import PostgresEventStore
 from runyard.eventstore.audit import settled_head
 from runyard.eventstore.shadow import (
@@ -219,10 +221,16 @@ def rebuild_router(store: PostgresEventStore, authenticator: Authenticator) -> A
     """The scheduler's read-model rebuild routes (sre, platform_admin)."""
     rebuild = SchedulerRebuild(store)
     Caller = Annotated[Principal, caller_dependency(authenticator, operator=True)]
-    router = APIRouter(tags=["read models"])
+    router = APIRouter(tags=["read models"], route_class=AnswerRoute)
     base = "/v1/admin/scheduler/read-models/{name}"
+    OPERATOR = refusals(403, 404, 409)
 
-    @router.post(f"{base}/rebuild")
+    @router.post(
+        f"{base}/rebuild",
+        openapi_extra=NO_BODY,
+        response_model=wire.ReadModelAnswer,
+        responses=OPERATOR,
+    )
     async def step(
         caller: Caller,
         name: Name,
@@ -231,17 +239,22 @@ def rebuild_router(store: PostgresEventStore, authenticator: Authenticator) -> A
         """Rebuild the scheduler's read models into their shadows, from the log."""
         return await rebuild.step(name, restart=restart)
 
-    @router.get(f"{base}/diff")
+    @router.get(f"{base}/diff", response_model=wire.ReadModelAnswer, responses=OPERATOR)
     async def diff(caller: Caller, name: Name) -> dict[str, Any]:
         """The differences between the rebuilt read model and the live one."""
         return await rebuild.diff(name)
 
-    @router.post(f"{base}/swap")
+    @router.post(
+        f"{base}/swap",
+        openapi_extra=NO_BODY,
+        response_model=wire.ReadModelAnswer,
+        responses=OPERATOR,
+    )
     async def swap(caller: Caller, name: Name) -> dict[str, Any]:
         """Replace the live read model with its rebuild, without stopping the scheduler."""
         return await rebuild.swap(name)
 
-    @router.delete(f"{base}/rebuild")
+    @router.delete(f"{base}/rebuild", response_model=wire.ReadModelAnswer, responses=OPERATOR)
     async def discard(caller: Caller, name: Name) -> dict[str, Any]:
         """Drop the shadows."""
         return await rebuild.discard(name)

@@ -34,7 +34,9 @@ import asyncpg
 from fastapi import APIRouter, Query
 from runyard.api.auth import Principal
 from runyard.api.errors import NotFound
+from runyard.api.responses import AnswerRoute, refusals
 from runyard.api.security import Authenticator, caller_dependency
+from runyard.contracts import http as wire
 from runyard.domain.replay import Point, check_in_log, parse_point, prefix, stream_prefix
 from runyard.eventstore import PostgresEventStore
 from runyard.scheduler.config import pool_stream
@@ -151,9 +153,9 @@ def pools_replay_router(store: PostgresEventStore, authenticator: Authenticator)
     """GET /v1/pools/replay (see the module docstring)."""
     replay = PoolReplay(store)
     Caller = Annotated[Principal, caller_dependency(authenticator)]
-    router = APIRouter(tags=["replay"])
+    router = APIRouter(tags=["replay"], route_class=AnswerRoute)
 
-    @router.get("/v1/pools/replay")
+    @router.get("/v1/pools/replay", response_model=wire.PoolsReplay, responses=refusals(403))
     async def pools_at(
         caller: Caller,
         at: Annotated[str, Query(description=POINT_DOC)],

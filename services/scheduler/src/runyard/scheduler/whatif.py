@@ -55,8 +55,10 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 from runyard.api.auth import Principal
 from runyard.api.errors import BadRequest, NotFound
+from runyard.api.responses import AnswerRoute, refusals
 from runyard.api.security import Authenticator, caller_dependency
 from runyard.contracts import Event, RecordedEvent
+from runyard.contracts import http as wire
 from runyard.contracts.pool_events import (
     NodeAdded,
     WorkersAllocated,
@@ -505,9 +507,9 @@ def whatif_router(store: PostgresEventStore, authenticator: Authenticator) -> AP
     whatif = WhatIf(store)
     # A POST for its body (a pools list may not fit in a URL), but it only reads.
     Caller = Annotated[Principal, caller_dependency(authenticator, reads_only=True)]
-    router = APIRouter(tags=["replay"])
+    router = APIRouter(tags=["replay"], route_class=AnswerRoute)
 
-    @router.post("/v1/pools/whatif")
+    @router.post("/v1/pools/whatif", response_model=wire.WhatIf, responses=refusals(403, 413))
     async def what_if(caller: Caller, body: WhatIfBody) -> dict[str, Any]:
         """SRE: replay a window of the log on changed pools or another queue policy and
         compare queue times and utilisation with what happened (changes nothing)."""

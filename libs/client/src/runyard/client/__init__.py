@@ -1,0 +1,52 @@
+"""The Python client of the Runyard gateway's HTTP API, blocking (`Client`) and asyncio
+(`AsyncClient`), typed with the models the gateway answers with
+(`runyard.contracts.http`).
+
+    from runyard.client import Client
+
+    with Client("http://127.0.0.1:8080", token) as runyard:
+        task = runyard.create_task({"name": "hello", "pool": "pool-a", ...})
+        runyard.stop_task(task.task_id)
+
+A refusal raises `ApiError` (its `status`, and the `Error` body: code, message,
+hint, field), a connection that fails `GatewayUnreachable`. Failures that may pass
+are sent again (`Retry`): any call whose connection could not be made; a 503 or a
+broken connection only for calls that may be sent twice (reads, deletes, stops).
+"""
+
+from runyard.client._async import AsyncClient
+from runyard.client._calls import Call
+from runyard.client._errors import (
+    ApiError,
+    BadRequest,
+    ClientError,
+    Conflict,
+    GatewayUnreachable,
+    NotFound,
+    PayloadTooLarge,
+    PermissionDenied,
+    Unauthenticated,
+    Unavailable,
+    refusal,
+)
+from runyard.client._retry import NO_RETRY, Retry
+from runyard.client._sync import Client
+
+__all__ = [
+    "NO_RETRY",
+    "ApiError",
+    "AsyncClient",
+    "BadRequest",
+    "Call",
+    "Client",
+    "ClientError",
+    "Conflict",
+    "GatewayUnreachable",
+    "NotFound",
+    "PayloadTooLarge",
+    "PermissionDenied",
+    "Retry",
+    "Unauthenticated",
+    "Unavailable",
+    "refusal",
+]

@@ -1,0 +1,53 @@
+"""When a call is sent again, and after how long.
+
+A call is sent again when its failure may pass and sending it twice cannot do
+twice what was asked:
+
+- the connection could not be made (nothing was sent): any call;
+- a 503 (an outage: the answer says when to try again in Retry-After), or the
+  connection broke after the request went out: idempotent calls only (GET,
+  HEAD, PUT, DELETE, OPTIONS, and the calls the client marks so).
+
+The API has no idempotency key, so a POST that creates something (a task, a
+rerun, a clone, a group) is never sent again once it may have reached the
+gateway: the caller sees the error and decides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runyard.client._errors import ClientError, GatewayUnreachable, Unavailable
+
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """How often and how long to wait: `attempts` in all (1: never again), waiting
+    `backoff_s` doubled each time, or what Retry-After says, at most `max_wait_s`."""
+
+    attempts: int = 4
+    backoff_s: float = 0.5
+    max_wait_s: float = 10.0
+
+    def wait_s(self, error: ClientError, *, attempt: int, idempotent: bool) -> float | None:
+        """Seconds to wait before attempt `attempt + 1` after `error`; None: do not retry."""
+        if attempt >= self.attempts or not retryable(error, idempotent=idempotent):
+            return None
+        backoff = self.backoff_s * (1 << (attempt - 1))
+        if isinstance(error, Unavailable) and error.retry_after_s is not None:
+            backoff = float(error.retry_after_s)
+        return min(backoff, self.max_wait_s)
+
+
+def retryable(error: ClientError, *, idempotent: bool) -> bool:
+    """Whether the call may be sent again after `error` (see the module docstring)."""
+    if isinstance(error, GatewayUnreachable):
+        return idempotent or not error.sent
+    return isinstance(error, Unavailable) and idempotent
+
+
+NO_RETRY = Retry(attempts=1)
+
+__all__ = ["IDEMPOTENT_METHODS", "NO_RETRY", "Retry", "retryable"]
