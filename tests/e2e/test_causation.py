@@ -130,6 +130,6 @@ def test_the_checker_catches_each_kind_of_break() -> None:
     lost = chain_breaks([*good, _event("e4", "e3", "e4")])
     assert len(lost) == 1 and "differs from its cause's" in lost[0]
     orphan = chain_breaks([*good, _event("e4", "made-up", "made-up")])
-    assert len(orphan) == 1 and "neither a person's request nor the configuration" in orphan[0]
+    assert len(orphan) == 1 and "neither a person's request, the configuration nor" in orphan[0]
     split = chain_breaks([_event("e1", "req-1", "req-2", actor="user:acme/alice")])
     assert len(split) == 1 and "not its request id" in split[0]
