@@ -185,6 +185,15 @@ async def test_sign_in_submit_watch_live_then_stage_chart_logs_and_rerun(
         await page.click("#export-download")
     exported = Path(await (await downloading.value).path()).read_text()
     assert "hello from the console" in exported and "done" not in exported
+    # The time filter: from a minute before the task, its lines; from far later, none.
+    await page.goto(f"/console/tasks/{task_id}/logs")
+    await page.fill("input[name=since]", "2000-01-01T00:00")
+    await page.click("form.filters button[type=submit]")
+    await page.wait_for_selector("#log-lines >> text=hello from the console", timeout=WAIT_MS)
+    await page.fill("input[name=since]", "2999-01-01T00:00")
+    await page.click("form.filters button[type=submit]")
+    await page.wait_for_selector("#no-lines", timeout=WAIT_MS)
+    assert "since=2999-01-01T00%3A00" in page.url
 
     # Rerun, then stop, from the page, each confirmed; both are the signed-in user's.
     await page.goto(f"/console/tasks/{task_id}")

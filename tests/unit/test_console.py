@@ -270,3 +270,12 @@ def test_whatif_form_becomes_the_apis_body() -> None:
         with pytest.raises(BadRequest) as refused:
             sre_replay.whatif_body(form)
         assert refused.value.code == code
+
+
+def test_the_log_pages_times_are_read_as_utc() -> None:
+    from runyard.gateway.console.pages import utc_time
+
+    assert utc_time("2026-12-01T10:00") == "2026-12-01T10:00:00Z"
+    assert utc_time("2026-12-01T10:00:05") == "2026-12-01T10:00:05Z"
+    assert utc_time("2026-12-01T10:00:05+08:00") == "2026-12-01T10:00:05+08:00"
+    assert utc_time("yesterday") == "yesterday"  # the log API refuses it, with its hint

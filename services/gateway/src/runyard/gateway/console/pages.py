@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import re
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -462,6 +463,17 @@ def _next_url(params: Mapping[str, str], cursor: str | None) -> str | None:
     return f"{PREFIX}/tasks?{urlencode({**params, 'cursor': cursor})}"
 
 
+def utc_time(value: str) -> str:
+    """A time from the log page's fields as the log API takes it: a browser's
+    `datetime-local` value (`2026-12-01T10:00`, no zone) is read as UTC; one with a
+    zone is left as it is (the log API refuses what is not a time, with its hint)."""
+    if re.fullmatch(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}", value):
+        return f"{value}:00Z"
+    if re.fullmatch(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?", value):
+        return f"{value}Z"
+    return value
+
+
 def _log_search(request: HttpRequest) -> dict[str, Any]:
     """The log page's query: worker, search text and mode, case, follow; and the same
     as the log API's parameters."""
@@ -485,11 +497,18 @@ def _log_search_of(q: Mapping[str, str]) -> dict[str, Any]:
     params = {"worker": worker, "q": text, "mode": mode}
     if ignore_case:
         params["ignore_case"] = "1"
+    since, until = (q.get(name, "").strip() for name in ("since", "until"))
+    for name, value in (("since", since), ("until", until)):
+        if value:
+            params[name] = value
+            api[name] = utc_time(value)
     if q.get("follow") == "1":
         params["follow"] = "1"
     return {
         "mode": mode,
         "q": text,
+        "since": since,
+        "until": until,
         "worker": worker,
         "ignore_case": ignore_case,
         "follow": q.get("follow") == "1",
