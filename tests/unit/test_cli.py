@@ -296,3 +296,14 @@ async def test_show_prints_the_queue_place_from_the_scheduler_and_who_stopped(
     assert "stop: stopped by bob (member)" in stopped.stdout.splitlines()
     moved = await cli(url, token, "show", ids[1])
     assert "; first in queue (position 0)" in moved.stdout
+
+
+@pytest.mark.parametrize("module", ["audit", "deadletters", "projections", "whatif", "trace"])
+def test_any_module_of_the_cli_may_be_imported_first(module: str) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", f"import runyard.cli.{module}"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO, Annotated, Any
 
 import typer
+from runyard.cli.dsn import DsnOpt, stack_dsn
 from runyard.cli.main import JsonOpt, TokenOpt, UrlOpt, app, call, err, show_json, table
 from runyard.cli.terminal import markup
 
@@ -197,12 +198,6 @@ def _fetch(
 # --- export and import ------------------------------------------------------
 
 
-DsnOpt = Annotated[
-    str | None,
-    typer.Option("--dsn", help="the event store (default DATABASE_URL, or `runyard up`'s)"),
-]
-
-
 @app.command("export-events")
 def export_events(
     from_: Annotated[
@@ -225,11 +220,11 @@ def export_events(
 
     filters = AuditFilter(since=_time(parse_when(from_)), until=_time(parse_when(to)), task=task)
     if output is None:
-        count = asyncio.run(_export(_dsn(dsn), filters, sys.stdout))
+        count = asyncio.run(_export(stack_dsn(dsn), filters, sys.stdout))
     else:
         partial = output.with_name(output.name + ".part")
         with partial.open("w") as sink:
-            count = asyncio.run(_export(_dsn(dsn), filters, sink))
+            count = asyncio.run(_export(stack_dsn(dsn), filters, sink))
         partial.replace(output)
     err.print(f"exported {count} events" + (f" to {markup(output)}" if output else ""))
 
@@ -295,11 +290,3 @@ async def _import(dsn: str, file: Path) -> int:
 
 def _time(text: str | None) -> datetime | None:
     return datetime.fromisoformat(text) if text else None
-
-
-def _dsn(dsn: str | None) -> str:
-    if dsn:
-        return dsn
-    from runyard.stack.up import stack_dsn
-
-    return stack_dsn()

@@ -21,8 +21,7 @@ from typing import Annotated, Any
 from uuid import UUID
 
 import typer
-from runyard.cli.audit import DsnOpt
-from runyard.cli.audit import _dsn as stack_dsn
+from runyard.cli.dsn import DsnOpt, stack_dsn
 from runyard.cli.main import app, err, out, show_json, table
 from runyard.cli.terminal import markup
 

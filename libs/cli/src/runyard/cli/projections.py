@@ -17,9 +17,8 @@ import dataclasses
 from typing import Annotated, Any
 
 import typer
-from runyard.cli.audit import DsnOpt
-from runyard.cli.audit import _dsn as stack_dsn
 from runyard.cli.deadletters import BootstrapOpt, JsonOut, kafka_settings
+from runyard.cli.dsn import DsnOpt, stack_dsn
 from runyard.cli.main import app, err, show_json, table
 from runyard.cli.terminal import markup
 
