@@ -581,7 +581,9 @@ class SlurmRuntime(LocalRuntime):
                 if pid is not None or worker.status_file.exists():
                     worker.pid = pid
                     break
-                if await self._job_over(job):
+                # A job may end while Slurm is asked (a command like `true`): the files
+                # are read again after its answer, so only a worker that never ran fails.
+                if await self._job_over(job) and not _ran(worker):
                     raise RuntimeError(
                         f"Slurm job {job} ended before worker {worker.index} started; "
                         f"see {local.root / 'job.log'}"
@@ -864,6 +866,11 @@ def _fields(text: str) -> dict[str, str]:
         if sep and key not in found:
             found[key] = value
     return found
+
+
+def _ran(worker: _Worker) -> bool:
+    """Whether a worker's wrapper has started (its pid file) or ended (its status)."""
+    return (worker.scratch / "pid").exists() or worker.status_file.exists()
 
 
 def _read_pid(path: Path) -> int | None:
