@@ -36,7 +36,7 @@ the same run, once the platform is stopped, the same number of trivial jobs go
 through plain `sbatch --wrap true` on the same cluster (the same GPU request,
 `--concurrency` sbatch commands in flight), timed from the first sbatch to the
 moment squeue shows none of them pending or running (the cluster keeps no
-accounting; a job Slurm forgot is over), and `--idle` of them one at a time.
+accounting; a job Slurm forgot is over), after `--idle` of them one at a time.
 It prints both rates and Runyard's overhead per task (the difference of the
 time per task at those rates, and of the idle p50s).
 
