@@ -297,7 +297,9 @@ async def test_a_deployer_killed_while_slurm_jobs_run_adopts_them_and_records_th
             assert len(of(events, "TaskPlaced")) == 1
         assert done["last_failure_reason"] == "worker 0 exited with code 3"
         # No job was submitted since: the next job id follows the adopted ones.
-        probe = slurm_cluster.run("sbatch", "--parsable", "--wrap", "true").strip()
+        probe = slurm_cluster.run(
+            "sbatch", "--parsable", "--output=/dev/null", "--wrap", "true"
+        ).strip()
         slurm_cluster.run("scancel", probe, check=False)
         assert int(probe.split(";")[0]) == max(int(j) for ids in jobs.values() for j in ids) + 1
         assert not jobs_of(slurm_cluster, failing) and not jobs_of(slurm_cluster, passing)
