@@ -23,6 +23,7 @@ import yaml
 from runyard.deployer.stacks import py_spy_binary
 from runyard.messaging import KafkaSettings
 from runyard.stack.slurm import SlurmCluster
+from runyard.stack.up import wait_ready
 
 from tests.e2e.conftest import Platform, running_platform
 from tests.e2e.test_fault_tolerance import (
@@ -264,7 +265,8 @@ async def test_a_deployer_killed_while_slurm_jobs_run_adopts_them_and_records_th
 ) -> None:
     """kill -9 of the deployer's process while two Slurm jobs run; the supervisor starts
     it again; it takes both jobs back by their recorded ids (no second sbatch) and the
-    tasks end with the exit status of their commands."""
+    tasks end with the exit status of their commands, which end only once the new
+    deployer answers (each waits for a file in its working directory)."""
     async with running_platform(
         dsn,
         kafka,
@@ -274,8 +276,9 @@ async def test_a_deployer_killed_while_slurm_jobs_run_adopts_them_and_records_th
         restart=True,
     ) as platform:
         assert platform.supervisor is not None
-        failing = (await platform.submit(pool=POOL, command="sleep 12; exit 3"))["task_id"]
-        passing = (await platform.submit(pool=POOL, command="sleep 12; echo fine"))["task_id"]
+        wait = "while [ ! -e release ]; do sleep 0.1; done; "
+        failing = (await platform.submit(pool=POOL, command=wait + "exit 3"))["task_id"]
+        passing = (await platform.submit(pool=POOL, command=wait + "echo fine"))["task_id"]
         for task_id in (failing, passing):
             await platform.wait_status(task_id, "running", within=90)
         jobs = {task_id: jobs_of(slurm_cluster, task_id) for task_id in (failing, passing)}
@@ -288,6 +291,11 @@ async def test_a_deployer_killed_while_slurm_jobs_run_adopts_them_and_records_th
         while not (deployer.restarts == 1 and deployer.running):
             assert time.monotonic() < deadline, "the supervisor did not start the deployer again"
             await asyncio.sleep(0.2)
+        await wait_ready(platform.ctx.endpoints, ["deployer"], within_s=60)
+        assert {t: jobs_of(slurm_cluster, t) for t in jobs} == jobs  # still running
+        for task_id in jobs:
+            work = platform.ctx.data_dir / "slurm" / POOL / task_id / "run1-a1" / "w0" / "work"
+            (work / "release").touch()
 
         done = await platform.wait_status(failing, "failed", within=90)
         await platform.wait_status(passing, "succeeded", within=90)
