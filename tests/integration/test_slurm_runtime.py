@@ -214,6 +214,24 @@ while not os.path.exists(os.environ["RELEASE"]):  # the test reads the lines mea
 """
 
 
+async def test_a_worker_that_ends_while_slurm_is_asked_is_an_exit_not_a_failure_to_start(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`true` may start, end and take its job with it between the runtime's look at the
+    worker's files and Slurm's answer about the job: Slurm answers here only once the
+    worker's status is written."""
+    status = h.runtime.config.scratch_root / "quick" / "run1-a1" / "w0" / "exit_status"
+
+    async def over_once_the_worker_ended(job: str) -> bool:
+        while not status.exists():  # noqa: ASYNC110 (a file another process writes)
+            await asyncio.sleep(0.05)
+        return True
+
+    monkeypatch.setattr(h.runtime, "_job_over", over_once_the_worker_ended)
+    await h.launch("quick", make_spec("true"))
+    assert (await h.state("quick")).status == "succeeded", await h.types("quick")
+
+
 async def test_pytorch_ddp_gloo_all_reduce_on_two_nodes_with_lines_while_running(
     h: Harness,
 ) -> None:
