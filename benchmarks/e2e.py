@@ -29,11 +29,22 @@ of each service process (its peak during the burst, and what it holds after
 every 1,000 tasks, so growth with finished tasks shows), and with `--profile`
 the top functions of a cProfile of this (single) process.
 
+`--runtime slurm` runs the pool `bench` on a Slurm cluster started here
+(`runyard.stack.slurm.SlurmCluster`: a slurmctld and four slurmd of 8 fake
+GPUs on this host, root and slurm-wlm needed), its tasks as Slurm jobs of the Slurm runtime. In
+the same run, once the platform is stopped, the same number of trivial jobs go
+through plain `sbatch --wrap true` on the same cluster (the same GPU request,
+`--concurrency` sbatch commands in flight), timed from the first sbatch to the
+moment squeue shows none of them pending or running (the cluster keeps no
+accounting; a job Slurm forgot is over), after `--idle` of them one at a time.
+It prints both rates and Runyard's overhead per task (the difference of the
+time per task at those rates, and of the idle p50s).
+
 `--quick` runs n=300 and 10 idle tasks. The last line is exactly
 `e2e: layout=<layout> tasks=<n> tasks_per_s=<x> submit_to_running_p50_ms=<a>
 submit_to_running_p99_ms=<b> idle_running_p50_ms=<c> idle_succeeded_p50_ms=<d>
-vs_slurm=<r>` (one line; `vs_slurm=na` here: the same trivial jobs through
-plain `sbatch` need the Slurm runtime's cluster).
+vs_slurm=<r>` (one line; `<r>` is Runyard's rate over plain sbatch's with
+`--runtime slurm`, `na` with the local runtime).
 """
 
 from __future__ import annotations
@@ -64,11 +75,18 @@ from runyard.messaging import KafkaSettings, Topics
 from runyard.stack.context import ServiceContext
 from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres
 from runyard.stack.serve import SERVICE_NAMES, load_runner
+from runyard.stack.slurm import SlurmCluster, slurm_missing
 from runyard.stack.supervisor import service_processes
 from runyard.stack.up import run_platform, running, wait_ready
 
 REPO = Path(__file__).resolve().parents[1]
 POOL = "bench"
+#: The Slurm cluster's nodes (`--runtime slurm`), 8 fake GPUs each (a pool's node has
+#: at most 8): 32 trivial tasks at once, Runyard's or sbatch's (GPUs are not shared
+#: between jobs, cores are).
+SLURM_NODES = ("n1", "n2", "n3", "n4")
+#: Slurm job states after which the job holds nothing (squeue's %T).
+SLURM_OVER = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL"}
 
 
 def free_port() -> int:
@@ -94,6 +112,36 @@ def bench_config(target: Path, gpus: int) -> Path:
         }
     )
     pools_file.write_text(yaml.safe_dump(pools))
+    return target
+
+
+def slurm_config(target: Path, cluster: SlurmCluster) -> Path:
+    """infra/config plus a pool `bench` whose nodes are `cluster`'s, run by the Slurm
+    runtime (runtime.yaml `pools.bench.runtime: slurm`)."""
+    shutil.copytree(REPO / "infra/config", target)
+    pools_file = target / "pools.yaml"
+    pools = yaml.safe_load(pools_file.read_text())
+    pools["pools"].append(
+        {
+            "id": POOL,
+            "zone": "cn-north-1",
+            "gpu_model": "A100-80G",
+            "specs": [{"name": "1gpu", "gpus": 1, "cpus": 1, "memory_gib": 8}],
+            "nodes": [{"name": n, "gpus": cluster.gpus_per_node} for n in cluster.nodes],
+        }
+    )
+    pools_file.write_text(yaml.safe_dump(pools))
+    runtime_file = target / "runtime.yaml"
+    runtime = yaml.safe_load(runtime_file.read_text())
+    runtime["pools"] = {
+        POOL: {
+            "runtime": "slurm",
+            "partition": cluster.partition,
+            "slurm_conf": str(cluster.conf),
+            "grace_s": 2,
+        }
+    }
+    runtime_file.write_text(yaml.safe_dump(runtime))
     return target
 
 
@@ -370,16 +418,27 @@ def services() -> list[str]:
 
 
 async def bench(
-    n: int, concurrency: int, server_dsn: str, bootstrap: str, home: Path, layout: str, idle: int
+    n: int,
+    concurrency: int,
+    server_dsn: str,
+    bootstrap: str,
+    home: Path,
+    layout: str,
+    idle: int,
+    cluster: SlurmCluster | None = None,
 ) -> tuple[float, float, float, float, float]:
     dsn = await fresh_database(server_dsn)
     kafka = KafkaSettings(bootstrap=bootstrap, topics=Topics(f"b{uuid.uuid4().hex[:8]}."))
     port, grpc_port = free_port(), free_port()
+    if cluster is None:
+        config = bench_config(home / "config", n + 8)
+    else:
+        config = slurm_config(home / "config", cluster)
     ctx = ServiceContext(
         dsn=dsn,
         kafka=kafka,
         data_dir=home / "data",
-        config_dir=bench_config(home / "config", n + 8),
+        config_dir=config,
         settings={"http_port": port, "grpc_port": grpc_port},
     )
     memory = MemoryWatch(layout)
@@ -437,6 +496,95 @@ async def bench(
     )
 
 
+# -- plain sbatch on the same cluster (--runtime slurm) ------------------------------------
+
+
+async def sbatch(cluster: SlurmCluster) -> str:
+    """`sbatch --wrap true` with the GPU request of a bench task; the job's id."""
+    proc = await asyncio.create_subprocess_exec(
+        "sbatch",
+        "--parsable",
+        "--gres=gpu:1",
+        "--output=/dev/null",
+        f"--partition={cluster.partition}",
+        "--wrap",
+        "true",
+        env=cluster.env(),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise SystemExit(f"sbatch failed: {err.decode().strip()}")
+    return out.decode().strip().split(";")[0]
+
+
+async def slurm_left(cluster: SlurmCluster, jobs: set[str]) -> set[str]:
+    """The jobs of `jobs` Slurm still holds pending or running; SystemExit when one of
+    them ended otherwise than COMPLETED."""
+    proc = await asyncio.create_subprocess_exec(
+        "squeue",
+        "-h",
+        "-t",
+        "all",
+        "-o",
+        "%i %T",
+        env=cluster.env(),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await proc.communicate()
+    left = set()
+    for line in out.decode().splitlines():
+        job, _, state = line.partition(" ")
+        if job not in jobs:
+            continue
+        if state in SLURM_OVER - {"COMPLETED"}:
+            raise SystemExit(f"Slurm job {job} ended {state}")
+        if state not in SLURM_OVER:
+            left.add(job)
+    return left
+
+
+async def until_over(cluster: SlurmCluster, jobs: set[str], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while await slurm_left(cluster, jobs):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"Slurm jobs not over within {timeout_s:.0f} s")
+        await asyncio.sleep(0.1)
+
+
+async def plain_sbatch(
+    cluster: SlurmCluster, n: int, concurrency: int, idle: int
+) -> tuple[float, float]:
+    """(jobs per second for `n` jobs, p50 ms of one job alone from sbatch to over)."""
+    await until_over(cluster, {await sbatch(cluster)}, 60)  # warm-up
+    alone: list[float] = []
+    for _ in range(idle):
+        started = time.monotonic()
+        await until_over(cluster, {await sbatch(cluster)}, 60)
+        alone.append((time.monotonic() - started) * 1000)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one() -> str:
+        async with gate:
+            return await sbatch(cluster)
+
+    started = time.monotonic()
+    jobs = set(await asyncio.gather(*(one() for _ in range(n))))
+    submit_s = time.monotonic() - started
+    await until_over(cluster, jobs, max(120.0, n * 1.0))
+    wall_s = time.monotonic() - started
+    rate = n / wall_s
+    print(
+        f"  sbatch: {n} jobs submitted in {submit_s:.2f}s, all over {wall_s:.2f}s after the first"
+    )
+    print(
+        f"  sbatch: idle: {idle} jobs one at a time:"
+        f" sbatch -> over p50 {percentile(alone, 50):.0f} ms"
+    )
+    return rate, percentile(alone, 50)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="n=300")
@@ -451,6 +599,13 @@ def main() -> None:
         default="processes",
         help="every service its own process (as `runyard up`), or all in this one",
     )
+    parser.add_argument(
+        "--runtime",
+        choices=("local", "slurm"),
+        default="local",
+        help="the bench pool's runtime; slurm: on a Slurm cluster started here, "
+        "compared with plain sbatch",
+    )
     parser.add_argument("--profile", action="store_true", help="cProfile the run, print the top")
     parser.add_argument("--keep", action="store_true", help="keep the temp dirs")
     parser.add_argument(
@@ -463,18 +618,36 @@ def main() -> None:
     args = parser.parse_args()
     n = 300 if args.quick else args.n
     idle = args.idle if args.idle is not None else (10 if args.quick else 20)
+    if args.runtime == "slurm" and (why := slurm_missing()):
+        raise SystemExit(f"--runtime slurm: {why}")
     home = Path(tempfile.mkdtemp(prefix="runyard-bench-e2e-home-"))
     profiler = cProfile.Profile() if args.profile else None
+    vs_slurm = "na"
     try:
         pg_settings = dict(item.split("=", 1) for item in args.pg)
-        with infrastructure(args.keep, pg_settings) as (server_dsn, bootstrap):
+        with (
+            infrastructure(args.keep, pg_settings) as (server_dsn, bootstrap),
+            slurm_cluster(home, args.runtime == "slurm") as cluster,
+        ):
             if profiler is not None:
                 profiler.enable()
             rate, p50, p99, idle_running, idle_succeeded = asyncio.run(
-                bench(n, args.concurrency, server_dsn, bootstrap, home, args.layout, idle)
+                bench(n, args.concurrency, server_dsn, bootstrap, home, args.layout, idle, cluster)
             )
             if profiler is not None:
                 profiler.disable()
+            if cluster is not None:
+                sbatch_rate, sbatch_idle = asyncio.run(
+                    plain_sbatch(cluster, n, args.concurrency, idle)
+                )
+                overhead = 1000 / rate - 1000 / sbatch_rate
+                print(
+                    f"  runyard on slurm {rate:.1f} tasks/s, plain sbatch {sbatch_rate:.1f}"
+                    f" jobs/s: Runyard's overhead {overhead:.0f} ms per task at those rates;"
+                    f" idle: {idle_succeeded:.0f} ms submit -> succeeded against"
+                    f" {sbatch_idle:.0f} ms sbatch -> over ({idle_succeeded - sbatch_idle:+.0f} ms)"
+                )
+                vs_slurm = f"{rate / sbatch_rate:.2f}"
     finally:
         if not args.keep:
             shutil.rmtree(home, ignore_errors=True)
@@ -488,8 +661,18 @@ def main() -> None:
         f"e2e: layout={args.layout} tasks={n} tasks_per_s={rate:.1f}"
         f" submit_to_running_p50_ms={p50:.0f} submit_to_running_p99_ms={p99:.0f}"
         f" idle_running_p50_ms={idle_running:.0f} idle_succeeded_p50_ms={idle_succeeded:.0f}"
-        " vs_slurm=na"
+        f" vs_slurm={vs_slurm}"
     )
+
+
+@contextlib.contextmanager
+def slurm_cluster(home: Path, wanted: bool) -> Iterator[SlurmCluster | None]:
+    """The Slurm cluster of `--runtime slurm` (stopped on the way out), else None."""
+    if not wanted:
+        yield None
+        return
+    with SlurmCluster(home / "slurm", nodes=SLURM_NODES) as cluster:
+        yield cluster
 
 
 if __name__ == "__main__":

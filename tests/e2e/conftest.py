@@ -52,7 +52,7 @@ from runyard.api.auth import create_token
 from runyard.messaging import KafkaSettings
 from runyard.stack.context import ServiceContext
 from runyard.stack.serve import SERVICE_NAMES, load_runner
-from runyard.stack.supervisor import service_processes
+from runyard.stack.supervisor import Supervisor, service_processes
 from runyard.stack.up import run_platform, wait_ready
 
 from tests.e2e.audit import assert_audit_chain
@@ -84,6 +84,8 @@ class Platform:
     #: Raises when the platform stopped (a service process exited, or the
     #: in-process platform returned).
     check: Callable[[], None]
+    #: The service processes (the `processes` layout; None in one process).
+    supervisor: Supervisor | None = None
 
     @property
     def kafka(self) -> KafkaSettings:
@@ -182,8 +184,12 @@ def built_services() -> list[str]:
 
 
 @contextlib.asynccontextmanager
-async def _in_process(ctx: ServiceContext, names: list[str]) -> AsyncIterator[Callable[[], None]]:
+async def _in_process(
+    ctx: ServiceContext, names: list[str], restart: bool
+) -> AsyncIterator[tuple[Callable[[], None], Supervisor | None]]:
     """Every service of `names` in this event loop (`run_platform`)."""
+    if restart:
+        raise ValueError("services restarted by a supervisor need the processes layout")
     services = [f"runyard.{name}.main:run" for name in names]
     run = asyncio.create_task(run_platform(ctx, services=services), name="platform")
 
@@ -195,7 +201,7 @@ async def _in_process(ctx: ServiceContext, names: list[str]) -> AsyncIterator[Ca
         while not set(names) <= set(ctx.endpoints):  # bound before any service starts
             check()
             await asyncio.sleep(0.02)
-        yield check
+        yield check, None
     finally:
         run.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -203,16 +209,20 @@ async def _in_process(ctx: ServiceContext, names: list[str]) -> AsyncIterator[Ca
 
 
 @contextlib.asynccontextmanager
-async def _processes(ctx: ServiceContext, names: list[str]) -> AsyncIterator[Callable[[], None]]:
-    """Every service of `names` as a child process, all started at once."""
+async def _processes(
+    ctx: ServiceContext, names: list[str], restart: bool
+) -> AsyncIterator[tuple[Callable[[], None], Supervisor | None]]:
+    """Every service of `names` as a child process, all started at once; with
+    `restart`, one that exits is started again (as `runyard up` does), and the test
+    reads the restarts from the supervisor."""
     ctx.settings["log_level"] = os.environ.get("RUNYARD_LOG_LEVEL", "warning").lower()
-    async with service_processes(ctx, names) as supervisor:
+    async with service_processes(ctx, names, restart=restart) as supervisor:
 
         def check() -> None:
-            if exited := supervisor.exited():
+            if not restart and (exited := supervisor.exited()):
                 raise AssertionError(f"service processes exited: {exited}")
 
-        yield check
+        yield check, supervisor
 
 
 @contextlib.asynccontextmanager
@@ -223,11 +233,13 @@ async def running_platform(
     *,
     layout: str | None = None,
     configure: Callable[[Path], None] | None = None,
+    restart: bool = False,
     **settings: Any,
 ) -> AsyncIterator[Platform]:
     """The platform on `dsn` / `kafka` with config and data under `home`, in `layout`
     (default: the running test's, see `layout` above); `configure` may change the
-    copied config folder before any service reads it."""
+    copied config folder before any service reads it; `restart` (processes layout
+    only) starts a service process that exits again."""
     config_dir = copy_config(home / "config")
     if configure is not None:
         configure(config_dir)
@@ -247,7 +259,7 @@ async def running_platform(
     names = built_services()
     start = _in_process if (layout or _layout) == "one-process" else _processes
     async with (
-        start(ctx, names) as check,
+        start(ctx, names, restart) as (check, supervisor),
         httpx.AsyncClient(
             base_url=f"http://127.0.0.1:{ctx.settings['http_port']}", timeout=30
         ) as http,
@@ -259,7 +271,7 @@ async def running_platform(
         finally:
             await conn.close()
         http.headers["Authorization"] = f"Bearer {token}"
-        yield Platform(ctx, http, token, check)
+        yield Platform(ctx, http, token, check, supervisor)
     await assert_audit_chain(dsn)  # only after a test that passed (R-62)
 
 

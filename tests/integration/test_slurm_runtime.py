@@ -150,6 +150,16 @@ async def h(dsn: str, tmp_path: Path, slurm_cluster: SlurmCluster) -> AsyncItera
         await store.close()
 
 
+#: A file the test makes to let a worker go on, relative to the worker's working
+#: directory: all a sandboxed worker sees of the host's folders (`work_file`).
+RELEASE = {"name": "RELEASE", "value": "release"}
+
+
+def work_file(runtime: SlurmRuntime, task_id: str, worker: int, name: str = "release") -> Path:
+    """A file in the working directory of a worker of attempt 1 of run 1, on the host."""
+    return runtime.config.scratch_root / task_id / "run1-a1" / f"w{worker}" / "work" / name
+
+
 def task_processes(task_id: str) -> list[int]:
     """Live processes whose environment names the task (workers and what they left)."""
     found = []
@@ -204,16 +214,33 @@ while not os.path.exists(os.environ["RELEASE"]):  # the test reads the lines mea
 """
 
 
+async def test_a_worker_that_ends_while_slurm_is_asked_is_an_exit_not_a_failure_to_start(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`true` may start, end and take its job with it between the runtime's look at the
+    worker's files and Slurm's answer about the job: Slurm answers here only once the
+    worker's status is written."""
+    status = h.runtime.config.scratch_root / "quick" / "run1-a1" / "w0" / "exit_status"
+
+    async def over_once_the_worker_ended(job: str) -> bool:
+        while not status.exists():  # noqa: ASYNC110 (a file another process writes)
+            await asyncio.sleep(0.05)
+        return True
+
+    monkeypatch.setattr(h.runtime, "_job_over", over_once_the_worker_ended)
+    await h.launch("quick", make_spec("true"))
+    assert (await h.state("quick")).status == "succeeded", await h.types("quick")
+
+
 async def test_pytorch_ddp_gloo_all_reduce_on_two_nodes_with_lines_while_running(
-    h: Harness, tmp_path: Path
+    h: Harness,
 ) -> None:
     pytest.importorskip("torch")
-    release = tmp_path / "release"
     spec = make_spec(
         f"set -o pipefail\npython - <<'EOF'\n{ALLREDUCE}\nEOF",
         workers=2,
         framework="pytorch_ddp",
-        env=({"name": "RELEASE", "value": str(release)},),
+        env=(RELEASE,),
     )
     await h.launch("ddp", spec, wait=False)
     wanted = {"0:rank 0 of 2 on n1: sum 3", "1:rank 1 of 2 on n2: sum 3"}
@@ -223,7 +250,8 @@ async def test_pytorch_ddp_gloo_all_reduce_on_two_nodes_with_lines_while_running
         await asyncio.sleep(0.1)
     # Both lines arrived while the workers still run (they wait for the release file).
     assert (await h.state("ddp")).status == "running"
-    release.touch()
+    for worker in (0, 1):
+        work_file(h.runtime, "ddp", worker).touch()
     await asyncio.wait_for(h.app.drain(), WITHIN_S)
     assert (await h.state("ddp")).status == "succeeded"
     seqs = [x.seq for x in h.lines if x.task_id == "ddp" and x.stream == "stdout"]
@@ -341,9 +369,7 @@ async def test_a_restarted_deployer_adopts_the_running_job_and_records_the_exit(
     h: Harness,
 ) -> None:
     command = 'echo before; while [ ! -e "$RELEASE" ]; do sleep 0.1; done; echo after; exit 4'
-    release = h.runtime.config.volumes_root / "release"
-    release.parent.mkdir(parents=True, exist_ok=True)
-    spec = make_spec(command, env=({"name": "RELEASE", "value": str(release)},))
+    spec = make_spec(command, env=(RELEASE,))
     await h.launch("crash", spec, wait=False)
     await h.wait_for("crash", "TaskRunning")
     job = h.runtime.job_id(("crash", 1, 1))
@@ -357,7 +383,7 @@ async def test_a_restarted_deployer_adopts_the_running_job_and_records_the_exit(
     try:
         assert await app2.reconcile() == ["crash"]
         assert runtime2.job_id(("crash", 1, 1)) == job  # adopted, not submitted again
-        release.touch()
+        work_file(runtime2, "crash", 0).touch()
         await asyncio.wait_for(app2.drain(), WITHIN_S)
     finally:
         await asyncio.wait_for(app2.close(), 60)
@@ -599,9 +625,8 @@ async def test_a_restarted_deployer_with_a_runtime_per_pool_adopts_the_slurm_job
         "local": {"images": {"python": sys.prefix}, "namespaces": False},
         "pools": {"slurm": {"runtime": "slurm", "slurm_conf": str(slurm_cluster.conf)}},
     }
-    release = tmp_path / "release"
     command = 'echo up; while [ ! -e "$RELEASE" ]; do sleep 0.1; done; exit 5'
-    spec = make_spec(command, env=({"name": "RELEASE", "value": str(release)},))
+    spec = make_spec(command, env=(RELEASE,))
     store = await PostgresEventStore.connect(dsn, default_mapper())
     lines: list[OutputLine] = []
 
@@ -632,7 +657,7 @@ async def test_a_restarted_deployer_with_a_runtime_per_pool_adopts_the_slurm_job
         slurm2 = runtime2.by_pool["slurm"]
         assert isinstance(slurm2, SlurmRuntime)
         assert slurm2.job_id(("pooled", 1, 1)) == job
-        release.touch()
+        work_file(slurm2, "pooled", 0).touch()
         await asyncio.wait_for(app2.drain(), WITHIN_S)
         failed = [e.event for e in await h.events("pooled") if isinstance(e.event, TaskFailed)]
         assert len(failed) == 1 and failed[0].exit_code == 5
@@ -675,3 +700,22 @@ async def test_a_worker_whose_wrapper_is_killed_is_recorded_with_an_unknown_exit
     assert (await h.state("lost")).status == "failed"
     assert task_processes("lost") == []
     assert not [j for j in h.jobs() if "runyard-lost-" in j]
+
+
+async def test_a_worker_runs_unprivileged_and_sees_only_its_own_scratch(h: Harness) -> None:
+    """With worker namespaces (root), the launch command runs as the worker user with no
+    capabilities, and of the control plane's folders sees only its own scratch."""
+    if h.runtime.worker_ids is None:
+        pytest.skip("workers run as the worker user only when the deployer runs as root")
+    root = h.runtime.config.scratch_root
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "other-task").mkdir(exist_ok=True)
+    command = (
+        'echo "uid=$(id -u) $(grep CapEff /proc/self/status | tr -d "\\t")"; '
+        f"test -e {root}/other-task && echo SEEN || echo hidden; "
+        'touch "$HOME/mine" "$TMPDIR/mine" mine && echo writes'
+    )
+    await h.launch("user", make_spec(command))
+    assert (await h.state("user")).status == "succeeded", h.output("user")
+    uid = h.runtime.worker_ids[0]
+    assert h.output("user") == [f"0:uid={uid} CapEff:0000000000000000", "0:hidden", "0:writes"]

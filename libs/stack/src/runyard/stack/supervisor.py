@@ -254,15 +254,16 @@ def _signal_group(child: Child, sig: int) -> None:
 
 @contextlib.asynccontextmanager
 async def service_processes(
-    ctx: ServiceContext, names: Sequence[str], *, grace_s: float = 15.0
+    ctx: ServiceContext, names: Sequence[str], *, grace_s: float = 15.0, restart: bool = False
 ) -> AsyncIterator[Supervisor]:
     """Every service of `names` as a child process on the platform `ctx` describes, each
-    on a free port (`free_endpoints`), all started at once and never restarted (a test
-    or a benchmark wants a crash seen, not hidden: `Supervisor.exited`). On the way out
+    on a free port (`free_endpoints`), all started at once and by default never restarted
+    (a test or a benchmark wants a crash seen, not hidden: `Supervisor.exited`). On the way out
     they are stopped, then SIGKILL goes to every child's process group, so nothing of
-    theirs outlives the caller."""
+    theirs outlives the caller. With `restart`, a child that exits is started again, as
+    `runyard up` does (a test of a service's crash and its recovery)."""
     free_endpoints(ctx, names)
-    supervisor = Supervisor(service_specs(ctx, names), restart=False, grace_s=grace_s)
+    supervisor = Supervisor(service_specs(ctx, names), restart=restart, grace_s=grace_s)
     try:
         await supervisor.start()
         yield supervisor

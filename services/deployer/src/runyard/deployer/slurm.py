@@ -46,9 +46,14 @@ The deployment's folder (`<scratch_root>/<task>/run<r>-a<a>/`) and the volume
 root must be the same path on the deployer's host and on every node (a
 shared file system; on one host, trivially). Client commands find the
 cluster through `slurm_conf` (SLURM_CONF) when it is set, and get no other
-variable of the deployer (so neither do the workers). Workers run as the user
-the deployer submits as; with `worker_namespaces` each sees only its own
-processes and its volumes at their mount paths, and nothing more is isolated.
+variable of the deployer (so neither do the workers). With `worker_namespaces`
+(a deployer and slurmd running as root, util-linux and setpriv on the nodes),
+each worker sees only its own processes, its volumes at their mount paths and,
+of the control plane's folders, only its own scratch (the local sandbox's view:
+`LocalRuntime._mount_script`), and its launch command runs as `worker_user`
+with no capabilities and `no_new_privs`; the wrapper stays root to write the
+exit status. Without them, workers run as the user the deployer submits as.
+Workers share the node's network namespace either way.
 """
 
 from __future__ import annotations
@@ -86,6 +91,7 @@ from runyard.deployer.runtime import (
     _read_status,
     _Tools,
     _Worker,
+    _worker_user,
 )
 from runyard.deployer.stacks import parse_dump, py_spy_binary
 
@@ -155,6 +161,8 @@ class SlurmRuntimeConfig(LocalRuntimeConfig):
             slurm_conf=Path(str(conf)) if conf else None,
             allocate_timeout_s=float(timeout) if timeout is not None else None,
             worker_namespaces=raw.get("worker_namespaces"),
+            worker_user=str(raw.get("worker_user") or "runyard-worker"),
+            hidden=(data_dir.absolute(), *(Path(str(p)) for p in raw.get("hide") or ())),
         )
 
 
@@ -181,7 +189,7 @@ class SlurmRuntime(LocalRuntime):
         self._killed: set[DeploymentKey] = set()
         self._states: dict[str, tuple[float, tuple[str, str] | None]] = {}
         self.bin = {name: _program(name) for name in ("sbatch", "srun", "scancel", "scontrol")}
-        tools = self.tools.unshare and self.tools.mount and self.tools.mkdir
+        tools = self.tools.unshare and self.tools.mount and self.tools.mkdir and self.tools.setpriv
         possible = os.geteuid() == 0 and bool(tools)
         if config.worker_namespaces and not possible:
             raise RuntimeError(
@@ -193,6 +201,12 @@ class SlurmRuntime(LocalRuntime):
         #: only the links of the local fallback, and Slurm's process tracking.
         wanted = config.worker_namespaces
         self.worker_namespaces = possible if wanted is None else wanted
+        #: With worker namespaces, the unprivileged user the launch command runs as
+        #: (`worker_user`, by uid and gid on the nodes: no capabilities, no_new_privs),
+        #: seeing only its own scratch of the control plane's folders.
+        self.worker_ids = (
+            _worker_user(config.worker_user, self.tools) if self.worker_namespaces else None
+        )
 
     # -- Slurm client commands -------------------------------------------------------
 
@@ -277,6 +291,13 @@ class SlurmRuntime(LocalRuntime):
             return
         await super().allocate(deployment)
         local = self._deps[key]
+        if self.worker_ids is not None:
+            # The worker user reaches its own folders (home, tmp, work) through its
+            # scratch, and /dev/shm is the deployment's `shm/` (shared by its workers).
+            for worker in local.workers.values():
+                worker.scratch.chmod(0o755)
+            (local.root / "shm").mkdir(exist_ok=True)
+            self._give(local.root / "shm")
         job = await self._job_of_earlier(local)
         if job is None:
             (local.root / "go").unlink(missing_ok=True)
@@ -433,7 +454,7 @@ class SlurmRuntime(LocalRuntime):
         for worker in local.workers.values():
             self._write_env(worker, worker.env, "env")
             (worker.scratch / "command").write_text(deployment.spec.command)
-            (worker.scratch / "mounts.sh").write_text(self._mounts_script(local))
+            (worker.scratch / "mounts.sh").write_text(self._mounts_script(local, worker))
             (worker.scratch / "run.sh").write_text(self._run_script(local, worker))
 
     async def node_address(self, node: str) -> str:
@@ -473,10 +494,16 @@ class SlurmRuntime(LocalRuntime):
         namespace += ["--mount-proc", "--kill-child", "--"]
         return [*namespace, t.bash, str(mounts), str(status_file)]
 
-    def _mounts_script(self, local: _Local) -> str:
+    def _mounts_script(self, local: _Local, worker: _Worker) -> str:
         """Run as root in the worker's mount namespace: every volume bound at its mount
         path (read-only ones remounted read-only), then `exec "$@"` (the wrapper). A
-        failure writes 112 as the worker's status (the error is on its stderr)."""
+        failure writes 112 as the worker's status (the error is on its stderr).
+
+        With a worker user, the local sandbox's view instead (`LocalRuntime._mount_script`):
+        the volumes, the worker's `tmp/` over /tmp and /var/tmp, the deployment's `shm/`
+        over /dev/shm, and an empty tmpfs over the scratch and volume roots and the data
+        folder, with only this worker's scratch (and the image, Runyard and its
+        interpreter, where they lie below those) bound back."""
         q = shlex.quote
         t = self.tools
         lines = [
@@ -485,6 +512,11 @@ class SlurmRuntime(LocalRuntime):
             'fail() { printf "%s %s\\n" 112 "$EPOCHREALTIME" > "$status_file.tmp" && '
             f'{q(t.mv or "mv")} -f "$status_file.tmp" "$status_file"; exit 112; }}',
         ]
+        if self.worker_ids is not None:
+            lines.append("finish() { fail; }")
+            lines.append(self._mount_script(local, worker).rstrip("\n"))
+            lines.append('exec "$@"')
+            return "\n".join(lines) + "\n"
         for mount_path, host, read_only in local.mounts:
             lines.append(f"{q(t.mkdir)} -p {q(mount_path)} || fail")
             lines.append(f"{q(t.mount)} --bind {q(str(host))} {q(mount_path)} || fail")
@@ -494,10 +526,19 @@ class SlurmRuntime(LocalRuntime):
         return "\n".join(lines) + "\n"
 
     def _wrapper(self) -> str:
-        """The local runtime's wrapper, unsandboxed: the status file, then the exit."""
+        """The local runtime's wrapper: the status file, then the exit. With a worker user,
+        the launch command's shell runs as that user with no capabilities and
+        `no_new_privs` (setpriv), as in the local sandbox; the wrapper stays root to
+        write the status."""
         q = shlex.quote
         t = self.tools
         user_shell = f'{q(t.bash)} -c \'. "$0" && exec {q(t.bash)} --login -c "$1"\' "$3" "$1"'
+        if self.worker_ids is not None:
+            uid, gid, _ = self.worker_ids
+            user_shell = (
+                f"{q(t.setpriv)} --reuid={uid} --regid={gid} --clear-groups --inh-caps=-all "
+                f"--bounding-set=-all --no-new-privs -- {user_shell}"
+            )
         return (
             'status_file="$2"\n'
             'finish() { printf "%s %s\\n" "$1" "$EPOCHREALTIME" > "$status_file.tmp" && '
@@ -581,7 +622,9 @@ class SlurmRuntime(LocalRuntime):
                 if pid is not None or worker.status_file.exists():
                     worker.pid = pid
                     break
-                if await self._job_over(job):
+                # A job may end while Slurm is asked (a command like `true`): the files
+                # are read again after its answer, so only a worker that never ran fails.
+                if await self._job_over(job) and not _ran(worker):
                     raise RuntimeError(
                         f"Slurm job {job} ended before worker {worker.index} started; "
                         f"see {local.root / 'job.log'}"
@@ -864,6 +907,11 @@ def _fields(text: str) -> dict[str, str]:
         if sep and key not in found:
             found[key] = value
     return found
+
+
+def _ran(worker: _Worker) -> bool:
+    """Whether a worker's wrapper has started (its pid file) or ended (its status)."""
+    return (worker.scratch / "pid").exists() or worker.status_file.exists()
 
 
 def _read_pid(path: Path) -> int | None:
