@@ -36,6 +36,7 @@ from tests.e2e.test_fault_tolerance import (
     of,
     wait_events,
 )
+from tests.e2e.test_tasks import ALLREDUCE
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.slurm]
 
@@ -98,19 +99,36 @@ async def until_schedulable(platform: Platform, wanted: int, within: float = 60.
 async def test_a_task_of_a_slurm_pool_runs_as_a_slurm_job(
     on_slurm: Platform, slurm_cluster: SlurmCluster
 ) -> None:
+    pytest.importorskip("torch")
+    # A gloo all-reduce of two ranks on the two nodes, with only the injected env.
     created = await on_slurm.submit(
         pool=POOL,
+        image="pytorch:2.3-cuda12",
         worker_count=2,
         framework="pytorch_ddp",
-        command='test -n "$SLURM_JOB_ID" && echo "rank $RANK on $SLURMD_NODENAME"',
+        command='test -n "$SLURM_JOB_ID" && echo "rank $RANK on $SLURMD_NODENAME"\n'
+        f"set -o pipefail\npython - <<'EOF'\n{ALLREDUCE}\nEOF",
     )
-    task = await on_slurm.wait_status(created["task_id"], "succeeded", within=120)
+    task_id = created["task_id"]
+    task = await on_slurm.wait_status(task_id, "succeeded", within=120)
     assert [s["stage"] for s in task["stages"] if s["result"] == "completed"] == [
         "resource_allocation",
         "image_pull",
         "storage_mount",
         "env_init",
     ]
+    wanted = {f"rank {r} of 2: all_reduce sum 3" for r in (0, 1)}
+    lines: set[str] = set()
+    deadline = time.monotonic() + 30
+    while not wanted <= lines and time.monotonic() < deadline:
+        answer = await on_slurm.http.get(f"/v1/tasks/{task_id}/logs", params={"limit": 100})
+        assert answer.status_code == 200, answer.text
+        lines = {line["line"] for line in answer.json()["lines"]}
+        await asyncio.sleep(0.3)
+    assert wanted <= lines, sorted(lines)
+    # each rank in its Slurm job's step, on a node of the cluster
+    ranks = {line.rsplit(" ", 1)[0] for line in lines if " on n" in line}
+    assert ranks == {"rank 0 on", "rank 1 on"}
     # A task of the local pools still runs on this machine (not in a Slurm job).
     local = await on_slurm.submit(command='test -z "$SLURM_JOB_ID"')
     await on_slurm.wait_status(local["task_id"], "succeeded", within=60)
