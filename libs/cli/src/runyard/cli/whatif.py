@@ -32,20 +32,9 @@ from runyard.cli.main import (
     table,
 )
 from runyard.cli.terminal import markup
+from runyard.contracts.http import WHATIF_FIGURES
 
-#: The figures printed side by side, with how each is shown.
-FIGURES = (
-    ("runs", "runs"),
-    ("placed", "placed"),
-    ("waiting_at_end", "waiting at end"),
-    ("left_queue", "left the queue"),
-    ("p50_s", "queue p50 (s)"),
-    ("p90_s", "queue p90 (s)"),
-    ("p99_s", "queue p99 (s)"),
-    ("max_s", "queue max (s)"),
-    ("utilisation", "utilisation"),
-    ("gpu_hours", "GPU hours used"),
-)
+FIGURES = WHATIF_FIGURES
 
 
 def read_pools(path: Path) -> list[Any]:

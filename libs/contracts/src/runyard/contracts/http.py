@@ -434,6 +434,22 @@ class WhatIf(Answer):
     queue times and utilisation compared with what happened."""
 
 
+#: The figures of a what-if answer shown side by side (what happened, what if), with
+#: their labels: `runyard whatif` prints them, the console's what-if page shows them.
+WHATIF_FIGURES = (
+    ("runs", "runs"),
+    ("placed", "placed"),
+    ("waiting_at_end", "waiting at end"),
+    ("left_queue", "left the queue"),
+    ("p50_s", "queue p50 (s)"),
+    ("p90_s", "queue p90 (s)"),
+    ("p99_s", "queue p99 (s)"),
+    ("max_s", "queue max (s)"),
+    ("utilisation", "utilisation"),
+    ("gpu_hours", "GPU hours used"),
+)
+
+
 # --- request bodies with a shape of their own -------------------------------------
 
 

@@ -123,7 +123,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -1197,18 +1197,7 @@ class LocalRuntime:
         deployment; `adopt` then watches them.
         """
         found: dict[DeploymentKey, dict[int, int]] = {}
-        root = self.config.scratch_root
-        if not root.is_dir():
-            return found
-        for state_file in sorted(root.glob("*/run*-a*/state.json")):
-            try:
-                raw = json.loads(state_file.read_text())
-                key: DeploymentKey = (str(raw["task_id"]), int(raw["run"]), int(raw["attempt"]))
-            except (OSError, ValueError, KeyError, TypeError):
-                log.warning("unreadable deployment state %s", state_file)
-                continue
-            if key in self._deps:
-                continue
+        for key, raw, state_file in self._saved_states():
             named = raw.get("workers", [])
             whole = raw.get("worker_count") == len(named)
             if raw.get("phase") == "starting" and not whole:
@@ -1219,6 +1208,23 @@ class LocalRuntime:
                 continue
             found[key] = {int(w["index"]): int(w["pid"]) for w in raw.get("workers", [])}
         return found
+
+    def _saved_states(self) -> Iterator[tuple[DeploymentKey, dict[str, Any], Path]]:
+        """(key, saved state, its file) of every deployment an earlier process left
+        under the scratch root that this runtime does not hold; an unreadable state is
+        logged and skipped."""
+        root = self.config.scratch_root
+        if not root.is_dir():
+            return
+        for state_file in sorted(root.glob("*/run*-a*/state.json")):
+            try:
+                raw = json.loads(state_file.read_text())
+                key: DeploymentKey = (str(raw["task_id"]), int(raw["run"]), int(raw["attempt"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                log.warning("unreadable deployment state %s", state_file)
+                continue
+            if key not in self._deps:
+                yield key, raw, state_file
 
     async def adopt(
         self, deployment: Deployment, on_output: OnOutput, on_exit: OnExit

@@ -808,17 +808,8 @@ class SlurmRuntime(LocalRuntime):
         A deployment whose gate was not opened is left to be deployed again: its
         `allocate` takes the job that is already there."""
         found: dict[DeploymentKey, dict[int, int]] = {}
-        root = self.config.scratch_root
-        if not root.is_dir():
-            return found
-        for state_file in sorted(root.glob("*/run*-a*/state.json")):
-            try:
-                raw = json.loads(state_file.read_text())
-                key: DeploymentKey = (str(raw["task_id"]), int(raw["run"]), int(raw["attempt"]))
-            except (OSError, ValueError, KeyError, TypeError):
-                log.warning("unreadable deployment state %s", state_file)
-                continue
-            if key in self._deps or "job_id" not in raw:
+        for key, raw, state_file in self._saved_states():
+            if "job_id" not in raw:
                 continue
             if not (state_file.parent / "go").exists():
                 continue

@@ -30,6 +30,7 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import Response
 from runyard.api.errors import BadRequest
 from runyard.contracts.envelope import utcnow
+from runyard.contracts.http import WHATIF_FIGURES
 from runyard.errors import RunyardError
 from runyard.eventstore.audit import InvalidCursor, audit_page
 from runyard.gateway.audit import audit_filter
@@ -47,19 +48,7 @@ AUDIT_FIELDS = ("actor", "task", "type", "tenant", "since", "until")
 #: A window end as the CLI takes it: `30m`, `1h`, `2d` (ago), or an ISO 8601 time.
 _AGO = re.compile(r"^(\d{1,6})\s*([smhd])(?:\s+ago)?$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
-#: The figures of a what-if answer shown side by side (as `runyard whatif` prints them).
-FIGURES = (
-    ("runs", "runs"),
-    ("placed", "placed"),
-    ("waiting_at_end", "waiting at end"),
-    ("left_queue", "left the queue"),
-    ("p50_s", "queue p50 (s)"),
-    ("p90_s", "queue p90 (s)"),
-    ("p99_s", "queue p99 (s)"),
-    ("max_s", "queue max (s)"),
-    ("utilisation", "utilisation"),
-    ("gpu_hours", "GPU hours used"),
-)
+FIGURES = WHATIF_FIGURES
 
 
 def _sre_only(who: SignedIn, what: str) -> None:
