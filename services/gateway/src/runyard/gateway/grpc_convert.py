@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from google.protobuf import struct_pb2, timestamp_pb2
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
@@ -34,6 +34,9 @@ from google.protobuf.message import Message
 from runyard.api.errors import BadRequest
 from runyard.contracts.spec import TaskSpec
 from runyard.gateway.grpc_gen import tasks_pb2 as pb
+
+#: A protobuf message type (`to_message` fills one and gives it back).
+M = TypeVar("M", bound=Message)
 
 #: gRPC field name -> HTTP member name, where they differ (times are `*_time` in
 #: proto, as Google's API design guide names them).
@@ -141,7 +144,7 @@ def iso(at: timestamp_pb2.Timestamp) -> str:
 # --- HTTP JSON -> message ------------------------------------------------------------
 
 
-def to_message(message: Message, data: Mapping[str, Any]) -> Message:
+def to_message(message: M, data: Mapping[str, Any]) -> M:
     """Fill `message` from an HTTP JSON object (members it lacks, or null, stay unset)."""
     descriptor = message.DESCRIPTOR
     for field in descriptor.fields:
@@ -421,9 +424,7 @@ def spec_model(message: pb.TaskSpec) -> TaskSpec:
 
 def task_message(task: Mapping[str, Any]) -> pb.Task:
     """A task's detail (the HTTP answer of GET /v1/tasks/{id})."""
-    message = pb.Task()
-    to_message(message, task)
-    return message
+    return to_message(pb.Task(), task)
 
 
 def task_dict(message: pb.Task) -> dict[str, Any]:
@@ -432,22 +433,16 @@ def task_dict(message: pb.Task) -> dict[str, Any]:
 
 def summary_message(row: Mapping[str, Any]) -> pb.TaskSummary:
     """One item of the task list."""
-    message = pb.TaskSummary()
-    to_message(message, row)
-    return message
+    return to_message(pb.TaskSummary(), row)
 
 
 def event_message(event: Mapping[str, Any]) -> pb.Event:
     """One event of the audit timeline."""
-    message = pb.Event()
-    to_message(message, event)
-    return message
+    return to_message(pb.Event(), event)
 
 
 def group_message(group: Mapping[str, Any]) -> pb.Group:
-    message = pb.Group()
-    to_message(message, group)
-    return message
+    return to_message(pb.Group(), group)
 
 
 def group_dict(message: pb.Group) -> dict[str, Any]:
@@ -458,15 +453,11 @@ def group_dict(message: pb.Group) -> dict[str, Any]:
 
 
 def group_summary_message(group: Mapping[str, Any]) -> pb.GroupSummary:
-    message = pb.GroupSummary()
-    to_message(message, group)
-    return message
+    return to_message(pb.GroupSummary(), group)
 
 
 def capacity_message(answer: Mapping[str, Any]) -> pb.PoolCapacity:
-    message = pb.PoolCapacity()
-    to_message(message, answer)
-    return message
+    return to_message(pb.PoolCapacity(), answer)
 
 
 def capacity_dict(message: pb.PoolCapacity) -> dict[str, Any]:
@@ -480,21 +471,15 @@ def capacity_dict(message: pb.PoolCapacity) -> dict[str, Any]:
 
 
 def log_page_message(page: Mapping[str, Any]) -> pb.SearchLogsResponse:
-    message = pb.SearchLogsResponse()
-    to_message(message, page)
-    return message
+    return to_message(pb.SearchLogsResponse(), page)
 
 
 def follow_page_message(page: Mapping[str, Any]) -> pb.FollowLogsResponse:
-    message = pb.FollowLogsResponse()
-    to_message(message, page)
-    return message
+    return to_message(pb.FollowLogsResponse(), page)
 
 
 def first_error_message(answer: Mapping[str, Any]) -> pb.FirstError:
-    message = pb.FirstError()
-    to_message(message, answer)
-    return message
+    return to_message(pb.FirstError(), answer)
 
 
 def first_error_dict(message: pb.FirstError) -> dict[str, Any]:
@@ -507,9 +492,7 @@ def first_error_dict(message: pb.FirstError) -> dict[str, Any]:
 
 
 def export_message(export: Mapping[str, Any]) -> pb.LogExport:
-    message = pb.LogExport()
-    to_message(message, export)
-    return message
+    return to_message(pb.LogExport(), export)
 
 
 def export_dict(message: pb.LogExport) -> dict[str, Any]:
@@ -635,9 +618,7 @@ def _pool_body(pool: pb.WhatIfPool) -> dict[str, Any]:
 
 
 def whatif_message(answer: Mapping[str, Any]) -> pb.WhatIfResponse:
-    message = pb.WhatIfResponse()
-    to_message(message, answer)
-    return message
+    return to_message(pb.WhatIfResponse(), answer)
 
 
 def stack_report_message(report: Mapping[str, Any]) -> pb.StackReport:
