@@ -64,6 +64,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,10 @@ POOL = "bench"
 SLURM_NODES = ("n1", "n2", "n3", "n4")
 #: Slurm job states after which the job holds nothing (squeue's %T).
 SLURM_OVER = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL"}
+
+
+#: How long the platform is watched with no task, for its idle CPU.
+IDLE_CPU_S = 10.0
 
 
 def free_port() -> int:
@@ -154,8 +159,11 @@ def percentile(values: list[float], p: float) -> float:
 
 
 @contextlib.contextmanager
-def infrastructure(keep: bool, pg_settings: dict[str, str]) -> Iterator[tuple[str, str]]:
-    """(server DSN, bootstrap): from the environment, else embedded ones here."""
+def infrastructure(
+    keep: bool, pg_settings: dict[str, str]
+) -> Iterator[tuple[str, str, int | None]]:
+    """(server DSN, bootstrap, the embedded Postgres's postmaster pid): from the
+    environment (no pid then), else embedded ones here."""
     root = Path(tempfile.mkdtemp(prefix="runyard-bench-e2e-"))
     os.environ.setdefault("XDG_RUNTIME_DIR", str(root))
     postgres = kafka = None
@@ -171,7 +179,7 @@ def infrastructure(keep: bool, pg_settings: dict[str, str]) -> Iterator[tuple[st
             kafka = EmbeddedKafka(log_path=root / "tansu.log")
             kafka.start()
             bootstrap = kafka.bootstrap
-        yield dsn, bootstrap
+        yield dsn, bootstrap, postgres.postmaster_pid() if postgres is not None else None
     finally:
         if kafka is not None:
             kafka.stop()
@@ -356,6 +364,98 @@ def service_rss(layout: str) -> dict[str, int]:
     return found
 
 
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def _processes() -> dict[int, tuple[int, list[bytes], int]]:
+    """pid -> (parent pid, argv, CPU ticks used by the process itself: user + system)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            continue
+        found[int(entry.name)] = (int(fields[1]), argv, int(fields[11]) + int(fields[12]))
+    return found
+
+
+def cpu_ticks(postmaster: int | None) -> dict[str, int]:
+    """CPU ticks used so far by each part of the platform: each service process (or
+    this process in one-process), the Postgres server (`postmaster` and its backends),
+    the broker and any other process this one started. A service's workers (its
+    children) count as `workers`."""
+    me = os.getpid()
+    table = _processes()
+    out: dict[str, int] = {}
+    for pid, (_, _, ticks) in table.items():
+        chain = [pid]
+        while chain[-1] in table and chain[-1] not in (me, postmaster, 0, 1):
+            chain.append(table[chain[-1]][0])
+        top = chain[-1]
+        if top == postmaster:
+            part = "postgres"
+        elif top != me:
+            continue
+        elif pid == me:
+            part = "this process"
+        else:
+            child = chain[-2]  # this process's child the process descends from
+            argv = table[child][1]
+            if b"runyard.stack.serve" in argv:
+                name = argv[argv.index(b"runyard.stack.serve") + 1].decode()
+                part = name if pid == child else "workers"
+            else:
+                part = Path(argv[0].decode(errors="replace")).name if pid == child else "workers"
+        out[part] = out.get(part, 0) + ticks
+    return out
+
+
+class CpuWatch:
+    """CPU used by each part of the platform between `start` and `stop`."""
+
+    def __init__(self, postmaster: int | None) -> None:
+        self.postmaster = postmaster
+        self._from: dict[str, int] = {}
+        self._at = 0.0
+
+    def start(self) -> None:
+        self._from, self._at = cpu_ticks(self.postmaster), time.monotonic()
+
+    def report(self, label: str, tasks: int = 0) -> float:
+        """Print cores used per part (and CPU ms per task); the total cores used."""
+        wall = time.monotonic() - self._at
+        used = {
+            part: (ticks - self._from.get(part, 0)) / TICKS_PER_S
+            for part, ticks in cpu_ticks(self.postmaster).items()
+        }
+        total = sum(used.values())
+        per_task = f" {'ms/task':>8}" if tasks else ""
+        print(f"  {f'cpu {label} (cores)':34} {'cores':>8}{per_task}")
+        for part, seconds in sorted(used.items(), key=lambda kv: -kv[1]):
+            if seconds > 0:
+                cells = f" {seconds / tasks * 1000:8.1f}" if tasks else ""
+                print(f"  {part:34} {seconds / wall:8.3f}{cells}")
+        cells = f" {total / tasks * 1000:8.1f}" if tasks else ""
+        print(f"  {'all':34} {total / wall:8.3f}{cells}")
+        return total / wall
+
+
+@dataclass
+class Result:
+    tasks_per_s: float
+    running_p50_ms: float
+    running_p99_ms: float
+    idle_running_p50_ms: float
+    idle_succeeded_p50_ms: float
+    #: CPU cores the whole platform uses with no task (polling, heartbeats, ticks).
+    idle_cores: float
+    #: CPU ms the whole platform spends per task in the burst.
+    cpu_ms_per_task: float
+
+
 class MemoryWatch:
     """Samples each service's RSS while tasks succeed: the peak, and the RSS when
     the number of succeeded tasks first reaches each multiple of `every`."""
@@ -390,16 +490,20 @@ async def idle_latency(
     """p50 (ms) of submit -> running and submit -> succeeded, one task at a time."""
     running: list[float] = []
     succeeded: list[float] = []
+    times: dict[str, dict[str, float]] = {}
     for i in range(count):
         task_id = await submit(http, 1_000_000 + i)
         await wait_done(db, [f"task-{task_id}"], run, 60, quiet=True)
-        t = (await timeline(db, [f"task-{task_id}"]))[f"task-{task_id}"]
+        t = times[f"task-{task_id}"] = (await timeline(db, [f"task-{task_id}"]))[f"task-{task_id}"]
         running.append((t["TaskRunning"] - t["TaskSubmitted"]) * 1000)
         succeeded.append((t["TaskSucceeded"] - t["TaskSubmitted"]) * 1000)
     print(
         f"  idle: {count} tasks one at a time: submit -> running p50"
         f" {percentile(running, 50):.0f} ms, -> succeeded p50 {percentile(succeeded, 50):.0f} ms"
     )
+    if times:
+        await consumer_lag(db, list(times))
+        report_breakdown(times)
     return percentile(running, 50), percentile(succeeded, 50)
 
 
@@ -425,8 +529,9 @@ async def bench(
     home: Path,
     layout: str,
     idle: int,
+    postmaster: int | None,
     cluster: SlurmCluster | None = None,
-) -> tuple[float, float, float, float, float]:
+) -> Result:
     dsn = await fresh_database(server_dsn)
     kafka = KafkaSettings(bootstrap=bootstrap, topics=Topics(f"b{uuid.uuid4().hex[:8]}."))
     port, grpc_port = free_port(), free_port()
@@ -457,7 +562,12 @@ async def bench(
             await wait_done(db, [f"task-{warm}"], run, 60)
             print("  platform up, warm-up task done", flush=True)
             idle_running, idle_succeeded = await idle_latency(http, db, run, idle)
+            cpu = CpuWatch(postmaster)
+            cpu.start()
+            await asyncio.sleep(IDLE_CPU_S)
+            idle_cores = cpu.report(f"idle {IDLE_CPU_S:.0f} s")
             print(f"  submitting {n} tasks", flush=True)
+            cpu.start()
 
             gate = asyncio.Semaphore(concurrency)
 
@@ -471,6 +581,7 @@ async def bench(
             streams = [f"task-{t}" for t in ids]
             await wait_done(db, streams, run, max(120.0, n * 1.0), memory=memory)
             wall_s = time.monotonic() - started
+            burst_cores = cpu.report("burst", n)
         times = await timeline(db, streams)
         await consumer_lag(db, streams)
     finally:
@@ -487,12 +598,14 @@ async def bench(
     print(f"  all succeeded {wall_s:.2f}s after the first request")
     report_breakdown(times)
     memory.report()
-    return (
+    return Result(
         n / (last - first),
         percentile(latency, 50),
         percentile(latency, 99),
         idle_running,
         idle_succeeded,
+        idle_cores,
+        burst_cores * wall_s / n * 1000,
     )
 
 
@@ -626,14 +739,25 @@ def main() -> None:
     try:
         pg_settings = dict(item.split("=", 1) for item in args.pg)
         with (
-            infrastructure(args.keep, pg_settings) as (server_dsn, bootstrap),
+            infrastructure(args.keep, pg_settings) as (server_dsn, bootstrap, postmaster),
             slurm_cluster(home, args.runtime == "slurm") as cluster,
         ):
             if profiler is not None:
                 profiler.enable()
-            rate, p50, p99, idle_running, idle_succeeded = asyncio.run(
-                bench(n, args.concurrency, server_dsn, bootstrap, home, args.layout, idle, cluster)
+            result = asyncio.run(
+                bench(
+                    n,
+                    args.concurrency,
+                    server_dsn,
+                    bootstrap,
+                    home,
+                    args.layout,
+                    idle,
+                    postmaster,
+                    cluster,
+                )
             )
+            rate, idle_succeeded = result.tasks_per_s, result.idle_succeeded_p50_ms
             if profiler is not None:
                 profiler.disable()
             if cluster is not None:
@@ -658,10 +782,13 @@ def main() -> None:
         stats.sort_stats("cumulative").print_stats(45)
         print(out.getvalue())
     print(
-        f"e2e: layout={args.layout} tasks={n} tasks_per_s={rate:.1f}"
-        f" submit_to_running_p50_ms={p50:.0f} submit_to_running_p99_ms={p99:.0f}"
-        f" idle_running_p50_ms={idle_running:.0f} idle_succeeded_p50_ms={idle_succeeded:.0f}"
-        f" vs_slurm={vs_slurm}"
+        f"e2e: layout={args.layout} tasks={n} tasks_per_s={result.tasks_per_s:.1f}"
+        f" submit_to_running_p50_ms={result.running_p50_ms:.0f}"
+        f" submit_to_running_p99_ms={result.running_p99_ms:.0f}"
+        f" idle_running_p50_ms={result.idle_running_p50_ms:.0f}"
+        f" idle_succeeded_p50_ms={result.idle_succeeded_p50_ms:.0f}"
+        f" vs_slurm={vs_slurm} cpu_ms_per_task={result.cpu_ms_per_task:.0f}"
+        f" idle_cores={result.idle_cores:.2f}"
     )
 
 

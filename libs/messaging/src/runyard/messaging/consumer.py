@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from functools import partial
 from time import perf_counter
 from typing import Any
+from uuid import UUID
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
@@ -69,11 +70,16 @@ class IdempotentConsumer:
     """One consumer group running one handler over some event topics.
 
     Messages come in batches (whatever the broker has, up to `max_records`).
-    A batch is handled in one database transaction, each event inside its own
-    savepoint with its inbox row, so a batch costs one commit instead of one
-    per event, and a failing event is rolled back alone. Offsets are committed
-    once per batch, after the transaction. Events whose type the handler does
-    not care about (`event_types`) are skipped before any database work.
+    A batch is handled in one database transaction: one statement records the
+    inbox rows of all its events (and tells which are new), then each new event
+    is handled inside its own savepoint, so a batch costs one commit instead of
+    one per event, and a failing event is rolled back alone (its inbox row too,
+    so a retried dead letter is handled again). A handler that never writes
+    through the batch's connection (`isolated=False`: it appends through its
+    own store, or only starts background work) runs without the savepoint.
+    Offsets are committed once per batch, after the transaction. Events whose
+    type the handler does not care about (`event_types`) are skipped before any
+    database work.
     """
 
     def __init__(
@@ -88,6 +94,7 @@ class IdempotentConsumer:
         event_types: frozenset[str] | None = None,
         max_records: int = 200,
         after_batch: BatchHook | None = None,
+        isolated: bool = True,
     ) -> None:
         self.name = name
         self.pool = pool
@@ -98,6 +105,7 @@ class IdempotentConsumer:
         self.event_types = event_types
         self.max_records = max_records
         self.after_batch = after_batch
+        self.isolated = isolated
         self.stats = ConsumerStats()
         self.metrics = ConsumerMetrics(name)
         self._broker: KafkaBroker | None = None
@@ -205,7 +213,8 @@ class IdempotentConsumer:
         transient errors raise, for `retrying` to wait out."""
         try:
             async with self.pool.acquire() as conn, conn.transaction():
-                done = [await self._handle(conn, record, event) for record, event in wanted]
+                fresh = await self._record(conn, [event for _, event in wanted])
+                done = [await self._handle(conn, record, event, fresh) for record, event in wanted]
                 if self.after_batch is not None:
                     await self.after_batch(conn)
                 await self._write_positions(conn, positions)
@@ -220,7 +229,8 @@ class IdempotentConsumer:
         done = []
         for record, event in wanted:
             async with self.pool.acquire() as conn, conn.transaction():
-                done.append(await self._handle(conn, record, event))
+                fresh = await self._record(conn, [event])
+                done.append(await self._handle(conn, record, event, fresh))
                 if self.after_batch is not None:
                     await self.after_batch(conn)
         await self._save_positions(positions)
@@ -250,13 +260,29 @@ class IdempotentConsumer:
                 return bytes(value).decode() in self.event_types
         return True  # no header: decode it and let the handler (or dead letter) decide
 
+    async def _record(
+        self, conn: asyncpg.Connection, events: list[RecordedEvent[Event]]
+    ) -> set[UUID]:
+        """Insert the inbox rows of `events`; the ids of those not seen before."""
+        rows = await conn.fetch(
+            """INSERT INTO inbox (consumer, event_id, global_position)
+               SELECT $1, * FROM unnest($2::uuid[], $3::bigint[])
+               ON CONFLICT DO NOTHING RETURNING event_id""",
+            self.name,
+            [e.event_id for e in events],
+            [e.global_position for e in events],
+        )
+        return {row["event_id"] for row in rows}
+
     async def _handle(
         self,
         conn: asyncpg.Connection,
         record: ConsumerRecord[Any, Any],
         event: RecordedEvent[Event],
+        fresh: set[UUID],
     ) -> bool:
-        """Handle one event in a savepoint; True when it was new and handled.
+        """Handle one event if it is in `fresh` (taken from there: a second copy in
+        the batch is a duplicate); True when it was new and handled.
 
         It runs in a consumer span whose parent is the event's own trace context,
         so whatever the handler writes stays in the trace of its cause (the batch
@@ -267,6 +293,11 @@ class IdempotentConsumer:
             kind=trace.SpanKind.CONSUMER,
             links=_link_to_current(),
         ):
+            if event.event_id not in fresh:
+                self.stats.duplicates += 1
+                self.metrics.handled(event.type, "duplicate")
+                return False
+            fresh.discard(event.event_id)
             return await self._handle_traced(conn, record, event)
 
     async def _handle_traced(
@@ -277,8 +308,12 @@ class IdempotentConsumer:
     ) -> bool:
         for attempt in range(1, self.max_attempts + 1):
             try:
-                async with conn.transaction():  # a savepoint: this event alone
-                    return await self._handle_once(conn, event)
+                if self.isolated:
+                    async with conn.transaction():  # a savepoint: this event alone
+                        await self._handle_once(conn, event)
+                else:
+                    await self._handle_once(conn, event)
+                return True
             except Exception as exc:
                 if is_transient(exc):
                     raise  # the database is away: the whole batch waits, nothing is parked
@@ -288,27 +323,21 @@ class IdempotentConsumer:
                     continue
                 log.exception("%s: handler failed on %s", self.name, event.event_id)
                 self.metrics.handled(event.type, "failed")
+                # Not handled: a retry of the dead letter must find no inbox row.
+                await conn.execute(
+                    "DELETE FROM inbox WHERE consumer = $1 AND event_id = $2",
+                    self.name,
+                    event.event_id,
+                )
                 await self.dead_letter(record, f"handler failed: {type(exc).__name__}: {exc}")
                 return False
         return False
 
-    async def _handle_once(self, conn: asyncpg.Connection, event: RecordedEvent[Event]) -> bool:
-        fresh = await conn.fetchval(
-            """INSERT INTO inbox (consumer, event_id, global_position) VALUES ($1, $2, $3)
-               ON CONFLICT DO NOTHING RETURNING true""",
-            self.name,
-            event.event_id,
-            event.global_position,
-        )
-        if not fresh:
-            self.stats.duplicates += 1
-            self.metrics.handled(event.type, "duplicate")
-            return False
+    async def _handle_once(self, conn: asyncpg.Connection, event: RecordedEvent[Event]) -> None:
         started = perf_counter()
         await self.handler(event, conn)
         self.metrics.latency(perf_counter() - started)
         self.metrics.handled(event.type)
-        return True
 
     async def dead_letter(self, record: ConsumerRecord[Any, Any], reason: str) -> None:
         """Park a message on the dead-letter topic with why, where it came from."""

@@ -153,7 +153,7 @@ class KafkaSettings:
     topics: Topics = field(default_factory=Topics)
     session_timeout_ms: int = 3000
     heartbeat_interval_ms: int = 500
-    fetch_max_wait_ms: int = 10
+    fetch_max_wait_ms: int = 50
     request_timeout_ms: int = 10000
     security: KafkaSecurity = field(default_factory=KafkaSecurity)
 

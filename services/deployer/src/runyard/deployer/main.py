@@ -223,6 +223,7 @@ async def run(ctx: ServiceContext) -> None:
             handler=app.handle,
             kafka=ctx.kafka,
             event_types=REACTS_TO,
+            isolated=False,  # the handler only starts background work
         )
         consumer.subscribe(broker, ctx.kafka.topics.task_events)
         # The producer first: adopted workers' output (the rest of it, from the saved

@@ -90,7 +90,7 @@ from runyard.domain.task import (
     ScheduleRestart,
     StartEnvCheck,
     TaskState,
-    fold,
+    evolve,
     restart_refusal,
     worker_count,
 )
@@ -286,6 +286,9 @@ class FaultToleranceApp:
         self._faulty: dict[str, tuple[NodeMarkedFaulty, RecordedEvent[Event]]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        #: Each unfinished task's state as of the last event folded here: a stream only
+        #: grows, so a later read folds just the events after it (see `_load`).
+        self._states: dict[str, TaskState] = {}
 
     # -- task and pool events ----------------------------------------------------
 
@@ -304,7 +307,7 @@ class FaultToleranceApp:
         task_id = event.stream_id.removeprefix("task-")
         if isinstance(payload, StacksCaptured):
             await self._keep_report(task_id, cast(RecordedEvent[StacksCaptured], event))
-        state = await self._load(task_id)
+        state = await self._load(task_id, event)
         if state is None:
             return
         watch = await self._sync(task_id, state, event)
@@ -461,6 +464,8 @@ class FaultToleranceApp:
         events and lines in a rebalance); returns how many tasks were watched. A
         capture or restart already under way finishes: its appends check versions."""
         dropped = {t for t in (*self._watches, *self._slow, *self._ended) if tasks(t)}
+        for task_id in [*dropped, *(t for t in self._states if tasks(t))]:
+            self._states.pop(task_id, None)
         for task_id in dropped:
             self._watches.pop(task_id, None)
             self._slow.pop(task_id, None)
@@ -803,9 +808,33 @@ class FaultToleranceApp:
     def _env_check_cause(self, watch: _Watch) -> Because:
         return Because(EnvCheckStarted, watch.run, watch.attempt)
 
-    async def _load(self, task_id: str) -> TaskState | None:
-        events = await self.store.read_stream(task_stream(task_id))
-        return fold(events, task_id=task_id) if events else None
+    async def _load(
+        self, task_id: str, delivered: RecordedEvent[Event] | None = None
+    ) -> TaskState | None:
+        """The task's state: the one kept here with the events recorded since folded
+        on (read from the store), or, for a `delivered` event, the kept state up to it
+        with no read at all when nothing lies between them. None: no such task."""
+        known = self._states.get(task_id)
+        folded = known.version if known is not None else 0
+        state = known
+        if delivered is not None and known is not None and folded >= delivered.stream_version:
+            return known
+        if delivered is not None and delivered.stream_version == folded + 1:
+            state = evolve(known, delivered)
+        else:
+            for recorded in await self.store.read_stream(task_stream(task_id), folded + 1):
+                state = evolve(state, recorded)
+        if state is None:
+            return None
+        if state.finished:
+            self._states.pop(task_id, None)
+        elif state.version > self._kept_version(task_id):
+            self._states[task_id] = state
+        return state
+
+    def _kept_version(self, task_id: str) -> int:
+        kept = self._states.get(task_id)
+        return kept.version if kept is not None else 0
 
     async def _decide_quietly(
         self,

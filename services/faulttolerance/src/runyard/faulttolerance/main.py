@@ -110,8 +110,14 @@ def watched_tasks(
     app: FaultToleranceApp, store: PostgresEventStore, kafka: KafkaSettings
 ) -> CoPartitionedConsumer:
     """The task events and lines of the tasks whose partitions this instance holds."""
+    # The handler appends through the store, never through the batch's connection.
     events = IdempotentConsumer(
-        CONSUMER, pool=store.pool, mapper=store.mapper, handler=app.handle, kafka=kafka
+        CONSUMER,
+        pool=store.pool,
+        mapper=store.mapper,
+        handler=app.handle,
+        kafka=kafka,
+        isolated=False,
     )
     partitions = PARTITIONS[TASK_EVENTS]
 
@@ -179,6 +185,7 @@ async def run(ctx: ServiceContext) -> None:
             mapper=ctx.mapper,
             handler=app.handle,
             kafka=ctx.kafka,
+            isolated=False,
         )
         pools.subscribe(broker, ctx.kafka.topics.pool_events)
         tasks.events.attach(broker, ctx.kafka.topics.task_events)
