@@ -788,10 +788,17 @@ class SchedulerApp:
         """
         acted: list[str] = []
         unseen = await self._unseen_events()
-        missed = {task_id for task_id, event_id in unseen if event_id in self._unseen}
-        self._unseen = {event_id for _, event_id in unseen}
+        missed: dict[str, list[str]] = {}
+        for task_id, event_id, what in unseen:
+            if event_id in self._unseen:
+                missed.setdefault(task_id, []).append(what)
+        self._unseen = {event_id for _, event_id, _ in unseen}
         for task_id in sorted(missed):
-            log.warning("scheduler: events of task %s never reached it; reading them now", task_id)
+            log.warning(
+                "scheduler: events of task %s never reached it (%s); reading them now",
+                task_id,
+                ", ".join(missed[task_id]),
+            )
             if await self._reload_task(task_id):
                 acted.append(task_id)
         for task_id in list(self.tasks):
@@ -805,9 +812,10 @@ class SchedulerApp:
             await self._pass(self.pools[self._replan.pop()], now)
         return acted
 
-    async def _unseen_events(self) -> list[tuple[str, str]]:
-        """(task id, event id) of every event of our pools' task streams (and of tasks
-        never seen) past what memory folded, of a type the scheduler acts on."""
+    async def _unseen_events(self) -> list[tuple[str, str, str]]:
+        """(task id, event id, `<type> v<version> at <recorded at>`) of every event of
+        our pools' task streams (and of tasks never seen) past what memory folded, of a
+        type the scheduler acts on."""
         known: dict[str, int] = {t: s.version for t, s in self.tasks.items()}
         known.update(self._done)
         behind = [
@@ -819,7 +827,8 @@ class SchedulerApp:
         if not behind:
             return []
         rows = await self.store.pool.fetch(
-            """SELECT e.stream_id, e.event_id::text AS event_id
+            """SELECT e.stream_id, e.event_id::text AS event_id, e.event_type,
+                      e.stream_version, e.recorded_at
                FROM unnest($1::text[], $2::bigint[]) AS k(stream_id, known)
                JOIN events e ON e.stream_id = k.stream_id AND e.stream_version > k.known
                WHERE e.event_type <> ALL($3::text[])""",
@@ -827,7 +836,14 @@ class SchedulerApp:
             [version for _, version in behind],
             sorted(IGNORED),
         )
-        return [(row["stream_id"].removeprefix("task-"), row["event_id"]) for row in rows]
+        return [
+            (
+                row["stream_id"].removeprefix("task-"),
+                row["event_id"],
+                f"{row['event_type']} v{row['stream_version']} at {row['recorded_at']:%H:%M:%S.%f}",
+            )
+            for row in rows
+        ]
 
     async def _reload_task(self, task_id: str) -> bool:
         """Fold the task's whole stream again and do what it asks; whether it is ours."""
