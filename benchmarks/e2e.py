@@ -189,6 +189,21 @@ def infrastructure(
             shutil.rmtree(root, ignore_errors=True)
 
 
+async def top_statements(db: asyncpg.Pool, limit: int = 15) -> None:
+    """With `--statements`: the SQL that took the database's time during the burst."""
+    rows = await db.fetch(
+        """SELECT calls, total_exec_time AS ms, rows,
+                  left(regexp_replace(query, '\\s+', ' ', 'g'), 90) AS q
+           FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database
+                                                  WHERE datname = current_database())
+           ORDER BY total_exec_time DESC LIMIT $1""",
+        limit,
+    )
+    print(f"  {'statements (burst)':34} {'calls':>8} {'ms':>8} {'rows':>8}")
+    for r in rows:
+        print(f"  {r['calls']:>43} {r['ms']:8.0f} {r['rows']:8}  {r['q']}")
+
+
 async def fresh_database(server_dsn: str) -> str:
     name = f"bench_{uuid.uuid4().hex[:10]}"
     admin = await asyncpg.connect(server_dsn)
@@ -416,8 +431,10 @@ def cpu_ticks(postmaster: int | None) -> dict[str, int]:
 class CpuWatch:
     """CPU used by each part of the platform between `start` and `stop`."""
 
-    def __init__(self, postmaster: int | None) -> None:
+    def __init__(self, postmaster: int | None, layout: str) -> None:
         self.postmaster = postmaster
+        #: In the processes layout this process is only the client: not the platform's.
+        self.client = "this process" if layout == "processes" else None
         self._from: dict[str, int] = {}
         self._at = 0.0
 
@@ -425,13 +442,14 @@ class CpuWatch:
         self._from, self._at = cpu_ticks(self.postmaster), time.monotonic()
 
     def report(self, label: str, tasks: int = 0) -> float:
-        """Print cores used per part (and CPU ms per task); the total cores used."""
+        """Print cores used per part (and CPU ms per task); the platform's cores (all
+        parts but the benchmark's own client)."""
         wall = time.monotonic() - self._at
         used = {
             part: (ticks - self._from.get(part, 0)) / TICKS_PER_S
             for part, ticks in cpu_ticks(self.postmaster).items()
         }
-        total = sum(used.values())
+        total = sum(seconds for part, seconds in used.items() if part != self.client)
         per_task = f" {'ms/task':>8}" if tasks else ""
         print(f"  {f'cpu {label} (cores)':34} {'cores':>8}{per_task}")
         for part, seconds in sorted(used.items(), key=lambda kv: -kv[1]):
@@ -439,7 +457,7 @@ class CpuWatch:
                 cells = f" {seconds / tasks * 1000:8.1f}" if tasks else ""
                 print(f"  {part:34} {seconds / wall:8.3f}{cells}")
         cells = f" {total / tasks * 1000:8.1f}" if tasks else ""
-        print(f"  {'all':34} {total / wall:8.3f}{cells}")
+        print(f"  {'platform (all but the client)':34} {total / wall:8.3f}{cells}")
         return total / wall
 
 
@@ -531,6 +549,7 @@ async def bench(
     idle: int,
     postmaster: int | None,
     cluster: SlurmCluster | None = None,
+    statements: bool = False,
 ) -> Result:
     dsn = await fresh_database(server_dsn)
     kafka = KafkaSettings(bootstrap=bootstrap, topics=Topics(f"b{uuid.uuid4().hex[:8]}."))
@@ -562,11 +581,14 @@ async def bench(
             await wait_done(db, [f"task-{warm}"], run, 60)
             print("  platform up, warm-up task done", flush=True)
             idle_running, idle_succeeded = await idle_latency(http, db, run, idle)
-            cpu = CpuWatch(postmaster)
+            cpu = CpuWatch(postmaster, layout)
             cpu.start()
             await asyncio.sleep(IDLE_CPU_S)
             idle_cores = cpu.report(f"idle {IDLE_CPU_S:.0f} s")
             print(f"  submitting {n} tasks", flush=True)
+            if statements:
+                await db.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+                await db.execute("SELECT pg_stat_statements_reset()")
             cpu.start()
 
             gate = asyncio.Semaphore(concurrency)
@@ -584,6 +606,8 @@ async def bench(
             burst_cores = cpu.report("burst", n)
         times = await timeline(db, streams)
         await consumer_lag(db, streams)
+        if statements:
+            await top_statements(db)
     finally:
         run.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -722,6 +746,11 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="cProfile the run, print the top")
     parser.add_argument("--keep", action="store_true", help="keep the temp dirs")
     parser.add_argument(
+        "--statements",
+        action="store_true",
+        help="print the SQL statements that took the embedded Postgres's time in the burst",
+    )
+    parser.add_argument(
         "--pg",
         action="append",
         default=[],
@@ -738,6 +767,8 @@ def main() -> None:
     vs_slurm = "na"
     try:
         pg_settings = dict(item.split("=", 1) for item in args.pg)
+        if args.statements:
+            pg_settings.setdefault("shared_preload_libraries", "pg_stat_statements")
         with (
             infrastructure(args.keep, pg_settings) as (server_dsn, bootstrap, postmaster),
             slurm_cluster(home, args.runtime == "slurm") as cluster,
@@ -755,6 +786,7 @@ def main() -> None:
                     idle,
                     postmaster,
                     cluster,
+                    args.statements,
                 )
             )
             rate, idle_succeeded = result.tasks_per_s, result.idle_succeeded_p50_ms
