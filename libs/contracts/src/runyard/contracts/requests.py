@@ -98,19 +98,24 @@ class RequestBody(BaseModel):
         return cls._refusal(loc, str(first.get("type", "")), str(first.get("msg", "")))
 
     @classmethod
-    def _refusal(cls, loc: tuple[Any, ...], kind: str, msg: str) -> dict[str, Any]:
+    def _refusal(
+        cls, loc: tuple[Any, ...], kind: str, msg: str, within: str = ""
+    ) -> dict[str, Any]:
+        """The refusal of an error at `loc`; `within`: where this body is in another
+        (`template.`, `items[3].`), put before the field's path."""
         if not loc:
+            field = within.rstrip(".") or "body"
             return _refused(
-                "request.invalid", "body", f"body: {msg}", f"send a JSON object ({cls.__name__})"
+                "request.invalid", field, f"{field}: {msg}", f"send a JSON object ({cls.__name__})"
             )
-        field = ".".join(str(part) for part in loc)
-        top = str(loc[0])
+        field = within + ".".join(str(part) for part in loc)
+        top = within + str(loc[0])
         if kind == "extra_forbidden":
             known = ", ".join(cls.model_fields)
             return _refused(
                 cls.unknown_code, field, f"{field}: {msg}", f"check the field name: {known}"
             )
-        own = cls.field_refusals.get(top)
+        own = cls.field_refusals.get(str(loc[0]))
         if own is not None:
             return _refused(own.code, top, f"{top}: {own.message or msg}", own.hint)
         return _refused(
@@ -217,17 +222,19 @@ class RerunChanges(_Rerun):  # type: ignore[misc,valid-type]
     GPU count, the image. Any other field needs a clone."""
 
     @classmethod
-    def _refusal(cls, loc: tuple[Any, ...], kind: str, msg: str) -> dict[str, Any]:
+    def _refusal(
+        cls, loc: tuple[Any, ...], kind: str, msg: str, within: str = ""
+    ) -> dict[str, Any]:
         field = str(loc[0]) if loc else ""
         if kind == "extra_forbidden" and field in TaskSpec.model_fields:
             label = FIELD_LABELS.get(field, field.replace("_", " "))
             return _refused(
                 "rerun.field_not_changeable",
-                field,
+                within + field,
                 f"a rerun with changes cannot change the {label}",
                 f"use clone to change the {label}",
             )
-        refusal: dict[str, Any] = super()._refusal(loc, kind, msg)
+        refusal: dict[str, Any] = super()._refusal(loc, kind, msg, within)
         return refusal
 
 
@@ -247,35 +254,23 @@ class TaskGroupRequest(RequestBody):
     }
 
     @classmethod
-    def _refusal(cls, loc: tuple[Any, ...], kind: str, msg: str) -> dict[str, Any]:
+    def _refusal(
+        cls, loc: tuple[Any, ...], kind: str, msg: str, within: str = ""
+    ) -> dict[str, Any]:
         top = loc[0] if loc else ""
-        if top == "template" and len(loc) > 1:
-            inner = TaskSubmission._refusal(loc[1:], kind, msg)
-            return {
-                **inner,
-                "field": f"template.{inner['field']}",
-                "message": f"template.{inner['message']}",
-            }
+        if top == "template":
+            template: dict[str, Any] = TaskSubmission._refusal(
+                loc[1:], kind, msg, f"{within}template."
+            )
+            return template
         if top == "items" and len(loc) > 1 and isinstance(loc[1], int):
             item = loc[1]
+            inner: dict[str, Any] = SpecOverrides._refusal(
+                loc[2:], kind, msg, f"{within}items[{item}]."
+            )
             if len(loc) == 2:
-                return {
-                    **_refused(
-                        "request.invalid",
-                        f"items[{item}]",
-                        f"item {item}: every item must be an object of overrides ({msg})",
-                        "give items as [{...}, {...}]",
-                    ),
-                    "item": item,
-                }
-            inner = SpecOverrides._refusal(loc[2:], kind, msg)
-            field = f"items[{item}].{inner['field']}"
-            return {
-                **inner,
-                "field": field,
-                "message": f"item {item}: {inner['message']}",
-                "item": item,
-            }
+                inner["hint"] = "every item is an object of overrides: [{...}, {...}]"
+            return {**inner, "message": f"item {item}: {inner['message']}", "item": item}
         if top == "items" and kind in ("too_short", "too_long"):
             empty = kind == "too_short"
             return _refused(
@@ -286,7 +281,7 @@ class TaskGroupRequest(RequestBody):
                 if empty
                 else f"split the group into groups of at most {MAX_GROUP_SIZE} items",
             )
-        return super()._refusal(loc, kind, msg)
+        return super()._refusal(loc, kind, msg, within)
 
 
 # --- tokens, log exports, the catalogue ---------------------------------------------
