@@ -90,7 +90,11 @@ def test_a_group_names_its_item_and_its_size() -> None:
     assert refused(TaskGroupRequest, {"template": BASE, "items": [{}, 5]})["field"] == "items[1]"
     template = refused(TaskGroupRequest, {"template": {**BASE, "name": ""}, "items": [{}]})
     assert (template["code"], template["field"]) == ("spec.invalid", "template.name")
-    for items, code in (([], "group.empty"), ([{}] * (MAX_GROUP_SIZE + 1), "group.too_large")):
+    sizes: list[tuple[list[dict[str, Any]], str]] = [
+        ([], "group.empty"),
+        ([{}] * (MAX_GROUP_SIZE + 1), "group.too_large"),
+    ]
+    for items, code in sizes:
         answer = refused(TaskGroupRequest, {"template": BASE, "items": items})
         assert (answer["code"], answer["field"]) == (code, "items")
     group_id = refused(TaskGroupRequest, {"template": BASE, "items": [{}], "group_id": "g" * 129})
