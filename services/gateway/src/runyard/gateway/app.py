@@ -32,19 +32,9 @@ from runyard.api import auth
 from runyard.api.auth import Principal, authenticate, record_token_issued, token_stream
 from runyard.api.errors import BadRequest, NotFound, PermissionDenied, task_not_found
 from runyard.contracts import Event, EventMapper, Metadata, NewEvent, RecordedEvent, default_mapper
+from runyard.contracts import requests as bodies
 from runyard.contracts.admin_events import TokenRevoked
 from runyard.contracts.envelope import new_event_id, utcnow
-from runyard.contracts.requests import (
-    ImageEntry,
-    PublicDataEntry,
-    RequestBody,
-    RerunChanges,
-    SpecOverrides,
-    TaskGroupRequest,
-    TaskSubmission,
-    TokenRequest,
-    VolumeEntry,
-)
 from runyard.contracts.rpc import credential
 from runyard.contracts.spec import TaskSpec
 from runyard.domain import (
@@ -172,7 +162,7 @@ class Gateway:
         _AUTHORIZATION.set(f"Bearer {token}")
         return principal
 
-    async def create_token(self, req: Request, request: TokenRequest) -> dict[str, Any]:
+    async def create_token(self, req: Request, request: bodies.TokenRequest) -> dict[str, Any]:
         """Tenant or platform admin: a token for {tenant, user, role}, with an optional
         `ttl` or `expires_at` and `description`; the token is in the answer, only there.
         A tenant admin mints only for its own tenant, and never platform_admin or sre."""
@@ -231,7 +221,7 @@ class Gateway:
 
     # --- tasks ----------------------------------------------------------------
 
-    async def create_task(self, req: Request, spec: TaskSubmission) -> dict[str, Any]:
+    async def create_task(self, req: Request, spec: bodies.TaskSubmission) -> dict[str, Any]:
         """Submit a spec: the submission service checks it against the rules and
         appends it; the answer is the new task, with its warnings."""
         req.principal.require_write()
@@ -298,14 +288,16 @@ class Gateway:
         await self._decide_and_append(req, recorded, _stop(req.principal, task_id))
         return await self.get_task(req.principal, task_id)
 
-    async def rerun_task(self, req: Request, task_id: str, changes: RerunChanges) -> dict[str, Any]:
+    async def rerun_task(
+        self, req: Request, task_id: str, changes: bodies.RerunChanges
+    ) -> dict[str, Any]:
         """Run a finished task again, with only the changes a rerun allows (R-16)."""
         req.principal.require_write()
         await self.submission.rerun_task(req, task_id, changes.as_json())
         return await self.get_task(req.principal, task_id)
 
     async def clone_task(
-        self, req: Request, task_id: str, overrides: SpecOverrides
+        self, req: Request, task_id: str, overrides: bodies.SpecOverrides
     ) -> dict[str, Any]:
         """A new task from this task's spec, any field overridden (R-16)."""
         req.principal.require_write()
@@ -352,7 +344,7 @@ class Gateway:
 
     # --- groups ---------------------------------------------------------------
 
-    async def create_group(self, req: Request, group: TaskGroupRequest) -> dict[str, Any]:
+    async def create_group(self, req: Request, group: bodies.TaskGroupRequest) -> dict[str, Any]:
         """R-17: one task per item, each the template with the item's overrides; all or none."""
         req.principal.require_write()
         accepted = await self.submission.submit_group(req, group.as_json())
@@ -402,7 +394,7 @@ class Gateway:
         return {"items": await projection.group_rows(self.db, tenant, limit)}
 
     async def rerun_group(
-        self, req: Request, group_id: str, changes: RerunChanges
+        self, req: Request, group_id: str, changes: bodies.RerunChanges
     ) -> dict[str, Any]:
         """Rerun every finished task of the group, each with the same allowed changes.
 
@@ -416,20 +408,20 @@ class Gateway:
 
     # --- catalogue (admin) ----------------------------------------------------
 
-    async def add_image(self, req: Request, entry: ImageEntry) -> dict[str, Any]:
+    async def add_image(self, req: Request, entry: bodies.ImageEntry) -> dict[str, Any]:
         """Platform admin: add or replace an image of the catalogue."""
         return await self._change_catalogue(req, "image", entry)
 
-    async def add_volume(self, req: Request, entry: VolumeEntry) -> dict[str, Any]:
+    async def add_volume(self, req: Request, entry: bodies.VolumeEntry) -> dict[str, Any]:
         """Platform admin: add a volume {file_system, volume, zone} to the catalogue."""
         return await self._change_catalogue(req, "volume", entry)
 
-    async def add_public_data(self, req: Request, entry: PublicDataEntry) -> dict[str, Any]:
+    async def add_public_data(self, req: Request, entry: bodies.PublicDataEntry) -> dict[str, Any]:
         """Platform admin: offer public data in a zone {zone, path?}."""
         return await self._change_catalogue(req, "public_data", entry)
 
     async def _change_catalogue(
-        self, req: Request, kind: str, entry: RequestBody
+        self, req: Request, kind: str, entry: bodies.RequestBody
     ) -> dict[str, Any]:
         req.principal.require_platform_admin()
         return await self.submission.set_catalogue_entry(req, kind, entry.as_json())

@@ -30,16 +30,7 @@ from runyard.api.responses import NO_BODY, AnswerRoute, refusals
 from runyard.api.security import caller_dependency
 from runyard.api.service import install_error_handlers
 from runyard.contracts import http as wire
-from runyard.contracts.requests import (
-    ImageEntry,
-    PublicDataEntry,
-    RerunChanges,
-    SpecOverrides,
-    TaskGroupRequest,
-    TaskSubmission,
-    TokenRequest,
-    VolumeEntry,
-)
+from runyard.contracts import requests as bodies
 from runyard.errors import RETRY_AFTER_S
 from runyard.eventstore import HEALTH, is_transient
 from runyard.gateway.app import Gateway, Request
@@ -54,8 +45,8 @@ from runyard.telemetry import TracingMiddleware, current_trace_context
 from runyard.telemetry.metrics import metrics_text
 
 #: The bodies a route may leave out (an empty one: no changes, no overrides).
-Changes = Annotated[RerunChanges, Body(default_factory=RerunChanges)]
-Overrides = Annotated[SpecOverrides, Body(default_factory=SpecOverrides)]
+Changes = Annotated[bodies.RerunChanges, Body(default_factory=bodies.RerunChanges)]
+Overrides = Annotated[bodies.SpecOverrides, Body(default_factory=bodies.SpecOverrides)]
 TENANT_QUERY = "another tenant (sre and platform_admin only); default: your own"
 #: The answer of a watch: server-sent events, each `event: <type>` and `data: <TaskEvent>`.
 SSE_ANSWER: dict[str, Any] = {
@@ -199,7 +190,7 @@ def _task_routes(app: FastAPI, gw: Gateway) -> None:
         response_model=wire.Task,
         responses={**refusals(403, 413), 201: {"links": TASK_LINKS}},
     )
-    async def create_task(req: Sent, spec: TaskSubmission) -> dict[str, Any]:
+    async def create_task(req: Sent, spec: bodies.TaskSubmission) -> dict[str, Any]:
         """Submit a task spec; answers the task with its warnings."""
         return await gw.create_task(req, spec)
 
@@ -314,7 +305,7 @@ def _group_routes(app: FastAPI, gw: Gateway) -> None:
         response_model=wire.Group,
         responses=refusals(403, 413),
     )
-    async def create_group(req: Sent, group: TaskGroupRequest) -> dict[str, Any]:
+    async def create_group(req: Sent, group: bodies.TaskGroupRequest) -> dict[str, Any]:
         """A task group: body {template: spec, items: [overrides, ...]}; all tasks or none."""
         return await gw.create_group(req, group)
 
@@ -407,7 +398,7 @@ def _admin_routes(app: FastAPI, gw: Gateway) -> None:
         response_model=wire.CatalogueEntry,
         responses=refusals(403, 413),
     )
-    async def add_image(req: Admin, entry: ImageEntry) -> dict[str, Any]:
+    async def add_image(req: Admin, entry: bodies.ImageEntry) -> dict[str, Any]:
         """Platform admin: add or replace an image {name, zones, services}."""
         return await gw.add_image(req, entry)
 
@@ -418,7 +409,7 @@ def _admin_routes(app: FastAPI, gw: Gateway) -> None:
         response_model=wire.CatalogueEntry,
         responses=refusals(403, 413),
     )
-    async def add_volume(req: Admin, entry: VolumeEntry) -> dict[str, Any]:
+    async def add_volume(req: Admin, entry: bodies.VolumeEntry) -> dict[str, Any]:
         """Platform admin: add a volume {file_system, volume, zone}."""
         return await gw.add_volume(req, entry)
 
@@ -429,7 +420,7 @@ def _admin_routes(app: FastAPI, gw: Gateway) -> None:
         response_model=wire.CatalogueEntry,
         responses=refusals(403, 413),
     )
-    async def add_public_data(req: Admin, entry: PublicDataEntry) -> dict[str, Any]:
+    async def add_public_data(req: Admin, entry: bodies.PublicDataEntry) -> dict[str, Any]:
         """Platform admin: offer public data in a zone {zone, path?}."""
         return await gw.add_public_data(req, entry)
 
@@ -440,7 +431,7 @@ def _admin_routes(app: FastAPI, gw: Gateway) -> None:
         response_model=wire.IssuedToken,
         responses=refusals(403, 413),
     )
-    async def create_token(req: TokenAdmin, request: TokenRequest) -> dict[str, Any]:
+    async def create_token(req: TokenAdmin, request: bodies.TokenRequest) -> dict[str, Any]:
         """Tenant or platform admin: a token for {tenant, user, role, ttl?, expires_at?,
         description?}; the token is in this answer only (stored hashed)."""
         return await gw.create_token(req, request)
