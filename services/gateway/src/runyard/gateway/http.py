@@ -6,7 +6,10 @@ with its status (see docs/api.md), translated by the edge every service's app
 has (`runyard.api.service.install_error_handlers`). The routes of the data other
 services own (logs, alert subscriptions, fault tolerance, pool administration)
 are authenticated here and routed to their owner (`runyard.gateway.proxy`).
-The OpenAPI document, the routed routes included, is served at /openapi.json.
+A route's body is a model of `runyard.contracts.requests`: FastAPI reads it (a
+body that breaks it is that model's refusal, a 400) and the OpenAPI document,
+the routed routes included, is generated from the models; it is served at
+/openapi.json.
 """
 
 import json
