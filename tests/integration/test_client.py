@@ -24,7 +24,8 @@ from runyard.client import (
     Retry,
     Unavailable,
 )
-from runyard.contracts.http import RerunChanges, Task
+from runyard.contracts.http import Task
+from runyard.contracts.requests import RerunChanges
 from runyard.gateway.app import Gateway
 from runyard.gateway.http import create_app
 

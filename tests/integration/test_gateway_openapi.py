@@ -4,7 +4,8 @@ Two checks over a real gateway (Postgres, the submission service, and every
 service whose routes it routes answering beside it; `Target` of the fuzz test):
 
 - the document served at /openapi.json, the routed routes merged in, has a
-  request body schema for every POST, PUT and PATCH, a response schema for every
+  request body schema for every POST, PUT and PATCH (each route's body a named model
+  of `runyard.contracts.requests`, with its limits), a response schema for every
   route, and declares its refusals with the one error body;
 - a stateful schemathesis run follows the document's links from a new task to
   get, stop, rerun and events, and finds no 5xx and no answer that breaks the
@@ -22,6 +23,10 @@ from typing import Any
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
+from runyard.api.auth import ROLES, TENANT_PATTERN
+from runyard.contracts.requests import MAX_ENV_TEXT
+from runyard.contracts.spec import MAX_COMMAND, MAX_ENV_VARS, MAX_GROUP_SIZE
+from runyard.domain import RERUN_CHANGEABLE
 from schemathesis import GenerationMode
 from schemathesis.core.transport import Response
 
@@ -110,6 +115,48 @@ def test_the_gateway_routes_declare_their_refusals_with_the_error_body(target: T
                 continue
             schema = response["content"]["application/json"]["schema"]
             assert schema == error, (method, path, status)
+
+
+#: (method, path) -> the model of its request body.
+BODY_MODELS = {
+    ("post", "/v1/tasks"): "TaskSubmission",
+    ("post", "/v1/tasks/{task_id}/rerun"): "RerunChanges",
+    ("post", "/v1/tasks/{task_id}/clone"): "SpecOverrides",
+    ("post", "/v1/groups"): "TaskGroupRequest",
+    ("post", "/v1/groups/{group_id}/rerun"): "RerunChanges",
+    ("post", "/v1/admin/tokens"): "TokenRequest",
+    ("post", "/v1/admin/images"): "ImageEntry",
+    ("post", "/v1/admin/volumes"): "VolumeEntry",
+    ("post", "/v1/admin/public-data"): "PublicDataEntry",
+    ("post", "/v1/tasks/{task_id}/logs/exports"): "LogExportRequest",
+}
+
+
+def test_every_body_is_a_named_model_with_its_limits(target: Target) -> None:
+    document = served_document(target)
+    schemas = document["components"]["schemas"]
+    for (method, path), model in BODY_MODELS.items():
+        body = document["paths"][path][method]["requestBody"]["content"]["application/json"]
+        assert body["schema"] == {"$ref": f"#/components/schemas/{model}"}, (path, body)
+        assert schemas[model]["additionalProperties"] is False, model
+    group = schemas["TaskGroupRequest"]["properties"]
+    assert (group["items"]["minItems"], group["items"]["maxItems"]) == (1, MAX_GROUP_SIZE)
+    assert group["items"]["items"] == {"$ref": "#/components/schemas/SpecOverrides"}
+    assert group["template"] == {"$ref": "#/components/schemas/TaskSubmission"}
+    assert "required" not in schemas["SpecOverrides"]
+    assert set(schemas["RerunChanges"]["properties"]) == RERUN_CHANGEABLE
+    spec = schemas["TaskSubmission"]
+    assert set(spec["required"]) == {"name", "pool", "image", "command"}
+    text, listed = spec["properties"]["env"]["oneOf"]
+    assert (text["maxLength"], listed["maxItems"]) == (MAX_ENV_TEXT, MAX_ENV_VARS)
+    assert spec["properties"]["creator_only"]["maxItems"] == MAX_ENV_VARS
+    assert spec["properties"]["command"]["maxLength"] == MAX_COMMAND
+    token = schemas["TokenRequest"]
+    assert token["properties"]["role"]["enum"] == list(ROLES)
+    assert token["properties"]["role"]["default"] == "member"
+    assert token["required"] == ["tenant", "user"]
+    assert token["properties"]["tenant"]["pattern"] == f"^{TENANT_PATTERN.pattern}$"
+    assert schemas["LogExportRequest"]["properties"]["format"]["enum"] == ["text", "jsonl"]
 
 
 def test_a_task_links_to_what_may_be_done_with_it(target: Target) -> None:

@@ -639,6 +639,9 @@ TABLE: dict[str, Scenario] = {
     # (a list: the `A=x;B=y` text form names the field `env`, not the variable's name)
     "create refused: bad env": _spec(env=[{"name": "1A", "value": "x"}]),
     "create refused: rdma": _spec(rdma=True),
+    # over a limit of the body's model: refused before the rules, by both APIs alike
+    "create refused: tag too long": _spec(tags=["x" * 65]),
+    "create refused: name too long": _spec(name="n" * 201),
     "get": lambda via, seed: via.get("alice", seed),
     "get as another user (masked)": lambda via, seed: via.get("bob", seed),
     "get unknown": lambda via, _: via.get("alice", "no-such-task"),
@@ -667,6 +670,12 @@ TABLE: dict[str, Scenario] = {
     "capacity unknown pool": lambda via, _: via.capacity("alice", "nope"),
     "group lifecycle": group_lifecycle,
     "group refused": group_refused,
+    "group refused: item over a limit": lambda via, _: via.group_create(
+        "alice", BASE, [{"name": "a"}, {"priority": 10**6}]
+    ),
+    "group refused: template over a limit": lambda via, _: via.group_create(
+        "alice", {**BASE, "command": "x" * 65537}, [{"name": "a"}]
+    ),
     "group list": group_list,
     "group unknown": lambda via, _: via.group_get("alice", "nope"),
     # --- logs -------------------------------------------------------------------

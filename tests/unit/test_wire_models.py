@@ -8,13 +8,14 @@ from typing import get_args
 from runyard.api.auth import ROLES
 from runyard.api.errors import NotFound
 from runyard.contracts import http as wire
+from runyard.contracts.requests import RerunChanges
 from runyard.domain import RERUN_CHANGEABLE, TaskStatus
 
 
 def test_statuses_roles_and_rerun_changes_are_the_domains() -> None:
     assert get_args(wire.TaskStatus) == get_args(TaskStatus)
     assert get_args(wire.Role) == ROLES
-    assert set(wire.RerunChanges.model_fields) == RERUN_CHANGEABLE
+    assert set(RerunChanges.model_fields) == RERUN_CHANGEABLE
 
 
 def test_every_refusal_reads_as_the_error_model() -> None:

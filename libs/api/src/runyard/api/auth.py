@@ -26,7 +26,7 @@ import asyncio
 import hashlib
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -34,14 +34,14 @@ from typing import Any, Literal, get_args
 
 import asyncpg
 from runyard.api.errors import BadRequest, PermissionDenied, Unauthenticated
-from runyard.contracts import Metadata, NewEvent, default_mapper
+from runyard.contracts import Metadata, NewEvent, default_mapper, requests
 from runyard.contracts.admin_events import TokenIssued
 from runyard.eventstore import NO_STREAM, Migration, PostgresEventStore, apply_migrations
 
 Role = Literal["platform_admin", "tenant_admin", "member", "service", "sre"]
 ROLES: tuple[Role, ...] = get_args(Role)
 #: Role names of tokens stored before scoped roles, and what they mean now.
-LEGACY_ROLES: dict[str, Role] = {"admin": "platform_admin"}
+LEGACY_ROLES: Mapping[str, Role] = requests.LEGACY_ROLES
 #: Roles a tenant admin may give (in its own tenant only).
 TENANT_ADMIN_GRANTS: frozenset[str] = frozenset({"tenant_admin", "member", "service"})
 #: Roles that read across tenants.
@@ -49,12 +49,13 @@ CROSS_TENANT_READERS: frozenset[str] = frozenset({"platform_admin", "sre"})
 
 #: A token lives this long unless the request says otherwise, and never longer than MAX_TTL.
 DEFAULT_TTL = timedelta(days=30)
-MAX_TTL = timedelta(days=365)
-#: Tenant names: 1 to 63 characters, letters, digits, `.`, `_`, `-`, starting alphanumeric.
-TENANT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+MAX_TTL = timedelta(seconds=requests.MAX_TOKEN_TTL_S)
+#: Tenant names: 1 to 63 characters, letters, digits, `.`, `_`, `-`, starting alphanumeric
+#: (the token request's model, `runyard.contracts.requests.TokenRequest`, has the same).
+TENANT_PATTERN = re.compile(requests.TENANT_PATTERN)
 #: User names: 1 to 64 characters, as tenants plus `@` (an e-mail address fits).
-USER_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
-MAX_DESCRIPTION = 200
+USER_PATTERN = re.compile(requests.USER_PATTERN)
+MAX_DESCRIPTION = requests.MAX_TOKEN_DESCRIPTION
 #: The only accepted form of the Authorization header (RFC 6750 `b64token`).
 BEARER = re.compile(r"Bearer ([A-Za-z0-9._~+/-]+=*)")
 BEARER_HINT = "send exactly `Authorization: Bearer <token>` (capital B, one space)"

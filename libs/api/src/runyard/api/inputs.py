@@ -9,7 +9,10 @@ Every edge (HTTP path, query, headers used, JSON bodies; gRPC fields and
 - JSON nested deeper than `MAX_JSON_DEPTH` (no spec field nests that deep;
   deeper input only costs stack and time);
 - request ids over `MAX_REQUEST_ID`;
-- HTTP bodies over `MAX_BODY_BYTES` (413, counted while the body arrives).
+- HTTP bodies over `MAX_BODY_BYTES` (413, counted while the body arrives);
+- bodies that break their model (`runyard.contracts.requests`): `parse_body`,
+  and FastAPI's own validation of a route's body (`body_refused`), answer the
+  model's refusal, so HTTP, gRPC and the console refuse one input alike.
 
 The walk is iterative and linear in the size of the input.
 """
@@ -18,9 +21,12 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 
+from pydantic import BaseModel, ValidationError
 from runyard.api.errors import BadRequest, PayloadTooLarge
+from runyard.contracts.requests import RequestBody
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 NUL = "\x00"
@@ -94,6 +100,35 @@ def reject_unstorable(value: Any, field: str = "") -> None:
     if found is not None:
         path, (reason, hint) = found
         raise BadRequest("request.invalid", f"{path}: {reason}", hint, path)
+
+
+Body = TypeVar("Body", bound=RequestBody)
+
+
+def parse_body(model: type[Body], data: Any) -> Body:
+    """`data` (a body as JSON data) read into `model`; a 400 with the model's refusal
+    (code, field, message, hint) when it breaks it."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise body_refused(model, exc.errors()) from exc
+
+
+def body_refused(model: type[BaseModel], errors: Sequence[Mapping[str, Any]]) -> BadRequest:
+    """The 400 of a body that breaks `model` (`errors`: pydantic's, located in the body)."""
+    if issubclass(model, RequestBody):
+        body = model.refusal(errors)
+    else:
+        field = ".".join(str(p) for p in errors[0]["loc"]) or "body"
+        body = {
+            "code": "request.invalid",
+            "field": field,
+            "message": f"{field}: {errors[0]['msg']}",
+            "hint": "fix the request (see /openapi.json)",
+        }
+    error = BadRequest(body.pop("code"), body.pop("message"), body.pop("hint"), body.pop("field"))
+    error.extra = body
+    return error
 
 
 def check_request_id(request_id: str | None, field: str = "x-request-id") -> None:

@@ -34,7 +34,8 @@ from fastapi import Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from runyard.api.errors import DATA_ERRORS, OUTAGE_ERRORS, BadRequest, translate
-from runyard.api.inputs import MAX_BODY_BYTES, BodyLimit
+from runyard.api.inputs import MAX_BODY_BYTES, BodyLimit, body_refused
+from runyard.contracts.requests import RequestBody
 from runyard.errors import RETRY_AFTER_S, RunyardError
 from runyard.eventstore import HEALTH, is_transient
 from runyard.telemetry import TracingMiddleware, metrics_text, setup_metrics
@@ -135,8 +136,14 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_: HttpRequest, exc: RequestValidationError) -> JSONResponse:
+    async def invalid(request: HttpRequest, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        model = _body_model(request)
+        if model is not None and _in_body(first):
+            # A body that breaks its model: the model's own refusal (code, field, hint).
+            located = [{**e, "loc": tuple(e["loc"][1:])} for e in exc.errors() if _in_body(e)]
+            refused = body_refused(model, located)
+            return JSONResponse(refused.to_dict(), status_code=400)
         field = ".".join(str(p) for p in first["loc"][1:])
         error = BadRequest(
             "request.invalid",
@@ -145,6 +152,18 @@ def install_error_handlers(app: FastAPI) -> None:
             field,
         )
         return JSONResponse(error.to_dict(), status_code=400)
+
+
+def _body_model(request: HttpRequest) -> type[RequestBody] | None:
+    """The request body model (`runyard.contracts.requests`) of the route asked, if any."""
+    field = getattr(request.scope.get("route"), "body_field", None)
+    model = getattr(getattr(field, "field_info", None), "annotation", None)
+    return model if isinstance(model, type) and issubclass(model, RequestBody) else None
+
+
+def _in_body(error: Mapping[str, Any]) -> bool:
+    """A validation error of the body's content (not of JSON that did not parse)."""
+    return tuple(error["loc"][:1]) == ("body",) and error.get("type") != "json_invalid"
 
 
 HTTP_ERRORS = {

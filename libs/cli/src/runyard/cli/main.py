@@ -35,6 +35,7 @@ from runyard.cli.admin import admin_app
 from runyard.cli.alerts import alerts_app
 from runyard.cli.terminal import clean, markup, print_json, render_table
 from runyard.client import ApiError, Client, GatewayUnreachable, Retry
+from runyard.contracts.requests import RerunChanges
 
 app = typer.Typer(help="Runyard: submit and follow GPU training tasks.", no_args_is_help=True)
 group_app = typer.Typer(help="Task groups: many tasks from one template.", no_args_is_help=True)
@@ -134,6 +135,13 @@ def as_json_data(answer: BaseModel) -> dict[str, Any]:
 def given(**values: Any) -> dict[str, Any]:
     """The options the user actually set (None means not given)."""
     return {k: v for k, v in values.items() if v is not None}
+
+
+def rerun_changes(**values: Any) -> RerunChanges:
+    """The rerun changes the user set, as the API's model (not checked here: the
+    gateway refuses a bad value naming the field and how to fix it)."""
+    changes: RerunChanges = RerunChanges.model_construct(**given(**values))
+    return changes
 
 
 def show_json(data: Any) -> None:
@@ -342,7 +350,7 @@ def rerun(
     as_json: JsonOpt = False,
 ) -> None:
     """Run a finished task again; only image, command, worker spec and count may change."""
-    changes = given(image=image, command=command, worker_spec=spec, worker_count=workers)
+    changes = rerun_changes(image=image, command=command, worker_spec=spec, worker_count=workers)
     with gateway(url, token) as api:
         task = as_json_data(api.rerun_task(task_id, changes))
     show_json(task) if as_json else print_task(task)
@@ -525,7 +533,7 @@ def group_rerun(
     as_json: JsonOpt = False,
 ) -> None:
     """Rerun every finished task of a group (all or none), with the same allowed changes."""
-    changes = given(image=image, command=command, worker_spec=spec, worker_count=workers)
+    changes = rerun_changes(image=image, command=command, worker_spec=spec, worker_count=workers)
     with gateway(url, token) as api:
         group = as_json_data(api.rerun_group(group_id, changes))
     print_group(group, as_json)

@@ -8,10 +8,13 @@
         task = runyard.create_task({"name": "hello", "pool": "pool-a", ...})
         runyard.stop_task(task.task_id)
 
-A refusal raises `ApiError` (its `status`, and the `Error` body: code, message,
-hint, field), a connection that fails `GatewayUnreachable`. Failures that may pass
-are sent again (`Retry`): any call whose connection could not be made; a 503 or a
-broken connection only for calls that may be sent twice (reads, deletes, stops).
+A body is a mapping, or one of the API's request models (`runyard.contracts.requests`:
+`TaskSubmission`, `RerunChanges`, `TaskGroupRequest`, `TokenRequest`, ...), sent with
+the fields that were set. A refusal raises `ApiError` (its `status`, and the `Error`
+body: code, message, hint, field), a connection that fails `GatewayUnreachable`.
+Failures that may pass are sent again (`Retry`): any call whose connection could not
+be made; a 503 or a broken connection only for calls that may be sent twice (reads,
+deletes, stops).
 """
 
 from runyard.client._async import AsyncClient

@@ -131,7 +131,8 @@ class AsyncClient:
     # --- tasks ----------------------------------------------------------------------
 
     async def create_task(self, spec: Body) -> wire.Task:
-        """Submit a task spec (a mapping, or a `TaskSpec`); the new task, with warnings."""
+        """Submit a task spec (a mapping, or a `runyard.contracts.requests.TaskSubmission`);
+        the new task, with warnings."""
         return await self.send(calls.create_task(spec))
 
     async def get_task(self, task_id: str) -> wire.Task:

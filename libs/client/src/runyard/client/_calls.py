@@ -13,7 +13,9 @@ from runyard.client._retry import IDEMPOTENT_METHODS
 from runyard.contracts import http as wire
 
 T = TypeVar("T")
-#: A request body: JSON-able data, or a model (sent with only the fields that were set).
+#: A request body: JSON-able data, or a model, such as the API's own request models
+#: (`runyard.contracts.requests`: TaskSubmission, SpecOverrides, RerunChanges,
+#: TaskGroupRequest, TokenRequest), sent with only the fields that were set.
 Body = Mapping[str, Any] | BaseModel
 
 

@@ -127,7 +127,8 @@ class Client:
     # --- tasks ----------------------------------------------------------------------
 
     def create_task(self, spec: Body) -> wire.Task:
-        """Submit a task spec (a mapping, or a `TaskSpec`); the new task, with warnings."""
+        """Submit a task spec (a mapping, or a `runyard.contracts.requests.TaskSubmission`);
+        the new task, with warnings."""
         return self.send(calls.create_task(spec))
 
     def get_task(self, task_id: str) -> wire.Task:

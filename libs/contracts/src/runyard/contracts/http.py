@@ -6,9 +6,8 @@ description of the wire format for both sides. Answers allow members not named h
 (`extra="allow"`): a newer gateway may add a member, and an older client keeps it
 instead of refusing the answer. Times are ISO 8601 text as the gateway writes them.
 
-Request bodies are published by the gateway from the spec's own models
-(`runyard.contracts.spec.TaskSpec`, the catalogue's entries); the few with a shape of
-their own (rerun changes, a task group, a token request) are here.
+The request bodies (a task spec, overrides, rerun changes, a task group, a token
+request, ...) are models too, in `runyard.contracts.requests`.
 """
 
 from __future__ import annotations
@@ -450,21 +449,6 @@ WHATIF_FIGURES = (
 )
 
 
-# --- request bodies with a shape of their own -------------------------------------
-
-
-class RerunChanges(BaseModel):
-    """What a rerun may change (any other field needs a clone)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    command: str | None = None
-    worker_spec: str | None = None
-    worker_count: int | None = None
-    custom_gpus: int | None = None
-    image: str | None = None
-
-
 __all__ = [
     "AlertSubscription",
     "AlertSubscriptions",
@@ -490,7 +474,6 @@ __all__ = [
     "PoolsReplay",
     "QueuePlace",
     "ReadModelAnswer",
-    "RerunChanges",
     "Role",
     "StackReport",
     "StackReports",

@@ -52,6 +52,10 @@ MAX_ENV_BYTES = 65536
 MAX_GROUP_SIZE = 1000
 #: What every API answer shows instead of a creator-only value (R-12).
 MASK = "******"
+#: Spec fields a rerun may change (R-16); anything else needs a clone.
+RERUN_CHANGEABLE: frozenset[str] = frozenset(
+    {"command", "worker_spec", "worker_count", "custom_gpus", "image"}
+)
 
 #: A short identifier-like text: a pool, a worker spec, a file system, a volume.
 ShortText = Annotated[str, Field(max_length=MAX_ID)]

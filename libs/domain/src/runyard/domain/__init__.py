@@ -3,6 +3,7 @@
 Nothing in this package does I/O or reads a clock; see `runyard.domain.task`.
 """
 
+from runyard.contracts.spec import RERUN_CHANGEABLE
 from runyard.domain.errors import (
     DomainError,
     InconsistentHistory,
@@ -18,7 +19,6 @@ from runyard.domain.errors import (
 )
 from runyard.domain.task import (
     PLACED_STATUSES,
-    RERUN_CHANGEABLE,
     SPOT_NEXT_STEPS,
     TERMINAL_STATUSES,
     Clone,

@@ -42,7 +42,7 @@ from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 from runyard.contracts.base import Event
 from runyard.contracts.envelope import RecordedEvent
-from runyard.contracts.spec import SpotOptions, TaskSpec, split_custom_gpus
+from runyard.contracts.spec import RERUN_CHANGEABLE, SpotOptions, TaskSpec, split_custom_gpus
 from runyard.contracts.task_events import (
     DEPLOY_STAGES,
     AlertDelivered,
@@ -116,10 +116,6 @@ TERMINAL_STATUSES: Final[frozenset[TaskStatus]] = frozenset(
 #: Statuses in which the task has (or is getting) workers on nodes.
 PLACED_STATUSES: Final[frozenset[TaskStatus]] = frozenset(
     {"deploying", "env_checking", "running", "restarting"}
-)
-#: Spec fields a rerun may change (R-16); anything else needs a clone.
-RERUN_CHANGEABLE: Final[frozenset[str]] = frozenset(
-    {"command", "worker_spec", "worker_count", "custom_gpus", "image"}
 )
 #: What a person can do with an abnormal spot task (R-08).
 SPOT_NEXT_STEPS: Final[tuple[str, ...]] = (

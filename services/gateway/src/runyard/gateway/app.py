@@ -32,6 +32,7 @@ from runyard.api import auth
 from runyard.api.auth import Principal, authenticate, record_token_issued, token_stream
 from runyard.api.errors import BadRequest, NotFound, PermissionDenied, task_not_found
 from runyard.contracts import Event, EventMapper, Metadata, NewEvent, RecordedEvent, default_mapper
+from runyard.contracts import requests as bodies
 from runyard.contracts.admin_events import TokenRevoked
 from runyard.contracts.envelope import new_event_id, utcnow
 from runyard.contracts.rpc import credential
@@ -66,8 +67,6 @@ MAX_PAGE = 200
 _AUTHORIZATION: ContextVar[str | None] = ContextVar("authorization", default=None)
 #: Decisions on a task made again when its stream moved on meanwhile (then 409).
 CONFLICT_RETRIES = 5
-#: The fields of `POST /v1/admin/tokens`.
-TOKEN_FIELDS = frozenset({"tenant", "user", "role", "ttl", "expires_at", "description"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,27 +162,17 @@ class Gateway:
         _AUTHORIZATION.set(f"Bearer {token}")
         return principal
 
-    async def create_token(self, req: Request, body: Mapping[str, Any]) -> dict[str, Any]:
+    async def create_token(self, req: Request, request: bodies.TokenRequest) -> dict[str, Any]:
         """Tenant or platform admin: a token for {tenant, user, role}, with an optional
         `ttl` or `expires_at` and `description`; the token is in the answer, only there.
         A tenant admin mints only for its own tenant, and never platform_admin or sre."""
         caller = req.principal
         caller.require_token_admin()
-        unknown = sorted(set(body) - TOKEN_FIELDS)
-        if unknown:
-            raise BadRequest(
-                "request.invalid",
-                f"unknown field {unknown[0]!r}",
-                f"a token request has {', '.join(sorted(TOKEN_FIELDS))}",
-                unknown[0],
-            )
-        tenant = auth.check_name(body.get("tenant"), "tenant")
-        user = auth.check_name(body.get("user"), "user")
-        role = auth.normalise_role(body.get("role", "member"))
+        tenant, user, role = request.tenant, request.user, request.role
         caller.require_grant(tenant, role)
-        description = auth.check_description(body.get("description"))
+        description = auth.check_description(request.description)
         now = self.clock()
-        expires = auth.token_expiry(now, body.get("ttl"), body.get("expires_at"))
+        expires = auth.token_expiry(now, request.ttl, request.expires_at)
         async with self.store.transaction() as conn:
             token, info = await auth.insert_token(
                 conn, tenant, user, role, expires, description=description, created_by=caller.actor
@@ -232,11 +221,11 @@ class Gateway:
 
     # --- tasks ----------------------------------------------------------------
 
-    async def create_task(self, req: Request, body: Mapping[str, Any]) -> dict[str, Any]:
+    async def create_task(self, req: Request, spec: bodies.TaskSubmission) -> dict[str, Any]:
         """Submit a spec: the submission service checks it against the rules and
         appends it; the answer is the new task, with its warnings."""
         req.principal.require_write()
-        accepted = await self.submission.submit_task(req, body)
+        accepted = await self.submission.submit_task(req, spec.as_json())
         return await self.get_task(req.principal, accepted.task_id)
 
     async def get_task(self, caller: Principal, task_id: str) -> dict[str, Any]:
@@ -300,19 +289,19 @@ class Gateway:
         return await self.get_task(req.principal, task_id)
 
     async def rerun_task(
-        self, req: Request, task_id: str, changes: Mapping[str, Any]
+        self, req: Request, task_id: str, changes: bodies.RerunChanges
     ) -> dict[str, Any]:
         """Run a finished task again, with only the changes a rerun allows (R-16)."""
         req.principal.require_write()
-        await self.submission.rerun_task(req, task_id, changes)
+        await self.submission.rerun_task(req, task_id, changes.as_json())
         return await self.get_task(req.principal, task_id)
 
     async def clone_task(
-        self, req: Request, task_id: str, overrides: Mapping[str, Any]
+        self, req: Request, task_id: str, overrides: bodies.SpecOverrides
     ) -> dict[str, Any]:
         """A new task from this task's spec, any field overridden (R-16)."""
         req.principal.require_write()
-        accepted = await self.submission.clone_task(req, task_id, overrides)
+        accepted = await self.submission.clone_task(req, task_id, overrides.as_json())
         return await self.get_task(req.principal, accepted.task_id)
 
     async def task_events(self, caller: Principal, task_id: str) -> list[dict[str, Any]]:
@@ -355,10 +344,10 @@ class Gateway:
 
     # --- groups ---------------------------------------------------------------
 
-    async def create_group(self, req: Request, body: Mapping[str, Any]) -> dict[str, Any]:
+    async def create_group(self, req: Request, group: bodies.TaskGroupRequest) -> dict[str, Any]:
         """R-17: one task per item, each the template with the item's overrides; all or none."""
         req.principal.require_write()
-        accepted = await self.submission.submit_group(req, body)
+        accepted = await self.submission.submit_group(req, group.as_json())
         return await self.get_group(req.principal, accepted.group_id)
 
     async def get_group(
@@ -405,7 +394,7 @@ class Gateway:
         return {"items": await projection.group_rows(self.db, tenant, limit)}
 
     async def rerun_group(
-        self, req: Request, group_id: str, changes: Mapping[str, Any]
+        self, req: Request, group_id: str, changes: bodies.RerunChanges
     ) -> dict[str, Any]:
         """Rerun every finished task of the group, each with the same allowed changes.
 
@@ -414,28 +403,28 @@ class Gateway:
         """
         group = await self.get_group(req.principal, group_id)
         task_ids = [row["task_id"] for row in group["tasks"]]
-        await self.submission.rerun_group(req, group_id, task_ids, changes)
+        await self.submission.rerun_group(req, group_id, task_ids, changes.as_json())
         return await self.get_group(req.principal, group_id)
 
     # --- catalogue (admin) ----------------------------------------------------
 
-    async def add_image(self, req: Request, body: Mapping[str, Any]) -> dict[str, Any]:
+    async def add_image(self, req: Request, entry: bodies.ImageEntry) -> dict[str, Any]:
         """Platform admin: add or replace an image of the catalogue."""
-        return await self._change_catalogue(req, "image", body)
+        return await self._change_catalogue(req, "image", entry)
 
-    async def add_volume(self, req: Request, body: Mapping[str, Any]) -> dict[str, Any]:
+    async def add_volume(self, req: Request, entry: bodies.VolumeEntry) -> dict[str, Any]:
         """Platform admin: add a volume {file_system, volume, zone} to the catalogue."""
-        return await self._change_catalogue(req, "volume", body)
+        return await self._change_catalogue(req, "volume", entry)
 
-    async def add_public_data(self, req: Request, body: Mapping[str, Any]) -> dict[str, Any]:
+    async def add_public_data(self, req: Request, entry: bodies.PublicDataEntry) -> dict[str, Any]:
         """Platform admin: offer public data in a zone {zone, path?}."""
-        return await self._change_catalogue(req, "public_data", body)
+        return await self._change_catalogue(req, "public_data", entry)
 
     async def _change_catalogue(
-        self, req: Request, kind: str, body: Mapping[str, Any]
+        self, req: Request, kind: str, entry: bodies.RequestBody
     ) -> dict[str, Any]:
         req.principal.require_platform_admin()
-        return await self.submission.set_catalogue_entry(req, kind, body)
+        return await self.submission.set_catalogue_entry(req, kind, entry.as_json())
 
     async def catalogue_view(self, caller: Principal) -> dict[str, Any]:
         """The images, volumes and public data the rules use (the submission service's)."""

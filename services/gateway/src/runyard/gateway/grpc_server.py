@@ -38,8 +38,10 @@ from runyard.api.inputs import (
     MAX_BODY_BYTES,
     check_param,
     check_request_id,
+    parse_body,
     reject_unstorable,
 )
+from runyard.contracts.requests import RerunChanges, SpecOverrides, TaskGroupRequest, TaskSubmission
 from runyard.eventstore.trace import MAX_TRACE_EVENTS
 from runyard.gateway import grpc_convert as convert
 from runyard.gateway.app import Gateway, Request
@@ -143,7 +145,7 @@ class TasksService(pb_grpc.TasksServicer):
     ) -> pb.Task:
         async def call() -> pb.Task:
             req = await self._request(context)
-            body = convert.spec_body(request.spec)
+            body = parse_body(TaskSubmission, convert.spec_body(request.spec))
             return convert.task_message(await self.gw.create_task(req, body))
 
         return await self._run(context, request, call)
@@ -188,7 +190,9 @@ class TasksService(pb_grpc.TasksServicer):
     ) -> pb.Task:
         async def call() -> pb.Task:
             req = await self._request(context)
-            changes = convert.changes_body(request.changes, "changes.update_mask")
+            changes = parse_body(
+                RerunChanges, convert.changes_body(request.changes, "changes.update_mask")
+            )
             return convert.task_message(await self.gw.rerun_task(req, request.task_id, changes))
 
         return await self._run(context, request, call)
@@ -198,7 +202,9 @@ class TasksService(pb_grpc.TasksServicer):
     ) -> pb.Task:
         async def call() -> pb.Task:
             req = await self._request(context)
-            overrides = convert.changes_body(request.overrides, "overrides.update_mask")
+            overrides = parse_body(
+                SpecOverrides, convert.changes_body(request.overrides, "overrides.update_mask")
+            )
             task = await self.gw.clone_task(req, request.task_id, overrides)
             return convert.task_message(task)
 
@@ -253,7 +259,8 @@ class TasksService(pb_grpc.TasksServicer):
             }
             if request.group_id:
                 body["group_id"] = request.group_id
-            return convert.group_message(await self.gw.create_group(req, body))
+            group = parse_body(TaskGroupRequest, body)
+            return convert.group_message(await self.gw.create_group(req, group))
 
         return await self._run(context, request, call)
 
@@ -291,7 +298,9 @@ class TasksService(pb_grpc.TasksServicer):
     ) -> pb.Group:
         async def call() -> pb.Group:
             req = await self._request(context)
-            changes = convert.changes_body(request.changes, "changes.update_mask")
+            changes = parse_body(
+                RerunChanges, convert.changes_body(request.changes, "changes.update_mask")
+            )
             return convert.group_message(await self.gw.rerun_group(req, request.group_id, changes))
 
         return await self._run(context, request, call)

@@ -6,13 +6,16 @@ with its status (see docs/api.md), translated by the edge every service's app
 has (`runyard.api.service.install_error_handlers`). The routes of the data other
 services own (logs, alert subscriptions, fault tolerance, pool administration)
 are authenticated here and routed to their owner (`runyard.gateway.proxy`).
-The OpenAPI document, the routed routes included, is served at /openapi.json.
+A route's body is a model of `runyard.contracts.requests`: FastAPI reads it (a
+body that breaks it is that model's refusal, a 400) and the OpenAPI document,
+the routed routes included, is generated from the models; it is served at
+/openapi.json.
 """
 
 import json
 import os
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Annotated, Any
 
 from fastapi import Body, Depends, FastAPI, Header, Query
@@ -26,10 +29,11 @@ from runyard.api.inputs import (
     check_request_id,
     reject_unstorable,
 )
-from runyard.api.responses import AnswerRoute, refusals
+from runyard.api.responses import NO_BODY, AnswerRoute, refusals
 from runyard.api.security import caller_dependency
 from runyard.api.service import install_error_handlers
 from runyard.contracts import http as wire
+from runyard.contracts import requests as bodies
 from runyard.errors import RETRY_AFTER_S
 from runyard.eventstore import HEALTH, is_transient
 from runyard.gateway.app import Gateway, Request
@@ -39,20 +43,13 @@ from runyard.gateway.console import install_console
 from runyard.gateway.proxy import Owners, install_openapi, install_routes
 from runyard.gateway.rebuild import rebuild_router
 from runyard.gateway.replay import replay_router
-from runyard.gateway.schemas import body_schemas, request_body
 from runyard.gateway.trace import trace_router
 from runyard.telemetry import TracingMiddleware, current_trace_context
 from runyard.telemetry.metrics import metrics_text
 
-
-async def _json_body(
-    body: Annotated[dict[str, Any], Body(default_factory=dict)],
-) -> dict[str, Any]:
-    reject_unstorable(body)
-    return body
-
-
-JsonBody = Annotated[dict[str, Any], Depends(_json_body)]
+#: The bodies a route may leave out (an empty one: no changes, no overrides).
+Changes = Annotated[bodies.RerunChanges, Body(default_factory=bodies.RerunChanges)]
+Overrides = Annotated[bodies.SpecOverrides, Body(default_factory=bodies.SpecOverrides)]
 TENANT_QUERY = "another tenant (sre and platform_admin only); default: your own"
 #: The answer of a watch: server-sent events, each `event: <type>` and `data: <TaskEvent>`.
 SSE_ANSWER: dict[str, Any] = {
@@ -111,7 +108,6 @@ def create_app(gateway: Gateway, owners: Owners | Mapping[str, str] | None = Non
     app.include_router(audit_router(gateway))
     app.include_router(trace_router(gateway))
     app.include_router(rebuild_router(gateway))
-    body_schemas(app)
     install_openapi(app, owners)
     install_console(app, gateway, owners)  # the web console at / (docs/console.md)
     return app
@@ -157,12 +153,27 @@ def _principal_dependency(gateway: Gateway) -> Any:
     return caller_dependency(gateway)
 
 
-def _request_dependency(gateway: Gateway) -> Any:
+def _request_dependency(
+    gateway: Gateway, *, body: bool = False, allowed: Callable[[Principal], None] | None = None
+) -> Any:
+    """The caller's `Request`. `body`: the route takes a body, which is refused (400 naming
+    the field) when it holds text the store cannot keep, before its model reads it;
+    `allowed`: refuses a caller the route is not for (403) before the body is read."""
+
     async def request(
         principal: Annotated[Principal, _principal_dependency(gateway)],
+        http: HttpRequest,
         x_request_id: Annotated[str | None, Header()] = None,
     ) -> Request:
         check_request_id(x_request_id)
+        if allowed is not None:
+            allowed(principal)
+        if body and await http.body():
+            try:
+                sent = await http.json()
+            except ValueError:
+                sent = None  # not JSON: FastAPI refuses it
+            reject_unstorable(sent)
         # The request's server span (TracingMiddleware) is the events' parent.
         return Request(principal, x_request_id or str(uuid.uuid4()), current_trace_context())
 
@@ -172,6 +183,7 @@ def _request_dependency(gateway: Gateway) -> Any:
 def _task_routes(app: FastAPI, gw: Gateway) -> None:
     Caller = Annotated[Principal, _principal_dependency(gw)]
     Req = Annotated[Request, _request_dependency(gw)]
+    Sent = Annotated[Request, _request_dependency(gw, body=True)]
 
     @app.post(
         "/v1/tasks",
@@ -179,10 +191,9 @@ def _task_routes(app: FastAPI, gw: Gateway) -> None:
         status_code=201,
         tags=["tasks"],
         response_model=wire.Task,
-        responses=refusals(403, 413),
-        openapi_extra=request_body("TaskSpec", links=TASK_LINKS),
+        responses={**refusals(403, 413), 201: {"links": TASK_LINKS}},
     )
-    async def create_task(req: Req, spec: JsonBody) -> dict[str, Any]:
+    async def create_task(req: Sent, spec: bodies.TaskSubmission) -> dict[str, Any]:
         """Submit a task spec; answers the task with its warnings."""
         return await gw.create_task(req, spec)
 
@@ -225,7 +236,7 @@ def _task_routes(app: FastAPI, gw: Gateway) -> None:
         tags=["tasks"],
         response_model=wire.Task,
         responses=refusals(403, 404, 409),
-        openapi_extra=request_body("NoBody", required=False),
+        openapi_extra=NO_BODY,
     )
     async def stop_task(req: Req, task_id: str) -> dict[str, Any]:
         """Ask to stop the task."""
@@ -237,9 +248,8 @@ def _task_routes(app: FastAPI, gw: Gateway) -> None:
         tags=["tasks"],
         response_model=wire.Task,
         responses=refusals(403, 404, 409, 413),
-        openapi_extra=request_body("RerunChanges"),
     )
-    async def rerun_task(req: Req, task_id: str, changes: JsonBody) -> dict[str, Any]:
+    async def rerun_task(req: Sent, task_id: str, changes: Changes) -> dict[str, Any]:
         """Rerun a finished task; body: changes of command, worker spec/count, image."""
         return await gw.rerun_task(req, task_id, changes)
 
@@ -249,10 +259,9 @@ def _task_routes(app: FastAPI, gw: Gateway) -> None:
         status_code=201,
         tags=["tasks"],
         response_model=wire.Task,
-        responses=refusals(403, 404, 413),
-        openapi_extra=request_body("SpecOverrides", links=TASK_LINKS),
+        responses={**refusals(403, 404, 413), 201: {"links": TASK_LINKS}},
     )
-    async def clone_task(req: Req, task_id: str, overrides: JsonBody) -> dict[str, Any]:
+    async def clone_task(req: Sent, task_id: str, overrides: Overrides) -> dict[str, Any]:
         """A new task from this one's spec; body: any field overrides, the pool too."""
         return await gw.clone_task(req, task_id, overrides)
 
@@ -290,6 +299,7 @@ async def _sse(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]) -> As
 def _group_routes(app: FastAPI, gw: Gateway) -> None:
     Caller = Annotated[Principal, _principal_dependency(gw)]
     Req = Annotated[Request, _request_dependency(gw)]
+    Sent = Annotated[Request, _request_dependency(gw, body=True)]
 
     @app.post(
         "/v1/groups",
@@ -297,9 +307,8 @@ def _group_routes(app: FastAPI, gw: Gateway) -> None:
         tags=["groups"],
         response_model=wire.Group,
         responses=refusals(403, 413),
-        openapi_extra=request_body("TaskGroup"),
     )
-    async def create_group(req: Req, group: JsonBody) -> dict[str, Any]:
+    async def create_group(req: Sent, group: bodies.TaskGroupRequest) -> dict[str, Any]:
         """A task group: body {template: spec, items: [overrides, ...]}; all tasks or none."""
         return await gw.create_group(req, group)
 
@@ -331,7 +340,7 @@ def _group_routes(app: FastAPI, gw: Gateway) -> None:
         tags=["groups"],
         response_model=wire.Group,
         responses=refusals(403, 404, 409),
-        openapi_extra=request_body("NoBody", required=False),
+        openapi_extra=NO_BODY,
     )
     async def stop_group(req: Req, group_id: str) -> dict[str, Any]:
         """Stop every task of the group that has not ended."""
@@ -342,9 +351,8 @@ def _group_routes(app: FastAPI, gw: Gateway) -> None:
         tags=["groups"],
         response_model=wire.Group,
         responses=refusals(403, 404, 409, 413),
-        openapi_extra=request_body("RerunChanges"),
     )
-    async def rerun_group(req: Req, group_id: str, changes: JsonBody) -> dict[str, Any]:
+    async def rerun_group(req: Sent, group_id: str, changes: Changes) -> dict[str, Any]:
         """Rerun every finished task of the group; body: allowed changes for each (optional)."""
         return await gw.rerun_group(req, group_id, changes)
 
@@ -371,6 +379,13 @@ def _pool_routes(app: FastAPI, gw: Gateway) -> None:
 def _admin_routes(app: FastAPI, gw: Gateway) -> None:
     Caller = Annotated[Principal, _principal_dependency(gw)]
     Req = Annotated[Request, _request_dependency(gw)]
+    Admin = Annotated[
+        Request,
+        _request_dependency(gw, body=True, allowed=Principal.require_platform_admin),
+    ]
+    TokenAdmin = Annotated[
+        Request, _request_dependency(gw, body=True, allowed=Principal.require_token_admin)
+    ]
 
     @app.get(
         "/v1/catalogue", tags=["catalogue"], response_model=wire.Catalogue, responses=refusals()
@@ -385,9 +400,8 @@ def _admin_routes(app: FastAPI, gw: Gateway) -> None:
         tags=["admin"],
         response_model=wire.CatalogueEntry,
         responses=refusals(403, 413),
-        openapi_extra=request_body("Image"),
     )
-    async def add_image(req: Req, entry: JsonBody) -> dict[str, Any]:
+    async def add_image(req: Admin, entry: bodies.ImageEntry) -> dict[str, Any]:
         """Platform admin: add or replace an image {name, zones, services}."""
         return await gw.add_image(req, entry)
 
@@ -397,9 +411,8 @@ def _admin_routes(app: FastAPI, gw: Gateway) -> None:
         tags=["admin"],
         response_model=wire.CatalogueEntry,
         responses=refusals(403, 413),
-        openapi_extra=request_body("Volume"),
     )
-    async def add_volume(req: Req, entry: JsonBody) -> dict[str, Any]:
+    async def add_volume(req: Admin, entry: bodies.VolumeEntry) -> dict[str, Any]:
         """Platform admin: add a volume {file_system, volume, zone}."""
         return await gw.add_volume(req, entry)
 
@@ -409,9 +422,8 @@ def _admin_routes(app: FastAPI, gw: Gateway) -> None:
         tags=["admin"],
         response_model=wire.CatalogueEntry,
         responses=refusals(403, 413),
-        openapi_extra=request_body("PublicData"),
     )
-    async def add_public_data(req: Req, entry: JsonBody) -> dict[str, Any]:
+    async def add_public_data(req: Admin, entry: bodies.PublicDataEntry) -> dict[str, Any]:
         """Platform admin: offer public data in a zone {zone, path?}."""
         return await gw.add_public_data(req, entry)
 
@@ -421,9 +433,8 @@ def _admin_routes(app: FastAPI, gw: Gateway) -> None:
         tags=["admin"],
         response_model=wire.IssuedToken,
         responses=refusals(403, 413),
-        openapi_extra=request_body("TokenRequest"),
     )
-    async def create_token(req: Req, request: JsonBody) -> dict[str, Any]:
+    async def create_token(req: TokenAdmin, request: bodies.TokenRequest) -> dict[str, Any]:
         """Tenant or platform admin: a token for {tenant, user, role, ttl?, expires_at?,
         description?}; the token is in this answer only (stored hashed)."""
         return await gw.create_token(req, request)

@@ -31,7 +31,7 @@ from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Query
 from runyard.api.auth import Principal
-from runyard.api.responses import AnswerRoute, refusals
+from runyard.api.responses import NO_BODY, AnswerRoute, refusals
 from runyard.api.security import caller_dependency
 from runyard.contracts import http as wire
 from runyard.eventstore.shadow import (
@@ -48,7 +48,6 @@ from runyard.eventstore.shadow import (
 )
 from runyard.gateway.app import Gateway
 from runyard.gateway.projection import NAME, TaskListProjector
-from runyard.gateway.schemas import request_body
 
 #: The most events one rebuild step applies (a step is one request; the CLI loops).
 MAX_STEP_EVENTS: Final = 200_000
@@ -134,7 +133,7 @@ def rebuild_router(gateway: Gateway) -> APIRouter:
         f"{base}/rebuild",
         response_model=wire.ReadModelAnswer,
         responses=OPERATOR,
-        openapi_extra=request_body("NoBody", required=False),
+        openapi_extra=NO_BODY,
     )
     async def step(
         caller: Caller,
@@ -155,7 +154,7 @@ def rebuild_router(gateway: Gateway) -> APIRouter:
         f"{base}/swap",
         response_model=wire.ReadModelAnswer,
         responses=OPERATOR,
-        openapi_extra=request_body("NoBody", required=False),
+        openapi_extra=NO_BODY,
     )
     async def swap(caller: Caller) -> dict[str, Any]:
         """Replace the live task list with the rebuilt one, without stopping the gateway."""

@@ -56,6 +56,7 @@ from runyard.api.responses import AnswerRoute, refusals
 from runyard.api.security import Authenticator, caller_dependency
 from runyard.api.tasks import visible_task
 from runyard.contracts import http as wire
+from runyard.contracts.requests import LogExportRequest
 from runyard.contracts.rpc import credential
 from runyard.domain import TaskState, is_terminal
 from runyard.eventstore import EventStore
@@ -67,22 +68,6 @@ from runyard.logs.store import LogStore, WorkerStream
 FOLLOW_POLL_S = 0.5
 #: Media type of the follow stream: one JSON page per line.
 NDJSON = "application/x-ndjson"
-#: The request body of a new export, as the OpenAPI document shows it.
-EXPORT_BODY = {
-    "requestBody": {
-        "required": False,
-        "content": {
-            "application/json": {
-                "schema": {
-                    "title": "LogExport",
-                    "type": "object",
-                    "additionalProperties": False,
-                    "properties": {"format": {"type": "string", "enum": ["text", "jsonl"]}},
-                }
-            }
-        },
-    }
-}
 
 
 def default_export_dir() -> Path:
@@ -467,7 +452,6 @@ def logs_router(api: LogApi, authenticator: Authenticator) -> APIRouter:
     @router.post(
         "/v1/tasks/{task_id}/logs/exports",
         status_code=202,
-        openapi_extra=EXPORT_BODY,
         response_model=wire.LogExport,
         responses=refusals(404, 409),
     )
@@ -475,11 +459,10 @@ def logs_router(api: LogApi, authenticator: Authenticator) -> APIRouter:
         caller: Caller,
         task_id: str,
         params: Annotated[LogParams, Depends()],
-        body: Annotated[dict[str, Any], Body(default_factory=dict, include_in_schema=False)],
+        body: Annotated[LogExportRequest, Body(default_factory=LogExportRequest)],
     ) -> dict[str, Any]:
         """Start a background export: no filters = the last 30 days, else the matches."""
-        fmt = str(body.get("format", "text"))
-        return await api.start_export(caller, task_id, params.filter(), fmt)
+        return await api.start_export(caller, task_id, params.filter(), body.format)
 
     @router.get("/v1/exports", response_model=list[wire.LogExport], responses=refusals())
     async def list_exports(caller: Caller) -> list[dict[str, Any]]:

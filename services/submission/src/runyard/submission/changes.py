@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
+from runyard.contracts.requests import FIELD_LABELS
 from runyard.contracts.resources import Catalogue, PoolView
 from runyard.contracts.spec import (
     MASK,
@@ -35,15 +36,6 @@ from runyard.submission.warnings import SubmissionWarning
 #: transaction, one event each).
 MAX_GROUP_BYTES = 16 * 1024 * 1024
 
-_LABELS = {
-    "resource_type": "resource type",
-    "pool": "pool",
-    "name": "name",
-    "description": "description",
-    "env": "environment variables",
-    "mounts": "storage mounts",
-}
-
 
 def rerun_with_changes(original: TaskSpec, changes: Mapping[str, Any]) -> TaskSpec:
     """The spec of a rerun with changes: only command, worker spec/count and image may differ.
@@ -55,7 +47,7 @@ def rerun_with_changes(original: TaskSpec, changes: Mapping[str, Any]) -> TaskSp
     for field, value in changes.items():
         _require_known(field)
         if field not in RERUN_CHANGEABLE and not _unchanged(original, field, value):
-            label = _LABELS.get(field, field.replace("_", " "))
+            label = FIELD_LABELS.get(field, field.replace("_", " "))
             raise ChangeError(
                 ErrorCode.RERUN_FIELD_NOT_CHANGEABLE,
                 field,

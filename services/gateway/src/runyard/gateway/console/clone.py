@@ -19,6 +19,8 @@ import yaml
 from fastapi import Request as HttpRequest
 from fastapi.responses import RedirectResponse, Response
 from runyard.api.errors import BadRequest
+from runyard.api.inputs import parse_body
+from runyard.contracts.requests import TaskSubmission
 from runyard.errors import RunyardError
 from runyard.gateway.console.pages import PREFIX, Console, SignedIn, render
 
@@ -73,7 +75,8 @@ async def clone(console: Console, request: HttpRequest, who: SignedIn) -> Respon
     _, hidden = clone_spec(task["spec"])
     text = form.get("spec", "")
     try:
-        created = await console.gw.create_task(who.request(), parse_spec(text))
+        spec = parse_body(TaskSubmission, parse_spec(text))
+        created = await console.gw.create_task(who.request(), spec)
     except RunyardError as exc:
         return render(
             "clone.html",

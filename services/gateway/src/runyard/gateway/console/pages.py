@@ -36,7 +36,9 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from runyard.api.auth import Principal
 from runyard.api.errors import BadRequest, PermissionDenied, Unauthenticated, task_not_found
+from runyard.api.inputs import parse_body
 from runyard.contracts.envelope import utcnow
+from runyard.contracts.requests import RerunChanges, TaskSubmission
 from runyard.contracts.spec import Framework, ResourceType
 from runyard.domain import TERMINAL_STATUSES, TaskStatus, fold
 from runyard.errors import RunyardError
@@ -266,7 +268,7 @@ class Console:
     async def rerun(self, request: HttpRequest, who: SignedIn) -> Response:
         task_id = request.path_params["task_id"]
         await self.form(request, who)
-        await self.gw.rerun_task(who.request(), task_id, {})
+        await self.gw.rerun_task(who.request(), task_id, RerunChanges())
         return RedirectResponse(f"{PREFIX}/tasks/{task_id}", status_code=303)
 
     async def logs(self, request: HttpRequest, who: SignedIn) -> Response:
@@ -356,7 +358,8 @@ class Console:
     async def submit(self, request: HttpRequest, who: SignedIn) -> Response:
         form = await self.form(request, who)
         try:
-            created = await self.gw.create_task(who.request(), _spec_of(form))
+            spec = parse_body(TaskSubmission, _spec_of(form))
+            created = await self.gw.create_task(who.request(), spec)
         except RunyardError as exc:
             return await self._submit_page(who, form, exc, exc.http_status)
         return RedirectResponse(f"{PREFIX}/tasks/{created['task_id']}", status_code=303)

@@ -26,6 +26,8 @@ from urllib.parse import quote
 
 from fastapi import Request as HttpRequest
 from fastapi.responses import RedirectResponse, Response
+from runyard.api.inputs import parse_body
+from runyard.contracts.requests import RerunChanges
 from runyard.domain import RERUN_CHANGEABLE
 from runyard.errors import RunyardError
 from runyard.gateway.console import reads
@@ -121,7 +123,7 @@ async def rerun_with_changes(console: Console, request: HttpRequest, who: Signed
     task = await console.gw.get_task(who.principal, task_id)
     changes = rerun_changes(task["spec"], form)
     try:
-        await console.gw.rerun_task(who.request(), task_id, changes)
+        await console.gw.rerun_task(who.request(), task_id, parse_body(RerunChanges, changes))
     except RunyardError as exc:
         shown = {f: form.get(f, "") for f in RERUN_FIELDS}
         return render("rerun.html", who, status=exc.http_status, task=task, form=shown, error=exc)
