@@ -78,6 +78,7 @@ from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres
 from runyard.stack.serve import SERVICE_NAMES, load_runner
 from runyard.stack.slurm import SlurmCluster, slurm_missing
 from runyard.stack.supervisor import service_processes
+from runyard.stack.tuning import tune_gc
 from runyard.stack.up import run_platform, running, wait_ready
 
 REPO = Path(__file__).resolve().parents[1]
@@ -758,6 +759,7 @@ def main() -> None:
         help="a setting of the embedded Postgres, e.g. synchronous_commit=off (repeatable)",
     )
     args = parser.parse_args()
+    tune_gc()  # as `runyard up` does (in one-process, this process is the platform)
     n = 300 if args.quick else args.n
     idle = args.idle if args.idle is not None else (10 if args.quick else 20)
     if args.runtime == "slurm" and (why := slurm_missing()):

@@ -22,6 +22,9 @@ primary key, same unique constraints and index), in alternating rounds
   (group already joined, fetch_max_wait_ms=5) receives it through the outbox
   relay; ~200 samples at ~50/s; p50 and p99.
 
+Both sides run in this process with the collector tuned as every service
+process tunes it (`runyard.stack.tuning.tune_gc`).
+
 Events are real `TaskQueued` events from the default mapper, ~375 bytes of
 data + metadata JSON. Runyard's side includes encoding them (the mapper and
 the metadata's JSON); the raw side inserts the already-encoded text.
@@ -56,6 +59,7 @@ from runyard.eventstore import NO_STREAM, ExpectedVersion, PostgresEventStore
 from runyard.messaging import KafkaSettings, Topics
 from runyard.relay import OutboxRelay, save_checkpoint
 from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres
+from runyard.stack.tuning import tune_gc
 
 RAW_TABLE = """
 CREATE TABLE raw_events (
@@ -492,7 +496,9 @@ async def with_servers(args: argparse.Namespace) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer events: under a minute")
-    summary = asyncio.run(with_servers(parser.parse_args()))
+    args = parser.parse_args()
+    tune_gc()  # the collector as every service process runs it (runyard.stack.tuning)
+    summary = asyncio.run(with_servers(args))
     print(summary)
 
 

@@ -96,6 +96,10 @@ class NewEvent(Generic[E_co]):
         )
 
 
+#: What a stored event's payload and metadata are until first asked for.
+_UNBUILT: Any = object()
+
+
 class RecordedEvent(Generic[E_co]):
     """An event as stored: payload plus envelope. Immutable.
 
@@ -107,9 +111,10 @@ class RecordedEvent(Generic[E_co]):
     """
 
     # One tuple holds the envelope (event id, stream id, stream version, global
-    # position, occurred at, type name, payload builder, stored metadata): a
-    # reader makes one of these per row, so making it costs one attribute set.
-    # `_event` and `_metadata` are set when built (absent until then).
+    # position, occurred at, type name, payload model, stored payload, stored
+    # metadata): a reader makes one of these per row. `_event` and `_metadata`
+    # are `_UNBUILT` until built (a check, not a caught AttributeError: the
+    # exception would cost more than the payload's validation).
     __slots__ = ("_event", "_f", "_metadata")
     _event: E_co
     _f: tuple[Any, ...]
@@ -129,7 +134,17 @@ class RecordedEvent(Generic[E_co]):
         _set(
             self,
             "_f",
-            (event_id, stream_id, stream_version, global_position, occurred_at, None, None, None),
+            (
+                event_id,
+                stream_id,
+                stream_version,
+                global_position,
+                occurred_at,
+                None,
+                None,
+                None,
+                None,
+            ),
         )
         _set(self, "_event", event)
         _set(self, "_metadata", metadata)
@@ -143,11 +158,13 @@ class RecordedEvent(Generic[E_co]):
         global_position: int,
         occurred_at: datetime,
         event_type: str,
-        decode: Callable[[], E_co],
+        model: type[E_co],
+        data: str | bytes,
         metadata: str | bytes,
     ) -> RecordedEvent[E_co]:
-        """An event as read from the store: `decode()` builds its payload and
-        `metadata` is the stored JSON, both used when first asked for."""
+        """An event as read from the store, its payload `data` in the current schema
+        of `model`: payload and `metadata` (the stored JSON) are validated when first
+        asked for."""
         recorded: RecordedEvent[E_co] = _new(cls)
         _set_f(
             recorded,
@@ -158,10 +175,13 @@ class RecordedEvent(Generic[E_co]):
                 global_position,
                 occurred_at,
                 event_type,
-                decode,
+                model,
+                data,
                 metadata,
             ),
         )
+        _set_event(recorded, _UNBUILT)
+        _set_metadata(recorded, _UNBUILT)
         return recorded
 
     @property
@@ -187,22 +207,20 @@ class RecordedEvent(Generic[E_co]):
     @property
     def event(self) -> E_co:
         """The payload (built on first use for an event read from the store)."""
-        try:
-            return self._event
-        except AttributeError:
-            event: E_co = self._f[6]()
-            object.__setattr__(self, "_event", event)
-            return event
+        event = self._event
+        if event is _UNBUILT:
+            event = self._f[6].model_validate_json(self._f[7])
+            _set_event(self, event)
+        return event
 
     @property
     def metadata(self) -> Metadata:
         """Who or what caused the event (built on first use, as `event`)."""
-        try:
-            return self._metadata
-        except AttributeError:
-            metadata = Metadata.model_validate_json(self._f[7])
-            object.__setattr__(self, "_metadata", metadata)
-            return metadata
+        metadata = self._metadata
+        if metadata is _UNBUILT:
+            metadata = Metadata.model_validate_json(self._f[8])
+            _set_metadata(self, metadata)
+        return metadata
 
     @property
     def type(self) -> str:
@@ -269,7 +287,10 @@ class RecordedEvent(Generic[E_co]):
 
 
 _new = object.__new__
-_set_f = RecordedEvent.__dict__["_f"].__set__  # the slot's own setter
+# The slots' own setters (the class is immutable to everyone else).
+_set_f = RecordedEvent.__dict__["_f"].__set__
+_set_event = RecordedEvent.__dict__["_event"].__set__
+_set_metadata = RecordedEvent.__dict__["_metadata"].__set__
 
 
 def _recorded(*key: Any) -> RecordedEvent[Any]:

@@ -20,7 +20,6 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from functools import partial
 from typing import Any
 from uuid import UUID
 
@@ -280,7 +279,8 @@ class PostgresEventStore(EventStore):
         event_type, schema_version, data = row["event_type"], row["schema_version"], row["data"]
         # An unknown type, or a payload that needs upcasting (or is newer than this
         # code), is dealt with now; a current payload is built when first used.
-        if schema_version != self.mapper.model(event_type).schema_version:
+        model = self.mapper.model(event_type)
+        if schema_version != model.schema_version:
             return RecordedEvent(
                 event_id=row["event_id"],
                 stream_id=row["stream_id"],
@@ -297,7 +297,8 @@ class PostgresEventStore(EventStore):
             row["global_position"],
             row["occurred_at"],
             event_type,
-            partial(self.mapper.decode, event_type, schema_version, data),
+            model,
+            data,
             row["metadata"],
         )
 
@@ -370,17 +371,24 @@ class PostgresAllReader(AllReader):
 
     async def read_rows(self, limit: int) -> list[asyncpg.Record]:
         async with self.store._connection() as conn:
-            rows = await conn.fetch(_READ_ALL, self.position, limit)
-        xmin, xmax = rows[0]["xmin"], rows[0]["xmax"]
-        safe: list[asyncpg.Record] = []
-        for row in rows:
-            position = row["global_position"]
-            if position is None:
-                break
-            if position != self.position + 1 and not self._gap_closed(xmin, xmax):
-                break
-            safe.append(row)
-            self.position = position
+            rows: list[asyncpg.Record] = await conn.fetch(_READ_ALL, self.position, limit)
+        first, last = rows[0]["global_position"], rows[-1]["global_position"]
+        if first is None:
+            return []
+        if first == self.position + 1 and last - first == len(rows) - 1:
+            safe = rows  # positions are unique and ordered: none missing in between
+            self.position = last
+        else:
+            xmin, xmax = rows[0]["xmin"], rows[0]["xmax"]
+            safe = []
+            for row in rows:
+                position = row["global_position"]
+                if position != self.position + 1 and not self._gap_closed(xmin, xmax):
+                    break
+                safe.append(row)
+                self.position = position
+        if self._gap is not None and self.position >= self._gap.position:
+            self._gap = None  # the missing position came, or was given up on
         return safe
 
     def _gap_closed(self, xmin: int, xmax: int) -> bool:

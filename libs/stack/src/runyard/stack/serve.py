@@ -34,6 +34,7 @@ from runyard.eventstore import Migration, apply_migrations, eventstore_migration
 from runyard.eventstore.transient import retrying
 from runyard.messaging import ensure_topics
 from runyard.stack.context import ServiceContext
+from runyard.stack.tuning import tune_gc
 from runyard.telemetry import setup_tracing
 
 log = logging.getLogger("runyard.serve")
@@ -139,6 +140,7 @@ def main(name: str | None = None) -> None:
         format=f"%(asctime)s {name}[%(process)d] %(levelname)s %(name)s: %(message)s",
     )
     setup_tracing(name)
+    tune_gc()
     try:
         asyncio.run(_until_signal(name))
     except SystemExit:

