@@ -111,13 +111,21 @@ class OutboxRelay:
         *,
         batch_size: int = 500,
         poll_interval: float = 0.005,
+        quiet_poll_interval: float = 0.025,
+        quiet_after_s: float = 1.0,
         broker_check_interval: float = 1.0,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
         self.store = store
         self.kafka = kafka
         self.batch_size = batch_size
+        #: How often an empty log is read again: every `poll_interval` while events
+        #: came within `quiet_after_s`, else every `quiet_poll_interval` (a quiet
+        #: platform costs a fifth of the queries; the first event after a quiet
+        #: spell waits 12 ms more on average, the events it causes none).
         self.poll_interval = poll_interval
+        self.quiet_poll_interval = quiet_poll_interval
+        self.quiet_after_s = quiet_after_s
         self.broker_check_interval = broker_check_interval
         self.max_message_bytes = max_message_bytes
         self.stats = RelayStats()
@@ -141,6 +149,8 @@ class OutboxRelay:
         # from the start (not for a log published before they were): else replay it all.
         self._published_complete = position == 0 or bool(self._published)
         reader = self.store.all_reader(position)
+        loop = asyncio.get_running_loop()
+        last_event = loop.time()
         try:
             while True:
                 if await self._broker_lost():
@@ -151,8 +161,12 @@ class OutboxRelay:
                 )
                 self.ready.set()
                 if not batch:
-                    await asyncio.sleep(reader.idle_delay(self.poll_interval))
-                elif await self._publish(batch):
+                    quiet = loop.time() - last_event > self.quiet_after_s
+                    poll = self.quiet_poll_interval if quiet else self.poll_interval
+                    await asyncio.sleep(reader.idle_delay(poll))
+                    continue
+                last_event = loop.time()
+                if await self._publish(batch):
                     self._count_replayed(batch)
                     published = dict(self._published)
                     save = partial(save_checkpoint, pool, reader.position, published=published)
