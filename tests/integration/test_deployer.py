@@ -457,3 +457,55 @@ async def test_a_runtime_exception_at_start_fails_the_task_and_frees_its_gpus(
         with contextlib.suppress(BaseException):
             await pumping
         await store.close()
+
+
+async def test_only_so_many_deployments_run_their_stages_at_once(
+    dsn: str, tmp_path: Path
+) -> None:
+    """`deploys_at_once=1`: three placements handed over together deploy one after
+    the other (no stage of one between the first and last stage of another), and a
+    task stopped while waiting its turn ends without running a stage."""
+    store = await PostgresEventStore.connect(dsn, default_mapper())
+    config = LocalRuntimeConfig(
+        scratch_root=tmp_path / "scratch",
+        volumes_root=tmp_path / "volumes",
+        images={"bash-only": Path("/usr")},
+        grace_s=2.0,
+        deploys_at_once=1,
+    )
+    runtime = LocalRuntime(config)
+    app = DeployerApp(store, runtime, stop_grace_s=1.0)
+    h = Harness(store, app, runtime)
+    turn = runtime.stage_slots(None)  # type: ignore[arg-type]  # one for every deployment
+    assert turn is not None
+    try:
+        async with turn:  # the test's turn first: every placement waits
+            for task_id in ("one", "two", "three"):
+                await h.launch(task_id, make_spec("true"), wait=False)
+            await asyncio.sleep(0.3)
+            for task_id in ("one", "two", "three"):
+                assert "DeployStageStarted" not in await h.types(task_id)
+            await h.deliver(await h.append("three", _stop("three", await h.state("three"))))
+        await asyncio.wait_for(app.drain(), 30)
+
+        spans = {}
+        for task_id in ("one", "two"):
+            stages = [e for e in await h.events(task_id) if e.type.startswith("DeployStage")]
+            assert [e.type for e in stages][-1] == "DeployStageCompleted"
+            spans[task_id] = (stages[0].global_position, stages[-1].global_position)
+        (_, a_last), (b_first, _) = sorted(spans.values())
+        assert a_last < b_first, "the second deployment's stages waited for the first's"
+        assert (await h.state("one")).status == "succeeded"
+        assert (await h.state("two")).status == "succeeded"
+        three = await h.types("three")
+        assert "DeployStageStarted" not in three and (await h.state("three")).finished
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(app.close(), 5)
+        await store.close()
+
+
+def _stop(task_id: str, state: Any) -> list[Event]:
+    from datetime import UTC, datetime
+
+    return decide(state, RequestStop(task_id), now=datetime.now(UTC), ids=lambda: "x")

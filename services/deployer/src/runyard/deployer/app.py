@@ -444,22 +444,10 @@ class DeployerApp:
             "storage_mount": self.runtime.mount_storage,
             "env_init": init_env,
         }
-        started_next = False  # the stage was started with the previous one's completion
-        for i, stage in enumerate(DEPLOY_STAGES):
-            if active.stopping and not started_next:
-                return
-            if stage in state.stages_done:  # resumed after a restart: prepare it again
-                ok = await self._redo(active, stage, steps[stage], meta)
-                started_next = False
-            else:
-                # started before a restart (finish it), or with the previous one
-                running = started_next or stage == state.stage
-                then = DEPLOY_STAGES[i + 1] if i + 1 < len(DEPLOY_STAGES) else None
-                ok = await self._stage(
-                    active, stage, steps[stage], meta, started=running, then=then
-                )
-                started_next = then is not None
-            if not ok:
+        slots = getattr(self.runtime, "stage_slots", None)
+        slot = slots(d) if slots is not None else None
+        async with slot or contextlib.nullcontext():
+            if not await self._stages(active, state, steps, meta):
                 return
         if not active.may_start.is_set():
             check = (await self._load(d.task_id) or state).env_check
@@ -495,6 +483,29 @@ class DeployerApp:
         if active.stopping:
             await self.runtime.stop(d.key, self.stop_grace_s)
         await self._wait_workers(d.key)
+
+    async def _stages(
+        self, active: _Active, state: TaskState, steps: dict[str, Any], meta: Metadata
+    ) -> bool:
+        """The four deploy stages in order; False when the deployment must not go on."""
+        started_next = False  # the stage was started with the previous one's completion
+        for i, stage in enumerate(DEPLOY_STAGES):
+            if active.stopping and not started_next:
+                return False
+            if stage in state.stages_done:  # resumed after a restart: prepare it again
+                ok = await self._redo(active, stage, steps[stage], meta)
+                started_next = False
+            else:
+                # started before a restart (finish it), or with the previous one
+                running = started_next or stage == state.stage
+                then = DEPLOY_STAGES[i + 1] if i + 1 < len(DEPLOY_STAGES) else None
+                ok = await self._stage(
+                    active, stage, steps[stage], meta, started=running, then=then
+                )
+                started_next = then is not None
+            if not ok:
+                return False
+        return True
 
     async def _start_env_check(self, active: _Active) -> None:
         """Run the env check program in every worker (R-30), once per deployment.

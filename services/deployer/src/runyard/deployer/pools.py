@@ -18,6 +18,7 @@ never finds (and ends) what another started.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Mapping
 from datetime import datetime
@@ -114,6 +115,10 @@ class PoolRuntimes:
         return getattr(runtime, name, None) if runtime is not None else None
 
     # -- the Runtime protocol ------------------------------------------------------------
+
+    def stage_slots(self, deployment: Deployment) -> asyncio.Semaphore | None:
+        slots = self._optional(self.of(deployment), "stage_slots")
+        return slots(deployment) if slots is not None else None
 
     async def allocate(self, deployment: Deployment) -> None:
         await self.of(deployment).allocate(deployment)

@@ -281,6 +281,9 @@ class LocalRuntimeConfig:
     #: Keep a finished deployment's output files until the log service has stored
     #: every line (`runyard.deployer.outputs`); otherwise cleanup removes them at once.
     keep_output: bool = False
+    #: Deployments whose deploy stages run at once; the others wait their turn, so a
+    #: burst of placements finishes one by one rather than all slowly together.
+    deploys_at_once: int = 16
 
     @classmethod
     def from_mapping(
@@ -299,7 +302,18 @@ class LocalRuntimeConfig:
             namespaces=raw.get("namespaces"),
             worker_user=str(raw.get("worker_user") or "runyard-worker"),
             hidden=(data_dir.absolute(), *(Path(str(p)) for p in raw.get("hide") or ())),
+            deploys_at_once=_at_least_one(raw.get("deploys_at_once", 16), "deploys_at_once"),
         )
+
+
+def _at_least_one(value: Any, name: str) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = 0
+    if number < 1:
+        raise ValueError(f"runtime.yaml: local.{name} is {value!r}: use a whole number >= 1")
+    return number
 
 
 def _runyard_root() -> Path:
@@ -428,6 +442,7 @@ class LocalRuntime:
 
     def __init__(self, config: LocalRuntimeConfig) -> None:
         self.config = config
+        self._stage_slots = asyncio.Semaphore(config.deploys_at_once)
         self._deps: dict[DeploymentKey, _Local] = {}
         self._kept: dict[DeploymentKey, KeptOutput] | None = None
         self.dropped_lines = 0
@@ -458,6 +473,11 @@ class LocalRuntime:
             )
 
     # -- stages ------------------------------------------------------------------
+
+    def stage_slots(self, deployment: Deployment) -> asyncio.Semaphore | None:
+        """What a deployment's stages take a turn of (`deploys_at_once`): they are this
+        machine's own work, so only so many run at once."""
+        return self._stage_slots
 
     async def allocate(self, deployment: Deployment) -> None:
         key = deployment.key

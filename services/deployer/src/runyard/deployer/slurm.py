@@ -285,6 +285,11 @@ class SlurmRuntime(LocalRuntime):
 
     # -- stages ------------------------------------------------------------------------
 
+    def stage_slots(self, deployment: Deployment) -> asyncio.Semaphore | None:
+        """None: a Slurm job waits in the cluster's queue during `allocate`, and must
+        not hold back the pools whose stages are this machine's work."""
+        return None
+
     async def allocate(self, deployment: Deployment) -> None:
         key = deployment.key
         if key in self._deps:
