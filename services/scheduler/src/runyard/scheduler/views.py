@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 import asyncpg
+from pydantic_core import to_json
 from runyard.eventstore import apply_migrations, load_migrations
 from runyard.scheduler.domain import (
     PoolState,
@@ -193,7 +194,9 @@ async def write_view(conn: Queryable, view: dict[str, Any], *, table: str = POOL
            WHERE v.version <= EXCLUDED.version""",
         view["pool_id"],
         view["version"],
-        json.dumps(view),
+        # pydantic's encoder: a third of json.dumps's time on a pool with hundreds of
+        # tasks, and this is written after every batch the scheduler handles
+        to_json(view).decode(),
     )
 
 
