@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -62,6 +63,14 @@ async def running(consumer: LogBatchConsumer) -> AsyncIterator[asyncio.Task[None
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+@pytest.fixture
+def kafka(kafka: KafkaSettings) -> KafkaSettings:
+    """The test's settings with a 1 s group session (heartbeat every 200 ms): each test
+    here starts several members of one group in turn, and the broker holds a join, or a
+    member that stopped without leaving, for a time that grows with the session."""
+    return dataclasses.replace(kafka, session_timeout_ms=1000, heartbeat_interval_ms=200)
 
 
 def group() -> str:
