@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -20,6 +19,7 @@ from runyard.messaging.batches import LogBatchConsumer
 from runyard.telemetry import setup_metrics
 from runyard.telemetry.metrics import metrics_text
 
+from tests.conftest import quick_groups
 from tests.integration.test_metrics import value
 from tests.integration.test_relay import wait_until
 from tests.log_records import log_record
@@ -67,10 +67,8 @@ async def running(consumer: LogBatchConsumer) -> AsyncIterator[asyncio.Task[None
 
 @pytest.fixture
 def kafka(kafka: KafkaSettings) -> KafkaSettings:
-    """The test's settings with a 1 s group session (heartbeat every 200 ms): each test
-    here starts several members of one group in turn, and the broker holds a join, or a
-    member that stopped without leaving, for a time that grows with the session."""
-    return dataclasses.replace(kafka, session_timeout_ms=1000, heartbeat_interval_ms=200)
+    """Each test here starts several members of one group in turn (`quick_groups`)."""
+    return quick_groups(kafka)
 
 
 def group() -> str:
