@@ -86,6 +86,18 @@ def copy_config(target: Path, *, grace_s: float = 2.0) -> Path:
     return target
 
 
+def restarts_capped(seconds: float) -> Callable[[Path], None]:
+    """A `configure` for `running_platform`: the deployer waits at most `seconds` before
+    a restart (runtime.yaml `deployer: max_restart_delay_s`), not the backoff's 10 s."""
+
+    def configure(config: Path) -> None:
+        runtime = yaml.safe_load((config / "runtime.yaml").read_text())
+        runtime["deployer"] = {**(runtime.get("deployer") or {}), "max_restart_delay_s": seconds}
+        (config / "runtime.yaml").write_text(yaml.safe_dump(runtime))
+
+    return configure
+
+
 @dataclass
 class Platform:
     ctx: ServiceContext
