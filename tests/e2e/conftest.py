@@ -26,9 +26,17 @@ processes (`Platform.worker_pids`, by the variables the runtime gives them).
 RUNYARD_E2E_SKIP=logs,faulttolerance (service names, comma-separated) leaves
 services out, to tell a service's own failure from the path under test.
 
+A module whose tests do not disturb each other (each submits tasks of its own
+and waits for what it started) may share its platforms (`SharedPlatform`,
+`shared_platform`): one per layout, started for the first test that needs it
+and stopped once the next test needs the other layout or the module ends; its
+tests then run grouped by layout (`pytest_collection_modifyitems`), so a
+module starts at most one platform of each.
+
 After a test that passed, every event of its database must keep the audit
 chain (R-62, `audit.py`): each names its cause, and the causes lead back to a
-person's request or an admin's action.
+person's request or an admin's action. (A shared platform's database is checked
+after each test and again once the platform stopped.)
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ import os
 import shutil
 import socket
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,12 +58,13 @@ import httpx
 import pytest
 import yaml
 from runyard.api.auth import create_token
-from runyard.messaging import KafkaSettings
+from runyard.messaging import KafkaSettings, Topics, ensure_topics
 from runyard.stack.context import ServiceContext
 from runyard.stack.serve import SERVICE_NAMES, load_runner
 from runyard.stack.supervisor import Supervisor, service_processes
 from runyard.stack.up import run_platform, wait_ready
 
+from tests.conftest import fresh_database
 from tests.e2e.audit import assert_audit_chain
 
 REPO = Path(__file__).resolve().parents[2]
@@ -74,6 +84,18 @@ def copy_config(target: Path, *, grace_s: float = 2.0) -> Path:
     runtime["local"]["grace_s"] = grace_s
     (target / "runtime.yaml").write_text(yaml.safe_dump(runtime))
     return target
+
+
+def restarts_capped(seconds: float) -> Callable[[Path], None]:
+    """A `configure` for `running_platform`: the deployer waits at most `seconds` before
+    a restart (runtime.yaml `deployer: max_restart_delay_s`), not the backoff's 10 s."""
+
+    def configure(config: Path) -> None:
+        runtime = yaml.safe_load((config / "runtime.yaml").read_text())
+        runtime["deployer"] = {**(runtime.get("deployer") or {}), "max_restart_delay_s": seconds}
+        (config / "runtime.yaml").write_text(yaml.safe_dump(runtime))
+
+    return configure
 
 
 @dataclass
@@ -279,3 +301,104 @@ async def running_platform(
 async def platform(dsn: str, kafka: KafkaSettings, tmp_path: Path) -> AsyncIterator[Platform]:
     async with running_platform(dsn, kafka, tmp_path) as running:
         yield running
+
+
+def layout_of(item: pytest.Item) -> str:
+    """The layout `item` runs in: `processes` when it is marked so, else RUNYARD_E2E_LAYOUT's."""
+    return "processes" if item.get_closest_marker("processes") else LAYOUT
+
+
+class SharedPlatform:
+    """The platforms of a module's tests, one at a time: `get(layout)` gives the one
+    running in `layout`, started at the first call (a database and topic prefix of its
+    own, a home folder from `home`), and stops the other layout's first. `close` stops
+    the one running. `options` go to `running_platform` (`configure`, settings)."""
+
+    def __init__(
+        self, postgres_url: str, kafka_bootstrap: str, home: Callable[[], Path], **options: Any
+    ) -> None:
+        self.postgres_url = postgres_url
+        self.kafka_bootstrap = kafka_bootstrap
+        self.home = home
+        self.options = options
+        self._running: tuple[str, Platform, contextlib.AsyncExitStack] | None = None
+
+    async def get(self, layout: str) -> Platform:
+        if self._running is not None and self._running[0] == layout:
+            return self._running[1]
+        await self.close()
+        stack = contextlib.AsyncExitStack()
+        try:
+            kafka = KafkaSettings(
+                bootstrap=self.kafka_bootstrap, topics=Topics(prefix=f"t{uuid.uuid4().hex[:10]}.")
+            )
+            await ensure_topics(kafka.bootstrap, kafka.topics)
+            dsn = await stack.enter_async_context(fresh_database(self.postgres_url))
+            platform = await stack.enter_async_context(
+                running_platform(dsn, kafka, self.home(), layout=layout, **self.options)
+            )
+        except BaseException:
+            await stack.aclose()
+            raise
+        self._running = (layout, platform, stack)
+        return platform
+
+    async def close(self) -> None:
+        if self._running is not None:
+            _, _, stack = self._running
+            self._running = None
+            await stack.aclose()
+
+
+@contextlib.asynccontextmanager
+async def shared_for_module(
+    postgres_url: str,
+    kafka_bootstrap: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    **options: Any,
+) -> AsyncIterator[SharedPlatform]:
+    """A `SharedPlatform` for one module, its homes under the session's temp folder."""
+    shared = SharedPlatform(
+        postgres_url, kafka_bootstrap, lambda: tmp_path_factory.mktemp(name), **options
+    )
+    try:
+        yield shared
+    finally:
+        await shared.close()
+
+
+@contextlib.asynccontextmanager
+async def platform_for_test(
+    shared: SharedPlatform, request: pytest.FixtureRequest
+) -> AsyncIterator[Platform]:
+    """The shared platform of this test's layout; its audit chain checked after the test."""
+    running = await shared.get(layout_of(request.node))
+    yield running
+    await assert_audit_chain(running.ctx.dsn)
+
+
+@pytest.fixture(scope="module")
+async def shared_platform(
+    postgres_url: str, kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[SharedPlatform]:
+    """The module's shared platforms, with the defaults of `platform`."""
+    async with shared_for_module(
+        postgres_url, kafka_bootstrap, tmp_path_factory, "shared"
+    ) as shared:
+        yield shared
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """In a module with `SHARED_PLATFORM = True`, the tests of one layout run together
+    (in the order they had otherwise), so it starts one platform of each layout at most."""
+    start = 0
+    while start < len(items):
+        module = getattr(items[start], "module", None)
+        end = start
+        while end < len(items) and getattr(items[end], "module", None) is module:
+            end += 1
+        if getattr(module, "SHARED_PLATFORM", False):
+            items[start:end] = sorted(items[start:end], key=lambda i: layout_of(i) != LAYOUT)
+        start = end

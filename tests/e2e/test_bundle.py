@@ -1,8 +1,8 @@
 """The support bundle of a task that really ran, crashed, restarted and failed (R-70).
 
-The whole platform runs in-process (conftest.py); the task's launch command
-prints its own creator-only token, then raises. The bundle, fetched through
-the gateway, tells the story without the token.
+The whole platform runs in-process (conftest.py), its restart after at most 0.5 s;
+the task's launch command prints its own creator-only token, then raises. The
+bundle, fetched through the gateway, tells the story without the token.
 """
 
 from __future__ import annotations
@@ -11,10 +11,13 @@ import asyncio
 import io
 import json
 import zipfile
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
+from runyard.messaging import KafkaSettings
 
-from tests.e2e.conftest import Platform
+from tests.e2e.conftest import Platform, restarts_capped, running_platform
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -24,6 +27,12 @@ echo "step 1 loss=2.30"
 echo "logging in with $HF_TOKEN"
 python -c 'raise RuntimeError("injected crash")'
 """
+
+
+@pytest.fixture
+async def platform(dsn: str, kafka: KafkaSettings, tmp_path: Path) -> AsyncIterator[Platform]:
+    async with running_platform(dsn, kafka, tmp_path, configure=restarts_capped(0.5)) as running:
+        yield running
 
 
 async def test_the_bundle_of_a_real_failed_task(platform: Platform) -> None:

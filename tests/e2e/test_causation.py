@@ -24,11 +24,13 @@ from tests.e2e.test_fault_tolerance import (
     feishu,
     ft_log,
     ft_platform,
+    ft_shared,
     of,
     wait_events,
 )
 
-__all__ = ["feishu", "ft_platform"]  # fixtures shared with the fault-tolerance tests
+# fixtures shared with the fault-tolerance tests (this module's one test has its platform)
+__all__ = ["feishu", "ft_platform", "ft_shared"]
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

@@ -7,6 +7,8 @@ services run too. Without Chromium the tests are skipped, saying so.
 Screenshots of the pages land in RUNYARD_CONSOLE_SHOTS (default
 `build/console-screenshots`), kept by CI as artifacts; each page shot is also
 checked for accessibility with axe-core (axe-playwright-python's copy).
+The tests share one platform and one browser (each test has tasks, users and
+browser contexts of its own).
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ import asyncpg
 import pytest
 from runyard.api.auth import create_token
 
-from tests.e2e.conftest import REPO, Platform
+from tests.e2e.conftest import REPO, Platform, SharedPlatform, platform_for_test
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+SHARED_PLATFORM = True
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -51,6 +55,14 @@ axe = pytest.importorskip("axe_playwright_python.async_playwright")
 
 
 @pytest.fixture
+async def platform(
+    shared_platform: SharedPlatform, request: pytest.FixtureRequest
+) -> AsyncIterator[Platform]:
+    async with platform_for_test(shared_platform, request) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
 async def browser() -> AsyncIterator[Any]:
     async with async_api.async_playwright() as pw:
         launched = await pw.chromium.launch(
@@ -100,10 +112,10 @@ def base_url(platform: Platform) -> str:
 
 
 async def test_sign_in_submit_watch_live_then_stage_chart_logs_and_rerun(
-    platform: Platform, dsn: str, browser: Any
+    platform: Platform, browser: Any
 ) -> None:
     base = base_url(platform)
-    alice = await member_token(dsn, "e2e", "carol")
+    alice = await member_token(platform.ctx.dsn, "e2e", "carol")
 
     # A token the gateway does not know: a clear refusal, no session.
     context = await browser.new_context(base_url=base)
@@ -208,15 +220,15 @@ async def test_sign_in_submit_watch_live_then_stage_chart_logs_and_rerun(
 
 
 async def test_failed_task_shows_its_first_error_tenants_see_only_theirs_csrf_needed(
-    platform: Platform, dsn: str, browser: Any
+    platform: Platform, browser: Any
 ) -> None:
     base = base_url(platform)
     failing = "echo starting; python3 -c \"raise RuntimeError('injected console failure')\""
     created = await platform.submit(name="tenant-one", command=failing)
     task_id = created["task_id"]
     await platform.wait_status(task_id, "failed")
-    owner = await member_token(dsn, "e2e", "dave")
-    stranger = await member_token(dsn, "other", "erin")
+    owner = await member_token(platform.ctx.dsn, "e2e", "dave")
+    stranger = await member_token(platform.ctx.dsn, "other", "erin")
 
     context, page = await signed_in(browser, base, owner)
     await page.click(f'tr[data-task-id="{task_id}"] a')

@@ -7,6 +7,8 @@ Short knobs come from settings and the test's config copy, never from changed
 defaults: the deployer's `max_restart_delay_s` (runtime.yaml
 `deployer:`) so a restart follows in about a second, and the FT service's
 `faulttolerance_resume_wait_s` so the "no checkpoint loaded" warning comes soon.
+The tests share the module's platforms (one per layout, `SHARED_PLATFORM`), each
+with tasks of its own.
 """
 
 from __future__ import annotations
@@ -24,13 +26,19 @@ import yaml
 from runyard.deployer.runtime import group_members
 from runyard.deployer.stacks import py_spy_binary
 
-from tests.e2e import conftest as e2e
-from tests.e2e.conftest import Platform, running_platform
+from tests.e2e.conftest import (
+    Platform,
+    SharedPlatform,
+    platform_for_test,
+    shared_for_module,
+)
 from tests.feishu_fake import FeishuFake
 from tests.unit.test_cli import cli
 from tests.unit.test_faulttolerance_slowdown import SEED_LINES, seed_ms
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+SHARED_PLATFORM = True
 
 CKPT = [{"file_system": "fs-main", "volume": "checkpoints", "mount_path": "/mnt/ckpt"}]
 RESUME_WAIT_S = 2.0
@@ -40,7 +48,7 @@ HANG_TIMEOUT_S = 10  # the spec's minimum
 FEISHU_BOT = "ft-alerts"
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 async def feishu() -> AsyncIterator[FeishuFake]:
     fake = FeishuFake(bots={FEISHU_BOT: None})
     await fake.start()
@@ -50,33 +58,48 @@ async def feishu() -> AsyncIterator[FeishuFake]:
         await fake.stop()
 
 
+def ft_options(feishu: FeishuFake) -> dict[str, Any]:
+    """`running_platform`'s options for restarts after at most 0.5 s, a short resume
+    wait, and alerts allowed to the fake Feishu bot (sent without waiting for a group
+    window)."""
+
+    def short_restarts(config: Path) -> None:
+        runtime = yaml.safe_load((config / "runtime.yaml").read_text())
+        runtime["deployer"] = {**(runtime.get("deployer") or {}), "max_restart_delay_s": 0.5}
+        (config / "runtime.yaml").write_text(yaml.safe_dump(runtime))
+        origins = {"webhook_origins": [f"http://127.0.0.1:{feishu.port}"]}
+        (config / "notification.yaml").write_text(yaml.safe_dump(origins))
+
+    return {
+        "configure": short_restarts,
+        "faulttolerance_resume_wait_s": RESUME_WAIT_S,
+        "notification_group_window_s": 0.1,
+        "notification_poll_s": 0.1,
+    }
+
+
+@pytest.fixture(scope="module")
+async def ft_shared(
+    postgres_url: str,
+    kafka_bootstrap: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    feishu: FeishuFake,
+) -> AsyncIterator[SharedPlatform]:
+    """The module's platforms (`ft_options`), shared by its tests: each has tasks of
+    its own and waits for what it needs of them."""
+    async with shared_for_module(
+        postgres_url, kafka_bootstrap, tmp_path_factory, "ft", **ft_options(feishu)
+    ) as shared:
+        yield shared
+
+
 @pytest.fixture
 async def ft_platform(
-    dsn: str, kafka: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, feishu: FeishuFake
+    ft_shared: SharedPlatform, request: pytest.FixtureRequest
 ) -> AsyncIterator[Platform]:
-    """The platform with restarts after at most 0.5 s, a short resume wait, and alerts
-    allowed to the fake Feishu bot (sent without waiting for a group window)."""
-    copy = e2e.copy_config
-
-    def short_restarts(target: Path, *, grace_s: float = 2.0) -> Path:
-        copied = copy(target, grace_s=grace_s)
-        runtime = yaml.safe_load((copied / "runtime.yaml").read_text())
-        runtime["deployer"] = {**(runtime.get("deployer") or {}), "max_restart_delay_s": 0.5}
-        (copied / "runtime.yaml").write_text(yaml.safe_dump(runtime))
-        origins = {"webhook_origins": [f"http://127.0.0.1:{feishu.port}"]}
-        (copied / "notification.yaml").write_text(yaml.safe_dump(origins))
-        return copied
-
-    monkeypatch.setattr(e2e, "copy_config", short_restarts)
-    async with running_platform(
-        dsn,
-        kafka,
-        tmp_path,
-        faulttolerance_resume_wait_s=RESUME_WAIT_S,
-        notification_group_window_s=0.1,
-        notification_poll_s=0.1,
-    ) as platform:
-        yield platform
+    """The platform of `ft_options` in this test's layout."""
+    async with platform_for_test(ft_shared, request) as running:
+        yield running
 
 
 async def ft_log(platform: Platform, task_id: str) -> dict[str, Any]:

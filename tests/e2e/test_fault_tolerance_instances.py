@@ -7,8 +7,8 @@ that hang (a line, then silence) are submitted until both instances hold some
 of them; then instance `b` is killed with SIGKILL while every task runs. The
 survivor takes `b`'s partitions over and, with them, the watches of its silent
 tasks (from the `ft_watched_tasks` rows, not from a line that never comes).
-Every task's hang is detected exactly once, restarts it, and the restarted
-attempt succeeds.
+Every task's hang is detected exactly once, restarts it (after at most 0.5 s), and
+the restarted attempt succeeds.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from runyard.messaging.progress import partition_of
 from runyard.messaging.topics import PARTITIONS, TASK_EVENTS
 from runyard.stack.supervisor import ChildSpec, Supervisor, service_specs
 
-from tests.e2e.conftest import Platform, free_port, running_platform
+from tests.e2e.conftest import Platform, free_port, restarts_capped, running_platform
 
 pytestmark = pytest.mark.slow
 
@@ -83,7 +83,9 @@ async def events_of(platform: Platform, task_id: str, kind: str) -> list[dict[st
 async def test_two_instances_share_hung_tasks_and_one_takes_over_when_the_other_dies(
     dsn: str, kafka: KafkaSettings, tmp_path: Path
 ) -> None:
-    async with running_platform(dsn, kafka, tmp_path, layout="processes") as platform:
+    async with running_platform(
+        dsn, kafka, tmp_path, layout="processes", configure=restarts_capped(0.5)
+    ) as platform:
         second, second_url = await second_instance(platform)
         try:
             urls = [platform.ctx.endpoints["faulttolerance"], second_url]

@@ -29,7 +29,11 @@ from runyard.gateway.replay import placement_view
 from runyard.gateway.views import task_view
 
 from tests.e2e.conftest import Platform
-from tests.e2e.test_fault_tolerance import feishu, ft_platform  # noqa: F401  (fixtures)
+from tests.e2e.test_fault_tolerance import (  # noqa: F401  (fixtures)
+    feishu,
+    ft_platform,
+    ft_shared,
+)
 from tests.unit.test_cli import cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -38,8 +42,8 @@ CRASHES_IN_ATTEMPT_1 = 'if [ "$RUNYARD_ATTEMPT" = 1 ]; then sleep 60; fi; sleep 
 
 
 @pytest.fixture
-async def store(dsn: str) -> AsyncIterator[PostgresEventStore]:
-    opened = await PostgresEventStore.connect(dsn, default_mapper())
+async def store(ft_platform: Platform) -> AsyncIterator[PostgresEventStore]:  # noqa: F811
+    opened = await PostgresEventStore.connect(ft_platform.ctx.dsn, default_mapper())
     yield opened
     await opened.close()
 

@@ -4,7 +4,9 @@ killed with SIGKILL takes its running jobs back when it is started again.
 
 The platform's config gets a pool `slurm-e2e` whose nodes are the test cluster's
 (n1, n2; `runyard.stack.slurm`) and, in runtime.yaml, `runtime: slurm` for it.
-Skipped, with the reason, where Slurm cannot run.
+The tests share the module's platforms (one per layout, `SHARED_PLATFORM`), each
+with tasks of its own; the deployer's kill has a platform of its own. Skipped,
+with the reason, where Slurm cannot run.
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ from runyard.messaging import KafkaSettings
 from runyard.stack.slurm import SlurmCluster
 from runyard.stack.up import wait_ready
 
-from tests.e2e.conftest import Platform, running_platform
+from tests.e2e.conftest import (
+    Platform,
+    SharedPlatform,
+    platform_for_test,
+    running_platform,
+    shared_for_module,
+)
 from tests.e2e.test_fault_tolerance import (
     CKPT,
     HANG_TIMEOUT_S,
@@ -39,6 +47,8 @@ from tests.e2e.test_fault_tolerance import (
 from tests.e2e.test_tasks import ALLREDUCE
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.slurm]
+
+SHARED_PLATFORM = True
 
 POOL = "slurm-e2e"
 
@@ -71,13 +81,32 @@ def slurm_pool(cluster: SlurmCluster) -> Any:
     return configure
 
 
+@pytest.fixture(scope="module")
+async def slurm_shared(
+    postgres_url: str,
+    kafka_bootstrap: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    _slurm_session: SlurmCluster,
+) -> AsyncIterator[SharedPlatform]:
+    """The platforms of the module's tests but the deployer's kill (one per layout), with
+    the Slurm pool and the fault-tolerance service's short resume wait."""
+    async with shared_for_module(
+        postgres_url,
+        kafka_bootstrap,
+        tmp_path_factory,
+        "slurm",
+        configure=slurm_pool(_slurm_session),
+        faulttolerance_resume_wait_s=RESUME_WAIT_S,
+    ) as shared:
+        yield shared
+
+
 @pytest.fixture
 async def on_slurm(
-    dsn: str, kafka: KafkaSettings, tmp_path: Path, slurm_cluster: SlurmCluster
+    slurm_shared: SharedPlatform, slurm_cluster: SlurmCluster, request: pytest.FixtureRequest
 ) -> AsyncIterator[Platform]:
-    async with running_platform(
-        dsn, kafka, tmp_path, configure=slurm_pool(slurm_cluster)
-    ) as running:
+    """The module's platform in this test's layout, on the cluster with every node idle."""
+    async with platform_for_test(slurm_shared, request) as running:
         yield running
 
 
@@ -173,18 +202,9 @@ async def test_a_node_slurm_drains_under_a_running_task_moves_it_to_the_other_no
 
 
 @pytest.fixture
-async def ft_on_slurm(
-    dsn: str, kafka: KafkaSettings, tmp_path: Path, slurm_cluster: SlurmCluster
-) -> AsyncIterator[Platform]:
-    """`on_slurm` with the fault-tolerance service's short resume wait."""
-    async with running_platform(
-        dsn,
-        kafka,
-        tmp_path,
-        configure=slurm_pool(slurm_cluster),
-        faulttolerance_resume_wait_s=RESUME_WAIT_S,
-    ) as running:
-        yield running
+async def ft_on_slurm(on_slurm: Platform) -> Platform:
+    """`on_slurm` (it has the fault-tolerance service's short resume wait)."""
+    return on_slurm
 
 
 async def test_a_crash_on_slurm_restarts_once_and_resumes_from_the_checkpoint(
@@ -279,12 +299,17 @@ def jobs_of(cluster: SlurmCluster, task_id: str) -> list[str]:
 
 @pytest.mark.processes
 async def test_a_deployer_killed_while_slurm_jobs_run_adopts_them_and_records_their_exits(
-    dsn: str, kafka: KafkaSettings, tmp_path: Path, slurm_cluster: SlurmCluster
+    dsn: str,
+    kafka: KafkaSettings,
+    tmp_path: Path,
+    slurm_cluster: SlurmCluster,
+    slurm_shared: SharedPlatform,
 ) -> None:
     """kill -9 of the deployer's process while two Slurm jobs run; the supervisor starts
     it again; it takes both jobs back by their recorded ids (no second sbatch) and the
     tasks end with the exit status of their commands, which end only once the new
     deployer answers (each waits for a file in its working directory)."""
+    await slurm_shared.close()  # its deployer is the only one on the cluster
     async with running_platform(
         dsn,
         kafka,

@@ -1,9 +1,10 @@
 """Tasks really run, end to end.
 
 Every test goes through the gateway's HTTP API to the whole platform (relay,
-scheduler, deployer with the local runtime, ...; each service in its own
-process by default) on its own Postgres database and Kafka topic prefix; see
-conftest.py.
+scheduler, deployer with the local runtime, ...), on a Postgres database and Kafka
+topic prefix of its own; see conftest.py. The tests share the module's platforms
+(one per layout, `SHARED_PLATFORM`): each submits tasks of its own and waits for
+every one it started to end.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
 
@@ -19,9 +21,20 @@ from aiokafka import AIOKafkaConsumer
 from runyard.contracts.task_events import DEPLOY_STAGES
 from runyard.deployer.runtime import group_members
 
-from tests.e2e.conftest import Platform
+from tests.e2e.conftest import Platform, SharedPlatform, platform_for_test
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+SHARED_PLATFORM = True
+
+
+@pytest.fixture
+async def platform(
+    shared_platform: SharedPlatform, request: pytest.FixtureRequest
+) -> AsyncIterator[Platform]:
+    async with platform_for_test(shared_platform, request) as running:
+        yield running
+
 
 PIPE_WARNING = "command.pipe_without_pipefail"
 

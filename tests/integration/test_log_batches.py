@@ -19,6 +19,7 @@ from runyard.messaging.batches import LogBatchConsumer
 from runyard.telemetry import setup_metrics
 from runyard.telemetry.metrics import metrics_text
 
+from tests.conftest import quick_groups
 from tests.integration.test_metrics import value
 from tests.integration.test_relay import wait_until
 from tests.log_records import log_record
@@ -62,6 +63,12 @@ async def running(consumer: LogBatchConsumer) -> AsyncIterator[asyncio.Task[None
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+@pytest.fixture
+def kafka(kafka: KafkaSettings) -> KafkaSettings:
+    """Each test here starts several members of one group in turn (`quick_groups`)."""
+    return quick_groups(kafka)
 
 
 def group() -> str:

@@ -22,6 +22,7 @@ from runyard.messaging.consumer import IdempotentConsumer, make_broker
 from runyard.relay import OutboxRelay, load_checkpoint
 from runyard.stack.embedded import EmbeddedKafka
 
+from tests.conftest import QUICK_GROUP
 from tests.contract.sample_events import Renamed, happened, sample_mapper
 
 pytestmark = pytest.mark.integration
@@ -147,6 +148,7 @@ async def test_headers_carry_the_envelope(dsn: str, kafka: KafkaSettings) -> Non
         bootstrap_servers=kafka.bootstrap,
         auto_offset_reset="earliest",
         group_id="headers-check",
+        **QUICK_GROUP,  # a reader of its own: it joins in about a second
         fetch_max_wait_ms=10,
     )
     await consumer.start()
@@ -186,6 +188,7 @@ async def test_poison_message_goes_to_dead_letter_and_partition_moves_on(
         bootstrap_servers=kafka.bootstrap,
         auto_offset_reset="earliest",
         group_id="dlq-check",
+        **QUICK_GROUP,  # a reader of its own: it joins in about a second
     )
     await dlq.start()
     try:
@@ -263,6 +266,7 @@ async def dead_letters(kafka: KafkaSettings, count: int) -> list[ConsumerRecord[
         bootstrap_servers=kafka.bootstrap,
         auto_offset_reset="earliest",
         group_id=f"dlq-{uuid.uuid4().hex[:8]}",
+        **QUICK_GROUP,  # a reader of its own: it joins in about a second
     )
     await dlq.start()
     try:

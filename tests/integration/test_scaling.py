@@ -29,6 +29,7 @@ from runyard.messaging.batches import LogBatchConsumer
 from runyard.messaging.consumer import IdempotentConsumer, make_broker
 from runyard.messaging.topics import LOGS, PARTITIONS, TASK_EVENTS
 
+from tests.conftest import quick_groups
 from tests.contract.sample_events import happened, sample_mapper
 from tests.integration.test_relay import running_relay, wait_until
 from tests.log_records import log_record
@@ -37,6 +38,13 @@ pytestmark = pytest.mark.integration
 
 TASKS = 24  # message keys: enough that every partition gets some
 WITHIN_S = 60.0
+
+
+@pytest.fixture
+def kafka(kafka: KafkaSettings) -> KafkaSettings:
+    """Two members of one group share its partitions, and one takes over from the
+    other (`quick_groups`)."""
+    return quick_groups(kafka)
 
 
 async def _partitions(kafka: KafkaSettings, topic: str) -> int:

@@ -36,6 +36,8 @@ from runyard.scheduler.views import read_pool_view
 from runyard.stack.context import ServiceContext
 from runyard.stack.leader import lease_key
 
+from tests.conftest import quick_groups
+
 pytestmark = pytest.mark.integration
 
 POOLS = {
@@ -84,6 +86,12 @@ class Instance:
             return None
         answer = await http.get(url + "/healthz")
         return str(answer.json()["role"])
+
+
+@pytest.fixture
+def kafka(kafka: KafkaSettings) -> KafkaSettings:
+    """The instances' consumer groups change hands as the lease does (`quick_groups`)."""
+    return quick_groups(kafka)
 
 
 @dataclass

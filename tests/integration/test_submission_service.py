@@ -43,6 +43,7 @@ from runyard.submission.pools import pool_views
 from runyard.submission.rules import check_spec
 from runyard.submission.service import Submissions
 
+from tests.conftest import QUICK_GROUP
 from tests.integration.test_gateway import BASE, config_dir
 from tests.integration.test_relay import running_relay
 
@@ -127,6 +128,7 @@ async def test_a_spec_is_appended_by_the_submission_service_and_published(
             bootstrap_servers=services.ctx.kafka.bootstrap,
             auto_offset_reset="earliest",
             group_id="submission-test",
+            **QUICK_GROUP,  # a reader of its own: it joins in about a second
         )
         await consumer.start()
         try:

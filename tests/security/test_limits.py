@@ -32,6 +32,7 @@ from runyard.gateway.grpc_server import start_server
 from runyard.messaging import KafkaSettings
 from runyard.relay import OutboxRelay
 
+from tests.conftest import QUICK_GROUP
 from tests.contract.sample_events import Renamed, happened, sample_mapper
 from tests.integration import test_gateway
 from tests.integration.test_gateway import BASE, Api
@@ -418,6 +419,7 @@ async def test_the_relay_survives_an_oversized_event_in_the_store(
         bootstrap_servers=kafka.bootstrap,
         auto_offset_reset="earliest",
         group_id="dlq-limits",
+        **QUICK_GROUP,  # a reader of its own: it joins in about a second
     )
     await dlq.start()
     try:

@@ -1,6 +1,7 @@
 """A task cannot reach the control plane from its workers (local runtime).
 
-The whole platform runs in-process (as `runyard up` does), its data folder
+The whole platform runs (each service in its own process, as `runyard up` runs
+them; one platform for the module, each test with tasks of its own), its data folder
 outside /tmp and readable by everyone, like a `.runyard/` folder in a project
 checkout, with the dev token file in it. Each test submits tasks whose launch
 command probes an escape that used to work when workers ran as root in the
@@ -26,9 +27,9 @@ from urllib.parse import urlsplit
 import asyncpg
 import pytest
 from runyard.deployer.main import build_runtime
-from runyard.messaging import KafkaSettings
 
-from tests.e2e.conftest import Platform, running_platform
+from tests.e2e.audit import assert_audit_chain
+from tests.e2e.conftest import Platform, SharedPlatform
 
 pytestmark = [
     pytest.mark.integration,
@@ -38,24 +39,44 @@ pytestmark = [
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-async def platform(dsn: str, kafka: KafkaSettings) -> AsyncIterator[Platform]:
-    # Outside /tmp and open to everyone (0755): only the sandbox can keep workers out.
+@pytest.fixture(scope="module")
+async def sandboxed(postgres_url: str, kafka_bootstrap: str) -> AsyncIterator[Platform]:
+    """One platform for the module's tests (each has tasks of its own), in the processes
+    layout, its home outside /tmp and open to everyone (0755): only the sandbox can keep
+    workers out."""
     build = REPO / "build"
     build.mkdir(exist_ok=True)
-    home = Path(tempfile.mkdtemp(prefix="runyard-isolation-", dir=build))
-    home.chmod(0o755)
+    homes: list[Path] = []
+
+    def home() -> Path:
+        made = Path(tempfile.mkdtemp(prefix="runyard-isolation-", dir=build))
+        made.chmod(0o755)
+        homes.append(made)
+        return made
+
+    shared = SharedPlatform(postgres_url, kafka_bootstrap, home)
     try:
-        async with running_platform(dsn, kafka, home, layout="processes") as running:
-            if not build_runtime(running.ctx).namespaces:
-                pytest.skip("this machine does not permit sandboxed workers (unshare)")
-            running.ctx.data_dir.mkdir(parents=True, exist_ok=True)
-            running.ctx.data_dir.chmod(0o755)
-            (running.ctx.data_dir / "token").write_text(running.token + "\n")
-            (running.ctx.data_dir / "token").chmod(0o644)
-            yield running
+        running = await shared.get("processes")
+        if not build_runtime(running.ctx).namespaces:
+            pytest.skip("this machine does not permit sandboxed workers (unshare)")
+        running.ctx.data_dir.mkdir(parents=True, exist_ok=True)
+        running.ctx.data_dir.chmod(0o755)
+        (running.ctx.data_dir / "token").write_text(running.token + "\n")
+        (running.ctx.data_dir / "token").chmod(0o644)
+        yield running
     finally:
-        shutil.rmtree(home, ignore_errors=True)
+        try:
+            await shared.close()
+        finally:
+            for made in homes:
+                shutil.rmtree(made, ignore_errors=True)
+
+
+@pytest.fixture
+async def platform(sandboxed: Platform) -> AsyncIterator[Platform]:
+    """The module's platform; its audit chain checked after each test."""
+    yield sandboxed
+    await assert_audit_chain(sandboxed.ctx.dsn)
 
 
 def probe_read(name: str, path: str) -> str:
@@ -93,10 +114,10 @@ async def run_probes(platform: Platform, lines: list[str], **spec: Any) -> dict[
 
 
 async def test_a_task_cannot_read_control_plane_files_or_see_its_processes(
-    platform: Platform, dsn: str
+    platform: Platform,
 ) -> None:
     data = platform.ctx.data_dir
-    conn = await asyncpg.connect(dsn)
+    conn = await asyncpg.connect(platform.ctx.dsn)
     try:
         pg_data = await conn.fetchval("SHOW data_directory")
     finally:
@@ -140,9 +161,9 @@ async def test_a_task_cannot_read_control_plane_files_or_see_its_processes(
 
 
 async def test_a_task_cannot_connect_to_postgres_the_broker_or_the_gateway(
-    platform: Platform, dsn: str
+    platform: Platform,
 ) -> None:
-    pg_port = urlsplit(dsn).port
+    pg_port = urlsplit(platform.ctx.dsn).port
     broker_port = int(platform.kafka.bootstrap.rsplit(":", 1)[1])
     gateway_port = int(platform.ctx.settings["http_port"])
     assert pg_port is not None
