@@ -30,15 +30,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
 import asyncpg
 from runyard.api.errors import BadRequest, PermissionDenied, Unauthenticated
 from runyard.contracts import Metadata, NewEvent, default_mapper, requests
 from runyard.contracts.admin_events import TokenIssued
+from runyard.contracts.http import Role
 from runyard.eventstore import NO_STREAM, Migration, PostgresEventStore, apply_migrations
 
-Role = Literal["platform_admin", "tenant_admin", "member", "service", "sre"]
 ROLES: tuple[Role, ...] = get_args(Role)
 #: Role names of tokens stored before scoped roles, and what they mean now.
 LEGACY_ROLES: Mapping[str, Role] = requests.LEGACY_ROLES

@@ -15,22 +15,9 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from runyard.contracts.task_events import DeployStageName
+from runyard.contracts.task_events import DeployStageName, TaskStatus
 
-#: Where a task is in its lifecycle (`runyard.domain.TaskStatus`; a test keeps the two equal).
-TaskStatus = Literal[
-    "new",
-    "queued",
-    "deploying",
-    "env_checking",
-    "running",
-    "restarting",
-    "succeeded",
-    "failed",
-    "stopped",
-    "abnormal",
-]
-#: Roles of a token (`runyard.api.auth.Role`; a test keeps the two equal).
+#: Roles of a token (`runyard.api.auth` checks them).
 Role = Literal["platform_admin", "tenant_admin", "member", "service", "sre"]
 TokenState = Literal["active", "expired", "revoked"]
 StageResult = Literal["running", "completed", "failed"]

@@ -40,6 +40,20 @@ SERVICES = (
     "notification",
 )
 
+#: Where a task is in its lifecycle: what folding its events gives
+#: (`runyard.domain.task`), and what the APIs answer.
+TaskStatus = Literal[
+    "new",
+    "queued",
+    "deploying",
+    "env_checking",
+    "running",
+    "restarting",
+    "succeeded",
+    "failed",
+    "stopped",
+    "abnormal",
+]
 DeployStageName = Literal["resource_allocation", "image_pull", "storage_mount", "env_init"]
 #: The deploy stages in the order they run (R-20).
 DEPLOY_STAGES: tuple[DeployStageName, ...] = (

@@ -4,6 +4,7 @@ Nothing in this package does I/O or reads a clock; see `runyard.domain.task`.
 """
 
 from runyard.contracts.spec import RERUN_CHANGEABLE
+from runyard.contracts.task_events import TaskStatus
 from runyard.domain.errors import (
     DomainError,
     InconsistentHistory,
@@ -52,7 +53,6 @@ from runyard.domain.task import (
     StartWorker,
     Submit,
     TaskState,
-    TaskStatus,
     WorkerState,
     decide,
     decide_all,

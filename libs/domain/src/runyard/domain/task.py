@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Any, Final, Literal, TypeAlias, TypeVar
+from typing import Any, Final, TypeAlias, TypeVar
 
 from runyard.contracts.base import Event
 from runyard.contracts.envelope import RecordedEvent
@@ -77,6 +77,7 @@ from runyard.contracts.task_events import (
     TaskRescheduleRequested,
     TaskRestartScheduled,
     TaskRunning,
+    TaskStatus,
     TaskStopped,
     TaskStopRequested,
     TaskSubmitted,
@@ -98,18 +99,6 @@ from runyard.domain.errors import (
     TaskStopping,
 )
 
-TaskStatus = Literal[
-    "new",
-    "queued",
-    "deploying",
-    "env_checking",
-    "running",
-    "restarting",
-    "succeeded",
-    "failed",
-    "stopped",
-    "abnormal",
-]
 TERMINAL_STATUSES: Final[frozenset[TaskStatus]] = frozenset(
     {"succeeded", "failed", "stopped", "abnormal"}
 )
