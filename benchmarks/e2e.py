@@ -125,29 +125,7 @@ def slurm_config(target: Path, cluster: SlurmCluster) -> Path:
     """infra/config plus a pool `bench` whose nodes are `cluster`'s, run by the Slurm
     runtime (runtime.yaml `pools.bench.runtime: slurm`)."""
     shutil.copytree(REPO / "infra/config", target)
-    pools_file = target / "pools.yaml"
-    pools = yaml.safe_load(pools_file.read_text())
-    pools["pools"].append(
-        {
-            "id": POOL,
-            "zone": "cn-north-1",
-            "gpu_model": "A100-80G",
-            "specs": [{"name": "1gpu", "gpus": 1, "cpus": 1, "memory_gib": 8}],
-            "nodes": [{"name": n, "gpus": cluster.gpus_per_node} for n in cluster.nodes],
-        }
-    )
-    pools_file.write_text(yaml.safe_dump(pools))
-    runtime_file = target / "runtime.yaml"
-    runtime = yaml.safe_load(runtime_file.read_text())
-    runtime["pools"] = {
-        POOL: {
-            "runtime": "slurm",
-            "partition": cluster.partition,
-            "slurm_conf": str(cluster.conf),
-            "grace_s": 2,
-        }
-    }
-    runtime_file.write_text(yaml.safe_dump(runtime))
+    cluster.add_pool(target, POOL)
     return target
 
 

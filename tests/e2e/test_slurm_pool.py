@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from runyard.deployer.stacks import py_spy_binary
 from runyard.messaging import KafkaSettings
 from runyard.stack.slurm import SlurmCluster
@@ -31,6 +30,7 @@ from tests.e2e.conftest import (
     Platform,
     SharedPlatform,
     platform_for_test,
+    restarts_capped,
     running_platform,
     shared_for_module,
 )
@@ -55,28 +55,8 @@ POOL = "slurm-e2e"
 
 def slurm_pool(cluster: SlurmCluster) -> Any:
     def configure(config: Path) -> None:
-        pools = yaml.safe_load((config / "pools.yaml").read_text())
-        pools["pools"].append(
-            {
-                "id": POOL,
-                "zone": "cn-north-1",
-                "gpu_model": "A100-80G",
-                "specs": [{"name": "1gpu", "gpus": 1, "cpus": 1, "memory_gib": 8}],
-                "nodes": [{"name": n, "gpus": cluster.gpus_per_node} for n in cluster.nodes],
-            }
-        )
-        (config / "pools.yaml").write_text(yaml.safe_dump(pools))
-        runtime = yaml.safe_load((config / "runtime.yaml").read_text())
-        runtime["pools"] = {
-            POOL: {
-                "runtime": "slurm",
-                "partition": cluster.partition,
-                "slurm_conf": str(cluster.conf),
-                "grace_s": 2,
-            }
-        }
-        runtime["deployer"] = {**(runtime.get("deployer") or {}), "max_restart_delay_s": 0.5}
-        (config / "runtime.yaml").write_text(yaml.safe_dump(runtime))
+        cluster.add_pool(config, POOL)
+        restarts_capped(0.5)(config)
 
     return configure
 

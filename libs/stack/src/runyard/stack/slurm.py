@@ -36,6 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 __all__ = ["SLURM_PROGRAMS", "SlurmCluster", "SlurmError", "slurm_missing"]
 
 #: The programs a cluster on this host needs (daemons and client commands).
@@ -219,6 +221,32 @@ class SlurmCluster:
             except (OSError, ValueError):
                 time.sleep(0.1)
         raise SlurmError(f"{name} wrote no pid file ({pid_file}); see {self.root / 'log'}")
+
+    def add_pool(self, config: Path, pool: str, *, grace_s: float = 2) -> None:
+        """Add to the Runyard config folder `config` a pool `pool` whose nodes are this
+        cluster's (one 1-GPU spec), run by the Slurm runtime on this cluster."""
+        pools = yaml.safe_load((config / "pools.yaml").read_text())
+        pools["pools"].append(
+            {
+                "id": pool,
+                "zone": "cn-north-1",
+                "gpu_model": "A100-80G",
+                "specs": [{"name": "1gpu", "gpus": 1, "cpus": 1, "memory_gib": 8}],
+                "nodes": [{"name": n, "gpus": self.gpus_per_node} for n in self.nodes],
+            }
+        )
+        (config / "pools.yaml").write_text(yaml.safe_dump(pools))
+        runtime = yaml.safe_load((config / "runtime.yaml").read_text())
+        runtime["pools"] = {
+            **(runtime.get("pools") or {}),
+            pool: {
+                "runtime": "slurm",
+                "partition": self.partition,
+                "slurm_conf": str(self.conf),
+                "grace_s": grace_s,
+            },
+        }
+        (config / "runtime.yaml").write_text(yaml.safe_dump(runtime))
 
     def node_states(self) -> dict[str, str]:
         """Slurm's state of every node (`idle`, `mixed`, `down*`, `drained`, ...)."""
