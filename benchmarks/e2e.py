@@ -344,17 +344,10 @@ def service_rss(layout: str) -> dict[str, int]:
     if layout != "processes":
         return {"one-process": _rss_kib(me)}
     found: dict[str, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
+    for pid, (ppid, argv, _) in _processes().items():
         if ppid == me and b"runyard.stack.serve" in argv:
             name = argv[argv.index(b"runyard.stack.serve") + 1].decode()
-            found[name] = found.get(name, 0) + _rss_kib(int(entry.name))
+            found[name] = found.get(name, 0) + _rss_kib(pid)
     return found
 
 
@@ -370,9 +363,9 @@ def _processes() -> dict[int, tuple[int, list[bytes], int]]:
         try:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except (OSError, IndexError):
-            continue
-        found[int(entry.name)] = (int(fields[1]), argv, int(fields[11]) + int(fields[12]))
+            found[int(entry.name)] = (int(fields[1]), argv, int(fields[11]) + int(fields[12]))
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
     return found
 
 
