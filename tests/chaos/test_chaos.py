@@ -121,9 +121,13 @@ async def _wait_outputs_stored(stack: ChaosStack, within: float = 60.0) -> list[
     scratch = stack.home / "scratch"
     deadline = time.monotonic() + within
     while True:
-        left = sorted(
-            str(p.parent.relative_to(scratch)) for p in scratch.glob("*/run*-a*/state.json")
-        )
+        try:
+            left = sorted(
+                str(p.parent.relative_to(scratch)) for p in scratch.glob("*/run*-a*/state.json")
+            )
+        except FileNotFoundError:  # a task's folder removed while it was being listed
+            await asyncio.sleep(0.1)
+            continue
         if not left or time.monotonic() > deadline:
             return left
         await asyncio.sleep(0.5)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -198,6 +199,48 @@ async def test_a_finished_workers_files_stay_until_every_line_is_stored(rig: Rig
 
     rig.keeper._kept[("done", 1, 1)].due = 0.0
     await rig.keeper.round()
+    assert not folder.exists()
+
+
+async def test_output_an_earlier_deployer_left_of_a_finished_task_is_published_and_kept(
+    rig: Rig,
+) -> None:
+    """An earlier deployer recorded a worker's exit and was cut before its last lines
+    were out (they are in the file, past the saved offset, or went with a broker). The
+    task is finished: the next deployer ends nothing and starts nothing, but keeps the
+    output until every line is stored, and publishes at once what the store lacks."""
+    here = rig.world
+    rig.sink.loses = lambda line: line.seq is not None and line.seq >= 3
+    await here.launch(rig.app, "cut", spec("for i in $(seq 0 5); do echo line $i; done"))
+    await here.until("cut", lambda s: s.finished)
+    await rig.kept("cut")
+    assert await rig.stored("cut") == numbered(3)
+    # What the earlier deployer left when it was cut: the deployment as started.
+    folder = here.tmp / "scratch" / "cut" / "run1-a1"
+    state = json.loads((folder / "state.json").read_text())
+    state.update(phase="started", worker_count=1, workers=[{"index": 0, "pid": 2**22 + 7}])
+    (folder / "state.json").write_text(json.dumps(state))
+
+    runtime = LocalRuntime(dataclasses.replace(here.config(), keep_output=True))
+    app = DeployerApp(here.store, runtime, on_output=rig.sink, stop_grace_s=1.0)
+    here.apps.append(app)
+    assert await app.reconcile() == []  # nothing to take over: the task is finished
+    kept = runtime.kept()[("cut", 1, 1)]
+    assert kept.salvaged and kept.lines == {(0, "stdout"): 6}
+    assert folder.exists()
+
+    rig.sink.loses = lambda line: False
+    lines = LogServiceLines(rig.endpoints, SERVICE_TOKEN)
+    keeper = OutputKeeper(runtime, lines, rig.sink)
+    try:
+        await keeper.round()  # no broker loss known: published at once all the same
+        assert keeper.republished == 3
+        assert await rig.stored("cut") == numbered(6)
+        keeper._kept[("cut", 1, 1)].due = 0.0
+        await keeper.round()
+    finally:
+        await lines.close()
+    assert runtime.kept() == {}
     assert not folder.exists()
 
 

@@ -284,8 +284,8 @@ class OutputKeeper:
         kept = self.runtime.kept()
         for key in set(self._kept) - set(kept):
             del self._kept[key]
-        for key in kept:
-            self._kept.setdefault(key, _Watching(lost=self._live_lost))
+        for key, output in kept.items():
+            self._kept.setdefault(key, _Watching(lost=self._live_lost or output.salvaged))
         if self._live_lost:
             await self._repair_live()
             self._live_lost = False

@@ -172,12 +172,21 @@ class KeptOutput:
     lines: Mapping[tuple[int, Stream], int]
     #: When the deployment finished (unix time).
     kept_at: float
+    #: Kept from a deployment an earlier deployer left (`salvage`): lines past its
+    #: saved offsets may never have been published, so what is missing goes out at once.
+    salvaged: bool = False
 
     def path(self, worker: int, stream: str) -> Path:
         return self.root / f"w{worker}" / f"{stream}.log"
 
 
-def keep(root: Path, key: DeploymentKey, lines: Mapping[tuple[int, Stream], int]) -> KeptOutput:
+def keep(
+    root: Path,
+    key: DeploymentKey,
+    lines: Mapping[tuple[int, Stream], int],
+    *,
+    salvaged: bool = False,
+) -> KeptOutput:
     """Remove all of a cleaned-up deployment's folder but its workers' output files,
     and mark it `finished` (never adopted again)."""
     for child in list(root.iterdir()) if root.is_dir() else []:
@@ -187,7 +196,7 @@ def keep(root: Path, key: DeploymentKey, lines: Mapping[tuple[int, Stream], int]
                     _remove(item)
         elif child.name != "state.json":
             _remove(child)
-    kept = KeptOutput(key, root, dict(lines), time.time())
+    kept = KeptOutput(key, root, dict(lines), time.time(), salvaged)
     state = {
         "task_id": key[0],
         "run": key[1],
@@ -195,6 +204,7 @@ def keep(root: Path, key: DeploymentKey, lines: Mapping[tuple[int, Stream], int]
         "phase": "finished",
         "finished_at": kept.kept_at,
         "lines": [[w, s, n] for (w, s), n in sorted(kept.lines.items())],
+        "salvaged": salvaged,
     }
     tmp = root / "state.json.tmp"
     tmp.write_text(json.dumps(state))
@@ -212,10 +222,36 @@ def load_kept(scratch_root: Path) -> dict[DeploymentKey, KeptOutput]:
                 continue
             key: DeploymentKey = (str(raw["task_id"]), int(raw["run"]), int(raw["attempt"]))
             lines = {(int(w), _stream(s)): int(n) for w, s, n in raw.get("lines", [])}
-            found[key] = KeptOutput(key, state_file.parent, lines, float(raw["finished_at"]))
+            found[key] = KeptOutput(
+                key,
+                state_file.parent,
+                lines,
+                float(raw["finished_at"]),
+                raw.get("salvaged") is True,
+            )
         except (OSError, ValueError, KeyError, TypeError):
             log.warning("unreadable kept output %s", state_file)
     return found
+
+
+def salvage(root: Path, key: DeploymentKey) -> KeptOutput | None:
+    """Keep the output files of a deployment an earlier deployer left and this one will
+    not go on with (its workers ended), as `keep` does, with every numbered line of
+    each file (numbered as its follower numbers them): the earlier deployer may have
+    read none, some or all of them, published or not. None (and the folder removed)
+    when its workers wrote nothing."""
+    lines: dict[tuple[int, Stream], int] = {}
+    for worker_dir in sorted(root.glob("w*")) if root.is_dir() else []:
+        if not worker_dir.name[1:].isdigit() or worker_dir.is_symlink():
+            continue
+        for stream in STREAMS:
+            count = sum(1 for _ in numbered_lines(worker_dir / f"{stream}.log", complete=True))
+            if count:
+                lines[(int(worker_dir.name[1:]), stream)] = count
+    if not lines:
+        forget(root)
+        return None
+    return keep(root, key, lines, salvaged=True)
 
 
 def forget(root: Path) -> None:

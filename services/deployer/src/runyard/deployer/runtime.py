@@ -1278,10 +1278,11 @@ class LocalRuntime:
         return self.pids(key)
 
     async def discard(self, key: DeploymentKey, grace_s: float | None = None) -> None:
-        """End the workers of a deployment found on disk that must not go on; remove it.
+        """End the workers of a deployment found on disk that must not go on; remove it,
+        but for its output (`_salvage`).
 
-        Used by reconciliation for attempts the log has moved past (or stopped): their
-        process groups get SIGTERM, then SIGKILL after the grace period.
+        Used by reconciliation for attempts the log has moved past (or stopped, or
+        finished): their process groups get SIGTERM, then SIGKILL after the grace period.
         """
         task, run, attempt = key
         root = self.config.scratch_root / task / f"run{run}-a{attempt}"
@@ -1302,7 +1303,18 @@ class LocalRuntime:
         for pgid in groups:
             await _until_gone(pgid)
         await asyncio.to_thread(_release_namespaces, root, self.tools)
-        await asyncio.to_thread(outputs.forget, root)
+        await self._salvage(key, root)
+
+    async def _salvage(self, key: DeploymentKey, root: Path) -> None:
+        """The output of a deployment an earlier deployer left and this one discards:
+        kept until the log service has every line (`outputs.salvage`; the keeper
+        publishes at once what it lacks), as a finished deployment's is. The earlier
+        deployer may have been cut after a worker's exit was recorded and before its
+        last lines were out (or while a broker that lost its memory had them)."""
+        if not self.config.keep_output:
+            await asyncio.to_thread(outputs.forget, root)
+        elif (kept := await asyncio.to_thread(outputs.salvage, root, key)) is not None:
+            self.kept()[key] = kept
 
     def detach(self) -> None:
         """Forget every deployment without touching its processes (what a crash does)."""

@@ -75,7 +75,6 @@ from pathlib import Path
 from typing import Any
 
 from runyard.contracts.stacks import ProcessStacks, WorkerStacks
-from runyard.deployer import outputs
 from runyard.deployer.runtime import (
     UNKNOWN_EXIT_CODE,
     Deployment,
@@ -862,7 +861,7 @@ class SlurmRuntime(LocalRuntime):
             while not await self._job_over(job) and time.monotonic() < deadline:  # noqa: ASYNC110
                 await asyncio.sleep(0.2)
             await self._cancel(job, key)
-        await asyncio.to_thread(outputs.forget, root)
+        await self._salvage(key, root)
 
     def detach(self) -> None:
         super().detach()
