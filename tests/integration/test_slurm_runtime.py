@@ -334,6 +334,63 @@ async def test_missing_image_fails_in_image_pull(h: Harness) -> None:
     assert not [j for j in h.jobs() if "runyard-noimg-" in j]
 
 
+@pytest.mark.parametrize("nodes", [1, 2])
+async def test_an_image_without_bin_on_the_nodes_fails_image_pull_naming_them(
+    h: Harness, tmp_path: Path, nodes: int
+) -> None:
+    import dataclasses
+
+    from runyard.deployer.runtime import Deployment, StageFailed
+
+    bare = tmp_path / "bare-image"
+    bare.mkdir()
+    config = dataclasses.replace(h.runtime.config, images={"bare": bare})
+    runtime = SlurmRuntime(config)
+    workers = tuple(WorkerPlacement(index=i, node=f"n{i + 1}", gpus=(0,)) for i in range(nodes))
+    deployment = Deployment("bare", 1, 1, make_spec("true", image="bare"), workers)
+    try:
+        await runtime.allocate(deployment)
+        with pytest.raises(StageFailed) as failed:
+            await runtime.pull_image(deployment)
+        assert f"maps to {bare}, which has no bin/ directory on node(s)" in failed.value.reason
+        assert all(f"n{i + 1}" in failed.value.reason for i in range(nodes))
+    finally:
+        await runtime.cleanup(deployment.key)
+    assert not [j for j in h.jobs() if "runyard-bare-" in j]
+
+
+async def test_stages_ask_slurm_to_submit_the_job_and_nothing_that_runs_on_a_node(
+    h: Harness,
+) -> None:
+    """Until the gate opens, a deployment costs one sbatch: the batch script reports that
+    it runs and checks the image itself (no srun from here), and the nodes' addresses
+    are asked once for every deployment. Slurm is asked about a job (`scontrol show
+    job`, `squeue`) only when a report is late, which a loaded machine may make it."""
+    from runyard.deployer.runtime import Deployment
+
+    runtime = h.runtime
+    spec = make_spec("true", workers=2, framework="pytorch_ddp")
+    workers = tuple(WorkerPlacement(index=i, node=f"n{i + 1}", gpus=(0,)) for i in range(2))
+    deployments = [Deployment(f"few{i}", 1, 1, spec, workers) for i in range(2)]
+    try:
+        for deployment in deployments:
+            for step in (
+                runtime.allocate,
+                runtime.pull_image,
+                runtime.mount_storage,
+                runtime.init_env,
+            ):
+                await step(deployment)
+        calls = dict(runtime.slurm_calls)
+        assert calls.pop("sbatch") == 2
+        assert calls.pop("scontrol show node") == 1
+        assert set(calls) <= {"scontrol show job", "squeue"}, calls
+    finally:
+        for deployment in deployments:
+            await runtime.cleanup(deployment.key)
+    assert not [j for j in h.jobs() if "runyard-few" in j]
+
+
 async def test_a_node_slurm_does_not_know_fails_resource_allocation_with_slurms_words(
     h: Harness,
 ) -> None:

@@ -1325,8 +1325,12 @@ class LocalRuntime:
         self._deps.clear()
 
     def _write_state(self, local: _Local, phase: str) -> None:
+        self._save_state(local, self._state(local, phase))
+
+    def _state(self, local: _Local, phase: str) -> dict[str, Any]:
+        """What `state.json` holds for a deployment in `phase`."""
         d = local.deployment
-        state = {
+        state: dict[str, Any] = {
             "task_id": d.task_id,
             "run": d.run,
             "attempt": d.attempt,
@@ -1344,6 +1348,10 @@ class LocalRuntime:
                 if w.pid is not None
             ],
         }
+        return state
+
+    def _save_state(self, local: _Local, state: dict[str, Any]) -> None:
+        """Replace `state.json` whole (a reader never sees half of it)."""
         tmp = local.root / "state.json.tmp"
         tmp.write_text(json.dumps(state))
         tmp.replace(local.root / "state.json")

@@ -5,10 +5,14 @@ the placed nodes (`--nodelist`), with the placed GPUs as generic resources
 (`--gres=gpu:<n>`), one job step per worker. The four deploy stages map onto
 it like this:
 
-    allocate        sbatch a job whose batch script waits for a gate file (`go`);
-                    wait until Slurm says RUNNING (while PENDING: Slurm's reason;
-                    a job that ends or is refused: StageFailed with Slurm's words)
-    pull_image      the image of the catalogue exists on every node (one step)
+    allocate        sbatch a job whose batch script reports in the deployment's
+                    folder, then waits for a gate file (`go`); the stage ends when
+                    the script's `started` report is there (Slurm is asked only
+                    while it is not: while PENDING, its reason; a job that ends
+                    or is refused: StageFailed with Slurm's words)
+    pull_image      the image of the catalogue exists on every node: the batch
+                    script's `image` report (the test runs in the script itself
+                    on one node, in one step with a task per node on several)
     mount_storage   volumes as host directories under `volumes_root`, bound at
                     their mount paths in a mount (and PID) namespace of each
                     worker's own (read-only ones read-only; root with
@@ -19,6 +23,14 @@ it like this:
                     written to one env file per worker, never on a command line
     start_workers   the gate opens: the batch script runs
                     `srun --overlap -N1 -n1 -w <node> <worker's run.sh>` per worker
+
+Until the gate opens, a deployment costs the cluster one sbatch: the batch
+script's reports (`<job id> <what>`, one line each, written whole) take the
+place of steps and of polling Slurm, the nodes' addresses are asked once for
+all deployments (kept a minute), and Slurm is asked about a job only when a
+file it should have written is late (`_Pace`: the files are looked at after
+short naps that grow, Slurm after a second or two). `slurm_calls` counts the
+client commands run.
 
 Each worker's `run.sh` sends its stdout/stderr to files in the worker's folder,
 which the runtime follows line by line while it runs (as the local runtime:
@@ -68,8 +80,9 @@ import shlex
 import shutil
 import signal
 import time
+from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -111,6 +124,12 @@ _OVER = {
 }
 #: The name of the env check's steps (`end_env_check` cancels them by it).
 _CHECK_STEP = "runyard-env-check"
+#: What a deployment's batch script reports in its folder (`_batch_script`).
+_REPORTS = ("started", "image")
+#: How long a job Slurm says is RUNNING may take to start its batch script.
+_SCRIPT_WITHIN_S = 60.0
+#: How long the nodes' addresses Slurm gave are used before it is asked again.
+_ADDRESSES_FOR_S = 60.0
 
 
 class SlurmError(Exception):
@@ -187,6 +206,12 @@ class SlurmRuntime(LocalRuntime):
         self._jobs: dict[DeploymentKey, str] = {}
         self._killed: set[DeploymentKey] = set()
         self._states: dict[str, tuple[float, tuple[str, str] | None]] = {}
+        self._addresses: dict[str, tuple[float, str]] = {}
+        self._asking = asyncio.Lock()
+        self._state_error: tuple[float, SlurmError] | None = None
+        #: Slurm client commands run, by program (scontrol: with what it shows); what a
+        #: deployment costs the cluster.
+        self.slurm_calls: Counter[str] = Counter()
         self.bin = {name: _program(name) for name in ("sbatch", "srun", "scancel", "scontrol")}
         tools = self.tools.unshare and self.tools.mount and self.tools.mkdir and self.tools.setpriv
         possible = os.geteuid() == 0 and bool(tools)
@@ -217,6 +242,8 @@ class SlurmRuntime(LocalRuntime):
 
     async def _slurm(self, *args: str, timeout_s: float = 60.0) -> str:
         """Run a Slurm client command; its stdout, or SlurmError with its stderr."""
+        name = Path(args[0]).name
+        self.slurm_calls[" ".join([name, *args[1:3]]) if name == "scontrol" else name] += 1
         proc = await asyncio.create_subprocess_exec(
             *args,
             env=self._env(),
@@ -247,13 +274,36 @@ class SlurmRuntime(LocalRuntime):
         return fields.get("JobState", "UNKNOWN"), fields.get("Reason", "None")
 
     async def _cached_state(self, job_id: str, max_age_s: float = 1.0) -> tuple[str, str] | None:
-        """`job_state`, asked at most once per `max_age_s` (every worker's watcher asks)."""
-        seen = self._states.get(job_id)
-        if seen is not None and time.monotonic() - seen[0] < max_age_s:
-            return seen[1]
-        state = await self.job_state(job_id)
-        self._states[job_id] = (time.monotonic(), state)
-        return state
+        """(state, reason) of a job, None once Slurm forgot it; Slurm is asked at most
+        once per `max_age_s` for all the jobs held here together (one `squeue` however
+        many workers' watchers ask), and a failed answer stands as long."""
+        async with self._asking:
+            now = time.monotonic()
+            seen = self._states.get(job_id)
+            if seen is not None and now - seen[0] < max_age_s:
+                return seen[1]
+            if self._state_error is not None and now - self._state_error[0] < max_age_s:
+                raise self._state_error[1]
+            jobs = sorted({job_id, *self._jobs.values()})
+            try:
+                out = await self._slurm(
+                    _program("squeue"), "-h", "-t", "all", "-j", ",".join(jobs), "-o", "%i %T %r"
+                )
+            except SlurmError as exc:
+                if "Invalid job id" not in exc.message:
+                    self._state_error = (time.monotonic(), exc)
+                    raise
+                out = ""  # none of them is known any more
+            self._state_error = None
+            found: dict[str, tuple[str, str]] = {}
+            for line in out.splitlines():
+                job, _, rest = line.strip().partition(" ")
+                state, _, reason = rest.partition(" ")
+                found[job] = (state, reason or "None")
+            now = time.monotonic()
+            for job in jobs:
+                self._states[job] = (now, found.get(job))
+            return self._states[job_id][1]
 
     async def _job_over(self, job_id: str) -> bool:
         """Whether Slurm is done with the job; False while Slurm does not answer (a
@@ -304,7 +354,8 @@ class SlurmRuntime(LocalRuntime):
             self._give(local.root / "shm")
         job = await self._job_of_earlier(local)
         if job is None:
-            (local.root / "go").unlink(missing_ok=True)
+            for name in ("go", *_REPORTS):  # an earlier job's, which is over
+                (local.root / name).unlink(missing_ok=True)
             script = local.root / "job.sh"
             script.write_text(self._batch_script(local))
             try:
@@ -314,15 +365,18 @@ class SlurmRuntime(LocalRuntime):
             job = out.strip().split(";")[0]
         self._jobs[key] = job
         self._write_state(local, "allocated")
-        await self._until_running(job)
+        await self._until_running(local, job)
 
     async def _job_of_earlier(self, local: _Local) -> str | None:
         """The job an earlier deployer submitted for this deployment, if it still runs:
-        by the id it saved, else by the job's name (it died before saving the id)."""
+        by the id it saved, else by the job's name (it died before saving the id). No
+        batch script written (`job.sh`): nothing was submitted, and Slurm is not asked."""
         try:
             raw = json.loads((local.root / "state.json.slurm").read_text())
             job = str(raw["job_id"])
         except (OSError, ValueError, KeyError, TypeError):
+            if not (local.root / "job.sh").exists():
+                return None
             try:
                 out = await self._slurm(
                     _program("squeue"), "-h", f"--name={_job_name(local)}", "-o", "%i"
@@ -360,13 +414,25 @@ class SlurmRuntime(LocalRuntime):
         return args
 
     def _batch_script(self, local: _Local) -> str:
-        """Wait for the gate, then one step per worker on its node; wait for them all."""
+        """Report that the job runs (`started`) and whether the image is on every node
+        (`image`), wait for the gate, then one step per worker on its node; wait for them.
+
+        Each report is one line, `<job id> <what>`, written whole (a rename), so the
+        deployer reads it instead of asking Slurm, and tells it from an earlier job's."""
         q = shlex.quote
         root = local.root
         lines = [
             "#!/bin/bash",
             f"# Runyard deployment {local.deployment.key}: the workers start when 'go' exists.",
-            f"while [ ! -e {q(str(root / 'go'))} ]; do sleep 0.1; done",
+            f"cd {q(str(root))} || exit 1",
+            'report() { printf "%s %s\\n" "$SLURM_JOB_ID" "$2" > "$1.tmp" && '
+            'mv -f "$1.tmp" "$1"; }',
+            'report started "$SLURM_JOB_NODELIST"',
+            *self._image_check(local),
+            # A sleep of bash's own (no process per look at the gate).
+            "exec {nap}<> <(:)",
+            'while [ ! -e go ]; do read -t 0.02 -u "$nap" || :; done',
+            "exec {nap}<&-",
         ]
         for worker in local.workers.values():
             step = [
@@ -384,32 +450,84 @@ class SlurmRuntime(LocalRuntime):
         lines.append("wait")
         return "\n".join(lines) + "\n"
 
-    async def _until_running(self, job: str) -> None:
-        """Wait until Slurm runs the job; StageFailed when it ends or waits too long."""
+    def _image_check(self, local: _Local) -> list[str]:
+        """The batch script's lines that report `image`: `ok`, `missing <nodes>` (no
+        bin/ there) or `failed <why>`. On one node, the test runs in the batch script
+        itself; on several, in one step with a task per node."""
+        where = self.config.images.get(local.deployment.spec.image)
+        if where is None:
+            return []  # not in the catalogue: image_pull fails without asking the nodes
+        q = shlex.quote
+        nodes = list(dict.fromkeys(w.node for w in local.deployment.workers))
+        probe = f'test -d {q(str(where / "bin"))} || echo "$SLURMD_NODENAME"'
+        if len(nodes) == 1:  # bash's own test: no process
+            found = f'missing=; [ -d {q(str(where / "bin"))} ] || missing="$SLURMD_NODENAME"'
+        else:
+            n = str(len(nodes))
+            step = [self.bin["srun"], "--overlap", f"-N{n}", f"-n{n}", f"-w{','.join(nodes)}"]
+            step += ["--quiet", "--input=none", "--job-name=runyard-image"]
+            step += [self.tools.bash, "-c", probe]
+            found = f"missing=$({shlex.join(step)}) || {{ report image 'failed srun exit '$?; }}"
+        return [
+            found,
+            '[ -e image ] || if [ -z "$missing" ]; then report image ok; '
+            'else report image "missing $(echo $missing)"; fi',
+        ]
+
+    def _report(self, local: _Local, name: str, job: str) -> str | None:
+        """What the batch script of `job` reported in the file `name`, or None."""
+        try:
+            text = (local.root / name).read_text()
+        except OSError:
+            return None
+        found, _, what = text.strip().partition(" ")
+        return what if found == job else None
+
+    async def _until_running(self, local: _Local, job: str) -> None:
+        """Wait until the job's batch script runs (its `started` report); StageFailed when
+        the job ends first or stays PENDING too long. Slurm is asked only while the report
+        is not there (after 2 s, then every 2 s): its reason while PENDING, and whether
+        the job ended."""
         timeout = self.config.allocate_timeout_s
         deadline = None if timeout is None else time.monotonic() + timeout
+        running_since: float | None = None
         said = ""
-        while True:
+        pace = _Pace(ask_after_s=2.0, ask_every_s=2.0)
+        while self._report(local, "started", job) is None:
+            if local.stopping:  # stopped meanwhile: the job goes, and Slurm says how
+                await self._cancel(job, local.deployment.key)
+            elif not pace.may_ask():
+                await pace.nap()
+                continue
             try:
                 state = await self._state_or_wait(job)
             except SlurmError as exc:
                 raise StageFailed(f"Slurm does not answer about job {job}: {exc}") from exc
             if state is None or state[0] in _OVER:
+                if self._report(local, "started", job) is not None:
+                    return  # it ran (and ended at once): the next stages say what is missing
                 what = "was forgotten by Slurm" if state is None else f"ended {state[0]}"
                 why = "" if state is None or state[1] == "None" else f" ({state[1]})"
                 raise StageFailed(f"Slurm job {job} {what} before it ran{why}")
             if state[0] == "RUNNING":
-                return
-            if state[1] != said:
+                # Allocated; the batch script reports as soon as slurmd starts it.
+                running_since = running_since or time.monotonic()
+                if time.monotonic() - running_since > _SCRIPT_WITHIN_S:
+                    raise StageFailed(
+                        f"Slurm job {job} runs, but its batch script did not start within "
+                        f"{_SCRIPT_WITHIN_S:.0f} s; see {local.root / 'job.log'}"
+                    )
+            elif state[1] != said:
                 said = state[1]
                 log.info("Slurm job %s is %s: %s", job, state[0], said)
-            if deadline is not None and time.monotonic() > deadline:
+            if state[0] != "RUNNING" and deadline is not None and time.monotonic() > deadline:
                 with contextlib.suppress(SlurmError):
                     await self._slurm(self.bin["scancel"], job)
                 raise StageFailed(f"Slurm job {job} still {state[0]} after {timeout:.0f} s: {said}")
-            await asyncio.sleep(0.2)
+            await pace.nap()
 
     async def pull_image(self, deployment: Deployment) -> None:
+        """The image of the catalogue is on every node: what the batch script found."""
         local = self._get(deployment.key)
         image = deployment.spec.image
         where = self.config.images.get(image)
@@ -419,18 +537,38 @@ class SlurmRuntime(LocalRuntime):
                 f"image {image!r} is not in the Slurm pool's image catalogue "
                 f"(known images: {known})"
             )
-        nodes = list(dict.fromkeys(w.node for w in deployment.workers))
-        probe = 'test -d "$1/bin" || { echo "$SLURMD_NODENAME"; exit 1; }'
-        try:
-            await self._slurm(
-                *self._step(local, nodes), self.tools.bash, "-c", probe, "_", str(where)
-            )
-        except SlurmError as exc:
+        found = await self._until_report(local, "image", "checked the image")
+        if found != "ok":
+            what, _, rest = found.partition(" ")
+            where_not = f"on node(s) {rest}" if what == "missing" else f"(the check: {found})"
             raise StageFailed(
-                f"image {image!r} maps to {where}, which has no bin/ directory on node(s) "
-                f"{exc.message}"
-            ) from exc
+                f"image {image!r} maps to {where}, which has no bin/ directory {where_not}"
+            )
         local.image_bin = where / "bin"
+
+    async def _until_report(
+        self, local: _Local, name: str, what: str, timeout_s: float = 120.0
+    ) -> str:
+        """Wait for a report of the deployment's batch script; StageFailed when the job
+        ends without it (Slurm is asked only while it is not there, as in `allocate`)."""
+        job = self._jobs[local.deployment.key]
+        deadline = time.monotonic() + timeout_s
+        pace = _Pace()
+        while (found := self._report(local, name, job)) is None:
+            if pace.may_ask() and await self._job_over(job):
+                if (found := self._report(local, name, job)) is not None:
+                    return found
+                raise StageFailed(
+                    f"Slurm job {job} ended before its batch script {what}; "
+                    f"see {local.root / 'job.log'}"
+                )
+            if time.monotonic() > deadline:
+                raise StageFailed(
+                    f"the batch script of Slurm job {job} has not {what} within "
+                    f"{timeout_s:.0f} s; see {local.root / 'job.log'}"
+                )
+            await pace.nap()
+        return found
 
     def _step(self, local: _Local, nodes: list[str], *extra: str) -> list[str]:
         """`srun` of one task per node in the deployment's job, beside its workers."""
@@ -462,9 +600,19 @@ class SlurmRuntime(LocalRuntime):
             (worker.scratch / "run.sh").write_text(self._run_script(local, worker))
 
     async def node_address(self, node: str) -> str:
-        """The address Slurm knows a node by (NodeAddr)."""
-        out = await self._slurm(self.bin["scontrol"], "show", "node", "-o", node)
-        return _fields(out).get("NodeAddr") or node
+        """The address Slurm knows a node by (NodeAddr); every node's is asked at once
+        and kept for `_ADDRESSES_FOR_S` (an unknown node asks again)."""
+        seen = self._addresses.get(node)
+        if seen is not None and time.monotonic() - seen[0] < _ADDRESSES_FOR_S:
+            return seen[1]
+        out = await self._slurm(self.bin["scontrol"], "show", "node", "-o")
+        now = time.monotonic()
+        for line in out.splitlines():
+            fields = _fields(line)
+            if "NodeName" in fields:
+                name = fields["NodeName"]
+                self._addresses[name] = (now, fields.get("NodeAddr") or name)
+        return self._addresses.get(node, (now, node))[1]
 
     def _run_script(self, local: _Local, worker: _Worker) -> str:
         """The worker's step: output to its files, its volumes bound (when it can), then
@@ -620,6 +768,7 @@ class SlurmRuntime(LocalRuntime):
     async def _until_spawned(self, local: _Local, job: str, timeout_s: float = 120.0) -> None:
         """Wait until each worker's wrapper has written its pid (or already exited)."""
         deadline = time.monotonic() + timeout_s
+        pace = _Pace()
         for worker in local.workers.values():
             while True:
                 pid = _read_pid(worker.scratch / "pid")
@@ -628,7 +777,7 @@ class SlurmRuntime(LocalRuntime):
                     break
                 # A job may end while Slurm is asked (a command like `true`): the files
                 # are read again after its answer, so only a worker that never ran fails.
-                if await self._job_over(job) and not _ran(worker):
+                if pace.may_ask() and await self._job_over(job) and not _ran(worker):
                     raise RuntimeError(
                         f"Slurm job {job} ended before worker {worker.index} started; "
                         f"see {local.root / 'job.log'}"
@@ -638,7 +787,7 @@ class SlurmRuntime(LocalRuntime):
                         f"worker {worker.index} did not start within {timeout_s:.0f} s "
                         f"in Slurm job {job}"
                     )
-                await asyncio.sleep(0.05)
+                await pace.nap()
 
     async def _watch(self, local: _Local, worker: _Worker, on_exit: OnExit) -> None:
         """Follow one worker until its wrapper wrote its status (or the job is over)."""
@@ -649,8 +798,13 @@ class SlurmRuntime(LocalRuntime):
         ]
         local.readers.extend(readers)
         job = self._jobs[key]
-        while _read_status(worker.status_file) is None and not await self._job_over(job):  # noqa: ASYNC110 (a file on another host: no event)
-            await asyncio.sleep(self.config.poll_s)
+        # Slurm is asked only once the worker has run a while (a file on another host:
+        # no event to wait for; short looks first, for short commands).
+        pace = _Pace(most_s=self.config.poll_s)
+        while _read_status(worker.status_file) is None:
+            if pace.may_ask() and await self._job_over(job):
+                break
+            await pace.nap()
         exited_at = datetime.now(UTC)
         worker.gone.set()
         await asyncio.gather(*readers, return_exceptions=True)
@@ -670,10 +824,12 @@ class SlurmRuntime(LocalRuntime):
     async def stop(self, key: DeploymentKey, grace_s: float | None = None) -> None:
         """SIGTERM to every step, SIGKILL after the grace period; returns once the job is over."""
         local = self._deps.get(key)
-        job = self._jobs.get(key)
-        if local is None or job is None:
+        if local is None:
             return
-        local.stopping = True
+        local.stopping = True  # an `allocate` still waiting for its job cancels it
+        job = self._jobs.get(key)
+        if job is None:
+            return  # sbatch has not answered: `allocate` cancels the job it gets
         await self.end_env_check(key)
         grace = self.config.grace_s if grace_s is None else grace_s
         live = [w for w in local.workers.values() if local.watchers and not w.done.is_set()]
@@ -788,23 +944,20 @@ class SlurmRuntime(LocalRuntime):
     # -- after a deployer restart --------------------------------------------------------
 
     def _write_state(self, local: _Local, phase: str) -> None:
-        super()._write_state(local, phase)
         job = self._jobs.get(local.deployment.key)
-        if job is None:
-            return
-        path = local.root / "state.json"
-        state = json.loads(path.read_text())
-        state["job_id"] = job
-        state["workers"] = [
-            {"index": w.index, "pid": w.pid, "started_at": w.started_at}
-            for w in local.workers.values()
-            if w.started_at is not None
-        ]
-        tmp = local.root / "state.json.tmp"
-        tmp.write_text(json.dumps(state))
-        tmp.replace(path)
-        # The job id alone, kept through `LocalRuntime.allocate` (which rewrites state.json).
-        (local.root / "state.json.slurm").write_text(json.dumps({"job_id": job}))
+        state = self._state(local, phase)
+        if job is not None:
+            state["job_id"] = job
+            state["workers"] = [
+                {"index": w.index, "pid": w.pid, "started_at": w.started_at}
+                for w in local.workers.values()
+                if w.started_at is not None
+            ]
+            if phase == "allocated":
+                # The job id alone, kept through `LocalRuntime.allocate` (which rewrites
+                # state.json), as soon as sbatch answered.
+                (local.root / "state.json.slurm").write_text(json.dumps({"job_id": job}))
+        self._save_state(local, state)
 
     def recover(self) -> dict[DeploymentKey, dict[int, int]]:
         """Deployments whose gate an earlier deployer opened (their workers run in Slurm).
@@ -882,6 +1035,35 @@ for pid in $(kids "$1"); do
   printf '%s %s %s\n' "$pid" "$rc" "$(printf '%s' "$out" | base64 -w0)"
 done
 """
+
+
+@dataclass
+class _Pace:
+    """The pace of a wait for a file a job writes: looks at it after short naps that grow
+    to `most_s`, and Slurm asked about the job only after `ask_after_s`, then at most
+    every `ask_every_s` (a client command is a process and a slurmctld call; a look at
+    a file is neither)."""
+
+    most_s: float = 0.1
+    ask_after_s: float = 1.0
+    ask_every_s: float = 1.0
+    nap_s: float = 0.01
+    ask_at: float = field(default=0.0)
+
+    def __post_init__(self) -> None:
+        self.ask_at = time.monotonic() + self.ask_after_s
+
+    def may_ask(self) -> bool:
+        """Whether Slurm may be asked now (then not again for `ask_every_s`)."""
+        now = time.monotonic()
+        if now < self.ask_at:
+            return False
+        self.ask_at = now + self.ask_every_s
+        return True
+
+    async def nap(self) -> None:
+        await asyncio.sleep(self.nap_s)
+        self.nap_s = min(self.nap_s * 1.5, self.most_s)
 
 
 def _job_name(local: _Local) -> str:
