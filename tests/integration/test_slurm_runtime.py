@@ -477,6 +477,34 @@ async def test_allocate_after_a_restart_takes_the_job_already_submitted(h: Harne
     assert not [j for j in h.jobs() if "runyard-twice-" in j]
 
 
+async def test_allocate_replaces_a_job_whose_batch_script_reports_nothing(h: Harness) -> None:
+    """A job an older deployer submitted (its batch script writes no reports) is not
+    waited on for reports that never come: its workers never started, so it is
+    cancelled and a new job runs the deployment."""
+    from runyard.deployer.runtime import Deployment
+
+    workers = (WorkerPlacement(index=0, node="n2", gpus=(0,)),)
+    deployment = Deployment("older", 1, 1, make_spec("true"), workers)
+    await h.runtime.allocate(deployment)
+    job = h.runtime.job_id(deployment.key)
+    h.runtime.detach()
+    script = h.runtime.config.scratch_root / "older" / "run1-a1" / "job.sh"
+    script.write_text(
+        "".join(line + "\n" for line in script.read_text().splitlines() if "report" not in line)
+    )
+    runtime2 = SlurmRuntime(h.runtime.config)
+    try:
+        await runtime2.allocate(deployment)
+        await runtime2.pull_image(deployment)
+        replaced = runtime2.job_id(deployment.key)
+        assert replaced is not None and replaced != job
+        older = [j.split()[0] for j in h.jobs() if "runyard-older-" in j]
+        assert older == [replaced], "the older job is gone, the new one runs"
+    finally:
+        await runtime2.cleanup(deployment.key)
+    assert not [j for j in h.jobs() if "runyard-older-" in j]
+
+
 STUCK = """
 import time
 

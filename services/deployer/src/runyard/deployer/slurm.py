@@ -126,6 +126,8 @@ _OVER = {
 _CHECK_STEP = "runyard-env-check"
 #: What a deployment's batch script reports in its folder (`_batch_script`).
 _REPORTS = ("started", "image")
+#: The line of a batch script that reports (`_batch_script`); an older deployer's has none.
+_REPORTS_MARK = "report started"
 #: How long a job Slurm says is RUNNING may take to start its batch script.
 _SCRIPT_WITHIN_S = 60.0
 #: How long the nodes' addresses Slurm gave are used before it is asked again.
@@ -353,6 +355,12 @@ class SlurmRuntime(LocalRuntime):
             (local.root / "shm").mkdir(exist_ok=True)
             self._give(local.root / "shm")
         job = await self._job_of_earlier(local)
+        if job is not None and _REPORTS_MARK not in _read(local.root / "job.sh"):
+            # Submitted by an older deployer, whose batch script reports nothing: its
+            # workers never started (this is allocate), so a new job replaces it.
+            log.info("Slurm job %s of %s reports nothing: submitted again", job, key)
+            await self._cancel(job, local.deployment.key)
+            job = None
         if job is None:
             for name in ("go", *_REPORTS):  # an earlier job's, which is over
                 (local.root / name).unlink(missing_ok=True)
@@ -427,7 +435,7 @@ class SlurmRuntime(LocalRuntime):
             f"cd {q(str(root))} || exit 1",
             'report() { printf "%s %s\\n" "$SLURM_JOB_ID" "$2" > "$1.tmp" && '
             'mv -f "$1.tmp" "$1"; }',
-            'report started "$SLURM_JOB_NODELIST"',
+            f'{_REPORTS_MARK} "$SLURM_JOB_NODELIST"',
             *self._image_check(local),
             # A sleep of bash's own (no process per look at the gate).
             "exec {nap}<> <(:)",
@@ -1096,3 +1104,11 @@ def _read_pid(path: Path) -> int | None:
         return int(path.read_text().strip())
     except (OSError, ValueError):
         return None
+
+
+def _read(path: Path) -> str:
+    """A file's text; empty when it cannot be read."""
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
