@@ -42,7 +42,6 @@ from functools import partial
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from runyard.contracts.loglines import LogRecord, MalformedLogRecord
 from runyard.eventstore.transient import retrying
-from runyard.messaging.commits import commit_offsets
 from runyard.messaging.consumer import kafka_lag
 from runyard.messaging.settings import KafkaSettings
 from runyard.telemetry.metrics import count_log_lines, track_lag
@@ -54,8 +53,9 @@ Handler = Callable[[list[LogRecord]], Awaitable[object]]
 Commit = Callable[[], Awaitable[None]]
 #: Message values polled together, and how to commit their offsets.
 Polled = tuple[list[bytes | None], Commit]
-#: How long one poll waits for messages.
+#: How long one poll waits for messages, and one commit for the broker.
 POLL_MS = 200
+COMMIT_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -181,6 +181,20 @@ class LogBatchConsumer:
         """Commit `offsets` (`commit_offsets`), counting a failure."""
         if not await commit_offsets(self.name, consumer, offsets):
             self.stats.commit_failures += 1
+
+
+async def commit_offsets(
+    reader: str, consumer: AIOKafkaConsumer, offsets: dict[TopicPartition, int]
+) -> bool:
+    """Commit `offsets`; False when that failed. A commit that fails only means a
+    redelivery, so it never stops the consumer (e.g. a partition that moved to another
+    member meanwhile)."""
+    try:
+        await asyncio.wait_for(consumer.commit(offsets), timeout=COMMIT_TIMEOUT_S)
+    except Exception as exc:
+        log.debug("%s: offset commit failed (%r); the batch may come again", reader, exc)
+        return False
+    return True
 
 
 def decode_lines(reader: str, values: Sequence[bytes | None]) -> tuple[list[LogRecord], int]:

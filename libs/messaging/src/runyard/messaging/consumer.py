@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from time import perf_counter
@@ -44,7 +44,6 @@ from opentelemetry.propagate import extract
 from runyard.contracts import Event, EventMapper, RecordedEvent
 from runyard.eventstore.transient import is_transient, retrying
 from runyard.messaging import codec
-from runyard.messaging.commits import CommitOnRevoke, OffsetCommits
 from runyard.messaging.positions import Positions, positions_of, save_positions
 from runyard.messaging.settings import KafkaSettings
 from runyard.telemetry.metrics import ConsumerMetrics, track_lag
@@ -78,8 +77,7 @@ class IdempotentConsumer:
     so a retried dead letter is handled again). A handler that never writes
     through the batch's connection (`isolated=False`: it appends through its
     own store, or only starts background work) runs without the savepoint.
-    Handled offsets are committed after the transaction, at most once per
-    `commit_interval_ms` (`runyard.messaging.commits`). Events whose
+    Offsets are committed once per batch, after the transaction. Events whose
     type the handler does not care about (`event_types`) are skipped before any
     database work.
     """
@@ -112,7 +110,7 @@ class IdempotentConsumer:
         self.metrics = ConsumerMetrics(name)
         self._broker: KafkaBroker | None = None
         self._subscriber: Any = None
-        self.commits = OffsetCommits(name, kafka.commit_interval_ms / 1000)
+        self._commits_paused_until = 0.0
         #: Subscribed topics whose registration row is not written yet.
         self._unregistered: set[str] = set()
 
@@ -134,7 +132,6 @@ class IdempotentConsumer:
             batch_timeout_ms=self.kafka.fetch_max_wait_ms,
             ack_policy=AckPolicy.MANUAL,
             decoder=_raw_body,  # we decode ourselves, so a bad message can be dead-lettered
-            listener=CommitOnRevoke(self.commits),
             **self.kafka.consumer_options(),
         )
         track_lag(self.name, self.lag)
@@ -144,7 +141,7 @@ class IdempotentConsumer:
             records = message.raw_message
             batch = records if isinstance(records, tuple) else (records,)
             await self.process_batch(list(batch))
-            await self._commit(batch)
+            await self._commit(message)
 
     def attach(self, broker: KafkaBroker, *topics: str) -> None:
         """Read `topics` through another consumer that hands their batches to
@@ -165,20 +162,19 @@ class IdempotentConsumer:
         # FastStream's subscriber holds its aiokafka consumer while it runs.
         return getattr(self._subscriber, "consumer", None)
 
-    async def _commit(self, records: Sequence[ConsumerRecord[Any, Any]]) -> None:
-        """Commit the handled offsets (now, or with the interval's next commit); a
-        failed commit only means a redelivery, which the inbox absorbs, so it must
-        never wedge the consumer (e.g. while the embedded broker restarts with no
-        memory of the group)."""
-        consumer = self._kafka_consumer()
-        if consumer is None:
-            return
-        offsets: dict[TopicPartition, int] = {}
-        for r in records:
-            tp = TopicPartition(r.topic, r.partition)
-            offsets[tp] = max(offsets.get(tp, 0), r.offset + 1)
-        await self.commits.handled(consumer, offsets)
-        self.stats.commit_failures = self.commits.failures
+    async def _commit(self, message: KafkaMessage) -> None:
+        """Commit the offsets after processing; a failed commit only means a
+        redelivery, which the inbox absorbs, so it must never wedge the consumer
+        (e.g. while the embedded broker restarts with no memory of the group)."""
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._commits_paused_until:
+            return  # a later commit covers these offsets too
+        try:
+            await asyncio.wait_for(message.ack(), timeout=0.5)
+        except Exception as exc:
+            self.stats.commit_failures += 1
+            self._commits_paused_until = loop.time() + 2.0
+            log.debug("%s: offset commit failed (%r); redelivery will be deduped", self.name, exc)
 
     async def process(self, record: ConsumerRecord[Any, Any]) -> None:
         """Handle one message (a batch of one)."""

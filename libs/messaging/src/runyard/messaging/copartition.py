@@ -17,9 +17,8 @@ instance ("co-partitioning", as Kafka Streams calls it).
   .batches`: malformed ones are counted and skipped). In each poll, event batches
   are handled before line batches, so a line rarely comes before the event that
   started its attempt (the reader still copes: the topics are not ordered).
-- Offsets are committed after the poll's batches are handled, at most once per
-  `commit_interval_ms` (`runyard.messaging.commits`); a failed commit is only a
-  redelivery (the inbox and the reader's idempotence absorb it). An
+- Offsets are committed after the poll's batches are handled; a failed commit is
+  only a redelivery (the inbox and the reader's idempotence absorb it). An
   outage is waited out (`retrying`), holding the batch.
 - After a rebalance, `on_revoked` gets the partition numbers this instance gave
   up, so it drops the state it kept for their tasks (a hang timer that no longer
@@ -42,8 +41,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from runyard.eventstore.transient import retrying
-from runyard.messaging.batches import POLL_MS, Handler, decode_lines
-from runyard.messaging.commits import OffsetCommits
+from runyard.messaging.batches import POLL_MS, Handler, commit_offsets, decode_lines
 from runyard.messaging.consumer import IdempotentConsumer, kafka_lag
 from runyard.messaging.settings import KafkaSettings
 from runyard.telemetry.metrics import register_gauge, track_lag
@@ -82,7 +80,6 @@ class CoPartitionedConsumer:
         self.lines_topic = lines_topic or kafka.topics.logs
         self.max_records = max_records
         self.lines_malformed = 0
-        self.commits = OffsetCommits(events.name, kafka.commit_interval_ms / 1000)
         self._consumer: AIOKafkaConsumer | None = None
         #: The partition numbers held since the last rebalance.
         self._held: set[int] = set()
@@ -123,8 +120,6 @@ class CoPartitionedConsumer:
             unregister()
             self._consumer = None
             with contextlib.suppress(Exception):
-                await self.commits.close()  # what is handled, before the group is left
-            with contextlib.suppress(Exception):
                 await consumer.stop()
 
     def assignment(self) -> set[TopicPartition]:
@@ -157,7 +152,7 @@ class CoPartitionedConsumer:
         self, consumer: AIOKafkaConsumer, polled: Mapping[TopicPartition, list[Any]]
     ) -> None:
         offsets = {tp: messages[-1].offset + 1 for tp, messages in polled.items() if messages}
-        await self.commits.handled(consumer, offsets)
+        await commit_offsets(self.name, consumer, offsets)
 
     def _check_counts(self, consumer: AIOKafkaConsumer) -> None:
         topics = (self.events_topic, self.lines_topic)
@@ -189,8 +184,7 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         self.owner = owner
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        # What was handled is committed before the partitions go to another member.
-        await self.owner.commits.flush()
+        return None
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         try:

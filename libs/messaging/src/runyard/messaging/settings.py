@@ -154,9 +154,6 @@ class KafkaSettings:
     session_timeout_ms: int = 3000
     heartbeat_interval_ms: int = 500
     fetch_max_wait_ms: int = 50
-    #: Event readers commit their handled offsets at most this often
-    #: (`runyard.messaging.commits`); 0: after every batch.
-    commit_interval_ms: int = 1000
     request_timeout_ms: int = 10000
     security: KafkaSecurity = field(default_factory=KafkaSecurity)
 
