@@ -675,8 +675,13 @@ async def test_through_kafka_a_submitted_task_gets_placed(
         while "TaskPlaced" not in await h.types("via-kafka"):
             assert asyncio.get_running_loop().time() < deadline, await h.types("via-kafka")
             await asyncio.sleep(0.1)
-        view = await read_pool_view(store.pool, "dev-a100")
-        assert view is not None and view["capacity"]["free_gpus"] == 30
+        # the placement commits first; the pool's view row commits with the
+        # consumer's inbox row right after it
+        while (view := await read_pool_view(store.pool, "dev-a100")) is None or view[
+            "capacity"
+        ]["free_gpus"] != 30:
+            assert asyncio.get_running_loop().time() < deadline, view
+            await asyncio.sleep(0.1)
         # a task that must wait: its queue row is written in the consumer's transaction
         await h.submit("waits-via-kafka", spec("8gpu", count=4))
         while not (entries := await read_queue_entries(store.pool, ["waits-via-kafka"])):
