@@ -344,7 +344,7 @@ def service_rss(layout: str) -> dict[str, int]:
     if layout != "processes":
         return {"one-process": _rss_kib(me)}
     found: dict[str, int] = {}
-    for pid, (ppid, argv, _) in _processes().items():
+    for pid, (ppid, argv, _, _) in _processes().items():
         if ppid == me and b"runyard.stack.serve" in argv:
             name = argv[argv.index(b"runyard.stack.serve") + 1].decode()
             found[name] = found.get(name, 0) + _rss_kib(pid)
@@ -354,8 +354,9 @@ def service_rss(layout: str) -> dict[str, int]:
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
-def _processes() -> dict[int, tuple[int, list[bytes], int]]:
-    """pid -> (parent pid, argv, CPU ticks used by the process itself: user + system)."""
+def _processes() -> dict[int, tuple[int, list[bytes], int, int]]:
+    """pid -> (parent pid, argv, CPU ticks used by the process itself: user + system,
+    CPU ticks of its children that ended and were waited for)."""
     found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -363,21 +364,28 @@ def _processes() -> dict[int, tuple[int, list[bytes], int]]:
         try:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             argv = (entry / "cmdline").read_bytes().split(b"\0")
-            found[int(entry.name)] = (int(fields[1]), argv, int(fields[11]) + int(fields[12]))
+            found[int(entry.name)] = (
+                int(fields[1]),
+                argv,
+                int(fields[11]) + int(fields[12]),
+                int(fields[13]) + int(fields[14]),
+            )
         except (OSError, IndexError, ValueError):
             continue  # gone meanwhile
     return found
 
 
-def cpu_ticks(postmaster: int | None) -> dict[str, int]:
+def cpu_ticks(postmaster: int | None, *, platform_here: bool = False) -> dict[str, int]:
     """CPU ticks used so far by each part of the platform: each service process (or
     this process in one-process), the Postgres server (`postmaster` and its backends),
     the broker and any other process this one started. A service's workers (its
-    children) count as `workers`."""
+    children, running or ended: the launch wrappers, namespace tools and the tasks'
+    own programs) count as `workers`; `platform_here`: the services run in this
+    process (one-process), so its ended children are workers too."""
     me = os.getpid()
     table = _processes()
     out: dict[str, int] = {}
-    for pid, (_, _, ticks) in table.items():
+    for pid, (_, _, ticks, ended) in table.items():
         chain = [pid]
         while chain[-1] in table and chain[-1] not in (me, postmaster, 0, 1):
             chain.append(table[chain[-1]][0])
@@ -388,12 +396,16 @@ def cpu_ticks(postmaster: int | None) -> dict[str, int]:
             continue
         elif pid == me:
             part = "this process"
+            if platform_here:
+                out["workers"] = out.get("workers", 0) + ended
         else:
             child = chain[-2]  # this process's child the process descends from
             argv = table[child][1]
             if b"runyard.stack.serve" in argv:
                 name = argv[argv.index(b"runyard.stack.serve") + 1].decode()
                 part = name if pid == child else "workers"
+                if pid == child:
+                    out["workers"] = out.get("workers", 0) + ended
             else:
                 part = Path(argv[0].decode(errors="replace")).name if pid == child else "workers"
         out[part] = out.get(part, 0) + ticks
@@ -410,8 +422,11 @@ class CpuWatch:
         self._from: dict[str, int] = {}
         self._at = 0.0
 
+    def _ticks(self) -> dict[str, int]:
+        return cpu_ticks(self.postmaster, platform_here=self.client is None)
+
     def start(self) -> None:
-        self._from, self._at = cpu_ticks(self.postmaster), time.monotonic()
+        self._from, self._at = self._ticks(), time.monotonic()
 
     def report(self, label: str, tasks: int = 0) -> float:
         """Print cores used per part (and CPU ms per task); the platform's cores (all
@@ -419,7 +434,7 @@ class CpuWatch:
         wall = time.monotonic() - self._at
         used = {
             part: (ticks - self._from.get(part, 0)) / TICKS_PER_S
-            for part, ticks in cpu_ticks(self.postmaster).items()
+            for part, ticks in self._ticks().items()
         }
         total = sum(seconds for part, seconds in used.items() if part != self.client)
         per_task = f" {'ms/task':>8}" if tasks else ""

@@ -127,7 +127,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, BinaryIO, Protocol, TypeVar, runtime_checkable
 
 from runyard.contracts.loglines import LogRecord
 from runyard.contracts.spec import TaskSpec
@@ -139,6 +139,7 @@ from runyard.deployer.retry import until_done
 from runyard.deployer.stacks import capture_group
 
 log = logging.getLogger("runyard.deployer.runtime")
+T = TypeVar("T")
 
 DeploymentKey = tuple[str, int, int]
 """(task id, run, attempt)."""
@@ -435,6 +436,8 @@ class _Local:
     #: The env check program (R-30) per worker, and the tasks following its output.
     checks: dict[int, asyncio.subprocess.Process] = field(default_factory=dict)
     check_readers: list[asyncio.Task[None]] = field(default_factory=list)
+    #: Taken by the file work done in a thread (`LocalRuntime._files`): in order.
+    files_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class LocalRuntime:
@@ -484,32 +487,51 @@ class LocalRuntime:
         if key in self._deps:
             return
         task, run, attempt = key
-        self.config.scratch_root.mkdir(parents=True, exist_ok=True)
-        self.config.scratch_root.chmod(0o700)
         root = self.config.scratch_root / task / f"run{run}-a{attempt}"
-        workers: dict[int, _Worker] = {}
-        for placement in deployment.workers:
-            scratch = root / f"w{placement.index}"
-            scratch.mkdir(parents=True, exist_ok=True)
-            # The worker's own folders; the folder above them (logs, exit status,
-            # offsets) stays the runtime's, so a worker can neither replace nor
-            # redirect what the runtime reads back.
-            for sub in ("home", "tmp", "work"):
-                (scratch / sub).mkdir(exist_ok=True)
-                self._give(scratch / sub)
-            scratch.chmod(0o755 if self.namespaces else 0o700)
-            workers[placement.index] = _Worker(placement.index, placement, scratch)
+        workers = {p.index: _Worker(p.index, p, root / f"w{p.index}") for p in deployment.workers}
         self._deps[key] = local = _Local(deployment, root, workers)
-        self._write_state(local, "allocated")
+        try:
+            await self._files(local, self._make_scratch, local, self._state(local, "allocated"))
+        except BaseException:
+            self._deps.pop(key, None)  # allocated again from the start when asked again
+            raise
         if self.namespaces:
-            (root / "shm").mkdir(exist_ok=True)
-            self._give(root / "shm")
             try:
                 await asyncio.to_thread(_make_namespaces, root, self.tools)
             except (OSError, subprocess.SubprocessError) as exc:
                 raise StageFailed(
                     f"the deployment's network namespace could not be created: {exc}"
                 ) from exc
+
+    def _make_scratch(self, local: _Local, state: dict[str, Any]) -> None:
+        """The deployment's folders and its first `state.json` (in a thread)."""
+        self.config.scratch_root.mkdir(parents=True, exist_ok=True)
+        self.config.scratch_root.chmod(0o700)
+        for worker in local.workers.values():
+            worker.scratch.mkdir(parents=True, exist_ok=True)
+            # The worker's own folders; the folder above them (logs, exit status,
+            # offsets) stays the runtime's, so a worker can neither replace nor
+            # redirect what the runtime reads back.
+            for sub in ("home", "tmp", "work"):
+                (worker.scratch / sub).mkdir(exist_ok=True)
+                self._give(worker.scratch / sub)
+            worker.scratch.chmod(0o755 if self.namespaces else 0o700)
+        self._save_state(local, state)
+        if self.namespaces:
+            (local.root / "shm").mkdir(exist_ok=True)
+            self._give(local.root / "shm")
+
+    async def _files(self, local: _Local, work: Callable[..., T], *args: Any) -> T:
+        """Run `work` (folders and files of `local`'s scratch) in a thread, one at a
+        time per deployment and in the order asked.
+
+        Creating folders and replacing files on a journaling disk takes milliseconds
+        each (about 1.4 ms for a write and rename, 3 ms for four folders on ext4 here,
+        against 0.05 ms on tmpfs); on the event loop they would hold every other
+        deployment's events and lines for that long.
+        """
+        async with local.files_lock:
+            return await asyncio.to_thread(work, *args)
 
     def _give(self, path: Path) -> None:
         """Hand a folder to the worker user (mode 0700), when workers are sandboxed."""
@@ -544,7 +566,11 @@ class LocalRuntime:
 
     async def mount_storage(self, deployment: Deployment) -> None:
         local = self._get(deployment.key)
-        local.mounts = []
+        await self._files(local, self._mount_storage, local)
+
+    def _mount_storage(self, local: _Local) -> None:
+        deployment = local.deployment
+        mounts = []
         for mount in deployment.spec.mounts:
             host = self.config.volumes_root / mount.file_system / mount.volume
             try:
@@ -556,7 +582,8 @@ class LocalRuntime:
                 raise StageFailed(
                     f"volume {mount.file_system}/{mount.volume} cannot be prepared at {host}: {exc}"
                 ) from exc
-            local.mounts.append((mount.mount_path, host, mount.read_only))
+            mounts.append((mount.mount_path, host, mount.read_only))
+        local.mounts = mounts
         if self.namespaces:
             return  # bind-mounted at each mount path when the worker starts
         for worker in local.workers.values():
@@ -575,12 +602,13 @@ class LocalRuntime:
         if deployment.spec.framework == "pytorch_ddp":
             # A sandboxed deployment has a network namespace of its own: every port is free.
             port = DEFAULT_MASTER_PORT if self.namespaces else free_port(DEFAULT_MASTER_PORT)
+        files: list[tuple[Path, str, bool]] = []  # (path, text, private)
         for worker in local.workers.values():
             hostfile: Path | None = None
             if deployment.spec.framework == "mpi":
                 hostfile = worker.scratch / "hostfile"
                 slots = "".join(f"127.0.0.1 slots={len(w.gpus)}\n" for w in deployment.workers)
-                hostfile.write_text(slots)
+                files.append((hostfile, slots, False))
             worker.env = self.worker_env(
                 deployment, worker, local, master_port=port, hostfile=hostfile
             )
@@ -588,7 +616,15 @@ class LocalRuntime:
                 "# written by the Runyard local runtime: the image's bin/ first on PATH\n"
                 f'export PATH="{local.image_bin}:$PATH"\n'
             )
-            _write_private(worker.scratch / "home" / ".bash_profile", profile, self.worker_ids)
+            files.append((worker.scratch / "home" / ".bash_profile", profile, True))
+        await self._files(local, self._write_files, files)
+
+    def _write_files(self, files: list[tuple[Path, str, bool]]) -> None:
+        for path, text, private in files:
+            if private:
+                _write_private(path, text, self.worker_ids)
+            else:
+                path.write_text(text)
 
     def worker_env(
         self,
@@ -663,13 +699,12 @@ class LocalRuntime:
             raise RuntimeError(f"workers of {deployment.key} already started")
         # Written before any process exists: a deployer that dies now leaves a trace that
         # the next one follows (it ends stray processes instead of starting a second gang).
-        self._write_state(local, "starting")
+        await self._write_state(local, "starting")
         pids: dict[int, int] = {}
         try:
             for worker in local.workers.values():
-                env_file = self._write_env(worker, worker.env, "env")
+                env_file, files = await self._files(local, self._launch_files, worker)
                 args = self._launch_args(local, worker, env_file=env_file)
-                files = [open(worker.scratch / f"{s}.log", "ab") for s in ("stdout", "stderr")]  # noqa: SIM115, ASYNC230
                 try:
                     worker.process = await asyncio.create_subprocess_exec(
                         *args,
@@ -689,13 +724,13 @@ class LocalRuntime:
                 pids[worker.index] = worker.pid
                 # Each worker named as soon as it runs: a deployer that dies now leaves
                 # the next one every process it started (see `recover`).
-                self._write_state(local, "starting")
+                await self._write_state(local, "starting")
         except BaseException:
             # No half-started gang: the workers already started go, the caller fails the
             # attempt (e.g. E2BIG for a launch command over the kernel's argument limit).
             await self._kill_started(local)
             raise
-        self._write_state(local, "started")
+        await self._write_state(local, "started")
         self._watch_all(local, on_output, on_exit)
         return pids
 
@@ -709,6 +744,19 @@ class LocalRuntime:
                 await worker.process.wait()
             await _until_gone(worker.pid)
             worker.pid = worker.process = None
+
+    def _launch_files(self, worker: _Worker) -> tuple[Path, list[BinaryIO]]:
+        """The worker's variables file, and its output files opened to append."""
+        env_file = self._write_env(worker, worker.env, "env")
+        files: list[BinaryIO] = []
+        try:
+            for name in ("stdout", "stderr"):
+                files.append(open(worker.scratch / f"{name}.log", "ab"))  # noqa: SIM115
+        except BaseException:
+            for f in files:
+                f.close()
+            raise
+        return env_file, files
 
     def _write_env(self, worker: _Worker, env: Mapping[str, str], name: str) -> Path:
         """The worker's variables as a shell file its unprivileged shell sources.
@@ -744,7 +792,7 @@ class LocalRuntime:
             command = bootcheck_command(deployment, worker.index)
             status = worker.scratch / "bootcheck_status"
             env = {**worker.env, "RUNYARD_BOOTCHECK_PORT": str(port)}
-            env_file = self._write_env(worker, env, "bootcheck.env")
+            env_file = await self._files(local, self._write_env, worker, env, "bootcheck.env")
             args = self._launch_args(
                 local, worker, command=command, status_file=status, env_file=env_file
             )
@@ -920,9 +968,10 @@ class LocalRuntime:
         covers = [Path("/tmp"), *hidden]
         keep = list(dict.fromkeys([scratch, *(p for p in needed if _covered(p, covers))]))
         lines = [f"exec {10 + n}<{q(str(path))}" for n, path in enumerate(keep)]
+        # X-mount.mkdir: mount makes a missing mount point (mode 0755) itself, one
+        # program started fewer per mount (each costs a millisecond or two of CPU).
         for mount_path, host, read_only in local.mounts:
-            lines.append(f"{q(t.mkdir)} -p {q(mount_path)}")
-            lines.append(f"{q(t.mount)} --bind {q(str(host))} {q(mount_path)}")
+            lines.append(f"{q(t.mount)} -o X-mount.mkdir --bind {q(str(host))} {q(mount_path)}")
             if read_only:
                 lines.append(f"{q(t.mount)} -o remount,bind,ro {q(mount_path)}")
         lines.append(f"{q(t.mount)} --bind {q(str(local.root / 'shm'))} /dev/shm")
@@ -936,8 +985,7 @@ class LocalRuntime:
         for _, bind, path, fd in sorted(steps):
             p = q(str(path))
             if bind:
-                lines.append(f"{q(t.mkdir)} -p {p}")
-                lines.append(f"{q(t.mount)} -c --bind /proc/self/fd/{fd} {p}")
+                lines.append(f"{q(t.mount)} -c -o X-mount.mkdir --bind /proc/self/fd/{fd} {p}")
                 lines.append(f"exec {fd}<&-")
             else:
                 lines.append(
@@ -1324,8 +1372,8 @@ class LocalRuntime:
                     task.cancel()
         self._deps.clear()
 
-    def _write_state(self, local: _Local, phase: str) -> None:
-        self._save_state(local, self._state(local, phase))
+    async def _write_state(self, local: _Local, phase: str) -> None:
+        await self._files(local, self._save_state, local, self._state(local, phase))
 
     def _state(self, local: _Local, phase: str) -> dict[str, Any]:
         """What `state.json` holds for a deployment in `phase`."""
@@ -1410,6 +1458,8 @@ class _Tools:
     unshare: str
     nsenter: str
     setpriv: str
+    #: iproute2's `ip`, where installed (optional: the loopback comes up without it).
+    ip: str = ""
 
     @classmethod
     def find(cls) -> _Tools:
@@ -1419,7 +1469,7 @@ class _Tools:
         return cls(**found)
 
     def missing(self) -> list[str]:
-        return [name for name in self.__slots__ if not getattr(self, name)]
+        return [name for name in self.__slots__ if not getattr(self, name) and name != "ip"]
 
 
 def _sandbox_unavailable(tools: _Tools) -> str | None:
@@ -1496,8 +1546,12 @@ def _make_namespaces(root: Path, tools: _Tools) -> None:
     net.touch()
     ipc.touch()
     # One process: unshare makes both (kept by the bind mounts) and runs, inside them,
-    # a bare interpreter (-I -S: no site, no user paths) that brings the loopback up.
-    loopback = [sys.executable, "-I", "-S", "-c", _LOOPBACK_UP]
+    # what brings the loopback up: `ip` (3 ms of CPU here), else a bare interpreter
+    # (-I -S: no site, no user paths; 25 ms).
+    if tools.ip:
+        loopback = [tools.ip, "link", "set", "lo", "up"]
+    else:
+        loopback = [sys.executable, "-I", "-S", "-c", _LOOPBACK_UP]
     args = [tools.unshare, f"--net={net}", f"--ipc={ipc}", *loopback]
     done = subprocess.run(args, capture_output=True, timeout=30, check=False)
     if done.returncode != 0:
@@ -1506,12 +1560,9 @@ def _make_namespaces(root: Path, tools: _Tools) -> None:
 
 def _release_namespaces(root: Path, tools: _Tools) -> None:
     """Unmount the files that keep a deployment's namespaces (they go with the last user)."""
-    for name in ("netns", "ipcns"):
-        path = root / name
-        if tools.umount and os.path.ismount(path):
-            subprocess.run(
-                [tools.umount, "-l", str(path)], capture_output=True, timeout=30, check=False
-            )
+    kept = [str(root / name) for name in ("netns", "ipcns") if os.path.ismount(root / name)]
+    if tools.umount and kept:
+        subprocess.run([tools.umount, "-l", *kept], capture_output=True, timeout=30, check=False)
 
 
 def _write_private(path: Path, text: str, owner: tuple[int, int, str] | None) -> None:
