@@ -123,3 +123,53 @@ async def test_a_numbered_line_read_again_later_is_stored_once(store: LogStore) 
     twice += [twice[0].model_copy(update={"at": twice[0].at + timedelta(seconds=1)})]
     assert await store.ingest(twice) == 1
     assert await store.count(LogQuery("t-seq")) == 7
+
+
+async def test_a_batch_written_in_parts_keeps_each_stream_whole_and_in_order(dsn: str) -> None:
+    """A batch is split by worker stream over several connections: every line is
+    stored once, a repeat read again later is still skipped, and each stream reads
+    back in its order."""
+    import asyncpg
+    from runyard.logs.store import _split
+
+    streams = [(w, s) for w in range(4) for s in ("stdout", "stderr")]
+    batch = [
+        log_record(
+            AT + timedelta(milliseconds=seq),
+            "t-parts",
+            f"w{w} {s} {seq}",
+            worker=w,
+            stream=s,
+            seq=seq,
+        )
+        for seq in range(40)
+        for w, s in streams
+        if s == "stdout" or seq % 4 == 0  # stderr streams are smaller
+    ]
+    parts = _split(batch, 3)
+    assert len(parts) == 3 and sorted(map(len, parts)) == [60, 60, 80]
+    for part in parts:  # each stream whole in one part
+        others = [p for p in parts if p is not part]
+        mine = {(r.worker, r.stream) for r in part}
+        assert not mine & {(r.worker, r.stream) for p in others for r in p}
+    assert [len(p) for p in _split(batch[:1], 3)] == [1]
+
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=4)
+    try:
+        logs = LogStore(pool, parts=3)
+        await logs.migrate()
+        assert await logs.ingest(batch) == len(batch) == 200
+        # a new deployer reads every stream again from line 30: later times, same numbers
+        again = [
+            r.model_copy(update={"at": r.at + timedelta(seconds=30)})
+            for r in batch
+            if (r.seq or 0) >= 30
+        ]
+        assert await logs.ingest(again) == 0
+        assert await logs.count(LogQuery("t-parts")) == 200
+        for w, s in streams:
+            page = await logs.page(LogQuery("t-parts", workers=(w,), limit=1000))
+            seqs = [ln.seq or 0 for ln in page.lines if ln.stream == s]
+            assert seqs == sorted(seqs) and len(seqs) == (40 if s == "stdout" else 10)
+    finally:
+        await pool.close()

@@ -6,8 +6,9 @@ drops those past retention, and serves its HTTP face (`runyard.api.service`:
 health, readiness, metrics and the log routes of `runyard.logs.http`, which
 the gateway routes authenticated requests to). Settings (`logs.yaml` of the
 config folder, or `ctx.settings["logs"]`): `retention_days` (30),
-`ingest_writers` (1: batches written at once; more helps on a many-core
-database, not on a 2-core one). Exports are written under `<data dir>/exports`.
+`ingest_parts` (4: connections each batch is written on at once, split by
+worker stream), `ingest_writers` (1: batches written at once). Exports are
+written under `<data dir>/exports`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from runyard.contracts.rpc import credential
 from runyard.eventstore import PostgresEventStore
 from runyard.logs.http import LogApi, internal_router, logs_router
 from runyard.logs.ingest import LogIngester
-from runyard.logs.store import DEFAULT_RETENTION_DAYS, LogStore
+from runyard.logs.store import DEFAULT_PARTS, DEFAULT_RETENTION_DAYS, LogStore
 from runyard.stack.context import ServiceContext
 
 log = logging.getLogger("runyard.logs")
@@ -64,8 +65,10 @@ async def run(ctx: ServiceContext) -> None:
     """Ingest worker output, keep partitions and serve the log routes until cancelled."""
     config = {**ctx.config("logs.yaml"), **ctx.settings.get("logs", {})}
     retention = int(config.get("retention_days", DEFAULT_RETENTION_DAYS))
-    pool = await asyncpg.create_pool(ctx.dsn, min_size=1, max_size=6)
-    store = LogStore(pool, retention_days=retention)
+    parts = max(1, int(config.get("ingest_parts", DEFAULT_PARTS)))
+    # the parts of a batch, and the log routes' reads beside them
+    pool = await asyncpg.create_pool(ctx.dsn, min_size=1, max_size=parts + 4)
+    store = LogStore(pool, retention_days=retention, parts=parts)
     api = LogApi(PostgresEventStore(pool, ctx.mapper), store, ctx.data_dir / "exports")
     try:
         await store.migrate()

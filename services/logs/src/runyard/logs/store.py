@@ -2,16 +2,20 @@
 retention, paged queries and the first error.
 
 Ingest is one multi-row `INSERT ... SELECT FROM unnest(...) ON CONFLICT DO
-NOTHING` per batch: a redelivered line hits the unique `(dedupe, at)` index
-and is skipped. A numbered line (`seq`) read again by a new deployer has the
-same `dedupe` and a later `at`: it is skipped when a line of that identity is
-stored within `REPEAT_WINDOW` of it (and a batch keeps the first of several).
+NOTHING` per part of a batch: a redelivered line hits the unique `(dedupe, at)`
+index and is skipped. A numbered line (`seq`) read again by a new deployer has
+the same `dedupe` and a later `at`: it is skipped when a line of that identity
+is stored within `REPEAT_WINDOW` of it (and a batch keeps the first of several).
+A batch is split by worker stream into `parts` written at once on their own
+connections, so every line of one stream, and so every repeat of a line, is in
+the same insert; batches are written one after the other.
 Partitions are one per UTC day, created ahead of time and on demand for the
 days a batch touches; retention drops whole partitions.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -29,6 +33,11 @@ from runyard.logs.search import LogQuery, Position, count_sql, page_sql
 
 DEFAULT_RETENTION_DAYS = 30
 _PARTITION = re.compile(r"^log_lines_p(\d{8})$")
+#: Connections a batch is written on at once (`ingest_parts` in logs.yaml): index
+#: upkeep (the text search and trigram indexes) is most of an insert's time and
+#: runs on one core per connection. `benchmarks/logs.py --quick` on 2 cores:
+#: 15,000 lines/s in one part, 17,700 in two, 19,000 in four.
+DEFAULT_PARTS = 4
 #: How far apart in time a numbered line and its repeat may be stored (a deployer
 #: reads a worker's file again after a restart: seconds to hours later).
 REPEAT_WINDOW = timedelta(days=2)
@@ -83,6 +92,18 @@ FROM heads h LEFT JOIN LATERAL (
 ) x ON true
 ORDER BY h.at, h.id
 """
+
+
+def _split(records: Sequence[LogRecord], parts: int) -> list[list[LogRecord]]:
+    """`records` in at most `parts` parts of about the same size, each worker stream
+    whole in one part (the largest streams first, each into the smallest part)."""
+    streams: dict[tuple[str, int, int, int, str], list[LogRecord]] = {}
+    for r in records:
+        streams.setdefault((r.task_id, r.run, r.attempt, r.worker, r.stream), []).append(r)
+    split: list[list[LogRecord]] = [[] for _ in range(min(parts, len(streams)))]
+    for lines in sorted(streams.values(), key=len, reverse=True):
+        min(split, key=len).extend(lines)
+    return split
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,9 +205,17 @@ class FirstError:
 class LogStore:
     """Log lines in Postgres."""
 
-    def __init__(self, pool: asyncpg.Pool, *, retention_days: int = DEFAULT_RETENTION_DAYS):
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        retention_days: int = DEFAULT_RETENTION_DAYS,
+        parts: int = DEFAULT_PARTS,
+    ):
         self.pool = pool
         self.retention_days = retention_days
+        #: Connections a batch is written on at once (see `ingest`).
+        self.parts = max(1, parts)
         self._days: set[date] = set()
 
     async def migrate(self) -> None:
@@ -262,6 +291,19 @@ class LogStore:
         if not keep:
             return 0
         await self.ensure_partitions(r.at.astimezone(UTC).date() for r in keep)
+        parts = _split(keep, self.parts)
+        if len(parts) == 1:
+            return await self._insert(keep)
+        stored = []
+        try:
+            async with asyncio.TaskGroup() as group:  # a part that fails cancels the others
+                for part in parts:
+                    stored.append(group.create_task(self._insert(part)))
+        except BaseExceptionGroup as failed:  # the error itself (an outage is waited out)
+            raise failed.exceptions[0] from None
+        return sum(task.result() for task in stored)
+
+    async def _insert(self, keep: Sequence[LogRecord]) -> int:
         result = await self.pool.execute(
             _INSERT,
             [r.at for r in keep],
