@@ -372,7 +372,7 @@ class SlurmRuntime(LocalRuntime):
                 raise StageFailed(f"Slurm refused the job: {exc.message}") from exc
             job = out.strip().split(";")[0]
         self._jobs[key] = job
-        self._write_state(local, "allocated")
+        await self._write_state(local, "allocated")
         await self._until_running(local, job)
 
     async def _job_of_earlier(self, local: _Local) -> str | None:
@@ -759,12 +759,12 @@ class SlurmRuntime(LocalRuntime):
         for worker in local.workers.values():
             if not (worker.scratch / "run.sh").exists():
                 raise RuntimeError(f"worker {worker.index} has no environment (env_init)")
-        self._write_state(local, "starting")
+        await self._write_state(local, "starting")
         (local.root / "go").touch()
         now = time.time()
         for worker in local.workers.values():
             worker.started_at = now
-        self._write_state(local, "started")
+        await self._write_state(local, "started")
         try:
             await self._until_spawned(local, job)
         except BaseException:
@@ -951,7 +951,7 @@ class SlurmRuntime(LocalRuntime):
 
     # -- after a deployer restart --------------------------------------------------------
 
-    def _write_state(self, local: _Local, phase: str) -> None:
+    async def _write_state(self, local: _Local, phase: str) -> None:
         job = self._jobs.get(local.deployment.key)
         state = self._state(local, phase)
         if job is not None:
@@ -961,10 +961,14 @@ class SlurmRuntime(LocalRuntime):
                 for w in local.workers.values()
                 if w.started_at is not None
             ]
-            if phase == "allocated":
-                # The job id alone, kept through `LocalRuntime.allocate` (which rewrites
-                # state.json), as soon as sbatch answered.
-                (local.root / "state.json.slurm").write_text(json.dumps({"job_id": job}))
+        # The job id alone, kept through `LocalRuntime.allocate` (which rewrites
+        # state.json), as soon as sbatch answered.
+        alone = job if job is not None and phase == "allocated" else None
+        await self._files(local, self._save_slurm_state, local, state, alone)
+
+    def _save_slurm_state(self, local: _Local, state: dict[str, Any], job: str | None) -> None:
+        if job is not None:
+            (local.root / "state.json.slurm").write_text(json.dumps({"job_id": job}))
         self._save_state(local, state)
 
     def recover(self) -> dict[DeploymentKey, dict[int, int]]:
