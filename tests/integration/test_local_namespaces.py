@@ -43,7 +43,7 @@ def test_the_deployment_namespace_has_its_loopback_up(tmp_path: Path, with_ip: b
             check=False,
         )
         assert inside.stdout.strip() == "up", inside.stderr
-        host_lo = Path("/proc/self/ns/net").readlink()
+        host_net = Path("/proc/self/ns/net").readlink()
         kept = subprocess.run(
             [tools.nsenter, f"--net={tmp_path / 'netns'}", "readlink", "/proc/self/ns/net"],
             capture_output=True,
@@ -51,7 +51,7 @@ def test_the_deployment_namespace_has_its_loopback_up(tmp_path: Path, with_ip: b
             timeout=30,
             check=True,
         )
-        assert kept.stdout.strip() != str(host_lo), "a namespace of its own, not the host's"
+        assert kept.stdout.strip() != str(host_net), "a namespace of its own, not the host's"
     finally:
         _release_namespaces(tmp_path, tools)
     assert not os.path.ismount(tmp_path / "netns")

@@ -504,7 +504,9 @@ class LocalRuntime:
                 ) from exc
 
     def _make_scratch(self, local: _Local, state: dict[str, Any]) -> None:
-        """The deployment's folders and its first `state.json` (in a thread)."""
+        """The deployment's folders and its first `state.json` (in a thread). With a
+        worker user, it reaches its own folders (home, tmp, work) through its scratch,
+        and the deployment's `shm/` (shared by its workers) is its /dev/shm."""
         self.config.scratch_root.mkdir(parents=True, exist_ok=True)
         self.config.scratch_root.chmod(0o700)
         for worker in local.workers.values():
@@ -515,9 +517,9 @@ class LocalRuntime:
             for sub in ("home", "tmp", "work"):
                 (worker.scratch / sub).mkdir(exist_ok=True)
                 self._give(worker.scratch / sub)
-            worker.scratch.chmod(0o755 if self.namespaces else 0o700)
+            worker.scratch.chmod(0o755 if self.worker_ids is not None else 0o700)
         self._save_state(local, state)
-        if self.namespaces:
+        if self.worker_ids is not None:
             (local.root / "shm").mkdir(exist_ok=True)
             self._give(local.root / "shm")
 

@@ -347,13 +347,6 @@ class SlurmRuntime(LocalRuntime):
             return
         await super().allocate(deployment)
         local = self._deps[key]
-        if self.worker_ids is not None:
-            # The worker user reaches its own folders (home, tmp, work) through its
-            # scratch, and /dev/shm is the deployment's `shm/` (shared by its workers).
-            for worker in local.workers.values():
-                worker.scratch.chmod(0o755)
-            (local.root / "shm").mkdir(exist_ok=True)
-            self._give(local.root / "shm")
         job = await self._job_of_earlier(local)
         if job is not None and _REPORTS_MARK not in _read(local.root / "job.sh"):
             # Submitted by an older deployer, whose batch script reports nothing: its
