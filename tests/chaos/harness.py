@@ -40,7 +40,7 @@ import asyncpg
 from runyard.contracts import RecordedEvent, default_mapper
 from runyard.contracts.task_events import TaskSucceeded, WorkerExited, WorkerStarted
 from runyard.domain import TERMINAL_STATUSES, fold
-from runyard.eventstore import PostgresEventStore
+from runyard.eventstore import EVENT_COLUMNS, PostgresEventStore
 
 #: Events that allow one more attempt of the same run.
 ANOTHER_ATTEMPT = ("TaskRestartScheduled", "TaskRequeued", "TaskRescheduleRequested")
@@ -173,8 +173,7 @@ async def analyse(scenario: str, dsn: str, task_ids: list[str], lines: int) -> C
     try:
         streams = [f"task-{t}" for t in task_ids]
         rows = await store.pool.fetch(
-            "SELECT global_position, event_id, stream_id, stream_version, event_type,"
-            " schema_version, data::text AS data, metadata::text AS metadata, occurred_at"
+            f"SELECT {EVENT_COLUMNS}"
             " FROM events WHERE stream_id = ANY($1) ORDER BY stream_id, stream_version",
             streams,
         )

@@ -33,7 +33,7 @@ from runyard.contracts.task_events import (
     TaskRequeued,
 )
 from runyard.domain.task import Submit, decide, fold
-from runyard.eventstore import PostgresEventStore
+from runyard.eventstore import EVENT_COLUMNS, PostgresEventStore
 from runyard.gateway.app import Gateway
 from runyard.gateway.http import create_app
 from runyard.scheduler.app import SchedulerApp
@@ -122,8 +122,7 @@ class Env:
         """Hand every event appended since the last delivery to the scheduler, in order."""
         while True:
             rows = await self.store.pool.fetch(
-                "SELECT global_position, event_id, stream_id, stream_version, event_type,"
-                " schema_version, data::text AS data, metadata::text AS metadata, occurred_at"
+                f"SELECT {EVENT_COLUMNS}"
                 " FROM events WHERE global_position > $1 ORDER BY global_position",
                 self.delivered,
             )

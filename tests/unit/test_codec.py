@@ -45,3 +45,31 @@ def test_stored_and_model_encodings_give_the_same_message() -> None:
     assert headers_a == headers_b
     assert json.loads(value_a) == json.loads(value_b)
     assert codec.decode(value_b, mapper) == recorded
+
+
+def test_an_event_read_from_a_row_builds_its_payload_on_first_use_and_equals_the_model() -> None:
+    event = TaskQueued(run=2, reason="pool can start 0", position=0, gpus_needed=8, launchable=0)
+    meta = Metadata(actor="service:scheduler", correlation_id="k-1")
+    recorded = RecordedEvent(new_event_id(), "task-t1", 3, 17, utcnow(), event, meta)
+    # A store row: the envelope in `RecordedEvent.stored`'s order, then columns it ignores.
+    row = (
+        recorded.event_id,
+        "task-t1",
+        3,
+        17,
+        recorded.occurred_at,
+        "TaskQueued",
+        TaskQueued.schema_version,
+        json.dumps(json.loads(event.model_dump_json())),
+        json.dumps(meta.model_dump()),
+        "xmin",
+        "xmax",
+    )
+    stored = RecordedEvent.stored(row, TaskQueued)
+
+    assert stored.type == "TaskQueued"
+    assert (stored.stream_id, stored.stream_version, stored.global_position) == ("task-t1", 3, 17)
+    assert stored.event == event and stored.event is stored.event  # built once, then kept
+    assert stored.metadata == meta
+    assert stored == recorded
+    assert stored.replace(global_position=18).global_position == 18

@@ -8,7 +8,7 @@ decisions stay pure and replays exact.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
@@ -96,10 +96,6 @@ class NewEvent(Generic[E_co]):
         )
 
 
-#: What a stored event's payload and metadata are until first asked for.
-_UNBUILT: Any = object()
-
-
 class RecordedEvent(Generic[E_co]):
     """An event as stored: payload plus envelope. Immutable.
 
@@ -110,14 +106,16 @@ class RecordedEvent(Generic[E_co]):
     they were made.
     """
 
-    # One tuple holds the envelope (event id, stream id, stream version, global
-    # position, occurred at, type name, payload model, stored payload, stored
-    # metadata): a reader makes one of these per row. `_event` and `_metadata`
-    # are `_UNBUILT` until built (a check, not a caught AttributeError: the
-    # exception would cost more than the payload's validation).
+    # `_f` holds the envelope by position: event id, stream id, stream version,
+    # global position, occurred at, type name, schema version, stored payload,
+    # stored metadata. A reader makes one of these per row, so for an event read
+    # from the store `_f` is the row itself (any sequence in that order: the
+    # store's own record, not a copy). Until built, `_event` holds the payload's
+    # model class and `_metadata` is None (a check, not a caught AttributeError:
+    # the exception would cost more than the payload's validation).
     __slots__ = ("_event", "_f", "_metadata")
     _event: E_co
-    _f: tuple[Any, ...]
+    _f: Sequence[Any]
     _metadata: Metadata
 
     def __init__(
@@ -134,54 +132,23 @@ class RecordedEvent(Generic[E_co]):
         _set(
             self,
             "_f",
-            (
-                event_id,
-                stream_id,
-                stream_version,
-                global_position,
-                occurred_at,
-                None,
-                None,
-                None,
-                None,
-            ),
+            (event_id, stream_id, stream_version, global_position, occurred_at, None),
         )
         _set(self, "_event", event)
         _set(self, "_metadata", metadata)
 
     @classmethod
-    def stored(
-        cls,
-        event_id: UUID,
-        stream_id: str,
-        stream_version: int,
-        global_position: int,
-        occurred_at: datetime,
-        event_type: str,
-        model: type[E_co],
-        data: str | bytes,
-        metadata: str | bytes,
-    ) -> RecordedEvent[E_co]:
-        """An event as read from the store, its payload `data` in the current schema
-        of `model`: payload and `metadata` (the stored JSON) are validated when first
-        asked for."""
+    def stored(cls, row: Sequence[Any], model: type[E_co]) -> RecordedEvent[E_co]:
+        """An event as read from the store, built when first asked for.
+
+        `row` holds, in order: event id, stream id, stream version, global
+        position, occurred at, type name, schema version, payload JSON (in the
+        current schema of `model`) and metadata JSON; further items are ignored.
+        Payload and metadata are validated when first asked for."""
         recorded: RecordedEvent[E_co] = _new(cls)
-        _set_f(
-            recorded,
-            (
-                event_id,
-                stream_id,
-                stream_version,
-                global_position,
-                occurred_at,
-                event_type,
-                model,
-                data,
-                metadata,
-            ),
-        )
-        _set_event(recorded, _UNBUILT)
-        _set_metadata(recorded, _UNBUILT)
+        _set_f(recorded, row)
+        _set_event(recorded, model)
+        _set_metadata(recorded, None)
         return recorded
 
     @property
@@ -208,8 +175,8 @@ class RecordedEvent(Generic[E_co]):
     def event(self) -> E_co:
         """The payload (built on first use for an event read from the store)."""
         event = self._event
-        if event is _UNBUILT:
-            event = self._f[6].model_validate_json(self._f[7])
+        if isinstance(event, type):  # still the model: build it from the stored JSON
+            event = event.model_validate_json(self._f[7])
             _set_event(self, event)
         return event
 
@@ -217,7 +184,7 @@ class RecordedEvent(Generic[E_co]):
     def metadata(self) -> Metadata:
         """Who or what caused the event (built on first use, as `event`)."""
         metadata = self._metadata
-        if metadata is _UNBUILT:
+        if metadata is None:
             metadata = Metadata.model_validate_json(self._f[8])
             _set_metadata(self, metadata)
         return metadata

@@ -21,7 +21,12 @@ from runyard.eventstore.migrate import (
     eventstore_migrations,
     load_migrations,
 )
-from runyard.eventstore.postgres import PostgresAllReader, PostgresEventStore, StoredEvent
+from runyard.eventstore.postgres import (
+    EVENT_COLUMNS,
+    PostgresAllReader,
+    PostgresEventStore,
+    StoredEvent,
+)
 from runyard.eventstore.store import (
     ANY,
     MAX_EVENT_BYTES,
@@ -36,6 +41,7 @@ from runyard.eventstore.transient import HEALTH, Backoff, Health, is_transient, 
 
 __all__ = [
     "ANY",
+    "EVENT_COLUMNS",
     "HEALTH",
     "MAX_EVENT_BYTES",
     "NO_STREAM",

@@ -53,20 +53,22 @@ from runyard.telemetry.metrics import count_appended
 
 _APPEND = "SELECT o_version, o_positions FROM runyard_append($1, $2, $3, $4, $5, $6, $7, $8)"
 _WRONG_VERSION = "RY001"  # raised by runyard_append
-_COLUMNS = (
-    "global_position, event_id, stream_id, stream_version, event_type, schema_version,"
-    " data::text AS data, metadata::text AS metadata, occurred_at"
+#: The columns `PostgresEventStore.decode` reads, in the order it reads them
+#: (`RecordedEvent.stored`'s): `SELECT {EVENT_COLUMNS} FROM events ...`.
+EVENT_COLUMNS = (
+    "event_id, stream_id, stream_version, global_position, occurred_at, event_type,"
+    " schema_version, data::text AS data, metadata::text AS metadata"
 )
 _READ_STREAM = (
-    f"SELECT {_COLUMNS} FROM events WHERE stream_id = $1 AND stream_version >= $2"
+    f"SELECT {EVENT_COLUMNS} FROM events WHERE stream_id = $1 AND stream_version >= $2"
     " ORDER BY stream_version LIMIT $3"
 )
 _READ_ALL = f"""
-SELECT s.xmin, s.xmax, e.*
+SELECT e.*, s.xmin, s.xmax
 FROM (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin,
              pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xmax) s
 LEFT JOIN LATERAL (
-    SELECT {_COLUMNS} FROM events WHERE global_position > $1
+    SELECT {EVENT_COLUMNS} FROM events WHERE global_position > $1
     ORDER BY global_position LIMIT $2
 ) e ON true
 """
@@ -275,31 +277,23 @@ class PostgresEventStore(EventStore):
     def all_reader(self, after: int = 0) -> PostgresAllReader:
         return PostgresAllReader(self, after)
 
-    def decode(self, row: asyncpg.Record) -> RecordedEvent[Event]:
-        event_type, schema_version, data = row["event_type"], row["schema_version"], row["data"]
-        # An unknown type, or a payload that needs upcasting (or is newer than this
-        # code), is dealt with now; a current payload is built when first used.
+    def decode(self, row: Sequence[Any]) -> RecordedEvent[Event]:
+        """The event in a row of `EVENT_COLUMNS` (by position: any further columns
+        are ignored). An unknown type, or a payload that needs upcasting (or is
+        newer than this code), is dealt with now; a current payload is built when
+        first used, and the row itself is the event's envelope."""
+        event_type, schema_version = row[5], row[6]
         model = self.mapper.model(event_type)
-        if schema_version != model.schema_version:
-            return RecordedEvent(
-                event_id=row["event_id"],
-                stream_id=row["stream_id"],
-                stream_version=row["stream_version"],
-                global_position=row["global_position"],
-                occurred_at=row["occurred_at"],
-                event=self.mapper.decode(event_type, schema_version, data),
-                metadata=Metadata.model_validate_json(row["metadata"]),
-            )
-        return RecordedEvent.stored(
-            row["event_id"],
-            row["stream_id"],
-            row["stream_version"],
-            row["global_position"],
-            row["occurred_at"],
-            event_type,
-            model,
-            data,
-            row["metadata"],
+        if schema_version == model.schema_version:
+            return RecordedEvent.stored(row, model)
+        return RecordedEvent(
+            event_id=row[0],
+            stream_id=row[1],
+            stream_version=row[2],
+            global_position=row[3],
+            occurred_at=row[4],
+            event=self.mapper.decode(event_type, schema_version, row[7]),
+            metadata=Metadata.model_validate_json(row[8]),
         )
 
     @asynccontextmanager

@@ -28,7 +28,7 @@ import asyncpg
 from runyard.contracts import Event, RecordedEvent
 from runyard.contracts.spec import TaskSpec, split_custom_gpus
 from runyard.domain import TaskState, fold
-from runyard.eventstore import PostgresEventStore, retrying
+from runyard.eventstore import EVENT_COLUMNS, PostgresEventStore, retrying
 
 log = logging.getLogger(__name__)
 Upsert = Callable[[asyncpg.Connection, tuple[Any, ...]], Awaitable[None]]
@@ -52,12 +52,8 @@ _CHECKPOINT = """
 INSERT INTO checkpoints (name, position) VALUES ($1, $2)
 ON CONFLICT (name) DO UPDATE SET position = EXCLUDED.position, updated_at = now()
 """
-_EVENT_COLUMNS = (
-    "global_position, event_id, stream_id, stream_version, event_type, schema_version,"
-    " data::text AS data, metadata::text AS metadata, occurred_at"
-)
 _STREAMS = (
-    f"SELECT {_EVENT_COLUMNS} FROM events WHERE stream_id = ANY($1::text[])"
+    f"SELECT {EVENT_COLUMNS} FROM events WHERE stream_id = ANY($1::text[])"
     " ORDER BY stream_id, stream_version"
 )
 _RANGE = (

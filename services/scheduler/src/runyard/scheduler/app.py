@@ -79,6 +79,7 @@ from runyard.domain.task import (
     next_attempt,
 )
 from runyard.eventstore import (
+    EVENT_COLUMNS,
     NO_STREAM,
     AppendRequest,
     ConcurrencyError,
@@ -391,10 +392,7 @@ class SchedulerApp:
 
     async def _load_tasks(self, streams: Sequence[str] | None = None) -> None:
         """Fold every task stream (or `streams`); keep the open tasks of our pools."""
-        columns = (
-            "SELECT global_position, event_id, stream_id, stream_version, event_type,"
-            " schema_version, data::text AS data, metadata::text AS metadata, occurred_at"
-        )
+        columns = f"SELECT {EVENT_COLUMNS}"
         order = " ORDER BY stream_id, stream_version"
         if streams is None:
             rows = await self.store.pool.fetch(

@@ -65,7 +65,7 @@ from runyard.contracts.pool_events import (
     WorkersReleased,
 )
 from runyard.domain.replay import ReplayRefused, parse_point, prefix
-from runyard.eventstore import PostgresEventStore
+from runyard.eventstore import EVENT_COLUMNS, PostgresEventStore
 from runyard.scheduler.config import parse_nodes, pool_stream
 from runyard.scheduler.domain import (
     PoolState,
@@ -135,9 +135,7 @@ _COUNT_STREAMS = (
     "SELECT count(*) FROM events WHERE stream_id = ANY($1::text[]) AND occurred_at <= $2"
 )
 _READ_STREAMS = (
-    "SELECT global_position, event_id, stream_id, stream_version, event_type, schema_version,"
-    " data::text AS data, metadata::text AS metadata, occurred_at FROM events"
-    " WHERE stream_id = ANY($1::text[]) AND occurred_at <= $2"
+    f"SELECT {EVENT_COLUMNS} FROM events WHERE stream_id = ANY($1::text[]) AND occurred_at <= $2"
     " ORDER BY stream_id, stream_version"
 )
 
