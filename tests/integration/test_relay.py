@@ -334,3 +334,32 @@ async def test_a_relay_started_without_a_broker_waits_for_one(dsn: str) -> None:
             await task
         broker.stop()
         await store.close()
+
+
+async def test_an_idle_relay_publishes_the_next_event_when_postgres_tells_it(
+    dsn: str, kafka: KafkaSettings
+) -> None:
+    """The relay waits on the append signal as well as its poll: with its polls two
+    minutes apart, an append announced after a quiet spell is published all the same."""
+    store = await PostgresEventStore.connect(dsn, sample_mapper())
+    store.notify_after_quiet_s = 0  # every append is announced
+    relay = OutboxRelay(
+        store, kafka, broker_check_interval=0.2, poll_interval=120, quiet_poll_interval=120
+    )
+    task = asyncio.create_task(relay.run())
+    try:
+        await asyncio.wait_for(relay.ready.wait(), 20)
+        await wait_until(lambda: relay.appended is not None and relay.appended.listening)
+        await asyncio.sleep(0.2)  # the read after it began listening found the log empty
+
+        async def published(count: int) -> None:
+            await wait_until(lambda: relay.stats.published == count, within=20)
+
+        for n in range(3):
+            await store.append("test-1", [happened(n)])
+            await published(n + 1)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await store.close()

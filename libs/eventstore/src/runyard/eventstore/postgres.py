@@ -16,6 +16,8 @@ can be skipped for good. No committed event is ever passed over.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -32,6 +34,7 @@ from runyard.contracts import (
     RecordedEvent,
     stream_category,
 )
+from runyard.eventstore.appended import NOTIFY_AFTER_QUIET_S, notify_appended
 from runyard.eventstore.errors import (
     ConcurrencyError,
     DuplicateEventError,
@@ -123,6 +126,12 @@ class PostgresEventStore(EventStore):
         self.pool = pool
         self.mapper = mapper
         self.max_event_bytes = max_event_bytes
+        #: An append committed after this long without one from this store tells the
+        #: log's followers (`runyard.eventstore.appended`), in a statement of its own
+        #: after the commit: a follower that slowed its polls on a quiet log reads the
+        #: event now. Appends closer together tell no one (followers poll often then).
+        self.notify_after_quiet_s = NOTIFY_AFTER_QUIET_S
+        self._last_append = -math.inf
 
     @classmethod
     async def connect(
@@ -153,10 +162,19 @@ class PostgresEventStore(EventStore):
         """A connection in a transaction, for appends that go with other writes
         (a consumer's inbox row, a projection) and must commit together."""
         try:
-            async with self.pool.acquire() as conn, conn.transaction():
-                yield conn
+            async with self.pool.acquire() as conn:
+                quiet = self._quiet()
+                async with conn.transaction():
+                    yield conn
+                if quiet and self._last_append > quiet:
+                    await notify_appended(conn)  # it appended, after a quiet spell
         except _CONNECTION_ERRORS as exc:
             raise StoreUnavailable(str(exc)) from exc
+
+    def _quiet(self) -> float:
+        """0 when this store appended lately, else the time now (a true value)."""
+        now = time.monotonic()
+        return now if now - self._last_append >= self.notify_after_quiet_s else 0
 
     # -- writing ---------------------------------------------------------------
 
@@ -167,7 +185,11 @@ class PostgresEventStore(EventStore):
         expected: ExpectedVersion = ANY,
     ) -> AppendResult:
         async with self._connection() as conn:
-            return await self.append_in(conn, stream_id, events, expected)
+            quiet = self._quiet()
+            result = await self.append_in(conn, stream_id, events, expected)
+            if quiet:
+                await notify_appended(conn)
+            return result
 
     async def append_many(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
         try:
@@ -206,6 +228,7 @@ class PostgresEventStore(EventStore):
         except _CONNECTION_ERRORS as exc:
             raise StoreUnavailable(str(exc)) from exc
         count_appended(args[3])
+        self._last_append = time.monotonic()
         return _result(stream_id, row)
 
     def _append_args(
