@@ -163,18 +163,18 @@ class PostgresEventStore(EventStore):
         (a consumer's inbox row, a projection) and must commit together."""
         try:
             async with self.pool.acquire() as conn:
-                quiet = self._quiet()
+                quiet_at = self._quiet_at()
                 async with conn.transaction():
                     yield conn
-                if quiet and self._last_append > quiet:
+                if quiet_at is not None and self._last_append > quiet_at:
                     await notify_appended(conn)  # it appended, after a quiet spell
         except _CONNECTION_ERRORS as exc:
             raise StoreUnavailable(str(exc)) from exc
 
-    def _quiet(self) -> float:
-        """0 when this store appended lately, else the time now (a true value)."""
+    def _quiet_at(self) -> float | None:
+        """The time now if this store has not appended for `notify_after_quiet_s`."""
         now = time.monotonic()
-        return now if now - self._last_append >= self.notify_after_quiet_s else 0
+        return now if now - self._last_append >= self.notify_after_quiet_s else None
 
     # -- writing ---------------------------------------------------------------
 
@@ -185,9 +185,9 @@ class PostgresEventStore(EventStore):
         expected: ExpectedVersion = ANY,
     ) -> AppendResult:
         async with self._connection() as conn:
-            quiet = self._quiet()
+            quiet_at = self._quiet_at()
             result = await self.append_in(conn, stream_id, events, expected)
-            if quiet:
+            if quiet_at is not None:
                 await notify_appended(conn)
             return result
 
