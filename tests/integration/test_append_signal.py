@@ -32,7 +32,7 @@ async def wait_until(condition: Callable[[], object], within: float = 30.0) -> N
 
 @contextlib.asynccontextmanager
 async def listening(store: PostgresEventStore) -> AsyncIterator[AppendSignal]:
-    signal = AppendSignal(store.pool, check_s=0.2)
+    signal = AppendSignal(store.pool)
     task = asyncio.create_task(signal.run())
     try:
         await wait_until(lambda: signal.listening)

@@ -55,10 +55,8 @@ async def notify_appended(conn: asyncpg.Connection) -> None:
 class AppendSignal:
     """Set when events were appended; see the module docstring."""
 
-    def __init__(self, pool: asyncpg.Pool, *, check_s: float = 5.0) -> None:
+    def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
-        #: How often a listening connection is checked for being still open.
-        self.check_s = check_s
         self.listening = False
         self._set = asyncio.Event()
 
@@ -102,10 +100,9 @@ class AppendSignal:
                 self.listening = True
                 backoff.reset()
                 self._set.set()  # what was appended while not listening: read it now
-                while not conn.is_closed():
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(self.check_s):
-                            await closed.wait()
+                # asyncpg calls termination listeners on every way a connection ends
+                # (closed, terminated, lost): until then, notifications arrive.
+                await closed.wait()
             finally:
                 self.listening = False
                 conn.remove_termination_listener(on_close)
