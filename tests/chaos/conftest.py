@@ -47,6 +47,9 @@ RUNYARD = Path(sys.executable).parent / "runyard"
 #: Variables of the test's own environment that would point `runyard up` elsewhere.
 #: The Feishu bot the scenarios' alerts go to.
 FEISHU_BOT = "chaos-alerts"
+#: The scheduler's anti-entropy sweep, every 3 s: what it heals (events a restarted
+#: broker lost) is done within the stall limit.
+SWEEP_S = 3.0
 _FOREIGN = ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS", "RUNYARD_OWNER_DATABASE_URL")
 
 
@@ -100,8 +103,7 @@ class ChaosStack:
             RUNYARD_KAFKA_PORT=str(self.kafka_port),
             RUNYARD_CONFIG=str(self.root / "config"),
             RUNYARD_LOG_LEVEL="WARNING",
-            # Anti-entropy every 3 s: what it heals is done within the stall limit.
-            RUNYARD_SETTINGS=json.dumps({"scheduler_sweep_s": 3}),
+            RUNYARD_SETTINGS=json.dumps({"scheduler_sweep_s": SWEEP_S}),
             PYTHONUNBUFFERED="1",
         )
         (self.root / "work").mkdir(exist_ok=True)

@@ -29,7 +29,7 @@ import asyncpg
 import httpx
 import pytest
 
-from tests.chaos.conftest import FEISHU_BOT, ChaosStack
+from tests.chaos.conftest import FEISHU_BOT, SWEEP_S, ChaosStack
 from tests.chaos.harness import (
     TERMINAL_EVENTS,
     analyse,
@@ -108,6 +108,28 @@ async def _wait_task_list_caught_up(stack: ChaosStack, within: float = 30.0) -> 
             end = await conn.fetchval("SELECT coalesce(max(global_position), 0) FROM events")
             at = await conn.fetchval("SELECT position FROM checkpoints WHERE name = 'task_list'")
             if at == end:
+                return
+            await asyncio.sleep(0.2)
+    finally:
+        await conn.close()
+
+
+async def _wait_pools_idle(stack: ChaosStack, within: float = 4 * SWEEP_S + 20) -> None:
+    """Until the scheduler's pool views hold no task and queue none, as they must once
+    every task has ended. An event a killed broker lost reaches the scheduler through
+    its sweep, which acts on what it found missing at two sweeps in a row: up to
+    `2 * SWEEP_S` after the task list (fed straight from the log) shows the task ended.
+    Past `within`, the comparison with the rebuild reports what was never released."""
+    deadline = time.monotonic() + within
+    conn = await asyncpg.connect(stack.dsn)
+    try:
+        while time.monotonic() < deadline:
+            busy = await conn.fetchval(
+                """SELECT count(*) FROM scheduler_pool_views
+                   WHERE (view->'occupancy'->>'tasks')::int > 0
+                      OR (view->'queue'->>'waiting')::int > 0"""
+            )
+            if busy == 0:
                 return
             await asyncio.sleep(0.2)
     finally:
@@ -225,6 +247,7 @@ async def run_scenario(
         await _wait_terminal(stack, task_ids, len(task_ids))
     stack.check_alive()
     await _wait_task_list_caught_up(stack)
+    await _wait_pools_idle(stack)
     kept = await _wait_outputs_stored(stack)
     delivered = await _wait_alerts_delivered(stack, alerts)
     # Every task has ended: no worker of this scenario may be alive now.
