@@ -132,6 +132,8 @@ async def test_relay_resumes_from_its_checkpoint(dsn: str, kafka: KafkaSettings)
     await store.append("test-1", [happened(i) for i in range(5)])
     async with running_relay(store, kafka) as relay:
         await wait_until(lambda: relay.stats.published == 5)
+        # saved after the acks: a relay stopped before that publishes them again
+        await checkpoint_reaches(store, 5)
     await store.append("test-1", [happened(i) for i in range(5, 8)])
     async with running_relay(store, kafka) as relay:
         await wait_until(lambda: relay.stats.published == 3)
@@ -252,6 +254,142 @@ async def test_broker_crash_mid_stream_loses_nothing(dsn: str, postgres_url: str
     finally:
         broker.stop()
         await store.close()
+
+
+async def test_a_consumer_whose_offset_outlived_the_broker_reads_what_it_jumped_over(
+    dsn: str,
+) -> None:
+    """A client that keeps its offset across a broker that lost its memory (here: the
+    group's old offsets committed to the refilled broker, as a busy client does before
+    it rejoins) would start past the first events of the new log. Each message names
+    the previous one of its partition, so the consumer sees the jump, reads the
+    partition again from its start, and gets every event, once, in stream order."""
+    from aiokafka import TopicPartition
+    from runyard.messaging import Topics, ensure_topics
+
+    broker = EmbeddedKafka()
+    broker.start()
+    kafka = KafkaSettings(bootstrap=broker.bootstrap, topics=Topics("jump."))
+    topic = kafka.topics.for_category("test")
+    await ensure_topics(kafka.bootstrap, kafka.topics)
+    store = await PostgresEventStore.connect(dsn, sample_mapper())
+    before, after = 200, 600
+    try:
+        async with running_relay(store, kafka) as relay:
+            async with running_consumer(dsn, kafka, name="jumper") as (consumer, first):
+                for i in range(before):
+                    await store.append(f"test-{i % 10}", [happened(i)])
+                await wait_until(lambda: consumer.stats.processed >= before)
+            ends = await _end_offsets(kafka, topic)
+            broker.kill()
+            broker.start()  # same port, empty memory
+            await ensure_topics(kafka.bootstrap, kafka.topics)
+            await wait_until(lambda: relay.stats.broker_resets >= 1, within=60)
+            for i in range(before, before + after):
+                await store.append(f"test-{i % 10}", [happened(i)])
+            await checkpoint_reaches(store, before + after)
+            refilled = await _end_offsets(kafka, topic)
+            assert all(refilled[p] > ends[p] for p in ends), (ends, refilled)
+            stale = AIOKafkaConsumer(
+                bootstrap_servers=kafka.bootstrap,
+                group_id=kafka.topics.prefix + "jumper",
+                enable_auto_commit=False,
+            )
+            await stale.start()
+            try:
+                stale.assign([TopicPartition(topic, p) for p in ends])
+                await stale.commit({TopicPartition(topic, p): o for p, o in ends.items()})
+            finally:
+                await stale.stop()
+            async with running_consumer(dsn, kafka, name="jumper") as (consumer, second):
+                await wait_until(lambda: consumer.stats.processed >= after, within=90)
+                assert consumer.stats.rewinds >= 1
+        seen = [e.event.n for e in first.seen + second.seen]  # type: ignore[attr-defined]
+        assert sorted(seen) == list(range(before + after))
+        by_stream: dict[str, list[int]] = defaultdict(list)
+        for e in first.seen + second.seen:
+            by_stream[e.stream_id].append(e.stream_version)
+        assert all(v == sorted(v) for v in by_stream.values())
+    finally:
+        broker.stop()
+        await store.close()
+
+
+async def test_a_relay_started_on_a_broker_that_lost_what_it_published_refills_it(
+    dsn: str,
+) -> None:
+    """The relay and its broker stop together (the embedded broker of a crashed
+    `runyard up`); the new broker is empty. The relay, started again, finds no marker
+    on it while its checkpoint says it published: it publishes again what a group had
+    not handled (here a group that handled the first 10 events), not only what came
+    after its checkpoint."""
+    from runyard.messaging import Topics, ensure_topics
+    from runyard.messaging.positions import save_positions
+
+    broker = EmbeddedKafka()
+    broker.start()
+    kafka = KafkaSettings(bootstrap=broker.bootstrap, topics=Topics("refill."))
+    topic = kafka.topics.for_category("test")
+    await ensure_topics(kafka.bootstrap, kafka.topics)
+    store = await PostgresEventStore.connect(dsn, sample_mapper())
+    total = 40
+    try:
+        await store.append("test-1", [happened(i) for i in range(total)])
+        async with running_relay(store, kafka) as relay:
+            await wait_until(lambda: relay.stats.published == total)
+            await checkpoint_reaches(store, total)
+        partitions = set(await _end_offsets(kafka, topic))
+        async with store.pool.acquire() as conn:  # a group that lags at position 10
+            await save_positions(conn, "laggard", {(topic, p): 10 for p in partitions})
+        broker.kill()
+        broker.start()  # same port, empty memory
+        await ensure_topics(kafka.bootstrap, kafka.topics)
+        async with running_relay(store, kafka) as relay:
+            assert relay.stats.broker_resets == 1
+            await wait_until(lambda: relay.stats.published == total - 10)
+        positions = sorted(
+            int(dict(r.headers)["global_position"]) for r in await _read_all(kafka, topic)
+        )
+        assert positions == list(range(11, total + 1))
+    finally:
+        broker.stop()
+        await store.close()
+
+
+async def _read_all(kafka: KafkaSettings, topic: str) -> list[ConsumerRecord[Any, Any]]:
+    """Every message on `topic` now (a reader of no group)."""
+    from aiokafka import TopicPartition
+
+    reader = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap, enable_auto_commit=False)
+    await reader.start()
+    try:
+        partitions = [
+            TopicPartition(topic, p) for p in sorted(reader.partitions_for_topic(topic) or [])
+        ]
+        ends = await reader.end_offsets(partitions)
+        reader.assign(partitions)
+        await reader.seek_to_beginning(*partitions)
+        found: list[ConsumerRecord[Any, Any]] = []
+        while [tp for tp in partitions if await reader.position(tp) < ends[tp]]:
+            for records in (await reader.getmany(timeout_ms=500)).values():
+                found.extend(records)
+        return found
+    finally:
+        await reader.stop()
+
+
+async def _end_offsets(kafka: KafkaSettings, topic: str) -> dict[int, int]:
+    from aiokafka import TopicPartition
+
+    reader = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap, enable_auto_commit=False)
+    await reader.start()
+    try:
+        numbers = sorted(reader.partitions_for_topic(topic) or [])
+        partitions = [TopicPartition(topic, p) for p in numbers]
+        ends = await reader.end_offsets(partitions)
+        return {tp.partition: offset for tp, offset in ends.items()}
+    finally:
+        await reader.stop()
 
 
 def renamed(first: str) -> NewEvent[Renamed]:

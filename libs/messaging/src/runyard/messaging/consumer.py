@@ -15,6 +15,17 @@
 - Each batch's transaction also raises the group's positions per partition
   (`runyard.messaging.positions`): after a broker loss, the relay publishes
   again only what some group had not handled.
+- Never jumps over events: each message names the previous event the relay
+  published to its partition (header `prev`). A message whose `prev` is past
+  what the group handled there (memory first, then the group's stored position)
+  means events were jumped over: a client kept its offset across a broker that
+  lost its memory, and the refilled log reached that offset before the client
+  read again. The partition is then read again from its start (the refilled
+  log is short: the relay publishes again only the unconfirmed tail), and the
+  rest of the batch in that partition is left for then. Past the jump, a
+  message that still does not follow (one the relay sent before it noticed the
+  loss; it comes again, in order) is left for when it does, for at most
+  `GAP_WAIT_S`; then the consumer goes on and says what never came.
 - Scales out: N instances with one name form one consumer group and share the
   topics' partitions. A partition that moves to another instance in a
   rebalance is read again from its last committed offset; what the previous
@@ -44,11 +55,21 @@ from opentelemetry.propagate import extract
 from runyard.contracts import Event, EventMapper, RecordedEvent
 from runyard.eventstore.transient import is_transient, retrying
 from runyard.messaging import codec
-from runyard.messaging.positions import Positions, positions_of, save_positions
+from runyard.messaging.positions import (
+    Positions,
+    global_position,
+    positions_of,
+    previous_position,
+    save_positions,
+)
 from runyard.messaging.settings import KafkaSettings
 from runyard.telemetry.metrics import ConsumerMetrics, track_lag
 
 log = logging.getLogger("runyard.consumer")
+
+#: How long a consumer that read a partition again waits for the events it missed
+#: to come, in order, before it goes on without them (and logs an error).
+GAP_WAIT_S = 60.0
 _tracer = trace.get_tracer("runyard.messaging")
 
 Handler = Callable[[RecordedEvent[Event], asyncpg.Connection], Awaitable[None]]
@@ -64,6 +85,10 @@ class ConsumerStats:
     retries: int = 0
     commit_failures: int = 0
     skipped: int = 0
+    #: Partitions read again from their start: events had been jumped over.
+    rewinds: int = 0
+    #: Messages left for later, as they did not follow what was handled.
+    out_of_order: int = 0
 
 
 class IdempotentConsumer:
@@ -113,6 +138,16 @@ class IdempotentConsumer:
         self._commits_paused_until = 0.0
         #: Subscribed topics whose registration row is not written yet.
         self._unregistered: set[str] = set()
+        #: (topic, partition) -> the highest position taken there (see `_in_order`).
+        self._taken: Positions = {}
+        #: (topic, partition) -> when it was read again from its start, until a
+        #: message follows what was handled.
+        self._rewound_at: dict[tuple[str, int], float] = {}
+        #: Partitions sought back since `take_sought`: their offsets must not be
+        #: committed from the batch that saw the jump.
+        self._sought: set[TopicPartition] = set()
+        #: The client that reads for `attach`ed consumers (it seeks for them).
+        self._reader: AIOKafkaConsumer | None = None
 
     @property
     def group_id(self) -> str:
@@ -143,11 +178,25 @@ class IdempotentConsumer:
             await self.process_batch(list(batch))
             await self._commit(message)
 
-    def attach(self, broker: KafkaBroker, *topics: str) -> None:
+    def attach(
+        self, broker: KafkaBroker, *topics: str, reader: AIOKafkaConsumer | None = None
+    ) -> None:
         """Read `topics` through another consumer that hands their batches to
-        `process_batch` (`runyard.messaging.copartition`); `broker` carries dead letters."""
+        `process_batch` (`runyard.messaging.copartition`); `broker` carries dead letters,
+        `reader` (or a later `read_by`) is that consumer's client."""
         self._broker = broker
         self._unregistered.update(topics)
+        self._reader = reader
+
+    def read_by(self, reader: AIOKafkaConsumer | None) -> None:
+        """The client an `attach`ed consumer's batches come from (None: stopped)."""
+        self._reader = reader
+
+    def take_sought(self) -> set[TopicPartition]:
+        """The partitions read again from their start since the last call (their
+        batch's offsets must not be committed)."""
+        sought, self._sought = self._sought, set()
+        return sought
 
     def lag(self) -> Mapping[str, int]:
         """topic -> messages not taken yet in the partitions this instance holds."""
@@ -159,6 +208,8 @@ class IdempotentConsumer:
         return set(consumer.assignment()) if consumer is not None else set()
 
     def _kafka_consumer(self) -> AIOKafkaConsumer | None:
+        if self._reader is not None:
+            return self._reader
         # FastStream's subscriber holds its aiokafka consumer while it runs.
         return getattr(self._subscriber, "consumer", None)
 
@@ -167,6 +218,8 @@ class IdempotentConsumer:
         redelivery, which the inbox absorbs, so it must never wedge the consumer
         (e.g. while the embedded broker restarts with no memory of the group)."""
         loop = asyncio.get_running_loop()
+        if self.take_sought():
+            return  # a partition was sought back: these offsets are not handled yet
         if loop.time() < self._commits_paused_until:
             return  # a later commit covers these offsets too
         try:
@@ -185,6 +238,7 @@ class IdempotentConsumer:
 
         While the database cannot be reached it waits (retrying with backoff) and
         does not return: the batch is handled once the database is back."""
+        records = await self._in_order(records)
         wanted: list[tuple[ConsumerRecord[Any, Any], RecordedEvent[Event]]] = []
         for record in records:
             if not self._wants(record):
@@ -235,6 +289,91 @@ class IdempotentConsumer:
                     await self.after_batch(conn)
         await self._save_positions(positions)
         return done
+
+    async def _in_order(
+        self, records: list[ConsumerRecord[Any, Any]]
+    ) -> list[ConsumerRecord[Any, Any]]:
+        """The records that follow what the group handled in their partition; a jump
+        over events sends the partition back to its start (see the module docstring)."""
+        kept: list[ConsumerRecord[Any, Any]] = []
+        sought: set[tuple[str, int]] = set()
+        for record in records:
+            key = (record.topic, record.partition)
+            if key in sought:
+                continue  # read again from the start: this one comes again, in order
+            prev = previous_position(record)
+            if prev is not None and prev > self._taken.get(key, -1) and key not in self._rewound_at:
+                # Memory may lag (another instance held the partition): ask the store.
+                handled = await retrying(
+                    partial(self._group_position, key), component=f"consumer {self.name}"
+                )
+                # No position stored: the group never handled this partition, so
+                # nothing of it can have been jumped over.
+                taken = prev if handled is None else handled
+                self._taken[key] = max(self._taken.get(key, -1), taken)
+            if prev is not None and prev > self._taken[key] and not self._gave_up(key, prev):
+                if key not in self._rewound_at:
+                    await self._read_again(key, prev)
+                    sought.add(key)
+                else:
+                    self.stats.out_of_order += 1
+                continue
+            self._rewound_at.pop(key, None)
+            position = global_position(record)
+            if position is not None:
+                self._taken[key] = max(self._taken.get(key, -1), position)
+            kept.append(record)
+        return kept
+
+    async def _group_position(self, key: tuple[str, int]) -> int | None:
+        """The highest position the group handled in the partition (None: nothing yet)."""
+        value = await self.pool.fetchval(
+            """SELECT position FROM consumer_positions
+               WHERE consumer = $1 AND topic = $2 AND partition = $3""",
+            self.name,
+            *key,
+        )
+        return None if value is None else int(value)
+
+    async def _read_again(self, key: tuple[str, int], prev: int) -> None:
+        """Seek the partition back to its start: events before `prev` were jumped over."""
+        log.warning(
+            "%s: events of %s partition %d were jumped over (handled up to position %d,"
+            " the next message follows %d): reading the partition again from its start",
+            self.name,
+            key[0],
+            key[1],
+            self._taken[key],
+            prev,
+        )
+        self._rewound_at[key] = asyncio.get_running_loop().time()
+        self.stats.rewinds += 1
+        tp = TopicPartition(*key)
+        self._sought.add(tp)
+        consumer = self._kafka_consumer()
+        if consumer is None:
+            return
+        try:
+            await consumer.seek_to_beginning(tp)
+        except Exception as exc:  # revoked meanwhile: its next owner reads it
+            log.info("%s: could not seek %s back (%r)", self.name, tp, exc)
+
+    def _gave_up(self, key: tuple[str, int], prev: int) -> bool:
+        """Whether the events missing before `prev` waited past `GAP_WAIT_S` (then they
+        are logged as lost and the partition goes on)."""
+        since = self._rewound_at.get(key)
+        if since is None or asyncio.get_running_loop().time() - since < GAP_WAIT_S:
+            return False
+        log.error(
+            "%s: events of %s partition %d between positions %d and %d never came"
+            " again; going on without them (the event store has them)",
+            self.name,
+            key[0],
+            key[1],
+            self._taken[key],
+            prev,
+        )
+        return True
 
     async def _save_positions(self, positions: Positions) -> None:
         async with self.pool.acquire() as conn, conn.transaction():

@@ -100,6 +100,7 @@ class CoPartitionedConsumer:
         )
         consumer.subscribe([self.events_topic, self.lines_topic], listener=_Listener(self))
         self._consumer = consumer
+        self.events.read_by(consumer)  # it seeks back a partition whose events it jumped over
         untrack = track_lag(self.name, self.lag)
         unregister = register_gauge(
             HELD_GAUGE,
@@ -119,6 +120,7 @@ class CoPartitionedConsumer:
             untrack()
             unregister()
             self._consumer = None
+            self.events.read_by(None)
             with contextlib.suppress(Exception):
                 await consumer.stop()
 
@@ -151,8 +153,14 @@ class CoPartitionedConsumer:
     async def _commit(
         self, consumer: AIOKafkaConsumer, polled: Mapping[TopicPartition, list[Any]]
     ) -> None:
-        offsets = {tp: messages[-1].offset + 1 for tp, messages in polled.items() if messages}
-        await commit_offsets(self.name, consumer, offsets)
+        sought = self.events.take_sought()  # read again from their start: not handled yet
+        offsets = {
+            tp: messages[-1].offset + 1
+            for tp, messages in polled.items()
+            if messages and tp not in sought
+        }
+        if offsets:
+            await commit_offsets(self.name, consumer, offsets)
 
     def _check_counts(self, consumer: AIOKafkaConsumer) -> None:
         topics = (self.events_topic, self.lines_topic)

@@ -33,7 +33,7 @@ def positions_of(records: Iterable[ConsumerRecord[Any, Any]]) -> Positions:
     a message without one, not from the relay, counts for nothing)."""
     found: Positions = {}
     for record in records:
-        position = _global_position(record)
+        position = global_position(record)
         if position is None:
             continue
         key = (record.topic, record.partition)
@@ -41,9 +41,20 @@ def positions_of(records: Iterable[ConsumerRecord[Any, Any]]) -> Positions:
     return found
 
 
-def _global_position(record: ConsumerRecord[Any, Any]) -> int | None:
+def global_position(record: ConsumerRecord[Any, Any]) -> int | None:
+    """The event's global position (header `global_position`; None: not from the relay)."""
+    return _int_header(record, "global_position")
+
+
+def previous_position(record: ConsumerRecord[Any, Any]) -> int | None:
+    """The position of the event the relay published before this one to the same
+    partition (header `prev`; None on the first after the broker was found empty)."""
+    return _int_header(record, "prev")
+
+
+def _int_header(record: ConsumerRecord[Any, Any], name: str) -> int | None:
     for key, value in record.headers or ():
-        if key == "global_position":
+        if key == name:
             try:
                 return int(bytes(value))
             except ValueError:

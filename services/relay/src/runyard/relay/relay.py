@@ -14,6 +14,14 @@ partition (`runyard.messaging.positions`), not from the start of the log.
 It remembers the highest position it published to each partition, with its
 checkpoint (consumers dedupe what they see twice).
 
+Each message names the previous event the relay published to its partition
+(header `prev`; none on the first message after a broker loss, where the chain
+starts again). A consumer whose position in a partition jumped past events (a
+client that kept its offset across a broker that lost its memory) sees a `prev`
+it has not handled, and reads the partition again instead of skipping them
+(`runyard.messaging.consumer`). So the relay chooses each message's partition
+itself, with the producer's own partitioner (murmur2 of the key).
+
 Outages are waited out: a database or broker that cannot be reached is retried
 with backoff (`runyard.eventstore.transient`), the relay is marked down in the
 process's health meanwhile, and it resumes where it was.
@@ -40,6 +48,7 @@ from functools import partial
 import asyncpg
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
+from aiokafka.partitioner import DefaultPartitioner
 from runyard.eventstore import PostgresAllReader, PostgresEventStore, StoredEvent
 from runyard.eventstore.appended import AppendSignal
 from runyard.eventstore.transient import Backoff, retrying
@@ -138,6 +147,11 @@ class OutboxRelay:
         #: (topic, partition) -> highest global position published there.
         self._published: Positions = {}
         self._published_complete = True
+        #: (topic, partition) -> the last position published there since the broker
+        #: was last found empty: each message's `prev` (the chain consumers check).
+        self._chain: Positions = {}
+        #: topic -> its partitions, sorted (asked of the broker once per broker life).
+        self._partitions: dict[str, list[int]] = {}
         #: Events up to here were published before the last broker loss.
         self._replay_until = 0
         self.ready = asyncio.Event()
@@ -147,14 +161,21 @@ class OutboxRelay:
     async def run(self) -> None:
         """Run until cancelled; outages of the database or the broker are waited out."""
         pool = self.store.pool
-        await retrying(self._start_producer, component="relay")
+        unmarked = await retrying(self._start_producer, component="relay")
         assert self._producer is not None
         position = await retrying(lambda: load_checkpoint(pool), component="relay")
         self._published = await retrying(lambda: load_published(pool), component="relay")
+        self._chain = dict(self._published)
         # Saved partitions cover the log up to the checkpoint only if they were kept
         # from the start (not for a log published before they were): else replay it all.
         self._published_complete = position == 0 or bool(self._published)
         reader = self.store.all_reader(position)
+        if unmarked and position > 0:
+            # A broker without the marker never had what this relay published (e.g.
+            # the embedded one, started afresh with the whole platform): refill it.
+            log.warning("the broker has none of the events published before: refilling it")
+            self.stats.broker_resets += 1
+            reader = await self._replay_reader(position)
         loop = asyncio.get_running_loop()
         last_event = loop.time()
         appended = self.appended = AppendSignal(pool)
@@ -201,6 +222,8 @@ class OutboxRelay:
             start = replay_start(self._published, confirmed, upto)
         log.warning("publishing again from position %d (the relay had reached %d)", start, upto)
         self._replay_until = max(self._replay_until, upto)
+        self._chain = {}  # an empty broker: each partition's chain starts again
+        self._partitions = {}
         return self.store.all_reader(start)
 
     def _count_replayed(self, batch: list[StoredEvent]) -> None:
@@ -209,8 +232,9 @@ class OutboxRelay:
                 1 for e in batch if e.global_position <= self._replay_until
             )
 
-    async def _start_producer(self) -> None:
-        """Topics, the producer and the marker; a try that fails leaves no client open."""
+    async def _start_producer(self) -> bool:
+        """Topics, the producer and the marker; a try that fails leaves no client open.
+        True when the broker had no marker (one this relay never published to)."""
         await ensure_topics(
             self.kafka.bootstrap, self.kafka.topics, **self.kafka.security.client_options()
         )
@@ -224,11 +248,15 @@ class OutboxRelay:
         )
         try:
             await producer.start()
-            await self._mark_epoch()
+            metadata = await producer.client.fetch_all_metadata()
+            unmarked = self.kafka.topics.broker_epoch not in metadata.topics()
+            if unmarked:
+                await self._mark_epoch()
         except BaseException:
             await producer.stop()
             raise
         self._producer = producer
+        return unmarked
 
     async def _recreate_topics(self) -> None:
         await ensure_topics(
@@ -278,19 +306,40 @@ class OutboxRelay:
                     return False
 
     async def _send_all(self, batch: list[StoredEvent], parked: set[int]) -> None:
-        """Send every event not parked yet; park the ones the broker can never take."""
+        """Send every event not parked yet; park the ones the broker can never take.
+
+        An event refused only at its ack was already named as the next one's `prev`:
+        the batch is sent again without it, so every chain names published events."""
+        while True:
+            parked_before = len(parked)
+            sent = await self._send_once(batch, parked)
+            if len(parked) == parked_before:
+                break
+        for where, position in sent.items():  # the whole batch is in: remember where it went
+            self._published[where] = max(self._published.get(where, 0), position)
+            self._chain[where] = position
+
+    async def _send_once(self, batch: list[StoredEvent], parked: set[int]) -> Positions:
+        """One try at sending the batch; the last position sent to each partition."""
         assert self._producer is not None
+        chain = dict(self._chain)
         pending: list[tuple[StoredEvent, asyncio.Future[object]]] = []
         for stored in batch:
             if stored.global_position in parked:
                 continue
             key, value, headers = codec.encode_stored(stored)
             topic = self.kafka.topics.for_category(stored.category)
+            where = (topic, await self._partition(topic, key))
+            if where in chain:
+                headers.append(("prev", str(chain[where]).encode()))
             try:
-                future = await self._producer.send(topic, value, key=key, headers=headers)
+                future = await self._producer.send(
+                    topic, value, key=key, headers=headers, partition=where[1]
+                )
             except MESSAGE_ERRORS as exc:
                 await self._dead_letter(stored, len(value), exc, parked)
                 continue
+            chain[where] = stored.global_position
             pending.append((stored, future))
         results = await asyncio.gather(*(f for _, f in pending), return_exceptions=True)
         sent: Positions = {}
@@ -302,8 +351,18 @@ class OutboxRelay:
             else:
                 where = (result.topic, result.partition)  # type: ignore[attr-defined]
                 sent[where] = max(sent.get(where, 0), stored.global_position)
-        for where, position in sent.items():  # the whole batch is in: remember where it went
-            self._published[where] = max(self._published.get(where, 0), position)
+        return sent
+
+    async def _partition(self, topic: str, key: bytes) -> int:
+        """The partition the producer would choose for `key` (murmur2, as Kafka's
+        default partitioner), chosen here so the relay knows it before sending."""
+        partitions = self._partitions.get(topic)
+        if partitions is None:
+            assert self._producer is not None
+            partitions = self._partitions[topic] = sorted(
+                await self._producer.partitions_for(topic)
+            )
+        return int(DefaultPartitioner()(key, partitions, partitions))
 
     async def _dead_letter(
         self, stored: StoredEvent, size: int | None, error: Exception, parked: set[int]
