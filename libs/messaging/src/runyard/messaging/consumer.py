@@ -302,7 +302,7 @@ class IdempotentConsumer:
             if key in sought:
                 continue  # read again from the start: this one comes again, in order
             prev = previous_position(record)
-            if prev is not None and prev > self._taken.get(key, -1) and key not in self._rewound_at:
+            if prev is not None and prev > self._taken.get(key, -1):
                 # Memory may lag (another instance held the partition): ask the store.
                 handled = await retrying(
                     partial(self._group_position, key), component=f"consumer {self.name}"

@@ -330,7 +330,9 @@ class OutboxRelay:
             key, value, headers = codec.encode_stored(stored)
             topic = self.kafka.topics.for_category(stored.category)
             where = (topic, await self._partition(topic, key))
-            if where in chain:
+            if chain.get(where, stored.global_position) < stored.global_position:
+                # (a chain past this event: a replay after a loss, resumed by a restarted
+                # relay from its checkpoint; the chain starts again here)
                 headers.append(("prev", str(chain[where]).encode()))
             try:
                 future = await self._producer.send(
