@@ -560,20 +560,28 @@ async def test_a_running_export_beats_while_it_runs(logs: LogsApi) -> None:
     """The heartbeat keeps a long export of a live gateway from being taken for abandoned."""
     from runyard.logs.exports import Exports
 
-    slow = Exports(logs.store, logs.exports.folder, batch=1, heartbeat_s=0.05, stale_after_s=0.3)
+    stale_after_s = 2.0  # many beats apart, so a loaded machine's late beat is no miss
+    slow = Exports(
+        logs.store, logs.exports.folder, batch=1, heartbeat_s=0.05, stale_after_s=stale_after_s
+    )
     original = logs.store.scan
+    release = asyncio.Event()
 
     async def crawl(query: LogQuery, batch: int = 1000) -> Any:
         async for lines in original(query, batch):
-            await asyncio.sleep(0.1)
             yield lines
+            await release.wait()  # the export runs until the test lets it finish
 
     slow.store = LogStore(logs.store.pool)
     slow.store.scan = crawl  # type: ignore[method-assign]
     started = await slow.start("t1", "alice", LogQuery(logs.task_id))
-    await asyncio.sleep(0.6)  # longer than stale_after_s: only the heartbeat keeps it owned
-    other = Exports(logs.store, logs.exports.folder, stale_after_s=0.3)
+    # longer than stale_after_s: only the heartbeat keeps it owned
+    await asyncio.sleep(stale_after_s + 0.5)
+    running = await slow.get("t1", "alice", started["export_id"])
+    assert running["state"] == "running"
+    other = Exports(logs.store, logs.exports.folder, stale_after_s=stale_after_s)
     assert await other.recover() == []
+    release.set()
     await slow.wait()
     done = await slow.get("t1", "alice", started["export_id"])
     assert (done["state"], done["lines_done"]) == ("done", len(CORPUS))
