@@ -265,16 +265,11 @@ async def test_a_consumer_whose_offset_outlived_the_broker_reads_what_it_jumped_
     the previous one of its partition, so the consumer sees the jump, reads the
     partition again from its start, and gets every event, once, in stream order."""
     from aiokafka import TopicPartition
-    from runyard.messaging import Topics, ensure_topics
+    from runyard.messaging import ensure_topics
 
-    broker = EmbeddedKafka()
-    broker.start()
-    kafka = KafkaSettings(bootstrap=broker.bootstrap, topics=Topics("jump."))
-    topic = kafka.topics.for_category("test")
-    await ensure_topics(kafka.bootstrap, kafka.topics)
-    store = await PostgresEventStore.connect(dsn, sample_mapper())
     before, after = 200, 600
-    try:
+    async with broker_of_its_own(dsn, "jump.") as (broker, kafka, store):
+        topic = kafka.topics.for_category("test")
         async with running_relay(store, kafka) as relay:
             async with running_consumer(dsn, kafka, name="jumper") as (consumer, first):
                 for i in range(before):
@@ -310,9 +305,6 @@ async def test_a_consumer_whose_offset_outlived_the_broker_reads_what_it_jumped_
         for e in first.seen + second.seen:
             by_stream[e.stream_id].append(e.stream_version)
         assert all(v == sorted(v) for v in by_stream.values())
-    finally:
-        broker.stop()
-        await store.close()
 
 
 async def test_a_relay_started_on_a_broker_that_lost_what_it_published_refills_it(
@@ -323,17 +315,12 @@ async def test_a_relay_started_on_a_broker_that_lost_what_it_published_refills_i
     on it while its checkpoint says it published: it publishes again what a group had
     not handled (here a group that handled the first 10 events), not only what came
     after its checkpoint."""
-    from runyard.messaging import Topics, ensure_topics
+    from runyard.messaging import ensure_topics
     from runyard.messaging.positions import save_positions
 
-    broker = EmbeddedKafka()
-    broker.start()
-    kafka = KafkaSettings(bootstrap=broker.bootstrap, topics=Topics("refill."))
-    topic = kafka.topics.for_category("test")
-    await ensure_topics(kafka.bootstrap, kafka.topics)
-    store = await PostgresEventStore.connect(dsn, sample_mapper())
     total = 40
-    try:
+    async with broker_of_its_own(dsn, "refill.") as (broker, kafka, store):
+        topic = kafka.topics.for_category("test")
         await store.append("test-1", [happened(i) for i in range(total)])
         async with running_relay(store, kafka) as relay:
             await wait_until(lambda: relay.stats.published == total)
@@ -351,9 +338,27 @@ async def test_a_relay_started_on_a_broker_that_lost_what_it_published_refills_i
             int(dict(r.headers)["global_position"]) for r in await _read_all(kafka, topic)
         )
         assert positions == list(range(11, total + 1))
+
+
+@contextlib.asynccontextmanager
+async def broker_of_its_own(
+    dsn: str, prefix: str
+) -> AsyncIterator[tuple[EmbeddedKafka, KafkaSettings, PostgresEventStore]]:
+    """A broker for this test alone (it kills it), its topics, and a store."""
+    from runyard.messaging import Topics, ensure_topics
+
+    broker = EmbeddedKafka()
+    broker.start()
+    kafka = KafkaSettings(bootstrap=broker.bootstrap, topics=Topics(prefix))
+    store: PostgresEventStore | None = None
+    try:
+        await ensure_topics(kafka.bootstrap, kafka.topics)
+        store = await PostgresEventStore.connect(dsn, sample_mapper())
+        yield broker, kafka, store
     finally:
         broker.stop()
-        await store.close()
+        if store is not None:
+            await store.close()
 
 
 async def _read_all(kafka: KafkaSettings, topic: str) -> list[ConsumerRecord[Any, Any]]:
