@@ -58,7 +58,6 @@ from runyard.messaging import codec
 from runyard.messaging.positions import (
     Positions,
     global_position,
-    positions_of,
     previous_position,
     save_positions,
 )
@@ -238,7 +237,7 @@ class IdempotentConsumer:
 
         While the database cannot be reached it waits (retrying with backoff) and
         does not return: the batch is handled once the database is back."""
-        records = await self._in_order(records)
+        records, positions = await self._in_order(records)
         wanted: list[tuple[ConsumerRecord[Any, Any], RecordedEvent[Event]]] = []
         for record in records:
             if not self._wants(record):
@@ -249,7 +248,6 @@ class IdempotentConsumer:
             except codec.UndecodableMessage as exc:
                 self.metrics.handled("unknown", "undecodable")
                 await self.dead_letter(record, exc.reason)
-        positions = positions_of(records)
         component = f"consumer {self.name}"
         if not wanted:
             if positions:
@@ -292,10 +290,14 @@ class IdempotentConsumer:
 
     async def _in_order(
         self, records: list[ConsumerRecord[Any, Any]]
-    ) -> list[ConsumerRecord[Any, Any]]:
-        """The records that follow what the group handled in their partition; a jump
-        over events sends the partition back to its start (see the module docstring)."""
+    ) -> tuple[list[ConsumerRecord[Any, Any]], Positions]:
+        """The records that follow what the group handled in their partition, and the
+        highest position among them per partition (what the batch's transaction
+        records as handled); a jump over events sends the partition back to its start
+        (see the module docstring). A message without a position (not from the relay)
+        counts for no position."""
         kept: list[ConsumerRecord[Any, Any]] = []
+        positions: Positions = {}
         sought: set[tuple[str, int]] = set()
         for record in records:
             key = (record.topic, record.partition)
@@ -322,8 +324,9 @@ class IdempotentConsumer:
             position = global_position(record)
             if position is not None:
                 self._taken[key] = max(self._taken.get(key, -1), position)
+                positions[key] = max(positions.get(key, 0), position)
             kept.append(record)
-        return kept
+        return kept, positions
 
     async def _group_position(self, key: tuple[str, int]) -> int | None:
         """The highest position the group handled in the partition (None: nothing yet)."""

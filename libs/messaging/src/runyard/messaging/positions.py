@@ -11,7 +11,7 @@ such position (`replay_start`), not from the start of the log
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import asyncpg
@@ -26,19 +26,6 @@ SELECT $1, t, p, pos FROM unnest($2::text[], $3::int[], $4::bigint[]) AS x(t, p,
 ON CONFLICT (consumer, topic, partition) DO UPDATE
 SET position = GREATEST(consumer_positions.position, EXCLUDED.position), updated_at = now()
 """
-
-
-def positions_of(records: Iterable[ConsumerRecord[Any, Any]]) -> Positions:
-    """The highest global position per partition among `records` (from their headers;
-    a message without one, not from the relay, counts for nothing)."""
-    found: Positions = {}
-    for record in records:
-        position = global_position(record)
-        if position is None:
-            continue
-        key = (record.topic, record.partition)
-        found[key] = max(found.get(key, 0), position)
-    return found
 
 
 def global_position(record: ConsumerRecord[Any, Any]) -> int | None:

@@ -152,6 +152,7 @@ class OutboxRelay:
         self._chain: Positions = {}
         #: topic -> its partitions, sorted (asked of the broker once per broker life).
         self._partitions: dict[str, list[int]] = {}
+        self._partitioner = DefaultPartitioner()
         #: Events up to here were published before the last broker loss.
         self._replay_until = 0
         self.ready = asyncio.Event()
@@ -364,7 +365,7 @@ class OutboxRelay:
             partitions = self._partitions[topic] = sorted(
                 await self._producer.partitions_for(topic)
             )
-        return int(DefaultPartitioner()(key, partitions, partitions))
+        return int(self._partitioner(key, partitions, partitions))
 
     async def _dead_letter(
         self, stored: StoredEvent, size: int | None, error: Exception, parked: set[int]
