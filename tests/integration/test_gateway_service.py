@@ -37,6 +37,33 @@ async def wait_ready(client: httpx.AsyncClient) -> None:
     raise AssertionError("the gateway did not start")
 
 
+async def answers_after_idling(url: str, idle_s: float) -> bool:
+    """Whether the server at `url` still answers on one HTTP/1.1 connection after it
+    has been idle for `idle_s` seconds."""
+    host, port = httpx.URL(url).host, httpx.URL(url).port
+    reader, writer = await asyncio.open_connection(host, port)
+    request = f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    try:
+        answers = []
+        for pause in (0.0, idle_s):
+            await asyncio.sleep(pause)
+            writer.write(request)
+            await writer.drain()
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            length = next(
+                int(line.split(b":")[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )
+            await reader.readexactly(length)
+            answers.append(head.startswith(b"HTTP/1.1 200"))
+        return all(answers)
+    except (ConnectionError, asyncio.IncompleteReadError):
+        return False
+    finally:
+        writer.close()
+
+
 async def test_run_serves_http_grpc_and_projects(dsn: str, tmp_path: Path) -> None:
     port, grpc_port = free_port(), free_port()
     ctx = ServiceContext(
@@ -76,6 +103,13 @@ async def test_run_serves_http_grpc_and_projects(dsn: str, tmp_path: Path) -> No
                     metadata=(("authorization", f"Bearer {token}"),),
                 )
                 assert (got.name, got.status) == ("hi", tasks_pb2.TASK_STATUS_NEW)
+            # An idle connection outlives a client's keep-alive (httpx: 5 s), so
+            # no server closes one just as a client sends on it again.
+            kept = await asyncio.gather(
+                answers_after_idling(f"http://127.0.0.1:{port}", idle_s=6),
+                answers_after_idling(ctx.endpoints["submission"], idle_s=6),
+            )
+            assert list(kept) == [True, True]  # gateway, submission
         finally:
             await conn.close()
     for running in (service, submission):

@@ -46,6 +46,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 #: the service itself not ready.
 ReadyProbe = Callable[[], Awaitable[Mapping[str, float]]]
 
+#: How long a server keeps an idle HTTP connection open, in seconds. Longer than
+#: any client of Runyard keeps one idle to reuse it (httpx: 5 s), so a server
+#: never closes a connection at the moment a client sends its next request on it:
+#: that client would read a closed connection (`httpx.ReadError`), and could not
+#: safely send a POST again. uvicorn's own default is 5 s, the same as httpx's.
+KEEP_ALIVE_S = 65
+
 
 def service_app(
     name: str,
@@ -210,7 +217,10 @@ async def serve_service(
     given = isinstance(settings.get(f"{name}_socket"), socket.socket)
     sock = bind(name, settings)
     url = endpoints[name] = url_of(sock)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="off"))
+    config = uvicorn.Config(
+        app, log_level=log_level, lifespan="off", timeout_keep_alive=KEEP_ALIVE_S
+    )
+    server = uvicorn.Server(config)
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))
     try:
         await asyncio.shield(serving)
