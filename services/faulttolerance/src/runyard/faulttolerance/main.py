@@ -189,8 +189,13 @@ async def run(ctx: ServiceContext) -> None:
         )
         pools.subscribe(broker, ctx.kafka.topics.pool_events)
         tasks.events.attach(broker, ctx.kafka.topics.task_events)
-        await broker.start()
+        # Each consumer's start waits for its group to assign it partitions (a join,
+        # seconds): the task consumer joins while the pool consumer does. It may hand
+        # its handler events from then on, which can publish: the broker's producer is
+        # connected first.
+        await broker.connect()
         background.append(asyncio.create_task(tasks.run()))
+        await broker.start()
         await _tick(app, float(ctx.settings.get("faulttolerance_tick_s", TICK_S)), background)
     finally:
         for task in background:
