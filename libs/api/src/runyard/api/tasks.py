@@ -3,34 +3,64 @@ a task's data (logs, alerts, fault tolerance) check before they answer."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from runyard.api.auth import Principal
 from runyard.api.errors import PermissionDenied, task_not_found
-from runyard.domain import TaskState, fold
+from runyard.domain import TaskState, evolve
 from runyard.eventstore import EventStore
+
+#: How many folded tasks a `TaskStates` keeps: those asked for last.
+KEPT_TASKS = 1024
 
 
 def task_stream(task_id: str) -> str:
     return f"task-{task_id}"
 
 
-async def visible_task(
-    store: EventStore, caller: Principal, task_id: str, *, write: bool = False
-) -> TaskState:
-    """The task folded from its stream if the caller may read it (a task of another
-    tenant is a 404, as no task); with `write`, a 403 unless it may also change it."""
-    if write:
-        caller.require_write()
-    events = await store.read_stream(task_stream(task_id))
-    if not events:
-        raise task_not_found(task_id)
-    state = fold(events, task_id=task_id)
-    if not caller.may_read_tenant(state.tenant):
-        raise task_not_found(task_id)
-    if write and not caller.may_write_tenant(state.tenant):
-        raise PermissionDenied(
-            "auth.other_tenant",
-            f"task {task_id!r} belongs to tenant {state.tenant!r}: you may read it only",
-            "use a token of that tenant to change it",
-            "task_id",
-        )
-    return state
+class TaskStates:
+    """Tasks folded from their streams, kept for the next ask.
+
+    A task asked for again is brought up to date from the events appended to its
+    stream since: a stream only grows and a fold is pure, so that is the state a
+    fold of the whole stream gives, for one short read instead of the whole stream
+    (a log search or a follow asks for the same task again and again, and a long
+    task has thousands of events). It keeps the `kept` tasks asked for last."""
+
+    def __init__(self, store: EventStore, kept: int = KEPT_TASKS) -> None:
+        self.store = store
+        self.kept = kept
+        self._states: OrderedDict[str, TaskState] = OrderedDict()
+
+    async def get(self, task_id: str) -> TaskState:
+        """The task now; a 404 when it has no events."""
+        state = self._states.get(task_id)
+        after = state.version if state is not None else 0
+        for event in await self.store.read_stream(task_stream(task_id), from_version=after + 1):
+            state = evolve(state, event)
+        if state is None:
+            raise task_not_found(task_id)
+        kept = self._states.get(task_id)
+        if kept is None or kept.version <= state.version:  # a slower ask keeps no older one
+            self._states[task_id] = state
+        self._states.move_to_end(task_id)
+        while len(self._states) > self.kept:
+            self._states.popitem(last=False)
+        return state
+
+    async def visible(self, caller: Principal, task_id: str, *, write: bool = False) -> TaskState:
+        """The task if the caller may read it (a task of another tenant is a 404, as
+        no task); with `write`, a 403 unless it may also change it."""
+        if write:
+            caller.require_write()
+        state = await self.get(task_id)
+        if not caller.may_read_tenant(state.tenant):
+            raise task_not_found(task_id)
+        if write and not caller.may_write_tenant(state.tenant):
+            raise PermissionDenied(
+                "auth.other_tenant",
+                f"task {task_id!r} belongs to tenant {state.tenant!r}: you may read it only",
+                "use a token of that tenant to change it",
+                "task_id",
+            )
+        return state

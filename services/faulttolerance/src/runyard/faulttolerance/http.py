@@ -27,7 +27,7 @@ from runyard.api.errors import Conflict, GatewayError, NotFound, Unavailable
 from runyard.api.inputs import check_request_id
 from runyard.api.responses import NO_BODY, AnswerRoute, refusals
 from runyard.api.security import Authenticator, caller_dependency
-from runyard.api.tasks import visible_task
+from runyard.api.tasks import TaskStates
 from runyard.contracts import Metadata
 from runyard.contracts import http as wire
 from runyard.faulttolerance.app import FaultToleranceApp, StacksUnavailable
@@ -52,6 +52,7 @@ def faulttolerance_router(
     stack report table, and `authenticator` (bearer tokens)."""
     router = APIRouter(tags=["fault tolerance"], route_class=AnswerRoute)
     store = app.store
+    tasks = TaskStates(store)
     Caller = Annotated[Principal, caller_dependency(authenticator)]
 
     @router.get(
@@ -62,7 +63,7 @@ def faulttolerance_router(
     async def ft_log(caller: Caller, task_id: str) -> dict[str, Any]:
         """The fault-tolerance log: env check items, restarts and reschedules with their
         counts, hangs, stack reports, slowdowns, resumes; counts are of the current run."""
-        task = await visible_task(store, caller, task_id)
+        task = await tasks.visible(caller, task_id)
         log = await read_fault_tolerance_log(store, task_id)
         return {
             "task_id": task_id,
@@ -77,7 +78,7 @@ def faulttolerance_router(
     )
     async def list_stacks(caller: Caller, task_id: str) -> dict[str, Any]:
         """The task's stack reports, oldest first (automatic after a hang, or on demand)."""
-        await visible_task(store, caller, task_id)
+        await tasks.visible(caller, task_id)
         rows = await reports.for_task(task_id)
         listed = [{**row, "captured_at": row["captured_at"].isoformat()} for row in rows]
         return {"task_id": task_id, "reports": listed}
@@ -98,7 +99,7 @@ def faulttolerance_router(
     ) -> dict[str, Any]:
         """Capture the stacks of every worker of the current attempt now; answers the report."""
         check_request_id(x_request_id)
-        task = await visible_task(store, caller, task_id, write=True)
+        task = await tasks.visible(caller, task_id, write=True)
         if task.status not in CAPTURABLE:
             raise Conflict(
                 "stacks.not_running",
@@ -125,7 +126,7 @@ def faulttolerance_router(
     )
     async def get_stacks(caller: Caller, task_id: str, report_id: str) -> dict[str, Any]:
         """One report: frames per worker, function statistics, odd ones out, raw stacks."""
-        await visible_task(store, caller, task_id)
+        await tasks.visible(caller, task_id)
         report = await reports.get(report_id)
         if report is None or report.get("task_id") != task_id:
             raise NotFound(

@@ -3,7 +3,7 @@ routes it here unchanged with the caller's token).
 
 Every route authenticates the bearer token again (`runyard.api.security`) and
 checks the task against the caller's tenant from the task's events
-(`runyard.api.tasks.visible_task`: a task of another tenant is a 404, as no
+(`runyard.api.tasks.TaskStates.visible`: a task of another tenant is a 404, as no
 task), then calls one `LogApi` function; its errors (`runyard.logs.errors`)
 are answered by the edge every service's app has, as the usual
 `{code, field, message, hint}`.
@@ -54,7 +54,7 @@ from runyard.api.auth import Principal
 from runyard.api.errors import BadRequest, Unauthenticated
 from runyard.api.responses import AnswerRoute, refusals
 from runyard.api.security import Authenticator, caller_dependency
-from runyard.api.tasks import visible_task
+from runyard.api.tasks import TaskStates
 from runyard.contracts import http as wire
 from runyard.contracts.requests import LogExportRequest
 from runyard.contracts.rpc import credential
@@ -109,6 +109,7 @@ class LogApi:
         follow_poll_s: float = FOLLOW_POLL_S,
     ) -> None:
         self.events = events
+        self.tasks = TaskStates(events)
         self.store = store
         self.exports = Exports(store, export_dir)
         self.follow_poll_s = follow_poll_s
@@ -119,7 +120,7 @@ class LogApi:
 
     async def task(self, caller: Principal, task_id: str) -> TaskState:
         """The task as the caller sees it: 404 unless the caller may read it."""
-        return await visible_task(self.events, caller, task_id)
+        return await self.tasks.visible(caller, task_id)
 
     # --- the operations ------------------------------------------------------------
 
