@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from runyard.contracts import Event, RecordedEvent
 from runyard.contracts.loglines import LogRecord
 from runyard.eventstore import PostgresEventStore
@@ -142,3 +142,38 @@ async def test_two_instances_each_hold_every_event_and_line_of_their_tasks(
         assert len(where_events) == 1 and where_events == where_lines, task
         owner = (first, second)[where_events.pop()]
         assert (owner.events.count(task), owner.lines.count(task)) == (EVENTS, LINES)
+
+
+async def test_lines_past_an_offset_that_outlived_the_broker_are_read(
+    dsn: str, kafka: KafkaSettings
+) -> None:
+    """The group's committed offsets of the logs topic are past its end, as after a
+    broker that lost its data: the instance reads those partitions again from their
+    start instead of waiting there and jumping over the lines published since."""
+    store = await PostgresEventStore.connect(dsn, sample_mapper(), max_size=8)
+    watcher = Watcher()
+    logs_topic = kafka.topics.logs
+    try:
+        group = watched_tasks(watcher, store, kafka).events.group_id  # type: ignore[arg-type]
+        ahead = AIOKafkaConsumer(**kafka.client_options(), group_id=group)
+        await ahead.start()
+        try:
+            every = [TopicPartition(logs_topic, p) for p in range(PARTITIONS[TASK_EVENTS])]
+            ahead.assign(every)
+            await ahead.commit({tp: 100 for tp in every})
+        finally:
+            await ahead.stop()
+        producer = AIOKafkaProducer(**kafka.client_options())
+        await producer.start()
+        try:
+            for n in range(TASKS):
+                record = log_record(datetime.now(UTC), f"t{n}", "step 0", seq=0)
+                await producer.send(logs_topic, record.to_bytes(), key=record.key())
+            await producer.flush()
+        finally:
+            await producer.stop()
+        async with instance(watcher, store, kafka):
+            await wait_until(lambda: len(watcher.lines) >= TASKS, WITHIN_S)
+        assert sorted(set(watcher.lines)) == sorted(f"t{n}" for n in range(TASKS))
+    finally:
+        await store.close()

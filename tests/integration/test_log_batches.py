@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from runyard.contracts.loglines import LogRecord
 from runyard.messaging import KafkaSettings
 from runyard.messaging.batches import LogBatchConsumer
@@ -106,6 +106,33 @@ async def test_offsets_are_committed_only_once_the_handler_returned(kafka: Kafka
         await wait_until(lambda: after.lines)
         await asyncio.sleep(0.5)  # anything older would have come in the same poll
     assert after.lines == ["l5"]
+
+
+async def test_a_position_past_the_partitions_end_reads_it_again_from_its_start(
+    kafka: KafkaSettings,
+) -> None:
+    """A broker that lost its data answers a fetch past the end with nothing, not an
+    error: a group whose offset outlived the loss would wait there and jump over every
+    line published since. Here the group's committed offset is past the end."""
+    name = group()
+    await publish(kafka, [line(f"l{i}", i) for i in range(3)])
+    ahead = AIOKafkaConsumer(**kafka.client_options(), group_id=kafka.topics.prefix + name)
+    await ahead.start()
+    try:
+        topic = kafka.topics.logs
+        every = [TopicPartition(topic, p) for p in ahead.partitions_for_topic(topic) or ()]
+        ends = await ahead.end_offsets(every)
+        ahead.assign(every)
+        await ahead.commit({tp: end + 100 for tp, end in ends.items()})
+    finally:
+        await ahead.stop()
+
+    taken = Taken()
+    async with running(LogBatchConsumer(name, kafka=kafka, handler=taken)):
+        await wait_until(lambda: len(taken.lines) == 3, within=20)
+        await publish(kafka, [line("l3", 3)])  # and goes on from there
+        await wait_until(lambda: len(taken.lines) == 4, within=20)
+    assert taken.lines == ["l0", "l1", "l2", "l3"]
 
 
 async def test_an_outage_in_the_handler_is_waited_out_without_losing_the_batch(

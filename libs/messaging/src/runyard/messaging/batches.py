@@ -20,6 +20,13 @@ has to never skip a line and never stall on one:
   and decoded meanwhile; commits follow the order of the batches, so a commit
   never covers a batch that is not handled yet. One in flight: batches are
   handled one after the other, in the order of the partition.
+- A position past the end of its partition means the broker lost what it had
+  (an embedded broker restarted without its data) while the client kept its
+  offset: the broker answers such a fetch with nothing, not an error, and
+  lines published again after the loss would land below the position and be
+  jumped over. The partition is then read again from its start
+  (`read_again_if_lost`; the refilled partition is short, and a line read
+  twice is harmless).
 - N consumers with one name form one group and share the topic's partitions
   (lines are keyed by task, so one task's lines stay in one partition, in
   order); a partition that moves in a rebalance is read again from its last
@@ -35,7 +42,14 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Sequence,
+)
 from dataclasses import dataclass
 from functools import partial
 
@@ -171,6 +185,7 @@ class LogBatchConsumer:
     async def _polled(self, consumer: AIOKafkaConsumer) -> AsyncGenerator[Polled, None]:
         while True:
             polled = await consumer.getmany(timeout_ms=POLL_MS, max_records=self.max_records)
+            await read_again_if_lost(self.name, consumer, consumer.assignment())
             if not any(polled.values()):
                 continue
             offsets = {tp: messages[-1].offset + 1 for tp, messages in polled.items() if messages}
@@ -181,6 +196,34 @@ class LogBatchConsumer:
         """Commit `offsets` (`commit_offsets`), counting a failure."""
         if not await commit_offsets(self.name, consumer, offsets):
             self.stats.commit_failures += 1
+
+
+async def read_again_if_lost(
+    reader: str, consumer: AIOKafkaConsumer, partitions: Iterable[TopicPartition]
+) -> set[TopicPartition]:
+    """The partitions of `partitions` whose position is past their end, each sought
+    back to its start: the broker lost what it had while the client kept its offset
+    (see the module). The end is the last one a fetch answered (none before one)."""
+    lost: set[TopicPartition] = set()
+    for tp in partitions:
+        end = consumer.highwater(tp)
+        if end is None:
+            continue
+        position = await consumer.position(tp)
+        if position <= end:
+            continue
+        log.warning(
+            "%s: %s partition %d ends at offset %d, before this reader's position %d:"
+            " the broker lost what it had; reading the partition again from its start",
+            reader,
+            tp.topic,
+            tp.partition,
+            end,
+            position,
+        )
+        await consumer.seek_to_beginning(tp)
+        lost.add(tp)
+    return lost
 
 
 async def commit_offsets(

@@ -20,6 +20,9 @@ instance ("co-partitioning", as Kafka Streams calls it).
 - Offsets are committed after the poll's batches are handled; a failed commit is
   only a redelivery (the inbox and the reader's idempotence absorb it). An
   outage is waited out (`retrying`), holding the batch.
+- A lines partition whose position is past its end (the broker lost what it
+  had) is read again from its start (`runyard.messaging.batches`); an events
+  partition has the relay's chain for that (`runyard.messaging.consumer`).
 - After a rebalance, `on_revoked` gets the partition numbers this instance gave
   up, so it drops the state it kept for their tasks (a hang timer that no longer
   sees a task's lines must not fire), and `on_assigned` those it took over (all
@@ -41,7 +44,13 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from runyard.eventstore.transient import retrying
-from runyard.messaging.batches import POLL_MS, Handler, commit_offsets, decode_lines
+from runyard.messaging.batches import (
+    POLL_MS,
+    Handler,
+    commit_offsets,
+    decode_lines,
+    read_again_if_lost,
+)
 from runyard.messaging.consumer import IdempotentConsumer, kafka_lag
 from runyard.messaging.settings import KafkaSettings
 from runyard.telemetry.metrics import register_gauge, track_lag
@@ -113,6 +122,10 @@ class CoPartitionedConsumer:
             self._check_counts(consumer)
             while True:
                 polled = await consumer.getmany(timeout_ms=POLL_MS, max_records=self.max_records)
+                # Events have their chain (`prev`); lines are read again after a loss.
+                lines = [tp for tp in consumer.assignment() if tp.topic == self.lines_topic]
+                sought = await read_again_if_lost(self.name, consumer, lines)
+                polled = {tp: m for tp, m in polled.items() if tp not in sought}
                 if any(polled.values()):
                     await self._handle(polled)
                     await self._commit(consumer, polled)
