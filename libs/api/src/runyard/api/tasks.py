@@ -67,18 +67,22 @@ class TaskStates:
             self._bytes -= self._sizes.pop(oldest)
 
     async def visible(self, caller: Principal, task_id: str, *, write: bool = False) -> TaskState:
-        """The task if the caller may read it (a task of another tenant is a 404, as
-        no task); with `write`, a 403 unless it may also change it."""
+        """The task if the caller may see it (`require_visible`)."""
         if write:
             caller.require_write()
-        state = await self.get(task_id)
-        if not caller.may_read_tenant(state.tenant):
-            raise task_not_found(task_id)
-        if write and not caller.may_write_tenant(state.tenant):
-            raise PermissionDenied(
-                "auth.other_tenant",
-                f"task {task_id!r} belongs to tenant {state.tenant!r}: you may read it only",
-                "use a token of that tenant to change it",
-                "task_id",
-            )
-        return state
+        return require_visible(caller, await self.get(task_id), write=write)
+
+
+def require_visible(caller: Principal, state: TaskState, *, write: bool = False) -> TaskState:
+    """`state` if the caller may read its task (a task of another tenant is a 404, as
+    no task); with `write`, a 403 unless it may also change it (own tenant, not sre)."""
+    if not caller.may_read_tenant(state.tenant):
+        raise task_not_found(state.task_id)
+    if write and not caller.may_write_tenant(state.tenant):
+        raise PermissionDenied(
+            "auth.other_tenant",
+            f"task {state.task_id!r} belongs to tenant {state.tenant!r}: you may read it only",
+            "use a token of that tenant to change it",
+            "task_id",
+        )
+    return state

@@ -31,6 +31,7 @@ import httpx
 from runyard.api import auth
 from runyard.api.auth import Principal, authenticate, record_token_issued, token_stream
 from runyard.api.errors import BadRequest, NotFound, PermissionDenied, task_not_found
+from runyard.api.tasks import require_visible
 from runyard.contracts import Event, EventMapper, Metadata, NewEvent, RecordedEvent, default_mapper
 from runyard.contracts import requests as bodies
 from runyard.contracts.admin_events import TokenRevoked
@@ -442,17 +443,7 @@ class Gateway:
         events = await self.store.read_stream(_stream(task_id))
         if not events:
             raise task_not_found(task_id)
-        state = fold(events, task_id=task_id)
-        if not caller.may_read_tenant(state.tenant):
-            raise task_not_found(task_id)
-        if write and not caller.may_write_tenant(state.tenant):
-            raise PermissionDenied(
-                "auth.other_tenant",
-                f"task {task_id!r} belongs to tenant {state.tenant!r}: you may read it only",
-                "use a token of that tenant to change it",
-                "task_id",
-            )
-        return state, events
+        return require_visible(caller, fold(events, task_id=task_id), write=write), events
 
     async def _decide_and_append(
         self, req: Request, recorded: Sequence[RecordedEvent[Event]], command: Command
