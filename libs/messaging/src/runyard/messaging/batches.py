@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import IllegalStateError
 from runyard.contracts.loglines import LogRecord, MalformedLogRecord
 from runyard.eventstore.transient import retrying
 from runyard.messaging.consumer import kafka_lag
@@ -206,22 +207,27 @@ async def read_again_if_lost(
     (see the module). The end is the last one a fetch answered (none before one)."""
     lost: set[TopicPartition] = set()
     for tp in partitions:
+        if tp not in consumer.assignment():
+            continue  # given up in a rebalance meanwhile: its next owner reads it
         end = consumer.highwater(tp)
         if end is None:
             continue
-        position = await consumer.position(tp)
-        if position <= end:
-            continue
-        log.warning(
-            "%s: %s partition %d ends at offset %d, before this reader's position %d:"
-            " the broker lost what it had; reading the partition again from its start",
-            reader,
-            tp.topic,
-            tp.partition,
-            end,
-            position,
-        )
-        await consumer.seek_to_beginning(tp)
+        try:
+            position = await consumer.position(tp)
+            if position <= end:
+                continue
+            log.warning(
+                "%s: %s partition %d ends at offset %d, before this reader's position %d:"
+                " the broker lost what it had; reading the partition again from its start",
+                reader,
+                tp.topic,
+                tp.partition,
+                end,
+                position,
+            )
+            await consumer.seek_to_beginning(tp)
+        except IllegalStateError:
+            continue  # given up while this waited
         lost.add(tp)
     return lost
 
