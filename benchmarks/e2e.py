@@ -58,7 +58,6 @@ import math
 import os
 import pstats
 import shutil
-import socket
 import statistics
 import tempfile
 import time
@@ -75,6 +74,7 @@ from runyard.api.auth import create_token
 from runyard.messaging import KafkaSettings, Topics
 from runyard.stack.context import ServiceContext
 from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres
+from runyard.stack.ports import free_port
 from runyard.stack.serve import SERVICE_NAMES, load_runner
 from runyard.stack.slurm import SlurmCluster, slurm_missing
 from runyard.stack.supervisor import service_processes
@@ -93,12 +93,6 @@ SLURM_OVER = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "BOOT_
 
 #: How long the platform is watched with no task, for its idle CPU.
 IDLE_CPU_S = 10.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def bench_config(target: Path, gpus: int) -> Path:

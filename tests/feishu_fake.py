@@ -23,12 +23,12 @@ import base64
 import hashlib
 import hmac
 import json
-import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
+from runyard.stack.ports import free_port
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -152,13 +152,6 @@ class FeishuFake:
     def rate_limited(self, token: str | None = None) -> int:
         """Requests answered 11232: a sender that keeps Feishu's limits gets none."""
         return sum(1 for r in self.received if r.code == 11232 and token in (None, r.token))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _json(raw: bytes) -> dict[str, Any] | None:

@@ -36,7 +36,8 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from runyard.stack.embedded import EmbeddedPostgres, free_port
+from runyard.stack.embedded import EmbeddedPostgres
+from runyard.stack.ports import free_port
 
 from tests.chaos.harness import processes_matching
 from tests.conftest import _unmount_namespace_files

@@ -32,7 +32,8 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
-from runyard.stack.embedded import PG_USER, EmbeddedKafka, EmbeddedPostgres, free_port
+from runyard.stack.embedded import PG_USER, EmbeddedKafka, EmbeddedPostgres
+from runyard.stack.ports import free_port
 from runyard.stack.processes import ProcessIdentity, command_line, read_pid_file, start_ticks
 
 pytestmark = pytest.mark.integration

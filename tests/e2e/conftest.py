@@ -45,7 +45,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -60,6 +59,7 @@ import yaml
 from runyard.api.auth import create_token
 from runyard.messaging import KafkaSettings, Topics, ensure_topics
 from runyard.stack.context import ServiceContext
+from runyard.stack.ports import free_port
 from runyard.stack.serve import SERVICE_NAMES, load_runner
 from runyard.stack.supervisor import Supervisor, service_processes
 from runyard.stack.up import run_platform, wait_ready
@@ -69,12 +69,6 @@ from tests.e2e.audit import assert_audit_chain
 
 REPO = Path(__file__).resolve().parents[2]
 TERMINAL = {"succeeded", "failed", "stopped"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def copy_config(target: Path, *, grace_s: float = 2.0) -> Path:

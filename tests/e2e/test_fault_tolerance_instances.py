@@ -25,9 +25,10 @@ from runyard.messaging import KafkaSettings
 from runyard.messaging.copartition import HELD_GAUGE
 from runyard.messaging.progress import partition_of
 from runyard.messaging.topics import PARTITIONS, TASK_EVENTS
+from runyard.stack.ports import free_port
 from runyard.stack.supervisor import ChildSpec, Supervisor, service_specs
 
-from tests.e2e.conftest import Platform, free_port, restarts_capped, running_platform
+from tests.e2e.conftest import Platform, restarts_capped, running_platform
 
 pytestmark = pytest.mark.slow
 

@@ -28,9 +28,9 @@ from runyard.contracts.http import Task
 from runyard.contracts.requests import RerunChanges
 from runyard.gateway.app import Gateway
 from runyard.gateway.http import create_app
+from runyard.stack.ports import free_port
 
 from tests.integration.test_gateway import BASE, config_dir
-from tests.integration.test_gateway_groups import free_port
 
 Scope = MutableMapping[str, Any]
 Asgi = Callable[[Scope, Any, Any], Awaitable[None]]

@@ -32,10 +32,11 @@ from runyard.domain.task import Submit, decide
 from runyard.eventstore import PostgresEventStore
 from runyard.messaging import KafkaSettings
 from runyard.stack.context import ServiceContext
+from runyard.stack.ports import free_port
 from runyard.stack.serve import migrate_service
 from runyard.stack.supervisor import service_specs
 
-from tests.e2e.conftest import copy_config, free_port
+from tests.e2e.conftest import copy_config
 
 pytestmark = [
     pytest.mark.integration,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from runyard.cli.main import app as cli_app
 from runyard.contracts.resources import Catalogue
 from runyard.gateway.app import Gateway
 from runyard.gateway.http import create_app
+from runyard.stack.ports import free_port
 from typer.testing import CliRunner, Result
 
 from tests.integration import test_gateway
@@ -130,12 +130,6 @@ async def test_catalogue_admin_changes_survive_a_restart(dsn: str, tmp_path: Pat
 
 
 # --- CLI ------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

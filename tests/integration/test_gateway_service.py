@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from pathlib import Path
 
 import asyncpg
@@ -16,15 +15,10 @@ from runyard.gateway import main
 from runyard.gateway.grpc_gen import tasks_pb2, tasks_pb2_grpc
 from runyard.messaging import KafkaSettings
 from runyard.stack.context import ServiceContext
+from runyard.stack.ports import free_port
 from runyard.submission import main as submission_main
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def wait_ready(client: httpx.AsyncClient) -> None:

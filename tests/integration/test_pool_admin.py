@@ -41,6 +41,7 @@ from runyard.scheduler.config import parse_pools
 from runyard.scheduler.domain import fold_pool
 from runyard.scheduler.http import http_app
 from runyard.scheduler.views import read_pool_view
+from runyard.stack.ports import free_port
 from typer.testing import CliRunner, Result
 
 pytestmark = pytest.mark.integration
@@ -362,14 +363,6 @@ async def test_an_admin_change_the_scheduler_has_not_seen_makes_its_placement_de
 
 
 # --- the CLI --------------------------------------------------------------------
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def cli(url: str, token: str, *args: str) -> Result:

@@ -457,7 +457,7 @@ async def test_a_relay_started_without_a_broker_waits_for_one(dsn: str) -> None:
     publishes the log once a broker comes up there."""
     from runyard.eventstore import HEALTH
     from runyard.messaging import Topics
-    from runyard.stack.embedded import free_port
+    from runyard.stack.ports import free_port
 
     broker = EmbeddedKafka(port=free_port())
     kafka = KafkaSettings(bootstrap=broker.bootstrap, topics=Topics("late."))

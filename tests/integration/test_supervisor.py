@@ -32,6 +32,7 @@ from runyard.deployer.runtime import group_members
 from runyard.eventstore import apply_migrations
 from runyard.messaging import KafkaSettings
 from runyard.stack.context import ServiceContext
+from runyard.stack.ports import free_port
 from runyard.stack.processes import ProcessIdentity
 from runyard.stack.serve import service_migrations
 from runyard.stack.supervisor import (
@@ -43,7 +44,7 @@ from runyard.stack.supervisor import (
 )
 from runyard.stack.up import wait_ready
 
-from tests.e2e.conftest import built_services, copy_config, free_port
+from tests.e2e.conftest import built_services, copy_config
 
 pytestmark = pytest.mark.integration
 

@@ -30,7 +30,8 @@ from runyard.eventstore import apply_migrations
 from runyard.messaging import KafkaSettings
 from runyard.stack import roles
 from runyard.stack.context import ServiceContext
-from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres, _pg_bin, free_port
+from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres, _pg_bin
+from runyard.stack.ports import free_port
 from runyard.stack.serve import SERVICE_NAMES
 from runyard.stack.up import (
     Stack,

@@ -29,12 +29,12 @@ from runyard.domain import Fail, RequestStop
 from runyard.gateway.app import Gateway
 from runyard.gateway.http import create_app
 from runyard.notification import store as tables
+from runyard.stack.ports import free_port
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from tests.feishu_fake import free_port
 from tests.integration.test_gateway import config_dir
 from tests.integration.test_gateway_routing import notification_service
 from tests.integration.test_notification import FAST, Harness, harness, spec

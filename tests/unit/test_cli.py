@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -30,15 +29,10 @@ from runyard.domain.task import (
 from runyard.eventstore import PostgresEventStore
 from runyard.gateway.app import Gateway
 from runyard.gateway.http import create_app
+from runyard.stack.ports import free_port
 from typer.testing import CliRunner, Result
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from runyard.faulttolerance.bootcheck import (
     mounts_from,
     parse_line,
 )
+from runyard.stack.ports import free_port as _free_port
 
 MODULE = "runyard.faulttolerance.bootcheck"
 
@@ -184,12 +184,6 @@ def test_parse_line_ignores_other_output() -> None:
     line = ItemResult(2, "gpu", "fail", "lost", blocking=True).to_line()
     assert parse_line("2026-11-30T02:00:00 " + line) == ItemResult(2, "gpu", "fail", "lost", True)
     assert json.loads(line)["runyard_bootcheck"] == 1
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.slow

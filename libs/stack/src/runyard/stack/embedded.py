@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+from runyard.stack.ports import free_port
 from runyard.stack.processes import (
     ProcessIdentity,
     command_line,
@@ -49,12 +50,6 @@ PG_USER = "embedded_postgres"
 SUPERUSER = "postgres"
 #: A unix socket path is limited to 107 bytes (sun_path) on Linux.
 _MAX_SOCKET_PATH = 107
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def port_taken(host: str, port: int) -> bool:

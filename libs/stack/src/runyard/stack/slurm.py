@@ -29,7 +29,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Sequence
@@ -37,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from runyard.stack.ports import free_port
 
 __all__ = ["SLURM_PROGRAMS", "SlurmCluster", "SlurmError", "slurm_missing"]
 
@@ -80,17 +80,8 @@ def slurm_missing() -> str | None:
 
 
 def _free_ports(count: int) -> list[int]:
-    """`count` distinct TCP ports nothing listens on now."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """`count` distinct TCP ports nothing listens on now (`runyard.stack.ports`)."""
+    return [free_port() for _ in range(count)]
 
 
 @dataclass

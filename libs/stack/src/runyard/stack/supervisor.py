@@ -38,7 +38,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from runyard.stack.context import ROLE_DSN_VARIABLES, ServiceContext
-from runyard.stack.embedded import free_port
+from runyard.stack.ports import free_port
 from runyard.stack.processes import (
     ProcessIdentity,
     boot_id,

@@ -47,6 +47,7 @@ from runyard.messaging.settings import KafkaSecurity
 from runyard.stack import roles
 from runyard.stack.context import ServiceContext, service_dsns_from_env
 from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres
+from runyard.stack.ports import free_port
 from runyard.stack.processes import AlreadyRunning, exclusive
 from runyard.stack.serve import SERVICE_NAMES, Runner, load_runner, service_migrations
 from runyard.stack.supervisor import ChildSpec, Supervisor, end_leftovers, service_specs
@@ -296,7 +297,7 @@ def bind_services(ctx: ServiceContext, names: Iterable[str]) -> list[socket.sock
     if "http_port" in settings:
         endpoints.setdefault("gateway", f"http://{host}:{settings['http_port']}")
     if "submission-grpc" not in endpoints:
-        port = int(settings.get("submission_grpc_port") or _free_port())
+        port = int(settings.get("submission_grpc_port") or free_port())
         settings["submission_grpc_port"] = port
         endpoints["submission-grpc"] = f"127.0.0.1:{port}"
     bound = []
@@ -308,12 +309,6 @@ def bind_services(ctx: ServiceContext, names: Iterable[str]) -> list[socket.sock
         endpoints[name] = url_of(sock)
         bound.append(sock)
     return bound
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def _run_all(runners: dict[str, Awaitable[None]]) -> None:
