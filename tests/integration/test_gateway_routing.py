@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ from runyard.logs.http import LogApi
 from runyard.logs.main import http_app as logs_app
 from runyard.notification.app import NotificationApp, NotificationConfig
 from runyard.notification.main import http_app as notification_app
+from runyard.stack.ports import free_port
 
 from tests.integration.test_gateway import BASE, config_dir
 from tests.log_records import log_record
@@ -139,11 +139,8 @@ async def notification_service(
 
 
 def closed_port_url() -> str:
-    """A URL nothing listens on (a port bound, then closed)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
+    """A URL nothing listens on."""
+    return f"http://127.0.0.1:{free_port()}"
 
 
 # --- the stack of this test ----------------------------------------------------------

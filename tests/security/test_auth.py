@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from runyard.gateway.grpc_gen import tasks_pb2 as pb
 from runyard.gateway.grpc_gen import tasks_pb2_grpc as pb_grpc
 from runyard.gateway.grpc_server import start_server
 from runyard.gateway.http import create_app
+from runyard.stack.ports import free_port
 from runyard.stack.up import all_migrations
 from typer.testing import CliRunner, Result
 
@@ -412,9 +412,7 @@ async def _cli(url: str, token: str, *args: str) -> Result:
 
 
 async def test_cli_admin_tokens_create_list_revoke(world: World) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     config = uvicorn.Config(
         create_app(world.gateway), port=port, log_level="warning", lifespan="off"
     )
