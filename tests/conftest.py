@@ -29,6 +29,12 @@ from runyard.messaging import KafkaSettings, Topics, ensure_topics
 from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres
 from runyard.stack.slurm import SlurmCluster, slurm_missing
 
+# The tests that print set the width they want (COLUMNS for the command). An inherited
+# width (pytest-xdist's workers get the controller's) would fix the CLI's consoles at
+# that width when they are first imported, whatever a test asks for later.
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
+
 # Every gateway a test builds gets its submission service (tests/submission_beside.py).
 from tests.submission_beside import submission_beside_gateway  # noqa: F401
 
@@ -221,3 +227,14 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     factory = getattr(session.config, "_tmp_path_factory", None)
     if factory is not None:
         _unmount_namespace_files([factory.getbasetemp()])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run across workers (pytest-xdist, `make test`'s `-n 2 --dist loadgroup`), each
+    test file runs whole on one worker, in its order (its module's platform starts
+    once), and the Slurm tests all run on one worker (one Slurm cluster on the host)."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        group = "slurm" if item.get_closest_marker("slurm") else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))

@@ -38,6 +38,7 @@ import pytest
 import yaml
 from runyard.stack.embedded import EmbeddedPostgres
 from runyard.stack.ports import free_port
+from runyard.stack.up import DEFAULT_PORTS
 
 from tests.chaos.harness import processes_matching
 from tests.conftest import _unmount_namespace_files
@@ -58,6 +59,14 @@ class PlatformDied(AssertionError):
     """`runyard up` exited although the test did not stop it."""
 
 
+def service_endpoints() -> str:
+    """RUNYARD_ENDPOINTS for a `runyard up` beside others on this host: every service
+    (and the submission service's gRPC API) on a free port of its own."""
+    endpoints = {name: f"http://127.0.0.1:{free_port()}" for name in DEFAULT_PORTS}
+    endpoints["submission-grpc"] = f"127.0.0.1:{free_port()}"
+    return json.dumps(endpoints)
+
+
 @dataclass
 class ChaosStack:
     """Postgres (owned by the test), and `runyard up` with its broker, in `root`."""
@@ -69,6 +78,8 @@ class ChaosStack:
     http_port: int = field(default_factory=free_port)
     grpc_port: int = field(default_factory=free_port)
     kafka_port: int = field(default_factory=free_port)
+    #: The services' own ports (RUNYARD_ENDPOINTS), not `runyard up`'s fixed ones.
+    endpoints: str = field(default_factory=lambda: service_endpoints())
     process: subprocess.Popen[bytes] | None = None
     #: How many times `runyard up` was started (a restart after a kill counts).
     starts: int = 0
@@ -102,6 +113,7 @@ class ChaosStack:
         env.update(
             DATABASE_URL=self.dsn,
             RUNYARD_KAFKA_PORT=str(self.kafka_port),
+            RUNYARD_ENDPOINTS=self.endpoints,
             RUNYARD_CONFIG=str(self.root / "config"),
             RUNYARD_LOG_LEVEL="WARNING",
             RUNYARD_SETTINGS=json.dumps({"scheduler_sweep_s": SWEEP_S}),

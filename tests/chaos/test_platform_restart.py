@@ -36,6 +36,8 @@ from runyard.stack.embedded import PG_USER, EmbeddedKafka, EmbeddedPostgres
 from runyard.stack.ports import free_port
 from runyard.stack.processes import ProcessIdentity, command_line, read_pid_file, start_ticks
 
+from tests.chaos.conftest import service_endpoints
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -118,6 +120,7 @@ class Up:
     grpc_port: int = field(default_factory=free_port)
     pg_port: int = field(default_factory=free_port)
     kafka_port: int = field(default_factory=free_port)
+    endpoints: str = field(default_factory=lambda: service_endpoints())
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     #: Put in the command of this test's tasks, to find their workers.
     marker: str = field(default_factory=lambda: f"ry-restart-{uuid.uuid4().hex[:12]}")
@@ -139,6 +142,7 @@ class Up:
         env.update(
             RUNYARD_PG_PORT=str(self.pg_port),
             RUNYARD_KAFKA_PORT=str(self.kafka_port),
+            RUNYARD_ENDPOINTS=self.endpoints,
             RUNYARD_CONFIG=str(REPO / "infra/config"),
             RUNYARD_LOG_LEVEL="WARNING",
             PYTHONUNBUFFERED="1",

@@ -103,7 +103,11 @@ def test_a_pid_now_used_by_another_program_is_never_signalled(
     assert not pid_file.exists()  # and the stale file is gone
 
 
-@pytest.mark.parametrize("content", [f"{os.getpid()}\n", "", '{"pid": "x"}', "[1, 2]"])
+@pytest.mark.parametrize(
+    "content",
+    [f"{os.getpid()}\n", "", '{"pid": "x"}', "[1, 2]"],
+    ids=["a bare pid", "empty", "a pid not a number", "not an object"],
+)
 def test_a_pid_file_without_an_identity_ends_nothing(tmp_path: Path, content: str) -> None:
     """A bare pid (here the test's own) is not enough to signal anything."""
     pid_file = tmp_path / "broker.pid"
