@@ -79,7 +79,7 @@ class ChaosStack:
     grpc_port: int = field(default_factory=free_port)
     kafka_port: int = field(default_factory=free_port)
     #: The services' own ports (RUNYARD_ENDPOINTS), not `runyard up`'s fixed ones.
-    endpoints: str = field(default_factory=lambda: service_endpoints())
+    endpoints: str = field(default_factory=service_endpoints)
     process: subprocess.Popen[bytes] | None = None
     #: How many times `runyard up` was started (a restart after a kill counts).
     starts: int = 0

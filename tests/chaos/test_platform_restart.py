@@ -120,7 +120,7 @@ class Up:
     grpc_port: int = field(default_factory=free_port)
     pg_port: int = field(default_factory=free_port)
     kafka_port: int = field(default_factory=free_port)
-    endpoints: str = field(default_factory=lambda: service_endpoints())
+    endpoints: str = field(default_factory=service_endpoints)
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     #: Put in the command of this test's tasks, to find their workers.
     marker: str = field(default_factory=lambda: f"ry-restart-{uuid.uuid4().hex[:12]}")
