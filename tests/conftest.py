@@ -230,7 +230,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run across workers (pytest-xdist, `make test`'s `-n 2 --dist loadgroup`), each
+    """Run across workers (pytest-xdist, `pytest -n 2 --dist loadgroup`), each
     test file runs whole on one worker, in its order (its module's platform starts
     once), and the Slurm tests all run on one worker (one Slurm cluster on the host)."""
     if not config.pluginmanager.hasplugin("xdist"):
