@@ -28,12 +28,17 @@ install: $(STAMP)
 up: install
 	$(BIN)/runyard up
 
+# The tests wait on platforms more than they compute: two workers (pytest-xdist),
+# each taking whole test files (tests/conftest.py). TEST_WORKERS=0 runs them in one.
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+
 test: install
-	$(BIN)/python -m pytest -q
+	$(PYTEST)
 
 # Everything but the slow end-to-end tests.
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 lint: install
 	$(BIN)/ruff check libs services tests benchmarks tools infra

@@ -160,7 +160,9 @@ class Supervisor:
         """Children that are not running now, with their last exit status."""
         return {n: c.last_exit for n, c in self.children.items() if not c.running}
 
-    async def _spawn(self, child: Child) -> None:
+    async def _spawn(self, child: Child, restarts: int = 0) -> None:
+        """Starts `child`; its fields, the restart count included, change together
+        with the state file, once the process exists."""
         argv = die_with_parent(list(child.spec.argv))
         child.process = await asyncio.create_subprocess_exec(
             *argv,
@@ -168,6 +170,7 @@ class Supervisor:
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # a process group of its own
         )
+        child.restarts = restarts
         child.identity = ProcessIdentity.of(child.process.pid)
         child.started_at = time.time()
         child.started_mono = time.monotonic()
@@ -194,8 +197,7 @@ class Supervisor:
             await asyncio.sleep(delay)
             if self._stopping:
                 return
-            child.restarts += 1
-            await self._spawn(child)
+            await self._spawn(child, restarts=child.restarts + 1)
 
     async def stop(self) -> None:
         """SIGTERM to every child's group, SIGKILL to those still there after `grace_s`."""
