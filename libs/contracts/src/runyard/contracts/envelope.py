@@ -176,7 +176,8 @@ class RecordedEvent(Generic[E_co]):
         """The payload (built on first use for an event read from the store)."""
         event = self._event
         if isinstance(event, type):  # still the model: build it from the stored JSON
-            event = event.model_validate_json(self._f[7])
+            # What `model_validate_json` does, less its wrapper (a fold builds many).
+            event = event.__pydantic_validator__.validate_json(self._f[7])
             _set_event(self, event)
         return event
 
