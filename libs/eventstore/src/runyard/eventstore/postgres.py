@@ -276,7 +276,7 @@ class PostgresEventStore(EventStore):
     ) -> list[RecordedEvent[Event]]:
         async with self._connection() as conn:  # LIMIT NULL: every event
             rows = await conn.fetch(_READ_STREAM, stream_id, from_version, limit)
-        return self.decode_rows(rows)
+        return [self.decode(r) for r in rows]
 
     async def stream_version(self, stream_id: str) -> int:
         async with self._connection() as conn:
@@ -299,16 +299,6 @@ class PostgresEventStore(EventStore):
 
     def all_reader(self, after: int = 0) -> PostgresAllReader:
         return PostgresAllReader(self, after)
-
-    def decode_rows(self, rows: Sequence[Sequence[Any]]) -> list[RecordedEvent[Event]]:
-        """`decode` of each row, in order (the readers' loop: one call per batch)."""
-        model_of, stored, decode = self.mapper.model, RecordedEvent.stored, self.decode
-        events: list[RecordedEvent[Event]] = []
-        append = events.append
-        for row in rows:
-            model = model_of(row[5])
-            append(stored(row, model) if row[6] == model.schema_version else decode(row))
-        return events
 
     def decode(self, row: Sequence[Any]) -> RecordedEvent[Event]:
         """The event in a row of `EVENT_COLUMNS` (by position: any further columns
@@ -388,7 +378,7 @@ class PostgresAllReader(AllReader):
         self._gap: _Gap | None = None
 
     async def read(self, limit: int = 500) -> list[RecordedEvent[Event]]:
-        return self.store.decode_rows(await self.read_rows(limit))
+        return [self.store.decode(row) for row in await self.read_rows(limit)]
 
     async def read_stored(self, limit: int = 500) -> list[StoredEvent]:
         """Like `read`, but as stored: payload and metadata left as JSON text.
