@@ -144,21 +144,22 @@ async def test_two_instances_each_hold_every_event_and_line_of_their_tasks(
         assert (owner.events.count(task), owner.lines.count(task)) == (EVENTS, LINES)
 
 
-async def test_lines_past_an_offset_that_outlived_the_broker_are_read(
+async def test_events_and_lines_past_an_offset_that_outlived_the_broker_are_read(
     dsn: str, kafka: KafkaSettings
 ) -> None:
-    """The group's committed offsets of the logs topic are past its end, as after a
+    """The group's committed offsets of both topics are past their ends, as after a
     broker that lost its data: the instance reads those partitions again from their
-    start instead of waiting there and jumping over the lines published since."""
+    start instead of waiting there and jumping over what was published since (no
+    event comes to show the jump: the broker answers such fetches with nothing)."""
     store = await PostgresEventStore.connect(dsn, sample_mapper(), max_size=8)
     watcher = Watcher()
-    logs_topic = kafka.topics.logs
+    topics = (kafka.topics.task_events, kafka.topics.logs)
     try:
         group = watched_tasks(watcher, store, kafka).events.group_id  # type: ignore[arg-type]
         ahead = AIOKafkaConsumer(**kafka.client_options(), group_id=group)
         await ahead.start()
         try:
-            every = [TopicPartition(logs_topic, p) for p in range(PARTITIONS[TASK_EVENTS])]
+            every = [TopicPartition(t, p) for t in topics for p in range(PARTITIONS[TASK_EVENTS])]
             ahead.assign(every)
             await ahead.commit({tp: 100 for tp in every})
         finally:
@@ -168,12 +169,17 @@ async def test_lines_past_an_offset_that_outlived_the_broker_are_read(
         try:
             for n in range(TASKS):
                 record = log_record(datetime.now(UTC), f"t{n}", "step 0", seq=0)
-                await producer.send(logs_topic, record.to_bytes(), key=record.key())
+                await producer.send(kafka.topics.logs, record.to_bytes(), key=record.key())
             await producer.flush()
         finally:
             await producer.stop()
-        async with instance(watcher, store, kafka):
+        async with running_relay(store, kafka), instance(watcher, store, kafka) as reader:
+            for n in range(TASKS):
+                await store.append(f"task-t{n}", [happened(0)])
             await wait_until(lambda: len(watcher.lines) >= TASKS, WITHIN_S)
+            await wait_until(lambda: len(watcher.events) >= TASKS, WITHIN_S)
+            assert reader.events.stats.rewinds >= 1
         assert sorted(set(watcher.lines)) == sorted(f"t{n}" for n in range(TASKS))
+        assert sorted(watcher.events) == sorted(f"t{n}" for n in range(TASKS))
     finally:
         await store.close()

@@ -307,6 +307,53 @@ async def test_a_consumer_whose_offset_outlived_the_broker_reads_what_it_jumped_
         assert all(v == sorted(v) for v in by_stream.values())
 
 
+async def test_a_consumer_whose_offset_is_past_the_refilled_log_reads_it_from_its_start(
+    dsn: str,
+) -> None:
+    """The same stale offsets, but the refilled log stays shorter than them (the
+    relay publishes again only what no group had handled, here nothing): the broker
+    answers the stale client's fetches with nothing, so no message ever arrives to
+    show the jump. The consumer sees its position past the partition's end, reads the
+    partition from its start, and handles every event published after the loss."""
+    from aiokafka import TopicPartition
+    from runyard.messaging import ensure_topics
+
+    before, after = 300, 20
+    async with broker_of_its_own(dsn, "short.") as (broker, kafka, store):
+        topic = kafka.topics.for_category("test")
+        async with running_relay(store, kafka) as relay:
+            async with running_consumer(dsn, kafka, name="stale") as (consumer, first):
+                for i in range(before):
+                    await store.append(f"test-{i % 10}", [happened(i)])
+                await wait_until(lambda: consumer.stats.processed >= before)
+            ends = await _end_offsets(kafka, topic)
+            broker.kill()
+            broker.start()  # same port, empty memory
+            await ensure_topics(kafka.bootstrap, kafka.topics)
+            await wait_until(lambda: relay.stats.broker_resets >= 1, within=60)
+            for i in range(before, before + after):
+                await store.append(f"test-{i % 10}", [happened(i)])
+            await checkpoint_reaches(store, before + after)
+            refilled = await _end_offsets(kafka, topic)
+            assert all(refilled[p] < ends[p] for p in ends), (ends, refilled)
+            stale = AIOKafkaConsumer(
+                bootstrap_servers=kafka.bootstrap,
+                group_id=kafka.topics.prefix + "stale",
+                enable_auto_commit=False,
+            )
+            await stale.start()
+            try:
+                stale.assign([TopicPartition(topic, p) for p in ends])
+                await stale.commit({TopicPartition(topic, p): o for p, o in ends.items()})
+            finally:
+                await stale.stop()
+            async with running_consumer(dsn, kafka, name="stale") as (consumer, second):
+                await wait_until(lambda: consumer.stats.processed >= after, within=60)
+                assert consumer.stats.rewinds >= 1
+        assert sorted(e.event.n for e in second.seen) == list(range(before, before + after))  # type: ignore[attr-defined]
+        assert sorted(e.event.n for e in first.seen) == list(range(before))  # type: ignore[attr-defined]
+
+
 async def test_a_relay_started_on_a_broker_that_lost_what_it_published_refills_it(
     dsn: str,
 ) -> None:

@@ -47,17 +47,15 @@ from collections.abc import (
     AsyncIterator,
     Awaitable,
     Callable,
-    Iterable,
     Sequence,
 )
 from dataclasses import dataclass
 from functools import partial
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import IllegalStateError
 from runyard.contracts.loglines import LogRecord, MalformedLogRecord
 from runyard.eventstore.transient import retrying
-from runyard.messaging.consumer import kafka_lag
+from runyard.messaging.consumer import kafka_lag, read_again_if_lost
 from runyard.messaging.settings import KafkaSettings
 from runyard.telemetry.metrics import count_log_lines, track_lag
 
@@ -197,39 +195,6 @@ class LogBatchConsumer:
         """Commit `offsets` (`commit_offsets`), counting a failure."""
         if not await commit_offsets(self.name, consumer, offsets):
             self.stats.commit_failures += 1
-
-
-async def read_again_if_lost(
-    reader: str, consumer: AIOKafkaConsumer, partitions: Iterable[TopicPartition]
-) -> set[TopicPartition]:
-    """The partitions of `partitions` whose position is past their end, each sought
-    back to its start: the broker lost what it had while the client kept its offset
-    (see the module). The end is the last one a fetch answered (none before one)."""
-    lost: set[TopicPartition] = set()
-    for tp in partitions:
-        if tp not in consumer.assignment():
-            continue  # given up in a rebalance meanwhile: its next owner reads it
-        end = consumer.highwater(tp)
-        if end is None:
-            continue
-        try:
-            position = await consumer.position(tp)
-            if position <= end:
-                continue
-            log.warning(
-                "%s: %s partition %d ends at offset %d, before this reader's position %d:"
-                " the broker lost what it had; reading the partition again from its start",
-                reader,
-                tp.topic,
-                tp.partition,
-                end,
-                position,
-            )
-            await consumer.seek_to_beginning(tp)
-        except IllegalStateError:
-            continue  # given up while this waited
-        lost.add(tp)
-    return lost
 
 
 async def commit_offsets(

@@ -26,6 +26,11 @@
   message that still does not follow (one the relay sent before it noticed the
   loss; it comes again, in order) is left for when it does, for at most
   `GAP_WAIT_S`; then the consumer goes on and says what never came.
+- Never waits past the end either: when the refilled log stays shorter than
+  the kept offset, the broker answers the client's fetches with nothing, so no
+  message comes to show the jump. Every `ENDS_CHECK_S` the consumer compares
+  each partition's position with its end (what the last fetch said); a
+  position past the end is read again from the start the same way.
 - Scales out: N instances with one name form one consumer group and share the
   topics' partitions. A partition that moves to another instance in a
   rebalance is read again from its last committed offset; what the previous
@@ -38,7 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from time import perf_counter
@@ -46,7 +51,8 @@ from typing import Any
 from uuid import UUID
 
 import asyncpg
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
+from aiokafka.errors import IllegalStateError
 from faststream.kafka import KafkaBroker
 from faststream.kafka.annotations import KafkaMessage
 from faststream.middlewares import AckPolicy
@@ -69,6 +75,8 @@ log = logging.getLogger("runyard.consumer")
 #: How long a consumer that read a partition again waits for the events it missed
 #: to come, in order, before it goes on without them (and logs an error).
 GAP_WAIT_S = 60.0
+#: How often a consumer checks that no position of its is past its partition's end.
+ENDS_CHECK_S = 1.0
 _tracer = trace.get_tracer("runyard.messaging")
 
 Handler = Callable[[RecordedEvent[Event], asyncpg.Connection], Awaitable[None]]
@@ -147,6 +155,8 @@ class IdempotentConsumer:
         self._sought: set[TopicPartition] = set()
         #: The client that reads for `attach`ed consumers (it seeks for them).
         self._reader: AIOKafkaConsumer | None = None
+        #: The check of positions past their partition's end (see `_watch_ends`).
+        self._ends_watch: asyncio.Task[None] | None = None
 
     @property
     def group_id(self) -> str:
@@ -166,6 +176,7 @@ class IdempotentConsumer:
             batch_timeout_ms=self.kafka.fetch_max_wait_ms,
             ack_policy=AckPolicy.MANUAL,
             decoder=_raw_body,  # we decode ourselves, so a bad message can be dead-lettered
+            listener=_WatchEnds(self),
             **self.kafka.consumer_options(),
         )
         track_lag(self.name, self.lag)
@@ -190,6 +201,38 @@ class IdempotentConsumer:
     def read_by(self, reader: AIOKafkaConsumer | None) -> None:
         """The client an `attach`ed consumer's batches come from (None: stopped)."""
         self._reader = reader
+
+    def watch_ends(self) -> None:
+        """Start checking, every `ENDS_CHECK_S` while its client runs, that no
+        position is past its partition's end (once partitions are assigned)."""
+        consumer = self._kafka_consumer()
+        if consumer is None or (self._ends_watch is not None and not self._ends_watch.done()):
+            return
+        self._ends_watch = asyncio.create_task(self._watch_ends(consumer))
+
+    async def _watch_ends(self, consumer: AIOKafkaConsumer) -> None:
+        """Until `consumer` stops being this one's client: read again from its start
+        each partition whose position is past its end (see the module)."""
+        while True:
+            await asyncio.sleep(ENDS_CHECK_S)
+            current = self._kafka_consumer()
+            if current is None or current is not consumer:
+                return
+            try:
+                lost = await read_again_if_lost(self.name, current, current.assignment())
+            except Exception as exc:  # the client stopping meanwhile
+                log.debug("%s: could not compare positions with ends (%r)", self.name, exc)
+                continue
+            self.read_again(lost)
+
+    def read_again(self, partitions: Iterable[TopicPartition]) -> None:
+        """Note `partitions` as sought back to their start by the client (their
+        batch's offsets must not be committed; what comes first may not follow)."""
+        now = asyncio.get_running_loop().time()
+        for tp in partitions:
+            self._rewound_at[(tp.topic, tp.partition)] = now
+            self._sought.add(tp)
+            self.stats.rewinds += 1
 
     def take_sought(self) -> set[TopicPartition]:
         """The partitions read again from their start since the last call (their
@@ -349,10 +392,8 @@ class IdempotentConsumer:
             self._taken[key],
             prev,
         )
-        self._rewound_at[key] = asyncio.get_running_loop().time()
-        self.stats.rewinds += 1
         tp = TopicPartition(*key)
-        self._sought.add(tp)
+        self.read_again([tp])
         consumer = self._kafka_consumer()
         if consumer is None:
             return
@@ -530,6 +571,54 @@ def kafka_lag(consumer: AIOKafkaConsumer | None) -> dict[str, int]:
             continue
         lag[tp.topic] = lag.get(tp.topic, 0) + max(0, state.highwater - state.position)
     return lag
+
+
+async def read_again_if_lost(
+    reader: str, consumer: AIOKafkaConsumer, partitions: Iterable[TopicPartition]
+) -> set[TopicPartition]:
+    """The partitions of `partitions` whose position is past their end, each sought
+    back to its start: the broker lost what it had while the client kept its offset
+    (a Kafka broker would answer such a fetch OFFSET_OUT_OF_RANGE; the embedded one
+    answers nothing). The end is the last one a fetch answered (none before one)."""
+    lost: set[TopicPartition] = set()
+    for tp in partitions:
+        if tp not in consumer.assignment():
+            continue  # given up in a rebalance meanwhile: its next owner reads it
+        end = consumer.highwater(tp)
+        if end is None:
+            continue
+        try:
+            position = await consumer.position(tp)
+            if position <= end:
+                continue
+            log.warning(
+                "%s: %s partition %d ends at offset %d, before this reader's position %d:"
+                " the broker lost what it had; reading the partition again from its start",
+                reader,
+                tp.topic,
+                tp.partition,
+                end,
+                position,
+            )
+            await consumer.seek_to_beginning(tp)
+        except IllegalStateError:
+            continue  # given up while this waited
+        lost.add(tp)
+    return lost
+
+
+class _WatchEnds(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Starts the consumer's check of positions past their end once its client has
+    partitions (the client exists only while the broker runs)."""
+
+    def __init__(self, owner: IdempotentConsumer) -> None:
+        self.owner = owner
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        return None
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self.owner.watch_ends()
 
 
 def _link_to_current() -> list[trace.Link]:

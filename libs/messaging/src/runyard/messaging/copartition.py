@@ -20,9 +20,10 @@ instance ("co-partitioning", as Kafka Streams calls it).
 - Offsets are committed after the poll's batches are handled; a failed commit is
   only a redelivery (the inbox and the reader's idempotence absorb it). An
   outage is waited out (`retrying`), holding the batch.
-- A lines partition whose position is past its end (the broker lost what it
-  had) is read again from its start (`runyard.messaging.batches`); an events
-  partition has the relay's chain for that (`runyard.messaging.consumer`).
+- A partition of either topic whose position is past its end (the broker lost
+  what it had) is read again from its start (`read_again_if_lost`); an events
+  partition also has the relay's chain (`runyard.messaging.consumer`) for a
+  refilled log that grew past the position.
 - After a rebalance, `on_revoked` gets the partition numbers this instance gave
   up, so it drops the state it kept for their tasks (a hang timer that no longer
   sees a task's lines must not fire), and `on_assigned` those it took over (all
@@ -44,14 +45,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from runyard.eventstore.transient import retrying
-from runyard.messaging.batches import (
-    POLL_MS,
-    Handler,
-    commit_offsets,
-    decode_lines,
-    read_again_if_lost,
-)
-from runyard.messaging.consumer import IdempotentConsumer, kafka_lag
+from runyard.messaging.batches import POLL_MS, Handler, commit_offsets, decode_lines
+from runyard.messaging.consumer import IdempotentConsumer, kafka_lag, read_again_if_lost
 from runyard.messaging.settings import KafkaSettings
 from runyard.telemetry.metrics import register_gauge, track_lag
 
@@ -122,9 +117,9 @@ class CoPartitionedConsumer:
             self._check_counts(consumer)
             while True:
                 polled = await consumer.getmany(timeout_ms=POLL_MS, max_records=self.max_records)
-                # Events have their chain (`prev`); lines are read again after a loss.
-                lines = [tp for tp in consumer.assignment() if tp.topic == self.lines_topic]
-                sought = await read_again_if_lost(self.name, consumer, lines)
+                # A position past its end: the broker lost what it had (see consumer).
+                sought = await read_again_if_lost(self.name, consumer, consumer.assignment())
+                self.events.read_again(tp for tp in sought if tp.topic == self.events_topic)
                 polled = {tp: m for tp, m in polled.items() if tp not in sought}
                 if any(polled.values()):
                     await self._handle(polled)

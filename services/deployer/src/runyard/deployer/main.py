@@ -56,7 +56,7 @@ from runyard.deployer.retry import until_done
 from runyard.deployer.runtime import LocalRuntime, OutputLine
 from runyard.eventstore import PostgresEventStore
 from runyard.messaging import KafkaSettings
-from runyard.messaging.consumer import IdempotentConsumer, make_broker
+from runyard.messaging.consumer import IdempotentConsumer, make_broker, read_again_if_lost
 from runyard.messaging.topics import LOGS, PARTITIONS
 from runyard.stack.context import ServiceContext
 
@@ -87,7 +87,9 @@ async def follow_commands(app: DeployerApp, kafka: KafkaSettings, group: str) ->
 
     Each command runs in the background (a capture must not hold up the next
     one); offsets are committed once read: a command is worth doing only while
-    its asker waits, so one lost in a crash is not redone."""
+    its asker waits, so one lost in a crash is not redone. After a broker that lost
+    its memory, a position past the topic's end is read from the start again: what
+    is there came after the loss, so its askers may still wait."""
     consumer = AIOKafkaConsumer(
         kafka.topics.name(DEPLOYER_COMMANDS),
         **kafka.client_options(),
@@ -100,6 +102,8 @@ async def follow_commands(app: DeployerApp, kafka: KafkaSettings, group: str) ->
         await consumer.start()
         while True:
             batches = await consumer.getmany(timeout_ms=200, max_records=100)
+            # A broker that lost its memory: what it got since is read from its start.
+            await read_again_if_lost(group, consumer, consumer.assignment())
             for message in (m for part in batches.values() for m in part):
                 command = parse_command(message.value)
                 if isinstance(command, CaptureStacks):
