@@ -71,12 +71,12 @@ async def test_it_keeps_the_tasks_asked_for_last_and_reads_only_what_is_new() ->
     states = TaskStates(store, kept=2)
     for task_id in story:
         await states.get(task_id)
-    assert list(states._states) == ["t-2", "t-3"]
-    one_spec = states._sizes["t-3"]
+    assert list(states.states) == ["t-2", "t-3"]
+    one_spec = states.states.size("t-3")
     small = TaskStates(store, kept_bytes=one_spec + one_spec // 2)
     for task_id in story:
         await small.get(task_id)
-    assert list(small._states) == ["t-3"]  # the specs' bytes bound it first
+    assert list(small.states) == ["t-3"]  # the specs' bytes bound it first
 
     reads: list[int] = []
     read_stream = store.read_stream

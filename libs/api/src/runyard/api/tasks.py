@@ -4,9 +4,12 @@ a task's data (logs, alerts, fault tolerance) check before they answer."""
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 from runyard.api.auth import Principal
 from runyard.api.errors import PermissionDenied, task_not_found
+from runyard.contracts.spec import TaskSpec
 from runyard.domain import TaskState, evolve
 from runyard.eventstore import EventStore
 
@@ -16,9 +19,59 @@ from runyard.eventstore import EventStore
 KEPT_TASKS = 1024
 KEPT_SPEC_BYTES = 16 * 1024 * 1024
 
+V = TypeVar("V")
+
 
 def task_stream(task_id: str) -> str:
     return f"task-{task_id}"
+
+
+class KeptTasks(Generic[V]):
+    """Values about tasks (a folded state, or one with more beside it), the `kept`
+    kept last, fewer when their tasks' specs take more than `kept_bytes` together as
+    JSON (`spec_of` finds a value's spec; a spec is counted again only when it is
+    another object, a rerun with changes)."""
+
+    def __init__(
+        self,
+        spec_of: Callable[[V], TaskSpec],
+        kept: int = KEPT_TASKS,
+        kept_bytes: int = KEPT_SPEC_BYTES,
+    ) -> None:
+        self.spec_of = spec_of
+        self.kept = kept
+        self.kept_bytes = kept_bytes
+        self._values: OrderedDict[str, V] = OrderedDict()
+        self._sizes: dict[str, int] = {}  # task id -> its spec's JSON bytes
+        self._bytes = 0
+
+    def __contains__(self, task_id: str) -> bool:
+        return task_id in self._values
+
+    def __iter__(self) -> Iterator[str]:
+        """The task ids kept, the one kept longest ago first."""
+        return iter(self._values)
+
+    def get(self, task_id: str) -> V | None:
+        return self._values.get(task_id)
+
+    def size(self, task_id: str) -> int:
+        """The JSON bytes of a kept task's spec (0 when not kept)."""
+        return self._sizes.get(task_id, 0)
+
+    def keep(self, task_id: str, value: V) -> None:
+        """Keep `value` as the newest; the oldest go while there are too many."""
+        kept = self._values.get(task_id)
+        spec = self.spec_of(value)
+        if kept is None or self.spec_of(kept) is not spec:  # new, or rerun with changes
+            size = len(spec.model_dump_json())
+            self._bytes += size - self._sizes.get(task_id, 0)
+            self._sizes[task_id] = size
+        self._values[task_id] = value
+        self._values.move_to_end(task_id)
+        while self._values and (len(self._values) > self.kept or self._bytes > self.kept_bytes):
+            oldest, _ = self._values.popitem(last=False)
+            self._bytes -= self._sizes.pop(oldest)
 
 
 class TaskStates:
@@ -35,42 +88,30 @@ class TaskStates:
         self, store: EventStore, kept: int = KEPT_TASKS, kept_bytes: int = KEPT_SPEC_BYTES
     ) -> None:
         self.store = store
-        self.kept = kept
-        self.kept_bytes = kept_bytes
-        self._states: OrderedDict[str, TaskState] = OrderedDict()
-        self._sizes: dict[str, int] = {}  # task id -> its spec's JSON bytes
-        self._bytes = 0
+        self.states: KeptTasks[TaskState] = KeptTasks(_spec, kept, kept_bytes)
 
     async def get(self, task_id: str) -> TaskState:
         """The task now; a 404 when it has no events."""
-        state = self._states.get(task_id)
+        state = self.states.get(task_id)
         after = state.version if state is not None else 0
         for event in await self.store.read_stream(task_stream(task_id), from_version=after + 1):
             state = evolve(state, event)
         if state is None:
             raise task_not_found(task_id)
-        self._keep(task_id, state)
+        kept = self.states.get(task_id)
+        if kept is None or kept.version <= state.version:  # a slower ask keeps no older state
+            self.states.keep(task_id, state)
         return state
-
-    def _keep(self, task_id: str, state: TaskState) -> None:
-        kept = self._states.get(task_id)
-        if kept is not None and kept.version > state.version:
-            state = kept  # a slower ask keeps no older state
-        if kept is None or kept.spec is not state.spec:  # new, or rerun with changes
-            size = len(state.spec.model_dump_json())
-            self._bytes += size - self._sizes.get(task_id, 0)
-            self._sizes[task_id] = size
-        self._states[task_id] = state
-        self._states.move_to_end(task_id)
-        while self._states and (len(self._states) > self.kept or self._bytes > self.kept_bytes):
-            oldest, _ = self._states.popitem(last=False)
-            self._bytes -= self._sizes.pop(oldest)
 
     async def visible(self, caller: Principal, task_id: str, *, write: bool = False) -> TaskState:
         """The task if the caller may see it (`require_visible`)."""
         if write:
             caller.require_write()
         return require_visible(caller, await self.get(task_id), write=write)
+
+
+def _spec(state: TaskState) -> TaskSpec:
+    return state.spec
 
 
 def require_visible(caller: Principal, state: TaskState, *, write: bool = False) -> TaskState:

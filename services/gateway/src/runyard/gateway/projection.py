@@ -2,7 +2,11 @@
 
 The projector follows the whole log with the store's gap-safe reader and,
 for every task stream touched by a batch, folds that stream up to the last
-event of the batch and upserts the task's row. Rows and the checkpoint are
+event of the batch and upserts the task's row. It keeps the tasks it folded
+last (`KeptTasks`), so a task is brought up from its kept version with the
+batch's own events, not folded again from its first event for every batch
+(a long task has thousands of events); a fold is pure, so that is the same
+state. Rows and the checkpoint are
 written in one transaction, so a crash never skips or double-applies a
 batch; a row depends only on the events up to the checkpoint, so applying a
 batch twice, or rebuilding from position 0, gives identical rows.
@@ -25,13 +29,16 @@ from datetime import datetime
 from typing import Any
 
 import asyncpg
+from runyard.api.tasks import KeptTasks
 from runyard.contracts import Event, RecordedEvent
 from runyard.contracts.spec import TaskSpec, split_custom_gpus
-from runyard.domain import TaskState, fold
+from runyard.domain import TaskNotFound, TaskState, evolve
 from runyard.eventstore import EVENT_COLUMNS, PostgresEventStore, retrying
 
 log = logging.getLogger(__name__)
 Upsert = Callable[[asyncpg.Connection, tuple[Any, ...]], Awaitable[None]]
+#: A task folded up to some version, and the time of that version's event.
+Folded = tuple[TaskState, datetime]
 
 NAME = "task_list"
 #: Clipped lengths of a row's text when the full row does not fit (see the docstring).
@@ -52,10 +59,15 @@ _CHECKPOINT = """
 INSERT INTO checkpoints (name, position) VALUES ($1, $2)
 ON CONFLICT (name) DO UPDATE SET position = EXCLUDED.position, updated_at = now()
 """
-_STREAMS = (
-    f"SELECT {EVENT_COLUMNS} FROM events WHERE stream_id = ANY($1::text[])"
-    " ORDER BY stream_id, stream_version"
-)
+# The events of each stream $1[i] after version $2[i] up to version $3[i].
+_STREAMS_AFTER = f"""
+SELECT e.* FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS w(stream, after, upto),
+LATERAL (
+    SELECT {EVENT_COLUMNS} FROM events
+    WHERE stream_id = w.stream AND stream_version > w.after AND stream_version <= w.upto
+) e
+ORDER BY e.stream_id, e.stream_version
+"""
 _RANGE = (
     "SELECT global_position, stream_id, stream_version FROM events"
     " WHERE global_position > $1 AND global_position <= $2 ORDER BY global_position LIMIT $3"
@@ -84,6 +96,8 @@ class TaskListProjector:
         self._upsert_sql = _UPSERT.format(table=table)
         self._lock = asyncio.Lock()
         self._reader: Any = None
+        #: The tasks folded last, each with the time of its last event folded.
+        self._kept: KeptTasks[Folded] = KeptTasks(_spec_of)
 
     async def catch_up(self) -> int:
         """Apply every event safe to read now; return how many were read."""
@@ -123,6 +137,7 @@ class TaskListProjector:
             await conn.execute(f"DELETE FROM {self.table}")
             await conn.execute("DELETE FROM checkpoints WHERE name = $1", self.checkpoint)
             self._reader = None
+            self._kept = KeptTasks(_spec_of)
         return await self.catch_up()
 
     def forget_position(self) -> None:
@@ -142,21 +157,24 @@ class TaskListProjector:
 
     async def _apply(self, batch: Sequence[RecordedEvent[Event]]) -> None:
         marks = [(e.stream_id, e.stream_version) for e in batch]
-        await self._apply_marks(marks, batch[-1].global_position)
+        await self._apply_marks(marks, batch[-1].global_position, delivered=batch)
 
     async def _apply_marks(
         self,
         marks: Sequence[tuple[str, int]],
         position: int,
         conn: asyncpg.Connection | None = None,
+        delivered: Sequence[RecordedEvent[Event]] = (),
     ) -> None:
         """Write the rows of the task streams among `marks` ((stream, version) of each
-        event of a batch ending at `position`), each folded up to its last version."""
+        event of a batch ending at `position`), each folded up to its last version;
+        `delivered`: the batch's events, when the caller has them."""
         last_version: dict[str, int] = {}
         for stream_id, version in marks:
             if stream_id.startswith("task-"):
                 last_version[stream_id] = version
-        rows = [_row(state, updated_at) for state, updated_at in await self._states(last_version)]
+        states = await self._states(last_version, delivered)
+        rows = [_row(state, updated_at) for state, updated_at in states]
         if conn is not None:
             try:
                 async with conn.transaction():  # a savepoint: a refused row is retried clipped
@@ -183,19 +201,64 @@ class TaskListProjector:
                 await upsert(conn, row)
         await conn.execute(_CHECKPOINT, self.checkpoint, position)
 
-    async def _states(self, last_version: dict[str, int]) -> list[tuple[TaskState, datetime]]:
-        """Each stream folded up to its version in the batch (one query for them all)."""
+    async def _states(
+        self, last_version: dict[str, int], delivered: Sequence[RecordedEvent[Event]]
+    ) -> list[Folded]:
+        """Each stream folded up to its version in the batch, with the time of that
+        version's event. A stream kept here (see the class) is brought up from its
+        kept version with the batch's own events when they follow it, else with one
+        query for every stream that needs reading (only what lies after what is kept)."""
         if not last_version:
             return []
-        rows = await self.store.pool.fetch(_STREAMS, list(last_version))
-        streams: dict[str, list[RecordedEvent[Event]]] = {}
-        for row in rows:
-            if row["stream_version"] <= last_version[row["stream_id"]]:
+        new: dict[str, list[RecordedEvent[Event]]] = {}
+        for event in delivered:
+            if event.stream_id in last_version:
+                new.setdefault(event.stream_id, []).append(event)
+        folded: dict[str, Folded] = {}
+        unread: dict[str, Folded | None] = {}  # stream -> what is kept of it (None: nothing)
+        for stream_id, upto in last_version.items():
+            task_id = stream_id.removeprefix("task-")
+            kept = self._kept.get(task_id)
+            after = kept[0].version if kept is not None else 0
+            if after == upto and kept is not None:
+                folded[stream_id] = kept
+                continue
+            if after > upto:  # kept past this batch (it is applied again): fold anew
+                kept, after = None, 0
+            events = new.get(stream_id, [])
+            if after and events and events[0].stream_version == after + 1:
+                folded[stream_id] = self._fold(task_id, kept, events)
+            else:
+                unread[stream_id] = kept
+        if unread:
+            rows = await self.store.pool.fetch(
+                _STREAMS_AFTER,
+                list(unread),
+                [kept[0].version if kept is not None else 0 for kept in unread.values()],
+                [last_version[s] for s in unread],
+            )
+            streams: dict[str, list[RecordedEvent[Event]]] = {}
+            for row in rows:
                 streams.setdefault(row["stream_id"], []).append(self.store.decode(row))
-        return [
-            (fold(events, task_id=stream_id.removeprefix("task-")), events[-1].occurred_at)
-            for stream_id, events in streams.items()
-        ]
+            for stream_id, events in streams.items():
+                task_id = stream_id.removeprefix("task-")
+                folded[stream_id] = self._fold(task_id, unread[stream_id], events)
+        # In one order, so projectors of several gateways upserting the same rows
+        # take their locks in the same order (no deadlock between them).
+        return [folded[stream_id] for stream_id in sorted(folded)]
+
+    def _fold(
+        self, task_id: str, kept: Folded | None, events: Sequence[RecordedEvent[Event]]
+    ) -> Folded:
+        """`kept` (None: nothing yet) with `events` folded on, kept for the next batch."""
+        state = kept[0] if kept is not None else None
+        for event in events:
+            state = evolve(state, event)
+        if state is None:
+            raise TaskNotFound(task_id)
+        result = (state, events[-1].occurred_at)
+        self._kept.keep(task_id, result)
+        return result
 
     async def _upsert(self, conn: asyncpg.Connection, row: tuple[Any, ...]) -> None:
         await conn.execute(self._upsert_sql, *row)
@@ -217,6 +280,10 @@ def _clipped(row: tuple[Any, ...]) -> tuple[Any, ...]:
     clipped[7] = [tag[: _CLIP["tag"]] for tag in row[7][: _CLIP["tags"]]]
     clipped[8] = row[8][: _CLIP["group_id"]] if row[8] is not None else None
     return tuple(clipped)
+
+
+def _spec_of(folded: Folded) -> TaskSpec:
+    return folded[0].spec
 
 
 def _row(state: TaskState, updated_at: datetime) -> tuple[Any, ...]:
