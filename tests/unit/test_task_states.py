@@ -63,6 +63,34 @@ def test_a_kept_task_brought_up_to_date_is_the_fold_of_its_whole_stream(
     asyncio.run(check())
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=specs, data=st.data())
+def test_the_task_as_of_an_event_is_the_fold_up_to_it_whatever_is_kept(
+    spec: TaskSpec, data: st.DataObject
+) -> None:
+    """Events handled in stream order, with some skipped (another instance had them)
+    and some handled again (a redelivery after later ones): each answer is the fold
+    of the stream up to that event, never a later event's state."""
+    events = walk(spec, data)
+    order = data.draw(
+        st.lists(st.integers(1, len(events)), min_size=1, max_size=12).map(
+            lambda picks: sorted(picks)
+            if data.draw(st.booleans())
+            else picks  # any order: handled again, or out of order
+        )
+    )
+
+    async def check() -> None:
+        store = InMemoryEventStore(default_mapper())
+        await append(store, "t-1", events)
+        stream = await store.read_stream(task_stream("t-1"))
+        states = TaskStates(store, kept=data.draw(st.integers(1, 2)))
+        for version in order:
+            assert await states.at(stream[version - 1]) == fold(stream[:version])
+
+    asyncio.run(check())
+
+
 async def test_it_keeps_the_tasks_asked_for_last_and_reads_only_what_is_new() -> None:
     store = InMemoryEventStore(default_mapper())
     story = walk_of_three()

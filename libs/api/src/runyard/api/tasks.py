@@ -9,8 +9,9 @@ from typing import Generic, TypeVar
 
 from runyard.api.auth import Principal
 from runyard.api.errors import PermissionDenied, task_not_found
+from runyard.contracts import Event, RecordedEvent
 from runyard.contracts.spec import TaskSpec
-from runyard.domain import TaskState, evolve
+from runyard.domain import TaskNotFound, TaskState, evolve
 from runyard.eventstore import EventStore
 
 #: How many folded tasks a `TaskStates` keeps (those asked for last), and how many
@@ -100,6 +101,32 @@ class TaskStates:
             raise task_not_found(task_id)
         kept = self.states.get(task_id)
         if kept is None or kept.version <= state.version:  # a slower ask keeps no older state
+            self.states.keep(task_id, state)
+        return state
+
+    async def at(self, event: RecordedEvent[Event]) -> TaskState:
+        """The task of `event` (a task event) as of `event`: later events are not
+        looked at, so a replay agrees. From the kept state, `event` itself folded on
+        when it follows, else what lies between them read; a task kept past `event`
+        (one handled again) is folded anew up to it."""
+        task_id = event.stream_id.removeprefix("task-")
+        version = event.stream_version
+        state = self.states.get(task_id)
+        if state is not None and state.version == version:
+            return state
+        if state is not None and state.version > version:
+            state = None
+        after = state.version if state is not None else 0
+        if after == version - 1:
+            state = evolve(state, event)
+        else:
+            stream = task_stream(task_id)
+            for recorded in await self.store.read_stream(stream, after + 1, version - after):
+                state = evolve(state, recorded)
+        if state is None:
+            raise TaskNotFound(task_id)
+        kept = self.states.get(task_id)
+        if kept is None or kept.version <= state.version:
             self.states.keep(task_id, state)
         return state
 

@@ -49,6 +49,7 @@ from typing import Any, Final
 import asyncpg
 import httpx
 from runyard.api.internal import read_at_most
+from runyard.api.tasks import TaskStates
 from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent
 from runyard.contracts.envelope import utcnow
 from runyard.contracts.task_events import (
@@ -171,6 +172,7 @@ class NotificationApp:
     #: First errors looked up in this delivery pass, per (task, run).
     _first_errors: dict[tuple[str, int], FirstErrorFact | None] = field(default_factory=dict)
     _limiter: BotLimiter | None = None
+    _tasks: TaskStates | None = None
 
     @property
     def db(self) -> asyncpg.Pool:
@@ -222,9 +224,11 @@ class NotificationApp:
             await self._raise(db, state, facts, label, str(event.event_id), cause)
 
     async def _state_at(self, event: RecordedEvent[Event]) -> TaskState:
-        """The task as of `event` (later events are not looked at, so a replay agrees)."""
-        events = await self.store.read_stream(event.stream_id)
-        return fold(e for e in events if e.stream_version <= event.stream_version)
+        """The task as of `event` (later events are not looked at, so a replay agrees),
+        from the tasks folded last (only what lies after the kept state is read)."""
+        if self._tasks is None:
+            self._tasks = TaskStates(self.store)
+        return await self._tasks.at(event)
 
     def _facts(self, state: TaskState, kind: str, why: str) -> AlertFacts:
         return AlertFacts(
