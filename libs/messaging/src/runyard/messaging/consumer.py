@@ -203,20 +203,21 @@ class IdempotentConsumer:
         self._reader = reader
 
     def watch_ends(self) -> None:
-        """Start checking, every `ENDS_CHECK_S` while its client runs, that no
-        position is past its partition's end (once partitions are assigned)."""
-        consumer = self._kafka_consumer()
-        if consumer is None or (self._ends_watch is not None and not self._ends_watch.done()):
+        """Start checking, every `ENDS_CHECK_S` while a client runs, that no position
+        is past its partition's end (called once partitions are assigned)."""
+        if self._kafka_consumer() is None:
             return
-        self._ends_watch = asyncio.create_task(self._watch_ends(consumer))
+        if self._ends_watch is None or self._ends_watch.done():
+            self._ends_watch = asyncio.create_task(self._watch_ends())
 
-    async def _watch_ends(self, consumer: AIOKafkaConsumer) -> None:
-        """Until `consumer` stops being this one's client: read again from its start
-        each partition whose position is past its end (see the module)."""
+    async def _watch_ends(self) -> None:
+        """Until no client runs: read again from its start each partition whose
+        position is past its end (see the module). A client started again meanwhile
+        (the broker stopped and started) is checked in turn."""
         while True:
             await asyncio.sleep(ENDS_CHECK_S)
             current = self._kafka_consumer()
-            if current is None or current is not consumer:
+            if current is None:
                 return
             try:
                 lost = await read_again_if_lost(self.name, current, current.assignment())
