@@ -46,9 +46,6 @@ class KeptTasks(Generic[V]):
         self._sizes: dict[str, int] = {}  # task id -> its spec's JSON bytes
         self._bytes = 0
 
-    def __contains__(self, task_id: str) -> bool:
-        return task_id in self._values
-
     def __iter__(self) -> Iterator[str]:
         """The task ids kept, the one kept longest ago first."""
         return iter(self._values)

@@ -2,14 +2,15 @@
 
 The projector follows the whole log with the store's gap-safe reader and,
 for every task stream touched by a batch, folds that stream up to the last
-event of the batch and upserts the task's row. It keeps the tasks it folded
-last (`KeptTasks`), so a task is brought up from its kept version with the
-batch's own events, not folded again from its first event for every batch
-(a long task has thousands of events); a fold is pure, so that is the same
-state. Rows and the checkpoint are
+event of the batch and upserts the task's row. Rows and the checkpoint are
 written in one transaction, so a crash never skips or double-applies a
 batch; a row depends only on the events up to the checkpoint, so applying a
 batch twice, or rebuilding from position 0, gives identical rows.
+
+It keeps the tasks it folded last (`KeptTasks`), so a task is brought up from
+its kept version with the batch's own events, not folded again from its first
+event for every batch (a long task has thousands of events); a fold is pure,
+so that is the same state.
 
 A batch that fails to apply is read again from the checkpoint on the next
 call (the reader is dropped), so no event is ever passed over. A row the
