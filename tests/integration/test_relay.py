@@ -8,6 +8,7 @@ import json
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -257,22 +258,32 @@ async def test_broker_crash_mid_stream_loses_nothing(dsn: str, postgres_url: str
         await store.close()
 
 
-async def test_a_consumer_whose_offset_outlived_the_broker_reads_what_it_jumped_over(
-    dsn: str,
-) -> None:
-    """A client that keeps its offset across a broker that lost its memory (here: the
-    group's old offsets committed to the refilled broker, as a busy client does before
-    it rejoins) would start past the first events of the new log. Each message names
-    the previous one of its partition, so the consumer sees the jump, reads the
-    partition again from its start, and gets every event, once, in stream order."""
+@dataclass
+class Loss:
+    """What `after_a_loss` leaves: the broker's settings, what the group handled
+    before the loss, and each partition's end offset before the loss and after."""
+
+    kafka: KafkaSettings
+    first: Collector
+    ends: dict[int, int]
+    refilled: dict[int, int]
+
+
+@contextlib.asynccontextmanager
+async def after_a_loss(
+    dsn: str, prefix: str, group: str, before: int, after: int
+) -> AsyncIterator[Loss]:
+    """Group `group` handles `before` events; the broker then loses its memory, the
+    relay refills it, `after` more events are appended, and the group's offsets from
+    before the loss are committed to the refilled broker (as a busy client does before
+    it rejoins). The relay runs on while the caller reads."""
     from aiokafka import TopicPartition
     from runyard.messaging import ensure_topics
 
-    before, after = 200, 600
-    async with broker_of_its_own(dsn, "jump.") as (broker, kafka, store):
+    async with broker_of_its_own(dsn, prefix) as (broker, kafka, store):
         topic = kafka.topics.for_category("test")
         async with running_relay(store, kafka) as relay:
-            async with running_consumer(dsn, kafka, name="jumper") as (consumer, first):
+            async with running_consumer(dsn, kafka, name=group) as (consumer, first):
                 for i in range(before):
                     await store.append(f"test-{i % 10}", [happened(i)])
                 await wait_until(lambda: consumer.stats.processed >= before)
@@ -285,10 +296,9 @@ async def test_a_consumer_whose_offset_outlived_the_broker_reads_what_it_jumped_
                 await store.append(f"test-{i % 10}", [happened(i)])
             await checkpoint_reaches(store, before + after)
             refilled = await _end_offsets(kafka, topic)
-            assert all(refilled[p] > ends[p] for p in ends), (ends, refilled)
             stale = AIOKafkaConsumer(
                 bootstrap_servers=kafka.bootstrap,
-                group_id=kafka.topics.prefix + "jumper",
+                group_id=kafka.topics.prefix + group,
                 enable_auto_commit=False,
             )
             await stale.start()
@@ -297,15 +307,28 @@ async def test_a_consumer_whose_offset_outlived_the_broker_reads_what_it_jumped_
                 await stale.commit({TopicPartition(topic, p): o for p, o in ends.items()})
             finally:
                 await stale.stop()
-            async with running_consumer(dsn, kafka, name="jumper") as (consumer, second):
-                await wait_until(lambda: consumer.stats.processed >= after, within=90)
-                assert consumer.stats.rewinds >= 1
-        seen = [e.event.n for e in first.seen + second.seen]  # type: ignore[attr-defined]
-        assert sorted(seen) == list(range(before + after))
-        by_stream: dict[str, list[int]] = defaultdict(list)
-        for e in first.seen + second.seen:
-            by_stream[e.stream_id].append(e.stream_version)
-        assert all(v == sorted(v) for v in by_stream.values())
+            yield Loss(kafka, first, ends, refilled)
+
+
+async def test_a_consumer_whose_offset_outlived_the_broker_reads_what_it_jumped_over(
+    dsn: str,
+) -> None:
+    """A client that keeps its offset across a broker that lost its memory would start
+    past the first events of the new log. Each message names the previous one of its
+    partition, so the consumer sees the jump, reads the partition again from its
+    start, and gets every event, once, in stream order."""
+    before, after = 200, 600
+    async with after_a_loss(dsn, "jump.", "jumper", before, after) as loss:
+        assert all(loss.refilled[p] > loss.ends[p] for p in loss.ends), loss
+        async with running_consumer(dsn, loss.kafka, name="jumper") as (consumer, second):
+            await wait_until(lambda: consumer.stats.processed >= after, within=90)
+            assert consumer.stats.rewinds >= 1
+    seen = [e.event.n for e in loss.first.seen + second.seen]  # type: ignore[attr-defined]
+    assert sorted(seen) == list(range(before + after))
+    by_stream: dict[str, list[int]] = defaultdict(list)
+    for e in loss.first.seen + second.seen:
+        by_stream[e.stream_id].append(e.stream_version)
+    assert all(v == sorted(v) for v in by_stream.values())
 
 
 async def test_a_consumer_whose_offset_is_past_the_refilled_log_reads_it_from_its_start(
@@ -316,43 +339,14 @@ async def test_a_consumer_whose_offset_is_past_the_refilled_log_reads_it_from_it
     answers the stale client's fetches with nothing, so no message ever arrives to
     show the jump. The consumer sees its position past the partition's end, reads the
     partition from its start, and handles every event published after the loss."""
-    from aiokafka import TopicPartition
-    from runyard.messaging import ensure_topics
-
     before, after = 300, 20
-    async with broker_of_its_own(dsn, "short.") as (broker, kafka, store):
-        topic = kafka.topics.for_category("test")
-        async with running_relay(store, kafka) as relay:
-            async with running_consumer(dsn, kafka, name="stale") as (consumer, first):
-                for i in range(before):
-                    await store.append(f"test-{i % 10}", [happened(i)])
-                await wait_until(lambda: consumer.stats.processed >= before)
-            ends = await _end_offsets(kafka, topic)
-            broker.kill()
-            broker.start()  # same port, empty memory
-            await ensure_topics(kafka.bootstrap, kafka.topics)
-            await wait_until(lambda: relay.stats.broker_resets >= 1, within=60)
-            for i in range(before, before + after):
-                await store.append(f"test-{i % 10}", [happened(i)])
-            await checkpoint_reaches(store, before + after)
-            refilled = await _end_offsets(kafka, topic)
-            assert all(refilled[p] < ends[p] for p in ends), (ends, refilled)
-            stale = AIOKafkaConsumer(
-                bootstrap_servers=kafka.bootstrap,
-                group_id=kafka.topics.prefix + "stale",
-                enable_auto_commit=False,
-            )
-            await stale.start()
-            try:
-                stale.assign([TopicPartition(topic, p) for p in ends])
-                await stale.commit({TopicPartition(topic, p): o for p, o in ends.items()})
-            finally:
-                await stale.stop()
-            async with running_consumer(dsn, kafka, name="stale") as (consumer, second):
-                await wait_until(lambda: consumer.stats.processed >= after, within=60)
-                assert consumer.stats.rewinds >= 1
-        assert sorted(e.event.n for e in second.seen) == list(range(before, before + after))  # type: ignore[attr-defined]
-        assert sorted(e.event.n for e in first.seen) == list(range(before))  # type: ignore[attr-defined]
+    async with after_a_loss(dsn, "short.", "stale", before, after) as loss:
+        assert all(loss.refilled[p] < loss.ends[p] for p in loss.ends), loss
+        async with running_consumer(dsn, loss.kafka, name="stale") as (consumer, second):
+            await wait_until(lambda: consumer.stats.processed >= after, within=60)
+            assert consumer.stats.rewinds >= 1
+    assert sorted(e.event.n for e in second.seen) == list(range(before, before + after))  # type: ignore[attr-defined]
+    assert sorted(e.event.n for e in loss.first.seen) == list(range(before))  # type: ignore[attr-defined]
 
 
 async def test_a_relay_started_on_a_broker_that_lost_what_it_published_refills_it(
