@@ -74,3 +74,26 @@ async def test_events_in_order_are_folded_without_reading_the_store() -> None:
     for event in stopped:
         await app.handle(event)
     assert "t1" not in app._states
+
+
+async def test_only_the_last_finished_tasks_are_remembered(monkeypatch: Any) -> None:
+    """A long-running instance must not hold something for every task that ever
+    finished: it remembers the last FINISHED_KEPT finished tasks. A task it forgot
+    reads its stream again and is found finished again."""
+    monkeypatch.setattr("runyard.faulttolerance.app.FINISHED_KEPT", 3)
+    store = CountingStore()
+    app = FaultToleranceApp(store)
+    meta = Metadata(actor="service:test")
+    for n in range(5):
+        stream, state = f"task-t{n}", None
+        for command in (Submit(f"t{n}", "acme", "al", _spec()), RequestStop(f"t{n}")):
+            version = await store.stream_version(stream)
+            events = decide(state, command, now=NOW, ids=lambda: "x")
+            await store.append(stream, [NewEvent(e, meta, NOW) for e in events], version)
+            state = fold(await InMemoryEventStore.read_stream(store, stream))
+        assert state is not None and state.finished
+        for event in await InMemoryEventStore.read_stream(store, stream):
+            await app.handle(event)
+    assert list(app._finished) == ["t2", "t3", "t4"]
+    assert await app._watch_for("t0") is None  # forgotten: read again, finished again
+    assert list(app._finished) == ["t3", "t4", "t0"]

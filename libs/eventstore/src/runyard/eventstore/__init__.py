@@ -5,7 +5,7 @@ implementations, expected-version markers, results, typed errors, and the
 read-decide-append loop every writer uses (`decide_and_append`).
 """
 
-from runyard.eventstore.decisions import Decision, TaskCommands, decide_and_append
+from runyard.eventstore.decisions import Decision, StreamLocks, TaskCommands, decide_and_append
 from runyard.eventstore.errors import (
     ConcurrencyError,
     DuplicateEventError,
@@ -63,6 +63,7 @@ __all__ = [
     "PostgresEventStore",
     "StoreUnavailable",
     "StoredEvent",
+    "StreamLocks",
     "StreamNotFound",
     "TaskCommands",
     "apply_migrations",

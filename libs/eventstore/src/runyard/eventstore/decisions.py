@@ -31,13 +31,20 @@ What differs between writers is a parameter:
   nothing to do (`log_refusals`).
 
 A decision with no event appends nothing and is not tried again.
+
+A writer that decides on one stream from several coroutines at once (a service's
+handlers and timers) takes the stream's lock first (`StreamLocks`), so its own
+decisions do not conflict; a lock is dropped once nobody holds or waits for it,
+so a long-running service keeps none per stream it ever wrote.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -194,3 +201,33 @@ async def _store_call(call: Callable[[], Awaitable[T]], component: str | None) -
     if component is None:
         return await call()
     return await retrying(call, component=component)
+
+
+class StreamLocks:
+    """One lock per stream, for writers that decide on a stream from several
+    coroutines; an entry lives only while some coroutine holds or waits for it."""
+
+    def __init__(self) -> None:
+        #: stream -> its lock and how many hold or wait for it.
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    def __len__(self) -> int:
+        """How many streams have a holder or a waiter now."""
+        return len(self._locks)
+
+    @asynccontextmanager
+    async def hold(self, stream_id: str) -> AsyncIterator[None]:
+        """Hold the stream's lock (waiting for it) for the block."""
+        lock, users = self._locks.get(stream_id, (None, 0))
+        if lock is None:
+            lock = asyncio.Lock()
+        self._locks[stream_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[stream_id]
+            if users == 1:
+                del self._locks[stream_id]
+            else:
+                self._locks[stream_id] = (lock, users - 1)

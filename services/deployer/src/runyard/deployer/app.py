@@ -112,6 +112,7 @@ from runyard.eventstore import (
     AppendResult,
     Decision,
     PostgresEventStore,
+    StreamLocks,
     TaskCommands,
     decide_and_append,
 )
@@ -205,7 +206,7 @@ class DeployerApp:
         #: Upper bound on a restart's delay (None: the event's `delay_s` as is).
         self.max_restart_delay_s = max_restart_delay_s
         self._active: dict[str, _Active] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks = StreamLocks()  # one decision at a time per task
         self._background: set[asyncio.Task[Any]] = set()
         #: Restarts waiting out their delay, woken early by a stop.
         self._waiting: dict[str, asyncio.Event] = {}
@@ -964,7 +965,7 @@ class DeployerApp:
             log_refusals=log if quietly else None,
         )
         active = self._active.get(task_id)
-        async with self._locks.setdefault(task_id, asyncio.Lock()):
+        async with self._locks.hold(task_id):
             cached = active.events if active is not None else None
             try:
                 appended, stream = await self._decide_on(task_id, decision, cached)

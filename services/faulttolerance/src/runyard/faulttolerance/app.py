@@ -94,7 +94,7 @@ from runyard.domain.task import (
     restart_refusal,
     worker_count,
 )
-from runyard.eventstore import EventStore, TaskCommands, decide_and_append
+from runyard.eventstore import EventStore, StreamLocks, TaskCommands, decide_and_append
 from runyard.faulttolerance.bootcheck import ITEMS, is_finished_line, parse_line
 from runyard.faulttolerance.hang import HangDetector
 from runyard.faulttolerance.patterns import UserPatternError
@@ -117,6 +117,8 @@ EARLY_LINES = 2000
 LATE_LINES_S = 10.0
 #: Slowdown watches of ended runs kept for late lines (the oldest go first).
 ENDED_SLOW_WATCHES = 1000
+#: Finished tasks remembered as finished (the oldest go first; see `_finished`).
+FINISHED_KEPT = 10_000
 #: How long a stack capture is awaited (the deployer's py-spy dumps take seconds).
 STACKS_WAIT_S = 20.0
 #: How often the stream is read while a capture is awaited.
@@ -276,7 +278,10 @@ class FaultToleranceApp:
         self.ids = ids
         self.resume_wait_s = resume_wait_s
         self._watches: dict[str, _Watch] = {}
-        self._finished: set[str] = set()
+        #: Tasks found finished, oldest first (the last FINISHED_KEPT): a line of one
+        #: needs no read of its stream. One that fell out is read again, found
+        #: finished again, and kept again.
+        self._finished: dict[str, None] = {}
         self._slow: dict[str, _SlowWatch] = {}
         #: Tasks whose run ended, oldest first: their slowdown watches wait for late lines.
         self._ended: dict[str, None] = {}
@@ -284,7 +289,7 @@ class FaultToleranceApp:
         #: whose events arrive after the fault's (the two topics are not ordered) is
         #: still moved off them.
         self._faulty: dict[str, tuple[NodeMarkedFaulty, RecordedEvent[Event]]] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks = StreamLocks()  # one decision at a time per task
         self._background: set[asyncio.Task[Any]] = set()
         #: Each unfinished task's state as of the last event folded here: a stream only
         #: grows, so a later read folds just the events after it (see `_load`).
@@ -333,13 +338,13 @@ class FaultToleranceApp:
         if state.finished:
             if task_id not in self._finished and self.watched is not None:
                 await self.watched.remove(task_id)
-            self._finished.add(task_id)
+            self._note_finished(task_id)
             if watch is not None and watch.run == state.run:
                 await self._close(watch, state, cause)
             elif watch is not None:
                 self._watches.pop(task_id, None)
             return None
-        self._finished.discard(task_id)
+        self._finished.pop(task_id, None)
         now = cause.occurred_at if cause is not None else self.clock()
         if watch is None or watch.run != state.run:
             if watch is None and self.watched is not None:
@@ -470,8 +475,8 @@ class FaultToleranceApp:
             self._watches.pop(task_id, None)
             self._slow.pop(task_id, None)
             self._ended.pop(task_id, None)
-            self._finished.discard(task_id)
-        self._finished -= {t for t in self._finished if tasks(t)}
+        for task_id in [t for t in self._finished if tasks(t)]:
+            del self._finished[task_id]
         if dropped:
             log.info("%d watched tasks moved to another instance", len(dropped))
         return len(dropped)
@@ -565,6 +570,14 @@ class FaultToleranceApp:
         self._slow[line.task_id] = slow
         self._note_ended(line.task_id, state)
         return slow
+
+    def _note_finished(self, task_id: str) -> None:
+        """Remember that the task finished (the newest), forgetting the oldest past
+        FINISHED_KEPT."""
+        self._finished.pop(task_id, None)
+        self._finished[task_id] = None
+        while len(self._finished) > FINISHED_KEPT:
+            del self._finished[next(iter(self._finished))]
 
     def _note_ended(self, task_id: str, state: TaskState) -> None:
         """Keep the slowdown watches of the last ENDED_SLOW_WATCHES ended runs only."""
@@ -858,7 +871,7 @@ class FaultToleranceApp:
             only_if=None if still is None else partial(_is_at, still),
             log_refusals=log,
         )
-        async with self._locks.setdefault(task_id, asyncio.Lock()):
+        async with self._locks.hold(task_id):
             return await decide_and_append(
                 self.store, task_stream(task_id), decision, attempts=MAX_CONFLICT_RETRIES
             )
