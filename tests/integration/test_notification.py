@@ -445,6 +445,26 @@ async def test_a_restart_during_a_long_queue_still_fires_queued_too_long_once(ds
         assert len(await h.alerts("t-9")) == 1
 
 
+async def test_what_fired_for_a_wait_is_forgotten_once_the_wait_ended(dsn: str) -> None:
+    """The service remembers a fired queued alert only while its wait lasts: a long
+    running service must not hold one key per task that ever waited."""
+    async with harness(dsn) as h:
+        sub = await signed_task_subscription(h, "queued:60")
+        await h.submit("t-12", spec("waited", sub))
+        await h.command("t-12", Queue("t-12", "waiting", 0, 16, 0))
+        h.clock.offset = timedelta(minutes=5)
+        await h.run_until(lambda: _has_delivered(h, "t-12"))
+        assert len(h.app._fired) == 1
+        await h.command("t-12", Fail("t-12", "ends the wait"))
+
+        async def forgotten() -> bool:
+            return not h.app._fired
+
+        await h.run_until(forgotten)
+        assert await tables.queue_waits(h.store.pool) == []
+        assert len(await h.alerts("t-12")) == 1
+
+
 async def test_a_task_placed_before_the_threshold_never_fires(dsn: str) -> None:
     async with harness(dsn) as h:
         sub = await signed_task_subscription(h, "queued:60")

@@ -305,21 +305,31 @@ class NotificationApp:
     # --- 2. the queue timer -------------------------------------------------------
 
     async def tick(self) -> int:
-        """Raise `queued` alerts for waits past their thresholds; how many were raised."""
+        """Raise `queued` alerts for waits past their thresholds; how many were raised.
+
+        The keys of the alerts raised are remembered only while their waits last (a
+        key of a wait that ended can never come again), so the memory of fired
+        alerts never grows with the number of tasks that waited."""
         now, raised = self.clock(), 0
         tenants: dict[str, list[Subscription]] = {}
+        waiting: set[str] = set()
         for wait in await store.queue_waits(self.db):
             if wait.tenant not in tenants:
                 tenants[wait.tenant] = await store.tenant_subscriptions(self.db, wait.tenant)
             for sub in [*wait.subscriptions, *tenants[wait.tenant]]:
-                raised += await self._queue_alert(wait, sub, now)
+                raised += await self._queue_alert(wait, sub, now, waiting)
+        self._fired &= waiting
         return raised
 
-    async def _queue_alert(self, wait: QueueWait, sub: Subscription, now: datetime) -> int:
+    async def _queue_alert(
+        self, wait: QueueWait, sub: Subscription, now: datetime, waiting: set[str]
+    ) -> int:
+        """Raise `sub`'s queued alert for `wait` once it is due; its key goes to `waiting`."""
         if not sub.wants("queued"):
             return 0
         threshold = sub.queue_threshold_s(self.config.queued_after_s)
         key = f"{sub.id}|queued|{wait.task_id}|{wait.run}|{wait.queued_at.isoformat()}"
+        waiting.add(key)
         if key in self._fired or not queue_due(wait.queued_at, threshold, now):
             return 0
         waited = (now - wait.queued_at).total_seconds()
