@@ -96,10 +96,7 @@ class TaskStates:
             state = evolve(state, event)
         if state is None:
             raise task_not_found(task_id)
-        kept = self.states.get(task_id)
-        if kept is None or kept.version <= state.version:  # a slower ask keeps no older state
-            self.states.keep(task_id, state)
-        return state
+        return self._keep(task_id, state)
 
     async def at(self, event: RecordedEvent[Event]) -> TaskState:
         """The task of `event` (a task event) as of `event`: later events are not
@@ -122,6 +119,10 @@ class TaskStates:
                 state = evolve(state, recorded)
         if state is None:
             raise TaskNotFound(task_id)
+        return self._keep(task_id, state)
+
+    def _keep(self, task_id: str, state: TaskState) -> TaskState:
+        """Keep `state` unless a newer one is kept (a slower ask keeps no older state)."""
         kept = self.states.get(task_id)
         if kept is None or kept.version <= state.version:
             self.states.keep(task_id, state)

@@ -572,23 +572,15 @@ class FaultToleranceApp:
         return slow
 
     def _note_finished(self, task_id: str) -> None:
-        """Remember that the task finished (the newest), forgetting the oldest past
-        FINISHED_KEPT."""
-        self._finished.pop(task_id, None)
-        self._finished[task_id] = None
-        while len(self._finished) > FINISHED_KEPT:
-            del self._finished[next(iter(self._finished))]
+        """Remember that the task finished, forgetting the oldest past FINISHED_KEPT."""
+        _remember_last(self._finished, task_id, FINISHED_KEPT)
 
     def _note_ended(self, task_id: str, state: TaskState) -> None:
         """Keep the slowdown watches of the last ENDED_SLOW_WATCHES ended runs only."""
         if not state.finished:
             self._ended.pop(task_id, None)
             return
-        self._ended.pop(task_id, None)
-        self._ended[task_id] = None
-        while len(self._ended) > ENDED_SLOW_WATCHES:
-            oldest = next(iter(self._ended))
-            del self._ended[oldest]
+        for oldest in _remember_last(self._ended, task_id, ENDED_SLOW_WATCHES):
             self._slow.pop(oldest, None)
 
     async def _watch_for(self, task_id: str) -> _Watch | None:
@@ -875,6 +867,19 @@ class FaultToleranceApp:
             return await decide_and_append(
                 self.store, task_stream(task_id), decision, attempts=MAX_CONFLICT_RETRIES
             )
+
+
+def _remember_last(recent: dict[str, None], task_id: str, limit: int) -> list[str]:
+    """Put `task_id` last in `recent` (oldest first) and forget the oldest past
+    `limit`; the task ids forgotten."""
+    recent.pop(task_id, None)
+    recent[task_id] = None
+    forgotten = []
+    while len(recent) > limit:
+        oldest = next(iter(recent))
+        del recent[oldest]
+        forgotten.append(oldest)
+    return forgotten
 
 
 def _is_at(where: tuple[int, int, str], state: TaskState | None) -> bool:
