@@ -53,6 +53,11 @@ ReadyProbe = Callable[[], Awaitable[Mapping[str, float]]]
 #: safely send a POST again. uvicorn's own default is 5 s, the same as httpx's.
 KEEP_ALIVE_S = 65
 
+#: How long a stopping server waits for the answers still being sent (a console's
+#: live stream, a client that never reads its answer to the end) before it cuts
+#: them, in seconds. Unbounded, one open answer keeps a service from ever stopping.
+GRACEFUL_STOP_S = 5
+
 
 def service_app(
     name: str,
@@ -218,7 +223,11 @@ async def serve_service(
     sock = bind(name, settings)
     url = endpoints[name] = url_of(sock)
     config = uvicorn.Config(
-        app, log_level=log_level, lifespan="off", timeout_keep_alive=KEEP_ALIVE_S
+        app,
+        log_level=log_level,
+        lifespan="off",
+        timeout_keep_alive=KEEP_ALIVE_S,
+        timeout_graceful_shutdown=GRACEFUL_STOP_S,
     )
     server = uvicorn.Server(config)
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import importlib
 import importlib.util
+import io
 import json
 import logging
 import os
@@ -60,6 +61,10 @@ console = Console()
 #: Services started by `runyard up`, as `module:function` (each `async def run(ctx)`),
 #: the relay first. A module that does not exist yet is skipped with a note, so the
 #: stack starts with whatever is built.
+#: How long the services of one process have to stop once asked (cancelled); one
+#: that has not is named, with where every task waits, and the stop fails.
+STOP_WITHIN_S = 60.0
+
 SERVICES = tuple(f"runyard.{name}.main:run" for name in SERVICE_NAMES)
 
 #: Where each service's HTTP face answers under `runyard up` (the gateway: on its
@@ -311,7 +316,9 @@ def bind_services(ctx: ServiceContext, names: Iterable[str]) -> list[socket.sock
     return bound
 
 
-async def _run_all(runners: dict[str, Awaitable[None]]) -> None:
+async def _run_all(
+    runners: dict[str, Awaitable[None]], stop_within_s: float = STOP_WITHIN_S
+) -> None:
     tasks = {asyncio.ensure_future(r): name for name, r in runners.items()}
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
@@ -322,9 +329,22 @@ async def _run_all(runners: dict[str, Awaitable[None]]) -> None:
     finally:
         for task in tasks:
             task.cancel()
-        for task in tasks:
+        _, stuck = await asyncio.wait(tasks, timeout=stop_within_s)
+        for task in set(tasks) - stuck:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if stuck:
+            names = ", ".join(sorted(tasks[task] for task in stuck))
+            log.error("not stopped %.0f s after asked: %s\n%s", stop_within_s, names, _stacks())
+            raise RuntimeError(f"not stopped {stop_within_s:.0f} s after asked: {names}")
+
+
+def _stacks() -> str:
+    """Where every task of this event loop waits (for what will not stop)."""
+    out = io.StringIO()
+    for task in asyncio.all_tasks():
+        task.print_stack(file=out)
+    return out.getvalue()
 
 
 def _print_banner(stack: Stack, settings: dict[str, object], running: Mapping[str, str]) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 
 import uvicorn
-from runyard.api.service import KEEP_ALIVE_S
+from runyard.api.service import GRACEFUL_STOP_S, KEEP_ALIVE_S
 from runyard.contracts.rpc import credential
 from runyard.gateway.app import Gateway
 from runyard.gateway.grpc_server import start_server
@@ -39,6 +39,7 @@ async def run(ctx: ServiceContext) -> None:
         log_level=ctx.settings.get("log_level", "warning"),
         lifespan="off",
         timeout_keep_alive=KEEP_ALIVE_S,
+        timeout_graceful_shutdown=GRACEFUL_STOP_S,
     )
     server = uvicorn.Server(config)
     grpc_server, _ = await start_server(

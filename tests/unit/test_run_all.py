@@ -1,0 +1,62 @@
+"""The services of one process stop together, and one that will not stop is named.
+
+`run_platform` runs every service as a task of one event loop (`_run_all`). Asked
+to stop, it cancels them all; a service that swallows its cancellation must not
+keep the process from stopping without a word: after the bound the stop fails,
+naming the service, and the log shows where every task waited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from runyard.stack.up import _run_all
+
+
+async def forever() -> None:
+    await asyncio.Event().wait()
+
+
+async def deaf() -> None:
+    """A service that catches its cancellation and goes on waiting."""
+    while True:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            await asyncio.sleep(3600)
+
+
+async def test_a_stop_that_cancels_every_service_ends_quietly() -> None:
+    run = asyncio.create_task(_run_all({"a": forever(), "b": forever()}, stop_within_s=5))
+    await asyncio.sleep(0.05)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+
+
+async def test_a_service_deaf_to_its_cancellation_is_named_with_where_it_waits(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    run = asyncio.create_task(_run_all({"fine": forever(), "stuck": deaf()}, stop_within_s=0.2))
+    await asyncio.sleep(0.05)
+    run.cancel()
+    with (
+        caplog.at_level(logging.ERROR, logger="runyard.up"),
+        pytest.raises(RuntimeError, match=r"not stopped 0 s after asked: stuck$"),
+    ):
+        await run
+    assert "in deaf" in caplog.text  # its stack
+    (left,) = [t for t in asyncio.all_tasks() if t.get_coro().__qualname__ == "deaf"]  # type: ignore[union-attr]
+    left.cancel()  # a second cancellation reaches it (in its except)
+    with pytest.raises(asyncio.CancelledError):
+        await left
+
+
+async def test_a_service_that_fails_stops_the_others_and_its_error_is_raised() -> None:
+    async def broken() -> None:
+        raise ValueError("no config")
+
+    with pytest.raises(ValueError, match="no config"):
+        await _run_all({"ok": forever(), "broken": broken()}, stop_within_s=5)
