@@ -29,7 +29,15 @@ from runyard.contracts.task_events import (
     TaskRescheduleFailed,
     TaskSucceeded,
 )
-from runyard.domain.task import Command, RequestReschedule, RequestStop, Submit, decide, fold
+from runyard.domain.task import (
+    Command,
+    RequestReschedule,
+    RequestStop,
+    Rerun,
+    Submit,
+    decide,
+    fold,
+)
 from runyard.eventstore import PostgresEventStore
 from runyard.messaging import KafkaSettings
 from runyard.scheduler.app import SchedulerApp
@@ -440,6 +448,43 @@ async def test_an_event_the_consumer_brings_late_is_not_acted_on_twice(dsn: str)
         assert await h.types("late") == ["TaskSubmitted", "TaskPlaced"]
 
 
+async def test_memory_keeps_the_last_finished_tasks_and_a_forgotten_one_can_run_again(
+    dsn: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A long-running scheduler must not hold something for every task that ever
+    finished or ran in another pool: it keeps the last REMEMBERED of each. A
+    forgotten task is read from its stream at its next event; the sweep, which
+    reads only the log recorded since the last one, takes none of them for lost."""
+    monkeypatch.setattr("runyard.scheduler.app.REMEMBERED", 2)
+    async with harness(dsn) as h:
+        for n in range(5):
+            await h.submit(f"t{n}", spec("8gpu"))
+            await h.finish(f"t{n}")
+            await h.submit(f"elsewhere{n}", spec("8gpu", pool="other-pool"))
+        assert list(h.app._done) == ["t3", "t4"]
+        assert list(h.app._foreign) == ["elsewhere3", "elsewhere4"]
+        for _ in range(2):
+            assert await h.app.sweep() == []
+        assert "never reached it" not in caplog.text
+        # A late event of a forgotten task changes nothing; a rerun places it again.
+        await h.deliver(await h.append("t0", [ResourcesReleased(run=1, attempt=1, reason="late")]))
+        assert (await h.types("t0"))[-1] == "ResourcesReleased"
+        await h.command("t0", Rerun("t0"))
+        assert (await h.types("t0"))[-1] == "TaskPlaced"
+        assert "t0" in h.app.tasks and "t0" not in h.app._done
+        await h.finish("t0")
+        assert list(h.app._done)[-1] == "t0"
+        await h.submit("open", spec("8gpu"))
+        for _ in range(2):
+            assert await h.app.sweep() == []
+        assert "never reached it" not in caplog.text
+        # A new term folds the whole log, and keeps as little.
+        again = SchedulerApp(h.store, parse_pools(POOLS), clock=h.clock)
+        await again.start()
+        assert len(again._done) == len(again._foreign) == 2
+        assert again.tasks.keys() == {"open"}
+
+
 async def test_the_sweep_puts_back_a_task_memory_dropped_from_the_queue(dsn: str) -> None:
     async with harness(dsn) as h:
         await h.submit("full", spec("8gpu", count=4))
@@ -677,9 +722,9 @@ async def test_through_kafka_a_submitted_task_gets_placed(
             await asyncio.sleep(0.1)
         # the placement commits first; the pool's view row commits with the
         # consumer's inbox row right after it
-        while (view := await read_pool_view(store.pool, "dev-a100")) is None or view[
-            "capacity"
-        ]["free_gpus"] != 30:
+        while (view := await read_pool_view(store.pool, "dev-a100")) is None or view["capacity"][
+            "free_gpus"
+        ] != 30:
             assert asyncio.get_running_loop().time() < deadline, view
             await asyncio.sleep(0.1)
         # a task that must wait: its queue row is written in the consumer's transaction

@@ -5,7 +5,13 @@ implementations, expected-version markers, results, typed errors, and the
 read-decide-append loop every writer uses (`decide_and_append`).
 """
 
-from runyard.eventstore.decisions import Decision, StreamLocks, TaskCommands, decide_and_append
+from runyard.eventstore.decisions import (
+    Decision,
+    StreamLocks,
+    TaskCommands,
+    decide_and_append,
+    remember_last,
+)
 from runyard.eventstore.errors import (
     ConcurrencyError,
     DuplicateEventError,
@@ -71,5 +77,6 @@ __all__ = [
     "eventstore_migrations",
     "is_transient",
     "load_migrations",
+    "remember_last",
     "retrying",
 ]

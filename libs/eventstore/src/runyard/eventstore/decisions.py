@@ -57,6 +57,8 @@ from runyard.eventstore.store import AppendRequest, EventStore
 from runyard.eventstore.transient import retrying
 
 T = TypeVar("T")
+K = TypeVar("K")
+V = TypeVar("V")
 
 #: Tries of a decision unless the writer says otherwise.
 ATTEMPTS = 8
@@ -231,3 +233,17 @@ class StreamLocks:
                 del self._locks[stream_id]
             else:
                 self._locks[stream_id] = (lock, users - 1)
+
+
+def remember_last(recent: dict[K, V], key: K, value: V, limit: int) -> list[K]:
+    """Put `key` last in `recent` (oldest first) with `value`, and forget the oldest
+    past `limit`: what a service remembers of every stream it ever saw, bounded. The
+    keys forgotten."""
+    recent.pop(key, None)
+    recent[key] = value
+    forgotten = []
+    while len(recent) > limit:
+        oldest = next(iter(recent))
+        del recent[oldest]
+        forgotten.append(oldest)
+    return forgotten

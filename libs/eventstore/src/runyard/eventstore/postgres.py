@@ -285,14 +285,6 @@ class PostgresEventStore(EventStore):
             )
         return int(version or 0)
 
-    async def stream_versions(self, prefix: str) -> dict[str, int]:
-        """The version of every stream whose id starts with `prefix` (e.g. "task-")."""
-        async with self._connection() as conn:
-            rows = await conn.fetch(
-                "SELECT stream_id, version FROM streams WHERE starts_with(stream_id, $1)", prefix
-            )
-        return {row["stream_id"]: int(row["version"]) for row in rows}
-
     async def head_position(self) -> int:
         async with self._connection() as conn:
             return int(await conn.fetchval("SELECT coalesce(max(global_position), 0) FROM events"))

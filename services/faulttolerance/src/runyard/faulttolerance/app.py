@@ -94,7 +94,13 @@ from runyard.domain.task import (
     restart_refusal,
     worker_count,
 )
-from runyard.eventstore import EventStore, StreamLocks, TaskCommands, decide_and_append
+from runyard.eventstore import (
+    EventStore,
+    StreamLocks,
+    TaskCommands,
+    decide_and_append,
+    remember_last,
+)
 from runyard.faulttolerance.bootcheck import ITEMS, is_finished_line, parse_line
 from runyard.faulttolerance.hang import HangDetector
 from runyard.faulttolerance.patterns import UserPatternError
@@ -573,14 +579,14 @@ class FaultToleranceApp:
 
     def _note_finished(self, task_id: str) -> None:
         """Remember that the task finished, forgetting the oldest past FINISHED_KEPT."""
-        _remember_last(self._finished, task_id, FINISHED_KEPT)
+        remember_last(self._finished, task_id, None, FINISHED_KEPT)
 
     def _note_ended(self, task_id: str, state: TaskState) -> None:
         """Keep the slowdown watches of the last ENDED_SLOW_WATCHES ended runs only."""
         if not state.finished:
             self._ended.pop(task_id, None)
             return
-        for oldest in _remember_last(self._ended, task_id, ENDED_SLOW_WATCHES):
+        for oldest in remember_last(self._ended, task_id, None, ENDED_SLOW_WATCHES):
             self._slow.pop(oldest, None)
 
     async def _watch_for(self, task_id: str) -> _Watch | None:
@@ -867,19 +873,6 @@ class FaultToleranceApp:
             return await decide_and_append(
                 self.store, task_stream(task_id), decision, attempts=MAX_CONFLICT_RETRIES
             )
-
-
-def _remember_last(recent: dict[str, None], task_id: str, limit: int) -> list[str]:
-    """Put `task_id` last in `recent` (oldest first) and forget the oldest past
-    `limit`; the task ids forgotten."""
-    recent.pop(task_id, None)
-    recent[task_id] = None
-    forgotten = []
-    while len(recent) > limit:
-        oldest = next(iter(recent))
-        del recent[oldest]
-        forgotten.append(oldest)
-    return forgotten
 
 
 def _is_at(where: tuple[int, int, str], state: TaskState | None) -> bool:

@@ -83,7 +83,9 @@ from runyard.eventstore import (
     NO_STREAM,
     AppendRequest,
     ConcurrencyError,
+    PostgresAllReader,
     PostgresEventStore,
+    remember_last,
 )
 from runyard.scheduler import admin
 from runyard.scheduler.admin import AdminResult
@@ -125,6 +127,13 @@ log = logging.getLogger("runyard.scheduler")
 ACTOR = "service:scheduler"
 #: How often a decision is retried after another writer moved its streams on.
 MAX_CONFLICT_RETRIES = 8
+#: How many finished tasks of our pools, and how many tasks of other pools, memory
+#: keeps (the most recently seen): a forgotten one is read from its stream again
+#: at its next event, and found finished (or another pool's) again.
+REMEMBERED = 10_000
+#: Events the sweep reads from the log per query, and a start per cursor fetch.
+SWEEP_BATCH = 2_000
+LOAD_BATCH = 2_000
 
 T = TypeVar("T")
 Clock = Callable[[], datetime]
@@ -249,6 +258,17 @@ IGNORED = frozenset(
 )
 
 
+@dataclass(frozen=True)
+class _Sighting:
+    """An event of a task stream, as the sweep found it in the log."""
+
+    task_id: str
+    event_id: str
+    version: int
+    #: `<type> v<version> at <recorded at>`, for the log.
+    what: str
+
+
 class SchedulerApp:
     """The scheduler service's state and decisions; see the module docstring."""
 
@@ -273,9 +293,10 @@ class SchedulerApp:
         self.write_views = write_views
         self.pools: dict[str, PoolRuntime] = {}
         self.tasks: dict[str, TaskState] = {}
-        #: Finished tasks of our pools (version seen), and tasks of other pools.
+        #: The last REMEMBERED finished tasks of our pools (version seen), and tasks of
+        #: other pools, oldest first.
         self._done: dict[str, int] = {}
-        self._foreign: set[str] = set()
+        self._foreign: dict[str, None] = {}
         self._dirty: set[str] = set()
         #: Pools whose view rows were last written inside a consumer batch's transaction,
         #: which may yet roll back (an outage): the next tick writes them again.
@@ -291,10 +312,12 @@ class SchedulerApp:
         #: When set, `handle` leaves planning to `after_batch` (see there).
         self.defer_planning = False
         self._replan: set[str] = set()
-        #: Anti-entropy (`sweep`): how often, when last, and the events found unseen then.
+        #: Anti-entropy (`sweep`): how often, when last, the log read so far (from the
+        #: start of the term), and the events found not folded then, by event id.
         self.sweep_s = sweep_s
         self._swept_at: datetime | None = None
-        self._unseen: set[str] = set()
+        self._swept: PostgresAllReader | None = None
+        self._unseen: dict[str, _Sighting] = {}
 
     # -- start -------------------------------------------------------------------
 
@@ -313,6 +336,8 @@ class SchedulerApp:
         With `plan` false the queues are filled but nothing is placed yet.
         """
         async with self._lock:
+            # The sweep reads the log from here: what comes before is folded below.
+            self._swept = self.store.all_reader(await self.store.head_position())
             await self._load_tasks()
             now = self.clock()
             for task in list(self.tasks.values()):
@@ -391,29 +416,42 @@ class SchedulerApp:
         return runtime
 
     async def _load_tasks(self, streams: Sequence[str] | None = None) -> None:
-        """Fold every task stream (or `streams`); keep the open tasks of our pools."""
+        """Fold every task stream (or `streams`); keep the open tasks of our pools.
+
+        The rows come through a cursor, one stream after another, so what the fold
+        holds at once is one task's state, whatever the length of the log."""
         columns = f"SELECT {EVENT_COLUMNS}"
         order = " ORDER BY stream_id, stream_version"
         if streams is None:
-            rows = await self.store.pool.fetch(
-                columns + " FROM events WHERE stream_id LIKE 'task-%'" + order
-            )
+            query, args = columns + " FROM events WHERE stream_id LIKE 'task-%'" + order, []
         else:
-            rows = await self.store.pool.fetch(
-                columns + " FROM events WHERE stream_id = ANY($1::text[])" + order, list(streams)
-            )
-        states: dict[str, TaskState] = {}
-        for row in rows:
-            recorded = self.store.decode(row)
-            task_id = recorded.stream_id.removeprefix("task-")
-            states[task_id] = self._fold_task(states.get(task_id), recorded)
-        for task_id, state in states.items():
-            if state.spec.pool not in self.pools:
-                self._foreign.add(task_id)
-            elif state.finished and state.held is None:
-                self._done[task_id] = state.version
-            else:
-                self.tasks[task_id] = state
+            query = columns + " FROM events WHERE stream_id = ANY($1::text[])" + order
+            args = [list(streams)]
+        state: TaskState | None = None
+        async with self.store.pool.acquire() as conn, conn.transaction(readonly=True):
+            async for row in conn.cursor(query, *args, prefetch=LOAD_BATCH):
+                recorded = self.store.decode(row)
+                if state is not None and recorded.stream_id != task_stream(state.task_id):
+                    self._keep_loaded(state)
+                    state = None
+                state = self._fold_task(state, recorded)
+        if state is not None:
+            self._keep_loaded(state)
+
+    def _keep_loaded(self, state: TaskState) -> None:
+        """Where a task folded from the log at the start belongs in memory."""
+        if state.spec.pool not in self.pools:
+            self._remember_foreign(state.task_id)
+        elif state.finished and state.held is None:
+            self._remember_done(state.task_id, state.version)
+        else:
+            self.tasks[state.task_id] = state
+
+    def _remember_done(self, task_id: str, version: int) -> None:
+        remember_last(self._done, task_id, version, REMEMBERED)
+
+    def _remember_foreign(self, task_id: str) -> None:
+        remember_last(self._foreign, task_id, None, REMEMBERED)
 
     # -- reacting to events --------------------------------------------------------
 
@@ -491,7 +529,7 @@ class SchedulerApp:
         if state is not None and state.spec.pool not in self.pools:
             del self.tasks[task_id]
             self._causes.pop(task_id, None)
-            self._foreign.add(task_id)
+            self._remember_foreign(task_id)
             return False
         return state is not None
 
@@ -543,7 +581,7 @@ class SchedulerApp:
         await self._commit(decision, now)
         final = self.tasks.pop(state.task_id)
         self._causes.pop(state.task_id, None)
-        self._done[state.task_id] = final.version
+        self._remember_done(state.task_id, final.version)
         self._dirty.add(runtime.pool_id)
 
     async def _enqueue(self, runtime: PoolRuntime, state: TaskState, now: datetime) -> None:
@@ -787,11 +825,12 @@ class SchedulerApp:
         acted: list[str] = []
         unseen = await self._unseen_events()
         missed: dict[str, list[str]] = {}
-        for task_id, event_id, what in unseen:
-            if event_id in self._unseen:
-                missed.setdefault(task_id, []).append(what)
-        self._unseen = {event_id for _, event_id, _ in unseen}
+        for sighting in unseen:
+            if sighting.event_id in self._unseen:
+                missed.setdefault(sighting.task_id, []).append(sighting.what)
         for task_id in sorted(missed):
+            if task_id not in self._done and await self._recalled_settled(task_id):
+                continue  # forgotten (or never seen), and nothing to do for it
             log.warning(
                 "scheduler: events of task %s never reached it (%s); reading them now",
                 task_id,
@@ -799,6 +838,8 @@ class SchedulerApp:
             )
             if await self._reload_task(task_id):
                 acted.append(task_id)
+        # What was read again whole is folded up to now: not sighted again.
+        self._unseen = {s.event_id: s for s in unseen if s.task_id not in missed}
         for task_id in list(self.tasks):
             if task_id in self.tasks and task_id not in missed:
                 pool_id = await self._retrying(partial(self._reconcile, task_id, now), [])
@@ -810,38 +851,59 @@ class SchedulerApp:
             await self._pass(self.pools[self._replan.pop()], now)
         return acted
 
-    async def _unseen_events(self) -> list[tuple[str, str, str]]:
-        """(task id, event id, `<type> v<version> at <recorded at>`) of every event of
-        our pools' task streams (and of tasks never seen) past what memory folded, of a
-        type the scheduler acts on."""
-        known: dict[str, int] = {t: s.version for t, s in self.tasks.items()}
-        known.update(self._done)
-        behind = [
-            (stream, known.get(stream.removeprefix("task-"), 0))
-            for stream, version in (await self.store.stream_versions("task-")).items()
-            if stream.removeprefix("task-") not in self._foreign
-            and version > known.get(stream.removeprefix("task-"), 0)
-        ]
-        if not behind:
+    async def _unseen_events(self) -> list[_Sighting]:
+        """Every event of a task stream, of a type the scheduler acts on, that memory
+        has not folded: of those recorded since the last sweep (the log is read on
+        from where that sweep stopped, a gap waited out as the relay does), and of
+        those not folded at the last sweep. What the sweep costs grows with what
+        happened since the last one, not with the log."""
+        if self._swept is None:  # memory built without `rebuild`: nothing to compare yet
+            self._swept = self.store.all_reader(await self.store.head_position())
             return []
-        rows = await self.store.pool.fetch(
-            """SELECT e.stream_id, e.event_id::text AS event_id, e.event_type,
-                      e.stream_version, e.recorded_at
-               FROM unnest($1::text[], $2::bigint[]) AS k(stream_id, known)
-               JOIN events e ON e.stream_id = k.stream_id AND e.stream_version > k.known
-               WHERE e.event_type <> ALL($3::text[])""",
-            [stream for stream, _ in behind],
-            [version for _, version in behind],
-            sorted(IGNORED),
-        )
-        return [
-            (
-                row["stream_id"].removeprefix("task-"),
-                row["event_id"],
-                f"{row['event_type']} v{row['stream_version']} at {row['recorded_at']:%H:%M:%S.%f}",
+        sightings = list(self._unseen.values())
+        while True:
+            rows = await self._swept.read_rows(SWEEP_BATCH)
+            sightings.extend(
+                _Sighting(
+                    row["stream_id"].removeprefix("task-"),
+                    str(row["event_id"]),
+                    row["stream_version"],
+                    f"{row['event_type']} v{row['stream_version']}"
+                    f" at {row['occurred_at']:%H:%M:%S.%f}",
+                )
+                for row in rows
+                if row["stream_id"].startswith("task-") and row["event_type"] not in IGNORED
             )
-            for row in rows
-        ]
+            if len(rows) < SWEEP_BATCH:
+                break
+        return [sighting for sighting in sightings if not self._folded(sighting)]
+
+    def _folded(self, sighting: _Sighting) -> bool:
+        """Whether memory has folded the event (or it is of another pool's task)."""
+        if sighting.task_id in self._foreign:
+            return True
+        state = self.tasks.get(sighting.task_id)
+        known = state.version if state is not None else self._done.get(sighting.task_id, 0)
+        return sighting.version <= known
+
+    async def _recalled_settled(self, task_id: str) -> bool:
+        """Read the stream of a task memory does not hold (forgotten, or never seen):
+        True, and remembered again, when it is another pool's or finished with
+        nothing held (nothing to do for it); False when it is an open task of ours."""
+        if task_id in self.tasks:
+            return False
+        state = None
+        for recorded in await self.store.read_stream(task_stream(task_id)):
+            state = evolve(state, recorded)
+        if state is None:
+            return True
+        if state.spec.pool not in self.pools:
+            self._remember_foreign(task_id)
+            return True
+        if state.finished and state.held is None:
+            self._remember_done(task_id, state.version)
+            return True
+        return False
 
     async def _reload_task(self, task_id: str) -> bool:
         """Fold the task's whole stream again and do what it asks; whether it is ours."""
@@ -853,7 +915,7 @@ class SchedulerApp:
             return False
         if state.spec.pool not in self.pools:
             del self.tasks[task_id]
-            self._foreign.add(task_id)
+            self._remember_foreign(task_id)
             return False
         pool_id = await self._retrying(partial(self._reconcile, task_id, self.clock()), [])
         if pool_id is not None:
