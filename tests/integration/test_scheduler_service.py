@@ -448,6 +448,31 @@ async def test_an_event_the_consumer_brings_late_is_not_acted_on_twice(dsn: str)
         assert await h.types("late") == ["TaskSubmitted", "TaskPlaced"]
 
 
+async def test_the_sweep_finds_an_event_still_committing_when_the_term_started(dsn: str) -> None:
+    """A submission whose append took its position before a new term read the head,
+    and committed after the term folded the log, is in neither: were the consumer
+    never to bring it, the sweep must."""
+    async with harness(dsn) as h:
+        submitted = decide(
+            None, Submit("slow", "acme", "alice", spec("8gpu")), now=h.clock.now, ids=lambda: "x"
+        )
+        async with h.store.pool.acquire() as slow:
+            transaction = slow.transaction()
+            await transaction.start()
+            meta = Metadata(actor="user:acme/alice")
+            await h.store.append_in(
+                slow, "task-slow", [NewEvent(e, meta, h.clock.now) for e in submitted]
+            )
+            await h.submit("fast", spec("1gpu"))  # a later position, committed
+            term = SchedulerApp(h.store, parse_pools(POOLS), clock=h.clock)
+            await term.start()
+            await transaction.commit()
+        assert "slow" not in term.tasks
+        assert await term.sweep() == []  # first seen: it may be on its way
+        assert await term.sweep() == ["slow"]
+        assert (await h.types("slow"))[-1] == "TaskPlaced"
+
+
 async def test_memory_keeps_the_last_finished_tasks_and_a_forgotten_one_can_run_again(
     dsn: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

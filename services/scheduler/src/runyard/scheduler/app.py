@@ -336,8 +336,12 @@ class SchedulerApp:
         With `plan` false the queues are filled but nothing is placed yet.
         """
         async with self._lock:
-            # The sweep reads the log from here: what comes before is folded below.
-            self._swept = self.store.all_reader(await self.store.head_position())
+            # The sweep reads the log from here: what comes before is folded below. It
+            # starts SWEEP_BATCH positions back, so that an append still committing
+            # behind the head (its position taken, not yet visible to the fold) is
+            # swept too; what it reads again of those positions is folded already.
+            head = await self.store.head_position()
+            self._swept = self.store.all_reader(max(0, head - SWEEP_BATCH))
             await self._load_tasks()
             now = self.clock()
             for task in list(self.tasks.values()):
