@@ -265,7 +265,7 @@ class _Sighting:
     task_id: str
     event_id: str
     version: int
-    #: `<type> v<version> at <recorded at>`, for the log.
+    #: `<type> v<version> at <occurred at>`, for the log.
     what: str
 
 
