@@ -19,8 +19,9 @@ async def forever() -> None:
     await asyncio.Event().wait()
 
 
-async def deaf() -> None:
+async def deaf(started: asyncio.Event) -> None:
     """A service that catches its cancellation and goes on waiting."""
+    started.set()
     while True:
         try:
             await asyncio.sleep(3600)
@@ -39,12 +40,15 @@ async def test_a_stop_that_cancels_every_service_ends_quietly() -> None:
 async def test_a_service_deaf_to_its_cancellation_is_named_with_where_it_waits(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    run = asyncio.create_task(_run_all({"fine": forever(), "stuck": deaf()}, stop_within_s=0.2))
-    await asyncio.sleep(0.05)
+    started = asyncio.Event()
+    run = asyncio.create_task(
+        _run_all({"fine": forever(), "stuck": deaf(started)}, stop_within_s=2)
+    )
+    await started.wait()  # cancelled before its first step, it would not be deaf
     run.cancel()
     with (
         caplog.at_level(logging.ERROR, logger="runyard.up"),
-        pytest.raises(RuntimeError, match=r"not stopped 0 s after asked: stuck$"),
+        pytest.raises(RuntimeError, match=r"not stopped 2 s after asked: stuck$"),
     ):
         await run
     assert "in deaf" in caplog.text  # its stack
