@@ -58,13 +58,13 @@ from runyard.telemetry import setup_tracing
 log = logging.getLogger("runyard.up")
 console = Console()
 
-#: Services started by `runyard up`, as `module:function` (each `async def run(ctx)`),
-#: the relay first. A module that does not exist yet is skipped with a note, so the
-#: stack starts with whatever is built.
 #: How long the services of one process have to stop once asked (cancelled); one
 #: that has not is named, with where every task waits, and the stop fails.
 STOP_WITHIN_S = 60.0
 
+#: Services started by `runyard up`, as `module:function` (each `async def run(ctx)`),
+#: the relay first. A module that does not exist yet is skipped with a note, so the
+#: stack starts with whatever is built.
 SERVICES = tuple(f"runyard.{name}.main:run" for name in SERVICE_NAMES)
 
 #: Where each service's HTTP face answers under `runyard up` (the gateway: on its
