@@ -260,13 +260,13 @@ IGNORED = frozenset(
 
 @dataclass(frozen=True)
 class _Sighting:
-    """An event of a task stream, as the sweep found it in the log."""
+    """An event of a task stream, as the sweep found it in the log (the task and
+    the event's version in its stream name it)."""
 
     task_id: str
-    event_id: str
     version: int
     #: `<type> v<version> at <occurred at>`, for the log.
-    what: str
+    what: str = field(compare=False)
 
 
 class SchedulerApp:
@@ -313,11 +313,11 @@ class SchedulerApp:
         self.defer_planning = False
         self._replan: set[str] = set()
         #: Anti-entropy (`sweep`): how often, when last, the log read so far (from the
-        #: start of the term), and the events found not folded then, by event id.
+        #: start of the term), and the events found not folded then.
         self.sweep_s = sweep_s
         self._swept_at: datetime | None = None
         self._swept: PostgresAllReader | None = None
-        self._unseen: dict[str, _Sighting] = {}
+        self._unseen: set[_Sighting] = set()
 
     # -- start -------------------------------------------------------------------
 
@@ -432,12 +432,14 @@ class SchedulerApp:
             query = columns + " FROM events WHERE stream_id = ANY($1::text[])" + order
             args = [list(streams)]
         state: TaskState | None = None
+        stream = None
         async with self.store.pool.acquire() as conn, conn.transaction(readonly=True):
             async for row in conn.cursor(query, *args, prefetch=LOAD_BATCH):
                 recorded = self.store.decode(row)
-                if state is not None and recorded.stream_id != task_stream(state.task_id):
-                    self._keep_loaded(state)
-                    state = None
+                if recorded.stream_id != stream:
+                    if state is not None:
+                        self._keep_loaded(state)
+                    state, stream = None, recorded.stream_id
                 state = self._fold_task(state, recorded)
         if state is not None:
             self._keep_loaded(state)
@@ -830,7 +832,7 @@ class SchedulerApp:
         unseen = await self._unseen_events()
         missed: dict[str, list[str]] = {}
         for sighting in unseen:
-            if sighting.event_id in self._unseen:
+            if sighting in self._unseen:
                 missed.setdefault(sighting.task_id, []).append(sighting.what)
         for task_id in sorted(missed):
             if task_id not in self._done and await self._recalled_settled(task_id):
@@ -843,7 +845,7 @@ class SchedulerApp:
             if await self._reload_task(task_id):
                 acted.append(task_id)
         # What was read again whole is folded up to now: not sighted again.
-        self._unseen = {s.event_id: s for s in unseen if s.task_id not in missed}
+        self._unseen = {s for s in unseen if s.task_id not in missed}
         for task_id in list(self.tasks):
             if task_id in self.tasks and task_id not in missed:
                 pool_id = await self._retrying(partial(self._reconcile, task_id, now), [])
@@ -864,13 +866,12 @@ class SchedulerApp:
         if self._swept is None:  # memory built without `rebuild`: nothing to compare yet
             self._swept = self.store.all_reader(await self.store.head_position())
             return []
-        sightings = list(self._unseen.values())
+        sightings = list(self._unseen)
         while True:
             rows = await self._swept.read_rows(SWEEP_BATCH)
             sightings.extend(
                 _Sighting(
                     row["stream_id"].removeprefix("task-"),
-                    str(row["event_id"]),
                     row["stream_version"],
                     f"{row['event_type']} v{row['stream_version']}"
                     f" at {row['occurred_at']:%H:%M:%S.%f}",
