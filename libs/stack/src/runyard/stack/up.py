@@ -340,10 +340,15 @@ async def _run_all(
 
 
 def _stacks() -> str:
-    """Where every task of this event loop waits (for what will not stop)."""
+    """Where every task of this event loop waits (for what will not stop). A task
+    whose stack cannot be printed (a compiled coroutine's frame has no line
+    number, e.g. grpc's server) is named with why, and the others still print."""
     out = io.StringIO()
     for task in asyncio.all_tasks():
-        task.print_stack(file=out)
+        try:
+            task.print_stack(file=out)
+        except Exception as exc:
+            out.write(f"{task!r}: no stack ({exc!r})\n")
     return out.getvalue()
 
 
