@@ -83,6 +83,9 @@ class ChaosStack:
     process: subprocess.Popen[bytes] | None = None
     #: How many times `runyard up` was started (a restart after a kill counts).
     starts: int = 0
+    #: When (time.time()) a notification service was killed (alone or with the platform):
+    #: a card Feishu accepted just before may be sent again after (at least once).
+    notification_kills: list[float] = field(default_factory=list)
 
     @property
     def home(self) -> Path:
@@ -166,6 +169,7 @@ class ChaosStack:
     def kill_platform(self) -> None:
         """`kill -9` of the `runyard up` process (its children are left as a crash leaves them)."""
         assert self.process is not None
+        self.notification_kills.append(time.time())
         self.process.send_signal(signal.SIGKILL)
         self.process.wait(timeout=10)
 

@@ -1,13 +1,15 @@
-"""Leadership leases on the real Postgres: one active holder, a standby that takes over."""
+"""Leadership leases on the real Postgres: one active holder, a standby that takes over;
+and presences, held while their process lives."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
 import asyncpg
 import pytest
-from runyard.stack.leader import Leadership, Lease, leadership, lease_key
+from runyard.stack.leader import Leadership, Lease, Presence, held_sql, leadership, lease_key
 
 pytestmark = pytest.mark.integration
 
@@ -16,6 +18,11 @@ FAST = {"retry_s": 0.1, "check_s": 0.1, "check_timeout_s": 2.0}
 
 async def _terminate_holder(dsn: str, name: str, scope: str = "") -> int:
     """End the session holding lease `name` (as a killed or cut-off holder's would end)."""
+    return await _terminate_key(dsn, lease_key(name, scope))
+
+
+async def _terminate_key(dsn: str, key: int) -> int:
+    """End the sessions holding advisory lock `key`; how many there were."""
     admin = await asyncpg.connect(dsn)
     try:
         return int(
@@ -24,7 +31,7 @@ async def _terminate_holder(dsn: str, name: str, scope: str = "") -> int:
                 " WHERE locktype = 'advisory' AND granted AND objsubid = 1"
                 " AND classid::bigint = ($1::bigint >> 32) & 4294967295"
                 " AND objid::bigint = $1::bigint & 4294967295",
-                lease_key(name, scope),
+                key,
             )
         )
     finally:
@@ -140,3 +147,35 @@ async def test_run_returns_when_the_work_returns_and_raises_its_error(dsn: str) 
         await asyncio.wait_for(Leadership(dsn, "x", **FAST).run(broken), 10)  # type: ignore[arg-type]
     async with leadership(dsn, "x", **FAST):  # type: ignore[arg-type]
         pass  # released after the error
+
+
+# -- presence -------------------------------------------------------------------------
+
+HELD = f"SELECT {held_sql('$1::bigint')}"
+
+
+async def _held(dsn: str, key: int) -> bool:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return bool(await conn.fetchval(HELD, key))
+    finally:
+        await conn.close()
+
+
+async def test_a_presence_is_held_while_it_lives_and_taken_again_when_its_session_ends(
+    dsn: str,
+) -> None:
+    async with Presence(dsn, "svc", **FAST) as one, Presence(dsn, "svc", **FAST) as two:
+        assert one.key != two.key and one.key > 0 and two.key > 0
+        assert await _held(dsn, one.key) and await _held(dsn, two.key)
+        assert not await _held(dsn, one.key + 1), "a key nobody holds is not held"
+
+        # The server ends its session (an operator, a Postgres restart): it connects again.
+        assert await _terminate_key(dsn, one.key) == 1
+        deadline = time.monotonic() + 10
+        while not await _held(dsn, one.key):
+            assert time.monotonic() < deadline, "the presence was not taken again"
+            await asyncio.sleep(0.05)
+        assert await _held(dsn, two.key)
+    assert not await _held(dsn, one.key), "leaving the block ends the presence"
+    assert not await _held(dsn, two.key)

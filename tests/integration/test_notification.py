@@ -34,6 +34,7 @@ from runyard.notification import store as tables
 from runyard.notification.app import NotificationApp, NotificationConfig
 from runyard.notification.ratelimit import Limits
 from runyard.notification.rules import Subscription
+from runyard.stack.leader import Presence
 
 from tests.feishu_fake import FeishuFake
 from tests.integration.test_gateway_routing import SERVICE_TOKEN, closed_port_url, log_service
@@ -302,6 +303,33 @@ async def test_two_instances_never_send_the_same_alert_twice(dsn: str) -> None:
         assert sorted(titles) == sorted(f"dup-{t} · failed" for t in ids)
         for task_id in ids:
             assert len(await h.alerts(task_id)) == 1
+
+
+async def test_the_claims_of_an_instance_that_died_are_taken_back_at_once(dsn: str) -> None:
+    """An instance killed mid-pass leaves its rows claimed for `claim_s` (300 s); once
+    its presence has ended, the next instance sends them at its next pass."""
+    async with harness(dsn) as h:
+        await h.tenant_subscription(h.fake.url("bot-plain"), "failed")
+        await h.submit("t-orphan", spec("orphaned"))
+        await h.command("t-orphan", Fail("t-orphan", "boom"))
+        h.clock.offset = timedelta(seconds=1)  # past the group window
+        async with Presence(dsn, "notification") as alive:
+            h.app.claimer = alive.key
+            async with Presence(dsn, "notification") as dying:
+                now = h.clock()
+                until = now + timedelta(seconds=h.config.claim_s)
+                taken = await tables.claim_due(h.store.pool, now, until, dying.key)
+                assert [a.task_id for a in taken] == ["t-orphan"]
+                await h.run_for(0.5)
+                assert h.fake.received == [], "a living instance's claim is left alone"
+            # Its session has ended, as a killed process's does (the kernel closes it).
+            await h.run_until(lambda: _has_delivered(h, "t-orphan"), timeout_s=5)
+
+        assert [r.title for r in h.fake.accepted()] == ["orphaned · failed"]
+        assert len(await h.alerts("t-orphan")) == 1
+        [row] = await tables.outbox(h.store.pool, "t-orphan")
+        assert row["status"] == "delivered"
+        assert await h.store.pool.fetchval("SELECT claimed_by FROM alert_outbox") is None
 
 
 # --- failures -----------------------------------------------------------------------

@@ -41,6 +41,23 @@ the lease alone; each singleton fences its own writes:
 
 The lease keeps one instance doing the work at a time (no conflict storms, one
 writer of the read models) and lets a standby take over in seconds.
+
+Presence. Instances that share work through claimed rows (the notification
+outbox) need the opposite question: is the instance that claimed this row
+still alive? `Presence` holds a lock of a random key of its own, on a
+connection of its own, for the life of the process; the instance marks what it
+claims with that key, and `held_sql(column)` is true while the key's holder
+lives. A killed instance's claims can so be taken back at once instead of when
+a claim timeout runs out:
+
+    async with Presence(dsn, "notification") as me:
+        ...                       # claim rows with `me.key`; take back rows whose
+                                  # claimer is no longer `held_sql`
+
+If the presence's session ends while the process lives (a Postgres restart),
+it connects again and takes the same key again; in between, another instance
+may take its claims back, so an item may be handled twice (claims are
+at-least-once).
 """
 
 from __future__ import annotations
@@ -49,6 +66,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -60,7 +78,7 @@ import asyncpg
 if TYPE_CHECKING:
     from runyard.stack.context import ServiceContext
 
-__all__ = ["Leadership", "Lease", "Role", "leadership", "lease_key"]
+__all__ = ["Leadership", "Lease", "Presence", "Role", "held_sql", "leadership", "lease_key"]
 
 log = logging.getLogger("runyard.stack.leader")
 
@@ -131,8 +149,15 @@ async def leadership(
         await _close(conn)
 
 
-async def _acquire(dsn: str, name: str, key: int, retry_s: float) -> asyncpg.Connection:
-    """A connection whose session holds lock `key` (polled every `retry_s` seconds)."""
+async def _acquire(
+    dsn: str,
+    name: str,
+    key: int,
+    retry_s: float,
+    contended: str = "standby (another instance holds the lease)",
+) -> asyncpg.Connection:
+    """A connection whose session holds lock `key` (polled every `retry_s` seconds;
+    `contended` is logged once while another session holds it)."""
     standby_logged = False
     while True:
         conn = None
@@ -145,7 +170,7 @@ async def _acquire(dsn: str, name: str, key: int, retry_s: float) -> asyncpg.Con
                 if await conn.fetchval("SELECT pg_try_advisory_lock($1)", key):
                     return conn
                 if not standby_logged:
-                    log.info("%s: standby (another instance holds the lease)", name)
+                    log.info("%s: %s", name, contended)
                     standby_logged = True
                 await asyncio.sleep(retry_s)
         except Exception as exc:  # an outage (or a bad DSN): said in the log, waited out
@@ -262,3 +287,73 @@ async def _until_lost(work: Awaitable[None], lease: Lease) -> bool:
         return False
     task.result()  # an error of the work is raised here
     return True
+
+
+def held_sql(column: str) -> str:
+    """SQL that is true while the `Presence` whose key is in `column` lives (any role
+    may read `pg_locks`; `column` is a bigint column or expression, never user input)."""
+    return f"""EXISTS (
+        SELECT 1 FROM pg_locks
+        WHERE locktype = 'advisory' AND granted AND objsubid = 1
+          AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+          AND classid::bigint = ({column} >> 32) & 4294967295
+          AND objid::bigint = {column} & 4294967295)"""
+
+
+class Presence:
+    """This process's presence in Postgres (see the module docstring): `key`, a
+    positive random 62-bit number, is held while the process lives."""
+
+    def __init__(
+        self,
+        dsn: str,
+        name: str,
+        *,
+        retry_s: float = 1.0,
+        check_s: float = 2.0,
+        check_timeout_s: float = 3.0,
+    ) -> None:
+        self.dsn = dsn
+        self.name = f"{name} presence"
+        self.key = secrets.randbits(62) + 1
+        self.retry_s = retry_s
+        self.check_s = check_s
+        self.check_timeout_s = check_timeout_s
+        self._conn: asyncpg.Connection | None = None
+        self._keeper: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Presence:
+        self._conn = await self._acquire()
+        self._keeper = asyncio.create_task(self._keep(), name=self.name)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._keeper is not None:
+            self._keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keeper
+        if self._conn is not None:
+            await _close(self._conn)  # the lock goes with the session
+
+    async def _acquire(self) -> asyncpg.Connection:
+        # Contended only while a session of this process that was cut off still holds it.
+        return await _acquire(
+            self.dsn, self.name, self.key, self.retry_s, "waiting for its old session to end"
+        )
+
+    async def _keep(self) -> None:
+        """Check the lock every `check_s`; take it again on a new session when lost."""
+        assert self._conn is not None
+        while True:
+            await asyncio.sleep(self.check_s)
+            try:
+                holds = await asyncio.wait_for(
+                    self._conn.fetchval(_HOLDS, self.key), self.check_timeout_s
+                )
+            except Exception as exc:  # any failure: the lock may be gone
+                log.warning("%s: check failed (%r): connecting again", self.name, exc)
+                holds = False
+            if not holds:
+                self._conn.terminate()
+                self._conn = await self._acquire()
+                log.info("%s: held again", self.name)

@@ -118,7 +118,8 @@ class NotificationConfig:
     http_timeout_s: float = 10.0
     #: How often the service runs the timer and a delivery pass.
     poll_s: float = 0.5
-    #: How long a delivery pass holds the rows it took (a crash gives them back then).
+    #: How long a delivery pass holds the rows it took. A crash gives them back at
+    #: once when the instance has a presence (`NotificationApp.claimer`), else then.
     claim_s: float = 300.0
     #: Longest wait for the log service's first error of a run (then the card goes without).
     first_error_timeout_s: float = 5.0
@@ -166,6 +167,9 @@ class NotificationApp:
     http: httpx.AsyncClient | None = None
     #: Where the first error of a failed run is asked (None: cards go without it).
     logs: firsterror.LogService | None = None
+    #: This instance's presence key (`runyard.stack.leader.Presence`): its claims are
+    #: marked with it, so another instance takes them back as soon as it dies.
+    claimer: int | None = None
     stats: PassStats = field(default_factory=PassStats)
     _fired: set[str] = field(default_factory=set)
     _sent: set[int] = field(default_factory=set)
@@ -344,13 +348,13 @@ class NotificationApp:
     async def deliver(self) -> int:
         """One delivery pass; the number of requests made.
 
-        The due rows are claimed for `claim_s` (another instance skips them, and
-        a crash mid-pass gives them back then); what this pass did not send is
-        given back at once.
+        The due rows are claimed for `claim_s` (another instance skips them, and a
+        crash mid-pass gives them back as soon as the instance's presence ends, or
+        then); what this pass did not send is given back at once.
         """
         now = self.clock()
         until = now + timedelta(seconds=self.config.claim_s)
-        due = await store.claim_due(self.db, now, until)
+        due = await store.claim_due(self.db, now, until, self.claimer)
         by_bot: dict[str, list[PendingAlert]] = defaultdict(list)
         for alert in due:
             by_bot[alert.webhook_url].append(alert)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import asyncpg
 from fastapi import FastAPI
+from faststream.kafka import KafkaBroker
 from runyard.api.security import TokenAuthenticator
 from runyard.api.service import serve_service, service_app
 from runyard.contracts.rpc import credential
@@ -40,6 +41,7 @@ from runyard.notification.app import EVENT_TYPES, NotificationApp, NotificationC
 from runyard.notification.http import notification_router
 from runyard.notification.rebuild import rebuild_router
 from runyard.stack.context import ServiceContext
+from runyard.stack.leader import Presence
 
 CONSUMER = "notification"
 NAME = "notification"
@@ -63,22 +65,33 @@ async def run(ctx: ServiceContext) -> None:
         credential.service_token(ctx.settings, ctx.data_dir),
         timeout_s=config.first_error_timeout_s,
     )
-    app = NotificationApp(store, config, logs=logs)
     try:
-        await app.start()
-        consumer = make_consumer(ctx, store.pool, app)
-        consumer.subscribe(broker, ctx.kafka.topics.task_events)
-        await broker.start()
-        http = http_app(app, ctx.config_dir)
-        serving = serve_service(NAME, http, settings=ctx.settings, endpoints=ctx.endpoints)
-        async with asyncio.TaskGroup() as tasks:  # a crash of either stops both
-            tasks.create_task(serving, name="notification-http")
-            tasks.create_task(deliver_forever(app, config.poll_s), name="notification-delivery")
+        # The claims of a pass are marked with this instance's presence, so another
+        # instance (or the next one, after a crash) takes them back at once.
+        async with Presence(ctx.dsn, NAME) as presence:
+            app = NotificationApp(store, config, logs=logs, claimer=presence.key)
+            try:
+                await serve(ctx, app, broker)
+            finally:
+                await app.close()
     finally:
         with contextlib.suppress(Exception):
             await broker.stop()
-        await app.close()
+        await logs.aclose()  # closed by `app.close` too; closing twice is harmless
         await store.close()
+
+
+async def serve(ctx: ServiceContext, app: NotificationApp, broker: KafkaBroker) -> None:
+    """Start `app` and its consumer, then serve its HTTP face and deliver until cancelled."""
+    await app.start()
+    consumer = make_consumer(ctx, app.store.pool, app)
+    consumer.subscribe(broker, ctx.kafka.topics.task_events)
+    await broker.start()
+    http = http_app(app, ctx.config_dir)
+    serving = serve_service(NAME, http, settings=ctx.settings, endpoints=ctx.endpoints)
+    async with asyncio.TaskGroup() as tasks:  # a crash of either stops both
+        tasks.create_task(serving, name="notification-http")
+        tasks.create_task(deliver_forever(app, app.config.poll_s), name="notification-delivery")
 
 
 async def deliver_forever(app: NotificationApp, poll_s: float) -> None:

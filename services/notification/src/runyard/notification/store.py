@@ -18,6 +18,7 @@ import asyncpg
 from runyard.eventstore import Migration, apply_migrations, load_migrations
 from runyard.notification.feishu import AlertFacts
 from runyard.notification.rules import Subscription
+from runyard.stack.leader import held_sql
 
 Db: TypeAlias = asyncpg.Connection | asyncpg.Pool
 
@@ -189,12 +190,25 @@ async def sent_recently(
 
 
 async def claim_due(
-    db: Db, now: datetime, until: datetime, limit: int = 2000
+    db: Db, now: datetime, until: datetime, claimer: int | None = None, limit: int = 2000
 ) -> list[PendingAlert]:
-    """Take the pending alerts due at `now` until `until` (rows another pass holds
-    are skipped), oldest first."""
+    """Take the pending alerts due at `now` until `until` for `claimer` (rows another
+    pass holds are skipped), oldest first.
+
+    First, rows claimed by an instance whose presence has ended (it died mid-pass:
+    `runyard.stack.leader.Presence`) are due again at once: they are taken here and
+    not only when their claim runs out. Rows claimed without a presence (`claimer`
+    None) wait for `until` as before."""
+    await db.execute(
+        f"""UPDATE alert_outbox SET next_attempt_at = $1, claimed_by = NULL
+            WHERE status = 'pending' AND claimed_by IS NOT NULL
+              AND claimed_by IS DISTINCT FROM $2 AND next_attempt_at > $1
+              AND NOT {held_sql("claimed_by")}""",
+        now,
+        claimer,
+    )
     rows = await db.fetch(
-        """UPDATE alert_outbox SET next_attempt_at = $2
+        """UPDATE alert_outbox SET next_attempt_at = $2, claimed_by = $4
            WHERE id IN (SELECT id FROM alert_outbox
                         WHERE status = 'pending' AND next_attempt_at <= $1
                         ORDER BY created_at, id LIMIT $3 FOR UPDATE SKIP LOCKED)
@@ -202,6 +216,7 @@ async def claim_due(
         now,
         until,
         limit,
+        claimer,
     )
     return sorted((_pending(r) for r in rows), key=lambda a: (a.created_at, a.id))
 
@@ -210,7 +225,7 @@ async def release(db: Db, ids: list[int], at: datetime) -> None:
     """Give claimed rows that were not attempted back, due at `at`."""
     if ids:
         await db.execute(
-            """UPDATE alert_outbox SET next_attempt_at = $2
+            """UPDATE alert_outbox SET next_attempt_at = $2, claimed_by = NULL
                WHERE id = ANY($1) AND status = 'pending'""",
             ids,
             at,
@@ -244,7 +259,7 @@ async def settle(
     """Write one attempt's outcome on its outbox rows."""
     await db.execute(
         """UPDATE alert_outbox SET status = $2, attempts = $3, next_attempt_at = $4,
-                  last_error = $5
+                  last_error = $5, claimed_by = NULL
            WHERE id = ANY($1)""",
         ids,
         status,
