@@ -11,7 +11,9 @@
   message answers HTTP 400 with code 9499;
 - anything else is accepted: `{"code": 0, "msg": "success"}`.
 
-Every request is recorded (`received`), with its answer code. `start()` and
+Every request is recorded (`received`), with its answer code. With `hold` (an
+unset event), the answers wait until it is set: the bot has taken a card, and
+its caller has not heard so yet (a caller killed meanwhile never hears). `start()` and
 `stop()` bring the server up and down on the same port, so tests can show a
 bot that is unreachable for a while.
 """
@@ -77,6 +79,8 @@ class FeishuFake:
     window_s: float = 3600.0
     #: Answer HTTP 503 to the next `fail_next` requests (a bot having a bad moment).
     fail_next: int = 0
+    #: While this event is unset, answers wait for it (requests are recorded first).
+    hold: asyncio.Event | None = None
     port: int = field(default_factory=lambda: free_port())
     received: list[Received] = field(default_factory=list)
     _server: uvicorn.Server | None = None
@@ -115,6 +119,8 @@ class FeishuFake:
         body = _json(raw)
         status, code, message = self._judge(token, raw, body, now)
         self.received.append(Received(token, now, len(raw), body, code))
+        if self.hold is not None:
+            await self.hold.wait()
         answer = {"code": code, "msg": message, "data": {}}
         if code == 0:
             answer |= {"StatusCode": 0, "StatusMessage": "success"}
