@@ -332,6 +332,27 @@ async def test_the_claims_of_an_instance_that_died_are_taken_back_at_once(dsn: s
         assert await h.store.pool.fetchval("SELECT claimed_by FROM alert_outbox") is None
 
 
+async def test_rows_a_failed_pass_left_claimed_go_out_at_the_next_pass(dsn: str) -> None:
+    """A pass that claimed rows and then failed (Postgres went away before it could
+    give them back) leaves them claimed for `claim_s`: the same instance's next pass
+    takes them back (its passes never overlap)."""
+    async with harness(dsn) as h:
+        await h.tenant_subscription(h.fake.url("bot-plain"), "failed")
+        await h.submit("t-left", spec("left-over"))
+        await h.command("t-left", Fail("t-left", "boom"))
+        h.clock.offset = timedelta(seconds=1)  # past the group window
+        async with Presence(dsn, "notification") as me:
+            h.app.claimer = me.key
+            now = h.clock()
+            until = now + timedelta(seconds=h.config.claim_s)
+            taken = await tables.claim_due(h.store.pool, now, until, me.key)
+            assert [a.task_id for a in taken] == ["t-left"]
+            await h.run_until(lambda: _has_delivered(h, "t-left"), timeout_s=5)
+
+        assert [r.title for r in h.fake.accepted()] == ["left-over · failed"]
+        assert len(await h.alerts("t-left")) == 1
+
+
 # --- failures -----------------------------------------------------------------------
 
 

@@ -348,9 +348,11 @@ class NotificationApp:
     async def deliver(self) -> int:
         """One delivery pass; the number of requests made.
 
-        The due rows are claimed for `claim_s` (another instance skips them, and a
-        crash mid-pass gives them back as soon as the instance's presence ends, or
-        then); what this pass did not send is given back at once.
+        The due rows are claimed for `claim_s` (another instance skips them; a
+        crash mid-pass gives them back as soon as the instance's presence ends, a
+        pass that failed gives them to the instance's next pass, or else `claim_s`
+        later); what this pass did not send is given back at once. Passes of one
+        instance must not overlap (`deliver_forever` runs them one after another).
         """
         now = self.clock()
         until = now + timedelta(seconds=self.config.claim_s)

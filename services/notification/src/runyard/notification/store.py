@@ -195,15 +195,16 @@ async def claim_due(
     """Take the pending alerts due at `now` until `until` for `claimer` (rows another
     pass holds are skipped), oldest first.
 
-    First, rows claimed by an instance whose presence has ended (it died mid-pass:
-    `runyard.stack.leader.Presence`) are due again at once: they are taken here and
-    not only when their claim runs out. Rows claimed without a presence (`claimer`
-    None) wait for `until` as before."""
+    First, claimed rows left over are due again at once, not only when their claim
+    runs out: those of an instance whose presence has ended (it died mid-pass:
+    `runyard.stack.leader.Presence`), and the claimer's own (its passes never
+    overlap, so a row it still holds is left from a pass that failed, e.g. in an
+    outage, after it claimed). Rows claimed without a presence (`claimer` None)
+    wait for `until`."""
     await db.execute(
         f"""UPDATE alert_outbox SET next_attempt_at = $1, claimed_by = NULL
-            WHERE status = 'pending' AND claimed_by IS NOT NULL
-              AND claimed_by IS DISTINCT FROM $2 AND next_attempt_at > $1
-              AND NOT {held_sql("claimed_by")}""",
+            WHERE status = 'pending' AND claimed_by IS NOT NULL AND next_attempt_at > $1
+              AND (claimed_by = $2 OR NOT {held_sql("claimed_by")})""",
         now,
         claimer,
     )
