@@ -22,18 +22,41 @@ RUNYARD = Path(sys.executable).parent / "runyard"
 
 async def piped(served: Served, command: str) -> list[str]:
     """Run `runyard COMMAND | cat` in a shell (stdout a pipe, no COLUMNS); its lines."""
+    code, stdout, stderr = await run_piped(served, command)
+    assert code == 0, stderr
+    return stdout.splitlines()
+
+
+async def run_piped(served: Served, command: str) -> tuple[int, str, str]:
+    """`runyard COMMAND | cat`, its stderr a pipe too: exit status, stdout, stderr."""
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     env |= {"RUNYARD_URL": served.url, "RUNYARD_TOKEN": served.token}
     env |= {"XDG_CONFIG_HOME": NO_CONFIG, "TERM": "xterm-256color"}
     shell = await asyncio.create_subprocess_shell(
-        f"{shlex.quote(str(RUNYARD))} {command} | cat",
+        f"set -o pipefail; {shlex.quote(str(RUNYARD))} {command} | cat",
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=env,
+        executable="/bin/bash",
     )
     stdout, stderr = await shell.communicate()
-    assert shell.returncode == 0, stderr.decode()
-    return stdout.decode().splitlines()
+    assert shell.returncode is not None
+    return shell.returncode, stdout.decode(), stderr.decode()
+
+
+async def test_an_error_into_a_pipe_is_whole_lines(served_gateway: Served, tmp_path: Path) -> None:
+    missing = tmp_path / ("a-folder-with-a-long-name-" * 4) / "train-spec.yaml"
+    code, _, stderr = await run_piped(served_gateway, f"submit -f {shlex.quote(str(missing))}")
+    assert code != 0
+    assert f"cannot read {missing}" in stderr, stderr
+
+    pool = "a-pool-that-does-not-exist-" * 4
+    spec = tmp_path / "spec.yaml"
+    spec.write_text((REPO / "examples/hello.yaml").read_text().replace("dev-a100", pool))
+    code, _, stderr = await run_piped(served_gateway, f"submit -f {shlex.quote(str(spec))}")
+    assert code != 0
+    [named] = [line for line in stderr.splitlines() if pool in line]
+    assert len(named) > 100, "the refusal, its pool named, on one line"
 
 
 async def test_events_into_a_pipe_keep_time_and_correlation_id_whole(

@@ -56,7 +56,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print the API's JSON.")]
 
 #: `emoji=False`: a task named `:fire:` prints as such, not as an emoji.
 out = Console(soft_wrap=True, emoji=False)
-err = Console(stderr=True, emoji=False)
+err = Console(stderr=True, emoji=False, soft_wrap=True)
 
 
 # --- talking to the gateway ---------------------------------------------------

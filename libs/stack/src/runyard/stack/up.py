@@ -56,7 +56,7 @@ from runyard.stack.tuning import tune_gc
 from runyard.telemetry import setup_tracing
 
 log = logging.getLogger("runyard.up")
-console = Console()
+console = Console(soft_wrap=True)  # a piped line stays one line
 
 #: How long the services of one process have to stop once asked (cancelled); one
 #: that has not is named, with where every task waits, and the stop fails.
