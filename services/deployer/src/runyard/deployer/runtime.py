@@ -377,6 +377,95 @@ def _covered(path: Path, covers: list[Path]) -> bool:
     return any(resolved.is_relative_to(c) for c in covers)
 
 
+#: The first descriptor of a worker's mount batches (the opened folders take 10 on).
+_FSTAB_FD = 30
+
+
+@dataclass(frozen=True, slots=True)
+class _Mount:
+    """One mount of a worker's view, as an fstab entry. With `test` (an operator of
+    `test`: -d), it is made only when its target passes the test at that point of the
+    sequence, else `otherwise` when the target exists at all (None: nothing)."""
+
+    source: str
+    target: str
+    kind: str
+    options: str
+    test: str | None = None
+    otherwise: _Mount | None = None
+
+    def fstab(self) -> str:
+        """Its fstab line: each field with every byte but letters, digits and
+        `/._,=+:@-` written as `\\ooo` (libmount reads such escapes in any field)."""
+        fields = (self.source, self.target, self.kind, self.options)
+        return " ".join(map(_fstab_field, fields)) + " 0 0"
+
+    def shell(self) -> str:
+        """bash (builtins only: no program started) printing this entry's fstab line."""
+        q = shlex.quote
+        line = f"printf '%s\\n' {q(self.fstab())}"
+        if self.test is None:
+            return line
+        target = q(self.target)
+        text = f"if [ {self.test} {target} ]; then {line}"
+        if self.otherwise is not None:
+            text += f"; elif [ -e {target} ]; then {self.otherwise.shell()}"
+        return f"{text}; fi"
+
+
+_FSTAB_SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._,=+:@-")
+
+
+def _fstab_field(text: str) -> str:
+    return "".join(chr(b) if b in _FSTAB_SAFE else f"\\{b:03o}" for b in text.encode())
+
+
+def _mount_batches(mounts: list[_Mount]) -> list[list[_Mount]]:
+    """`mounts` cut into batches that one `mount --all` each can make, in order, with
+    every test giving what it would give at its own place in the sequence.
+
+    A batch's fstab is written (its tests run) before any of its mounts, so a mount
+    whose test looks at a path that an earlier mount of the same batch may change
+    starts a new batch: a path at or below that mount's target (covered by it), or
+    above it (a folder X-mount.mkdir may make). Unconditional mounts join the batch
+    they follow.
+    """
+    batches: list[list[_Mount]] = []
+    for mount in mounts:
+        current = batches[-1] if batches else None
+        if current is not None and not (
+            mount.test is not None and any(_related(mount.target, m.target) for m in current)
+        ):
+            current.append(mount)
+        else:
+            batches.append([mount])
+    return batches
+
+
+def _mount_lines(mounts: list[_Mount], fstabs: Path, mount: str) -> list[str]:
+    """Shell lines (each to be followed by its failure handling) making `mounts` in
+    order, a batch (`_mount_batches`) per `mount --all`.
+
+    Each batch's fstab is the file `<fstabs><n>` (written by the shell with builtins,
+    its tests run just before its mounts). All are opened first, while their folder
+    is still visible (it lies in the scratch root, which the mounts then hide), and
+    `mount` reads each through the shell's descriptor (/proc/self/fd)."""
+    q = shlex.quote
+    batches = _mount_batches(mounts)
+    lines = [f"exec {_FSTAB_FD + n}>{q(f'{fstabs}{n}')}" for n in range(len(batches))]
+    for n, batch in enumerate(batches):
+        fd = _FSTAB_FD + n
+        lines.append("{ " + "; ".join(m.shell() for m in batch) + f"; }} >&{fd}")
+        lines.append(f"{q(mount)} --all -c --fstab /proc/self/fd/{fd}")
+        lines.append(f"exec {fd}>&-")
+    return lines
+
+
+def _related(one: str, other: str) -> bool:
+    """Whether either path lies at or below the other."""
+    return Path(one).is_relative_to(other) or Path(other).is_relative_to(one)
+
+
 def _image_dir(where: str, base_dir: Path) -> Path:
     if where == "@python":  # the environment Runyard itself runs in
         return Path(sys.prefix)
@@ -900,7 +989,8 @@ class LocalRuntime:
         if self.namespaces:
             assert self.worker_ids is not None
             uid, gid, _ = self.worker_ids
-            setup = self._mount_script(local, worker)
+            tag = Path(status_file or worker.status_file).name
+            setup = self._mount_script(local, worker, tag)
             user_shell = (
                 f"{q(t.setpriv)} --reuid={uid} --regid={gid} --clear-groups --inh-caps=-all "
                 f"--bounding-set=-all --no-new-privs -- {user_shell}"
@@ -941,7 +1031,7 @@ class LocalRuntime:
             *args,
         ]
 
-    def _mount_script(self, local: _Local, worker: _Worker) -> str:
+    def _mount_script(self, local: _Local, worker: _Worker, tag: str) -> str:
         """Shell lines, run as root in the worker's own mount namespace, that set up its view.
 
         First every folder the worker must see but that would be hidden is opened: its
@@ -957,8 +1047,10 @@ class LocalRuntime:
         own paths through /proc/self/fd (a hidden path inside one of them is covered
         again after it). Any failure ends the worker (exit 112, written as its status)
         before the launch command runs: a worker never runs with a partial view.
+
+        The mounts go in batches, one `mount --all` each (`_mount_batches`): starting
+        `mount` costs a millisecond or two of CPU, and a worker needs about ten.
         """
-        t = self.tools
         q = shlex.quote
         scratch = worker.scratch.resolve()
         image = local.image_bin.parent.resolve() if local.image_bin is not None else None
@@ -969,32 +1061,33 @@ class LocalRuntime:
         hidden = sorted({*self._hidden_paths(), *blocked})
         covers = [Path("/tmp"), *hidden]
         keep = list(dict.fromkeys([scratch, *(p for p in needed if _covered(p, covers))]))
-        lines = [f"exec {10 + n}<{q(str(path))}" for n, path in enumerate(keep)]
-        # X-mount.mkdir: mount makes a missing mount point (mode 0755) itself, one
-        # program started fewer per mount (each costs a millisecond or two of CPU).
-        for mount_path, host, read_only in local.mounts:
-            lines.append(f"{q(t.mount)} -o X-mount.mkdir --bind {q(str(host))} {q(mount_path)}")
-            if read_only:
-                lines.append(f"{q(t.mount)} -o remount,bind,ro {q(mount_path)}")
-        lines.append(f"{q(t.mount)} --bind {q(str(local.root / 'shm'))} /dev/shm")
+        opened = [f"exec {10 + n}<{q(str(path))}" for n, path in enumerate(keep)]
+        # X-mount.mkdir: mount makes a missing mount point (mode 0755) itself.
+        mounts = [
+            _Mount(str(host), mount_path, "none", "bind,X-mount.mkdir" + ",ro" * read_only)
+            for mount_path, host, read_only in local.mounts
+        ]
+        tmp = str(scratch / "tmp")
+        mounts.append(_Mount(str(local.root / "shm"), "/dev/shm", "none", "bind"))
         # The host's other folder anyone may write to: no channel between tasks there.
-        lines.append(
-            f"if [ -d /var/tmp ]; then {q(t.mount)} --bind {q(str(scratch / 'tmp'))} /var/tmp; fi"
-        )
-        lines.append(f"{q(t.mount)} --bind {q(str(scratch / 'tmp'))} /tmp")
+        mounts.append(_Mount(tmp, "/var/tmp", "none", "bind", test="-d"))
+        mounts.append(_Mount(tmp, "/tmp", "none", "bind"))
         steps = [(len(p.parts), 0, p, -1) for p in hidden]
         steps += [(len(p.parts), 1, p, 10 + n) for n, p in enumerate(keep)]
         for _, bind, path, fd in sorted(steps):
-            p = q(str(path))
             if bind:
-                lines.append(f"{q(t.mount)} -c -o X-mount.mkdir --bind /proc/self/fd/{fd} {p}")
-                lines.append(f"exec {fd}<&-")
-            else:
-                lines.append(
-                    f"if [ -d {p} ]; then {q(t.mount)} -t tmpfs -o size=1m,mode=0755,nosuid,"
-                    f"nodev runyard-hidden {p}; elif [ -e {p} ]; then {q(t.mount)} --bind "
-                    f"/dev/null {p}; fi"
+                mounts.append(
+                    _Mount(f"/proc/self/fd/{fd}", str(path), "none", "bind,X-mount.mkdir")
                 )
+            else:
+                tmpfs = "size=1m,mode=0755,nosuid,nodev"
+                file = _Mount("/dev/null", str(path), "none", "bind")
+                mounts.append(
+                    _Mount("runyard-hidden", str(path), "tmpfs", tmpfs, test="-d", otherwise=file)
+                )
+        fstabs = local.root / f"{tag}.w{worker.index}.mounts"
+        lines = [*opened, *_mount_lines(mounts, fstabs, self.tools.mount)]
+        lines += [f"exec {10 + n}<&-" for n in range(len(keep))]
         return "".join(f"{line} || finish 112\n" for line in lines)
 
     def _hidden_paths(self) -> list[Path]:

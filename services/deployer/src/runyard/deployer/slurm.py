@@ -667,7 +667,7 @@ class SlurmRuntime(LocalRuntime):
         ]
         if self.worker_ids is not None:
             lines.append("finish() { fail; }")
-            lines.append(self._mount_script(local, worker).rstrip("\n"))
+            lines.append(self._mount_script(local, worker, "slurm").rstrip("\n"))
             lines.append('exec "$@"')
             return "\n".join(lines) + "\n"
         for mount_path, host, read_only in local.mounts:
