@@ -111,7 +111,7 @@ async def apart(dsn: str, kafka: KafkaSettings, tmp_path: Path) -> AsyncIterator
             await platform.until("every service ready", 60, ready)
         yield platform
     finally:
-        await _stop(platform.children)
+        await stop_children(platform.children)
         await store.close()
         for log in sorted(logs.iterdir()):
             tail = log.read_text(errors="replace")[-3000:]
@@ -119,7 +119,7 @@ async def apart(dsn: str, kafka: KafkaSettings, tmp_path: Path) -> AsyncIterator
                 print(f"--- {log.name}\n{tail}")
 
 
-async def _stop(children: dict[str, asyncio.subprocess.Process]) -> None:
+async def stop_children(children: dict[str, asyncio.subprocess.Process]) -> None:
     """SIGTERM (the deployer then ends its workers), SIGKILL what is left after 20 s."""
     for child in children.values():
         with contextlib.suppress(ProcessLookupError):

@@ -309,17 +309,11 @@ async def test_the_claims_of_an_instance_that_died_are_taken_back_at_once(dsn: s
     """An instance killed mid-pass leaves its rows claimed for `claim_s` (300 s); once
     its presence has ended, the next instance sends them at its next pass."""
     async with harness(dsn) as h:
-        await h.tenant_subscription(h.fake.url("bot-plain"), "failed")
-        await h.submit("t-orphan", spec("orphaned"))
-        await h.command("t-orphan", Fail("t-orphan", "boom"))
-        h.clock.offset = timedelta(seconds=1)  # past the group window
+        await _failed_and_due(h, "t-orphan", "orphaned")
         async with Presence(dsn, "notification") as alive:
             h.app.claimer = alive.key
             async with Presence(dsn, "notification") as dying:
-                now = h.clock()
-                until = now + timedelta(seconds=h.config.claim_s)
-                taken = await tables.claim_due(h.store.pool, now, until, dying.key)
-                assert [a.task_id for a in taken] == ["t-orphan"]
+                assert await _claim(h, dying.key) == ["t-orphan"]
                 await h.run_for(0.5)
                 assert h.fake.received == [], "a living instance's claim is left alone"
             # Its session has ended, as a killed process's does (the kernel closes it).
@@ -337,20 +331,29 @@ async def test_rows_a_failed_pass_left_claimed_go_out_at_the_next_pass(dsn: str)
     give them back) leaves them claimed for `claim_s`: the same instance's next pass
     takes them back (its passes never overlap)."""
     async with harness(dsn) as h:
-        await h.tenant_subscription(h.fake.url("bot-plain"), "failed")
-        await h.submit("t-left", spec("left-over"))
-        await h.command("t-left", Fail("t-left", "boom"))
-        h.clock.offset = timedelta(seconds=1)  # past the group window
+        await _failed_and_due(h, "t-left", "left-over")
         async with Presence(dsn, "notification") as me:
             h.app.claimer = me.key
-            now = h.clock()
-            until = now + timedelta(seconds=h.config.claim_s)
-            taken = await tables.claim_due(h.store.pool, now, until, me.key)
-            assert [a.task_id for a in taken] == ["t-left"]
+            assert await _claim(h, me.key) == ["t-left"]
             await h.run_until(lambda: _has_delivered(h, "t-left"), timeout_s=5)
 
         assert [r.title for r in h.fake.accepted()] == ["left-over · failed"]
         assert len(await h.alerts("t-left")) == 1
+
+
+async def _failed_and_due(h: Harness, task_id: str, name: str) -> None:
+    """A failed task whose alert to the tenant's bot is due (past the group window)."""
+    await h.tenant_subscription(h.fake.url("bot-plain"), "failed")
+    await h.submit(task_id, spec(name))
+    await h.command(task_id, Fail(task_id, "boom"))
+    h.clock.offset = timedelta(seconds=1)
+
+
+async def _claim(h: Harness, claimer: int) -> list[str]:
+    """Claim the due rows for `claimer`, as a pass does first; their tasks."""
+    now = h.clock()
+    until = now + timedelta(seconds=h.config.claim_s)
+    return [a.task_id for a in await tables.claim_due(h.store.pool, now, until, claimer)]
 
 
 # --- failures -----------------------------------------------------------------------

@@ -38,6 +38,7 @@ from runyard.stack.supervisor import ChildSpec, service_specs
 
 from tests.e2e.conftest import copy_config
 from tests.feishu_fake import FeishuFake
+from tests.integration.test_faulttolerance_apart import stop_children
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -78,16 +79,7 @@ class Services:
         return False
 
     async def stop(self) -> None:
-        for child in self.children.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, signal.SIGTERM)
-        for child in self.children.values():
-            try:
-                await asyncio.wait_for(child.wait(), 20)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(child.pid, signal.SIGKILL)
-                await child.wait()
+        await stop_children(self.children)
 
 
 async def until(what: str, within: float, done: Callable[[], Awaitable[bool]]) -> None:
