@@ -65,19 +65,17 @@ async def run(ctx: ServiceContext) -> None:
         credential.service_token(ctx.settings, ctx.data_dir),
         timeout_s=config.first_error_timeout_s,
     )
+    app = NotificationApp(store, config, logs=logs)
     try:
         # The claims of a pass are marked with this instance's presence, so another
         # instance (or the next one, after a crash) takes them back at once.
         async with Presence(ctx.dsn, NAME) as presence:
-            app = NotificationApp(store, config, logs=logs, claimer=presence.key)
-            try:
-                await serve(ctx, app, broker)
-            finally:
-                await app.close()
+            app.claimer = presence.key
+            await serve(ctx, app, broker)
     finally:
         with contextlib.suppress(Exception):
             await broker.stop()
-        await logs.aclose()  # closed by `app.close` too; closing twice is harmless
+        await app.close()
         await store.close()
 
 
