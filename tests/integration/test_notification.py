@@ -702,6 +702,20 @@ async def _has_alert(h: Harness, task_id: str) -> bool:
     return bool(await h.alerts(task_id))
 
 
+async def append_decided(
+    store: PostgresEventStore, task_id: str, clock: Callable[[], datetime], *commands: Command
+) -> None:
+    """Decide each of `commands` on the task's stream and append what it gives, as the
+    owning services would (not handed to any app: a consumer reads them)."""
+    for command in commands:
+        events = await store.read_stream(f"task-{task_id}")
+        new = decide(fold(events) if events else None, command, now=clock(), ids=str)
+        meta = Metadata(actor="service:test")
+        await store.append(
+            f"task-{task_id}", [NewEvent(e, meta, clock()) for e in new], len(events)
+        )
+
+
 async def _has_delivered(h: Harness, task_id: str) -> bool:
     return await _count_delivered(h, task_id, 1)
 
@@ -740,11 +754,8 @@ async def test_through_kafka_a_failed_task_is_delivered_by_the_running_service(
         sub = AlertSubscription(
             webhook_url=fake.url("bot-signed"), alerts=("failed",), secret_ref="secret-bot"
         )
-        for command in (Submit("k-1", "t1", "alice", spec("via-kafka", sub)), Fail("k-1", "boom")):
-            events = await store.read_stream("task-k-1")
-            new = decide(fold(events) if events else None, command, now=h.clock(), ids=str)
-            meta = Metadata(actor="service:test")
-            await store.append("task-k-1", [NewEvent(e, meta, h.clock()) for e in new], len(events))
+        submit = Submit("k-1", "t1", "alice", spec("via-kafka", sub))
+        await append_decided(store, "k-1", h.clock, submit, Fail("k-1", "boom"))
         deadline = time.monotonic() + 60
         while not await _has_delivered(h, "k-1"):
             assert time.monotonic() < deadline, "no AlertDelivered through Kafka"

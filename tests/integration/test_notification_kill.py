@@ -24,10 +24,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from runyard.contracts import Metadata, NewEvent, default_mapper
+from runyard.contracts import default_mapper
 from runyard.contracts.spec import AlertSubscription, TaskSpec
 from runyard.contracts.task_events import AlertDelivered
-from runyard.domain import Fail, Submit, decide, fold
+from runyard.domain import Fail, Submit
 from runyard.eventstore import PostgresEventStore
 from runyard.messaging import KafkaSettings
 from runyard.notification import store as tables
@@ -39,6 +39,7 @@ from runyard.stack.supervisor import ChildSpec, service_specs
 from tests.e2e.conftest import copy_config
 from tests.feishu_fake import FeishuFake
 from tests.integration.test_faulttolerance_apart import stop_children
+from tests.integration.test_notification import append_decided
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -165,12 +166,8 @@ async def _fail_a_task_that_alerts(store: PostgresEventStore, webhook_url: str) 
         command="python train.py",
         alerts=(AlertSubscription(webhook_url=webhook_url, alerts=("failed",)),),
     )
-    for command in (Submit(TASK, "t1", "alice", spec), Fail(TASK, "boom")):
-        events = await store.read_stream(f"task-{TASK}")
-        now = datetime.now(UTC)
-        new = decide(fold(events) if events else None, command, now=now, ids=str)
-        meta = Metadata(actor="service:test")
-        await store.append(f"task-{TASK}", [NewEvent(e, meta, now) for e in new], len(events))
+    now = partial(datetime.now, UTC)
+    await append_decided(store, TASK, now, Submit(TASK, "t1", "alice", spec), Fail(TASK, "boom"))
 
 
 async def _delivered(store: PostgresEventStore) -> bool:
