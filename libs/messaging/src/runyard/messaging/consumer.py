@@ -42,7 +42,9 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import types
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -175,14 +177,15 @@ class IdempotentConsumer:
             max_records=self.max_records,
             batch_timeout_ms=self.kafka.fetch_max_wait_ms,
             ack_policy=AckPolicy.MANUAL,
-            decoder=_raw_body,  # we decode ourselves, so a bad message can be dead-lettered
+            decoder=_the_message,  # we decode ourselves, so a bad message can be dead-lettered
             listener=_WatchEnds(self),
             **self.kafka.consumer_options(),
         )
+        self._subscriber.get_msg = types.MethodType(_poll_batch, self._subscriber)  # see there
         track_lag(self.name, self.lag)
 
         @self._subscriber  # type: ignore[untyped-decorator]  # FastStream's is not annotated
-        async def on_messages(body: list[bytes], message: KafkaMessage) -> None:
+        async def on_messages(message: Any) -> None:  # a KafkaMessage (see _the_message)
             records = message.raw_message
             batch = records if isinstance(records, tuple) else (records,)
             await self.process_batch(list(batch))
@@ -627,9 +630,26 @@ def _link_to_current() -> list[trace.Link]:
     return [trace.Link(current)] if current.is_valid else []
 
 
-async def _raw_body(message: Any) -> Any:
-    """The body untouched (bytes, or a list of them for a batch): no JSON guessing."""
-    return message.body
+async def _the_message(message: Any) -> Any:
+    """The whole message as the handler's one argument: its records, offsets and
+    commit. (Asked for as `KafkaMessage`, FastStream's context, it would be looked
+    up by a function FastStream runs on a worker thread, once per batch: 0.6 ms
+    of CPU a batch.)"""
+    return message
+
+
+async def _poll_batch(
+    self: Any, consumer: AIOKafkaConsumer
+) -> tuple[ConsumerRecord[Any, Any], ...]:
+    """The batch subscriber's poll without a pause after an empty one.
+
+    FastStream 0.7's batch subscriber sleeps `batch_timeout_ms` after every poll
+    that found nothing, and a message arriving meanwhile waits out that sleep:
+    half an idle consumer's time, about 11 ms a hop on average with the 50 ms
+    wait. `getmany` already waits up to `batch_timeout_ms` for records, so the
+    loop does not spin without the sleep."""
+    polled = await consumer.getmany(timeout_ms=self.batch_timeout_ms, max_records=self.max_records)
+    return tuple(itertools.chain.from_iterable(polled.values()))
 
 
 def make_broker(kafka: KafkaSettings, **options: Any) -> KafkaBroker:
