@@ -308,6 +308,40 @@ async def test_a_launch_command_over_the_argument_limit_cannot_start_and_leaves_
     assert not (runtime.config.scratch_root / "huge").exists()
 
 
+async def test_two_ends_of_one_env_check_may_overlap(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new placement ends an older attempt's env check while the end that follows
+    the check's result is still waiting for a process to go: both end cleanly."""
+    from runyard.deployer import runtime as local_runtime
+    from runyard.deployer.runtime import Deployment, free_port
+
+    workers = tuple(WorkerPlacement(index=i, node="n", gpus=(i,)) for i in range(2))
+    deployment = Deployment("overlap", 1, 1, make_spec("true", workers=2), workers)
+    runtime = h.runtime
+    for step in (runtime.allocate, runtime.pull_image, runtime.mount_storage, runtime.init_env):
+        await step(deployment)
+    await runtime.start_env_check(deployment, h.app.on_output, port=free_port(0))
+    until_gone, waiting, held = local_runtime._until_gone, asyncio.Event(), asyncio.Event()
+
+    async def held_until_gone(pgid: int, *args: Any, **kwargs: Any) -> None:
+        if not waiting.is_set():  # the first end waits here, inside its round of the checks
+            waiting.set()
+            await held.wait()
+        await until_gone(pgid, *args, **kwargs)
+
+    monkeypatch.setattr(local_runtime, "_until_gone", held_until_gone)
+    first = asyncio.create_task(runtime.end_env_check(deployment.key))
+    await asyncio.wait_for(waiting.wait(), 30)
+    await asyncio.wait_for(runtime.end_env_check(deployment.key), 30)  # the whole second end
+    held.set()
+    await asyncio.wait_for(first, 30)
+    assert runtime.pids(deployment.key) == {}
+    leftover = [p for p in os.listdir("/proc") if p.isdigit() and _runs_task(int(p), "overlap")]
+    assert leftover == [], "an env check process is left"
+    await runtime.cleanup(deployment.key)
+
+
 async def test_an_error_while_starting_workers_fails_the_task_and_leaves_no_process(
     h: Harness,
 ) -> None:

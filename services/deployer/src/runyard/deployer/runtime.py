@@ -935,29 +935,34 @@ class LocalRuntime:
         local = self._deps.get(key)
         if local is None:
             return {}
-        codes = {i: await p.wait() for i, p in local.checks.items()}
+        codes = {i: await p.wait() for i, p in list(local.checks.items())}
         await asyncio.gather(*local.check_readers, return_exceptions=True)
         return codes
 
     async def end_env_check(self, key: DeploymentKey) -> None:
-        """Kill what is left of the env check program (its result is known by now)."""
+        """Kill what is left of the env check program (its result is known by now).
+
+        Two ends of one check may overlap (a new placement ends an older attempt
+        while that attempt's check is being ended): each works on what was there
+        when it began and removes only that."""
         local = self._deps.get(key)
         if local is None or not local.checks:
             return
-        for process in local.checks.values():
+        checks, readers = dict(local.checks), list(local.check_readers)
+        for process in checks.values():
             if process.returncode is None:
                 _signal_group(process.pid, signal.SIGKILL)
-        for process in local.checks.values():
+        for process in checks.values():
             await process.wait()
             await _until_gone(process.pid)
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(
-                asyncio.gather(*local.check_readers, return_exceptions=True), 5.0
-            )
-        for reader in local.check_readers:
+            await asyncio.wait_for(asyncio.gather(*readers, return_exceptions=True), 5.0)
+        for reader in readers:
             reader.cancel()
-        local.checks.clear()
-        local.check_readers.clear()
+        for index, process in checks.items():
+            if local.checks.get(index) is process:
+                del local.checks[index]
+        local.check_readers[:] = [r for r in local.check_readers if r not in readers]
 
     def _launch_args(
         self,
