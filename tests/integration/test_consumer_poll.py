@@ -1,6 +1,7 @@
-"""How a consumer waits for events, over a real broker and Postgres: after a poll
-that found nothing it polls again at once (the poll itself waits for records up
-to its timeout), and a batch is handed to the handler without a worker thread.
+"""How a consumer waits for events and commits, over a real broker and Postgres:
+after a poll that found nothing it polls again at once (the poll itself waits
+for records up to its timeout), a batch is handed to the handler without a
+worker thread, and batches that follow each other share an offset commit.
 
 FastStream's batch subscriber pauses for its whole batch timeout after an empty
 poll, and an event arriving during the pause waited it out; its context lookup
@@ -12,13 +13,15 @@ import asyncio
 from typing import Any
 
 import anyio
+import asyncpg
 import fast_depends.utils
 import pytest
 from runyard.eventstore import PostgresEventStore
 from runyard.messaging import KafkaSettings
+from runyard.messaging.consumer import IdempotentConsumer, make_broker
 
 from tests.contract.sample_events import happened, sample_mapper
-from tests.integration.test_relay import running_consumer, running_relay, wait_until
+from tests.integration.test_relay import Collector, running_consumer, running_relay, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -65,3 +68,61 @@ async def test_an_idle_consumer_takes_an_event_without_a_pause_or_a_thread(
     assert [e.event.n for e in collector.seen] == [1]  # type: ignore[attr-defined]
     assert pauses == [], "the subscriber paused after an empty poll"
     assert threaded == [], "a batch went through a worker thread"
+
+
+async def test_offsets_are_committed_together_and_all_of_them_once_quiet(
+    dsn: str, kafka: KafkaSettings
+) -> None:
+    """Batches that follow each other share a commit; the first poll that finds
+    nothing commits what was handled, so a restart would read nothing again."""
+    store = await PostgresEventStore.connect(dsn, sample_mapper())
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=4)
+    collector = Collector()
+    broker = make_broker(kafka)
+    consumer = IdempotentConsumer(
+        "commits", pool=pool, mapper=sample_mapper(), handler=collector, kafka=kafka, max_records=5
+    )
+    consumer.commit_every_s = 3600.0  # in effect: only the first batch commits at once
+    consumer.subscribe(broker, kafka.topics.for_category("test"))
+    # All 30 are in the log before the relay starts: published together, taken in
+    # batches of 5 one after the other.
+    await store.append("test-commits", [happened(n) for n in range(30)])
+    await broker.start()
+    try:
+        client = consumer._subscriber.consumer
+        counts = {"commits": 0, "batches": 0}
+        commit, getmany = client.commit, client.getmany
+
+        async def counted_commit(*args: Any, **kwargs: Any) -> None:
+            counts["commits"] += 1
+            await commit(*args, **kwargs)
+
+        async def counted_getmany(*args: Any, **kwargs: Any) -> Any:
+            polled = await getmany(*args, **kwargs)
+            counts["batches"] += bool(polled)
+            return polled
+
+        client.commit, client.getmany = counted_commit, counted_getmany
+        async with running_relay(store, kafka):
+            await wait_until(lambda: consumer.stats.processed >= 30, within=60)
+            partitions = client.assignment()
+
+            async def all_committed() -> bool:
+                """Every offset taken is committed (what a restart would start from)."""
+                for tp in partitions:
+                    if (await client.committed(tp) or 0) != await client.position(tp):
+                        return False
+                return True
+
+            for _ in range(600):
+                if await all_committed():
+                    break
+                await asyncio.sleep(0.05)
+            assert await all_committed(), "the handled offsets are committed once quiet"
+    finally:
+        await broker.stop()
+        await pool.close()
+        await store.close()
+    assert [e.event.n for e in collector.seen] == list(range(30))  # type: ignore[attr-defined]
+    assert counts["batches"] >= 6
+    assert counts["commits"] < counts["batches"], counts

@@ -44,7 +44,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import types
+import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -79,6 +79,13 @@ log = logging.getLogger("runyard.consumer")
 GAP_WAIT_S = 60.0
 #: How often a consumer checks that no position of its is past its partition's end.
 ENDS_CHECK_S = 1.0
+#: Offsets are committed at most this often while batches keep coming; the
+#: batches in between are covered by the next commit, or by the first poll that
+#: finds nothing (between batches, so only handled offsets are committed). A
+#: commit is a broker request; committing every batch of a trickle cost about
+#: as much CPU as handling it. A crash or rebalance reads again at most this
+#: much, which the inbox skips.
+COMMIT_EVERY_S = 0.25
 _tracer = trace.get_tracer("runyard.messaging")
 
 Handler = Callable[[RecordedEvent[Event], asyncpg.Connection], Awaitable[None]]
@@ -111,7 +118,8 @@ class IdempotentConsumer:
     so a retried dead letter is handled again). A handler that never writes
     through the batch's connection (`isolated=False`: it appends through its
     own store, or only starts background work) runs without the savepoint.
-    Offsets are committed once per batch, after the transaction. Events whose
+    Offsets are committed after the transaction, at most every `COMMIT_EVERY_S`
+    (the batches in between are covered by the next commit). Events whose
     type the handler does not care about (`event_types`) are skipped before any
     database work.
     """
@@ -145,6 +153,11 @@ class IdempotentConsumer:
         self._broker: KafkaBroker | None = None
         self._subscriber: Any = None
         self._commits_paused_until = 0.0
+        #: See COMMIT_EVERY_S: when offsets were last committed, and whether handled
+        #: offsets wait for a commit.
+        self.commit_every_s = COMMIT_EVERY_S
+        self._last_commit = -math.inf
+        self._commit_owed = False
         #: Subscribed topics whose registration row is not written yet.
         self._unregistered: set[str] = set()
         #: (topic, partition) -> the highest position taken there (see `_in_order`).
@@ -181,7 +194,12 @@ class IdempotentConsumer:
             listener=_WatchEnds(self),
             **self.kafka.consumer_options(),
         )
-        self._subscriber.get_msg = types.MethodType(_poll_batch, self._subscriber)  # see there
+        subscriber = self._subscriber
+
+        async def poll(consumer: AIOKafkaConsumer) -> tuple[ConsumerRecord[Any, Any], ...]:
+            return await self._poll(consumer, subscriber.batch_timeout_ms)
+
+        subscriber.get_msg = poll  # FastStream's, replaced: see `_poll`
         track_lag(self.name, self.lag)
 
         @self._subscriber  # type: ignore[untyped-decorator]  # FastStream's is not annotated
@@ -259,19 +277,46 @@ class IdempotentConsumer:
         # FastStream's subscriber holds its aiokafka consumer while it runs.
         return getattr(self._subscriber, "consumer", None)
 
+    async def _poll(
+        self, consumer: AIOKafkaConsumer, timeout_ms: int
+    ) -> tuple[ConsumerRecord[Any, Any], ...]:
+        """The next batch: FastStream's batch poll, without its pause after an empty
+        one, and committing the offsets a quiet consumer still owes.
+
+        FastStream 0.7's batch subscriber sleeps `batch_timeout_ms` after every poll
+        that found nothing, and a message arriving meanwhile waits out that sleep:
+        half an idle consumer's time, about 11 ms a hop on average with the 50 ms
+        wait. `getmany` already waits up to the timeout for records, so the loop
+        does not spin without the sleep."""
+        polled = await consumer.getmany(timeout_ms=timeout_ms, max_records=self.max_records)
+        if not polled:
+            await self._commit_owed_offsets(consumer.commit)
+        return tuple(itertools.chain.from_iterable(polled.values()))
+
     async def _commit(self, message: KafkaMessage) -> None:
-        """Commit the offsets after processing; a failed commit only means a
-        redelivery, which the inbox absorbs, so it must never wedge the consumer
-        (e.g. while the embedded broker restarts with no memory of the group)."""
-        loop = asyncio.get_running_loop()
+        """After a batch is handled: commit its offsets, or leave them to the next
+        commit if the last was less than `commit_every_s` ago."""
         if self.take_sought():
             return  # a partition was sought back: these offsets are not handled yet
-        if loop.time() < self._commits_paused_until:
-            return  # a later commit covers these offsets too
+        self._commit_owed = True
+        if asyncio.get_running_loop().time() - self._last_commit >= self.commit_every_s:
+            await self._commit_owed_offsets(message.ack)
+
+    async def _commit_owed_offsets(self, commit: Callable[[], Awaitable[None]]) -> None:
+        """Commit the consumer's offsets (only ever called between batches, when all it
+        took is handled). A failed commit only means a redelivery, which the inbox
+        absorbs, so it must never wedge the consumer (e.g. while the embedded broker
+        restarts with no memory of the group)."""
+        loop = asyncio.get_running_loop()
+        if not self._commit_owed or loop.time() < self._commits_paused_until:
+            return  # nothing owed, or a later commit covers these offsets too
+        self._commit_owed = False
+        self._last_commit = loop.time()
         try:
-            await asyncio.wait_for(message.ack(), timeout=0.5)
+            await asyncio.wait_for(commit(), timeout=0.5)
         except Exception as exc:
             self.stats.commit_failures += 1
+            self._commit_owed = True
             self._commits_paused_until = loop.time() + 2.0
             log.debug("%s: offset commit failed (%r); redelivery will be deduped", self.name, exc)
 
@@ -636,20 +681,6 @@ async def _the_message(message: Any) -> Any:
     up by a function FastStream runs on a worker thread, once per batch: 0.6 ms
     of CPU a batch.)"""
     return message
-
-
-async def _poll_batch(
-    self: Any, consumer: AIOKafkaConsumer
-) -> tuple[ConsumerRecord[Any, Any], ...]:
-    """The batch subscriber's poll without a pause after an empty one.
-
-    FastStream 0.7's batch subscriber sleeps `batch_timeout_ms` after every poll
-    that found nothing, and a message arriving meanwhile waits out that sleep:
-    half an idle consumer's time, about 11 ms a hop on average with the 50 ms
-    wait. `getmany` already waits up to `batch_timeout_ms` for records, so the
-    loop does not spin without the sleep."""
-    polled = await consumer.getmany(timeout_ms=self.batch_timeout_ms, max_records=self.max_records)
-    return tuple(itertools.chain.from_iterable(polled.values()))
 
 
 def make_broker(kafka: KafkaSettings, **options: Any) -> KafkaBroker:
