@@ -10,6 +10,7 @@ of the message ran on a worker thread once per batch."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import anyio
@@ -126,3 +127,20 @@ async def test_offsets_are_committed_together_and_all_of_them_once_quiet(
     assert [e.event.n for e in collector.seen] == list(range(30))  # type: ignore[attr-defined]
     assert counts["batches"] >= 6
     assert counts["commits"] < counts["batches"], counts
+
+
+async def test_the_broker_client_logs_through_runyards_logger(
+    dsn: str,
+    kafka: KafkaSettings,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """FastStream's own lines (a partition assignment, a stopped subscriber) go through
+    `runyard.messaging.broker`: the process's format and level, no colors of their own."""
+    caplog.set_level(logging.INFO, logger="runyard.messaging.broker")
+    async with running_consumer(dsn, kafka, name="logs-through") as (consumer, _):
+        await wait_until(lambda: bool(consumer.assignment()), within=60)
+    said = [r.getMessage() for r in caplog.records if r.name == "runyard.messaging.broker"]
+    assert any("assigned to partitions" in line for line in said), said
+    out, err = capfd.readouterr()
+    assert "\x1b[" not in out + err, "FastStream printed lines of its own"

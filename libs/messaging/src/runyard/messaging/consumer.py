@@ -684,12 +684,18 @@ async def _the_message(message: Any) -> Any:
 
 
 def make_broker(kafka: KafkaSettings, **options: Any) -> KafkaBroker:
-    """A FastStream broker on `kafka.bootstrap`, with tracing middleware."""
+    """A FastStream broker on `kafka.bootstrap`, with tracing middleware.
+
+    It logs through `runyard.messaging.broker`, so its lines take the process's
+    format and level (`RUNYARD_LOG_LEVEL`, WARNING by default) instead of
+    FastStream's own colored INFO lines (a partition assignment, each stopped
+    subscriber task)."""
     from faststream.kafka.opentelemetry import KafkaTelemetryMiddleware
 
     return KafkaBroker(
         kafka.bootstrap,
         security=kafka.security.faststream(),  # SASL/TLS when the environment asks
+        logger=logging.getLogger("runyard.messaging.broker"),
         log_level=logging.DEBUG,  # per-message access logs only when asked for
         enable_idempotence=False,
         request_timeout_ms=kafka.request_timeout_ms,
