@@ -11,18 +11,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
 import asyncpg
 import fast_depends.utils
 import pytest
+from aiokafka import AIOKafkaProducer, TopicPartition
+from runyard.contracts.loglines import LogRecord
 from runyard.eventstore import PostgresEventStore
-from runyard.messaging import KafkaSettings
+from runyard.messaging import KafkaSettings, batches, copartition
 from runyard.messaging.consumer import IdempotentConsumer, make_broker
+from runyard.messaging.copartition import CoPartitionedConsumer
+from runyard.messaging.progress import partition_of
 
 from tests.contract.sample_events import happened, sample_mapper
 from tests.integration.test_relay import Collector, running_consumer, running_relay, wait_until
+from tests.log_records import log_record
 
 pytestmark = pytest.mark.integration
 
@@ -144,3 +151,53 @@ async def test_the_broker_client_logs_through_runyards_logger(
     assert any("assigned to partitions" in line for line in said), said
     out, err = capfd.readouterr()
     assert "\x1b[" not in out + err, "FastStream printed lines of its own"
+
+
+async def test_a_co_partitioned_consumer_commits_polls_together_and_all_once_quiet(
+    dsn: str, kafka: KafkaSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for the consumer of events and lines together (fault tolerance's)."""
+    commits: list[dict[TopicPartition, int]] = []
+    commit_offsets = batches.commit_offsets
+
+    async def counted(reader: str, consumer: Any, offsets: dict[TopicPartition, int]) -> bool:
+        commits.append(dict(offsets))
+        return await commit_offsets(reader, consumer, offsets)
+
+    monkeypatch.setattr(copartition, "commit_offsets", counted)
+    producer = AIOKafkaProducer(**kafka.client_options())
+    await producer.start()
+    try:  # all 30 lines are there before the consumer starts: polls of 5 back to back
+        for seq in range(30):
+            record = log_record(datetime.now(UTC), "t1", f"step {seq}", seq=seq)
+            await producer.send(kafka.topics.logs, record.to_bytes(), key=record.key())
+        await producer.flush()
+    finally:
+        await producer.stop()
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+    lines: list[list[LogRecord]] = []
+
+    async def on_lines(records: Sequence[LogRecord]) -> None:
+        lines.append(list(records))
+
+    events = IdempotentConsumer(
+        "copartition-commits", pool=pool, mapper=sample_mapper(), handler=Collector(), kafka=kafka
+    )
+    events.attach(make_broker(kafka), kafka.topics.task_events)
+    reader = CoPartitionedConsumer(events, kafka=kafka, on_lines=on_lines, max_records=5)
+    reader.commit_every_s = 3600.0  # in effect: only the first poll commits at once
+    task = asyncio.create_task(reader.run())
+    try:
+        await wait_until(lambda: sum(map(len, lines)) == 30, within=60)
+        client = reader._consumer
+        assert client is not None
+        count = len(client.partitions_for_topic(kafka.topics.logs) or ())
+        partition = TopicPartition(kafka.topics.logs, partition_of("task-t1", count))
+        await wait_until(lambda: bool(commits) and commits[-1].get(partition) == 30, within=60)
+        assert await client.committed(partition) == 30
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await pool.close()
+    assert len(lines) >= 6
+    assert len(commits) < len(lines), (len(commits), len(lines))

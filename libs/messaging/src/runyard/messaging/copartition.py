@@ -17,9 +17,11 @@ instance ("co-partitioning", as Kafka Streams calls it).
   .batches`: malformed ones are counted and skipped). In each poll, event batches
   are handled before line batches, so a line rarely comes before the event that
   started its attempt (the reader still copes: the topics are not ordered).
-- Offsets are committed after the poll's batches are handled; a failed commit is
-  only a redelivery (the inbox and the reader's idempotence absorb it). An
-  outage is waited out (`retrying`), holding the batch.
+- Offsets are committed after the poll's batches are handled, at most every
+  `COMMIT_EVERY_S` while polls keep bringing some (the polls in between are
+  covered by the next commit), and by the first poll that brings nothing; a
+  failed commit is only a redelivery (the inbox and the reader's idempotence
+  absorb it). An outage is waited out (`retrying`), holding the batch.
 - A partition of either topic whose position is past its end (the broker lost
   what it had) is read again from its start (`read_again_if_lost`); an events
   partition also has the relay's chain (`runyard.messaging.consumer`) for a
@@ -36,8 +38,10 @@ instance ("co-partitioning", as Kafka Streams calls it).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from typing import Any
@@ -46,7 +50,12 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from runyard.eventstore.transient import retrying
 from runyard.messaging.batches import POLL_MS, Handler, commit_offsets, decode_lines
-from runyard.messaging.consumer import IdempotentConsumer, kafka_lag, read_again_if_lost
+from runyard.messaging.consumer import (
+    COMMIT_EVERY_S,
+    IdempotentConsumer,
+    kafka_lag,
+    read_again_if_lost,
+)
 from runyard.messaging.settings import KafkaSettings
 from runyard.telemetry.metrics import register_gauge, track_lag
 
@@ -87,6 +96,11 @@ class CoPartitionedConsumer:
         self._consumer: AIOKafkaConsumer | None = None
         #: The partition numbers held since the last rebalance.
         self._held: set[int] = set()
+        #: Handled offsets not committed yet, and when offsets were last committed
+        #: (see `COMMIT_EVERY_S`).
+        self.commit_every_s = COMMIT_EVERY_S
+        self._owed: dict[TopicPartition, int] = {}
+        self._last_commit = -math.inf
 
     @property
     def name(self) -> str:
@@ -115,15 +129,22 @@ class CoPartitionedConsumer:
         try:
             await consumer.start()
             self._check_counts(consumer)
+            loop = asyncio.get_running_loop()
             while True:
                 polled = await consumer.getmany(timeout_ms=POLL_MS, max_records=self.max_records)
                 # A position past its end: the broker lost what it had (see consumer).
                 sought = await read_again_if_lost(self.name, consumer, consumer.assignment())
                 self.events.read_again(tp for tp in sought if tp.topic == self.events_topic)
+                for tp in sought:  # offsets of what the broker lost are owed no commit
+                    self._owed.pop(tp, None)
                 polled = {tp: m for tp, m in polled.items() if tp not in sought}
                 if any(polled.values()):
                     await self._handle(polled)
-                    await self._commit(consumer, polled)
+                    self._owe(polled)
+                    if loop.time() - self._last_commit >= self.commit_every_s:
+                        await self._commit(consumer)
+                elif self._owed:
+                    await self._commit(consumer)  # quiet: commit what is still owed
         finally:
             untrack()
             unregister()
@@ -158,17 +179,26 @@ class CoPartitionedConsumer:
                 handle = partial(self.on_lines, records)
                 await retrying(handle, component=f"consumer {self.name}")
 
-    async def _commit(
-        self, consumer: AIOKafkaConsumer, polled: Mapping[TopicPartition, list[Any]]
-    ) -> None:
-        sought = self.events.take_sought()  # read again from their start: not handled yet
-        offsets = {
-            tp: messages[-1].offset + 1
-            for tp, messages in polled.items()
-            if messages and tp not in sought
-        }
-        if offsets:
-            await commit_offsets(self.name, consumer, offsets)
+    def _owe(self, polled: Mapping[TopicPartition, list[Any]]) -> None:
+        """Owe a commit of the handled `polled`; a partition read again from its start
+        (not handled yet, and its earlier offsets may name a log the broker lost) owes
+        nothing."""
+        sought = self.events.take_sought()
+        for tp in sought:
+            self._owed.pop(tp, None)
+        for tp, messages in polled.items():
+            if messages and tp not in sought:
+                self._owed[tp] = messages[-1].offset + 1
+
+    async def _commit(self, consumer: AIOKafkaConsumer) -> None:
+        """Commit what is owed for the partitions still held (between polls: only
+        handled offsets); a failed commit is owed again."""
+        held = consumer.assignment()
+        offsets = {tp: offset for tp, offset in self._owed.items() if tp in held}
+        self._owed = {}
+        self._last_commit = asyncio.get_running_loop().time()
+        if offsets and not await commit_offsets(self.name, consumer, offsets):
+            self._owed = offsets
 
     def _check_counts(self, consumer: AIOKafkaConsumer) -> None:
         topics = (self.events_topic, self.lines_topic)
