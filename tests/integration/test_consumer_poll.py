@@ -161,8 +161,9 @@ async def test_a_co_partitioned_consumer_commits_polls_together_and_all_once_qui
     commit_offsets = batches.commit_offsets
 
     async def counted(reader: str, consumer: Any, offsets: dict[TopicPartition, int]) -> bool:
-        commits.append(dict(offsets))
-        return await commit_offsets(reader, consumer, offsets)
+        done = await commit_offsets(reader, consumer, offsets)
+        commits.append(dict(offsets))  # once the broker has it
+        return done
 
     monkeypatch.setattr(copartition, "commit_offsets", counted)
     producer = AIOKafkaProducer(**kafka.client_options())
