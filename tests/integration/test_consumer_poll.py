@@ -1,7 +1,9 @@
 """How a consumer waits for events and commits, over a real broker and Postgres:
 after a poll that found nothing it polls again at once (the poll itself waits
 for records up to its timeout), a batch is handed to the handler without a
-worker thread, and batches that follow each other share an offset commit.
+worker thread, and batches that follow each other share an offset commit (also
+in the co-partitioned consumer of events and lines). The broker client logs
+through Runyard's logger.
 
 FastStream's batch subscriber pauses for its whole batch timeout after an empty
 poll, and an event arriving during the pause waited it out; its context lookup
