@@ -7,7 +7,7 @@ import json
 from collections.abc import AsyncIterator
 
 import pytest
-from runyard.contracts import Metadata, NewEvent
+from runyard.contracts import Metadata, NewEvent, utcnow
 from runyard.eventstore import (
     ANY,
     NO_STREAM,
@@ -200,6 +200,59 @@ async def test_old_event_versions_load_through_the_upcaster(dsn: str) -> None:
         )
         [old] = await store.read_stream("test-old")
         assert old.event == Renamed(first="Ada", last="Lovelace")
+    finally:
+        await store.close()
+
+
+async def test_a_read_decodes_old_and_current_rows_alike_and_refuses_an_unknown_type(
+    dsn: str,
+) -> None:
+    """Rows of a current payload are decoded inline by the readers; every other row
+    (an older version, a type this code does not know) goes through `decode`."""
+    from runyard.contracts import UnknownEventType
+
+    store = await PostgresEventStore.connect(dsn, sample_mapper())
+
+    async def insert(version: int, type_name: str, schema_version: int, data: str) -> None:
+        """A row as an older Runyard (or a newer one) wrote it."""
+        async with store.pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                """INSERT INTO events (event_id, stream_id, stream_version, event_type,
+                       schema_version, data, metadata, occurred_at)
+                   VALUES (gen_random_uuid(), 'test-mix', $1, $2, $3, $4,
+                           '{"actor": "t"}', now())""",
+                version,
+                type_name,
+                schema_version,
+                data,
+            )
+            await conn.execute(
+                """INSERT INTO streams (stream_id, version) VALUES ('test-mix', $1)
+                   ON CONFLICT (stream_id) DO UPDATE SET version = $1""",
+                version,
+            )
+
+    renamed = NewEvent(Renamed(first="Grace", last="Hopper"), Metadata(actor="t"), utcnow())
+    try:
+        await insert(1, "Renamed", 1, '{"name": "Ada Lovelace"}')
+        await store.append("test-mix", [renamed], 1)
+        await insert(3, "Renamed", 1, '{"name": "Alan Turing"}')
+        await store.append("test-mix", [happened(4)], 3)
+        want = [
+            Renamed(first="Ada", last="Lovelace"),
+            Renamed(first="Grace", last="Hopper"),
+            Renamed(first="Alan", last="Turing"),
+            Happened(n=4),
+        ]
+        assert [e.event for e in await store.read_stream("test-mix")] == want
+        assert [e.event for e in await store.all_reader(0).read(10)] == want
+        assert [e.stream_version for e in await store.read_stream("test-mix")] == [1, 2, 3, 4]
+
+        await insert(5, "Vanished", 1, "{}")
+        with pytest.raises(UnknownEventType, match="Vanished"):
+            await store.read_stream("test-mix")
+        with pytest.raises(UnknownEventType, match="Vanished"):
+            await store.all_reader(0).read(10)
     finally:
         await store.close()
 

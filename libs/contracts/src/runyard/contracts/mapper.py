@@ -10,7 +10,7 @@ load, so a breaking change to an event adds an upcaster instead of a migration.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from runyard.contracts.base import Event
@@ -31,6 +31,7 @@ class EventMapper:
 
     def __init__(self, models: Iterable[type[Event]] = ()) -> None:
         self._models: dict[str, type[Event]] = {}
+        self._current: dict[str, tuple[type[Event], int]] = {}
         self._upcasters: dict[tuple[str, int], Upcaster] = {}
         for model in models:
             self.register(model)
@@ -41,6 +42,7 @@ class EventMapper:
         if known is not None and known is not model:
             raise ValueError(f"event type {name!r} registered twice")
         self._models[name] = model
+        self._current[name] = (model, model.schema_version)
 
     def register_upcaster(self, type_name: str, from_version: int, upcaster: Upcaster) -> None:
         """`upcaster` turns a payload of `from_version` into one of `from_version + 1`."""
@@ -55,6 +57,12 @@ class EventMapper:
     @property
     def models(self) -> dict[str, type[Event]]:
         return dict(self._models)
+
+    @property
+    def current(self) -> Mapping[str, tuple[type[Event], int]]:
+        """Each type name's model and its schema version, as kept (not a copy): for
+        a reader that decodes many rows and looks each type up itself."""
+        return self._current
 
     def encode(self, event: Event) -> tuple[str, int, str]:
         """(type name, schema version, JSON text) for storage."""

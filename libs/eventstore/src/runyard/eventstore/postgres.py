@@ -66,14 +66,16 @@ _READ_STREAM = (
     f"SELECT {EVENT_COLUMNS} FROM events WHERE stream_id = $1 AND stream_version >= $2"
     " ORDER BY stream_version LIMIT $3"
 )
+# The statement's snapshot bounds come with every row: each is an uncorrelated
+# subquery, so Postgres works it out once (an InitPlan), and every part of one
+# statement sees the one snapshot its scan of `events` sees. (A join of the bounds
+# with the rows costs about a third more per row.) No rows, no bounds: the reader
+# needs them only beside a row.
 _READ_ALL = f"""
-SELECT e.*, s.xmin, s.xmax
-FROM (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin,
-             pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xmax) s
-LEFT JOIN LATERAL (
-    SELECT {EVENT_COLUMNS} FROM events WHERE global_position > $1
-    ORDER BY global_position LIMIT $2
-) e ON true
+SELECT {EVENT_COLUMNS},
+       (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint) AS xmin,
+       (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint) AS xmax
+FROM events WHERE global_position > $1 ORDER BY global_position LIMIT $2
 """
 
 _CONNECTION_ERRORS = (
@@ -276,7 +278,7 @@ class PostgresEventStore(EventStore):
     ) -> list[RecordedEvent[Event]]:
         async with self._connection() as conn:  # LIMIT NULL: every event
             rows = await conn.fetch(_READ_STREAM, stream_id, from_version, limit)
-        return [self.decode(r) for r in rows]
+        return self.decode_rows(rows)
 
     async def stream_version(self, stream_id: str) -> int:
         async with self._connection() as conn:
@@ -310,6 +312,22 @@ class PostgresEventStore(EventStore):
             event=self.mapper.decode(event_type, schema_version, row[7]),
             metadata=Metadata.model_validate_json(row[8]),
         )
+
+    def decode_rows(self, rows: Sequence[Sequence[Any]]) -> list[RecordedEvent[Event]]:
+        """`decode` of every row, with the common case (a current payload) inline:
+        a fold reads thousands, and a call per row is a tenth of the read."""
+        current = self.mapper.current
+        stored = RecordedEvent.stored
+        decode = self.decode
+        events: list[RecordedEvent[Event]] = []
+        append = events.append
+        for row in rows:
+            known = current.get(row[5])
+            if known is not None and known[1] == row[6]:
+                append(stored(row, known[0]))
+            else:
+                append(decode(row))
+        return events
 
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
@@ -370,7 +388,7 @@ class PostgresAllReader(AllReader):
         self._gap: _Gap | None = None
 
     async def read(self, limit: int = 500) -> list[RecordedEvent[Event]]:
-        return [self.store.decode(row) for row in await self.read_rows(limit)]
+        return self.store.decode_rows(await self.read_rows(limit))
 
     async def read_stored(self, limit: int = 500) -> list[StoredEvent]:
         """Like `read`, but as stored: payload and metadata left as JSON text.
@@ -381,9 +399,9 @@ class PostgresAllReader(AllReader):
     async def read_rows(self, limit: int) -> list[asyncpg.Record]:
         async with self.store._connection() as conn:
             rows: list[asyncpg.Record] = await conn.fetch(_READ_ALL, self.position, limit)
-        first, last = rows[0]["global_position"], rows[-1]["global_position"]
-        if first is None:
+        if not rows:
             return []
+        first, last = rows[0]["global_position"], rows[-1]["global_position"]
         if first == self.position + 1 and last - first == len(rows) - 1:
             safe = rows  # positions are unique and ordered: none missing in between
             self.position = last
