@@ -14,7 +14,13 @@
   lettered or skipped; the partition simply waits.
 - Each batch's transaction also raises the group's positions per partition
   (`runyard.messaging.positions`): after a broker loss, the relay publishes
-  again only what some group had not handled.
+  again only what some group had not handled. A batch whose events the
+  consumer skips (none of its types) writes nothing: its positions are owed,
+  and saved with the next batch's transaction or before the next offset
+  commit, whichever comes first (`flush_positions`). So a committed offset
+  never runs ahead of the saved positions, and a service that cares for two
+  of a task's fifteen events does not commit a transaction for the other
+  thirteen.
 - Never jumps over events: each message names the previous event the relay
   published to its partition (header `prev`). A message whose `prev` is past
   what the group handled there (memory first, then the group's stored position)
@@ -79,6 +85,11 @@ log = logging.getLogger("runyard.consumer")
 GAP_WAIT_S = 60.0
 #: How often a consumer checks that no position of its is past its partition's end.
 ENDS_CHECK_S = 1.0
+#: After a failed save of owed positions, the next try waits this long (the
+#: offsets it holds back wait too; a redelivery is only skipped again).
+FLUSH_RETRY_S = 2.0
+#: How long a save of owed positions may take before it counts as failed.
+FLUSH_TIMEOUT_S = 5.0
 #: Offsets are committed at most this often while batches keep coming; the
 #: batches in between are covered by the next commit, or by the first poll that
 #: finds nothing (between batches, so only handled offsets are committed). A
@@ -158,6 +169,10 @@ class IdempotentConsumer:
         self.commit_every_s = COMMIT_EVERY_S
         self._last_commit = -math.inf
         self._commit_owed = False
+        #: Positions of batches that were only skipped, not saved yet (see the
+        #: module), and when a failed save may be tried again.
+        self._positions_owed: Positions = {}
+        self._flush_paused_until = 0.0
         #: Subscribed topics whose registration row is not written yet.
         self._unregistered: set[str] = set()
         #: (topic, partition) -> the highest position taken there (see `_in_order`).
@@ -310,6 +325,8 @@ class IdempotentConsumer:
         loop = asyncio.get_running_loop()
         if not self._commit_owed or loop.time() < self._commits_paused_until:
             return  # nothing owed, or a later commit covers these offsets too
+        if not await self.flush_positions():
+            return  # the offsets wait for the positions of what they cover
         self._commit_owed = False
         self._last_commit = loop.time()
         try:
@@ -342,8 +359,8 @@ class IdempotentConsumer:
                 await self.dead_letter(record, exc.reason)
         component = f"consumer {self.name}"
         if not wanted:
-            if positions:
-                await retrying(lambda: self._save_positions(positions), component=component)
+            for key, position in positions.items():  # saved later: see `flush_positions`
+                self._positions_owed[key] = max(self._positions_owed.get(key, 0), position)
             return
         done = await retrying(lambda: self._handle_batch(wanted, positions), component=component)
         self.stats.processed += sum(done)
@@ -355,6 +372,8 @@ class IdempotentConsumer:
     ) -> list[bool]:
         """Handle `wanted` in one transaction (or one by one if that fails);
         transient errors raise, for `retrying` to wait out."""
+        owed = dict(self._positions_owed)
+        positions = {k: max(owed.get(k, 0), v) for k, v in {**owed, **positions}.items()}
         try:
             async with self.pool.acquire() as conn, conn.transaction():
                 fresh = await self._record(conn, [event for _, event in wanted])
@@ -363,6 +382,7 @@ class IdempotentConsumer:
                     await self.after_batch(conn)
                 await self._write_positions(conn, positions)
             self._registered()
+            self._paid(owed)
             return done
         except Exception as exc:
             if is_transient(exc):
@@ -378,6 +398,7 @@ class IdempotentConsumer:
                 if self.after_batch is not None:
                     await self.after_batch(conn)
         await self._save_positions(positions)
+        self._paid(owed)
         return done
 
     async def _in_order(
@@ -467,6 +488,32 @@ class IdempotentConsumer:
             prev,
         )
         return True
+
+    async def flush_positions(self) -> bool:
+        """Save the positions that batches of skipped events owe; called before offsets
+        are committed, so a committed offset never runs ahead of the saved positions.
+        False when the database cannot take them now: the commit waits (and the next
+        try waits `FLUSH_RETRY_S`)."""
+        owed = dict(self._positions_owed)
+        if not owed:
+            return True
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._flush_paused_until:
+            return False
+        try:
+            await asyncio.wait_for(self._save_positions(owed), timeout=FLUSH_TIMEOUT_S)
+        except Exception as exc:
+            self._flush_paused_until = loop.time() + FLUSH_RETRY_S
+            log.debug("%s: owed positions not saved (%r); offsets wait", self.name, exc)
+            return False
+        self._paid(owed)
+        return True
+
+    def _paid(self, saved: Positions) -> None:
+        """`saved` is written: what it covers is owed no more."""
+        for key, position in saved.items():
+            if self._positions_owed.get(key, -1) <= position:
+                self._positions_owed.pop(key, None)
 
     async def _save_positions(self, positions: Positions) -> None:
         async with self.pool.acquire() as conn, conn.transaction():

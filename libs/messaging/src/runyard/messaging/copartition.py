@@ -192,11 +192,14 @@ class CoPartitionedConsumer:
 
     async def _commit(self, consumer: AIOKafkaConsumer) -> None:
         """Commit what is owed for the partitions still held (between polls: only
-        handled offsets); a failed commit is owed again."""
+        handled offsets), once the positions the events consumer owes are saved; a
+        failed commit is owed again."""
+        self._last_commit = asyncio.get_running_loop().time()
+        if not await self.events.flush_positions():
+            return  # the offsets wait for the saved positions of the events they cover
         held = consumer.assignment()
         offsets = {tp: offset for tp, offset in self._owed.items() if tp in held}
         self._owed = {}
-        self._last_commit = asyncio.get_running_loop().time()
         if offsets and not await commit_offsets(self.name, consumer, offsets):
             self._owed = offsets
 

@@ -1,7 +1,9 @@
 """What each consumer group has handled, per partition, and where a replay must start.
 
 A consumer writes, in the transaction of each batch, the highest global position
-it handled (or skipped) in each partition of the batch. The relay remembers the
+it handled (or skipped) in each partition of the batch; a batch it only skipped
+is written with the next batch, or before the next offset commit
+(`IdempotentConsumer.flush_positions`). The relay remembers the
 highest position it published to each partition. When the broker loses its
 memory, every event some group had not handled yet lies after that group's
 position in the event's partition, so the relay publishes again from the lowest
