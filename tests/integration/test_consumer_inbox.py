@@ -21,11 +21,14 @@ from tests.contract.sample_events import happened, sample_mapper
 pytestmark = pytest.mark.integration
 
 
-def _record(event: RecordedEvent[Event], offset: int) -> ConsumerRecord[bytes, bytes]:
+def consumer_record(
+    event: RecordedEvent[Event], offset: int, partition: int = 0
+) -> ConsumerRecord[bytes, bytes]:
+    """The message the relay would publish for `event`, as a consumer polls it."""
     key, value, headers = codec.encode(event)
     return ConsumerRecord(
         topic="test",
-        partition=0,
+        partition=partition,
         offset=offset,
         timestamp=0,
         timestamp_type=0,
@@ -72,7 +75,7 @@ async def test_a_batch_is_recorded_once_and_a_failed_event_can_be_handled_again(
     await broker.connect()
     try:
         # 3 comes twice in the batch (a redelivery inside one fetch).
-        batch = [_record(e, i) for i, e in enumerate((one, two, three, three))]
+        batch = [consumer_record(e, i) for i, e in enumerate((one, two, three, three))]
         await consumer.process_batch(batch)
         assert handled == [1, 3]
         assert (consumer.stats.processed, consumer.stats.duplicates) == (2, 1)
@@ -87,7 +90,7 @@ async def test_a_batch_is_recorded_once_and_a_failed_event_can_be_handled_again(
 
         # The cause is fixed and the dead letter retried: 2 is handled now, 1 is not again.
         failing.clear()
-        await consumer.process_batch([_record(two, 4), _record(one, 5)])
+        await consumer.process_batch([consumer_record(two, 4), consumer_record(one, 5)])
         assert handled == [1, 3, 2]
         assert (consumer.stats.processed, consumer.stats.duplicates) == (3, 2)
     finally:

@@ -17,34 +17,29 @@ from typing import Any
 import asyncpg
 import pytest
 from aiokafka import TopicPartition
-from aiokafka.structs import ConsumerRecord
-from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent, utcnow
+from runyard.contracts import Metadata, NewEvent, utcnow
 from runyard.eventstore import PostgresEventStore
-from runyard.messaging import KafkaSettings, batches, codec, copartition
+from runyard.messaging import KafkaSettings, batches, copartition
 from runyard.messaging import consumer as consumer_module
 from runyard.messaging.consumer import IdempotentConsumer, make_broker
 from runyard.messaging.copartition import CoPartitionedConsumer
 
 from tests.contract.sample_events import Renamed, happened, sample_mapper
+from tests.integration.test_consumer_inbox import consumer_record
 from tests.integration.test_relay import Collector, running_relay, wait_until
 
 pytestmark = pytest.mark.integration
 
 
-def _record(event: RecordedEvent[Event], partition: int, offset: int) -> ConsumerRecord[Any, Any]:
-    key, value, headers = codec.encode(event)
-    return ConsumerRecord(
-        topic="test",
-        partition=partition,
-        offset=offset,
-        timestamp=0,
-        timestamp_type=0,
-        key=key,
-        value=value,
-        checksum=None,
-        serialized_key_size=len(key),
-        serialized_value_size=len(value),
-        headers=headers,
+def _renamed_only(name: str, pool: asyncpg.Pool, kafka: KafkaSettings) -> IdempotentConsumer:
+    """A consumer that handles `Renamed` events only: it skips `Happened`."""
+    return IdempotentConsumer(
+        name,
+        pool=pool,
+        mapper=sample_mapper(),
+        handler=Collector(),
+        kafka=kafka,
+        event_types=frozenset({"Renamed"}),
     )
 
 
@@ -66,14 +61,7 @@ async def _attached(dsn: str, kafka: KafkaSettings, name: str) -> AsyncIterator[
     """A consumer of `Renamed` only, fed by the test (no broker poll)."""
     pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
     broker = make_broker(kafka)
-    consumer = IdempotentConsumer(
-        name,
-        pool=pool,
-        mapper=sample_mapper(),
-        handler=Collector(),
-        kafka=kafka,
-        event_types=frozenset({"Renamed"}),
-    )
+    consumer = _renamed_only(name, pool, kafka)
     consumer.attach(broker, "test")
     consumer.commit_every_s = 0.0  # every batch commits at once
     try:
@@ -101,19 +89,19 @@ async def test_skipped_batches_owe_their_positions_until_a_batch_or_a_commit_sav
 
             message = SimpleNamespace(ack=ack)
             # Two batches of skipped events (partitions 0 and 1): nothing written.
-            await consumer.process_batch([_record(one, 0, 0)])
-            await consumer.process_batch([_record(two, 1, 0)])
+            await consumer.process_batch([consumer_record(one, 0, 0)])
+            await consumer.process_batch([consumer_record(two, 0, 1)])
             assert consumer.stats.skipped == 2
             assert await _saved(pool, name) == {}
             # A handled batch in partition 0 saves what partition 1 owed too.
-            await consumer.process_batch([_record(wanted, 0, 1)])
+            await consumer.process_batch([consumer_record(wanted, 1, 0)])
             assert consumer.stats.processed == 1
             assert await _saved(pool, name) == {
                 0: wanted.global_position,
                 1: two.global_position,
             }
             # A skipped batch, then its commit: the save comes first.
-            await consumer.process_batch([_record(three, 1, 1)])
+            await consumer.process_batch([consumer_record(three, 1, 1)])
             assert (await _saved(pool, name))[1] == two.global_position
             await consumer._commit(message)  # type: ignore[arg-type]
             assert commits == [{0: wanted.global_position, 1: three.global_position}]
@@ -122,7 +110,7 @@ async def test_skipped_batches_owe_their_positions_until_a_batch_or_a_commit_sav
             monkeypatch.setattr(consumer_module, "FLUSH_RETRY_S", 0.0)
             await store.append("test-skip", [happened(4)])
             [*_, four] = await store.read_stream("test-skip")
-            await consumer.process_batch([_record(four, 1, 2)])
+            await consumer.process_batch([consumer_record(four, 2, 1)])
             away = await asyncpg.create_pool(dsn, min_size=0, max_size=1)
             await away.close()
             consumer.pool = away
@@ -148,14 +136,7 @@ async def test_a_committed_offset_never_runs_ahead_of_the_saved_positions(
     pool = await asyncpg.create_pool(dsn, min_size=1, max_size=4)
     broker = make_broker(kafka)
     name = f"ahead-{uuid.uuid4().hex[:6]}"
-    consumer = IdempotentConsumer(
-        name,
-        pool=pool,
-        mapper=sample_mapper(),
-        handler=Collector(),
-        kafka=kafka,
-        event_types=frozenset({"Renamed"}),
-    )
+    consumer = _renamed_only(name, pool, kafka)
     consumer.commit_every_s = 0.05
     topic = kafka.topics.for_category("test")
     consumer.subscribe(broker, topic)
@@ -237,14 +218,7 @@ async def test_a_co_partitioned_consumer_commits_only_saved_positions(
         return await commit_offsets(reader, client, offsets)
 
     monkeypatch.setattr(copartition, "commit_offsets", checked)
-    events = IdempotentConsumer(
-        name,
-        pool=pool,
-        mapper=sample_mapper(),
-        handler=Collector(),
-        kafka=kafka,
-        event_types=frozenset({"Renamed"}),
-    )
+    events = _renamed_only(name, pool, kafka)
     events.attach(make_broker(kafka), topic)
 
     async def on_lines(records: Any) -> None:
