@@ -170,9 +170,8 @@ class IdempotentConsumer:
         self._last_commit = -math.inf
         self._commit_owed = False
         #: Positions of batches that were only skipped, not saved yet (see the
-        #: module), and when a failed save may be tried again.
+        #: module); a failed save pauses commits (`_commits_paused_until`).
         self._positions_owed: Positions = {}
-        self._flush_paused_until = 0.0
         #: Subscribed topics whose registration row is not written yet.
         self._unregistered: set[str] = set()
         #: (topic, partition) -> the highest position taken there (see `_in_order`).
@@ -359,8 +358,7 @@ class IdempotentConsumer:
                 await self.dead_letter(record, exc.reason)
         component = f"consumer {self.name}"
         if not wanted:
-            for key, position in positions.items():  # saved later: see `flush_positions`
-                self._positions_owed[key] = max(self._positions_owed.get(key, 0), position)
+            self._positions_owed = _highest(self._positions_owed, positions)  # see flush_positions
             return
         done = await retrying(lambda: self._handle_batch(wanted, positions), component=component)
         self.stats.processed += sum(done)
@@ -373,7 +371,7 @@ class IdempotentConsumer:
         """Handle `wanted` in one transaction (or one by one if that fails);
         transient errors raise, for `retrying` to wait out."""
         owed = dict(self._positions_owed)
-        positions = {k: max(owed.get(k, 0), v) for k, v in {**owed, **positions}.items()}
+        positions = _highest(owed, positions)
         try:
             async with self.pool.acquire() as conn, conn.transaction():
                 fresh = await self._record(conn, [event for _, event in wanted])
@@ -498,12 +496,12 @@ class IdempotentConsumer:
         if not owed:
             return True
         loop = asyncio.get_running_loop()
-        if loop.time() < self._flush_paused_until:
+        if loop.time() < self._commits_paused_until:
             return False
         try:
             await asyncio.wait_for(self._save_positions(owed), timeout=FLUSH_TIMEOUT_S)
         except Exception as exc:
-            self._flush_paused_until = loop.time() + FLUSH_RETRY_S
+            self._commits_paused_until = loop.time() + FLUSH_RETRY_S
             log.debug("%s: owed positions not saved (%r); offsets wait", self.name, exc)
             return False
         self._paid(owed)
@@ -715,6 +713,11 @@ class _WatchEnds(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         self.owner.watch_ends()
+
+
+def _highest(a: Positions, b: Positions) -> Positions:
+    """The higher position of each partition in either."""
+    return {key: max(a.get(key, 0), b.get(key, 0)) for key in a.keys() | b.keys()}
 
 
 def _link_to_current() -> list[trace.Link]:
