@@ -1,6 +1,6 @@
 """The append signal on a real Postgres: an append after a quiet spell wakes a
-listener, appends close together do not, and a listener whose connection is
-killed listens again."""
+listener, appends close together do not, a listener whose connection is
+killed listens again, and one cancelled as its connection is lost stops."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
+import asyncpg
 import pytest
 from runyard.eventstore import PostgresEventStore
 from runyard.eventstore.appended import AppendSignal
@@ -78,7 +79,9 @@ async def test_an_append_after_a_quiet_spell_wakes_the_signal(dsn: str) -> None:
         await store.close()
 
 
-async def test_a_listener_whose_connection_is_killed_listens_again(dsn: str) -> None:
+async def test_a_listener_whose_connection_is_killed_listens_again(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
     store = await PostgresEventStore.connect(dsn, sample_mapper())
     try:
         async with listening(store) as signal:
@@ -95,5 +98,28 @@ async def test_a_listener_whose_connection_is_killed_listens_again(dsn: str) -> 
             signal.clear()
             await store.append("test-1", [happened(1)])  # the store's first: announced
             assert await signal.wait(30) is True
+        # A lost connection is an outage, not an error to warn of.
+        assert "not listening" not in caplog.text
     finally:
         await store.close()
+
+
+async def test_a_listener_cancelled_as_its_connection_is_lost_stops(dsn: str) -> None:
+    """As in a database crash: the connection is lost and the listener cancelled at once
+    (its owner stepped down). asyncpg has then given the lost connection back to the
+    pool, so every call on it in the listener's cleanup raises; the listener stops all
+    the same, instead of taking that error for an outage to wait out."""
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+    signal = AppendSignal(pool)
+    task = asyncio.create_task(signal.run())
+    try:
+        await wait_until(lambda: signal.listening)
+        pool.terminate()  # every connection lost at once, the listener's too
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=10)
+        assert done, "the listener did not stop when cancelled"
+        assert task.cancelled()
+    finally:
+        if not task.done():
+            task.cancel()
+        pool.terminate()

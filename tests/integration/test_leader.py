@@ -4,12 +4,21 @@ and presences, held while their process lives."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
 import asyncpg
 import pytest
-from runyard.stack.leader import Leadership, Lease, Presence, held_sql, leadership, lease_key
+from runyard.stack.leader import (
+    Leadership,
+    Lease,
+    Presence,
+    WorkDidNotStop,
+    held_sql,
+    leadership,
+    lease_key,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -147,6 +156,67 @@ async def test_run_returns_when_the_work_returns_and_raises_its_error(dsn: str) 
         await asyncio.wait_for(Leadership(dsn, "x", **FAST).run(broken), 10)  # type: ignore[arg-type]
     async with leadership(dsn, "x", **FAST):  # type: ignore[arg-type]
         pass  # released after the error
+
+
+async def test_a_stop_while_the_work_winds_down_stops_run(dsn: str) -> None:
+    """The service is stopped (SIGTERM) just as its lease is lost: run must stop too,
+    not stand by and take the lease again once the work has wound down."""
+    winding_down = asyncio.Event()
+
+    async def work(lease: Lease) -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            winding_down.set()
+            await asyncio.sleep(1.0)  # a slow cleanup (a producer flushing)
+
+    contender = Leadership(dsn, "relay", **FAST)  # type: ignore[arg-type]
+    task = asyncio.create_task(contender.run(work))
+    try:
+        await wait_until(lambda: contender.role == "active")
+        await _terminate_holder(dsn, "relay")
+        await asyncio.wait_for(winding_down.wait(), 10)
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=10)
+        assert done and task.cancelled(), "run went on after it was stopped"
+        assert contender.terms == 1
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_work_that_does_not_stop_when_cancelled_is_an_error_of_run(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Work that swallows its cancellation would keep the service in a term it lost
+    (a relay that publishes nothing): run raises, with where the work is stuck."""
+    released = asyncio.Event()
+
+    async def stuck(lease: Lease) -> None:
+        while not released.is_set():
+            with contextlib.suppress(asyncio.CancelledError):  # the bug: a stop swallowed
+                await released.wait()
+
+    contender = Leadership(dsn, "relay", stop_within_s=0.5, **FAST)  # type: ignore[arg-type]
+    task = asyncio.create_task(contender.run(stuck))
+    try:
+        await wait_until(lambda: contender.role == "active")
+        await _terminate_holder(dsn, "relay")
+        with pytest.raises(WorkDidNotStop, match="did not stop within"):
+            await asyncio.wait_for(task, 10)
+        assert "it is stuck at" in caplog.text and "in stuck" in caplog.text
+        assert contender.role == "standby"
+    finally:
+        released.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def wait_until(condition: Callable[[], object], within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
 
 
 # -- presence -------------------------------------------------------------------------

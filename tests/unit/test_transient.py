@@ -9,7 +9,7 @@ import asyncpg
 import pytest
 from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError
 from runyard.eventstore import StoreUnavailable
-from runyard.eventstore.transient import Backoff, Health, is_transient, retrying
+from runyard.eventstore.transient import Backoff, Health, cancel_and_wait, is_transient, retrying
 
 
 @pytest.mark.parametrize(
@@ -131,3 +131,78 @@ def test_an_outage_is_503_with_retry_after_and_grpc_unavailable() -> None:
     )
     assert status_of(error) == grpc.StatusCode.UNAVAILABLE
     assert translate(ValueError("a bug")) is None  # a bug stays a 500
+
+
+async def test_retrying_stops_when_a_cancelled_call_fails_on_its_way_out() -> None:
+    """A call cancelled in an outage often fails in its cleanup (a rollback or a release
+    on the lost connection): that error replaces the cancellation, and must not be
+    waited out as an outage would be."""
+    calls = 0
+    health = Health()
+
+    async def rolls_back_on_a_lost_connection() -> None:
+        nonlocal calls
+        calls += 1
+        try:
+            await asyncio.Event().wait()
+        finally:
+            raise ConnectionResetError(errno.ECONNRESET, "reset")
+
+    task = asyncio.create_task(retrying(rolls_back_on_a_lost_connection, component="db"))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=5)
+    assert done and task.cancelled(), "the cancelled call was retried"
+    assert calls == 1
+    assert health.report() == {}
+
+
+async def test_cancel_and_wait_waits_for_the_task_and_passes_a_stop_of_its_caller_on() -> None:
+    winding_down = asyncio.Event()
+
+    async def slow_to_stop() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            winding_down.set()
+            await asyncio.sleep(0.2)
+
+    child = asyncio.create_task(slow_to_stop())
+    await asyncio.sleep(0)
+    await cancel_and_wait(child)  # the caller is not stopped: it goes on
+    assert child.cancelled()
+
+    went_on = False
+
+    async def caller() -> None:
+        nonlocal went_on
+        child = asyncio.create_task(slow_to_stop())
+        await asyncio.sleep(0)  # started: it has something to wind down
+        await cancel_and_wait(child)
+        went_on = True
+
+    winding_down.clear()
+    outer = asyncio.create_task(caller())
+    await asyncio.wait_for(winding_down.wait(), 5)
+    outer.cancel()  # the caller is stopped while it waits for its child
+    done, _ = await asyncio.wait({outer}, timeout=5)
+    assert done and outer.cancelled()
+    assert not went_on
+
+    cleaned_up = False
+
+    async def stopped_caller() -> None:
+        nonlocal cleaned_up
+        child = asyncio.create_task(slow_to_stop())
+        try:
+            await asyncio.Event().wait()
+        finally:  # its own stop: the cleanup runs to its end
+            await cancel_and_wait(child)
+            cleaned_up = True
+
+    outer = asyncio.create_task(stopped_caller())
+    await asyncio.sleep(0.01)
+    outer.cancel()
+    done, _ = await asyncio.wait({outer}, timeout=5)
+    assert done and outer.cancelled()
+    assert cleaned_up

@@ -43,7 +43,15 @@ from runyard.eventstore.store import (
     EventStore,
     ExpectedVersion,
 )
-from runyard.eventstore.transient import HEALTH, Backoff, Health, is_transient, retrying
+from runyard.eventstore.transient import (
+    HEALTH,
+    Backoff,
+    Health,
+    cancel_and_wait,
+    cancel_requested,
+    is_transient,
+    retrying,
+)
 
 __all__ = [
     "ANY",
@@ -73,6 +81,8 @@ __all__ = [
     "StreamNotFound",
     "TaskCommands",
     "apply_migrations",
+    "cancel_and_wait",
+    "cancel_requested",
     "decide_and_append",
     "eventstore_migrations",
     "is_transient",

@@ -32,7 +32,7 @@ import logging
 from typing import Any
 
 import asyncpg
-from runyard.eventstore.transient import Backoff, is_transient
+from runyard.eventstore.transient import Backoff, cancel_requested, is_transient
 
 log = logging.getLogger("runyard.eventstore")
 
@@ -81,6 +81,8 @@ class AppendSignal:
             try:
                 await self._listen(backoff)
             except Exception as exc:  # only a hint: it never fails the reader
+                if cancel_requested():
+                    raise asyncio.CancelledError from exc
                 if not is_transient(exc):
                     log.warning("not listening for appended events: %s", exc)
             finally:
@@ -105,19 +107,25 @@ class AppendSignal:
                 await closed.wait()
             finally:
                 self.listening = False
-                conn.remove_termination_listener(on_close)
-                await _unlisten(conn, self._notified)
+                await _unlisten(conn, self._notified, on_close)
 
     def _notified(self, *_args: Any) -> None:
         self._set.set()
 
 
-async def _unlisten(conn: asyncpg.Connection, callback: Any) -> None:
+async def _unlisten(conn: asyncpg.Connection, callback: Any, on_close: Any) -> None:
     """UNLISTEN before the connection goes back to the pool; a connection that
-    cannot is closed (the pool replaces it), so no pooled session keeps listening."""
-    if conn.is_closed():
-        return
+    cannot is closed (the pool replaces it), so no pooled session keeps listening.
+
+    Never raises: it runs on the way out, often because the connection was lost,
+    and asyncpg has then already given a lost connection back to its pool (every
+    call on it raises `InterfaceError`). An error here would replace the
+    cancellation being handled and keep the listener from stopping."""
     try:
+        conn.remove_termination_listener(on_close)
+        if conn.is_closed():
+            return
         await conn.remove_listener(APPENDED_CHANNEL, callback)
-    except Exception:  # a broken connection: drop it
-        conn.terminate()
+    except Exception:  # a broken or already released connection
+        with contextlib.suppress(Exception):
+            conn.terminate()

@@ -10,6 +10,15 @@ gateway's `/readyz` answers from; the first success marks it up again.
 Only errors that say "the other side is not reachable now" are transient. A
 refused statement, a constraint violation or a bug raises at once: retrying
 those would hide them.
+
+Stopping. A service stops by cancelling its tasks, and an outage is exactly
+when a cancelled call's cleanup fails: a connection lost at that moment makes
+its `finally` (a rollback, a release to the pool) raise a connection error,
+which replaces the `CancelledError`. A loop that retried that error would have
+swallowed the stop, and the task would run on (or wait forever) after it was
+told to end. So `retrying`, and every loop that catches errors and goes on,
+asks `cancel_requested()` first: a task asked to stop stops. `cancel_and_wait`
+stops a task of one's own and waits for it, passing a stop of the waiter on.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import asyncpg
 from aiokafka.errors import KafkaConnectionError, KafkaError
@@ -57,6 +66,31 @@ _NETWORK_ERRNOS = frozenset(
 )
 #: asyncpg's interface errors are mostly misuse; these texts are a dead connection.
 _DEAD_CONNECTION_TEXTS = ("connection is closed", "connection was closed", "terminating connection")
+
+
+def cancel_requested() -> bool:
+    """True when the running task was asked to stop (cancelled) and has not finished
+    stopping: an error caught now must end it, not be retried or logged and skipped."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
+    """Cancel `task` and wait until it has ended, whatever it raised.
+
+    A stop of the caller that comes while it waits is raised on (a plain
+    `suppress(CancelledError)` around the wait would swallow it too); one the
+    caller was already handling (this is its cleanup) is left to it."""
+    current = asyncio.current_task()
+    stops_before = current.cancelling() if current is not None else 0
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        if current is not None and current.cancelling() > stops_before:
+            raise
+    except Exception:
+        log.debug("a task ended with an error as it was cancelled", exc_info=True)
 
 
 def is_transient(error: BaseException) -> bool:
@@ -160,6 +194,8 @@ async def retrying(
         except Exception as exc:
             if not is_transient(exc):
                 raise
+            if cancel_requested():  # a cleanup on the way out met the outage: stop
+                raise asyncio.CancelledError from exc
             health.mark_down(component, f"{type(exc).__name__}: {exc}"[:300])
             try:
                 await backoff.wait()

@@ -23,7 +23,10 @@ cheap query on the lock's connection (does this session still hold it?). When
 the check fails, times out (`check_timeout_s`, shorter than the server's
 keepalive detection, so the old holder stops before a standby can take over)
 or the connection closes, `lease.lost` is set and `Leadership.run` cancels
-the work.
+the work and waits for it to stop. Work still running 30 s later is a bug (it
+swallowed its cancellation): `run` raises `WorkDidNotStop` with the work's
+stack in the log, so the service stops and is started again rather than stay
+in a term it no longer holds.
 
 What the lease does not do: fence. Between the moment a holder is cut off
 and the moment it notices, it may still write. Correctness never depends on
@@ -63,8 +66,8 @@ at-least-once).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
+import io
 import logging
 import secrets
 import time
@@ -74,11 +77,21 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 import asyncpg
+from runyard.eventstore.transient import cancel_and_wait, cancel_requested
 
 if TYPE_CHECKING:
     from runyard.stack.context import ServiceContext
 
-__all__ = ["Leadership", "Lease", "Presence", "Role", "held_sql", "leadership", "lease_key"]
+__all__ = [
+    "Leadership",
+    "Lease",
+    "Presence",
+    "Role",
+    "WorkDidNotStop",
+    "held_sql",
+    "leadership",
+    "lease_key",
+]
 
 log = logging.getLogger("runyard.stack.leader")
 
@@ -143,9 +156,7 @@ async def leadership(
     try:
         yield lease
     finally:
-        watch.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watch
+        await cancel_and_wait(watch)
         await _close(conn)
 
 
@@ -174,9 +185,11 @@ async def _acquire(
                     standby_logged = True
                 await asyncio.sleep(retry_s)
         except Exception as exc:  # an outage (or a bad DSN): said in the log, waited out
-            log.warning("%s: lease connection failed (%r); retrying", name, exc)
             if conn is not None:
                 conn.terminate()
+            if cancel_requested():  # stopped while connecting: the outage is not ours
+                raise asyncio.CancelledError from exc
+            log.warning("%s: lease connection failed (%r); retrying", name, exc)
             await asyncio.sleep(retry_s)
         except BaseException:
             if conn is not None:
@@ -229,6 +242,7 @@ class Leadership:
         retry_s: float = 1.0,
         check_s: float = 1.0,
         check_timeout_s: float = 3.0,
+        stop_within_s: float = 30.0,
     ) -> None:
         self.dsn = dsn
         self.name = name
@@ -236,6 +250,8 @@ class Leadership:
         self.retry_s = retry_s
         self.check_s = check_s
         self.check_timeout_s = check_timeout_s
+        #: How long cancelled work may take to stop before `WorkDidNotStop`.
+        self.stop_within_s = stop_within_s
         self.role: Role = "standby"
         #: How many times this contender became active (tests, metrics).
         self.terms = 0
@@ -261,7 +277,7 @@ class Leadership:
                 self.role = "active"
                 self.terms += 1
                 try:
-                    if await _until_lost(work(lease), lease):
+                    if await _until_lost(work(lease), lease, self.stop_within_s):
                         return
                 finally:
                     self.role = "standby"
@@ -271,8 +287,14 @@ class Leadership:
             await asyncio.sleep(2 * self.retry_s)
 
 
-async def _until_lost(work: Awaitable[None], lease: Lease) -> bool:
-    """Run `work` until it ends (True) or the lease is lost (False, `work` cancelled)."""
+async def _until_lost(work: Awaitable[None], lease: Lease, stop_within_s: float) -> bool:
+    """Run `work` until it ends (True) or the lease is lost (False, `work` cancelled).
+
+    Work that has not stopped `stop_within_s` seconds after it was cancelled
+    raises `WorkDidNotStop`, with its stack in the log: it would hold the service
+    in a term it no longer owns (a relay that publishes nothing), so the service
+    stops on the error and its supervisor starts it again. A stop of the caller
+    meanwhile cancels the work once more and is raised on."""
     task = asyncio.ensure_future(work)
     lost = asyncio.ensure_future(lease.lost.wait())
     try:
@@ -281,12 +303,29 @@ async def _until_lost(work: Awaitable[None], lease: Lease) -> bool:
         lost.cancel()
         if not task.done():
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            try:
+                await asyncio.wait({task}, timeout=stop_within_s)
+            except asyncio.CancelledError:
+                task.cancel()
+                raise
+    if not task.done():
+        stack = io.StringIO()
+        task.print_stack(file=stack)
+        log.error(
+            "%s: the work did not stop %.0f s after it was cancelled; it is stuck at:\n%s",
+            lease.name,
+            stop_within_s,
+            stack.getvalue(),
+        )
+        raise WorkDidNotStop(f"{lease.name}: the work did not stop within {stop_within_s:.0f} s")
     if task.cancelled():
         return False
     task.result()  # an error of the work is raised here
     return True
+
+
+class WorkDidNotStop(RuntimeError):
+    """The active instance's work went on after it was cancelled (see `_until_lost`)."""
 
 
 def held_sql(column: str) -> str:
@@ -329,9 +368,7 @@ class Presence:
 
     async def __aexit__(self, *exc: object) -> None:
         if self._keeper is not None:
-            self._keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._keeper
+            await cancel_and_wait(self._keeper)
         if self._conn is not None:
             await _close(self._conn)  # the lock goes with the session
 

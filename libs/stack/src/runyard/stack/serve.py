@@ -13,7 +13,10 @@ runs:
 
 Both wait out an outage of Postgres or the broker (a service started before
 them comes up when they do). SIGTERM or SIGINT cancels the service, which
-stops cleanly, and the process exits 0; an error of the service exits 1.
+stops cleanly, and the process exits 0; an error of the service exits 1. A
+singleton whose work would not stop when its lease was lost
+(`runyard.stack.leader.WorkDidNotStop`) exits 1 at once: a task that ignores
+its cancellation cannot be waited for, and its supervisor starts it again.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from runyard.eventstore import Migration, apply_migrations, eventstore_migration
 from runyard.eventstore.transient import retrying
 from runyard.messaging import ensure_topics
 from runyard.stack.context import ServiceContext
+from runyard.stack.leader import WorkDidNotStop
 from runyard.stack.tuning import tune_gc
 from runyard.telemetry import setup_tracing
 
@@ -126,7 +130,12 @@ async def _until_signal(name: str) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, task.cancel)
     with contextlib.suppress(asyncio.CancelledError):
-        await task
+        try:
+            await task
+        except* WorkDidNotStop:
+            log.critical("%s: exiting now, leaving a task that ignores its cancellation", name)
+            logging.shutdown()
+            os._exit(1)
 
 
 def main(name: str | None = None) -> None:

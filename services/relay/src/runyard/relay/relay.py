@@ -38,7 +38,6 @@ before. docs/operations.md says how to find and replay a dead-lettered event.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -51,7 +50,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 from runyard.eventstore import PostgresAllReader, PostgresEventStore, StoredEvent
 from runyard.eventstore.appended import AppendSignal
-from runyard.eventstore.transient import Backoff, retrying
+from runyard.eventstore.transient import Backoff, cancel_and_wait, retrying
 from runyard.messaging import codec
 from runyard.messaging.deadletters import MAX_MESSAGE_BYTES, MESSAGE_ERRORS
 from runyard.messaging.positions import Positions, load_consumer_positions, replay_start
@@ -205,9 +204,7 @@ class OutboxRelay:
                 else:
                     reader = await self._replay_reader(start)
         finally:
-            listening.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listening
+            await cancel_and_wait(listening)
             await self._producer.stop()
 
     async def _replay_reader(self, upto: int) -> PostgresAllReader:
