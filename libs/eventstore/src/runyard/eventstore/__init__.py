@@ -48,9 +48,9 @@ from runyard.eventstore.transient import (
     Backoff,
     Health,
     cancel_and_wait,
-    cancel_requested,
     is_transient,
     retrying,
+    stop_requests,
 )
 
 __all__ = [
@@ -82,11 +82,11 @@ __all__ = [
     "TaskCommands",
     "apply_migrations",
     "cancel_and_wait",
-    "cancel_requested",
     "decide_and_append",
     "eventstore_migrations",
     "is_transient",
     "load_migrations",
     "remember_last",
     "retrying",
+    "stop_requests",
 ]

@@ -32,7 +32,7 @@ import logging
 from typing import Any
 
 import asyncpg
-from runyard.eventstore.transient import Backoff, cancel_requested, is_transient
+from runyard.eventstore.transient import Backoff, is_transient
 
 log = logging.getLogger("runyard.eventstore")
 
@@ -81,8 +81,6 @@ class AppendSignal:
             try:
                 await self._listen(backoff)
             except Exception as exc:  # only a hint: it never fails the reader
-                if cancel_requested():
-                    raise asyncio.CancelledError from exc
                 if not is_transient(exc):
                     log.warning("not listening for appended events: %s", exc)
             finally:

@@ -12,13 +12,15 @@ refused statement, a constraint violation or a bug raises at once: retrying
 those would hide them.
 
 Stopping. A service stops by cancelling its tasks, and an outage is exactly
-when a cancelled call's cleanup fails: a connection lost at that moment makes
-its `finally` (a rollback, a release to the pool) raise a connection error,
-which replaces the `CancelledError`. A loop that retried that error would have
-swallowed the stop, and the task would run on (or wait forever) after it was
-told to end. So `retrying`, and every loop that catches errors and goes on,
-asks `cancel_requested()` first: a task asked to stop stops. `cancel_and_wait`
-stops a task of one's own and waits for it, passing a stop of the waiter on.
+when a cancelled call's cleanup fails: a connection lost at that moment can
+make its `finally` raise a connection error, which replaces the
+`CancelledError`, and a loop that retried that error would swallow the stop.
+So cleanups that run on the way out do not raise (the append signal's), and a
+task stopped with `cancel_and_wait` is waited for with the waiter's own stop
+passed on. `retrying` cannot tell such an error from an outage by the task's
+pending cancellations (`Task.cancelling()`): Python 3.11's TaskGroup leaves
+one behind when a child fails (the log store's parallel insert does), and a
+retry that then gave up would drop the batch.
 """
 
 from __future__ import annotations
@@ -68,11 +70,11 @@ _NETWORK_ERRNOS = frozenset(
 _DEAD_CONNECTION_TEXTS = ("connection is closed", "connection was closed", "terminating connection")
 
 
-def cancel_requested() -> bool:
-    """True when the running task was asked to stop (cancelled) and has not finished
-    stopping: an error caught now must end it, not be retried or logged and skipped."""
+def stop_requests() -> int:
+    """How many stops (cancellations) of the running task are pending. Only a rise
+    during a wait says something: a count can be left behind (see the module)."""
     task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
+    return task.cancelling() if task is not None else 0
 
 
 async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
@@ -81,13 +83,12 @@ async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
     A stop of the caller that comes while it waits is raised on (a plain
     `suppress(CancelledError)` around the wait would swallow it too); one the
     caller was already handling (this is its cleanup) is left to it."""
-    current = asyncio.current_task()
-    stops_before = current.cancelling() if current is not None else 0
+    stops = stop_requests()
     task.cancel()
     try:
         await task
     except asyncio.CancelledError:
-        if current is not None and current.cancelling() > stops_before:
+        if stop_requests() > stops:
             raise
     except Exception:
         log.debug("a task ended with an error as it was cancelled", exc_info=True)
@@ -194,8 +195,6 @@ async def retrying(
         except Exception as exc:
             if not is_transient(exc):
                 raise
-            if cancel_requested():  # a cleanup on the way out met the outage: stop
-                raise asyncio.CancelledError from exc
             health.mark_down(component, f"{type(exc).__name__}: {exc}"[:300])
             try:
                 await backoff.wait()

@@ -77,7 +77,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 import asyncpg
-from runyard.eventstore.transient import cancel_and_wait, cancel_requested
+from runyard.eventstore.transient import cancel_and_wait
 
 if TYPE_CHECKING:
     from runyard.stack.context import ServiceContext
@@ -185,11 +185,9 @@ async def _acquire(
                     standby_logged = True
                 await asyncio.sleep(retry_s)
         except Exception as exc:  # an outage (or a bad DSN): said in the log, waited out
+            log.warning("%s: lease connection failed (%r); retrying", name, exc)
             if conn is not None:
                 conn.terminate()
-            if cancel_requested():  # stopped while connecting: the outage is not ours
-                raise asyncio.CancelledError from exc
-            log.warning("%s: lease connection failed (%r); retrying", name, exc)
             await asyncio.sleep(retry_s)
         except BaseException:
             if conn is not None:
