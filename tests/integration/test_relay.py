@@ -529,7 +529,12 @@ async def test_an_idle_relay_publishes_the_next_event_when_postgres_tells_it(
     store = await PostgresEventStore.connect(dsn, sample_mapper())
     store.notify_after_quiet_s = 0  # every append is announced
     relay = OutboxRelay(
-        store, kafka, broker_check_interval=0.2, poll_interval=120, quiet_poll_interval=120
+        store,
+        kafka,
+        broker_check_interval=0.2,
+        poll_interval=120,
+        quiet_poll_interval=120,
+        listened_poll_interval=120,
     )
     task = asyncio.create_task(relay.run())
     try:

@@ -122,7 +122,8 @@ class OutboxRelay:
         batch_size: int = 500,
         poll_interval: float = 0.005,
         quiet_poll_interval: float = 0.025,
-        quiet_after_s: float = 1.0,
+        listened_poll_interval: float = 0.1,
+        quiet_after_s: float = 0.25,
         broker_check_interval: float = 1.0,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
@@ -130,13 +131,17 @@ class OutboxRelay:
         self.kafka = kafka
         self.batch_size = batch_size
         #: How often an empty log is read again: every `poll_interval` while events
-        #: came within `quiet_after_s`, else every `quiet_poll_interval` (a quiet
-        #: platform costs a fifth of the queries). Sooner when the store's append
-        #: signal says events were appended (`runyard.eventstore.appended`: the
-        #: first append after a quiet spell is announced), so that first event
-        #: does not wait for the slower poll.
+        #: came within `quiet_after_s`, else every `listened_poll_interval` while the
+        #: store's append signal listens (`runyard.eventstore.appended`: an append
+        #: after a quiet spell is announced, and the relay reads at once), and every
+        #: `quiet_poll_interval` while it does not. An append that is not announced
+        #: follows its store's previous one by less than `NOTIFY_AFTER_QUIET_S`
+        #: (0.1 s), below `quiet_after_s`: the relay is still polling fast then.
+        #: The slow polls are a safety net (appends made in a consumer's own batch
+        #: transaction are not announced).
         self.poll_interval = poll_interval
         self.quiet_poll_interval = quiet_poll_interval
+        self.listened_poll_interval = listened_poll_interval
         self.quiet_after_s = quiet_after_s
         self.broker_check_interval = broker_check_interval
         self.max_message_bytes = max_message_bytes
@@ -191,8 +196,7 @@ class OutboxRelay:
                 )
                 self.ready.set()
                 if not batch:
-                    quiet = loop.time() - last_event > self.quiet_after_s
-                    poll = self.quiet_poll_interval if quiet else self.poll_interval
+                    poll = self.idle_poll(loop.time() - last_event, appended.listening)
                     await appended.wait(reader.idle_delay(poll))
                     continue
                 last_event = loop.time()
@@ -206,6 +210,12 @@ class OutboxRelay:
         finally:
             await cancel_and_wait(listening)
             await self._producer.stop()
+
+    def idle_poll(self, since_event_s: float, listening: bool) -> float:
+        """How long to wait before reading an empty log again (see `__init__`)."""
+        if since_event_s <= self.quiet_after_s:
+            return self.poll_interval
+        return self.listened_poll_interval if listening else self.quiet_poll_interval
 
     async def _replay_reader(self, upto: int) -> PostgresAllReader:
         """A reader from where the refilled broker must start again.
