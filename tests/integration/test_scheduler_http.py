@@ -14,6 +14,7 @@ import httpx
 import pytest
 from runyard.api.auth import create_token
 from runyard.contracts import Metadata, NewEvent, default_mapper
+from runyard.contracts.resources import PoolView
 from runyard.contracts.spec import TaskSpec
 from runyard.domain.task import Submit, decide
 from runyard.eventstore import PostgresEventStore
@@ -23,6 +24,7 @@ from runyard.scheduler.app import SchedulerApp
 from runyard.scheduler.config import parse_pools
 from runyard.scheduler.http import MAX_QUEUE_TASKS, http_app
 from runyard.scheduler.views import read_queue_entries
+from runyard.submission.pools import pool_views
 
 pytestmark = pytest.mark.integration
 
@@ -151,3 +153,24 @@ async def test_a_standby_serves_admin_changes(face: Face) -> None:
     assert body["events"] == ["NodeCordoned"]
     last = (await face.store.read_stream("pool-dev-a100"))[-1]
     assert last.type == "NodeCordoned" and body["version"] == last.stream_version
+
+
+async def test_the_submission_rules_read_the_pools_gpus_in_all_from_the_view(
+    face: Face, tmp_path: Path
+) -> None:
+    """The rules refuse a task that needs more GPUs than its pool has: from the
+    scheduler's view too, not only from the pools file it falls back on."""
+    await face.submit("running", "t1")  # listings to leave out: a node and a holder
+    no_file = tmp_path / "no-pools-file"
+    no_file.mkdir()
+    pools = await pool_views(face.store.pool, no_file)
+    assert pools["dev-a100"] == PoolView(
+        pool_id="dev-a100",
+        zone="cn-north-1",
+        resource_type="subscription",
+        network="roce",
+        specs={"8gpu": 8},
+        total_gpus=8,
+    )
+    await face.store.pool.execute("DROP TABLE scheduler_pool_views CASCADE")
+    assert await pool_views(face.store.pool, no_file) == {}  # no view, no file: none

@@ -80,7 +80,13 @@ def capacity(info: PoolInfo) -> dict[str, Any]:
     raw = info.raw
     if isinstance(raw.get("capacity"), dict):
         extra = {k: raw.get(k) for k in ("occupancy", "queue", "as_of")}
-        return {"pool_id": view.pool_id, "source": info.source, **raw["capacity"], **extra}
+        return {
+            "pool_id": view.pool_id,
+            "source": info.source,
+            "total_gpus": view.total_gpus,
+            **raw["capacity"],
+            **extra,
+        }
     total = view.total_gpus or 0
     launchable = {name: total // gpus for name, gpus in sorted(view.specs.items())}
     return {

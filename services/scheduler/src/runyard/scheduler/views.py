@@ -8,13 +8,13 @@ or its queue (in the consumer's transaction when it handles an event, so the
 row and the inbox commit together). The gateway reads rows with
 `read_pool_view` and `list_pools`; nothing here needs the scheduler running.
 
-A view has: the pool's description, capacity (launchable workers per spec and
-per GPU count, R-03; the custom-count maximum, R-04), node health counts,
-occupancy (which task holds which GPUs on which node, R-05) and queue load
-(waiting tasks, their GPUs, how long, first tasks with their reasons, R-05,
-R-07). Listings are capped (`NODE_LIMIT`, `TASK_LIMIT`, `QUEUE_LIMIT`) so a
-10,000-node pool still writes a small row; totals are always exact and
-`truncated` says when a listing was cut.
+A view has: the pool's description and its GPUs in all, capacity (launchable
+workers per spec and per GPU count, R-03; the custom-count maximum, R-04), node
+health counts, occupancy (which task holds which GPUs on which node, R-05) and
+queue load (waiting tasks, their GPUs, how long, first tasks with their
+reasons, R-05, R-07). Listings are capped (`NODE_LIMIT`, `TASK_LIMIT`,
+`QUEUE_LIMIT`) so a 10,000-node pool still writes a small row; totals are
+always exact and `truncated` says when a listing was cut.
 
 Queue: one row per waiting task in `scheduler_queue` (its queue order key,
 why it waits, whether it is blocked, GPUs needed, launchable count). Where a
@@ -78,6 +78,9 @@ def build_view(
         "resource_type": pool.resource_type,
         "gpu_model": pool.gpu_model,
         "network": pool.network,
+        # Every GPU of every node, cordoned and faulty ones too: the submission rules
+        # refuse a task that needs more (it could never start).
+        "total_gpus": sum(node.gpus for node in pool.nodes.values()),
         "specs": _specs(pool),
         "capacity": _capacity(pool),
         "health": _health(pool),

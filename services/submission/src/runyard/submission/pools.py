@@ -14,13 +14,22 @@ import asyncpg
 import yaml
 from runyard.contracts.resources import PoolView, pool_view_of
 
+#: What the rules read of each pool: its description, specs and capacity, not its
+#: node, occupancy and queue listings (up to a thousand items each, and the rules
+#: check every submission). One statement: a missing table is the fallback's case.
+_RULES_VIEWS = (
+    "SELECT pool_id, view - 'nodes' - 'occupancy' - 'queue' AS view FROM scheduler_pool_views"
+)
+
 
 async def pool_views(
     conn: asyncpg.Pool | asyncpg.Connection, config_dir: Path
 ) -> dict[str, PoolView]:
     """Every pool by id, from the scheduler's read model if it has any, else the file."""
-    exists = await conn.fetchval("SELECT to_regclass('scheduler_pool_views') IS NOT NULL")
-    rows = await conn.fetch("SELECT pool_id, view FROM scheduler_pool_views") if exists else []
+    try:
+        rows = await conn.fetch(_RULES_VIEWS)
+    except asyncpg.UndefinedTableError:  # no scheduler has run on this database
+        rows = []
     raws = [{"id": r["pool_id"], **_json(r["view"])} for r in rows]
     if not raws:
         path = config_dir / "pools.yaml"
