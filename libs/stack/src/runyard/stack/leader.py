@@ -23,10 +23,11 @@ cheap query on the lock's connection (does this session still hold it?). When
 the check fails, times out (`check_timeout_s`, shorter than the server's
 keepalive detection, so the old holder stops before a standby can take over)
 or the connection closes, `lease.lost` is set and `Leadership.run` cancels
-the work and waits for it to stop. Work still running 30 s later is a bug (it
-swallowed its cancellation): `run` raises `WorkDidNotStop` with the work's
-stack in the log, so the service stops and is started again rather than stay
-in a term it no longer holds.
+the work and waits for it to stop. Work still running `stop_within_s` later
+(30 s; the scheduler, whose term waits up to two minutes for its consumer,
+gives 150 s) is a bug (it swallowed its cancellation): `run` raises
+`WorkDidNotStop` with the work's stack in the log, so the service stops and is
+started again rather than stay in a term it no longer holds.
 
 What the lease does not do: fence. Between the moment a holder is cut off
 and the moment it notices, it may still write. Correctness never depends on

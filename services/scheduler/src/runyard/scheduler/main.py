@@ -61,7 +61,8 @@ class SchedulerService:
     def __init__(self, ctx: ServiceContext, store: PostgresEventStore) -> None:
         self.ctx = ctx
         self.store = store
-        self.leadership = Leadership.for_service(ctx, NAME)
+        # A term may wait TERM_STOP_S for its consumer: only past that is it stuck.
+        self.leadership = Leadership.for_service(ctx, NAME, stop_within_s=TERM_STOP_S + 30)
         #: The application of the current term (None while standing by).
         self.app: SchedulerApp | None = None
 
