@@ -212,6 +212,29 @@ async def test_work_that_does_not_stop_when_cancelled_is_an_error_of_run(
         await asyncio.gather(task, return_exceptions=True)
 
 
+async def test_work_that_returns_when_cancelled_on_a_loss_is_not_done(dsn: str) -> None:
+    """Work that ends without an error when cancelled on a lost lease swallowed its
+    stop; it did not finish its job: run stands by and starts it again."""
+    started = 0
+
+    async def swallows(lease: Lease) -> None:
+        nonlocal started
+        started += 1
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.Event().wait()
+
+    contender = Leadership(dsn, "relay", **FAST)  # type: ignore[arg-type]
+    task = asyncio.create_task(contender.run(swallows))
+    try:
+        await wait_until(lambda: started == 1)
+        await _terminate_holder(dsn, "relay")
+        await wait_until(lambda: started == 2)
+        assert not task.done()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 async def wait_until(condition: Callable[[], object], within: float = 10.0) -> None:
     deadline = time.monotonic() + within
     while not condition():

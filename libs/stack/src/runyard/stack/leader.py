@@ -262,7 +262,8 @@ class Leadership:
 
     async def run(self, work: Work) -> None:
         """Forever: wait for the lease, run `work(lease)` while holding it, and cancel it
-        as soon as the lease may be lost; then wait again. Returns when `work` returns;
+        as soon as the lease may be lost; then wait again. Returns when `work` returns
+        by itself (not when it returns on being cancelled: it then swallowed the stop);
         an error of `work` is raised (after the lease is released)."""
         while True:
             async with leadership(
@@ -296,11 +297,13 @@ async def _until_lost(work: Awaitable[None], lease: Lease, stop_within_s: float)
     meanwhile cancels the work once more and is raised on."""
     task = asyncio.ensure_future(work)
     lost = asyncio.ensure_future(lease.lost.wait())
+    stopped = False
     try:
         await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         lost.cancel()
         if not task.done():
+            stopped = True
             task.cancel()
             try:
                 await asyncio.wait({task}, timeout=stop_within_s)
@@ -320,7 +323,7 @@ async def _until_lost(work: Awaitable[None], lease: Lease, stop_within_s: float)
     if task.cancelled():
         return False
     task.result()  # an error of the work is raised here
-    return True
+    return not stopped  # work that returned when told to stop did not end by itself
 
 
 class WorkDidNotStop(RuntimeError):
