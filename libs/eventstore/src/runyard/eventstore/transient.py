@@ -90,8 +90,8 @@ async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
     except asyncio.CancelledError:
         if stop_requests() > stops:
             raise
-    except Exception:
-        log.debug("a task ended with an error as it was cancelled", exc_info=True)
+    except Exception:  # its own failure, not the caller's: said, and the caller goes on
+        log.warning("%s ended with an error as it was stopped", task, exc_info=True)
 
 
 def is_transient(error: BaseException) -> bool:
