@@ -586,3 +586,36 @@ async def test_a_running_export_beats_while_it_runs(logs: LogsApi) -> None:
     done = await slow.get("t1", "alice", started["export_id"])
     assert (done["state"], done["lines_done"]) == ("done", len(CORPUS))
     await slow.close()
+
+
+async def test_a_part_that_fails_fails_the_batch_and_leaves_its_caller_uncancelled(
+    dsn: str,
+) -> None:
+    """A batch is inserted in parts at once; one that fails (here a trigger refuses one
+    task's lines, as an outage would end one part) fails the batch, which is then
+    stored whole when tried again. The caller's task is left as it was: no stop is
+    counted on it (the batch's retry would take one for a stop)."""
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=4)
+    try:
+        store = LogStore(pool, parts=2)
+        await store.migrate()
+        await pool.execute(
+            """CREATE FUNCTION refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$
+               BEGIN
+                 IF NEW.task_id = 'boom' THEN RAISE EXCEPTION 'refused'; END IF;
+                 RETURN NEW;
+               END $$;
+               CREATE TRIGGER refuse_boom BEFORE INSERT ON log_lines
+               FOR EACH ROW EXECUTE FUNCTION refuse_boom()"""
+        )
+        batch = records("fine", CORPUS) + records("boom", CORPUS)
+        with pytest.raises(asyncpg.RaiseError, match="refused"):
+            await store.ingest(batch)
+        task = asyncio.current_task()
+        assert task is not None and task.cancelling() == 0
+        await pool.execute("DROP TRIGGER refuse_boom ON log_lines")
+        await store.ingest(batch)  # tried again: every line once
+        for task_id in ("fine", "boom"):
+            assert await store.count(LogQuery(task_id)) == len(CORPUS)
+    finally:
+        await pool.close()

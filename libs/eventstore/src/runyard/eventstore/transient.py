@@ -19,8 +19,9 @@ So cleanups that run on the way out do not raise (the append signal's), and a
 task stopped with `cancel_and_wait` is waited for with the waiter's own stop
 passed on. `retrying` cannot tell such an error from an outage by the task's
 pending cancellations (`Task.cancelling()`): Python 3.11's TaskGroup leaves
-one behind when a child fails (the log store's parallel insert does), and a
-retry that then gave up would drop the batch.
+one behind when a child fails (one in a call made through `retrying`, as the
+log store's parallel insert once was), and a retry that then gave up would drop
+the batch.
 """
 
 from __future__ import annotations

@@ -294,14 +294,17 @@ class LogStore:
         parts = _split(keep, self.parts)
         if len(parts) == 1:
             return await self._insert(keep)
-        stored = []
+        # Not a TaskGroup: on Python 3.11 a failed child leaves a cancellation counted
+        # on the caller's task (the batch that then waits out the outage).
+        inserts = [asyncio.ensure_future(self._insert(part)) for part in parts]
         try:
-            async with asyncio.TaskGroup() as group:  # a part that fails cancels the others
-                for part in parts:
-                    stored.append(group.create_task(self._insert(part)))
-        except BaseExceptionGroup as failed:  # the error itself (an outage is waited out)
-            raise failed.exceptions[0] from None
-        return sum(task.result() for task in stored)
+            stored = await asyncio.gather(*inserts)
+        except BaseException:  # the first error raised (an outage is waited out)
+            for insert in inserts:  # a part that fails cancels the others
+                insert.cancel()
+            await asyncio.gather(*inserts, return_exceptions=True)
+            raise
+        return sum(stored)
 
     async def _insert(self, keep: Sequence[LogRecord]) -> int:
         result = await self.pool.execute(
