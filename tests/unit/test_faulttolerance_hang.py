@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -90,6 +91,11 @@ def workers(tmp_path: Path):  # type: ignore[no-untyped-def]
     for proc in procs:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == b"ready"
+    # "ready" comes just before each main thread, and maybe its heartbeat thread, goes to
+    # sleep; on a loaded machine a capture at once can catch one on its way there, and
+    # take a worker like the others for the odd one out. A hung worker has long been
+    # asleep when its stacks are captured.
+    time.sleep(0.5)
     yield procs
     for proc in procs:
         os.killpg(proc.pid, signal.SIGKILL)
