@@ -50,7 +50,6 @@ from runyard.eventstore.transient import (
     cancel_and_wait,
     is_transient,
     retrying,
-    stop_requests,
 )
 
 __all__ = [
@@ -88,5 +87,4 @@ __all__ = [
     "load_migrations",
     "remember_last",
     "retrying",
-    "stop_requests",
 ]

@@ -71,25 +71,21 @@ _NETWORK_ERRNOS = frozenset(
 _DEAD_CONNECTION_TEXTS = ("connection is closed", "connection was closed", "terminating connection")
 
 
-def stop_requests() -> int:
-    """How many stops (cancellations) of the running task are pending. Only a rise
-    during a wait says something: a count can be left behind (see the module)."""
-    task = asyncio.current_task()
-    return task.cancelling() if task is not None else 0
-
-
 async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
     """Cancel `task` and wait until it has ended, whatever it raised.
 
     A stop of the caller that comes while it waits is raised on (a plain
     `suppress(CancelledError)` around the wait would swallow it too); one the
-    caller was already handling (this is its cleanup) is left to it."""
-    stops = stop_requests()
+    caller was already handling (this is its cleanup) is left to it. The caller's
+    pending cancellations are compared before and after the wait, not read as they
+    are: Python 3.11's TaskGroup can leave one behind (see the module)."""
+    caller = asyncio.current_task()
+    stops = caller.cancelling() if caller is not None else 0
     task.cancel()
     try:
         await task
     except asyncio.CancelledError:
-        if stop_requests() > stops:
+        if caller is not None and caller.cancelling() > stops:
             raise
     except Exception:  # its own failure, not the caller's: said, and the caller goes on
         log.warning("%s ended with an error as it was stopped", task, exc_info=True)
