@@ -41,10 +41,12 @@ It prints both rates and Runyard's overhead per task (the difference of the
 time per task at those rates, and of the idle p50s).
 
 `--quick` runs n=300 and 10 idle tasks. The last line is exactly
-`e2e: layout=<layout> tasks=<n> tasks_per_s=<x> submit_to_running_p50_ms=<a>
-submit_to_running_p99_ms=<b> idle_running_p50_ms=<c> idle_succeeded_p50_ms=<d>
-vs_slurm=<r>` (one line; `<r>` is Runyard's rate over plain sbatch's with
-`--runtime slurm`, `na` with the local runtime).
+`e2e: tasks=<n> tasks_per_s=<x> submit_to_running_p50_ms=<a>
+submit_to_running_p99_ms=<b> idle_running_p50_ms=<c> vs_slurm=<r>
+idle_succeeded_p50_ms=<d> cpu_ms_per_task=<m> idle_cores=<i> layout=<layout>`
+(one line; `<r>` is Runyard's rate over plain sbatch's with `--runtime slurm`,
+`na` with the local runtime). The fields up to `vs_slurm` keep their order;
+new ones are only ever added at the end.
 """
 
 from __future__ import annotations
@@ -795,14 +797,16 @@ def main() -> None:
         stats.sort_stats("tottime").print_stats(30)
         stats.sort_stats("cumulative").print_stats(45)
         print(out.getvalue())
+    # The fields of the line's first form first, in their order; later ones after.
     print(
-        f"e2e: layout={args.layout} tasks={n} tasks_per_s={result.tasks_per_s:.1f}"
+        f"e2e: tasks={n} tasks_per_s={result.tasks_per_s:.1f}"
         f" submit_to_running_p50_ms={result.running_p50_ms:.0f}"
         f" submit_to_running_p99_ms={result.running_p99_ms:.0f}"
         f" idle_running_p50_ms={result.idle_running_p50_ms:.0f}"
+        f" vs_slurm={vs_slurm}"
         f" idle_succeeded_p50_ms={result.idle_succeeded_p50_ms:.0f}"
-        f" vs_slurm={vs_slurm} cpu_ms_per_task={result.cpu_ms_per_task:.0f}"
-        f" idle_cores={result.idle_cores:.2f}"
+        f" cpu_ms_per_task={result.cpu_ms_per_task:.0f}"
+        f" idle_cores={result.idle_cores:.2f} layout={args.layout}"
     )
 
 
