@@ -5,7 +5,8 @@ or an embedded one started here in a temp dir. The corpus is one task's
 output from 8 workers (training steps, NCCL chatter, warnings, checkpoint
 saves, a few errors), 1,000,000 lines (`--quick`: 100,000).
 
-- ingest: the log consumer's own path (the `LogIngester`'s
+- ingest: the log consumer's own path, on numbered lines as the deployer
+  publishes them (the `LogIngester`'s
   `LogBatchConsumer.pipeline`: decode the topic's JSON records, one multi-row
   insert per batch of 5,000 while the next batch is decoded, dedupe index,
   text search and trigram indexes maintained), lines per second. The broker
@@ -56,9 +57,12 @@ REGEX = r"grad_norm=[0-9]+\.[0-9]+e\+0[3-9]"
 
 
 def corpus(n: int, start: datetime, seed: int = 7) -> list[dict[str, Any]]:
-    """`n` realistic lines from 8 workers, about 2 ms apart."""
+    """`n` realistic lines from 8 workers, about 2 ms apart, each numbered in its
+    worker's stream as the deployer numbers what it reads (`seq`, the store's
+    dedupe key for such a line)."""
     rnd = random.Random(seed)
     lines = []
+    numbers: dict[tuple[int, str], int] = {}
     for i in range(n):
         worker = i % WORKERS
         step = i // WORKERS
@@ -85,6 +89,9 @@ def corpus(n: int, start: datetime, seed: int = 7) -> list[dict[str, Any]]:
                 f" lr={rnd.uniform(1e-5, 3e-4):.2e} tokens/s={rnd.randint(90_000, 130_000)}"
             )
         at = start + timedelta(microseconds=2000 * i + rnd.randint(0, 999))
+        stream = "stderr" if "Warning" in text or "Error" in text else "stdout"
+        seq = numbers.get((worker, stream), 0)
+        numbers[(worker, stream)] = seq + 1
         lines.append(
             {
                 "at": at.isoformat(),
@@ -92,7 +99,8 @@ def corpus(n: int, start: datetime, seed: int = 7) -> list[dict[str, Any]]:
                 "run": 1,
                 "attempt": 1,
                 "worker": worker,
-                "stream": "stderr" if "Warning" in text or "Error" in text else "stdout",
+                "stream": stream,
+                "seq": seq,
                 "line": text,
             }
         )
@@ -152,6 +160,14 @@ async def bench(dsn: str, n: int, workdir: Path) -> str:
         assert ingester.stats.stored == n, ingester.stats
         again = await ingester.ingest(ingester.consumer.decode(values[:BATCH]))
         assert again == 0, "a redelivered batch must store nothing"
+        later = [
+            {**ln, "at": (datetime.fromisoformat(ln["at"]) + timedelta(seconds=30)).isoformat()}
+            for ln in lines[:BATCH]
+        ]
+        reread = await ingester.ingest(
+            ingester.consumer.decode([json.dumps(ln).encode() for ln in later])
+        )
+        assert reread == 0, "lines a new deployer reads again (later, same numbers) are stored once"
         async with pool.acquire() as conn:
             await conn.execute("VACUUM ANALYZE log_lines")  # what autovacuum does after a load
 
