@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ def test_the_banner_keeps_each_line_whole_whatever_the_width(
         "token": "ry_" + "x" * 43,
     }
     written = io.StringIO()
+    monkeypatch.setattr(sys, "argv", [".venv/bin/runyard", "up"])  # as `make up` runs it
     monkeypatch.setattr(up.console, "file", written)
     monkeypatch.setattr(up.console, "width", 40)  # narrower than any line below
 
@@ -37,3 +40,39 @@ def test_the_banner_keeps_each_line_whole_whatever_the_width(
     tools = "  services:  .venv/bin/runyard ps    event log:  .venv/bin/runyard tail"
     assert f"{tools}    stop: Ctrl-C" in lines
     assert "s3cret" not in written.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("argv0", "cli"),
+    [
+        ("/opt/runyard/.venv/bin/runyard", "/opt/runyard/.venv/bin/runyard"),
+        ("runyard", "runyard"),
+        ("/usr/lib/python3/runpy.py", "runyard"),  # `python -m ...`: the command's name
+    ],
+)
+def test_the_banner_names_the_command_as_it_was_run(
+    monkeypatch: pytest.MonkeyPatch, argv0: str, cli: str
+) -> None:
+    monkeypatch.setattr(sys, "argv", [argv0, "up"])
+    assert up._cli() == cli
+
+
+def test_up_refuses_to_start_without_its_config_folder(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Started outside the checkout, `runyard up` used to come up with no pool and say
+    nothing; it stops before anything starts and says where to run it."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RUNYARD_CONFIG", raising=False)
+    with pytest.raises(SystemExit) as stopped:
+        up.main(home=str(tmp_path / ".runyard"))
+    message = str(stopped.value)
+    assert f"no config folder at infra/config, from {tmp_path}" in message
+    assert "RUNYARD_CONFIG" in message and "Runyard checkout" in message
+    assert not (tmp_path / ".runyard").exists()  # nothing was started or written
+
+    monkeypatch.setenv("RUNYARD_CONFIG", str(tmp_path / "mine"))
+    with pytest.raises(SystemExit, match=r"no config folder at .*/mine \(RUNYARD_CONFIG\)"):
+        up.main(home=str(tmp_path / ".runyard"))
+    os.mkdir(tmp_path / "mine")
+    up.check_config(tmp_path / "mine")  # a folder is enough: its files are each optional

