@@ -71,7 +71,12 @@ def logs(
     grep: Annotated[str | None, typer.Option(help="Lines with all these words.")] = None,
     phrase: Annotated[str | None, typer.Option(help="Lines with this exact text.")] = None,
     regex: Annotated[str | None, typer.Option(help="Lines matching this regex.")] = None,
-    ignore_case: Annotated[bool, typer.Option("-i", "--ignore-case")] = False,
+    ignore_case: Annotated[
+        bool,
+        typer.Option(
+            "-i", "--ignore-case", help="--phrase and --regex ignore case (--grep always does)."
+        ),
+    ] = False,
     newest: Annotated[bool, typer.Option(help="Newest first.")] = False,
     limit: Annotated[int, typer.Option(help="Lines per page (1-1000).")] = 200,
     cursor: Annotated[str | None, typer.Option(help="Continue from a page's cursor.")] = None,

@@ -448,9 +448,10 @@ class LogStore:
         try:
             return list(await self.pool.fetch(sql, *args))
         except asyncpg.InvalidRegularExpressionError as exc:
+            why = str(exc).removeprefix("invalid regular expression: ")  # Postgres says it
             raise InvalidQuery(
                 "logs.bad_regex",
-                f"invalid regular expression: {exc}",
+                f"invalid regular expression: {why}",
                 "POSIX regular expressions, e.g. 'loss=[0-9.]+'",
                 "regex",
             ) from exc
