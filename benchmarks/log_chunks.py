@@ -36,23 +36,30 @@ import asyncio
 import bisect
 import json
 import math
-import os
-import shutil
 import statistics
-import tempfile
 import time
-import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import asyncpg
-from logs import BATCH, PHRASE, QUICK, REGEX, TASK, WORD, batches, corpus, grep_count
+from logs import (
+    BATCH,
+    PHRASE,
+    QUICK,
+    REGEX,
+    TASK,
+    WORD,
+    batches,
+    corpus,
+    grep_count,
+    postgres,
+    read_again_later,
+)
 from runyard.contracts.loglines import LogRecord
 from runyard.logs import LogIngester, LogStore
 from runyard.messaging import KafkaSettings
-from runyard.stack.embedded import EmbeddedPostgres
 
 PARTS = 4
 SCHEMA = """
@@ -202,21 +209,14 @@ async def timed(pool: asyncpg.Pool, sql: str, *args: Any) -> tuple[float, int]:
     return statistics.median(times), count
 
 
-async def fresh_pool(base: str) -> asyncpg.Pool:
-    name = f"bench_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(base)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    return await asyncpg.create_pool(
-        f"{base.rpartition('/')[0]}/{name}", min_size=PARTS, max_size=PARTS
-    )
+async def pool_on(fresh: Callable[[], Awaitable[str]]) -> asyncpg.Pool:
+    """A pool on a fresh database."""
+    return await asyncpg.create_pool(await fresh(), min_size=PARTS, max_size=PARTS)
 
 
-async def store_rate(base: str, values: list[bytes]) -> float:
+async def store_rate(fresh: Callable[[], Awaitable[str]], values: list[bytes]) -> float:
     """The running store's ingest on the same corpus (benchmarks/logs.py's path)."""
-    pool = await fresh_pool(base)
+    pool = await pool_on(fresh)
     try:
         store = LogStore(pool)
         await store.migrate()
@@ -228,15 +228,17 @@ async def store_rate(base: str, values: list[bytes]) -> float:
         await pool.close()
 
 
-async def bench(base: str, n: int, chunk: int, words: bool, workdir: Path) -> str:
+async def bench(
+    fresh: Callable[[], Awaitable[str]], n: int, chunk: int, words: bool, workdir: Path
+) -> str:
     start = (datetime.now(UTC) - timedelta(seconds=n * 0.002 + 60)).replace(microsecond=0)
     lines = corpus(n, start)
     plain = workdir / "lines.txt"
     plain.write_text("".join(ln["line"] + "\n" for ln in lines))
     values = [json.dumps(ln).encode() for ln in lines]
-    baseline = await store_rate(base, values)
+    baseline = await store_rate(fresh, values)
 
-    pool = await fresh_pool(base)
+    pool = await pool_on(fresh)
     try:
         await pool.execute(SCHEMA + (WORDS_INDEX if words else ""))
         store = ChunkStore(pool, chunk)
@@ -252,13 +254,7 @@ async def bench(base: str, n: int, chunk: int, words: bool, workdir: Path) -> st
         stored += await writing if writing is not None else 0
         rate = n / (time.perf_counter() - began)
         assert stored == n, f"{stored} of {n} lines stored"
-        later = [
-            {**ln, "at": (datetime.fromisoformat(ln["at"]) + timedelta(seconds=30)).isoformat()}
-            for ln in lines[:BATCH]
-        ]
-        again = await store.ingest(
-            ingester.consumer.decode([json.dumps(x).encode() for x in later])
-        )
+        again = await store.ingest(ingester.consumer.decode(read_again_later(lines)))
         assert again == 0, "lines read again (later, same numbers) must be stored once"
         async with pool.acquire() as conn:
             await conn.execute("VACUUM ANALYZE log_chunks")
@@ -297,18 +293,8 @@ async def bench(base: str, n: int, chunk: int, words: bool, workdir: Path) -> st
 
 
 async def with_server(args: argparse.Namespace) -> str:
-    root = Path(tempfile.mkdtemp(prefix="runyard-bench-chunks-"))
-    base = os.environ.get("DATABASE_URL")
-    pg: EmbeddedPostgres | None = None
-    try:
-        if base is None:
-            pg = EmbeddedPostgres(root / "data")  # default durability
-            base = pg.start()
-        return await bench(base, args.n, args.chunk, not args.no_words, root)
-    finally:
-        if pg is not None:
-            pg.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    async with postgres("runyard-bench-chunks-") as (fresh, root):
+        return await bench(fresh, args.n, args.chunk, not args.no_words, root)
 
 
 def main() -> None:

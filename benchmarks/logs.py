@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -160,13 +161,7 @@ async def bench(dsn: str, n: int, workdir: Path) -> str:
         assert ingester.stats.stored == n, ingester.stats
         again = await ingester.ingest(ingester.consumer.decode(values[:BATCH]))
         assert again == 0, "a redelivered batch must store nothing"
-        later = [
-            {**ln, "at": (datetime.fromisoformat(ln["at"]) + timedelta(seconds=30)).isoformat()}
-            for ln in lines[:BATCH]
-        ]
-        reread = await ingester.ingest(
-            ingester.consumer.decode([json.dumps(ln).encode() for ln in later])
-        )
+        reread = await ingester.ingest(ingester.consumer.decode(read_again_later(lines)))
         assert reread == 0, "lines a new deployer reads again (later, same numbers) are stored once"
         async with pool.acquire() as conn:
             await conn.execute("VACUUM ANALYZE log_lines")  # what autovacuum does after a load
@@ -205,32 +200,58 @@ async def bench(dsn: str, n: int, workdir: Path) -> str:
     )
 
 
-async def with_server(args: argparse.Namespace) -> str:
-    n = QUICK if args.quick else FULL
+@contextlib.asynccontextmanager
+async def postgres(prefix: str) -> AsyncIterator[tuple[Callable[[], Awaitable[str]], Path]]:
+    """A way to make fresh databases on a Postgres server (DATABASE_URL, else an
+    embedded one with its default durability), and a temp dir; the databases, the
+    embedded server and the dir are gone afterwards."""
     base = os.environ.get("DATABASE_URL")
-    root = Path(tempfile.mkdtemp(prefix="runyard-bench-logs-"))
+    root = Path(tempfile.mkdtemp(prefix=prefix))
     pg: EmbeddedPostgres | None = None
-    name = f"bench_{uuid.uuid4().hex[:8]}"
-    created = False
+    made: list[str] = []
     try:
         if base is None:
             pg = EmbeddedPostgres(root / "data")  # default durability
             base = pg.start()
-        admin = await asyncpg.connect(base)
-        try:
-            await admin.execute(f'CREATE DATABASE "{name}"')
-            created = True
-        finally:
-            await admin.close()
-        return await bench(f"{base.rpartition('/')[0]}/{name}", n, root)
+        server = base
+
+        async def fresh() -> str:
+            name = f"bench_{uuid.uuid4().hex[:8]}"
+            admin = await asyncpg.connect(server)
+            try:
+                await admin.execute(f'CREATE DATABASE "{name}"')
+            finally:
+                await admin.close()
+            made.append(name)
+            return f"{server.rpartition('/')[0]}/{name}"
+
+        yield fresh, root
     finally:
-        if created and base is not None:
+        if made and base is not None:
             admin = await asyncpg.connect(base)
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            await admin.close()
+            try:
+                for name in made:
+                    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            finally:
+                await admin.close()
         if pg is not None:
             pg.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def read_again_later(lines: list[dict[str, Any]], seconds: float = 30) -> list[bytes]:
+    """The first batch of `lines` as a new deployer publishes it when it reads the
+    files again: the same numbers, stamped `seconds` later."""
+    later = timedelta(seconds=seconds)
+    return [
+        json.dumps({**ln, "at": (datetime.fromisoformat(ln["at"]) + later).isoformat()}).encode()
+        for ln in lines[:BATCH]
+    ]
+
+
+async def with_server(args: argparse.Namespace) -> str:
+    async with postgres("runyard-bench-logs-") as (fresh, root):
+        return await bench(await fresh(), QUICK if args.quick else FULL, root)
 
 
 def main() -> None:
