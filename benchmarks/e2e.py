@@ -72,6 +72,7 @@ from typing import Any
 import asyncpg
 import httpx
 import yaml
+from bench_db import fresh_database
 from runyard.api.auth import create_token
 from runyard.messaging import KafkaSettings, Topics
 from runyard.stack.context import ServiceContext
@@ -177,17 +178,6 @@ async def top_statements(db: asyncpg.Pool, limit: int = 15) -> None:
     print(f"  {'statements (burst)':34} {'calls':>8} {'ms':>8} {'rows':>8}")
     for r in rows:
         print(f"  {r['calls']:>43} {r['ms']:8.0f} {r['rows']:8}  {r['q']}")
-
-
-async def fresh_database(server_dsn: str) -> str:
-    name = f"bench_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(server_dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    base, _, _ = server_dsn.rpartition("/")
-    return f"{base}/{name}"
 
 
 def task_body(i: int) -> dict[str, Any]:

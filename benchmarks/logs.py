@@ -36,13 +36,13 @@ import statistics
 import subprocess
 import tempfile
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import asyncpg
+from bench_db import fresh_database
 from runyard.logs import LogIngester, LogQuery, LogStore
 from runyard.messaging import KafkaSettings
 from runyard.messaging.batches import Polled
@@ -216,14 +216,9 @@ async def postgres(prefix: str) -> AsyncIterator[tuple[Callable[[], Awaitable[st
         server = base
 
         async def fresh() -> str:
-            name = f"bench_{uuid.uuid4().hex[:8]}"
-            admin = await asyncpg.connect(server)
-            try:
-                await admin.execute(f'CREATE DATABASE "{name}"')
-            finally:
-                await admin.close()
-            made.append(name)
-            return f"{server.rpartition('/')[0]}/{name}"
+            dsn = await fresh_database(server)
+            made.append(dsn.rpartition("/")[2])
+            return dsn
 
         yield fresh, root
     finally:
