@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import sys
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import IO, Annotated, Any
 
@@ -30,13 +29,12 @@ import typer
 from runyard.cli.dsn import DsnOpt, stack_dsn
 from runyard.cli.main import JsonOpt, TokenOpt, UrlOpt, app, call, err, show_json, table
 from runyard.cli.terminal import markup
+from runyard.cli.when import parse_when
 
 #: Events per request to the gateway.
 PAGE = 500
 #: How often a long export or import reports progress on stderr.
 PROGRESS_EVERY = 10_000
-_RELATIVE = re.compile(r"^(\d+)([smhd])$")
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 #: Payload fields worth a glance in the table's `detail` column, in this order.
 _DETAIL_KEYS = (
     "reason",
@@ -52,21 +50,6 @@ _DETAIL_KEYS = (
     "tenant",
     "user",
 )
-
-
-def parse_when(text: str | None, *, now: datetime | None = None) -> str | None:
-    """`30m`, `1h`, `2d` (that long ago) or an ISO 8601 time (UTC when it has no zone),
-    as ISO 8601 with a zone; `typer.BadParameter` otherwise."""
-    if text is None:
-        return None
-    if match := _RELATIVE.match(text.strip()):
-        ago = timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
-        return ((now or datetime.now(UTC)) - ago).isoformat()
-    try:
-        at = datetime.fromisoformat(text)
-    except ValueError as exc:
-        raise typer.BadParameter(f"{text!r}: give 30m, 1h, 2d or an ISO 8601 time") from exc
-    return (at if at.tzinfo else at.replace(tzinfo=UTC)).isoformat()
 
 
 def detail(data: dict[str, Any]) -> str:

@@ -295,8 +295,9 @@ AtOpt = Annotated[
     str | None,
     typer.Option(
         "--at",
-        help="Replay: as it was at this point, a global position of the event log (1234)"
-        " or an ISO 8601 time with a zone (2026-12-01T10:00:00Z); folded from the log only.",
+        help="Replay: as it was at this point, a global position of the event log (1234),"
+        " an ISO 8601 time with a zone (2026-12-01T10:00:00Z) or that long ago (30m, 1h,"
+        " 2d); folded from the log only.",
     ),
 ]
 

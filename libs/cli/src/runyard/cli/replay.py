@@ -5,8 +5,9 @@
     runyard pools --at POINT [--pool ID] [--json]
 
 A POINT is a global position of the event log (`1234`: the `position` of an
-event in `runyard events ID --json`) or an ISO 8601 time with a zone
-(`2026-12-01T10:00:00Z`, `2026-12-01T18:00:00+08:00`). The answer is a fold of
+event in `runyard events ID --json`), an ISO 8601 time with a zone
+(`2026-12-01T10:00:00Z`, `2026-12-01T18:00:00+08:00`), or a time that long ago
+(`30m`, `1h`, `2d`). The answer is a fold of
 the stream's events up to that point, nothing else: what `runyard show` would
 have printed then, with the workers' placement.
 `show` and `pools` register `--at` in `runyard.cli.main` and call here.
@@ -31,10 +32,12 @@ from runyard.cli.main import (
     table,
 )
 from runyard.cli.terminal import markup
+from runyard.cli.when import replay_point
 
 POINT_HELP = (
     "A global position of the event log (e.g. 1234, the `position` of "
-    "`runyard events ID --json`) or an ISO 8601 time with a zone (2026-12-01T10:00:00Z)."
+    "`runyard events ID --json`), an ISO 8601 time with a zone (2026-12-01T10:00:00Z), "
+    "or that long ago (30m, 1h, 2d)."
 )
 
 
@@ -49,7 +52,8 @@ def as_of_line(as_of: dict[str, Any]) -> str:
 
 def show_at(task_id: str, at: str, url: str | None, token: str | None, as_json: bool) -> None:
     """`runyard show ID --at POINT`: the task as a fold of its stream up to POINT."""
-    answer = call(url, token, "GET", f"/v1/tasks/{task_id}/replay", params={"at": at})
+    params = {"at": replay_point(at)}
+    answer = call(url, token, "GET", f"/v1/tasks/{task_id}/replay", params=params)
     if as_json:
         return show_json(answer)
     out.print(as_of_line(answer["as_of"]))
@@ -102,7 +106,7 @@ def diff(
     --to 2026-12-01T10:05:00Z`; on a pipe both tables are tab-separated lines
     (`| grep counters`).
     """
-    params = {"from": start, "to": end}
+    params = {"from": replay_point(start), "to": replay_point(end)}
     answer = call(url, token, "GET", f"/v1/tasks/{task_id}/replay/diff", params=params)
     if as_json:
         return show_json(answer)
@@ -127,7 +131,7 @@ def diff(
 
 def pools_at(at: str, pool: str | None, url: str | None, token: str | None, as_json: bool) -> None:
     """`runyard pools --at POINT`: each pool as a fold of its stream up to POINT."""
-    params = given(at=at, pool=pool)
+    params = given(at=replay_point(at), pool=pool)
     answer = call(url, token, "GET", "/v1/pools/replay", params=params)
     if as_json:
         return show_json(answer)

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from runyard.cli.audit import parse_when
 from runyard.cli.main import (
     JsonOpt,
     TokenOpt,
@@ -32,6 +31,7 @@ from runyard.cli.main import (
     table,
 )
 from runyard.cli.terminal import markup
+from runyard.cli.when import parse_when
 from runyard.contracts.http import WHATIF_FIGURES
 
 FIGURES = WHATIF_FIGURES
