@@ -91,6 +91,21 @@ async def test_search_and_filter(served: Served) -> None:
     assert bad.exit_code == 1 and "logs.bad_regex" in bad.stderr
 
 
+async def test_times_may_be_spans_ago(served: Served) -> None:
+    # The lines were written about 30 minutes ago (T0), within 5 s.
+    async def count(*args: str) -> int:
+        shown = await cli(served.url, served.token, "logs", served.task_id, *args, "--json")
+        assert shown.exit_code == 0, shown.output
+        return len(shown.stdout.splitlines())
+
+    assert await count("--since", "2d") == len(LINES)
+    assert await count("--since", "1m") == 0
+    assert await count("--until", "1m") == len(LINES)
+    assert await count("--since", "2d", "--until", "1d") == 0
+    bad = await cli(served.url, served.token, "logs", served.task_id, "--since", "99999999d")
+    assert bad.exit_code == 2 and "before year 1" in bad.output
+
+
 async def test_first_error(served: Served) -> None:
     shown = await cli(served.url, served.token, "logs", served.task_id, "--first-error")
     assert shown.exit_code == 0, shown.output

@@ -7,8 +7,9 @@ or its first error.
     runyard logs ID --first-error
     runyard logs ID [filters] --export FILE [--format text|jsonl]
 
-Searches and filters combine (all must hold). Times are ISO 8601, e.g.
-2026-01-02T03:04:05Z; `--until` includes its whole second.
+Searches and filters combine (all must hold). Times are that long ago (`30m`,
+`1h`, `2d`) or ISO 8601, e.g. 2026-01-02T03:04:05Z (UTC when it has no zone);
+`--until` includes its whole second.
 
 A line is printed as the worker wrote it, except that terminal escape
 sequences (colours, cursor moves, window titles) are dropped and other
@@ -38,6 +39,7 @@ from runyard.cli.main import (
     show_json,
 )
 from runyard.cli.terminal import clean, clean_output, markup
+from runyard.cli.when import parse_when
 
 TERMINAL = {"succeeded", "failed", "stopped", "abnormal"}
 POLL_S = 1.0
@@ -66,8 +68,13 @@ def logs(
     task_id: str,
     worker: Annotated[list[int] | None, typer.Option(help="Worker index (repeat).")] = None,
     run: Annotated[int | None, typer.Option(help="Run number (default: all).")] = None,
-    since: Annotated[str | None, typer.Option(help="From this time (ISO 8601).")] = None,
-    until: Annotated[str | None, typer.Option(help="To this time, its second included.")] = None,
+    since: Annotated[
+        str | None, typer.Option(help="From this time: 30m, 1h, 2d ago, or ISO 8601.")
+    ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option(help="To this time (30m, 1h, 2d ago, or ISO 8601), its second included."),
+    ] = None,
     grep: Annotated[str | None, typer.Option(help="Lines with all these words.")] = None,
     phrase: Annotated[str | None, typer.Option(help="Lines with this exact text.")] = None,
     regex: Annotated[str | None, typer.Option(help="Lines matching this regex.")] = None,
@@ -95,8 +102,8 @@ def logs(
     params: dict[str, Any] = given(
         worker=worker or None,
         run=run,
-        since=since,
-        until=until,
+        since=parse_when(since),
+        until=parse_when(until),
         words=grep,
         phrase=phrase,
         regex=regex,

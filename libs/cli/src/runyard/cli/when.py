@@ -1,8 +1,9 @@
 """Times on the command line: `30m`, `1h`, `2d` (that long ago) or ISO 8601.
 
-`runyard audit --since`, `runyard whatif --from` and the replay points
-(`runyard show --at`, `runyard diff --from/--to`, `runyard pools --at`) read
-them here and send the gateway an ISO 8601 time with a zone.
+`runyard audit --since`, `runyard logs --since/--until`, `runyard whatif --from`
+and the replay points (`runyard show --at`, `runyard diff --from/--to`,
+`runyard pools --at`) read them here and send the gateway an ISO 8601 time with
+a zone.
 """
 
 from __future__ import annotations
