@@ -71,6 +71,31 @@ def test_a_spec_that_breaks_the_model_is_refused_naming_the_field(
     assert (answer["code"], answer["field"]) == (code, field), answer
 
 
+def test_an_unknown_field_is_answered_with_the_names_of_the_object_holding_it() -> None:
+    nested = refused(TaskSubmission, {**BASE, "fault_tolerance": {"hang_timout_s": 60}})
+    assert nested["field"] == "fault_tolerance.hang_timout_s"
+    assert nested["hint"].startswith("did you mean hang_timeout_s? check the field name: ")
+    assert "max_restarts" in nested["hint"] and "worker_count" not in nested["hint"]
+    volume = {"file_system": "fs", "volume": "v", "mount_path": "/d", "pth": "x"}
+    mount = refused(TaskSubmission, {**BASE, "mounts": [volume]})
+    assert mount["field"] == "mounts.0.pth"
+    assert mount["hint"] == "check the field name: file_system, volume, mount_path, read_only"
+    top = refused(TaskSubmission, {**BASE, "imag": "img:2"})
+    assert top["hint"].startswith("did you mean image? ") and "worker_count" in top["hint"]
+    # What other platforms call a field: its name here.
+    assert refused(TaskSubmission, {**BASE, "workers": 2})["hint"].startswith(
+        "did you mean worker_count? "
+    )
+    assert refused(TaskSubmission, {**BASE, "colour": "red"})["hint"].startswith(
+        "check the field name: name, "
+    )
+    group = refused(
+        TaskGroupRequest, {"template": {**BASE, "fault_tolerance": {"envcheck": 1}}, "items": [{}]}
+    )
+    assert group["field"] == "template.fault_tolerance.envcheck"
+    assert group["hint"].startswith("did you mean env_check? ")
+
+
 def test_rerun_changes_name_what_only_a_clone_may_change() -> None:
     answer = refused(RerunChanges, {"pool": "pool-b"})
     assert answer == {

@@ -153,12 +153,62 @@ def table(title: str, columns: list[str], rows: Iterator[list[Any]] | list[list[
     render_table(out, title, columns, rows)
 
 
+class _TaskFileLoader(yaml.SafeLoader):  # type: ignore[misc]
+    """`yaml.safe_load`'s loader, refusing a key given twice in one mapping (YAML
+    would keep the last silently: a second `command:` would run, the first not).
+    Keys a merge (`<<: *base`) brings may still be given again: that is what a merge
+    is for."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[tuple[str, str], yaml.Mark] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == _MERGE_TAG:
+                continue
+            key = (key_node.tag, key_node.value)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "in the mapping",
+                    node.start_mark,
+                    f"{key_node.value!r} is given twice (first at line"
+                    f" {seen[key].line + 1}): keep one",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark
+        mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
+        return mapping
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error on one line: where, what, and in what (`line 2, column 1: expected
+    ',' or ']', but got '<stream end>' (while parsing a flow sequence from line 1,
+    column 7)`)."""
+    if not isinstance(exc, yaml.MarkedYAMLError) or exc.problem_mark is None:
+        return str(exc)
+    mark = exc.problem_mark
+    text = f"line {mark.line + 1}, column {mark.column + 1}: {exc.problem}"
+    if exc.context and exc.context_mark is not None:
+        at = exc.context_mark
+        text += f" ({exc.context} from line {at.line + 1}, column {at.column + 1})"
+    elif exc.context:
+        text += f" ({exc.context})"
+    return text
+
+
 def load_yaml(path: Path) -> dict[str, Any]:
     """A task file (YAML or JSON) as a mapping."""
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
+        data = yaml.load(path.read_text(), Loader=_TaskFileLoader)  # a SafeLoader
+    except (OSError, UnicodeDecodeError) as exc:
         err.print(f"[red]error:[/red] cannot read {markup(path)}: {markup(exc)}")
+        raise typer.Exit(2) from exc
+    except yaml.YAMLError as exc:
+        kind = "JSON" if path.suffix.lower() == ".json" else "YAML"
+        problem = markup(yaml_problem(exc))
+        err.print(f"[red]error:[/red] {markup(path)} is not valid {kind}: {problem}")
+        err.print("hint: fix it there (a task file is YAML or JSON, e.g. examples/hello.yaml)")
         raise typer.Exit(2) from exc
     if not isinstance(data, dict):
         err.print(f"[red]error:[/red] {markup(path)}: expected a mapping of task spec fields")

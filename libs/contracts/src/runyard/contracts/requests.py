@@ -18,8 +18,9 @@ body's JSON (`as_json`: the fields that were sent, nothing added).
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, ClassVar, Literal, NamedTuple
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple, get_args
 
 from pydantic import (
     BaseModel,
@@ -87,6 +88,8 @@ class RequestBody(BaseModel):
     unknown_code: ClassVar[str] = "request.invalid"
     #: Fields refused with a code of their own (by their top-level name).
     field_refusals: ClassVar[Mapping[str, FieldRefusal]] = {}
+    #: Names people give a top-level field that this body calls otherwise.
+    field_synonyms: ClassVar[Mapping[str, str]] = {}
 
     @classmethod
     def refusal(cls, errors: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -111,10 +114,7 @@ class RequestBody(BaseModel):
         field = within + ".".join(str(part) for part in loc)
         top = within + str(loc[0])
         if kind == "extra_forbidden":
-            known = ", ".join(cls.model_fields)
-            return _refused(
-                cls.unknown_code, field, f"{field}: {msg}", f"check the field name: {known}"
-            )
+            return _refused(cls.unknown_code, field, f"{field}: {msg}", _unknown_hint(cls, loc))
         own = cls.field_refusals.get(str(loc[0]))
         if own is not None:
             return _refused(own.code, top, f"{top}: {own.message or msg}", own.hint)
@@ -125,6 +125,47 @@ class RequestBody(BaseModel):
     def as_json(self) -> dict[str, Any]:
         """The body as JSON data with only the fields that were sent."""
         return self.model_dump(mode="json", exclude_unset=True)
+
+
+def _unknown_hint(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
+    """What to do about the unknown field at `loc`: the name it is closest to, if any,
+    and the names the object holding it takes (a nested object's own, not the body's)."""
+    known = _fields_at(model, loc[:-1])
+    if not known:
+        return f"check the field name (see {model.__name__})"
+    name = str(loc[-1])
+    synonyms = getattr(model, "field_synonyms", {}) if len(loc) == 1 else {}
+    close = [synonyms[name]] if synonyms.get(name) in known else []
+    close = close or difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    guess = f"did you mean {close[0]}? " if close else ""
+    return f"{guess}check the field name: {', '.join(known)}"
+
+
+def _fields_at(model: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
+    """The field names of the object at `path` inside a `model` body (names and list
+    indexes), [] where that is not a model."""
+    kind: Any = model
+    for part in path:
+        kind = _model_in(kind if isinstance(part, int) else _field_type(kind, part))
+        if kind is None:
+            return []
+    return list(kind.model_fields) if isinstance(kind, type) and issubclass(kind, BaseModel) else []
+
+
+def _field_type(kind: Any, name: Any) -> Any:
+    if isinstance(kind, type) and issubclass(kind, BaseModel):
+        field = kind.model_fields.get(str(name))
+        return field.annotation if field is not None else None
+    return None
+
+
+def _model_in(annotation: Any) -> Any:
+    """The model an annotation holds: itself, or what an Optional, a Union with one
+    model, or a list or tuple of it (at an index) holds; None where there is none."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    models = [m for arg in get_args(annotation) if (m := _model_in(arg)) is not None]
+    return models[0] if len(set(models)) == 1 else None
 
 
 def _refused(code: str, field: str, message: str, hint: str) -> dict[str, Any]:
@@ -161,6 +202,16 @@ class _SpecShape(RequestBody):
 
     invalid_code: ClassVar[str] = "spec.invalid"
     unknown_code: ClassVar[str] = "spec.unknown_field"
+    field_synonyms: ClassVar[Mapping[str, str]] = {
+        "workers": "worker_count",
+        "num_workers": "worker_count",
+        "replicas": "worker_count",
+        "nodes": "worker_count",
+        "gpus": "custom_gpus",
+        "cmd": "command",
+        "environment": "env",
+        "queue": "pool",
+    }
 
 
 def _spec_fields(names: Sequence[str], *, optional: bool) -> dict[str, Any]:
