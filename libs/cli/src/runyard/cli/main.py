@@ -360,9 +360,11 @@ def show(
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """A task: status, run, warnings, its stage timeline, and for a failed task
-    the first error of its logs with its likely layer (R-42). With --at, the
-    task as it was at that point (and its workers' placement); see `runyard diff`."""
+    """A task: status, run, warnings, stage timeline; a failed task's first error.
+
+    For a failed task, the first error of its logs with its likely layer (R-42).
+    With --at, the task as it was at that point (and its workers' placement); see
+    `runyard diff`."""
     if at is not None:
         return replay.show_at(task_id, at, url, token, as_json)
     with gateway(url, token) as api:
@@ -471,8 +473,10 @@ def pools(
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Resource pools: zone, resource type, network and worker specs. With --at,
-    each pool's nodes, health and allocations as they were at that point."""
+    """Resource pools: zone, resource type, network and worker specs.
+
+    With --at, each pool's nodes, health and allocations as they were at that
+    point."""
     if at is not None:
         return replay.pools_at(at, pool, url, token, as_json)
     with gateway(url, token) as api:
@@ -607,8 +611,10 @@ def print_group(group: dict[str, Any], as_json: bool) -> None:
 
 @app.command()
 def login(url: UrlOpt = None) -> None:
-    """Save your API token for the CLI, in `$XDG_CONFIG_HOME/runyard/token`
-    (default `~/.config/runyard/token`, mode 0600).
+    """Save your API token for the CLI, checked against the gateway first.
+
+    It goes to `$XDG_CONFIG_HOME/runyard/token` (default
+    `~/.config/runyard/token`), mode 0600.
 
     The token is asked for without echo, or read from standard input when that
     is not a terminal (`runyard login < token.txt`); it is never an argument, so

@@ -44,8 +44,10 @@ def rebuild(
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Rebuild a read model into a shadow table from position 0 with its own projection
-    code, then (--diff) compare it with the live one, or (--swap) replace the live one
+    """Rebuild a read model beside the live one, then compare (--diff) or swap (--swap).
+
+    The shadow table is built from position 0 with the read model's own projection
+    code; --diff compares it with the live one, --swap replaces the live one
     without stopping its service. An interrupted rebuild resumes from its shadow
     checkpoint (`runyard projections` lists it as `shadow:NAME`)."""
     base = READ_MODELS.get(name)

@@ -98,9 +98,10 @@ def diff(
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """What changed in a task between two points of the log: every field of
-    `runyard show` whose value differs (status, stage, attempt, counters,
-    placement, stages, ...), then the events in between.
+    """What changed in a task between two points of the log, and the events between.
+
+    Every field of `runyard show` whose value differs (status, stage, attempt,
+    counters, placement, stages, ...), then the events in between.
 
     Example, during an incident: `runyard diff ID --from 2026-12-01T10:00:00Z
     --to 2026-12-01T10:05:00Z`; on a pipe both tables are tab-separated lines

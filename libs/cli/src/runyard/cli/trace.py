@@ -35,9 +35,11 @@ def trace(
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """The chain of events by causation and correlation ids, across tasks and pools
-    (a placement and the allocation it caused, a node fault and every reschedule it
-    caused), as a tree with the OpenTelemetry trace ids.
+    """The chain of events by cause, across tasks and pools, as a tree with trace ids.
+
+    Events are linked by causation and correlation ids (a placement and the
+    allocation it caused, a node fault and every reschedule it caused); each
+    shows its OpenTelemetry trace id.
 
     Events about another tenant's task show as `(another tenant)` unless your role
     is sre or platform_admin.

@@ -67,10 +67,12 @@ def whatif(
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """What-if scheduling (sre, platform_admin): replay the submissions, stops and node
-    changes of a window through the scheduler's rules on other nodes or with another
-    queue policy, and compare queue times and utilisation with what happened. Changes
-    nothing.
+    """What-if scheduling: a window replayed on other nodes or another queue policy.
+
+    For sre and platform_admin. The submissions, stops and node changes of the
+    window go through the scheduler's rules on other nodes or with another queue
+    policy, and queue times and utilisation are compared with what happened.
+    Changes nothing.
 
     Twice the nodes for dev-a100 over the morning:
     runyard whatif --from 2026-12-01T06:00Z --to 2026-12-01T12:00Z --pools double.yaml

@@ -1,0 +1,31 @@
+"""`runyard --help` lists every command with a summary of one line."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+
+import click
+import typer
+from runyard.cli.main import app
+
+#: Longest summary: the rich command list wraps longer ones onto a second line.
+MAX_SUMMARY = 90
+
+
+def commands(group: click.Command, prefix: str = "") -> Iterator[tuple[str, click.Command]]:
+    for name, command in getattr(group, "commands", {}).items():
+        yield prefix + name, command
+        yield from commands(command, f"{prefix}{name} ")
+
+
+def test_every_command_has_a_one_line_summary() -> None:
+    found = dict(commands(typer.main.get_command(app)))
+    assert {"submit", "logs", "whatif", "alerts add", "group create"} <= set(found)
+    for name, command in found.items():
+        text = inspect.cleandoc(command.short_help or command.help or "")
+        summary = text.split("\n\n")[0]
+        assert summary, f"runyard {name} has no help"
+        # The command list prints the first paragraph with its line breaks.
+        assert "\n" not in summary, f"runyard {name}: {summary!r}"
+        assert len(summary) <= MAX_SUMMARY, f"runyard {name}: {len(summary)} characters"
