@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterator
+from typing import Any
 
-import click
 import typer
 from runyard.cli.main import app
 
@@ -13,7 +13,8 @@ from runyard.cli.main import app
 MAX_SUMMARY = 90
 
 
-def commands(group: click.Command, prefix: str = "") -> Iterator[tuple[str, click.Command]]:
+def commands(group: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Every command under `group` (typer's click), by its full name."""
     for name, command in getattr(group, "commands", {}).items():
         yield prefix + name, command
         yield from commands(command, f"{prefix}{name} ")
