@@ -344,6 +344,12 @@ async def test_list_filters_and_pagination(api: Api) -> None:
     assert [t["name"] for t in mine] == ["bobs"]
     named = (await api.call("alice", "GET", "/v1/tasks?name=job-2&status=new")).json()
     assert [t["name"] for t in named["items"]] == ["job-2"]
+    await api.submit(name="Loss_100%")
+    # "Name contains" takes the text as it is: % and _ are not wildcards; any case.
+    for text, names in [("%", ["Loss_100%"]), ("_", ["Loss_100%"]), ("LOSS", ["Loss_100%"])]:
+        found = (await api.call("alice", "GET", "/v1/tasks", params={"name": text})).json()
+        assert [t["name"] for t in found["items"]] == names, text
+    assert (await api.call("alice", "GET", "/v1/tasks?name=b_bs")).json()["items"] == []
     bad = await api.call("alice", "GET", "/v1/tasks?cursor=zzz")
     assert (bad.status_code, bad.json()["field"]) == (400, "cursor")
 

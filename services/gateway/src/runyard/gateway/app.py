@@ -269,7 +269,10 @@ class Gateway:
         tenant = _read_tenant(caller, tenant)
         if not 1 <= limit <= MAX_PAGE:
             raise BadRequest(
-                "request.invalid", f"limit must be 1 to {MAX_PAGE}", "lower the limit", "limit"
+                "request.invalid",
+                f"limit must be 1 to {MAX_PAGE}",
+                f"give a limit from 1 to {MAX_PAGE}",
+                "limit",
             )
         await self.projector.catch_up()
         try:
@@ -389,7 +392,10 @@ class Gateway:
         tenant = _read_tenant(caller, tenant)
         if not 1 <= limit <= MAX_PAGE:
             raise BadRequest(
-                "request.invalid", f"limit must be 1 to {MAX_PAGE}", "lower the limit", "limit"
+                "request.invalid",
+                f"limit must be 1 to {MAX_PAGE}",
+                f"give a limit from 1 to {MAX_PAGE}",
+                "limit",
             )
         await self.projector.catch_up()
         return {"items": await projection.group_rows(self.db, tenant, limit)}

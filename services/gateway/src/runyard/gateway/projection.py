@@ -357,7 +357,7 @@ async def list_rows(
 
 _FILTERS = {
     "status": "status = ${n}",
-    "name": "name ILIKE '%' || ${n} || '%'",
+    "name": "strpos(lower(name), lower(${n})) > 0",  # contains, as typed: no wildcards
     "tag": "tags @> ARRAY[${n}]::text[]",
     "pool": "pool = ${n}",
     "creator": "creator = ${n}",
