@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from runyard.cli.detail import detail
 
 from tests.unit.test_cli import NO_CONFIG, REPO, Served, cli
 from tests.unit.test_cli import served_gateway as served_gateway  # the fixture
@@ -70,11 +71,13 @@ async def test_events_into_a_pipe_keep_time_and_correlation_id_whole(
     assert len(timeline) >= 2
 
     lines = await piped(served_gateway, f"events {task_id}")
-    assert lines[0] == "#\ttime\ttype\tactor\tcorrelation id"
+    assert lines[0] == "#\ttime\ttype\tactor\tcorrelation id\tdetail"
     assert lines[1:] == [
         f"{e['version']}\t{e['occurred_at']}\t{e['type']}\t{e['actor']}\t{e['correlation_id']}"
+        f"\t{detail(e['data'])}"
         for e in timeline
     ]
+    assert any("stopped_by=" in line.split("\t")[-1] for line in lines)  # who stopped it
     assert all("…" not in line and "\x1b" not in line for line in lines)
 
     grepped = await piped(served_gateway, f"events {task_id} | grep TaskStopped")

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Annotated, Any
 
 import typer
+from runyard.cli.detail import detail
 from runyard.cli.dsn import DsnOpt, stack_dsn
 from runyard.cli.main import JsonOpt, TokenOpt, UrlOpt, app, call, err, show_json, table
 from runyard.cli.terminal import markup
@@ -35,38 +36,6 @@ from runyard.cli.when import parse_when
 PAGE = 500
 #: How often a long export or import reports progress on stderr.
 PROGRESS_EVERY = 10_000
-#: Payload fields worth a glance in the table's `detail` column, in this order.
-_DETAIL_KEYS = (
-    "reason",
-    "stopped_by",
-    "role",
-    "requeue_count",
-    "node",
-    "faulty_nodes",
-    "removed",
-    "added",
-    "new_task_id",
-    "task_id",
-    "tenant",
-    "user",
-)
-
-
-def detail(data: dict[str, Any]) -> str:
-    """The payload fields that say why or where, as `key=value` pairs."""
-    parts = []
-    for key in _DETAIL_KEYS:
-        value = data.get(key)
-        if value in (None, "", [], ()):
-            continue
-        shown = ",".join(map(str, value)) if isinstance(value, list) else value
-        parts.append(f"{key}={shown}")
-    workers = data.get("workers")
-    if isinstance(workers, list) and workers:
-        parts.append("nodes=" + ",".join(sorted({str(w.get("node")) for w in workers})))
-    return " ".join(parts)
-
-
 def _query(types: list[str], **values: str | int | None) -> dict[str, Any]:
     params: dict[str, Any] = {k: v for k, v in values.items() if v is not None}
     if types:

@@ -33,6 +33,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from runyard.cli.admin import admin_app
 from runyard.cli.alerts import alerts_app
+from runyard.cli.detail import detail
 from runyard.cli.terminal import clean, markup, print_json, render_table
 from runyard.client import ApiError, Client, GatewayUnreachable, Retry
 from runyard.contracts.requests import RerunChanges
@@ -428,16 +429,26 @@ def clone(
 def events(
     task_id: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
 ) -> None:
-    """The task's audit timeline: each event with its actor and correlation id."""
+    """The task's audit timeline: each event with its actor and correlation id.
+
+    `detail` shows the fields that say what, where and why (stage, worker, exit
+    code, reason, nodes, ...); `--json` gives every field."""
     with gateway(url, token) as api:
         timeline = [as_json_data(event) for event in api.task_events(task_id)]
     if as_json:
         return show_json(timeline)
     table(
         f"events of {task_id}",
-        ["#", "time", "type", "actor", "correlation id"],
+        ["#", "time", "type", "actor", "correlation id", "detail"],
         [
-            [e["version"], e["occurred_at"], e["type"], e["actor"], e["correlation_id"]]
+            [
+                e["version"],
+                e["occurred_at"],
+                e["type"],
+                e["actor"],
+                e["correlation_id"],
+                detail(e.get("data") or {}),
+            ]
             for e in timeline
         ],
     )
@@ -459,7 +470,9 @@ def watch(
                     out.print(json.dumps(event), markup=False, highlight=False)
                 else:
                     when, kind, actor = (clean(event[k]) for k in ("occurred_at", "type", "actor"))
-                    out.print(f"{when}  {kind}  {actor}", markup=False, highlight=False)
+                    more = clean(detail(event.get("data") or {}))
+                    line = f"{when}  {kind}  {actor}" + (f"  {more}" if more else "")
+                    out.print(line, markup=False, highlight=False)
 
 
 # --- pools --------------------------------------------------------------------

@@ -1,0 +1,39 @@
+"""The `detail` column of `runyard events`, `watch` and `audit`."""
+
+from __future__ import annotations
+
+from runyard.cli.detail import detail
+from runyard.contracts.task_events import (
+    DeployStageFailed,
+    StacksCaptured,
+    TaskPlaced,
+    WorkerExited,
+    WorkerPlacement,
+)
+
+
+def data(event: object) -> dict[str, object]:
+    """An event's payload as the API's JSON gives it."""
+    dumped: dict[str, object] = event.model_dump(mode="json")  # type: ignore[attr-defined]
+    return dumped
+
+
+def test_what_where_and_why_come_first() -> None:
+    failed = DeployStageFailed(
+        run=1, attempt=1, stage="image_pull", reason="no such image", duration_ms=3
+    )
+    assert detail(data(failed)) == "stage=image_pull reason=no such image"
+    exited = WorkerExited(run=1, attempt=2, worker=3, exit_code=137)
+    assert detail(data(exited)) == "worker=3 exit_code=137"  # 0 would show too
+
+
+def test_placements_show_their_nodes_once_each() -> None:
+    workers = tuple(WorkerPlacement(index=i, node=f"n{i % 2}", gpus=(i,)) for i in range(3))
+    placed = TaskPlaced(run=1, attempt=1, pool="p", workers=workers)
+    assert detail(data(placed)) == "nodes=n0,n1"
+
+
+def test_workers_given_as_indexes_are_no_nodes() -> None:
+    # StacksCaptured names its workers by index: no node to show, and no error.
+    captured = StacksCaptured(run=1, attempt=1, workers=(0, 1), report_id="r", summary="s")
+    assert detail(data(captured)) == ""
