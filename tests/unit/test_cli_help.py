@@ -26,7 +26,17 @@ def test_every_command_has_a_one_line_summary() -> None:
     for name, command in found.items():
         text = inspect.cleandoc(command.short_help or command.help or "")
         summary = text.split("\n\n")[0]
+        if command.hidden:  # a second name of a listed command (`tokens ls`)
+            continue
         assert summary, f"runyard {name} has no help"
         # The command list prints the first paragraph with its line breaks.
         assert "\n" not in summary, f"runyard {name}: {summary!r}"
         assert len(summary) <= MAX_SUMMARY, f"runyard {name}: {len(summary)} characters"
+
+
+def test_listing_commands_take_both_ls_and_list() -> None:
+    found = dict(commands(typer.main.get_command(app)))
+    for group in ("group", "alerts", "admin tokens"):
+        first, second = (found[f"{group} {name}"].callback for name in ("ls", "list"))
+        # Typer wraps each command's function: the same function under both names.
+        assert first.__wrapped__ is second.__wrapped__, group

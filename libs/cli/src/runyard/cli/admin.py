@@ -251,6 +251,9 @@ def tokens_list(
     cli.table("tokens", TOKEN_COLUMNS, [_token_row(t) for t in result["items"]])
 
 
+tokens_app.command("ls", hidden=True)(tokens_list)  # as `group ls`, `alerts ls`
+
+
 @tokens_app.command("revoke")
 def tokens_revoke(
     token_id: Annotated[str, typer.Argument(help="Token id (tok_...), from `tokens list`.")],

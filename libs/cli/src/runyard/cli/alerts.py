@@ -88,6 +88,9 @@ def list_subscriptions(
         _table(answer["items"])
 
 
+alerts_app.command("list", hidden=True)(list_subscriptions)  # as `admin tokens list`
+
+
 @alerts_app.command("rm")
 def remove(
     subscription_id: Annotated[str, typer.Argument(help="The subscription's id (sub-...).")],

@@ -579,6 +579,9 @@ def group_ls(
     )
 
 
+group_app.command("list", hidden=True)(group_ls)  # as `admin tokens list`
+
+
 @group_app.command("stop")
 def group_stop(
     group_id: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
