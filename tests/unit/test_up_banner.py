@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import io
+import json
 import os
+import socket
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 from runyard.stack import up
+from runyard.stack.embedded import EmbeddedPostgres, PortTaken
+from runyard.stack.ports import free_port
 
 
 def test_the_banner_keeps_each_line_whole_whatever_the_width(
@@ -76,3 +81,59 @@ def test_up_refuses_to_start_without_its_config_folder(
         up.main(home=str(tmp_path / ".runyard"))
     os.mkdir(tmp_path / "mine")
     up.check_config(tmp_path / "mine")  # a folder is enough: its files are each optional
+
+
+def test_up_refuses_ports_another_program_holds_naming_each(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A second `runyard up` in another folder met the first's ports: Postgres failed
+    to bind and the command ended in a traceback. The services' ports are checked
+    before anything starts; each taken one is named, with how to move it."""
+    monkeypatch.delenv("RUNYARD_ENDPOINTS", raising=False)
+    with socket.socket() as held, socket.socket() as grpc:
+        for sock in (held, grpc):
+            sock.bind(("127.0.0.1", 0))
+            sock.listen()
+        relay = held.getsockname()[1]
+        monkeypatch.setenv("RUNYARD_ENDPOINTS", json.dumps({"relay": f"http://127.0.0.1:{relay}"}))
+        settings = {"http_host": "127.0.0.1", "http_port": free_port(), "grpc_host": "127.0.0.1"}
+        with pytest.raises(SystemExit) as stopped:
+            up.check_ports({**settings, "grpc_port": grpc.getsockname()[1]}, wait_s=0.3)
+        message = str(stopped.value)
+        assert f"relay 127.0.0.1:{relay}" in message
+        assert f"gateway gRPC 127.0.0.1:{grpc.getsockname()[1]}" in message
+        assert "RUNYARD_ENDPOINTS" in message and "--http-port" in message
+        assert "gateway 127.0.0.1" not in message  # free: not named
+    for endpoints in ("{not json", "[1]"):
+        monkeypatch.setenv("RUNYARD_ENDPOINTS", endpoints)
+        with pytest.raises(SystemExit, match="RUNYARD_ENDPOINTS"):
+            up.check_ports({**settings, "grpc_port": free_port()}, wait_s=0)
+
+
+def test_the_embedded_postgres_refuses_a_port_another_program_holds(tmp_path: Path) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        pg = EmbeddedPostgres(tmp_path / "pg", port=port)
+        with pytest.raises(PortTaken, match=f"127.0.0.1:{port}: the embedded PostgreSQL cannot"):
+            pg.start()
+        assert pg.postmaster_pid() is None  # nothing left running
+
+
+def test_a_port_let_go_of_meanwhile_is_no_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A service a crashed `runyard up` left may still be exiting when the next one
+    starts: its port is looked at again until it is free."""
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    endpoints = {name: f"http://127.0.0.1:{free_port()}" for name in up.DEFAULT_PORTS}
+    endpoints |= {
+        "relay": f"http://127.0.0.1:{port}",
+        "submission-grpc": f"127.0.0.1:{free_port()}",
+    }
+    monkeypatch.setenv("RUNYARD_ENDPOINTS", json.dumps(endpoints))
+    settings = {"http_host": "127.0.0.1", "http_port": free_port(), "grpc_host": "127.0.0.1"}
+    threading.Timer(0.3, held.close).start()
+    up.check_ports({**settings, "grpc_port": free_port()}, wait_s=10)  # no SystemExit

@@ -52,6 +52,10 @@ SUPERUSER = "postgres"
 _MAX_SOCKET_PATH = 107
 
 
+class PortTaken(RuntimeError):
+    """A port an embedded server must listen on is held by another program."""
+
+
 def port_taken(host: str, port: int) -> bool:
     """Whether something listens on host:port (a socket lingering after a
     closed connection does not count: the new listener may reuse it)."""
@@ -188,6 +192,12 @@ class EmbeddedPostgres:
         self._end_leftover(run_as)
         if self.port == 0:
             self.port = free_port(self.host)
+        elif port_taken(self.host, self.port):
+            raise PortTaken(
+                f"another program listens on {self.host}:{self.port}: the embedded PostgreSQL"
+                " cannot (another `runyard up` in another folder?); stop that program or give"
+                " PostgreSQL another port (RUNYARD_PG_PORT for `runyard up`)"
+            )
         self._check_socket_path()
         # Loopback TCP on one port, and the socket in the 0700 data directory.
         options = (
@@ -355,10 +365,10 @@ class EmbeddedKafka:
         if self.port == 0:
             self.port = free_port(self.host)
         elif port_taken(self.host, self.port):
-            raise RuntimeError(
-                f"another program listens on {self.host}:{self.port}: the broker cannot;"
-                " stop that program or give the broker another port"
-                " (RUNYARD_KAFKA_PORT for `runyard up`)"
+            raise PortTaken(
+                f"another program listens on {self.host}:{self.port}: the broker cannot"
+                " (another `runyard up` in another folder?); stop that program or give the"
+                " broker another port (RUNYARD_KAFKA_PORT for `runyard up`)"
             )
         url = f"tcp://{self.host}:{self.port}"
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115

@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import asyncpg
 import httpx
@@ -48,7 +49,7 @@ from runyard.messaging import KafkaSettings, Topics, ensure_topics
 from runyard.messaging.settings import KafkaSecurity
 from runyard.stack import roles
 from runyard.stack.context import ServiceContext, service_dsns_from_env
-from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres
+from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres, PortTaken, port_taken
 from runyard.stack.ports import free_port
 from runyard.stack.processes import AlreadyRunning, exclusive
 from runyard.stack.serve import SERVICE_NAMES, Runner, load_runner, service_migrations
@@ -81,6 +82,8 @@ DEFAULT_PORTS = {
 }
 #: The submission service's internal gRPC API (endpoint "submission-grpc").
 SUBMISSION_GRPC_PORT = 50052
+#: How long a port still held at start is looked at again before `runyard up` gives up.
+PORTS_FREED_WITHIN_S = 3.0
 
 
 @dataclass
@@ -429,6 +432,8 @@ def main(
     try:
         with exclusive(runtime_dir / "up.lock"):
             _main(http_port, grpc_port, host, Path(home).resolve(), one_process=one_process)
+    except PortTaken as exc:
+        raise SystemExit(str(exc)) from None
     except AlreadyRunning as exc:
         pid = exc.holder or "<pid>"
         raise SystemExit(
@@ -450,6 +455,7 @@ def _main(http_port: int, grpc_port: int, host: str, home: Path, *, one_process:
     }
     for name in end_leftovers(stack.state_path):
         console.print(f"  ended {name}, left running by a `runyard up` that crashed")
+    check_ports(settings)
     try:
         stack.start_infrastructure()  # in the try: a broker that fails stops Postgres
         _write_private(
@@ -466,6 +472,31 @@ def _main(http_port: int, grpc_port: int, host: str, home: Path, *, one_process:
         with console.status("stopping"):
             stack.stop_infrastructure()
         console.print("stopped")
+
+
+def check_ports(settings: Mapping[str, object], wait_s: float = PORTS_FREED_WITHIN_S) -> None:
+    """Refuse to start, naming each one, when a port the services will listen on is
+    taken (after the services a crashed `runyard up` left were ended): better than a
+    service that fails to bind and is restarted for ever. A port still held is
+    looked at again for `wait_s`: a process that is exiting lets go of it then."""
+    ports = {"gateway gRPC": (str(settings["grpc_host"]), int(str(settings["grpc_port"])))}
+    for name, address in sorted(service_endpoints(settings).items()):
+        parts = urlsplit(address if "://" in address else f"tcp://{address}")
+        if parts.hostname and parts.port:
+            ports[name] = (parts.hostname, parts.port)
+    deadline = time.monotonic() + wait_s
+    while taken := [f"{n} {h}:{p}" for n, (h, p) in sorted(ports.items()) if port_taken(h, p)]:
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+    if taken:
+        raise SystemExit(
+            f"ports taken by another program (another `runyard up` in another folder?):"
+            f" {', '.join(taken)}. Stop it, or give this stack other ports: --http-port and"
+            " --grpc-port for the gateway, RUNYARD_ENDPOINTS for the services (a JSON"
+            ' object, e.g. {"relay": "http://127.0.0.1:9101"}), RUNYARD_PG_PORT and'
+            " RUNYARD_KAFKA_PORT for the embedded servers"
+        )
 
 
 def _json_settings() -> dict[str, object]:
@@ -490,7 +521,15 @@ def service_endpoints(settings: Mapping[str, object]) -> dict[str, str]:
     endpoints["submission-grpc"] = f"127.0.0.1:{SUBMISSION_GRPC_PORT}"
     given = os.environ.get("RUNYARD_ENDPOINTS", "").strip()
     if given:
-        endpoints.update({str(k): str(v) for k, v in json.loads(given).items()})
+        try:
+            value = json.loads(given)
+        except ValueError as exc:
+            raise SystemExit(f"RUNYARD_ENDPOINTS is not JSON ({exc}): give an object") from None
+        if not isinstance(value, dict):
+            raise SystemExit(
+                'RUNYARD_ENDPOINTS must be a JSON object, e.g. {"relay": "http://127.0.0.1:9101"}'
+            )
+        endpoints.update({str(k): str(v) for k, v in value.items()})
     return endpoints
 
 
