@@ -85,24 +85,30 @@ async def save_checkpoint(
     name: str = CHECKPOINT,
     published: Positions | None = None,
 ) -> None:
-    """Save the checkpoint, and with it the highest position published per partition."""
-    async with pool.acquire() as conn, conn.transaction():
-        await conn.execute(
-            """INSERT INTO checkpoints (name, position) VALUES ($1, $2)
-               ON CONFLICT (name) DO UPDATE SET position = $2, updated_at = now()""",
-            name,
-            position,
-        )
-        if published:
-            keys = list(published)
-            await conn.execute(
-                """INSERT INTO relay_partitions (topic, partition, position)
-                   SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[])
-                   ON CONFLICT (topic, partition) DO UPDATE SET position = EXCLUDED.position""",
-                [t for t, _ in keys],
-                [p for _, p in keys],
-                [published[k] for k in keys],
-            )
+    """Save the checkpoint, and with it the highest position published per partition.
+
+    One statement (both writes commit together, in one round trip instead of four:
+    the relay saves after every batch it publishes)."""
+    keys = list(published or ())
+    await pool.execute(
+        _SAVE_CHECKPOINT,
+        name,
+        position,
+        [t for t, _ in keys],
+        [p for _, p in keys],
+        [published[k] for k in keys] if published else [],
+    )
+
+
+_SAVE_CHECKPOINT = """
+WITH partitions AS (
+    INSERT INTO relay_partitions (topic, partition, position)
+    SELECT * FROM unnest($3::text[], $4::int[], $5::bigint[])
+    ON CONFLICT (topic, partition) DO UPDATE SET position = EXCLUDED.position
+)
+INSERT INTO checkpoints (name, position) VALUES ($1, $2)
+ON CONFLICT (name) DO UPDATE SET position = $2, updated_at = now()
+"""
 
 
 async def load_published(pool: asyncpg.Pool) -> Positions:
