@@ -77,6 +77,36 @@ def test_numbered_lines_of_a_file(tmp_path: Path) -> None:
     assert list(numbered_lines(tmp_path / "absent.log", complete=True)) == []
 
 
+def test_a_skip_gives_its_notice_numbered_where_the_skipped_lines_began(tmp_path: Path) -> None:
+    path = tmp_path / "stdout.log"
+    path.write_bytes(CONTENT)
+    whole = read_in_chunks(CONTENT, [])
+    ends = [end for _, end in whole]
+    # From after "first" (a newline) to after the BIG line's second piece (a LINE_MAX
+    # piece end: the tail cut it seeing more bytes; a read ending there holds it back).
+    first = outputs.Skip(ends[0], ends[3], "[runyard] skipped")
+    raws = [raw for raw, _ in whole]
+    expected = [raws[0], b"[runyard] skipped", *raws[4:]]
+    assert [raw for _, raw in numbered_lines(path, complete=True, skips=[first])] == expected
+    # Skipping from a LINE_MAX piece's end: the piece before it is one line, whole.
+    second = outputs.Skip(ends[2], ends[5], "[runyard] again")
+    lines = list(numbered_lines(path, complete=True, skips=[second]))
+    assert [raw for _, raw in lines] == [*raws[:3], b"[runyard] again", *raws[6:]]
+    assert [seq for seq, _ in lines] == list(range(len(lines)))
+    # Read by default from the skips saved beside the file, per stream.
+    saved = {"stdout": 0, "skips": {"stdout": [second.to_json()], "stderr": "no"}}
+    (tmp_path / "offsets.json").write_text(json.dumps(saved))
+    assert list(numbered_lines(path, complete=True)) == lines
+    assert outputs.read_skips(tmp_path) == {"stdout": [second]}
+
+
+@pytest.mark.parametrize(
+    "raw", [None, [1, 2], [2, 1, "x"], [True, 2, "x"], [1, 2, 3], ["1", 2, "x"], [-1, 2, "x"]]
+)
+def test_a_saved_skip_that_is_not_one_is_ignored(raw: object) -> None:
+    assert outputs.Skip.from_json(raw) is None
+
+
 def test_a_mark_says_when_a_line_had_been_published() -> None:
     marks = Marks()
     marks.add({"stdout": 3, "stderr": 0}, now=100.0)

@@ -33,7 +33,7 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -42,6 +42,8 @@ log = logging.getLogger("runyard.deployer.outputs")
 
 #: The longest line (bytes) a worker's output gives; longer ones are cut.
 LINE_MAX = 64 * 1024
+#: How much of a file `numbered_lines` reads at once.
+READ_SIZE = 1024 * 1024
 #: Time marks kept per worker (older ones thinned past this many).
 MAX_MARKS = 512
 Stream = Literal["stdout", "stderr"]
@@ -83,10 +85,81 @@ class LineSplitter:
         rest, self._pending = self._pending, b""
         return [(rest, self._offset)] if rest else []
 
+    @property
+    def line_start(self) -> int:
+        """Where the line not yet cut starts in the file (every byte before it is in a
+        line given out)."""
+        return self._offset - len(self._pending)
 
-def numbered_lines(path: Path, *, complete: bool) -> Iterator[tuple[int, bytes]]:
+
+@dataclass(frozen=True, order=True)
+class Skip:
+    """A stretch [start, end) of an output file left unread, and the line given out in
+    its place (`notice`, with the number the first skipped line would have had).
+
+    The runtime skips when a worker writes faster than its output is read (a worker
+    that floods its output must not hold the deployer, nor the log pipeline, for every
+    other task). `start` is where a line starts; `end` is after a newline, or where the
+    runtime gave up looking for one. Saved with the offsets (`offsets.json`), so a file
+    read again gives the same numbered lines (`numbered_lines`)."""
+
+    start: int
+    end: int
+    notice: str
+
+    def to_json(self) -> list[Any]:
+        return [self.start, self.end, self.notice]
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Skip | None:
+        if (
+            isinstance(raw, list)
+            and len(raw) == 3
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in raw[:2])
+            and 0 <= raw[0] <= raw[1]
+            and isinstance(raw[2], str)
+        ):
+            return cls(raw[0], raw[1], raw[2])
+        return None
+
+
+def skip_notice(skipped: int, stream: Stream, lines_per_s: int) -> str:
+    """The line published in place of `skipped` bytes of a worker's `stream`."""
+    return (
+        f"[runyard] {skipped:,} bytes of this worker's {stream} were not read: it wrote"
+        f" more than {lines_per_s:,} lines/s for too long (docs/limits.md, Worker output)"
+    )
+
+
+def read_skips(worker_dir: Path) -> dict[str, list[Skip]]:
+    """The skips saved in a worker folder's `offsets.json`, per stream, in file order."""
+    try:
+        saved = json.loads((worker_dir / "offsets.json").read_text())
+        raw = saved.get("skips") if isinstance(saved, dict) else None
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(raw, dict):
+        return {}
+    found: dict[str, list[Skip]] = {}
+    for stream in STREAMS:
+        entries = raw.get(stream)
+        if not isinstance(entries, list):
+            continue
+        skips = sorted(s for e in entries if (s := Skip.from_json(e)) is not None)
+        if skips:
+            found[stream] = skips
+    return found
+
+
+def numbered_lines(
+    path: Path, *, complete: bool, skips: Sequence[Skip] | None = None
+) -> Iterator[tuple[int, bytes]]:
     """Every line of an output file with its number, from the start; the unfinished
-    last line too when the file is `complete` (its worker is gone)."""
+    last line too when the file is `complete` (its worker is gone). A skipped stretch
+    (`skips`; default: those saved beside the file) gives its notice line instead,
+    numbered as the runtime's tail numbered it."""
+    if skips is None:
+        skips = read_skips(path.parent).get(path.stem, [])
     splitter = LineSplitter()
     seq = 0
     try:
@@ -94,10 +167,27 @@ def numbered_lines(path: Path, *, complete: bool) -> Iterator[tuple[int, bytes]]
     except FileNotFoundError:
         return
     with f:
-        while chunk := f.read(1024 * 1024):
-            for raw, _ in splitter.feed(chunk):
+        for skip in (*skips, None):
+            stop = None if skip is None else skip.start
+            while True:
+                size = READ_SIZE if stop is None else min(READ_SIZE, stop - f.tell())
+                chunk = f.read(size) if size > 0 else b""
+                if not chunk:
+                    break
+                for raw, _ in splitter.feed(chunk):
+                    yield seq, raw
+                    seq += 1
+            if skip is None:
+                break
+            # `start` ends a line the tail gave out: a last piece of LINE_MAX bytes it
+            # cut seeing more bytes after it, which this read, ending here, holds back.
+            for raw, _ in splitter.finish():
                 yield seq, raw
                 seq += 1
+            yield seq, skip.notice.encode()
+            seq += 1
+            f.seek(skip.end)
+            splitter = LineSplitter(skip.end)
     if complete:
         for raw, _ in splitter.finish():
             yield seq, raw

@@ -145,6 +145,9 @@ DeploymentKey = tuple[str, int, int]
 """(task id, run, attempt)."""
 
 DEFAULT_MASTER_PORT = 29500
+#: Defaults of `LocalRuntimeConfig.output_lines_per_s` and `output_backlog_bytes`.
+OUTPUT_LINES_PER_S = 5_000
+OUTPUT_BACKLOG_BYTES = 4 * 1024 * 1024
 
 
 class StageFailed(Exception):
@@ -268,6 +271,13 @@ class LocalRuntimeConfig:
     grace_s: float = 10.0
     #: Output lines buffered per deployment before lines are dropped.
     output_buffer: int = 10_000
+    #: Lines per second read from each output stream of a worker (bursts of five
+    #: seconds' worth pass at once); a worker that writes faster is read at this pace.
+    output_lines_per_s: int = OUTPUT_LINES_PER_S
+    #: How far (bytes) reading may fall behind a stream before the stretch in between
+    #: is skipped, but for its last quarter, with one notice line in its place
+    #: (`outputs.Skip`): a flooding worker costs the platform a bounded share.
+    output_backlog_bytes: int = OUTPUT_BACKLOG_BYTES
     #: Sandboxed workers (private mount, PID, network and IPC namespaces, an
     #: unprivileged user): None detects once whether this machine permits it.
     namespaces: bool | None = None
@@ -300,11 +310,24 @@ class LocalRuntimeConfig:
             images=images,
             grace_s=float(raw.get("grace_s", 10.0)),
             output_buffer=int(raw.get("output_buffer", 10_000)),
+            output_lines_per_s=output_limits(raw)[0],
+            output_backlog_bytes=output_limits(raw)[1],
             namespaces=raw.get("namespaces"),
             worker_user=str(raw.get("worker_user") or "runyard-worker"),
             hidden=(data_dir.absolute(), *(Path(str(p)) for p in raw.get("hide") or ())),
             deploys_at_once=_at_least_one(raw.get("deploys_at_once", 16), "deploys_at_once"),
         )
+
+
+def output_limits(raw: Mapping[str, Any]) -> tuple[int, int]:
+    """(`output_lines_per_s`, `output_backlog_bytes`) of a runtime's settings; the
+    backlog at least one longest line."""
+    per_s = raw.get("output_lines_per_s", OUTPUT_LINES_PER_S)
+    backlog = raw.get("output_backlog_bytes", OUTPUT_BACKLOG_BYTES)
+    return (
+        _at_least_one(per_s, "output_lines_per_s"),
+        max(outputs.LINE_MAX, _at_least_one(backlog, "output_backlog_bytes")),
+    )
 
 
 def _at_least_one(value: Any, name: str) -> int:
@@ -498,6 +521,8 @@ class _Worker:
     next_seq: dict[str, int | None] = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
     #: When publishing reached which numbers (saved with `offsets`).
     marks: Marks = field(default_factory=Marks)
+    #: Stretches of each stream left unread (saved with `offsets`; `outputs.Skip`).
+    skips: dict[str, list[outputs.Skip]] = field(default_factory=dict)
 
     @property
     def status_file(self) -> Path:
@@ -1158,13 +1183,31 @@ class LocalRuntime:
         offset = worker.offsets[stream]
         # Cut as `outputs.numbered_lines` cuts a whole file: the numbers match.
         splitter = LineSplitter(offset)
+        pace = _Pace(self.config.output_lines_per_s)
+        skips = worker.skips.setdefault(stream, [])
         delay = 0.005
         try:
             with open(path, "rb") as f:  # noqa: ASYNC230 (local file, small reads)
                 f.seek(offset)
                 while True:
                     last = worker.gone.is_set()
-                    chunk = f.read(256 * 1024)
+                    # A skip saved by an earlier deployer, else a new one if reading
+                    # fell too far behind: its notice in place of the stretch.
+                    skip = next((k for k in skips if k.start >= splitter.line_start), None)
+                    if skip is None:
+                        skip = self._behind(f, splitter, stream, skips)
+                    if skip is not None and f.tell() >= skip.start:
+                        if f.tell() == skip.start:  # as numbered_lines reads it
+                            for raw, end in splitter.finish():
+                                await self._emit(local, worker, stream, raw, end)
+                        await self._emit(
+                            local, worker, stream, skip.notice.encode(), skip.end, notice=True
+                        )
+                        f.seek(skip.end)
+                        splitter = LineSplitter(skip.end)
+                        continue
+                    size = 256 * 1024 if skip is None else min(256 * 1024, skip.start - f.tell())
+                    chunk = f.read(size)
                     if not chunk:
                         if last:
                             break
@@ -1172,16 +1215,53 @@ class LocalRuntime:
                         delay = min(delay * 2, 0.2)
                         continue
                     delay = 0.005
-                    for raw, end in splitter.feed(chunk):
+                    lines = splitter.feed(chunk)
+                    for raw, end in lines:
                         await self._emit(local, worker, stream, raw, end)
+                    # Other deployments' work runs between chunks, and a worker that
+                    # writes faster than its pace waits here (its file holds the rest).
+                    await asyncio.sleep(pace.wait(len(lines)))
                 for raw, end in splitter.finish():
                     await self._emit(local, worker, stream, raw, end)
         except FileNotFoundError:
             return
 
+    def _behind(
+        self, f: Any, splitter: LineSplitter, stream: Stream, skips: list[outputs.Skip]
+    ) -> outputs.Skip | None:
+        """A new skip when reading `f` fell more than `output_backlog_bytes` behind:
+        from the line being read to a line start in the last quarter of that distance;
+        saved at once (a deployer that restarts skips the same stretch). None else."""
+        here = f.tell()
+        size = os.fstat(f.fileno()).st_size
+        budget = self.config.output_backlog_bytes
+        if size - here <= budget:
+            return None
+        target = size - budget // 4
+        f.seek(target)
+        probe = f.read(outputs.LINE_MAX)
+        f.seek(here)
+        newline = probe.find(b"\n")
+        end = target + newline + 1 if newline >= 0 else target
+        start = splitter.line_start
+        notice = outputs.skip_notice(end - start, stream, self.config.output_lines_per_s)
+        skip = outputs.Skip(start, end, notice)
+        skips.append(skip)
+        return skip
+
     async def _emit(
-        self, local: _Local, worker: _Worker, stream: Stream, raw: bytes, end: int
+        self,
+        local: _Local,
+        worker: _Worker,
+        stream: Stream,
+        raw: bytes,
+        end: int,
+        *,
+        notice: bool = False,
     ) -> None:
+        if notice:  # a new skip is saved before its notice goes out (and the lines after)
+            _save_offsets(worker)
+            log.warning("%s worker %d: %s", local.deployment.key, worker.index, raw.decode())
         d = local.deployment
         seq = worker.read_seq[stream]
         if seq is not None:  # numbered here, before the queue: a dropped line leaves a gap
@@ -1758,10 +1838,33 @@ async def _until_published(local: _Local, on_output: OnOutput, line: OutputLine)
     await until_done(publish, what=what, component="deployer (worker output)", any_error=True)
 
 
+class _Pace:
+    """How long a stream's reader waits after a chunk so that it reads at most
+    `per_s` lines a second on average, bursts of five seconds' worth at once."""
+
+    def __init__(self, per_s: int) -> None:
+        self.per_s = per_s
+        self.burst = 5.0 * per_s
+        self.tokens = self.burst
+        self.at = time.monotonic()
+
+    def wait(self, lines: int) -> float:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.per_s) - lines
+        self.at = now
+        return 0.0 if self.tokens >= 0 else -self.tokens / self.per_s
+
+
 def _save_offsets(worker: _Worker) -> None:
     """The published offsets, per stream the number of the next line, and when."""
     worker.marks.add(worker.next_seq)
-    saved = {**worker.offsets, "seq": worker.next_seq, "marks": worker.marks.entries}
+    saved: dict[str, Any] = {
+        **worker.offsets,
+        "seq": worker.next_seq,
+        "marks": worker.marks.entries,
+    }
+    if any(worker.skips.values()):
+        saved["skips"] = {s: [k.to_json() for k in ks] for s, ks in worker.skips.items() if ks}
     with contextlib.suppress(OSError):
         (worker.scratch / "offsets.json").write_text(json.dumps(saved))
 
@@ -1778,6 +1881,7 @@ def _load_offsets(worker: _Worker) -> None:
         return
     worker.offsets.update(offsets)
     worker.marks = Marks.from_json(saved.get("marks"))
+    worker.skips = outputs.read_skips(worker.scratch)
     for stream, offset in worker.offsets.items():
         value = seqs.get(stream)
         seq = int(value) if isinstance(value, int) else (0 if offset == 0 else None)

@@ -104,6 +104,7 @@ from runyard.deployer.runtime import (
     _Tools,
     _Worker,
     _worker_user,
+    output_limits,
 )
 from runyard.deployer.stacks import parse_dump, py_spy_binary
 
@@ -175,6 +176,8 @@ class SlurmRuntimeConfig(LocalRuntimeConfig):
             images=images,
             grace_s=float(raw.get("grace_s", 10.0)),
             output_buffer=int(raw.get("output_buffer", 10_000)),
+            output_lines_per_s=output_limits(raw)[0],
+            output_backlog_bytes=output_limits(raw)[1],
             namespaces=False,
             poll_s=float(raw.get("poll_s", 0.2)),
             partition=raw.get("partition"),

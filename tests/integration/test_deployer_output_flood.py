@@ -1,0 +1,75 @@
+"""A worker that floods its output (the local runtime, real processes, no database):
+it is read at the configured pace, the stretch reading falls behind on is skipped
+with one notice line in its place, its exit is reported without waiting for all it
+wrote, and the file read again gives the very lines published, with their numbers."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from runyard.contracts.task_events import WorkerPlacement
+from runyard.deployer import outputs
+from runyard.deployer.runtime import Deployment, LocalRuntime, LocalRuntimeConfig, OutputLine
+
+from tests.integration.test_deployer import make_spec
+
+pytestmark = pytest.mark.integration
+
+#: Lines the worker writes (about 6.9 MB), far more than 2,000 lines/s lets through
+#: before reading falls 256 KiB behind.
+LINES = 1_000_000
+
+
+async def test_a_flooding_worker_is_read_at_its_pace_and_skipped_where_behind(
+    tmp_path: Path,
+) -> None:
+    config = LocalRuntimeConfig(
+        scratch_root=tmp_path / "scratch",
+        volumes_root=tmp_path / "volumes",
+        images={"bash-only": Path("/usr")},
+        grace_s=2.0,
+        output_lines_per_s=2_000,
+        output_backlog_bytes=256 * 1024,
+    )
+    runtime = LocalRuntime(config)
+    spec = make_spec(f"seq 1 {LINES}; echo last line >&2")
+    deployment = Deployment("flood", 1, 1, spec, (WorkerPlacement(index=0, node="n", gpus=(0,)),))
+    published: list[OutputLine] = []
+    exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    async def on_output(line: OutputLine) -> None:
+        published.append(line)
+
+    async def on_exit(key: object, worker: int, code: int, at: datetime) -> None:
+        exited.set_result(code)
+
+    for step in (runtime.allocate, runtime.pull_image, runtime.mount_storage, runtime.init_env):
+        await step(deployment)
+    await runtime.start_workers(deployment, on_output, on_exit)
+    try:
+        assert await asyncio.wait_for(exited, 120) == 0
+        await runtime.flush_output(deployment.key)
+        stdout = [line for line in published if line.stream == "stdout"]
+        numbers = [line.seq for line in stdout]
+        assert numbers == list(range(len(stdout)))  # no gap: a skip takes one number
+        notices = [line.line for line in stdout if line.line.startswith("[runyard] ")]
+        assert notices and all("bytes of this worker's stdout were not read" in n for n in notices)
+        assert "2,000 lines/s" in notices[0]
+        written = [int(line.line) for line in stdout if not line.line.startswith("[runyard] ")]
+        assert written == sorted(written) and written[-1] == LINES  # the end is always read
+        assert len(written) < LINES // 2
+        assert [line.line for line in published if line.stream == "stderr"] == ["last line"]
+
+        worker_dir = config.scratch_root / "flood" / "run1-a1" / "w0"
+        assert len(outputs.read_skips(worker_dir)["stdout"]) == len(notices)
+        again = [
+            (seq, outputs.text(raw))
+            for seq, raw in outputs.numbered_lines(worker_dir / "stdout.log", complete=True)
+        ]
+        assert again == [(line.seq, line.line) for line in stdout]  # as a new deployer reads it
+    finally:
+        await runtime.stop(deployment.key, 1.0)
+        await runtime.cleanup(deployment.key)
