@@ -6,13 +6,20 @@ wrote, and the file read again gives the very lines published, with their number
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 from runyard.contracts.task_events import WorkerPlacement
 from runyard.deployer import outputs
-from runyard.deployer.runtime import Deployment, LocalRuntime, LocalRuntimeConfig, OutputLine
+from runyard.deployer.runtime import (
+    MAX_IN_FLIGHT,
+    Deployment,
+    LocalRuntime,
+    LocalRuntimeConfig,
+    OutputLine,
+)
 
 from tests.integration.test_deployer import make_spec
 
@@ -70,6 +77,78 @@ async def test_a_flooding_worker_is_read_at_its_pace_and_skipped_where_behind(
             for seq, raw in outputs.numbered_lines(worker_dir / "stdout.log", complete=True)
         ]
         assert again == [(line.seq, line.line) for line in stdout]  # as a new deployer reads it
+    finally:
+        await runtime.stop(deployment.key, 1.0)
+        await runtime.cleanup(deployment.key)
+
+
+class Sink:
+    """A pipelined sink (`runtime.PipelinedSink`) whose confirmations come later, in
+    order; the confirmation of line `fail_at` fails once, as a broker going away."""
+
+    def __init__(self, fail_at: int) -> None:
+        self.fail_at = fail_at
+        self.confirmed: list[tuple[int, str]] = []
+        self.calls = 0
+
+    async def __call__(self, line: OutputLine) -> None:
+        assert line.seq is not None
+        self.calls += 1
+        self.confirmed.append((line.seq, line.line))
+
+    async def submit(self, line: OutputLine) -> asyncio.Future[None]:
+        confirm: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def settle() -> None:
+            assert line.seq is not None
+            if line.seq == self.fail_at:
+                self.fail_at = -1
+                confirm.set_exception(ConnectionError("the broker went away"))
+            else:
+                self.confirmed.append((line.seq, line.line))
+                confirm.set_result(None)
+
+        asyncio.get_running_loop().call_later(0.001, settle)
+        return confirm
+
+
+async def test_lines_are_published_many_at_once_and_again_after_a_failure(
+    tmp_path: Path,
+) -> None:
+    config = LocalRuntimeConfig(
+        scratch_root=tmp_path / "scratch",
+        volumes_root=tmp_path / "volumes",
+        images={"bash-only": Path("/usr")},
+        grace_s=2.0,
+    )
+    runtime = LocalRuntime(config)
+    deployment = Deployment(
+        "piped", 1, 1, make_spec("seq 1 20000"), (WorkerPlacement(index=0, node="n", gpus=(0,)),)
+    )
+    sink = Sink(fail_at=5_000)
+    exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    async def on_exit(key: object, worker: int, code: int, at: datetime) -> None:
+        exited.set_result(code)
+
+    for step in (runtime.allocate, runtime.pull_image, runtime.mount_storage, runtime.init_env):
+        await step(deployment)
+    await runtime.start_workers(deployment, sink, on_exit)
+    try:
+        assert await asyncio.wait_for(exited, 120) == 0
+        await runtime.flush_output(deployment.key)
+        # Every line; those out when one failed may come twice (the log store drops those).
+        first = {seq: text for seq, text in sink.confirmed}
+        assert first == {seq: str(seq + 1) for seq in range(20_000)}
+        # The order of the file, but for lines that were out when one failed: they may
+        # be confirmed before it (the store orders lines by the time they were read).
+        firsts = list(dict.fromkeys(seq for seq, _ in sink.confirmed))
+        assert firsts[:5_000] == list(range(5_000)) and sorted(firsts) == list(range(20_000))
+        assert all(abs(seq - at) <= MAX_IN_FLIGHT for at, seq in enumerate(firsts))
+        # The failed line and those out after it, again one by one (no more than were out).
+        assert 1 <= sink.calls <= MAX_IN_FLIGHT
+        saved = json.loads((config.scratch_root / "piped/run1-a1/w0/offsets.json").read_text())
+        assert saved["seq"]["stdout"] == 20_000
     finally:
         await runtime.stop(deployment.key, 1.0)
         await runtime.cleanup(deployment.key)

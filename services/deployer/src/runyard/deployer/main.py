@@ -36,8 +36,9 @@ import asyncio
 import contextlib
 import logging
 import sys
+from collections.abc import Awaitable
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 from aiokafka.structs import RecordMetadata
@@ -185,12 +186,64 @@ async def run(ctx: ServiceContext) -> None:
         record = line.record()
         return await broker.publish(record.to_bytes(), topic=logs_topic, key=record.key())
 
-    async def publish(line: OutputLine) -> None:
+    class Publish:
         """The runtime's sink: each stream's lines one after the other (the watch
-        notices an offset going back)."""
-        acked = await republish(line)
-        stream = (line.task_id, line.run, line.attempt, line.worker, line.stream)
-        watch.saw(stream, acked.partition, acked.offset)
+        notices an offset going back), confirmed in the order handed over.
+
+        `submit` (the runtime's pipelined pump) sends through a plain producer of its
+        own: the broker's publish wraps every message in a trace span and metrics,
+        which cost about half of the deployer's time per line. A line is keyed as
+        through the broker (its partition is the same). Calling it (a line again after
+        a failure, with backoff) goes through the broker."""
+
+        def __init__(self) -> None:
+            self.producer: AIOKafkaProducer | None = None
+            self.starting = asyncio.Lock()  # one producer for every deployment's pump
+
+        async def __call__(self, line: OutputLine) -> None:
+            self.saw(line, await republish(line))
+
+        async def submit(self, line: OutputLine) -> Awaitable[object]:
+            record = line.record()
+            producer = self.producer or await self._start()
+            future: asyncio.Future[RecordMetadata] = await producer.send(
+                logs_topic, record.to_bytes(), key=record.key()
+            )
+            future.add_done_callback(
+                lambda f: f.cancelled() or f.exception() or self.saw(line, f.result())
+            )
+            return future
+
+        async def _start(self) -> AIOKafkaProducer:
+            async with self.starting:
+                return self.producer or await self._new()
+
+        async def _new(self) -> AIOKafkaProducer:
+            producer = AIOKafkaProducer(
+                **ctx.kafka.client_options(),
+                enable_idempotence=False,  # as the relay: the embedded broker rejects it
+                acks=1,
+                linger_ms=2,
+                request_timeout_ms=ctx.kafka.request_timeout_ms,
+            )
+            try:
+                await producer.start()
+            except BaseException:
+                await producer.stop()
+                raise
+            self.producer = producer
+            return producer
+
+        async def close(self) -> None:
+            if self.producer is not None:
+                await self.producer.stop()
+
+        @staticmethod
+        def saw(line: OutputLine, acked: RecordMetadata) -> None:
+            stream = (line.task_id, line.run, line.attempt, line.worker, line.stream)
+            watch.saw(stream, acked.partition, acked.offset)
+
+    publish = Publish()
 
     cap = options.get("max_restart_delay_s")
     app = DeployerApp(
@@ -276,6 +329,8 @@ async def run(ctx: ServiceContext) -> None:
             await app.close()
         with contextlib.suppress(Exception):
             await broker.stop()
+        with contextlib.suppress(Exception):
+            await publish.close()
         await ends.close()
         await stored.close()
         sock.close()

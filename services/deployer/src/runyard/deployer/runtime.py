@@ -123,6 +123,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -210,6 +211,21 @@ class OutputLine:
 
 
 OnOutput = Callable[[OutputLine], Awaitable[None]]
+
+
+@runtime_checkable
+class PipelinedSink(Protocol):
+    """An output sink that also takes a line without waiting for it to be confirmed:
+    `submit` hands it over and returns what to await for its confirmation (the pump
+    keeps up to `MAX_IN_FLIGHT` lines out; calling the sink publishes one and waits)."""
+
+    async def __call__(self, line: OutputLine) -> None: ...
+
+    async def submit(self, line: OutputLine) -> Awaitable[object]: ...
+
+
+#: Lines a pipelined pump hands to its sink before the first of them is confirmed.
+MAX_IN_FLIGHT = 1000
 OnExit = Callable[[DeploymentKey, int, int, datetime], Awaitable[None]]
 """(deployment key, worker index, exit code, when it exited): the code is 128+N when
 killed by signal N; the time is the one the worker's wrapper wrote with the status (so
@@ -1288,6 +1304,8 @@ class LocalRuntime:
         hold what is not out yet, and cleanup waits for this pump to finish.
         """
         assert local.queue is not None
+        if isinstance(on_output, PipelinedSink):
+            return await self._pump_pipelined(local, on_output)
         while True:
             item = await local.queue.get()
             try:
@@ -1295,17 +1313,49 @@ class LocalRuntime:
                     return
                 line, worker, end = item
                 await _until_published(local, on_output, line)
-                # What was published: a new deployer resumes after it. Saved at the end
-                # of every burst and at least once a second within one (a crash in a
-                # burst repeats at most about a second of lines, and loses none).
-                worker.offsets[line.stream] = end
-                worker.next_seq[line.stream] = None if line.seq is None else line.seq + 1
-                now = time.monotonic()
-                if local.queue.empty() or now - local.offsets_saved > 1.0:
-                    local.offsets_saved = now
-                    _save_offsets(worker)
+                _published(local, line, worker, end)
             finally:
                 local.queue.task_done()
+
+    async def _pump_pipelined(self, local: _Local, sink: PipelinedSink) -> None:
+        """`_pump` with up to `MAX_IN_FLIGHT` lines handed to the sink before the first
+        is confirmed (one round trip to the broker per line held a deployment's output
+        to a few hundred lines a second). Lines are confirmed, and count as published,
+        in the order read; when one fails, it and every line after it are published
+        again one by one, as `_pump` does (a line published twice is dropped by the
+        log store: same number)."""
+        assert local.queue is not None
+        sent: deque[tuple[Awaitable[object], tuple[OutputLine, _Worker, int]]] = deque()
+        done = False
+        while not done or sent:
+            # Hand over what is queued; wait for the queue only when nothing is out.
+            while not done and len(sent) < MAX_IN_FLIGHT and (not sent or local.queue.qsize()):
+                item = await local.queue.get()
+                if item is None:
+                    local.queue.task_done()
+                    done = True
+                    break
+                try:
+                    sent.append((await sink.submit(item[0]), item))
+                except Exception as exc:
+                    sent.append((_failed(exc), item))
+            if not sent:
+                continue
+            confirm, (line, worker, end) = sent[0]
+            try:
+                await confirm
+            except Exception:
+                for other, _ in sent:
+                    _quiet(other)
+                for _, (again, w, e) in sent:  # this one and all after it, in order
+                    await _until_published(local, sink, again)
+                    _published(local, again, w, e)
+                    local.queue.task_done()
+                sent.clear()
+                continue
+            sent.popleft()
+            _published(local, line, worker, end, more_out=bool(sent))
+            local.queue.task_done()
 
     async def flush_output(self, key: DeploymentKey) -> None:
         """Wait until every line read so far reached the output callback."""
@@ -1853,6 +1903,34 @@ class _Pace:
         self.tokens = min(self.burst, self.tokens + (now - self.at) * self.per_s) - lines
         self.at = now
         return 0.0 if self.tokens >= 0 else -self.tokens / self.per_s
+
+
+def _published(
+    local: _Local, line: OutputLine, worker: _Worker, end: int, *, more_out: bool = False
+) -> None:
+    """What was published: a new deployer resumes after it. Saved at the end of every
+    burst (nothing queued, nothing `more_out`) and at least once a second within one (a
+    crash in a burst repeats at most about a second of lines, and loses none)."""
+    assert local.queue is not None
+    worker.offsets[line.stream] = end
+    worker.next_seq[line.stream] = None if line.seq is None else line.seq + 1
+    now = time.monotonic()
+    if (local.queue.empty() and not more_out) or now - local.offsets_saved > 1.0:
+        local.offsets_saved = now
+        _save_offsets(worker)
+
+
+def _failed(exc: Exception) -> asyncio.Future[None]:
+    """A confirmation that failed with `exc` (the sink refused to take the line)."""
+    failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    failed.set_exception(exc)
+    return failed
+
+
+def _quiet(confirm: Awaitable[object]) -> None:
+    """Mark a confirmation no one will await as seen (no 'never retrieved' report)."""
+    if isinstance(confirm, asyncio.Future):
+        confirm.add_done_callback(lambda f: f.cancelled() or f.exception())
 
 
 def _save_offsets(worker: _Worker) -> None:
