@@ -6,7 +6,9 @@ wrote, and the file read again gives the very lines published, with their number
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
 
@@ -15,9 +17,12 @@ from runyard.contracts.task_events import WorkerPlacement
 from runyard.deployer import outputs
 from runyard.deployer.runtime import (
     MAX_IN_FLIGHT,
+    OUTPUT_BACKLOG_BYTES,
+    OUTPUT_LINES_PER_S,
     Deployment,
     LocalRuntime,
     LocalRuntimeConfig,
+    OnOutput,
     OutputLine,
 )
 
@@ -30,35 +35,58 @@ pytestmark = pytest.mark.integration
 LINES = 1_000_000
 
 
-async def test_a_flooding_worker_is_read_at_its_pace_and_skipped_where_behind(
+@contextlib.asynccontextmanager
+async def worker(
     tmp_path: Path,
-) -> None:
+    task_id: str,
+    command: str,
+    sink: OnOutput,
+    *,
+    lines_per_s: int = OUTPUT_LINES_PER_S,
+    backlog: int = OUTPUT_BACKLOG_BYTES,
+) -> AsyncIterator[tuple[LocalRuntime, Deployment]]:
+    """One worker of `task_id` running `command`, its output to `sink`; the runtime and
+    deployment once it exited 0 and its output was handed over (stopped and cleaned
+    up after)."""
     config = LocalRuntimeConfig(
         scratch_root=tmp_path / "scratch",
         volumes_root=tmp_path / "volumes",
         images={"bash-only": Path("/usr")},
         grace_s=2.0,
-        output_lines_per_s=2_000,
-        output_backlog_bytes=256 * 1024,
+        output_lines_per_s=lines_per_s,
+        output_backlog_bytes=backlog,
     )
     runtime = LocalRuntime(config)
-    spec = make_spec(f"seq 1 {LINES}; echo last line >&2")
-    deployment = Deployment("flood", 1, 1, spec, (WorkerPlacement(index=0, node="n", gpus=(0,)),))
-    published: list[OutputLine] = []
+    placement = (WorkerPlacement(index=0, node="n", gpus=(0,)),)
+    deployment = Deployment(task_id, 1, 1, make_spec(command), placement)
     exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-
-    async def on_output(line: OutputLine) -> None:
-        published.append(line)
 
     async def on_exit(key: object, worker: int, code: int, at: datetime) -> None:
         exited.set_result(code)
 
     for step in (runtime.allocate, runtime.pull_image, runtime.mount_storage, runtime.init_env):
         await step(deployment)
-    await runtime.start_workers(deployment, on_output, on_exit)
+    await runtime.start_workers(deployment, sink, on_exit)
     try:
         assert await asyncio.wait_for(exited, 120) == 0
         await runtime.flush_output(deployment.key)
+        yield runtime, deployment
+    finally:
+        await runtime.stop(deployment.key, 1.0)
+        await runtime.cleanup(deployment.key)
+
+
+async def test_a_flooding_worker_is_read_at_its_pace_and_skipped_where_behind(
+    tmp_path: Path,
+) -> None:
+    published: list[OutputLine] = []
+
+    async def on_output(line: OutputLine) -> None:
+        published.append(line)
+
+    command = f"seq 1 {LINES}; echo last line >&2"
+    limits = {"lines_per_s": 2_000, "backlog": 256 * 1024}
+    async with worker(tmp_path, "flood", command, on_output, **limits) as (runtime, _):
         stdout = [line for line in published if line.stream == "stdout"]
         numbers = [line.seq for line in stdout]
         assert numbers == list(range(len(stdout)))  # no gap: a skip takes one number
@@ -70,16 +98,13 @@ async def test_a_flooding_worker_is_read_at_its_pace_and_skipped_where_behind(
         assert len(written) < LINES // 2
         assert [line.line for line in published if line.stream == "stderr"] == ["last line"]
 
-        worker_dir = config.scratch_root / "flood" / "run1-a1" / "w0"
+        worker_dir = runtime.config.scratch_root / "flood" / "run1-a1" / "w0"
         assert len(outputs.read_skips(worker_dir)["stdout"]) == len(notices)
         again = [
             (seq, outputs.text(raw))
             for seq, raw in outputs.numbered_lines(worker_dir / "stdout.log", complete=True)
         ]
         assert again == [(line.seq, line.line) for line in stdout]  # as a new deployer reads it
-    finally:
-        await runtime.stop(deployment.key, 1.0)
-        await runtime.cleanup(deployment.key)
 
 
 class Sink:
@@ -115,28 +140,8 @@ class Sink:
 async def test_lines_are_published_many_at_once_and_again_after_a_failure(
     tmp_path: Path,
 ) -> None:
-    config = LocalRuntimeConfig(
-        scratch_root=tmp_path / "scratch",
-        volumes_root=tmp_path / "volumes",
-        images={"bash-only": Path("/usr")},
-        grace_s=2.0,
-    )
-    runtime = LocalRuntime(config)
-    deployment = Deployment(
-        "piped", 1, 1, make_spec("seq 1 20000"), (WorkerPlacement(index=0, node="n", gpus=(0,)),)
-    )
     sink = Sink(fail_at=5_000)
-    exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-
-    async def on_exit(key: object, worker: int, code: int, at: datetime) -> None:
-        exited.set_result(code)
-
-    for step in (runtime.allocate, runtime.pull_image, runtime.mount_storage, runtime.init_env):
-        await step(deployment)
-    await runtime.start_workers(deployment, sink, on_exit)
-    try:
-        assert await asyncio.wait_for(exited, 120) == 0
-        await runtime.flush_output(deployment.key)
+    async with worker(tmp_path, "piped", "seq 1 20000", sink) as (runtime, _):
         # Every line; those out when one failed may come twice (the log store drops those).
         first = {seq: text for seq, text in sink.confirmed}
         assert first == {seq: str(seq + 1) for seq in range(20_000)}
@@ -147,8 +152,6 @@ async def test_lines_are_published_many_at_once_and_again_after_a_failure(
         assert all(abs(seq - at) <= MAX_IN_FLIGHT for at, seq in enumerate(firsts))
         # The failed line and those out after it, again one by one (no more than were out).
         assert 1 <= sink.calls <= MAX_IN_FLIGHT
-        saved = json.loads((config.scratch_root / "piped/run1-a1/w0/offsets.json").read_text())
+        offsets = runtime.config.scratch_root / "piped/run1-a1/w0/offsets.json"
+        saved = json.loads(offsets.read_text())
         assert saved["seq"]["stdout"] == 20_000
-    finally:
-        await runtime.stop(deployment.key, 1.0)
-        await runtime.cleanup(deployment.key)
