@@ -104,8 +104,14 @@ def test_up_refuses_ports_another_program_holds_naming_each(
         assert f"gateway gRPC 127.0.0.1:{grpc.getsockname()[1]}" in message
         assert "RUNYARD_ENDPOINTS" in message and "--http-port" in message
         assert "gateway 127.0.0.1" not in message  # free: not named
-    for endpoints in ("{not json", "[1]"):
-        monkeypatch.setenv("RUNYARD_ENDPOINTS", endpoints)
+    # An address that is not this machine's is not checked (nothing here can take it).
+    endpoints = {name: f"http://127.0.0.1:{free_port()}" for name in up.DEFAULT_PORTS}
+    endpoints |= {"relay": "http://192.0.2.1:8101", "logs": "http://no-such-host.invalid:8106"}
+    endpoints["submission-grpc"] = f"127.0.0.1:{free_port()}"
+    monkeypatch.setenv("RUNYARD_ENDPOINTS", json.dumps(endpoints))
+    up.check_ports({**settings, "grpc_port": free_port()}, wait_s=0)  # no SystemExit
+    for bad in ("{not json", "[1]"):
+        monkeypatch.setenv("RUNYARD_ENDPOINTS", bad)
         with pytest.raises(SystemExit, match="RUNYARD_ENDPOINTS"):
             up.check_ports({**settings, "grpc_port": free_port()}, wait_s=0)
 

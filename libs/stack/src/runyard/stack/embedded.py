@@ -22,6 +22,7 @@ kernel allows it (PR_SET_PDEATHSIG); Postgres cannot (pg_ctl daemonises it).
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
 import os
@@ -58,13 +59,14 @@ class PortTaken(RuntimeError):
 
 def port_taken(host: str, port: int) -> bool:
     """Whether something listens on host:port (a socket lingering after a
-    closed connection does not count: the new listener may reuse it)."""
+    closed connection does not count: the new listener may reuse it; nor does an
+    address that is not this machine's: nothing here can take it)."""
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
-        except OSError:
-            return True
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
     return False
 
 
