@@ -170,7 +170,7 @@ class _TaskFileLoader(yaml.SafeLoader):  # type: ignore[misc]
                 raise yaml.constructor.ConstructorError(
                     "in the mapping",
                     node.start_mark,
-                    f"{key_node.value!r} is given twice (first at line"
+                    f"{key_node.value[:64]!r} is given twice (first at line"
                     f" {seen[key].line + 1}): keep one",
                     key_node.start_mark,
                 )
