@@ -18,10 +18,6 @@ Keys. Advisory locks are per database; `scope` (the stack's topic prefix)
 keeps two stacks that share one database apart. The key is a 64-bit hash of
 scope and name (`lease_key`).
 
-Taking the lease. A standby that gets the lock waits `check_s` before its term
-starts: a holder whose session was ended (the lock is free at once) learns it
-in that time, when its connection closes or at its next check, and stops.
-
 Losing the lease. The holder checks its lock every `check_s` seconds with one
 cheap query on the lock's connection (does this session still hold it?). When
 the check fails, times out (`check_timeout_s`, shorter than the server's
@@ -157,12 +153,8 @@ async def leadership(
     lease = Lease(name, key)
     conn.add_termination_listener(lambda _: lease.lost.set())
     watch = asyncio.create_task(_watch(conn, lease, check_s, check_timeout_s))
+    log.info("%s: active (holds the lease)", name)
     try:
-        # The lock is free the moment the last holder's session ends; that holder
-        # learns it when its connection closes or at its next check, within `check_s`:
-        # the new term starts after that, so the two do not work at once.
-        await asyncio.sleep(check_s)
-        log.info("%s: active (holds the lease)", name)
         yield lease
     finally:
         await cancel_and_wait(watch)
