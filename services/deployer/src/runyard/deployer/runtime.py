@@ -320,14 +320,15 @@ class LocalRuntimeConfig:
         images: dict[str, Path] = {}
         for name, where in (raw.get("images") or {}).items():
             images[str(name)] = _image_dir(str(where), base_dir)
+        lines_per_s, backlog = output_limits(raw)
         return cls(
             scratch_root=Path(raw.get("scratch_root") or data_dir / "scratch").absolute(),
             volumes_root=Path(raw.get("volumes_root") or data_dir / "volumes").absolute(),
             images=images,
             grace_s=float(raw.get("grace_s", 10.0)),
             output_buffer=int(raw.get("output_buffer", 10_000)),
-            output_lines_per_s=output_limits(raw)[0],
-            output_backlog_bytes=output_limits(raw)[1],
+            output_lines_per_s=lines_per_s,
+            output_backlog_bytes=backlog,
             namespaces=raw.get("namespaces"),
             worker_user=str(raw.get("worker_user") or "runyard-worker"),
             hidden=(data_dir.absolute(), *(Path(str(p)) for p in raw.get("hide") or ())),

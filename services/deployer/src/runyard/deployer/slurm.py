@@ -170,14 +170,15 @@ class SlurmRuntimeConfig(LocalRuntimeConfig):
         }
         conf = raw.get("slurm_conf")
         timeout = raw.get("allocate_timeout_s", 600.0)
+        lines_per_s, backlog = output_limits(raw)
         return cls(
             scratch_root=Path(raw.get("scratch_root") or data_dir / "slurm-scratch").absolute(),
             volumes_root=Path(raw.get("volumes_root") or data_dir / "volumes").absolute(),
             images=images,
             grace_s=float(raw.get("grace_s", 10.0)),
             output_buffer=int(raw.get("output_buffer", 10_000)),
-            output_lines_per_s=output_limits(raw)[0],
-            output_backlog_bytes=output_limits(raw)[1],
+            output_lines_per_s=lines_per_s,
+            output_backlog_bytes=backlog,
             namespaces=False,
             poll_s=float(raw.get("poll_s", 0.2)),
             partition=raw.get("partition"),
