@@ -70,18 +70,19 @@ def _from_broker(bootstrap: str | None) -> tuple[list[Any], dict[str, int]]:
     from aiokafka.errors import KafkaError
 
     try:
-        return asyncio.run(asyncio.wait_for(_read_broker(kafka_settings(bootstrap)), 30))
+        return asyncio.run(_read_broker(kafka_settings(bootstrap), timeout_s=30))
     except (KafkaError, OSError, TimeoutError) as exc:
         err.print(f"[yellow]no last errors:[/yellow] cannot read the broker: {markup(exc)}")
         return [], {}
 
 
-async def _read_broker(kafka: Any) -> tuple[list[Any], dict[str, int]]:
+async def _read_broker(kafka: Any, timeout_s: float) -> tuple[list[Any], dict[str, int]]:
     from runyard.messaging.deadletters import read_dead_letters
     from runyard.messaging.topics import partition_counts
 
-    counts = await partition_counts(kafka.bootstrap, **kafka.security.client_options())
-    return await read_dead_letters(kafka), counts
+    async with asyncio.timeout(timeout_s):
+        counts = await partition_counts(kafka.bootstrap, **kafka.security.client_options())
+        return await read_dead_letters(kafka), counts
 
 
 def _row(p: Any) -> list[Any]:

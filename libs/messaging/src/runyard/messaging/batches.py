@@ -204,7 +204,8 @@ async def commit_offsets(
     redelivery, so it never stops the consumer (e.g. a partition that moved to another
     member meanwhile)."""
     try:
-        await asyncio.wait_for(consumer.commit(offsets), timeout=COMMIT_TIMEOUT_S)
+        async with asyncio.timeout(COMMIT_TIMEOUT_S):
+            await consumer.commit(offsets)
     except Exception as exc:
         log.debug("%s: offset commit failed (%r); the batch may come again", reader, exc)
         return False

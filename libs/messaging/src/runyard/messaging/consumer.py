@@ -329,7 +329,8 @@ class IdempotentConsumer:
         self._commit_owed = False
         self._last_commit = loop.time()
         try:
-            await asyncio.wait_for(commit(), timeout=0.5)
+            async with asyncio.timeout(0.5):
+                await commit()
         except Exception as exc:
             self.stats.commit_failures += 1
             self._commit_owed = True
@@ -499,7 +500,8 @@ class IdempotentConsumer:
         if loop.time() < self._commits_paused_until:
             return False
         try:
-            await asyncio.wait_for(self._save_positions(owed), timeout=FLUSH_TIMEOUT_S)
+            async with asyncio.timeout(FLUSH_TIMEOUT_S):
+                await self._save_positions(owed)
         except Exception as exc:
             self._commits_paused_until = loop.time() + FLUSH_RETRY_S
             log.debug("%s: owed positions not saved (%r); offsets wait", self.name, exc)

@@ -18,6 +18,10 @@ Keys. Advisory locks are per database; `scope` (the stack's topic prefix)
 keeps two stacks that share one database apart. The key is a 64-bit hash of
 scope and name (`lease_key`).
 
+Taking the lease. A standby that gets the lock waits `check_s` before its term
+starts: a holder whose session was ended (the lock is free at once) learns it
+in that time, when its connection closes or at its next check, and stops.
+
 Losing the lease. The holder checks its lock every `check_s` seconds with one
 cheap query on the lock's connection (does this session still hold it?). When
 the check fails, times out (`check_timeout_s`, shorter than the server's
@@ -153,8 +157,12 @@ async def leadership(
     lease = Lease(name, key)
     conn.add_termination_listener(lambda _: lease.lost.set())
     watch = asyncio.create_task(_watch(conn, lease, check_s, check_timeout_s))
-    log.info("%s: active (holds the lease)", name)
     try:
+        # The lock is free the moment the last holder's session ends; that holder
+        # learns it when its connection closes or at its next check, within `check_s`:
+        # the new term starts after that, so the two do not work at once.
+        await asyncio.sleep(check_s)
+        log.info("%s: active (holds the lease)", name)
         yield lease
     finally:
         await cancel_and_wait(watch)
@@ -201,7 +209,8 @@ async def _watch(conn: asyncpg.Connection, lease: Lease, check_s: float, timeout
     while not lease.lost.is_set():
         await asyncio.sleep(check_s)
         try:
-            holds = await asyncio.wait_for(conn.fetchval(_HOLDS, lease.key), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                holds = await conn.fetchval(_HOLDS, lease.key)
         except Exception as exc:  # any failure: the lock may be gone
             log.warning("%s: lease check failed (%r): stepping down", lease.name, exc)
             lease.lost.set()
@@ -214,7 +223,8 @@ async def _watch(conn: asyncpg.Connection, lease: Lease, check_s: float, timeout
 async def _close(conn: asyncpg.Connection) -> None:
     """End the lock's session (releasing the lock); never hang on a dead server."""
     try:
-        await asyncio.wait_for(conn.close(), 2.0)
+        async with asyncio.timeout(2.0):
+            await conn.close()
     except Exception:
         conn.terminate()
     except BaseException:
@@ -386,9 +396,8 @@ class Presence:
         while True:
             await asyncio.sleep(self.check_s)
             try:
-                holds = await asyncio.wait_for(
-                    self._conn.fetchval(_HOLDS, self.key), self.check_timeout_s
-                )
+                async with asyncio.timeout(self.check_timeout_s):
+                    holds = await self._conn.fetchval(_HOLDS, self.key)
             except Exception as exc:  # any failure: the lock may be gone
                 log.warning("%s: check failed (%r): connecting again", self.name, exc)
                 holds = False

@@ -537,8 +537,9 @@ class DeployerApp:
 
     async def _wait_for_start(self, active: _Active) -> None:
         while not active.stopping and not active.may_start.is_set():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(active.may_start.wait(), 0.5)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.5):
+                    await active.may_start.wait()
 
     async def _wait_workers(self, key: DeploymentKey) -> None:
         wait = getattr(self.runtime, "wait", None)
@@ -659,8 +660,9 @@ class DeployerApp:
         if left > 0:
             wake = self._waiting.setdefault(task_id, asyncio.Event())
             try:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(wake.wait(), left)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(left):
+                        await wake.wait()
             finally:
                 if self._waiting.get(task_id) is wake:
                     del self._waiting[task_id]

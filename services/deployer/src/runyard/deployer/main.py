@@ -114,7 +114,8 @@ async def follow_commands(app: DeployerApp, kafka: KafkaSettings, group: str) ->
                     task.add_done_callback(_log_failure)
             if batches:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(consumer.commit(), timeout=5)
+                    async with asyncio.timeout(5):
+                        await consumer.commit()
     finally:
         for pending in running:
             pending.cancel()

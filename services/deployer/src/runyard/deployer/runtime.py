@@ -997,8 +997,9 @@ class LocalRuntime:
         for process in checks.values():
             await process.wait()
             await _until_gone(process.pid)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*readers, return_exceptions=True), 5.0)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5.0):
+                await asyncio.gather(*readers, return_exceptions=True)
         for reader in readers:
             reader.cancel()
         for index, process in checks.items():
@@ -1388,8 +1389,9 @@ class LocalRuntime:
         deadline = time.monotonic() + grace
         for worker in live:
             left = max(0.0, deadline - time.monotonic())
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(worker.done.wait(), left)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await worker.done.wait()
         for worker in live:
             if not worker.done.is_set():
                 assert worker.pid is not None

@@ -258,7 +258,8 @@ class SlurmRuntime(LocalRuntime):
             stderr=asyncio.subprocess.PIPE,
         )
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                out, err = await proc.communicate()
         except TimeoutError:
             proc.kill()
             await proc.wait()
@@ -844,9 +845,8 @@ class SlurmRuntime(LocalRuntime):
             deadline = time.monotonic() + grace
             for worker in live:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        worker.done.wait(), max(0.0, deadline - time.monotonic())
-                    )
+                    async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                        await worker.done.wait()
         await self._cancel(job, key)
         for worker in live:
             await worker.done.wait()

@@ -76,7 +76,8 @@ async def capture_pid(
             *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
         )
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                out, err = await proc.communicate()
         except TimeoutError:
             proc.kill()
             await proc.wait()

@@ -763,7 +763,8 @@ class FaultToleranceApp:
             trace_context=dict(meta.trace_context),
         )
         try:
-            await asyncio.wait_for(self.deployer.send(command), SEND_TIMEOUT_S)
+            async with asyncio.timeout(SEND_TIMEOUT_S):
+                await self.deployer.send(command)
         except Exception as exc:
             message = f"the capture command could not be sent: {type(exc).__name__}: {exc}"
             raise StacksUnavailable(message, timed_out=False) from exc

@@ -112,7 +112,8 @@ class SchedulerService:
             # (its handler waiting out an outage when the lease was lost) would keep
             # partitions for this term's app, and its events would never reach the next.
             try:
-                await asyncio.wait_for(broker.stop(), TERM_STOP_S)
+                async with asyncio.timeout(TERM_STOP_S):
+                    await broker.stop()
             except Exception:
                 log.exception("scheduler: the term's consumer did not stop")
 

@@ -152,7 +152,8 @@ class SlurmNodeWatch:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
-        out, err = await asyncio.wait_for(proc.communicate(), 30)
+        async with asyncio.timeout(30):
+            out, err = await proc.communicate()
         if proc.returncode != 0:
             raise RuntimeError(f"sinfo failed: {err.decode(errors='replace').strip()}")
         found = {}

@@ -84,7 +84,8 @@ async def _changes(
 async def _closing(console: Console) -> bool:
     """Wait a tick; True when the gateway is stopping meanwhile."""
     try:
-        await asyncio.wait_for(console.closing.wait(), TICK_S)
+        async with asyncio.timeout(TICK_S):
+            await console.closing.wait()
     except TimeoutError:
         return False
     return True
