@@ -43,7 +43,13 @@ from runyard.messaging import KafkaSettings
 from runyard.scheduler.app import SchedulerApp
 from runyard.scheduler.config import parse_pools
 from runyard.scheduler.domain import fold_pool
-from runyard.scheduler.views import list_pools, read_pool_view, read_queue, read_queue_entries
+from runyard.scheduler.views import (
+    ensure_schema,
+    list_pools,
+    read_pool_view,
+    read_queue,
+    read_queue_entries,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -177,6 +183,31 @@ async def test_start_registers_pools_once_and_writes_views(dsn: str) -> None:
         assert view["capacity"]["launchable"]["8"] == 4
         assert {s["name"]: s["launchable"] for s in view["specs"]}["2gpu"] == 16
         assert [p["pool_id"] for p in await list_pools(h.store.pool)] == ["dev-a100", "dev-spot"]
+
+
+async def test_the_first_views_of_all_pools_appear_at_once(dsn: str) -> None:
+    """The submission checks specs against `pools.yaml` until the scheduler's first views
+    are written: seeing one pool's view and not the other's, it refused tasks of the
+    other ("pool dev-spot does not exist")."""
+    store = await PostgresEventStore.connect(dsn, default_mapper())
+    try:
+        await ensure_schema(store.pool)
+        await store.pool.execute(
+            """CREATE TABLE view_writes (pool_id text, tx bigint);
+               CREATE FUNCTION note_view_write() RETURNS trigger LANGUAGE plpgsql AS $$
+               BEGIN
+                   INSERT INTO view_writes VALUES (NEW.pool_id, txid_current());
+                   RETURN NEW;
+               END $$;
+               CREATE TRIGGER note_view_write AFTER INSERT ON scheduler_pool_views
+               FOR EACH ROW EXECUTE FUNCTION note_view_write();"""
+        )
+        await SchedulerApp(store, parse_pools(POOLS), clock=Clock()).start()
+        writes = await store.pool.fetch("SELECT pool_id, tx FROM view_writes")
+        assert sorted(w["pool_id"] for w in writes) == ["dev-a100", "dev-spot"]
+        assert len({w["tx"] for w in writes}) == 1, "written in separate transactions"
+    finally:
+        await store.close()
 
 
 async def test_placement_writes_workers_allocated_and_task_placed_together(dsn: str) -> None:

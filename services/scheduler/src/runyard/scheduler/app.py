@@ -1197,14 +1197,26 @@ class SchedulerApp:
 
     async def _flush_views(self, conn: asyncpg.Connection | None) -> None:
         """Rewrite the read-model rows of the pools changed since the last flush, and
-        the queue rows that changed."""
+        the queue rows that changed: in `conn`'s transaction (a decision's), else in
+        one of their own, so a reader sees every pool's view of one moment. (The
+        submission checks specs against `pools.yaml` until the first views are
+        written: it must never see some pools and not the others.)"""
         if not self.write_views:
             self._dirty.clear()
             return
+        if conn is not None:
+            await self._write_views(conn)
+            self._views_unconfirmed |= self._dirty
+        elif self._dirty or any(r.pending or r.left for r in self.pools.values()):
+            async with self.store.pool.acquire() as own, own.transaction():
+                await self._write_views(own)
+        self._dirty.clear()
+
+    async def _write_views(self, conn: asyncpg.Connection) -> None:
         for runtime in self.pools.values():
             if runtime.pending or runtime.left:
                 rows, gone = runtime.queue_changes()
-                await write_queue_rows(conn if conn is not None else self.store.pool, rows, gone)
+                await write_queue_rows(conn, rows, gone)
                 runtime.queue_written(rows, gone)
         now = self.clock()
         for pool_id in sorted(self._dirty):
@@ -1214,10 +1226,7 @@ class SchedulerApp:
             view = build_view(
                 changed.state, changed.queue, changed.plan, version=changed.version, now=now
             )
-            await write_view(conn if conn is not None else self.store.pool, view)
-        if conn is not None:
-            self._views_unconfirmed |= self._dirty
-        self._dirty.clear()
+            await write_view(conn, view)
 
 
 def _for_task(placement: Placement, state: TaskState) -> Placement:
