@@ -206,6 +206,33 @@ def test_even_or_single_worker_custom_count_does_not_warn(gpus: int) -> None:
     assert check(make_spec(worker_spec=None, custom_gpus=gpus, framework=framework)) == []
 
 
+# -- a restart limit that restarts nothing ---------------------------------------------
+
+
+@pytest.mark.parametrize("limit", [1, 5])
+def test_a_restart_limit_with_auto_restart_off_warns(limit: int) -> None:
+    spec = make_spec(fault_tolerance={"max_restarts": limit})
+    warnings = check(spec)
+    assert codes(warnings) == [
+        ("fault_tolerance.restarts_without_auto_restart", "fault_tolerance.max_restarts")
+    ]
+    assert f"max_restarts is {limit} but auto_restart is off" in warnings[0].message
+    assert "auto_restart: true" in warnings[0].message
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},  # the defaults: nothing was asked
+        {"max_restarts": 0},  # no restart is wanted
+        {"max_restarts": 3},  # the default, as a stored spec spells it out
+        {"auto_restart": True, "max_restarts": 1},
+    ],
+)
+def test_restart_options_that_do_what_they_say_do_not_warn(options: dict[str, Any]) -> None:
+    assert check(make_spec(fault_tolerance=options)) == []
+
+
 # -- framework -------------------------------------------------------------------------
 
 

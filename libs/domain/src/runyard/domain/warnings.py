@@ -25,3 +25,4 @@ class WarningCode(StrEnum):
     COMMAND_CONDA_NOT_INITIALISED = "command.conda_not_initialised"
     COMMAND_PATH_NOT_ON_WORKER = "command.path_not_on_worker"
     WORKERS_UNEVEN_GPUS = "workers.uneven_gpus"
+    RESTARTS_WITHOUT_AUTO_RESTART = "fault_tolerance.restarts_without_auto_restart"

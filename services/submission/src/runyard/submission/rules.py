@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 import re2
 from runyard.contracts.resources import TRAINING_SERVICE, Catalogue, PoolView
-from runyard.contracts.spec import TaskSpec
+from runyard.contracts.spec import FaultToleranceOptions, TaskSpec
 from runyard.domain.launch_command import command_warnings
 from runyard.submission.env import check_env
 from runyard.submission.errors import ErrorCode, ImageError, RdmaError, SpecError
@@ -51,8 +51,9 @@ def check_spec(
     Order of the rules: pool and resource type, spot options, worker spec and
     count (R-02/R-04), framework (R-15), RDMA (R-09), image (R-11), env
     (R-12), storage (R-13), then the remaining spec fields. Warnings: uneven
-    custom workers (R-04), local output paths (R-13), launch command (R-14), files
-    the command reads from where workers cannot see them (`launch_paths`).
+    custom workers (R-04), a restart limit with auto restart off (R-32), local
+    output paths (R-13), launch command (R-14), files the command reads from where
+    workers cannot see them (`launch_paths`).
     """
     check_size(spec)
     checked = _require_pool(spec, pool)
@@ -63,6 +64,7 @@ def check_spec(
     check_other_fields(spec, webhooks)
     return [
         *worker_warnings(spec),
+        *restart_warnings(spec),
         *output_path_warnings(spec),
         *command_warnings(spec.command),
         *launch_path_warnings(spec),
@@ -303,6 +305,31 @@ def _check_webhook(url: str, field: str, webhooks: WebhookRule | None) -> None:
     if refused is not None:
         reason, hint = refused
         raise SpecError(ErrorCode.ALERT_INVALID_WEBHOOK, field, reason, hint)
+
+
+#: The restart limit a spec gets when it names none.
+_DEFAULT_MAX_RESTARTS = FaultToleranceOptions.model_fields["max_restarts"].default
+
+
+def restart_warnings(spec: TaskSpec) -> list[SubmissionWarning]:
+    """R-32: a restart limit changed from its default while auto restart is off. The
+    limit then counts only the restarts after hardware faults: a worker that crashes or
+    hangs fails the task at once, which the limit's author rarely means."""
+    ft = spec.fault_tolerance
+    if ft.auto_restart or ft.max_restarts in (0, _DEFAULT_MAX_RESTARTS):
+        return []
+    return [
+        SubmissionWarning(
+            code=WarningCode.RESTARTS_WITHOUT_AUTO_RESTART,
+            field="fault_tolerance.max_restarts",
+            message=(
+                f"max_restarts is {ft.max_restarts} but auto_restart is off: a worker that "
+                "crashes or hangs fails the task without a restart (the limit counts only "
+                "restarts after hardware faults); set fault_tolerance.auto_restart: true "
+                "to restart on failures"
+            ),
+        )
+    ]
 
 
 def worker_warnings(spec: TaskSpec) -> list[SubmissionWarning]:
