@@ -276,7 +276,8 @@ async def test_a_failed_task_tells_its_story(api: Api) -> None:
     ft_log = files["ft-log.txt"].decode()
     assert "Restart 2 scheduled after hang" in ft_log and "Hang detected" in ft_log
 
-    # tails: the failing attempt (1, the first error's) and the last one (3)
+    # tails: the failing attempt (1, the first error's), the one that hung (2) and the
+    # last one (3)
     tail = files["logs/run-1-attempt-1/worker-0.log"].decode().splitlines()
     assert len(tail) == TAIL_LINES
     total = 600 + 1 + len(OOM)
@@ -289,7 +290,16 @@ async def test_a_failed_task_tells_its_story(api: Api) -> None:
     assert (
         files["logs/run-1-attempt-3/worker-1.log"].decode().splitlines()[-1].endswith("| exiting")
     )
-    assert not [n for n in names if "attempt-2" in n]
+    hung = files["logs/run-1-attempt-2/worker-0.log"].decode().splitlines()
+    assert len(hung) == 1 and hung[0].endswith("| step 600")
+    tails = [n for n in names if n.startswith("logs/")]
+    assert tails == [  # worker 1 printed nothing in attempt 2
+        "logs/run-1-attempt-1/worker-0.log",
+        "logs/run-1-attempt-1/worker-1.log",
+        "logs/run-1-attempt-2/worker-0.log",
+        "logs/run-1-attempt-3/worker-0.log",
+        "logs/run-1-attempt-3/worker-1.log",
+    ]
 
     platform = json.loads(files["platform.json"])
     assert platform["runtime"] == "local" and platform["image"] == "pytorch:2.3-cuda12"

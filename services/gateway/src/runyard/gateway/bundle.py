@@ -22,7 +22,9 @@ order:
     stacks/<report id>.json          hang stack reports (the last 20)
     platform.json                    Runyard, Python, runtime and image; the pool and nodes
     events.jsonl                     the whole stream: actor, causation, correlation, trace
-    logs/run-R-attempt-A/worker-W.log  the last 500 lines of each worker, numbered
+    logs/run-R-attempt-A/worker-W.log  the last 500 lines of each worker, numbered: of
+                                     the failing attempt, the last 3 restarted
+                                     ones and the last one
 
 Why zip and not tar.gz: a zip member may be written without knowing its
 length first (a data descriptor follows it), so the event stream is written
@@ -106,6 +108,8 @@ MAX_BUNDLE_BYTES = 64 * 1024 * 1024
 TAIL_LINES = 500
 #: A longer log line is cut in a tail (the log store keeps it whole).
 MAX_LINE_CHARS = 4096
+#: Attempts that ended in a restart whose tails go in too (the latest ones).
+BROKEN_ATTEMPTS = 3
 #: All tails together, uncompressed; workers past it get no tail (the summary says so).
 MAX_TAIL_BYTES = 32 * 1024 * 1024
 #: What a tail adds to each line: its number, time and stream.
@@ -788,7 +792,9 @@ class BundleApi:
 
     def attempts(self, facts: Facts) -> list[tuple[int, int]]:
         """The attempts whose tails are in the bundle: the failing one first (the first
-        error's, else the failure's), then the last one of the latest run."""
+        error's, else the failure's), then the latest `BROKEN_ATTEMPTS` that ended in a
+        restart (a crash or a hang: why the task restarted), newest first, then the
+        last one of the latest run."""
         state = facts.state
         wanted: list[tuple[int, int]] = []
         if facts.first_error is not None:
@@ -798,6 +804,9 @@ class BundleApi:
             failed = [e.event for e in facts.events if isinstance(e.event, TaskFailed)]
             if failed and failed[-1].attempt:
                 wanted.append((failed[-1].run, failed[-1].attempt))
+        restarts = [e.event for e in facts.events if isinstance(e.event, TaskRestartScheduled)]
+        broken = [(r.run, r.attempt - 1) for r in restarts if r.attempt > 1]
+        wanted += reversed(broken[-BROKEN_ATTEMPTS:])
         if state.attempt:
             wanted.append((state.run, state.attempt))
         return list(dict.fromkeys(wanted))
