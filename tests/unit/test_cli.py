@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import uvicorn
 from runyard.api.auth import create_token
-from runyard.cli.main import app, config_dir, token_files
+from runyard.cli.main import app, config_dir, print_task, token_files
 from runyard.contracts import Event, Metadata, NewEvent, default_mapper
 from runyard.contracts.task_events import DEPLOY_STAGES, TaskPlaced, WorkerPlacement
 from runyard.domain.task import (
@@ -209,6 +209,25 @@ async def test_show_prints_the_attempt_counters_and_stages_of_each_attempt(
     assert per_attempt == [
         ("1", str(attempt), stage, "completed") for attempt in (1, 2) for stage in DEPLOY_STAGES
     ]
+
+
+@pytest.mark.parametrize(
+    ("fault_tolerance", "last"),
+    [
+        ({"auto_restart": True, "max_restarts": 2}, "slowdowns=0"),
+        ({"auto_restart": False, "max_restarts": 2}, "slowdowns=0 auto_restart=off"),
+        ({}, "slowdowns=0 auto_restart=off"),
+    ],
+)
+def test_show_says_when_auto_restart_is_off(
+    fault_tolerance: dict[str, object], last: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With auto restart off the restart limit does not restart a crash: `show` says so."""
+    spec = {"pool": "dev-a100", "fault_tolerance": fault_tolerance}
+    task = {"task_id": "t", "name": "n", "status": "running", "run": 1, "creator": "alice"}
+    print_task({**task, "spec": spec, "counters": {"restarts": 0}, "stages": []})
+    counters = capsys.readouterr().out.splitlines()[1]
+    assert counters.startswith("this run: restarts=0") and counters.endswith(last), counters
 
 
 # --- the token: login, config folder, precedence ----------------------------------------

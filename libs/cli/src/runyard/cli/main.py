@@ -236,6 +236,8 @@ def print_task(task: dict[str, Any]) -> None:
     if counters:
         limits = _limits(task["spec"])
         shown = [f"{n}={counters.get(n, 0)}{limits.get(n, '')}" for n in COUNTERS]
+        if not (task["spec"].get("fault_tolerance") or {}).get("auto_restart"):
+            shown.append("auto_restart=off")  # a crash or hang fails the task: no restart
         out.print(f"this run: {' '.join(shown)}")
     if task.get("queue"):
         q = task["queue"]
