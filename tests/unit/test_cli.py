@@ -118,6 +118,32 @@ async def test_submit_then_events_show_actor_and_correlation(served: tuple[str, 
     assert [t["task_id"] for t in json.loads(listed.stdout)["items"]] == [task_id]
 
 
+async def test_set_changes_fields_of_a_submission_and_a_clone(served: tuple[str, str]) -> None:
+    url, token = served
+    hello = str(REPO / "examples/hello.yaml")
+    sets = ["--set", "worker_count=2", "--set", "framework=pytorch_ddp"]
+    sets += ["--set", "command=echo rank $RANK: ok", "--set", "fault_tolerance.max_restarts=1"]
+    submitted = await cli(url, token, "submit", "-f", hello, *sets, "--json")
+    assert submitted.exit_code == 0, submitted.output
+    spec = json.loads(submitted.stdout)["spec"]
+    assert (spec["worker_count"], spec["framework"]) == (2, "pytorch_ddp")
+    assert spec["command"] == "echo rank $RANK: ok"
+    assert spec["fault_tolerance"]["max_restarts"] == 1
+
+    task_id = json.loads(submitted.stdout)["task_id"]
+    nested = ["--set", "fault_tolerance.auto_restart=true", "--set", "tags=[a, b]"]
+    cloned = await cli(url, token, "clone", task_id, *nested, "--json")
+    assert cloned.exit_code == 0, cloned.output
+    spec = json.loads(cloned.stdout)["spec"]
+    assert spec["fault_tolerance"]["auto_restart"] is True
+    assert spec["fault_tolerance"]["max_restarts"] == 1  # the task's, kept
+    assert spec["tags"] == ["a", "b"] and spec["worker_count"] == 2
+
+    refused = await cli(url, token, "clone", task_id, "--set", "pool")
+    assert refused.exit_code == 2
+    assert "--set pool: expected FIELD=VALUE" in refused.output and "hint:" in refused.output
+
+
 async def test_refusals_print_the_hint_with_exit_codes(served: tuple[str, str]) -> None:
     url, token = served
     submitted = await cli(url, token, "submit", "-f", str(REPO / "examples/hello.yaml"), "--json")

@@ -34,6 +34,7 @@ from rich.console import Console
 from runyard.cli.admin import admin_app
 from runyard.cli.alerts import alerts_app
 from runyard.cli.detail import detail
+from runyard.cli.settings import SettingError, apply_settings
 from runyard.cli.terminal import clean, markup, print_json, render_table
 from runyard.client import ApiError, Client, GatewayUnreachable, Retry
 from runyard.contracts.requests import RerunChanges
@@ -270,6 +271,30 @@ def print_task(task: dict[str, Any]) -> None:
         )
 
 
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        help="FIELD=VALUE (repeat); a nested field by its path (fault_tolerance.max_restarts=5);"
+        " numbers, true/false and [lists] are read as YAML, anything else as text.",
+    ),
+]
+
+
+def with_settings(
+    base: dict[str, Any], sets: list[str] | None, current: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """`base` with the `--set` options applied (a bad one: a clear error, exit 2)."""
+    if not sets:
+        return base
+    try:
+        return apply_settings(base, sets, current)
+    except SettingError as exc:
+        err.print(f"[red]error:[/red] {markup(exc)}")
+        err.print(f"hint: {markup(exc.hint)}")
+        raise typer.Exit(2) from exc
+
+
 def _limits(spec: dict[str, Any]) -> dict[str, str]:
     """`/N` after the counters the spec limits: restarts (max_restarts), requeues (spot)."""
     limits: dict[str, str] = {}
@@ -285,6 +310,7 @@ def _limits(spec: dict[str, Any]) -> dict[str, str]:
 @app.command()
 def submit(
     file: Annotated[Path, typer.Option("-f", "--file", help="Task spec file (YAML).")],
+    sets: SetOpt = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
@@ -296,8 +322,11 @@ def submit(
     never your /tmp or home folder. Put your code in the image or on a volume
     the task mounts (e.g. `python /mnt/code/train.py`); a path that is in
     neither gets a `command.path_not_on_worker` warning.
+
+    `--set` changes a field of the file without editing it:
+    `--set worker_count=2 --set fault_tolerance.auto_restart=true`.
     """
-    spec = load_yaml(file)
+    spec = with_settings(load_yaml(file), sets)
     with gateway(url, token) as api:
         task = as_json_data(api.create_task(spec))
     show_json(task) if as_json else print_task(task)
@@ -416,13 +445,22 @@ def rerun(
 def clone(
     task_id: str,
     file: Annotated[Path | None, typer.Option("-f", "--file", help="YAML of overrides.")] = None,
+    sets: SetOpt = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """A new task from a task's spec, with any field overridden (the pool too)."""
+    """A new task from a task's spec, with any field overridden (the pool too).
+
+    Overrides come from a file (`-f`) and `--set`, e.g. `--set pool=dev-spot
+    --set resource_type=spot`; a nested field (`--set fault_tolerance.max_restarts=5`)
+    keeps the task's other fields of that object."""
     overrides = load_yaml(file) if file else {}
     with gateway(url, token) as api:
+        if sets:
+            nested = any("." in s.partition("=")[0] for s in sets)
+            spec = as_json_data(api.get_task(task_id))["spec"] if nested else {}
+            overrides = with_settings(overrides, sets, spec)
         task = as_json_data(api.clone_task(task_id, overrides))
     show_json(task) if as_json else print_task(task)
 
