@@ -184,6 +184,30 @@ async def test_filter_by_one_or_several_workers(logs: LogsApi) -> None:
     assert await logs.lines(worker=[1, 2]) == both
 
 
+async def test_filter_by_attempt_of_a_run_or_of_every_run(logs: LogsApi) -> None:
+    """The crash before a restart is attempt 1's output; attempt 2 is the restart's."""
+    second = timedelta(seconds=1)
+    at = T0 + timedelta(minutes=5)
+    restarts = [
+        log_record(at, logs.task_id, "crashed here", run=1, attempt=1, worker=0),
+        log_record(at + second, logs.task_id, "resumed", run=1, attempt=2, worker=0, seq=0),
+        log_record(at + 2 * second, logs.task_id, "rerun resumed", run=2, attempt=2, seq=0),
+    ]
+    assert await logs.store.ingest(restarts) == 3
+    assert await logs.lines(attempt=2) == ["resumed", "rerun resumed"]
+    assert await logs.lines(attempt=2, run=1) == ["resumed"]
+    first = await logs.lines(attempt=1, words="crashed")
+    assert first == ["crashed here"]
+    assert await logs.lines(attempt=3) == []
+
+    done = await export(logs, {"attempt": 2, "run": 1})
+    assert done["lines_done"] == 1
+    file = await logs.get(f"/v1/exports/{done['export_id']}/file")
+    assert file.text.endswith("run=1 attempt=2 worker=0 stdout | resumed\n"), file.text
+    past = await logs.get(f"/v1/tasks/{logs.task_id}/logs", attempt=2**31)
+    assert (past.status_code, past.json()["field"]) == (400, "attempt")
+
+
 async def test_time_range_to_the_second(logs: LogsApi) -> None:
     since = (T0 + timedelta(seconds=1)).isoformat()
     until = (T0 + timedelta(seconds=4)).isoformat()

@@ -91,6 +91,19 @@ async def test_search_and_filter(served: Served) -> None:
     assert bad.exit_code == 1 and "logs.bad_regex" in bad.stderr
 
 
+async def test_each_line_names_its_run_and_attempt_and_attempt_filters(served: Served) -> None:
+    restarted = log_record(
+        T0 + timedelta(minutes=1), served.task_id, "resumed", attempt=2, worker=1, seq=0
+    )
+    await served.store.ingest([restarted])
+    every = await cli(served.url, served.token, "logs", served.task_id)
+    assert every.exit_code == 0, every.output
+    prefixes = [ln.split(" | ", 1)[0].split(" ", 1)[1] for ln in every.stdout.splitlines()]
+    assert prefixes[0] == "r1a1 w0 stdout" and prefixes[-1] == "r1a2 w1 stdout"
+    second = await cli(served.url, served.token, "logs", served.task_id, "--attempt", "2")
+    assert second.stdout.splitlines() == [every.stdout.splitlines()[-1]]
+
+
 async def test_times_may_be_spans_ago(served: Served) -> None:
     # The lines were written about 30 minutes ago (T0), within 5 s.
     async def count(*args: str) -> int:

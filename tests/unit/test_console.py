@@ -279,3 +279,13 @@ def test_the_log_pages_times_are_read_as_utc() -> None:
     assert utc_time("2026-12-01T10:00:05") == "2026-12-01T10:00:05Z"
     assert utc_time("2026-12-01T10:00:05+08:00") == "2026-12-01T10:00:05+08:00"
     assert utc_time("yesterday") == "yesterday"  # the log API refuses it, with its hint
+
+
+def test_the_log_page_filters_by_run_and_attempt_and_keeps_them_in_its_links() -> None:
+    from runyard.gateway.console.pages import _log_search_of
+
+    search = _log_search_of({"worker": "1", "run": "2", "attempt": " 3 ", "q": "loss"})
+    assert search["api"] == {"worker": "1", "run": "2", "attempt": "3", "words": "loss"}
+    assert search["params"]["run"] == "2" and search["params"]["attempt"] == " 3 "
+    unfiltered = _log_search_of({})
+    assert unfiltered["api"] == {} and "attempt" not in unfiltered["params"]

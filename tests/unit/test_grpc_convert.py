@@ -269,6 +269,7 @@ def test_log_filters_are_the_query_parameters() -> None:
     params = {
         "worker": [0, 2],
         "run": 1,
+        "attempt": 2,
         "since": "2026-12-01T10:00:00+00:00",
         "until": "2026-12-01T11:00:00+00:00",
         "words": "loss",

@@ -1,7 +1,7 @@
 """`runyard logs ID`: a task's worker output, searched, followed, exported,
 or its first error.
 
-    runyard logs ID [--worker N ...] [--run N] [--since T] [--until T]
+    runyard logs ID [--worker N ...] [--run N] [--attempt N] [--since T] [--until T]
                     [--grep WORDS] [--phrase TEXT] [--regex RE] [-i]
                     [--newest] [--limit N] [--cursor C] [--follow] [--raw] [--json]
     runyard logs ID --first-error
@@ -9,7 +9,8 @@ or its first error.
 
 Searches and filters combine (all must hold). Times are that long ago (`30m`,
 `1h`, `2d`) or ISO 8601, e.g. 2026-01-02T03:04:05Z (UTC when it has no zone);
-`--until` includes its whole second.
+`--until` includes its whole second. Each line starts with its time, run and
+attempt (`r1a2`: run 1, attempt 2, the first restart), worker and stream.
 
 A line is printed as the worker wrote it, except that terminal escape
 sequences (colours, cursor moves, window titles) are dropped and other
@@ -49,7 +50,8 @@ def render(line: dict[str, Any], raw: bool = False) -> str:
     """One line as the terminal shows it: the prefix, then the worker's text
     (`clean_output`: no escape sequences; `raw`: verbatim)."""
     text = line["line"] if raw else clean_output(line["line"])
-    return f"{clean(line['at'])} w{clean(line['worker'])} {clean(line['stream']):6} | {text}"
+    where = f"r{clean(line['run'])}a{clean(line['attempt'])} w{clean(line['worker'])}"
+    return f"{clean(line['at'])} {where} {clean(line['stream']):6} | {text}"
 
 
 def emit(lines: list[dict[str, Any]], as_json: bool, raw: bool = False) -> None:
@@ -68,6 +70,10 @@ def logs(
     task_id: str,
     worker: Annotated[list[int] | None, typer.Option(help="Worker index (repeat).")] = None,
     run: Annotated[int | None, typer.Option(help="Run number (default: all).")] = None,
+    attempt: Annotated[
+        int | None,
+        typer.Option(help="Attempt number: 1, then one more per restart (default: all)."),
+    ] = None,
     since: Annotated[
         str | None, typer.Option(help="From this time: 30m, 1h, 2d ago, or ISO 8601.")
     ] = None,
@@ -102,6 +108,7 @@ def logs(
     params: dict[str, Any] = given(
         worker=worker or None,
         run=run,
+        attempt=attempt,
         since=parse_when(since),
         until=parse_when(until),
         words=grep,

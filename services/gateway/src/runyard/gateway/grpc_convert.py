@@ -375,7 +375,7 @@ def _spec_field(key: str) -> str:
 def log_params(message: pb.LogFilter) -> dict[str, Any]:
     """The HTTP query parameters of a `LogFilter` (unset optionals: absent)."""
     params: dict[str, Any] = {"worker": list(message.workers)} if message.workers else {}
-    for name in ("run", "words", "phrase", "regex"):
+    for name in ("run", "attempt", "words", "phrase", "regex"):
         if message.HasField(name):
             params[name] = getattr(message, name)
     for name in ("since", "until"):
@@ -390,7 +390,7 @@ def log_filter(params: Mapping[str, Any]) -> pb.LogFilter:
     """A `LogFilter` of the HTTP query parameters (a client's side of `log_params`)."""
     where = pb.LogFilter()
     where.workers.extend(int(w) for w in _listed(params.get("worker", ())))
-    for name in ("run", "words", "phrase", "regex"):
+    for name in ("run", "attempt", "words", "phrase", "regex"):
         if params.get(name) is not None:
             setattr(where, name, params[name])
     for name in ("since", "until"):

@@ -81,6 +81,7 @@ class LogFilter:
 
     workers: tuple[int, ...] = ()
     run: int | None = None
+    attempt: int | None = None
     since: datetime | None = None
     until: datetime | None = None
     words: str | None = None
@@ -517,6 +518,9 @@ class LogParams:
         self,
         worker: Annotated[list[int] | None, Query(description="one or more workers")] = None,
         run: int | None = None,
+        attempt: Annotated[
+            int | None, Query(description="one attempt (of every run, unless run is given)")
+        ] = None,
         since: Annotated[datetime | None, Query(description="ISO time, to the second")] = None,
         until: Annotated[datetime | None, Query(description="ISO time, inclusive")] = None,
         words: Annotated[str | None, Query(description="full-text: all these words")] = None,
@@ -526,6 +530,7 @@ class LogParams:
     ) -> None:
         self.worker = worker
         self.run = run
+        self.attempt = attempt
         self.since = since
         self.until = until
         self.words = words
@@ -537,6 +542,7 @@ class LogParams:
         return LogFilter(
             workers=tuple(self.worker or ()),
             run=self.run,
+            attempt=self.attempt,
             since=self.since,
             until=self.until,
             words=self.words,

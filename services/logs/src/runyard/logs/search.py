@@ -1,4 +1,4 @@
-"""A log query: filters (run, workers, time range) and searches (words, exact
+"""A log query: filters (run, attempt, workers, time range) and searches (words, exact
 phrase, regular expression), in time order with a cursor.
 
 Only the line is ever searched, never the prefix a reader sees (time, run,
@@ -62,6 +62,8 @@ class LogQuery:
     task_id: str
     workers: tuple[int, ...] = ()
     run: int | None = None
+    #: One attempt (of every run, unless `run` is given too).
+    attempt: int | None = None
     since: datetime | None = None
     until: datetime | None = None
     words: str | None = None
@@ -76,6 +78,7 @@ class LogQuery:
 
     def __post_init__(self) -> None:
         check_int32("run", self.run)
+        check_int32("attempt", self.attempt)
         for worker in self.workers:
             check_int32("worker", worker)
         if not 1 <= self.limit <= MAX_LIMIT:
@@ -111,6 +114,7 @@ class LogQuery:
         return bool(
             self.workers
             or self.run is not None
+            or self.attempt is not None
             or self.since
             or self.until
             or self.words
@@ -122,6 +126,7 @@ class LogQuery:
         return {
             "workers": list(self.workers),
             "run": self.run,
+            "attempt": self.attempt,
             "since": self.since.isoformat() if self.since else None,
             "until": self.until.isoformat() if self.until else None,
             "words": self.words,
@@ -173,6 +178,8 @@ def where(query: LogQuery) -> tuple[str, list[Any]]:
         clauses.append(f"worker = ANY({arg(list(query.workers))}::int[])")
     if query.run is not None:
         clauses.append(f"run = {arg(query.run)}")
+    if query.attempt is not None:
+        clauses.append(f"attempt = {arg(query.attempt)}")
     if query.since is not None:
         clauses.append(f"at >= {arg(query.since.replace(microsecond=0))}")
     if query.not_before is not None:

@@ -478,8 +478,8 @@ def utc_time(value: str) -> str:
 
 
 def _log_search(request: HttpRequest) -> dict[str, Any]:
-    """The log page's query: worker, search text and mode, case, follow; and the same
-    as the log API's parameters."""
+    """The log page's query: worker, run, attempt, search text and mode, case, follow;
+    and the same as the log API's parameters."""
     return _log_search_of(request.query_params)
 
 
@@ -488,16 +488,18 @@ def _log_search_of(q: Mapping[str, str]) -> dict[str, Any]:
     if mode not in SEARCH_MODES:
         mode = "words"
     text = q.get("q", "")
-    worker = q.get("worker", "")
+    worker, run, attempt = (q.get(name, "") for name in ("worker", "run", "attempt"))
     ignore_case = q.get("ignore_case") == "1"
     api: dict[str, Any] = {}
-    if worker.strip():
-        api["worker"] = worker.strip()
+    for name, value in (("worker", worker), ("run", run), ("attempt", attempt)):
+        if value.strip():
+            api[name] = value.strip()  # the log API refuses a non-number, naming it
     if text.strip():
         api[mode] = text
         if ignore_case and mode != "words":
             api["ignore_case"] = "true"
     params = {"worker": worker, "q": text, "mode": mode}
+    params |= {name: value for name, value in (("run", run), ("attempt", attempt)) if value}
     if ignore_case:
         params["ignore_case"] = "1"
     since, until = (q.get(name, "").strip() for name in ("since", "until"))
@@ -513,6 +515,8 @@ def _log_search_of(q: Mapping[str, str]) -> dict[str, Any]:
         "since": since,
         "until": until,
         "worker": worker,
+        "run": run,
+        "attempt": attempt,
         "ignore_case": ignore_case,
         "follow": q.get("follow") == "1",
         "api": api,

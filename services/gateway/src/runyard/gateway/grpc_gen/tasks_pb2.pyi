@@ -549,7 +549,7 @@ class RerunGroupRequest(_message.Message):
     def __init__(self, group_id: _Optional[str] = ..., changes: _Optional[_Union[TaskChanges, _Mapping]] = ...) -> None: ...
 
 class LogFilter(_message.Message):
-    __slots__ = ("workers", "run", "since", "until", "words", "phrase", "regex", "ignore_case")
+    __slots__ = ("workers", "run", "since", "until", "words", "phrase", "regex", "ignore_case", "attempt")
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     RUN_FIELD_NUMBER: _ClassVar[int]
     SINCE_FIELD_NUMBER: _ClassVar[int]
@@ -558,6 +558,7 @@ class LogFilter(_message.Message):
     PHRASE_FIELD_NUMBER: _ClassVar[int]
     REGEX_FIELD_NUMBER: _ClassVar[int]
     IGNORE_CASE_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     workers: _containers.RepeatedScalarFieldContainer[int]
     run: int
     since: _timestamp_pb2.Timestamp
@@ -566,7 +567,8 @@ class LogFilter(_message.Message):
     phrase: str
     regex: str
     ignore_case: bool
-    def __init__(self, workers: _Optional[_Iterable[int]] = ..., run: _Optional[int] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., words: _Optional[str] = ..., phrase: _Optional[str] = ..., regex: _Optional[str] = ..., ignore_case: _Optional[bool] = ...) -> None: ...
+    attempt: int
+    def __init__(self, workers: _Optional[_Iterable[int]] = ..., run: _Optional[int] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., words: _Optional[str] = ..., phrase: _Optional[str] = ..., regex: _Optional[str] = ..., ignore_case: _Optional[bool] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class SearchLogsRequest(_message.Message):
     __slots__ = ("task_id", "filter", "order", "limit", "cursor")
