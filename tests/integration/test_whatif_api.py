@@ -3,7 +3,7 @@ gateway): who may ask, what it reads, and the refusals that name the bound."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +86,14 @@ async def test_whatif_refusals_name_the_role_and_the_bound(
         assert body["hint"]
     policy = await ask(face, "sre", {**WINDOW, "policy": "random"})
     assert policy.status_code == 400
+    # a window that starts before the pools existed: the answer says when they did
+    early = await ask(face, "sre", {**WINDOW, "from": (NOW - timedelta(hours=1)).isoformat()})
+    body = early.json()
+    assert (early.status_code, body["code"]) == (404, "whatif.unknown_pool"), body
+    assert "was registered at " in body["message"], body
+    registered = body["message"].split("was registered at ", 1)[1].split(",", 1)[0]
+    assert body["hint"] == f"start the window at or after {registered}"
+    assert datetime.fromisoformat(registered) <= NOW + timedelta(minutes=1)
 
 
 async def test_grpc_whatif_asks_the_scheduler_with_the_callers_token(

@@ -17,6 +17,11 @@ def test_a_span_is_that_long_before_now() -> None:
     assert parse_when(" 1h ", now=NOW) == "2026-12-01T11:00:00+00:00"
 
 
+@pytest.mark.parametrize("text", ["now", " NOW ", "Now"])
+def test_now_is_now(text: str) -> None:
+    assert parse_when(text, now=NOW) == replay_point(text, now=NOW) == NOW.isoformat()
+
+
 def test_an_iso_time_without_a_zone_is_utc() -> None:
     assert parse_when("2026-12-01T10:00", now=NOW) == "2026-12-01T10:00:00+00:00"
     assert parse_when("2026-12-01T18:00+08:00", now=NOW) == "2026-12-01T18:00:00+08:00"
@@ -31,7 +36,7 @@ def test_a_span_past_year_one_is_a_clear_error(text: str) -> None:
 
 
 def test_anything_else_is_refused_with_the_forms_it_takes() -> None:
-    with pytest.raises(typer.BadParameter, match="give 30m, 1h, 2d or an ISO 8601 time"):
+    with pytest.raises(typer.BadParameter, match="give 30m, 1h, 2d, now or an ISO 8601 time"):
         parse_when("yesterday", now=NOW)
 
 

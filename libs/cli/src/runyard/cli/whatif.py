@@ -54,7 +54,7 @@ def whatif(
     start: Annotated[
         str, typer.Option("--from", help="window start: 30m, 1h, 2d ago, or ISO 8601")
     ],
-    end: Annotated[str, typer.Option("--to", help="window end (same forms)")],
+    end: Annotated[str, typer.Option("--to", help="window end (same forms, or now)")],
     pools: Annotated[
         Path | None,
         typer.Option("--pools", help="changed pools: YAML/JSON {pools: [{id, nodes}]}"),

@@ -1,4 +1,4 @@
-"""Times on the command line: `30m`, `1h`, `2d` (that long ago) or ISO 8601.
+"""Times on the command line: `30m`, `1h`, `2d` (that long ago), `now` or ISO 8601.
 
 `runyard audit --since`, `runyard logs --since/--until`, `runyard whatif --from`
 and the replay points (`runyard show --at`, `runyard diff --from/--to`,
@@ -18,8 +18,11 @@ _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
 
 def ago(text: str, *, now: datetime | None = None) -> str | None:
-    """`30m`, `1h`, `2d` as the ISO 8601 time that long before `now`; None when `text`
-    is not of that form; `typer.BadParameter` for a span that reaches before year 1."""
+    """`30m`, `1h`, `2d` as the ISO 8601 time that long before `now` (`now` itself for
+    `now`); None when `text` is not of that form; `typer.BadParameter` for a span that
+    reaches before year 1."""
+    if text.strip().lower() == "now":
+        return (now or datetime.now(UTC)).isoformat()
     match = _RELATIVE.match(text.strip())
     if match is None:
         return None
@@ -37,8 +40,8 @@ def _span(match: re.Match[str]) -> timedelta:
 
 
 def parse_when(text: str | None, *, now: datetime | None = None) -> str | None:
-    """`30m`, `1h`, `2d` (that long ago) or an ISO 8601 time (UTC when it has no zone),
-    as ISO 8601 with a zone; `typer.BadParameter` otherwise."""
+    """`30m`, `1h`, `2d` (that long ago), `now` or an ISO 8601 time (UTC when it has no
+    zone), as ISO 8601 with a zone; `typer.BadParameter` otherwise."""
     if text is None:
         return None
     if (relative := ago(text, now=now)) is not None:
@@ -46,13 +49,13 @@ def parse_when(text: str | None, *, now: datetime | None = None) -> str | None:
     try:
         at = datetime.fromisoformat(text)
     except ValueError as exc:
-        raise typer.BadParameter(f"{text!r}: give 30m, 1h, 2d or an ISO 8601 time") from exc
+        raise typer.BadParameter(f"{text!r}: give 30m, 1h, 2d, now or an ISO 8601 time") from exc
     return (at if at.tzinfo else at.replace(tzinfo=UTC)).isoformat()
 
 
 def replay_point(text: str, *, now: datetime | None = None) -> str:
     """A replay point as the gateway takes it: `30m`, `1h`, `2d` become the time that
-    long ago; a position (digits) or an ISO 8601 time goes as given (the gateway
+    long ago, `now` the time now; a position (digits) or an ISO 8601 time goes as given (the gateway
     checks it and says what is wrong)."""
     relative = ago(text, now=now)
     return text if relative is None else relative

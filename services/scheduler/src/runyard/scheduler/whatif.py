@@ -427,11 +427,21 @@ class WhatIf:
         before = [e for e in stream if e.occurred_at <= start]
         budget.add(len(stream) - len(before))  # the prefix is folded, as `pools --at` does
         if not before:
+            field = "pool" if body.pool is not None else "pools"
+            if stream:  # registered within the window: it can start there at the earliest
+                registered = stream[0].occurred_at.isoformat()
+                raise NotFound(
+                    "whatif.unknown_pool",
+                    f"pool {pool_id!r} was registered at {registered}, after the window's "
+                    f"start {start.isoformat()}",
+                    f"start the window at or after {registered}",
+                    field,
+                )
             raise NotFound(
                 "whatif.unknown_pool",
-                f"pool {pool_id!r} had no event by {start.isoformat()}",
-                "choose a pool listed by `runyard pools` and a `from` after it was registered",
-                "pool" if body.pool is not None else "pools",
+                f"pool {pool_id!r} had no event by {end.isoformat()}",
+                "choose a pool listed by `runyard pools` and a window after it was registered",
+                field,
             )
         real_start = fold_pool(e.event for e in before)
         tasks = await self._task_streams(pool_id, budget, start, end)
