@@ -256,6 +256,22 @@ def test_show_says_when_auto_restart_is_off(
     assert counters.startswith("this run: restarts=0") and counters.endswith(last), counters
 
 
+@pytest.mark.parametrize(
+    ("status", "line"),
+    [
+        ("stopped", "stop: stopped by bob (member)"),
+        ("running", "stop: requested (stopped by bob (member)); ending its workers"),
+    ],
+)
+def test_show_tells_a_stop_asked_from_a_stop_done(
+    status: str, line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    task = {"task_id": "t", "name": "n", "status": status, "run": 1, "creator": "alice"}
+    task |= {"spec": {"pool": "p"}, "stop_reason": "stopped by bob (member)", "stages": []}
+    print_task(task)
+    assert line in capsys.readouterr().out.splitlines()
+
+
 # --- the token: login, config folder, precedence ----------------------------------------
 
 

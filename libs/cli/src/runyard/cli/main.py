@@ -221,6 +221,8 @@ def load_yaml(path: Path) -> dict[str, Any]:
 # --- tasks --------------------------------------------------------------------
 
 
+#: The statuses a task ends in.
+ENDED = frozenset({"succeeded", "failed", "stopped", "abnormal"})
 #: Counters of the current run, in the order `runyard show` prints them.
 COUNTERS = ("restarts", "reschedules", "requeues", "preemptions", "hangs", "slowdowns")
 
@@ -244,7 +246,10 @@ def print_task(task: dict[str, Any]) -> None:
         q = task["queue"]
         out.print(f"queued: {markup(q['reason'])} (position {markup(q['position'])})")
     if task.get("stop_reason"):
-        out.print(f"stop: {markup(task['stop_reason'])}")
+        if task["status"] in ENDED:
+            out.print(f"stop: {markup(task['stop_reason'])}")
+        else:  # asked, not done yet: the workers are being ended
+            out.print(f"stop: requested ({markup(task['stop_reason'])}); ending its workers")
     if task.get("last_failure_reason"):
         out.print(f"last failure: {markup(task['last_failure_reason'])}")
     for w in task.get("warnings", []):
