@@ -5,8 +5,10 @@ from __future__ import annotations
 from runyard.cli.detail import detail
 from runyard.contracts.task_events import (
     DeployStageFailed,
+    ResumeObserved,
     StacksCaptured,
     TaskPlaced,
+    TaskRestartScheduled,
     WorkerExited,
     WorkerPlacement,
 )
@@ -23,8 +25,17 @@ def test_what_where_and_why_come_first() -> None:
         run=1, attempt=1, stage="image_pull", reason="no such image", duration_ms=3
     )
     assert detail(data(failed)) == "stage=image_pull reason=no such image"
-    exited = WorkerExited(run=1, attempt=2, worker=3, exit_code=137)
+    exited = WorkerExited(run=1, attempt=1, worker=3, exit_code=137)
     assert detail(data(exited)) == "worker=3 exit_code=137"  # 0 would show too
+
+
+def test_attempts_after_the_first_are_named_first() -> None:
+    restart = TaskRestartScheduled(run=1, attempt=2, reason="failure", delay_s=10)
+    assert detail(data(restart)) == "attempt=2 reason=failure delay_s=10.0"
+    exited = WorkerExited(run=1, attempt=2, worker=3, exit_code=0)
+    assert detail(data(exited)) == "attempt=2 worker=3 exit_code=0"
+    resumed = ResumeObserved(run=1, attempt=2, step=40, path="/mnt/ckpt/ckpt-40.pt", line="x")
+    assert detail(data(resumed)) == "attempt=2 step=40 path=/mnt/ckpt/ckpt-40.pt"
 
 
 def test_placements_show_their_nodes_once_each() -> None:

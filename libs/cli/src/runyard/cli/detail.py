@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 #: Payload fields shown, in this order: what and where first, then why and who.
+#: (`attempt` comes first, from the second on: after a restart, which attempt it is.)
 DETAIL_KEYS = (
     "stage",
     "worker",
@@ -13,6 +14,9 @@ DETAIL_KEYS = (
     "item",
     "result",
     "reason",
+    "delay_s",
+    "step",
+    "path",
     "stopped_by",
     "role",
     "requeue_count",
@@ -30,6 +34,9 @@ DETAIL_KEYS = (
 def detail(data: dict[str, Any]) -> str:
     """The payload fields that say what, where and why, as `key=value` pairs."""
     parts = []
+    attempt = data.get("attempt")
+    if isinstance(attempt, int) and attempt > 1:
+        parts.append(f"attempt={attempt}")
     for key in DETAIL_KEYS:
         value = data.get(key)
         if value in (None, "", [], ()):
