@@ -102,7 +102,7 @@ class Via(Protocol):
     async def group_get(self, who: str, group_id: str) -> Outcome: ...
     async def group_stop(self, who: str, group_id: str) -> Outcome: ...
     async def group_rerun(self, who: str, group_id: str, changes: dict[str, Any]) -> Outcome: ...
-    async def group_ls(self, who: str) -> Outcome: ...
+    async def group_ls(self, who: str, **params: Any) -> Outcome: ...
     async def logs(self, who: str, task_id: str, **params: Any) -> Outcome: ...
     async def follow(self, who: str, task_id: str, **params: Any) -> Outcome: ...
     async def first_error(self, who: str, task_id: str, run: int | None = None) -> Outcome: ...
@@ -191,8 +191,8 @@ class HttpVia:
     async def group_rerun(self, who: str, group_id: str, changes: dict[str, Any]) -> Outcome:
         return await self._call(who, "POST", f"/v1/groups/{group_id}/rerun", json=changes)
 
-    async def group_ls(self, who: str) -> Outcome:
-        return await self._call(who, "GET", "/v1/groups")
+    async def group_ls(self, who: str, **params: Any) -> Outcome:
+        return await self._call(who, "GET", "/v1/groups", params=params)
 
     async def logs(self, who: str, task_id: str, **params: Any) -> Outcome:
         return await self._call(who, "GET", f"/v1/tasks/{task_id}/logs", params=params)
@@ -362,11 +362,11 @@ class GrpcVia:
         request = pb.RerunGroupRequest(group_id=group_id, changes=changes_of(changes))
         return await self._call(who, "RerunGroup", request, convert.group_dict)
 
-    async def group_ls(self, who: str) -> Outcome:
+    async def group_ls(self, who: str, **params: Any) -> Outcome:
         def groups(reply: pb.ListGroupsResponse) -> dict[str, Any]:
             return {"items": [convert.to_dict(g) for g in reply.groups]}
 
-        return await self._call(who, "ListGroups", pb.ListGroupsRequest(), groups)
+        return await self._call(who, "ListGroups", pb.ListGroupsRequest(**params), groups)
 
     async def logs(self, who: str, task_id: str, **params: Any) -> Outcome:
         where, rest = log_request(params)
@@ -464,6 +464,7 @@ async def both(dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Asy
         "alice": await create_token(gateway.db, "t1", "alice", "member"),
         "bob": await create_token(gateway.db, "t1", "bob", "member"),
         "carol": await create_token(gateway.db, "t2", "carol", "member"),
+        "sam": await create_token(gateway.db, "ops", "sam", "sre"),
         "nobody": None,
         "forged": "ry_not-a-token",
     }
@@ -649,6 +650,8 @@ TABLE: dict[str, Scenario] = {
     "list": lambda via, _: via.ls("alice"),
     "list filtered": lambda via, _: via.ls("alice", name="seed", status="new", limit=1),
     "list other tenant": lambda via, _: via.ls("carol"),
+    "list of a tenant by an sre": lambda via, _: via.ls("sam", tenant="t1"),
+    "list of another tenant refused to a member": lambda via, _: via.ls("carol", tenant="t1"),
     "list bad cursor": lambda via, _: via.ls("alice", cursor="zzz"),
     "list bad limit": lambda via, _: via.ls("alice", limit=1000),
     "no token": lambda via, seed: via.get("nobody", seed),
@@ -677,6 +680,10 @@ TABLE: dict[str, Scenario] = {
         "alice", {**BASE, "command": "x" * 65537}, [{"name": "a"}]
     ),
     "group list": group_list,
+    "group list of a tenant by an sre": lambda via, _: via.group_ls("sam", tenant="t1"),
+    "group list of another tenant refused to a member": lambda via, _: via.group_ls(
+        "carol", tenant="t1"
+    ),
     "group unknown": lambda via, _: via.group_get("alice", "nope"),
     # --- logs -------------------------------------------------------------------
     "logs": lambda via, seed: via.logs("alice", seed),
@@ -783,6 +790,19 @@ async def test_expected_codes(both: Both) -> None:
             code,
             field,
         ), outcome
+
+
+async def test_an_sre_lists_another_tenants_tasks_and_groups(both: Both) -> None:
+    """`tenant` on the task and group lists: the sre reads t1's, a member of t2 may not."""
+    for via in (both.http, both.grpc):
+        listed = await via.ls("sam", tenant="t1")
+        assert listed.status == "OK", listed
+        assert both.seed_task in [t["task_id"] for t in listed.body["items"]], listed
+        assert (await via.ls("sam")).body["items"] == []  # its own tenant has none
+        refused = await via.ls("carol", tenant="t1")
+        assert refused.status != "OK" and refused.body["code"], refused
+        groups = await via.group_ls("carol", tenant="t1")
+        assert groups.status == refused.status and groups.body["code"], groups
 
 
 async def test_grpc_changes_name_fields_of_the_spec_only(both: Both) -> None:

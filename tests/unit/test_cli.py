@@ -144,6 +144,23 @@ async def test_set_changes_fields_of_a_submission_and_a_clone(served: tuple[str,
     assert "--set pool: expected FIELD=VALUE" in refused.output and "hint:" in refused.output
 
 
+async def test_an_sre_lists_another_tenants_tasks_and_groups(served_gateway: Served) -> None:
+    url, token = served_gateway.url, served_gateway.token
+    hello = str(REPO / "examples/hello.yaml")
+    submitted = await cli(url, token, "submit", "-f", hello, "--json")
+    task_id = json.loads(submitted.stdout)["task_id"]
+    sre = await create_token(served_gateway.gateway.db, "ops", "sam", "sre")
+    listed = await cli(url, sre, "ls", "--tenant", "t1", "--json")
+    assert listed.exit_code == 0, listed.output
+    assert [t["task_id"] for t in json.loads(listed.stdout)["items"]] == [task_id]
+    own = await cli(url, sre, "ls", "--json")
+    assert json.loads(own.stdout)["items"] == []
+    groups = await cli(url, sre, "group", "ls", "--tenant", "t1", "--json")
+    assert groups.exit_code == 0 and json.loads(groups.stdout)["items"] == [], groups.output
+    refused = await cli(url, token, "ls", "--tenant", "ops")
+    assert refused.exit_code == 3, refused.output  # not allowed
+
+
 async def test_refusals_print_the_hint_with_exit_codes(served: tuple[str, str]) -> None:
     url, token = served
     submitted = await cli(url, token, "submit", "-f", str(REPO / "examples/hello.yaml"), "--json")

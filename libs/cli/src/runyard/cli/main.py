@@ -276,6 +276,9 @@ def print_task(task: dict[str, Any]) -> None:
         )
 
 
+TenantOpt = Annotated[
+    str | None, typer.Option(help="Another tenant's (sre and platform_admin only).")
+]
 SetOpt = Annotated[
     list[str] | None,
     typer.Option(
@@ -346,13 +349,21 @@ def list_tasks(
     creator: Annotated[str | None, typer.Option(help="Submitted by.")] = None,
     limit: Annotated[int, typer.Option(help="Page size.")] = 50,
     cursor: Annotated[str | None, typer.Option(help="next_cursor of the last page.")] = None,
+    tenant: TenantOpt = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """List your tenant's tasks, newest first."""
     params = given(
-        status=status, name=name, tag=tag, pool=pool, creator=creator, limit=limit, cursor=cursor
+        status=status,
+        name=name,
+        tag=tag,
+        pool=pool,
+        creator=creator,
+        limit=limit,
+        cursor=cursor,
+        tenant=tenant,
     )
     with gateway(url, token) as api:
         page = as_json_data(api.list_tasks(**params))
@@ -598,6 +609,7 @@ def group_ls(
         str | None, typer.Argument(help="A group: list its tasks. None: list all groups.")
     ] = None,
     limit: Annotated[int, typer.Option(help="How many groups (newest first).")] = 50,
+    tenant: TenantOpt = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
@@ -606,7 +618,7 @@ def group_ls(
     with gateway(url, token) as api:
         if group_id is not None:
             return print_group(as_json_data(api.get_group(group_id)), as_json)
-        found = as_json_data(api.list_groups(limit=limit))
+        found = as_json_data(api.list_groups(limit=limit, tenant=tenant))
     if as_json:
         return show_json(found)
     table(

@@ -174,8 +174,10 @@ class AsyncClient:
     async def get_group(self, group_id: str) -> wire.Group:
         return await self.send(calls.get_group(group_id))
 
-    async def list_groups(self, *, limit: int | None = None) -> wire.GroupPage:
-        return await self.send(calls.list_groups(limit=limit))
+    async def list_groups(
+        self, *, limit: int | None = None, tenant: str | None = None
+    ) -> wire.GroupPage:
+        return await self.send(calls.list_groups(limit=limit, tenant=tenant))
 
     async def stop_group(self, group_id: str) -> wire.Group:
         return await self.send(calls.stop_group(group_id))

@@ -131,8 +131,10 @@ def get_group(group_id: str) -> Call[wire.Group]:
     return call("GET", f"/v1/groups/{_id(group_id)}", _GROUP)
 
 
-def list_groups(*, limit: int | None = None) -> Call[wire.GroupPage]:
-    return call("GET", "/v1/groups", reader(wire.GroupPage), params=_given(limit=limit))
+def list_groups(*, limit: int | None = None, tenant: str | None = None) -> Call[wire.GroupPage]:
+    """The caller's tenant's groups (`tenant`: another's, for sre and platform_admin)."""
+    params = _given(limit=limit, tenant=tenant)
+    return call("GET", "/v1/groups", reader(wire.GroupPage), params=params)
 
 
 def stop_group(group_id: str) -> Call[wire.Group]:

@@ -169,8 +169,10 @@ class Client:
     def get_group(self, group_id: str) -> wire.Group:
         return self.send(calls.get_group(group_id))
 
-    def list_groups(self, *, limit: int | None = None) -> wire.GroupPage:
-        return self.send(calls.list_groups(limit=limit))
+    def list_groups(
+        self, *, limit: int | None = None, tenant: str | None = None
+    ) -> wire.GroupPage:
+        return self.send(calls.list_groups(limit=limit, tenant=tenant))
 
     def stop_group(self, group_id: str) -> wire.Group:
         return self.send(calls.stop_group(group_id))

@@ -167,7 +167,11 @@ class TasksService(pb_grpc.TasksServicer):
             names = ("status", "name", "tag", "pool", "creator")
             filters = {n: getattr(request, n) or None for n in names}
             page = await self.gw.list_tasks(
-                caller, filters, _limit(request.limit), request.cursor or None
+                caller,
+                filters,
+                _limit(request.limit),
+                request.cursor or None,
+                request.tenant or None,
             )
             return pb.ListTasksResponse(
                 tasks=[convert.summary_message(r) for r in page["items"]],
@@ -287,7 +291,9 @@ class TasksService(pb_grpc.TasksServicer):
     ) -> pb.ListGroupsResponse:
         async def call() -> pb.ListGroupsResponse:
             caller = await self._caller(context)
-            answer = await self.gw.list_groups(caller, _limit(request.limit))
+            answer = await self.gw.list_groups(
+                caller, _limit(request.limit), request.tenant or None
+            )
             groups = [convert.group_summary_message(g) for g in answer["items"]]
             return pb.ListGroupsResponse(groups=groups)
 

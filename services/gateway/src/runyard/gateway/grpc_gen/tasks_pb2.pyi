@@ -324,7 +324,7 @@ class Task(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., tenant: _Optional[str] = ..., creator: _Optional[str] = ..., name: _Optional[str] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., stage: _Optional[_Union[DeployStage, str]] = ..., run: _Optional[int] = ..., attempt: _Optional[int] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., warnings: _Optional[_Iterable[_Union[SubmissionWarning, _Mapping]]] = ..., group_id: _Optional[str] = ..., cloned_from: _Optional[str] = ..., clones: _Optional[_Iterable[str]] = ..., submit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., queue_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., queue: _Optional[_Union[QueuePlace, _Mapping]] = ..., last_failure_reason: _Optional[str] = ..., stop_reason: _Optional[str] = ..., counters: _Optional[_Union[TaskCounters, _Mapping]] = ..., stages: _Optional[_Iterable[_Union[StageSpan, _Mapping]]] = ..., version: _Optional[int] = ...) -> None: ...
 
 class ListTasksRequest(_message.Message):
-    __slots__ = ("status", "name", "tag", "pool", "creator", "limit", "cursor")
+    __slots__ = ("status", "name", "tag", "pool", "creator", "limit", "cursor", "tenant")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     TAG_FIELD_NUMBER: _ClassVar[int]
@@ -332,6 +332,7 @@ class ListTasksRequest(_message.Message):
     CREATOR_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     CURSOR_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     status: str
     name: str
     tag: str
@@ -339,7 +340,8 @@ class ListTasksRequest(_message.Message):
     creator: str
     limit: int
     cursor: str
-    def __init__(self, status: _Optional[str] = ..., name: _Optional[str] = ..., tag: _Optional[str] = ..., pool: _Optional[str] = ..., creator: _Optional[str] = ..., limit: _Optional[int] = ..., cursor: _Optional[str] = ...) -> None: ...
+    tenant: str
+    def __init__(self, status: _Optional[str] = ..., name: _Optional[str] = ..., tag: _Optional[str] = ..., pool: _Optional[str] = ..., creator: _Optional[str] = ..., limit: _Optional[int] = ..., cursor: _Optional[str] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class TaskSummary(_message.Message):
     __slots__ = ("task_id", "tenant", "creator", "name", "status", "stage", "pool", "tags", "group_id", "cloned_from", "run", "create_time", "update_time", "workers", "restarts", "queue")
@@ -508,10 +510,12 @@ class Group(_message.Message):
     def __init__(self, group_id: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[TaskSummary, _Mapping]]] = ..., status_counts: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class ListGroupsRequest(_message.Message):
-    __slots__ = ("limit",)
+    __slots__ = ("limit", "tenant")
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     limit: int
-    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+    tenant: str
+    def __init__(self, limit: _Optional[int] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class GroupSummary(_message.Message):
     __slots__ = ("group_id", "tasks", "status_counts", "create_time", "update_time")
