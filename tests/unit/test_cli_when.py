@@ -45,3 +45,6 @@ def test_a_replay_point_keeps_positions_and_times_for_the_gateway() -> None:
     assert replay_point("1234", now=NOW) == "1234"  # digits alone: a position
     assert replay_point("2026-12-01T10:00:00Z", now=NOW) == "2026-12-01T10:00:00Z"
     assert replay_point("yesterday", now=NOW) == "yesterday"  # the gateway says why not
+    # without a zone: UTC, as every other time of the CLI
+    assert replay_point("2026-12-01T10:00:00", now=NOW) == "2026-12-01T10:00:00+00:00"
+    assert replay_point("2026-12-01T18:00+08:00", now=NOW) == "2026-12-01T18:00+08:00"

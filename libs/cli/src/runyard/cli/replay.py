@@ -36,8 +36,8 @@ from runyard.cli.when import replay_point
 
 POINT_HELP = (
     "A global position of the event log (e.g. 1234, the `position` of "
-    "`runyard events ID --json`), an ISO 8601 time with a zone (2026-12-01T10:00:00Z), "
-    "or that long ago (30m, 1h, 2d)."
+    "`runyard events ID --json`), an ISO 8601 time (2026-12-01T10:00:00Z; UTC without "
+    "a zone), now, or that long ago (30m, 1h, 2d)."
 )
 
 

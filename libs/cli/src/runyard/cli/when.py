@@ -55,7 +55,16 @@ def parse_when(text: str | None, *, now: datetime | None = None) -> str | None:
 
 def replay_point(text: str, *, now: datetime | None = None) -> str:
     """A replay point as the gateway takes it: `30m`, `1h`, `2d` become the time that
-    long ago, `now` the time now; a position (digits) or an ISO 8601 time goes as given (the gateway
-    checks it and says what is wrong)."""
+    long ago, `now` the time now, an ISO 8601 time without a zone is UTC (as
+    `parse_when` reads it); a position (digits) or anything else goes as given (the
+    gateway checks it and says what is wrong)."""
     relative = ago(text, now=now)
-    return text if relative is None else relative
+    if relative is not None:
+        return relative
+    if text.strip().isdigit():
+        return text
+    try:
+        at = datetime.fromisoformat(text.strip())
+    except ValueError:
+        return text
+    return at.replace(tzinfo=UTC).isoformat() if at.tzinfo is None else text
