@@ -68,3 +68,22 @@ def test_a_file_that_cannot_be_read_says_so(tmp_path: Path) -> None:
         assert done.exit_code == 2 and "cannot read" in done.output, done.output
     code, output = submit(tmp_path, "")
     assert code == 2 and "expected a mapping of task spec fields" in output
+
+
+def test_a_group_file_given_to_submit_and_a_spec_to_group_create_name_the_command(
+    tmp_path: Path,
+) -> None:
+    group = tmp_path / "group.yaml"
+    group.write_text("template:\n  name: x\n  pool: dev-a100\nitems:\n  - {name: a}\n")
+    code, said = submit(tmp_path, group.read_text(), "group.yaml")
+    assert code == 2
+    assert "holds a task group (template and items)" in said
+    assert f"hint: runyard group create -f {group}" in said
+
+    spec = tmp_path / "task.yaml"
+    spec.write_text(SPEC + "command: echo hi\n")
+    url = ["--url", "http://127.0.0.1:9"]
+    done = CliRunner().invoke(app, ["group", "create", "-f", str(spec), *url])
+    said = " ".join(done.output.split())
+    assert done.exit_code == 2 and "holds one task's spec" in said
+    assert f"hint: runyard submit -f {spec}, or put the spec under template:" in said

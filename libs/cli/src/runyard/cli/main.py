@@ -303,6 +303,13 @@ def with_settings(
         raise typer.Exit(2) from exc
 
 
+def wrong_file(file: Path, holds: str, instead: str) -> NoReturn:
+    """`file` is the other kind of task file: say which, and the command it is for."""
+    err.print(f"[red]error:[/red] {markup(file)} holds {holds}")
+    err.print(f"hint: {markup(instead)}")
+    raise typer.Exit(2)
+
+
 def _limits(spec: dict[str, Any]) -> dict[str, str]:
     """`/N` after the counters the spec limits: restarts (max_restarts), requeues (spot)."""
     limits: dict[str, str] = {}
@@ -334,7 +341,10 @@ def submit(
     `--set` changes a field of the file without editing it:
     `--set worker_count=2 --set fault_tolerance.auto_restart=true`.
     """
-    spec = with_settings(load_yaml(file), sets)
+    loaded = load_yaml(file)
+    if "template" in loaded and "items" in loaded and "pool" not in loaded:
+        wrong_file(file, "a task group (template and items)", f"runyard group create -f {file}")
+    spec = with_settings(loaded, sets)
     with gateway(url, token) as api:
         task = as_json_data(api.create_task(spec))
     show_json(task) if as_json else print_task(task)
@@ -598,6 +608,13 @@ def group_create(
 ) -> None:
     """Create a task group from a template and a list of overrides (all tasks or none)."""
     body = load_yaml(file)
+    if "template" not in body and "items" not in body and "pool" in body:
+        wrong_file(
+            file,
+            "one task's spec",
+            f"runyard submit -f {file}, or put the spec under template: with items:"
+            " (examples/group.yaml)",
+        )
     with gateway(url, token) as api:
         group = as_json_data(api.create_group(body))
     print_group(group, as_json)
