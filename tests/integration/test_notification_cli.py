@@ -64,6 +64,16 @@ async def test_add_list_remove_a_subscription(served: tuple[str, str]) -> None:
     assert again.exit_code == 1 and "alerts.subscription_not_found" in again.output
 
 
+async def test_alerts_may_be_a_comma_list(served: tuple[str, str]) -> None:
+    url, token = served
+    added = await cli(
+        url, token, "alerts", "add", HOOK, "--alert", "failed, hang", "--alert", "stopped",
+        "--json",
+    )  # fmt: skip
+    assert added.exit_code == 0, added.output
+    assert json.loads(added.output)["alerts"] == ["failed", "hang", "stopped"]
+
+
 async def test_an_unknown_alert_is_refused(served: tuple[str, str]) -> None:
     url, token = served
     refused = await cli(url, token, "alerts", "add", HOOK, "--alert", "exploded")

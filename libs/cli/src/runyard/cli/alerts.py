@@ -43,8 +43,9 @@ def add(
         list[str] | None,
         typer.Option(
             "--alert",
-            help="An alert to send (repeat): failed, abnormal, queued[:SECONDS], hang, slowdown,"
-            " restarted, rescheduled, requeued, succeeded, stopped. Default: the usual ones.",
+            help="An alert to send (repeat, or a comma list): failed, abnormal,"
+            " queued[:SECONDS], hang, slowdown, restarted, rescheduled, requeued, succeeded,"
+            " stopped. Default: the usual ones.",
         ),
     ] = None,
     secret_env: Annotated[
@@ -64,7 +65,8 @@ def add(
     """Subscribe a Feishu bot to the tenant's task alerts."""
     cli = _cli()
     body: dict[str, Any] = {"webhook_url": webhook_url, "text_only": text}
-    body |= cli.given(alerts=alert or None, queued_after_s=queued_after)
+    kinds = [kind.strip() for given in alert or () for kind in given.split(",") if kind.strip()]
+    body |= cli.given(alerts=kinds or None, queued_after_s=queued_after)
     secret = _secret(secret_env, ask_secret)
     if secret:
         body["secret"] = secret
