@@ -315,3 +315,20 @@ async def test_a_stored_session_ends_at_its_expiry_on_every_gateway(api: Api) ->
     await second.open("another-token")  # clears the expired row
     keys = await api.gateway.db.fetch("SELECT session_key FROM console_sessions")
     assert session_key(session.session_id) not in [r["session_key"] for r in keys]
+
+
+@pytest.mark.parametrize(
+    ("fault_tolerance", "shown"),
+    [
+        ({"auto_restart": True, "max_restarts": 2}, "<dd>0 of 2</dd>"),
+        ({"max_restarts": 5}, "<dd>0 of 5 (auto restart off)</dd>"),
+    ],
+)
+async def test_the_summary_shows_the_restart_limit_and_when_auto_restart_is_off(
+    api: Api, fault_tolerance: dict[str, Any], shown: str
+) -> None:
+    task_id = await created_task(api, fault_tolerance=fault_tolerance)
+    async with sign_in(api, "alice") as client:
+        summary = await client.get(f"/console/tasks/{task_id}/summary?version=0")
+        assert summary.status_code == 200
+        assert f"<dt>restarts</dt>{shown}" in summary.text, summary.text
