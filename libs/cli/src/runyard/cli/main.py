@@ -365,16 +365,8 @@ def list_tasks(
     as_json: JsonOpt = False,
 ) -> None:
     """List your tenant's tasks, newest first."""
-    params = given(
-        status=status,
-        name=name,
-        tag=tag,
-        pool=pool,
-        creator=creator,
-        limit=limit,
-        cursor=cursor,
-        tenant=tenant,
-    )
+    params = given(status=status, name=name, tag=tag, pool=pool, creator=creator)
+    params |= given(limit=limit, cursor=cursor, tenant=tenant)
     with gateway(url, token) as api:
         page = as_json_data(api.list_tasks(**params))
     if as_json:
