@@ -28,6 +28,7 @@ from typing import Annotated, Any
 
 import typer
 from runyard.cli.main import (
+    ENDED,
     JsonOpt,
     TokenOpt,
     UrlOpt,
@@ -42,7 +43,6 @@ from runyard.cli.main import (
 from runyard.cli.terminal import clean, clean_output, markup
 from runyard.cli.when import parse_when
 
-TERMINAL = {"succeeded", "failed", "stopped", "abnormal"}
 POLL_S = 1.0
 
 
@@ -148,7 +148,7 @@ def tail(
         while True:
             if page["next_cursor"] is None:
                 task = call(url, token, "GET", f"/v1/tasks/{task_id}")
-                if task.get("status") in TERMINAL:
+                if task.get("status") in ENDED:
                     page = fetch(task_id, params, page, url, token)
                     emit(page["lines"], as_json, raw)  # what arrived before the end
                     return
