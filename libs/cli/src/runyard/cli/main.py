@@ -34,7 +34,7 @@ from rich.console import Console
 from runyard.cli.admin import admin_app
 from runyard.cli.alerts import alerts_app
 from runyard.cli.detail import detail
-from runyard.cli.settings import SettingError, apply_settings
+from runyard.cli.settings import SettingError, apply_settings, sets_nested
 from runyard.cli.terminal import clean, markup, print_json, render_table
 from runyard.client import ApiError, Client, GatewayUnreachable, Retry
 from runyard.contracts.requests import RerunChanges
@@ -476,8 +476,7 @@ def clone(
     overrides = load_yaml(file) if file else {}
     with gateway(url, token) as api:
         if sets:
-            nested = any("." in s.partition("=")[0] for s in sets)
-            spec = as_json_data(api.get_task(task_id))["spec"] if nested else {}
+            spec = as_json_data(api.get_task(task_id))["spec"] if sets_nested(sets) else {}
             overrides = with_settings(overrides, sets, spec)
         task = as_json_data(api.clone_task(task_id, overrides))
     show_json(task) if as_json else print_task(task)

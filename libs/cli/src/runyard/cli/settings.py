@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["SettingError", "apply_settings"]
+__all__ = ["SettingError", "apply_settings", "sets_nested"]
 
 #: The most `--set` options one command takes, and the deepest path.
 MAX_SETTINGS = 100
@@ -66,6 +66,12 @@ def apply_settings(
             target = inner
         target[path[-1]] = value
     return result
+
+
+def sets_nested(settings: Sequence[str]) -> bool:
+    """Whether any of `settings` names a nested field (its object's other fields are
+    then needed: `apply_settings`'s `current`)."""
+    return any("." in setting.partition("=")[0] for setting in settings)
 
 
 def _parse(setting: str) -> tuple[list[str], Any]:
