@@ -132,6 +132,33 @@ async def test_words_are_full_text_in_any_order_and_case(logs: LogsApi) -> None:
     assert await logs.lines(words="loss nothere") == []
 
 
+async def test_words_are_whole_words_as_grep_w_sees_them(logs: LogsApi) -> None:
+    lines = [
+        (0.0, 0, "stdout", "torch.utils.checkpoint: use_reentrant should be passed"),
+        (1.0, 0, "stdout", "checkpoint_dir=/out"),
+        (2.0, 0, "stdout", "checkpoints saved"),
+        (3.0, 1, "stderr", "CHECKPOINT 3 done"),
+    ]
+    await logs.store.ingest(records("words-task", lines))
+
+    async def found(words: str) -> list[str]:
+        page = await logs.store.page(LogQuery("words-task", words=words))
+        return [ln.line for ln in page.lines]
+
+    assert await found("checkpoint") == [lines[0][3], lines[3][3]]
+    assert await found("use_reentrant") == [lines[0][3]]
+    assert await found("reentrant") == []  # `_` is part of a word, as for grep -w
+    assert await found("3 Checkpoint") == [lines[3][3]]
+    assert await logs.store.count(LogQuery("words-task", words="checkpoint dir")) == 0
+
+
+async def test_too_many_words_are_a_400(logs: LogsApi) -> None:
+    answer = await logs.get(f"/v1/tasks/{logs.task_id}/logs", words=" ".join(["loss"] * 33))
+    assert answer.status_code == 400
+    assert answer.json()["code"] == "logs.too_many_words"
+    assert await logs.lines(words=" ".join(["loss"] * 32)) == [line_text(i) for i in (2, 3, 6, 9)]
+
+
 async def test_phrase_is_exact_and_case_sensitive_unless_asked(logs: LogsApi) -> None:
     assert await logs.lines(phrase="CUDA out of memory") == [line_text(8)]
     assert await logs.lines(phrase="out of CUDA") == []

@@ -242,3 +242,13 @@ def test_the_catalogue_lists_the_record_on_its_topic() -> None:
     assert f"- topic: `{LOGS}`, keyed by task id\n- schema version: {SCHEMA_VERSION}\n" in text
     for name in LogRecord.model_fields:
         assert f"| `{name}` |" in text
+
+
+def test_a_copy_with_other_fields_is_known_by_them() -> None:
+    decoded = LogRecord.from_bytes(wire(seq=None))
+    assert decoded.dedupe == _md5_uuid(wire(seq=None))
+    assert decoded.model_copy().dedupe == decoded.dedupe
+    changed = decoded.model_copy(update={"line": "another line"})
+    assert changed.dedupe == record(seq=None, line="another line").dedupe
+    numbered = record(seq=7)
+    assert numbered.dedupe != numbered.model_copy(update={"seq": 8}).dedupe

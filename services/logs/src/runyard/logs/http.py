@@ -523,7 +523,9 @@ class LogParams:
         ] = None,
         since: Annotated[datetime | None, Query(description="ISO time, to the second")] = None,
         until: Annotated[datetime | None, Query(description="ISO time, inclusive")] = None,
-        words: Annotated[str | None, Query(description="full-text: all these words")] = None,
+        words: Annotated[
+            str | None, Query(description="all these whole words, any order and case (32 at most)")
+        ] = None,
         phrase: Annotated[str | None, Query(description="exact phrase (substring)")] = None,
         regex: Annotated[str | None, Query(description="POSIX regular expression")] = None,
         ignore_case: bool = False,

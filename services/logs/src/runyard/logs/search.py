@@ -12,6 +12,7 @@ The SQL is built here (pure); `LogStore` runs it.
 from __future__ import annotations
 
 import base64
+import re
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -53,6 +54,17 @@ def check_int32(name: str, value: int | None) -> None:
 
 
 _COLUMNS = "at, id, task_id, run, attempt, worker, stream, seq, line"
+#: A word of `words`: a run of letters, digits and `_`, as grep -w and the
+#: regular expressions' `\m`/`\M` (word start and end) see words.
+_WORD = re.compile(r"\w+")
+#: The most words one search asks for (each is a condition of its own).
+MAX_WORDS = 32
+
+
+def search_words(words: str) -> list[str]:
+    """The words `words` asks for: split at every character that is not a letter,
+    digit or `_`, so `torch.utils.checkpoint:` holds the word `checkpoint`."""
+    return _WORD.findall(words)
 
 
 @dataclass(frozen=True)
@@ -103,6 +115,20 @@ class LogQuery:
             raise InvalidQuery("logs.time_range", "since is after until", "swap them", "since")
         if self.words is not None and not self.words.strip():
             raise InvalidQuery("logs.empty_search", "words is empty", "leave it out", "words")
+        if self.words is not None and not search_words(self.words):
+            raise InvalidQuery(
+                "logs.no_words",
+                f"{self.words!r} has no searchable words",
+                "search punctuation with phrase or regex",
+                "words",
+            )
+        if self.words is not None and len(search_words(self.words)) > MAX_WORDS:
+            raise InvalidQuery(
+                "logs.too_many_words",
+                f"words holds {len(search_words(self.words))} words; at most {MAX_WORDS}",
+                "search fewer words, or an exact phrase",
+                "words",
+            )
         if self.phrase is not None and not self.phrase:
             raise InvalidQuery("logs.empty_search", "phrase is empty", "leave it out", "phrase")
         if self.regex is not None and not self.regex:
@@ -187,8 +213,12 @@ def where(query: LogQuery) -> tuple[str, list[Any]]:
     if query.until is not None:
         end = query.until.replace(microsecond=0) + timedelta(seconds=1)
         clauses.append(f"at < {arg(end)}")
-    if query.words is not None:
-        clauses.append(f"log_words(line) @@ log_words_query({arg(query.words)})")
+    # Each word is a case-insensitive regular expression bounded by word edges
+    # (`\mloss\M`): the trigram index finds the candidate lines. A word is only
+    # letters, digits and `_`, so nothing in it needs escaping.
+    for word in search_words(query.words or ""):
+        pattern = arg(r"\m" + word + r"\M")
+        clauses.append(f"line ~* {pattern}")
     if query.phrase is not None:
         op = "ILIKE" if query.ignore_case else "LIKE"
         clauses.append(f"line {op} {arg('%' + like_escape(query.phrase) + '%')}")

@@ -346,7 +346,6 @@ class LogStore:
 
     async def page(self, query: LogQuery) -> LogPage:
         """One page of matching lines and the cursor of the next (None: no more)."""
-        await self._check(query)
         sql, args = page_sql(query)
         rows = await self._fetch(sql, args)
         lines = [LogLine(**dict(r)) for r in rows[: query.limit]]
@@ -354,7 +353,6 @@ class LogStore:
         return LogPage(lines, last if len(rows) > query.limit else None, last)
 
     async def count(self, query: LogQuery) -> int:
-        await self._check(query)
         sql, args = count_sql(query)
         return int((await self._fetch(sql, args))[0][0])
 
@@ -432,17 +430,6 @@ class LogStore:
             firsterror.classify(block),
             after[end - 1] if end is not None else None,
         )
-
-    async def _check(self, query: LogQuery) -> None:
-        if query.words is not None:
-            nodes = await self.pool.fetchval("SELECT numnode(log_words_query($1))", query.words)
-            if not nodes:
-                raise InvalidQuery(
-                    "logs.no_words",
-                    f"{query.words!r} has no searchable words",
-                    "search punctuation with phrase or regex",
-                    "words",
-                )
 
     async def _fetch(self, sql: str, args: list[Any]) -> list[asyncpg.Record]:
         try:
