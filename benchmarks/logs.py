@@ -8,8 +8,8 @@ saves, a few errors), 1,000,000 lines (`--quick`: 100,000).
 - ingest: the log consumer's own path, on numbered lines as the deployer
   publishes them (the `LogIngester`'s
   `LogBatchConsumer.pipeline`: decode the topic's JSON records, one multi-row
-  insert per batch of 5,000 while the next batch is decoded, dedupe index,
-  text search and trigram indexes maintained), lines per second. The broker
+  insert per batch of 5,000 while the next batch is decoded, the dedupe,
+  b-tree and trigram indexes maintained), lines per second. The broker
   is left out: it is the same for any consumer.
 - search: the number of matching lines (`LogStore.count`) for a word, an
   exact phrase and a regular expression, beside `grep -c` on the same lines

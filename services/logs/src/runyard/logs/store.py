@@ -34,9 +34,10 @@ from runyard.logs.search import LogQuery, Position, count_sql, page_sql
 DEFAULT_RETENTION_DAYS = 30
 _PARTITION = re.compile(r"^log_lines_p(\d{8})$")
 #: Connections a batch is written on at once (`ingest_parts` in logs.yaml): index
-#: upkeep (the text search and trigram indexes) is most of an insert's time and
-#: runs on one core per connection. `benchmarks/logs.py --quick` on 2 cores:
-#: 15,000 lines/s in one part, 17,700 in two, 19,000 in four.
+#: upkeep (the trigram index above all) is most of an insert's time and runs on
+#: one core per connection. `benchmarks/logs.py --quick` on 2 cores, with the
+#: text search index the store then had: 15,000 lines/s in one part, 17,700 in
+#: two, 19,000 in four; without it, 25,000-29,000 in two, four or eight.
 DEFAULT_PARTS = 4
 #: How far apart in time a numbered line and its repeat may be stored (a deployer
 #: reads a worker's file again after a restart: seconds to hours later).
