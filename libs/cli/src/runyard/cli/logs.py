@@ -81,7 +81,10 @@ def logs(
         str | None,
         typer.Option(help="To this time (30m, 1h, 2d ago, or ISO 8601), its second included."),
     ] = None,
-    grep: Annotated[str | None, typer.Option(help="Lines with all these words.")] = None,
+    grep: Annotated[
+        str | None,
+        typer.Option(help="Lines with all these whole words (as grep -w -i); 32 at most."),
+    ] = None,
     phrase: Annotated[str | None, typer.Option(help="Lines with this exact text.")] = None,
     regex: Annotated[str | None, typer.Option(help="Lines matching this regex.")] = None,
     ignore_case: Annotated[
