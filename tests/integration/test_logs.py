@@ -138,6 +138,7 @@ async def test_words_are_whole_words_as_grep_w_sees_them(logs: LogsApi) -> None:
         (1.0, 0, "stdout", "checkpoint_dir=/out"),
         (2.0, 0, "stdout", "checkpoints saved"),
         (3.0, 1, "stderr", "CHECKPOINT 3 done"),
+        (4.0, 1, "stdout", "un café noir"),
     ]
     await logs.store.ingest(records("words-task", lines))
 
@@ -149,6 +150,9 @@ async def test_words_are_whole_words_as_grep_w_sees_them(logs: LogsApi) -> None:
     assert await found("use_reentrant") == [lines[0][3]]
     assert await found("reentrant") == []  # `_` is part of a word, as for grep -w
     assert await found("3 Checkpoint") == [lines[3][3]]
+    # whichever letters the database's locale counts as letters, a word found in a
+    # line is one for the search as well
+    assert await found("CAFÉ") == [lines[4][3]]
     assert await logs.store.count(LogQuery("words-task", words="checkpoint dir")) == 0
 
 

@@ -12,7 +12,7 @@ The SQL is built here (pure); `LogStore` runs it.
 from __future__ import annotations
 
 import base64
-import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -54,17 +54,13 @@ def check_int32(name: str, value: int | None) -> None:
 
 
 _COLUMNS = "at, id, task_id, run, attempt, worker, stream, seq, line"
-#: A word of `words`: a run of letters, digits and `_`, as grep -w and the
-#: regular expressions' `\m`/`\M` (word start and end) see words.
-_WORD = re.compile(r"\w+")
 #: The most words one search asks for (each is a condition of its own).
 MAX_WORDS = 32
-
-
-def search_words(words: str) -> list[str]:
-    """The words `words` asks for: split at every character that is not a letter,
-    digit or `_`, so `torch.utils.checkpoint:` holds the word `checkpoint`."""
-    return _WORD.findall(words)
+#: The words of a `words` search, split by the database: at every character that
+#: is not a letter, digit or `_` as its regular expressions see them, so that
+#: each word is one for `\m`/`\M` too (which letters are letters depends on the
+#: database's locale: under the C locale, only ASCII ones).
+WORDS_SQL = "SELECT array_remove(regexp_split_to_array($1, '[^[:alnum:]_]+'), '')"
 
 
 @dataclass(frozen=True)
@@ -115,20 +111,6 @@ class LogQuery:
             raise InvalidQuery("logs.time_range", "since is after until", "swap them", "since")
         if self.words is not None and not self.words.strip():
             raise InvalidQuery("logs.empty_search", "words is empty", "leave it out", "words")
-        if self.words is not None and not search_words(self.words):
-            raise InvalidQuery(
-                "logs.no_words",
-                f"{self.words!r} has no searchable words",
-                "search punctuation with phrase or regex",
-                "words",
-            )
-        if self.words is not None and len(search_words(self.words)) > MAX_WORDS:
-            raise InvalidQuery(
-                "logs.too_many_words",
-                f"words holds {len(search_words(self.words))} words; at most {MAX_WORDS}",
-                "search fewer words, or an exact phrase",
-                "words",
-            )
         if self.phrase is not None and not self.phrase:
             raise InvalidQuery("logs.empty_search", "phrase is empty", "leave it out", "phrase")
         if self.regex is not None and not self.regex:
@@ -191,8 +173,27 @@ class Position:
             ) from exc
 
 
-def where(query: LogQuery) -> tuple[str, list[Any]]:
-    """The WHERE clause (without cursor) and its arguments."""
+def check_words(query: LogQuery, words: Sequence[str]) -> None:
+    """Refuse a `words` search whose words (`WORDS_SQL`) are none or too many."""
+    if query.words is not None and not words:
+        raise InvalidQuery(
+            "logs.no_words",
+            f"{query.words!r} has no searchable words",
+            "search punctuation with phrase or regex",
+            "words",
+        )
+    if len(words) > MAX_WORDS:
+        raise InvalidQuery(
+            "logs.too_many_words",
+            f"words holds {len(words)} words; at most {MAX_WORDS}",
+            "search fewer words, or an exact phrase",
+            "words",
+        )
+
+
+def where(query: LogQuery, words: Sequence[str] = ()) -> tuple[str, list[Any]]:
+    """The WHERE clause (without cursor) and its arguments; `words`: those of
+    `query.words`, as `WORDS_SQL` split them."""
     args: list[Any] = [query.task_id]
     clauses = ["task_id = $1"]
 
@@ -216,7 +217,7 @@ def where(query: LogQuery) -> tuple[str, list[Any]]:
     # Each word is a case-insensitive regular expression bounded by word edges
     # (`\mloss\M`): the trigram index finds the candidate lines. A word is only
     # letters, digits and `_`, so nothing in it needs escaping.
-    for word in search_words(query.words or ""):
+    for word in words:
         pattern = arg(r"\m" + word + r"\M")
         clauses.append(f"line ~* {pattern}")
     if query.phrase is not None:
@@ -228,9 +229,9 @@ def where(query: LogQuery) -> tuple[str, list[Any]]:
     return " AND ".join(clauses), args
 
 
-def page_sql(query: LogQuery) -> tuple[str, list[Any]]:
+def page_sql(query: LogQuery, words: Sequence[str] = ()) -> tuple[str, list[Any]]:
     """One page: `limit + 1` rows, so the caller knows whether more follow."""
-    clause, args = where(query)
+    clause, args = where(query, words)
     newest = query.order == "newest"
     if query.cursor:
         position = Position.decode(query.cursor)
@@ -246,8 +247,8 @@ def page_sql(query: LogQuery) -> tuple[str, list[Any]]:
     return sql, args
 
 
-def count_sql(query: LogQuery) -> tuple[str, list[Any]]:
-    clause, args = where(query)
+def count_sql(query: LogQuery, words: Sequence[str] = ()) -> tuple[str, list[Any]]:
+    clause, args = where(query, words)
     return f"SELECT count(*) FROM log_lines WHERE {clause}", args
 
 

@@ -29,7 +29,14 @@ from runyard.contracts.loglines import LogRecord
 from runyard.eventstore import Migration, apply_migrations, load_migrations
 from runyard.logs import firsterror
 from runyard.logs.errors import InvalidQuery
-from runyard.logs.search import LogQuery, Position, count_sql, page_sql
+from runyard.logs.search import (
+    WORDS_SQL,
+    LogQuery,
+    Position,
+    check_words,
+    count_sql,
+    page_sql,
+)
 
 DEFAULT_RETENTION_DAYS = 30
 _PARTITION = re.compile(r"^log_lines_p(\d{8})$")
@@ -347,14 +354,14 @@ class LogStore:
 
     async def page(self, query: LogQuery) -> LogPage:
         """One page of matching lines and the cursor of the next (None: no more)."""
-        sql, args = page_sql(query)
+        sql, args = page_sql(query, await self._words(query))
         rows = await self._fetch(sql, args)
         lines = [LogLine(**dict(r)) for r in rows[: query.limit]]
         last = lines[-1].position.encode() if lines else query.cursor
         return LogPage(lines, last if len(rows) > query.limit else None, last)
 
     async def count(self, query: LogQuery) -> int:
-        sql, args = count_sql(query)
+        sql, args = count_sql(query, await self._words(query))
         return int((await self._fetch(sql, args))[0][0])
 
     async def scan(self, query: LogQuery, batch: int = 1000) -> AsyncIterator[list[LogLine]]:
@@ -431,6 +438,14 @@ class LogStore:
             firsterror.classify(block),
             after[end - 1] if end is not None else None,
         )
+
+    async def _words(self, query: LogQuery) -> list[str]:
+        """The words of `query.words` as the database splits them (`WORDS_SQL`)."""
+        if query.words is None:
+            return []
+        words = list(await self.pool.fetchval(WORDS_SQL, query.words))
+        check_words(query, words)
+        return words
 
     async def _fetch(self, sql: str, args: list[Any]) -> list[asyncpg.Record]:
         try:
