@@ -490,3 +490,9 @@ async def test_cli_writes_the_bundle(
     assert refused.exit_code == 1
     assert "task_not_found" in refused.stderr
     assert not (tmp_path / "c").exists() and not (tmp_path / "c.part").exists()
+
+    missing = tmp_path / "no-such-folder" / "b.zip"
+    bad = await cli(served, api.tokens["alice"], "bundle", task_id, "-o", str(missing))
+    assert bad.exit_code == 2, bad.output
+    assert f"error: cannot write {missing}: " in bad.stderr
+    assert "gathering the bundle" not in bad.stderr  # refused before the gateway is asked

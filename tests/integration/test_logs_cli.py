@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import httpx
 import pytest
 from runyard.api.auth import create_token
 from runyard.gateway.app import Gateway
@@ -134,6 +135,25 @@ async def test_export_downloads_the_file(served: Served, tmp_path: Path) -> None
     assert done.exit_code == 0, done.output
     rows = (await asyncio.to_thread(target.read_text)).splitlines()
     assert [r.split(" | ", 1)[1] for r in rows] == [t for w, _, t in LINES if w == 1]
+
+
+async def test_an_export_to_a_file_that_cannot_be_written_is_refused_first(
+    served: Served, tmp_path: Path
+) -> None:
+    (tmp_path / "taken").mkdir()
+    for target, why in (
+        (tmp_path / "no-such-folder" / "out.txt", "no-such-folder does not exist"),
+        (tmp_path / "taken", "it is a folder"),
+    ):
+        done = await cli(served.url, served.token, "logs", served.task_id, "--export", str(target))
+        assert done.exit_code == 2, done.output
+        assert f"error: cannot write {target}: " in done.stderr and why in done.stderr
+        assert "hint: give a file in a folder you can write" in done.stderr
+        assert "Traceback" not in done.output
+    async with httpx.AsyncClient(base_url=served.url) as http:
+        started = await http.get("/v1/exports", headers={"Authorization": f"Bearer {served.token}"})
+    assert started.status_code == 200 and started.json() == []  # nothing was asked of it
+    assert list(tmp_path.glob("**/*.part")) == []
 
 
 async def test_follow_prints_new_lines_until_the_task_ends(served: Served) -> None:

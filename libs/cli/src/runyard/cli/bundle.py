@@ -5,10 +5,11 @@
     runyard bundle ID --json           prints {"path", "bytes"} when done
 
 The gateway gathers the bundle (docs/support-bundle.md) and refuses one that
-would be too large or would hold a secret: then no file is written. The
-download goes to `FILE.part` first and takes the file's name only when it is
-whole, so a cut connection never leaves a bundle that looks complete.
-Progress goes to stderr.
+would be too large or would hold a secret: then no file is written. A FILE that
+cannot be written is refused before the gateway is asked. The download goes to
+`FILE.part` first and takes the file's name only when it is whole
+(`runyard.cli.files`), so a cut connection never leaves a bundle that looks
+complete. Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Annotated
 
 import httpx
 import typer
+from runyard.cli.files import check_target, save
 from runyard.cli.main import (
     EXIT_UNREACHABLE,
     JsonOpt,
@@ -34,8 +36,6 @@ from runyard.client import GatewayUnreachable
 
 #: Gathering a bundle of a long task takes time before the first byte comes.
 READ_TIMEOUT_S = 300.0
-#: How often the download reports progress.
-PROGRESS_BYTES = 8 * 1024 * 1024
 
 
 def default_target(task_id: str) -> Path:
@@ -45,40 +45,16 @@ def default_target(task_id: str) -> Path:
 
 def download(url: str | None, token: str | None, task_id: str, target: Path) -> int:
     """Stream the bundle into `target` (through `target.part`); its size in bytes."""
-    partial = target.with_name(target.name + ".part")
     timeout = httpx.Timeout(30.0, read=READ_TIMEOUT_S)
     with gateway(url, token) as api:
         try:
             path = f"/v1/tasks/{task_id}/bundle"
             with api.stream("GET", path, http_timeout=timeout) as answer:
-                size = _save(answer, partial)
-        except GatewayUnreachable as exc:
-            partial.unlink(missing_ok=True)
+                return save(answer, target)
+        except GatewayUnreachable as exc:  # a body cut short too (`save`)
             err.print(f"[red]error:[/red] the bundle did not arrive whole: {markup(exc.message)}")
             err.print("hint: check that the gateway runs (`runyard up`, --url), then try again")
             raise typer.Exit(EXIT_UNREACHABLE) from exc
-    partial.replace(target)
-    return size
-
-
-def _save(answer: httpx.Response, partial: Path) -> int:
-    expected = int(answer.headers.get("content-length") or 0)
-    done, reported = 0, 0
-    try:
-        with partial.open("wb") as sink:
-            for chunk in answer.iter_bytes():
-                sink.write(chunk)
-                done += len(chunk)
-                if done - reported >= PROGRESS_BYTES:
-                    reported = done
-                    err.print(f"received {done // 1024} KiB of {expected // 1024} KiB")
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-    if expected and done != expected:
-        partial.unlink(missing_ok=True)
-        raise httpx.ReadError(f"got {done} of {expected} bytes")
-    return done
 
 
 @app.command("bundle")
@@ -94,6 +70,7 @@ def bundle(
 ) -> None:
     """A task's support bundle: summary, spec, events, FT log, log tails, in one zip."""
     target = output or default_target(task_id)
+    check_target(target)
     err.print(f"gathering the bundle of task {markup(task_id)}...")
     size = download(url, token, task_id, target)
     if as_json:

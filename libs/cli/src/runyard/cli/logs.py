@@ -27,8 +27,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from runyard.cli.files import check_target, save
 from runyard.cli.main import (
     ENDED,
+    EXIT_UNREACHABLE,
     JsonOpt,
     TokenOpt,
     UrlOpt,
@@ -42,6 +44,7 @@ from runyard.cli.main import (
 )
 from runyard.cli.terminal import clean, clean_output, markup
 from runyard.cli.when import parse_when
+from runyard.client import GatewayUnreachable
 
 POLL_S = 1.0
 
@@ -202,7 +205,9 @@ def run_export(
     token: str | None,
     as_json: bool,
 ) -> None:
-    """Start an export, show its progress, download the file to `target`."""
+    """Start an export, show its progress, download the file to `target` (looked at
+    first: one that cannot be written costs no export)."""
+    check_target(target)
     started = call(
         url, token, "POST", f"/v1/tasks/{task_id}/logs/exports", params=params, json={"format": fmt}
     )
@@ -220,13 +225,14 @@ def run_export(
             f" {markup(state['error'])}"
         )
         raise typer.Exit(1)
-    with (
-        gateway(url, token) as api,
-        api.stream("GET", f"/v1/exports/{export_id}/file") as answer,
-        target.open("wb") as sink,
-    ):
-        for chunk in answer.iter_bytes():
-            sink.write(chunk)
+    with gateway(url, token) as api:
+        try:
+            with api.stream("GET", f"/v1/exports/{export_id}/file") as answer:
+                save(answer, target)
+        except GatewayUnreachable as exc:  # a body cut short too (`save`)
+            err.print(f"[red]error:[/red] the export did not arrive whole: {markup(exc.message)}")
+            err.print(f"hint: download it again: GET /v1/exports/{markup(export_id)}/file")
+            raise typer.Exit(EXIT_UNREACHABLE) from exc
     if as_json:
         return show_json(state)
     out.print(f"exported {markup(state['lines_done'])} lines to {markup(target)}")
