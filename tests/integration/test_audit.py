@@ -204,12 +204,22 @@ async def test_tenant_roles_are_refused_with_a_hint(gateway: object, role: str) 
         ({"cursor": "bm90LWEtY3Vyc29y"}, "cursor.invalid"),
         ({"node": "x" * 1025}, "request.invalid"),
         ({"category": "nothing"}, "audit.unknown_category"),
+        ({"type": "TaskSucceded"}, "audit.unknown_type"),
+        ({"type": "TaskPlaced,Nope"}, "audit.unknown_type"),
     ],
 )
 async def test_bad_queries_are_400s(gateway: object, params: dict[str, object], code: str) -> None:
     answer = await _get(gateway, "sre", **params)  # type: ignore[arg-type]
     assert answer.status_code == 400, answer.text
     assert answer.json()["code"] == code
+
+
+async def test_an_unknown_type_names_the_nearest_known_one(gateway: object) -> None:
+    answer = await _get(gateway, "sre", type="tasksucceded")  # type: ignore[arg-type]
+    assert answer.status_code == 400
+    body = answer.json()
+    assert body["field"] == "type" and "'tasksucceded'" in body["message"]
+    assert body["hint"] == "did you mean TaskSucceeded?"
 
 
 async def test_cli_prints_whole_lines_on_a_pipe_and_follows_pages(

@@ -62,7 +62,7 @@ def save(answer: httpx.Response, target: Path) -> int:
     except OSError as exc:  # the disk full, the folder removed meanwhile
         partial.unlink(missing_ok=True)
         err.print(f"[red]error:[/red] cannot write {markup(target)}: {markup(exc.strerror or exc)}")
-        err.print("hint: free some space or give another file, then try again")
+        err.print("hint: give a file in a folder you can write, with room for it")
         raise typer.Exit(EXIT_BAD_TARGET) from exc
     except BaseException:
         partial.unlink(missing_ok=True)

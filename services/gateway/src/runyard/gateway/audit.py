@@ -7,6 +7,7 @@ oldest event first, with the cursor of the next. Payloads are masked as for
 anyone but a task's creator (docs/api.md, "Audit").
 """
 
+import difflib
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -81,12 +82,31 @@ def category_types(category: str) -> list[str]:
     return types
 
 
+def check_types(types: list[str]) -> None:
+    """400 `audit.unknown_type` for a type no event has (every type in the log is one
+    the event catalogue knows: an unknown one cannot be read back either), naming
+    the nearest known type; a typo would otherwise answer an empty page."""
+    models = default_mapper().models
+    for name in types:
+        if name in models:
+            continue
+        by_lower = {known.lower(): known for known in models}
+        near = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
+        hint = (
+            f"did you mean {by_lower[near[0]]}?"
+            if near
+            else "see the event catalogue (docs/events.md) for the event types"
+        )
+        raise BadRequest("audit.unknown_type", f"no event type {name!r}", hint, "type")
+
+
 def audit_filter(params: dict[str, Any]) -> AuditFilter:
     """Checked filters from the query parameters. A category is its event types
     (the types index serves it); with `type` too, the types of both."""
     types: list[str] = []
     for text in params.pop("type") or []:
         types += [t for t in text.split(",") if t]
+    check_types(types)
     if (category := params.pop("category")) is not None:
         of_category = category_types(category)
         types = [t for t in types if t in of_category] if types else of_category
