@@ -178,3 +178,7 @@ async def test_cli_group_ls_without_id_and_group_rerun(served: tuple[str, str]) 
     assert {t["run"] for t in tasks} == {2}
     one = await cli(url, token, "group", "ls", group_id)
     assert one.exit_code == 0 and "new" in one.stdout
+    shown = await cli(url, token, "group", "show", group_id)
+    assert shown.exit_code == 0 and shown.stdout == one.stdout
+    missing = await cli(url, token, "group", "show", "no-such-group")
+    assert missing.exit_code == 1 and "hint:" in missing.stderr

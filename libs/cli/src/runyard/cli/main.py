@@ -647,6 +647,15 @@ def group_ls(
 group_app.command("list", hidden=True)(group_ls)  # as `admin tokens list`
 
 
+@group_app.command("show")
+def group_show(
+    group_id: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
+) -> None:
+    """One group's tasks with their statuses (as `group ls ID`; `runyard show` is for a task)."""
+    with gateway(url, token) as api:
+        print_group(as_json_data(api.get_group(group_id)), as_json)
+
+
 @group_app.command("stop")
 def group_stop(
     group_id: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
