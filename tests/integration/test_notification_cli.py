@@ -62,6 +62,7 @@ async def test_add_list_remove_a_subscription(served: tuple[str, str]) -> None:
     assert removed.exit_code == 0 and f"deleted {sub['id']}" in removed.output
     again = await cli(url, token, "alerts", "rm", sub["id"])
     assert again.exit_code == 1 and "alerts.subscription_not_found" in again.output
+    assert "hint: list them: runyard alerts ls" in again.output
 
 
 async def test_alerts_may_be_a_comma_list(served: tuple[str, str]) -> None:

@@ -65,7 +65,7 @@ class SubscriptionNotFound(SubscriptionError):
     def __init__(self, sub_id: str) -> None:
         super().__init__(
             f"alert subscription {sub_id!r} does not exist",
-            hint="list them: GET /v1/alert-subscriptions",
+            hint="list them: runyard alerts ls (GET /v1/alert-subscriptions)",
         )
         self.sub_id = sub_id
 
