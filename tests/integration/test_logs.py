@@ -22,6 +22,7 @@ from runyard.gateway.http import create_app
 from runyard.logs import LogIngester, LogQuery, LogStore
 from runyard.logs.exports import KEEP
 from runyard.logs.http import LogApi
+from runyard.logs.search import WORDS_SQL
 from runyard.messaging import KafkaSettings
 
 from tests.integration.test_gateway import BASE, config_dir
@@ -154,6 +155,33 @@ async def test_words_are_whole_words_as_grep_w_sees_them(logs: LogsApi) -> None:
     # line is one for the search as well
     assert await found("CAFÉ") == [lines[4][3]]
     assert await logs.store.count(LogQuery("words-task", words="checkpoint dir")) == 0
+
+
+async def test_the_words_of_a_search_are_split_once_for_all_its_pages(
+    logs: LogsApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    splits: list[str] = []
+
+    class Counted:  # the store's pool, counting the word splits it is asked for
+        def __init__(self, pool: asyncpg.Pool) -> None:
+            self.pool = pool
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.pool, name)
+
+        async def fetchval(self, sql: str, *args: Any) -> Any:
+            if sql == WORDS_SQL:
+                splits.append(args[0])
+            return await self.pool.fetchval(sql, *args)
+
+    monkeypatch.setattr(logs.store, "pool", Counted(logs.store.pool))
+    pages = [page async for page in logs.store.scan(LogQuery(logs.task_id, words="loss"), 1)]
+    assert [ln.line for page in pages for ln in page] == [line_text(i) for i in (2, 3, 6, 9)]
+    assert splits == ["loss"]
+    long_words = "loss " + "x" * 2000  # longer than kept: split for every page
+    assert await logs.store.count(LogQuery(logs.task_id, words=long_words)) == 0
+    assert await logs.store.count(LogQuery(logs.task_id, words=long_words)) == 0
+    assert splits == ["loss", long_words, long_words]
 
 
 async def test_too_many_words_are_a_400(logs: LogsApi) -> None:

@@ -46,6 +46,9 @@ _PARTITION = re.compile(r"^log_lines_p(\d{8})$")
 #: text search index the store then had: 15,000 lines/s in one part, 17,700 in
 #: two, 19,000 in four; without it, 25,000-29,000 in two, four or eight.
 DEFAULT_PARTS = 4
+#: How many searches' words `LogStore` keeps split, and the longest `words` kept
+#: (a longer one is split again for every page): at most about 0.5 MiB.
+KEPT_WORD_SPLITS, KEPT_WORDS_CHARS = 256, 1024
 #: How far apart in time a numbered line and its repeat may be stored (a deployer
 #: reads a worker's file again after a restart: seconds to hours later).
 REPEAT_WINDOW = timedelta(days=2)
@@ -225,6 +228,8 @@ class LogStore:
         #: Connections a batch is written on at once (see `ingest`).
         self.parts = max(1, parts)
         self._days: set[date] = set()
+        #: `words` of recent searches -> their words (`_words`).
+        self._word_splits: dict[str, list[str]] = {}
 
     async def migrate(self) -> None:
         async with self.pool.acquire() as conn:
@@ -440,10 +445,19 @@ class LogStore:
         )
 
     async def _words(self, query: LogQuery) -> list[str]:
-        """The words of `query.words` as the database splits them (`WORDS_SQL`)."""
+        """The words of `query.words` as the database splits them (`WORDS_SQL`); kept
+        for the last `KEPT_WORD_SPLITS` searches, since a follow, an export or a
+        reader paging asks again for every page (the split depends only on the
+        database's locale)."""
         if query.words is None:
             return []
-        words = list(await self.pool.fetchval(WORDS_SQL, query.words))
+        words = self._word_splits.get(query.words)
+        if words is None:
+            words = list(await self.pool.fetchval(WORDS_SQL, query.words))
+            if len(query.words) <= KEPT_WORDS_CHARS:
+                if len(self._word_splits) >= KEPT_WORD_SPLITS:
+                    del self._word_splits[next(iter(self._word_splits))]  # the oldest
+                self._word_splits[query.words] = words
         check_words(query, words)
         return words
 
