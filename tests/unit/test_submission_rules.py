@@ -677,6 +677,14 @@ def test_alert_webhook_must_be_a_url() -> None:
     refusal(SpecError, lambda: check(spec), "alert.invalid_webhook", "alerts[0].webhook_url")
 
 
+@pytest.mark.parametrize("url", ["https://[::1", "https://[open.feishu.cn]/x", "http://]"])
+def test_a_webhook_url_python_cannot_parse_is_refused_not_a_server_error(url: str) -> None:
+    spec = make_spec(alerts=({"webhook_url": "https://open.feishu.cn/x"}, {"webhook_url": url}))
+    field = "alerts[1].webhook_url"
+    error = refusal(SpecError, lambda: check(spec), "alert.invalid_webhook", field)
+    assert "is not a webhook URL" in str(error.message), error.message
+
+
 # -- rerun with changes, clone -----------------------------------------------------------
 
 

@@ -292,12 +292,17 @@ def _re2_options() -> re2.Options:
 
 
 def _check_webhook(url: str, field: str, webhooks: WebhookRule | None) -> None:
-    parts = urlparse(url)
-    if parts.scheme not in ("https", "http") or not parts.netloc:
+    try:
+        parts = urlparse(url)
+    except ValueError as exc:  # e.g. `https://[::1`: an IPv6 host left open
+        parts, problem = None, f": {exc}"
+    else:
+        problem = ""
+    if parts is None or parts.scheme not in ("https", "http") or not parts.netloc:
         raise SpecError(
             ErrorCode.ALERT_INVALID_WEBHOOK,
             field,
-            f"`{url}` is not a webhook URL",
+            f"`{url}` is not a webhook URL{problem}",
             "paste the Feishu custom bot webhook, "
             "e.g. https://open.feishu.cn/open-apis/bot/v2/hook/...",
         )
