@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -543,3 +544,46 @@ def _stop(task_id: str, state: Any) -> list[Event]:
     from datetime import UTC, datetime
 
     return decide(state, RequestStop(task_id), now=datetime.now(UTC), ids=lambda: "x")
+
+
+@pytest.mark.parametrize("folder", ["world-writable", "worker-owned"])
+async def test_a_mount_path_through_a_folder_a_worker_can_change_is_refused(
+    h: Harness, folder: str
+) -> None:
+    """A worker links a path it may write to (a world-writable /data on a shared host,
+    its own scratch) elsewhere, and a task of its mounts a volume there: the root wrapper
+    would bind the volume at the link's target (over /usr/bin, whose `mount` it runs next
+    as root). The deployer refuses the mount path before any worker runs."""
+    if not h.runtime.namespaces or h.runtime.worker_ids is None:
+        pytest.skip("sandboxed workers need a root deployer with util-linux")
+    uid, gid, _ = h.runtime.worker_ids
+    base = Path("/mnt") / f"runyard-test-{os.urandom(4).hex()}"
+    victim, changeable = base / "victim", base / "open"
+    victim.mkdir(parents=True)
+    (victim / "original").write_text("host file\n")
+    changeable.mkdir()
+    if folder == "world-writable":
+        changeable.chmod(0o1777)
+    else:
+        os.chown(changeable, uid, gid)
+    link = changeable / "link"
+    link.symlink_to(victim)
+    os.lchown(link, uid, gid)  # as the worker would have made it
+    (h.runtime.config.volumes_root / "fs" / "out").mkdir(parents=True)
+    (h.runtime.config.volumes_root / "fs" / "out" / "planted").write_text("volume file\n")
+    spec = make_spec(
+        f"ls {victim}",
+        mounts=({"file_system": "fs", "volume": "out", "mount_path": str(link)},),
+    )
+    try:
+        await h.launch("linked", spec)
+        events = [e.event for e in await h.events("linked")]
+        failed = [e for e in events if isinstance(e, DeployStageFailed)]
+        assert [f.stage for f in failed] == ["storage_mount"], h.output("linked")
+        assert str(link) in failed[0].reason and str(changeable) in failed[0].reason
+        assert "only root" in failed[0].reason
+        assert (await h.state("linked")).status == "failed"
+        assert "WorkerStarted" not in await h.types("linked")
+        assert h.output("linked") == []
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

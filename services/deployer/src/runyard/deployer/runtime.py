@@ -411,6 +411,63 @@ def _untraversable(path: Path) -> Path | None:
     return None
 
 
+#: Links followed while a mount path is looked at (the kernel's own limit).
+_MAX_LINKS = 40
+
+
+def _changeable_folder(mount_path: str) -> str | None:
+    """Why someone other than root could redirect `mount_path`, or None when nobody can.
+
+    The sandbox's wrapper binds a volume at its mount path as root, and the kernel
+    follows every link on the way. A link a worker made (in a folder it may write to: a
+    world-writable /data, its own scratch, a volume) would send the bind anywhere, e.g.
+    over /usr/bin, whose programs the wrapper runs as root next. So the path is walked
+    as the kernel would walk it (links followed), and every folder looked into must be
+    changeable by root alone: owned by root, writable by no other user and no group but
+    root's. Past the first missing entry nothing is looked at: `mount` creates the rest
+    as root, in a folder only root can change.
+    """
+    current = Path("/")
+    pending = list(Path(mount_path).parts[1:])
+    links = 0
+    while pending:
+        name = pending.pop(0)
+        if name in ("", "."):
+            continue
+        if name == "..":
+            current = current.parent
+            continue
+        try:
+            folder = os.lstat(current)
+        except OSError:
+            return None  # gone meanwhile: mount fails with its own error
+        if (
+            folder.st_uid != 0
+            or folder.st_mode & stat.S_IWOTH
+            or (folder.st_mode & stat.S_IWGRP and folder.st_gid != 0)
+        ):
+            mode = stat.S_IMODE(folder.st_mode)
+            return f"{current} (owner uid {folder.st_uid}, group {folder.st_gid}, mode {mode:o})"
+        entry = current / name
+        try:
+            found = os.lstat(entry)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return None  # not a folder on the way: mount fails with its own error
+        if stat.S_ISLNK(found.st_mode):
+            links += 1
+            if links > _MAX_LINKS:
+                return f"{entry} (more than {_MAX_LINKS} links on the way)"
+            target = Path(os.readlink(entry))
+            if target.is_absolute():
+                current = Path("/")
+            pending = [*target.parts[1 if target.is_absolute() else 0 :], *pending]
+            continue
+        current = entry
+    return None
+
+
 def _covered(path: Path, covers: list[Path]) -> bool:
     """Whether `path` lies in one of `covers` (and so is hidden once they are covered)."""
     resolved = path.resolve()
@@ -705,6 +762,15 @@ class LocalRuntime:
         deployment = local.deployment
         mounts = []
         for mount in deployment.spec.mounts:
+            unsafe = _changeable_folder(mount.mount_path) if self.namespaces else None
+            if unsafe is not None:
+                raise StageFailed(
+                    f"mount path {mount.mount_path} cannot be used: it leads through {unsafe},"
+                    " which users other than root can change, so a worker could turn the path"
+                    " into a link to a system folder before the volume is bound there; mount"
+                    " the volume at a path whose folders only root can change (e.g."
+                    f" /mnt/{mount.volume})"
+                )
             host = self.config.volumes_root / mount.file_system / mount.volume
             try:
                 created = not host.exists()
