@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -22,7 +23,7 @@ from typing import Any
 
 import pytest
 from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent, default_mapper
-from runyard.contracts.spec import AlertSubscription, TaskSpec
+from runyard.contracts.spec import AlertSubscription, EnvVar, TaskSpec
 from runyard.contracts.task_events import AlertDelivered, AlertFailed
 from runyard.contracts.webhooks import WebhookPolicy
 from runyard.domain import Command, Fail, MarkAbnormal, Queue, Submit, decide, fold
@@ -593,6 +594,43 @@ async def test_a_failed_tasks_card_shows_the_first_error_its_worker_and_layer(
         assert "first error (worker 1, attempt 1): Traceback (most recent call last): … " in words
         assert "KeyError: 'input_ids'" in words
         assert "likely layer: training_code (rule training.data)" in words
+
+
+async def test_a_secret_the_worker_printed_never_reaches_a_card(dsn: str, tmp_path: Path) -> None:
+    """A creator-only variable's value that a worker printed in its first error (or that
+    a reason quotes) is `[redacted]` on the card and the text, and in the outbox."""
+    password = "pg-pass-7f3a9c21"
+    inline = "inline-token-55d0e2"
+    async with harness(dsn) as h, log_service(dsn, tmp_path, h.endpoints):
+        sub = await signed_task_subscription(h, "failed")
+        await h.tenant_subscription(h.fake.url("bot-plain"), "failed", text_only=True)
+        await tables.put_secret(h.store.pool, "t1", "db-pass", password)
+        env = (
+            EnvVar(name="DB_PASSWORD", creator_only=True, secret_ref="db-pass"),
+            EnvVar(name="HUB_TOKEN", creator_only=True, value=inline),
+        )
+        await h.submit("se-1", spec("secretive", sub).model_copy(update={"env": env}))
+        await write_logs(
+            h,
+            "se-1",
+            [
+                (0, f"HUB_TOKEN={inline} ok"),
+                (0, f"Error: could not connect to postgres://app:{password}@db:5432/train"),
+            ],
+        )
+        await h.command("se-1", Fail("se-1", f"worker 0 exited (dsn app:{password}@db)"))
+        await h.run_until(lambda: _count_delivered(h, "se-1", 2))
+
+        [card] = h.fake.accepted("bot-signed")
+        [text] = h.fake.accepted("bot-plain")
+        for message in (card, text):
+            assert message.body is not None
+            raw = json.dumps(message.body)
+            assert password not in raw and inline not in raw
+            assert "postgres://app:[redacted]@db:5432/train" in raw  # the line, redacted
+            assert "(dsn app:[redacted]@db)" in raw  # the reason too
+        rows = await h.store.pool.fetch("SELECT facts::text AS f FROM alert_outbox")
+        assert rows and all(password not in r["f"] for r in rows)
 
 
 async def test_a_failed_task_without_logs_still_alerts_without_a_first_error(

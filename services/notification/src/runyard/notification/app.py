@@ -65,6 +65,7 @@ from runyard.eventstore import ConcurrencyError, PostgresEventStore
 from runyard.notification import feishu, firsterror, store
 from runyard.notification.feishu import MAX_BODY_BYTES, AlertFacts, FirstErrorFact, Outcome
 from runyard.notification.ratelimit import BotLimiter, Limits
+from runyard.notification.redaction import NOTHING, Redactor, task_redactor
 from runyard.notification.rules import (
     ALERT_EVENTS,
     FIRST_ERROR_KINDS,
@@ -224,6 +225,7 @@ class NotificationApp:
         await self._track_queue(db, state, cause)
         if kind is not None:
             facts = self._facts(state, kind, reason(payload, state))
+            facts = (await task_redactor(db, state.tenant, state.spec)).facts(facts)
             label = f"{kind}: {payload.type_name()} of run {state.run}"
             await self._raise(db, state, facts, label, str(event.event_id), cause)
 
@@ -443,8 +445,19 @@ class NotificationApp:
         key = (task_id, run)
         if key not in self._first_errors:
             found = None if self.logs is None else await self.logs.lookup(task_id, run)
+            if found is not None:  # a worker may have printed a secret of the task
+                found = (await self._redactor(task_id)).first_error(found)
             self._first_errors[key] = found
         return self._first_errors[key]
+
+    async def _redactor(self, task_id: str) -> Redactor:
+        """The task's secrets, to be kept out of what its cards quote (its spec's
+        creator-only variables and signing secrets: a rerun changes neither)."""
+        first = await self.store.read_stream(f"task-{task_id}", 1, limit=1)
+        if not first:
+            return NOTHING
+        state = fold(first, task_id=task_id)
+        return await task_redactor(self.db, state.tenant, state.spec)
 
     async def _attempt(
         self, bot: str, message: dict[str, Any], members: list[PendingAlert]
