@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from runyard.gateway.grpc_gen import tasks_pb2 as pb
 
 from tests.integration.test_gateway import BASE
 from tests.security.test_auth import World, _submit
@@ -93,3 +94,50 @@ async def _mint_member(world: World, user: str) -> str:
     from runyard.api.auth import create_token
 
     return await create_token(world.gateway.db, "ta", user, "member")
+
+
+HOOK_TOKEN = "b0t-t0ken_of-alice"
+HOOK = f"https://open.feishu.cn/open-apis/bot/v2/hook/{HOOK_TOKEN}"
+
+
+async def test_an_alert_webhooks_token_reaches_only_the_tasks_creator(world: World) -> None:
+    """A Feishu bot's URL is its credential: the audit, bundles and subscriptions mask it,
+    and so do a task's detail and events for everyone but its creator; a clone by
+    another user does not copy it."""
+    alerts = [{"webhook_url": HOOK, "alerts": ["failed"]}]
+    task_id = await _submit(world, "ta_alice", alerts=alerts)
+    world.tokens["ta_mallory"] = await _mint_member(world, "mallory")
+    for who in ("ta_mallory", "ta_admin", "root", "sre"):
+        for tail in ("", "/events"):
+            seen = await world.call(who, "GET", f"/v1/tasks/{task_id}{tail}")
+            assert seen.status_code == 200, (who, tail, seen.text)
+            assert HOOK_TOKEN not in seen.text, (who, tail)
+            assert "https://open.feishu.cn/******" in seen.text, (who, tail)
+        reply = await world.stub.GetTask(
+            pb.GetTaskRequest(task_id=task_id),
+            metadata=(("authorization", f"Bearer {world.tokens[who]}"),),
+        )
+        assert HOOK_TOKEN not in str(reply), who
+    mine = (await world.call("ta_alice", "GET", f"/v1/tasks/{task_id}")).json()
+    assert mine["spec"]["alerts"][0]["webhook_url"] == HOOK
+    events = await world.call("ta_alice", "GET", f"/v1/tasks/{task_id}/events")
+    assert HOOK in events.text
+
+    before = await world.gateway.db.fetchval("SELECT count(*) FROM events")
+    refused = await world.call("ta_mallory", "POST", f"/v1/tasks/{task_id}/clone", json={})
+    assert refused.status_code == 400, refused.text
+    body = refused.json()
+    assert (body["code"], body["field"]) == ("alert.invalid_webhook", "alerts[0].webhook_url")
+    assert HOOK_TOKEN not in refused.text and "alerts: []" in body["hint"], body
+    # The masked spec another member was shown, sent back as a new task: refused alike.
+    shown = (await world.call("ta_mallory", "GET", f"/v1/tasks/{task_id}")).json()["spec"]
+    resent = await world.call("ta_mallory", "POST", "/v1/tasks", json=shown)
+    assert (resent.status_code, resent.json()["code"]) == (400, "alert.invalid_webhook")
+    assert await world.gateway.db.fetchval("SELECT count(*) FROM events") == before
+
+    own = await world.call("ta_mallory", "POST", f"/v1/tasks/{task_id}/clone", json={"alerts": []})
+    assert own.status_code == 201 and HOOK_TOKEN not in own.text, own.text
+    # Her own clone keeps her webhook.
+    again = await world.call("ta_alice", "POST", f"/v1/tasks/{task_id}/clone", json={})
+    assert again.status_code == 201, again.text
+    assert again.json()["spec"]["alerts"][0]["webhook_url"] == HOOK

@@ -14,6 +14,7 @@ which is itself well under the broker's message size.
 from __future__ import annotations
 
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -175,14 +176,44 @@ def split_custom_gpus(n: int) -> tuple[int, ...]:
 
 
 def mask_spec(spec: TaskSpec, viewer_is_creator: bool) -> TaskSpec:
-    """The spec as `viewer` may see it: creator-only values shown as `******` to others.
+    """The spec as `viewer` may see it: creator-only values shown as `******` to others,
+    and alert webhooks with only their scheme and host (the rest of a Feishu bot's URL is
+    the token that lets anyone post to its chat).
 
     Every API answer that carries a spec goes through this, whichever service
     answers it, so the masking lives beside the spec and not in a service.
     """
-    if viewer_is_creator or not any(v.creator_only for v in spec.env):
+    if viewer_is_creator:
         return spec
-    return spec.model_copy(update={"env": mask_env(spec.env)})
+    updates: dict[str, object] = {}
+    if any(v.creator_only for v in spec.env):
+        updates["env"] = mask_env(spec.env)
+    if spec.alerts:
+        updates["alerts"] = mask_alerts(spec.alerts)
+    return spec.model_copy(update=updates) if updates else spec
+
+
+def mask_alerts(alerts: tuple[AlertSubscription, ...]) -> tuple[AlertSubscription, ...]:
+    """Alert subscriptions with their webhook masked and no secret reference."""
+    return tuple(
+        a.model_copy(update={"webhook_url": mask_webhook(a.webhook_url), "secret_ref": None})
+        for a in alerts
+    )
+
+
+def mask_webhook(url: str) -> str:
+    """A webhook URL as others see it: `https://open.feishu.cn/******`."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:
+        return MASK
+    return f"{parts.scheme}://{host}/{MASK}" if host else MASK
+
+
+def is_masked_webhook(url: str) -> bool:
+    """`url` is a masked webhook (`mask_webhook`), not one that can be called."""
+    return url == MASK or url.endswith(f"/{MASK}")
 
 
 def mask_env(env: tuple[EnvVar, ...]) -> tuple[EnvVar, ...]:

@@ -1,8 +1,8 @@
 """How tasks and events look in API answers: plain JSON-able dicts.
 
-Every spec goes through `mask_spec` here, so a creator-only value reaches
-only its creator (R-12). The creator sees values resolved from the secret
-store; everyone else sees `******`.
+Every spec goes through `mask_spec` here, so a creator-only value, and an
+alert webhook's token, reaches only its creator (R-12). The creator sees values
+resolved from the secret store; everyone else sees `******`.
 """
 
 from __future__ import annotations
@@ -125,11 +125,15 @@ def event_view(recorded: RecordedEvent[Event], is_creator: bool) -> dict[str, An
 
     Events never hold creator-only values, only references to them, and a
     reference is shown to nobody (`is_creator` included): it is the platform's.
+    Alert webhooks are shown whole to the task's creator only, as in `spec_view`.
     """
     data = recorded.event.model_dump(mode="json")
     spec = getattr(recorded.event, "spec", None)
     if isinstance(spec, TaskSpec):
-        data["spec"] = mask_spec(spec, viewer_is_creator=False).model_dump(mode="json")
+        shown = mask_spec(spec, viewer_is_creator=False)
+        if is_creator:
+            shown = shown.model_copy(update={"alerts": spec.alerts})
+        data["spec"] = shown.model_dump(mode="json")
     meta = recorded.metadata
     return {
         "position": recorded.global_position,

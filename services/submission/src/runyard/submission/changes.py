@@ -18,6 +18,7 @@ from runyard.contracts.spec import (
     MAX_GROUP_SIZE,
     EnvVar,
     TaskSpec,
+    mask_alerts,
     mask_env,
 )
 from runyard.domain import RERUN_CHANGEABLE
@@ -221,11 +222,13 @@ def _env_override(value: Any) -> Any:
 
 
 def _without_creator_only_values(spec: TaskSpec) -> TaskSpec:
+    """`spec` as another user clones it: no creator-only value, and the alerts' webhooks
+    masked (their tokens are the creator's), so that the rules ask for new ones."""
     env = tuple(
         v.model_copy(update={"value": None, "secret_ref": None}) if v.creator_only else v
         for v in spec.env
     )
-    return spec.model_copy(update={"env": env})
+    return spec.model_copy(update={"env": env, "alerts": mask_alerts(spec.alerts)})
 
 
 def _unmask(env: Any, source: tuple[EnvVar, ...]) -> Any:

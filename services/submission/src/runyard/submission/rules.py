@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 import re2
 from runyard.contracts.resources import TRAINING_SERVICE, Catalogue, PoolView
-from runyard.contracts.spec import FaultToleranceOptions, TaskSpec
+from runyard.contracts.spec import FaultToleranceOptions, TaskSpec, is_masked_webhook
 from runyard.domain.launch_command import command_warnings
 from runyard.submission.env import check_env
 from runyard.submission.errors import ErrorCode, ImageError, RdmaError, SpecError
@@ -298,6 +298,15 @@ def _check_webhook(url: str, field: str, webhooks: WebhookRule | None) -> None:
         parts, problem = None, f": {exc}"
     else:
         problem = ""
+    if is_masked_webhook(url):
+        raise SpecError(
+            ErrorCode.ALERT_INVALID_WEBHOOK,
+            field,
+            f"`{url}` is a masked webhook: its token is shown to the task's creator only, "
+            "and a clone by another user does not copy it",
+            "give your own Feishu bot's webhook, e.g. "
+            "https://open.feishu.cn/open-apis/bot/v2/hook/..., or `alerts: []` for none",
+        )
     if parts is None or parts.scheme not in ("https", "http") or not parts.netloc:
         raise SpecError(
             ErrorCode.ALERT_INVALID_WEBHOOK,
