@@ -117,6 +117,55 @@ def test_summary_cards_name_every_task_and_each_fits() -> None:
         assert all(f.task_name in json.dumps(card) for f in named)
 
 
+MARKUP = (
+    "<at id=all></at> [runbook](https://evil.example/x) **urgent** ~~x~~ `c` &#60;at id=all&#62;"
+)
+TEXT_MENTION = '<at user_id="all">everyone</at>'
+
+
+def _lark_md(message: dict[str, Any]) -> list[str]:
+    """Every `lark_md` content of a card (fields and text blocks)."""
+    found: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("tag") == "lark_md":
+                found.append(str(node["content"]))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(message)
+    return found
+
+
+def test_a_tasks_name_reason_and_log_line_cannot_mention_everyone_or_link() -> None:
+    """Text a person or a worker wrote is Feishu's numeric entities in `lark_md`: no
+    `<at id=all>` mention, no forged link, no emphasis; in a text message no mention."""
+    error = replace(TRACEBACK_ERROR, why=MARKUP, layer="<at id=all></at>")
+    named = facts(task_name=TEXT_MENTION + MARKUP, reason=MARKUP, pool="p<at id=all></at>")
+    burst = [named, *(facts(i) for i in range(1, 5))]
+    messages = [
+        feishu.task_card([replace(named, kind="hang"), replace(named, first_error=error)]),
+        *(card for card, _ in feishu.summary_cards(burst)),
+    ]
+    for message in messages:
+        contents = _lark_md(message)
+        assert contents and _valid_message(message)
+        for content in contents:
+            assert "<at" not in content and "<a " not in content and "](https://evil" not in content
+            assert "**urgent**" not in content
+        shown = "\n".join(contents)
+        assert "&#60;at id=all&#62;&#60;/at&#62; &#91;runbook&#93;(https://evil.example/x)" in shown
+        assert "&#38;#60;at id=all&#38;#62;" in shown  # a typed entity stays text
+    # the title is plain text: shown as typed
+    assert messages[0]["card"]["header"]["title"]["content"].startswith(TEXT_MENTION)
+    text = feishu.task_text([replace(named, first_error=error)])["content"]["text"]
+    assert "<at" not in text and '&#60;at user_id="all"&#62;everyone&#60;/at&#62;' in text
+
+
 # --- the first error ----------------------------------------------------------------------------
 
 TRACEBACK_ERROR = FirstErrorFact(

@@ -173,12 +173,14 @@ def _task_card(alerts: Sequence[AlertFacts], latest: AlertFacts, budget: int) ->
     ]
     elements: list[dict[str, Any]] = [
         {"tag": "div", "fields": fields},
-        _markdown(f"**Reason**\n{_cut(latest.reason, budget)}"),
+        _markdown(f"**Reason**\n{_md(_cut(latest.reason, budget))}"),
     ]
     if (first := _first_error(alerts)) is not None:
         elements += _first_error_elements(first, budget)
     if len(alerts) > 1:
-        earlier = "\n".join(f"- {a.kind}: {_cut(a.reason, budget // 4)}" for a in alerts[:-1])
+        earlier = "\n".join(
+            f"- {_md(a.kind)}: {_md(_cut(a.reason, budget // 4))}" for a in alerts[:-1]
+        )
         elements.append(_markdown(f"**Also in this window**\n{earlier}"))
     elements.append(_button("Open task", latest.link))
     return _card(title(latest), _COLOURS.get(latest.kind, "blue"), elements)
@@ -198,7 +200,7 @@ def task_text(alerts: Sequence[AlertFacts], *, limit: int = MAX_BODY_BYTES) -> d
             lines += _first_error_lines(first, budget)
         lines += [f"also: {a.kind}: {_cut(a.reason, budget // 4)}" for a in alerts[:-1]]
         lines.append(latest.link)
-        message = {"msg_type": "text", "content": {"text": "\n".join(lines)}}
+        message = {"msg_type": "text", "content": {"text": _inert("\n".join(lines))}}
         if body_size(message) <= limit or budget < 10:
             return message
         budget //= 2
@@ -225,9 +227,9 @@ def _layer_words(first: FirstErrorFact) -> str:
 def _first_error_elements(first: FirstErrorFact, budget: int) -> list[dict[str, Any]]:
     """The card's "First error" block: where, the line (plain text: a log line is not
     Markdown), and the likely layer with its rule."""
-    layer = f"**Likely layer** {_layer_words(first)}"
+    layer = f"**Likely layer** {_md(_layer_words(first))}"
     if first.why:
-        layer += f"\n{_cut(first.why, max(budget // 4, 40))}"
+        layer += f"\n{_md(_cut(first.why, max(budget // 4, 40)))}"
     return [
         _markdown(f"**First error** · worker {first.worker} · attempt {first.attempt}"),
         _plain(_error_text(first, budget, "\n")),
@@ -277,8 +279,8 @@ def _summary_card(chunk: Sequence[AlertFacts], total: int) -> dict[str, Any]:
     counts = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
     pools = sorted({a.pool for a in chunk})
     lines = [
-        f"- [{_cut(a.task_name, 80)}]({a.link}) · {_headline(a)} · run {a.run}"
-        f" · {_cut(a.reason, 160)}"
+        f"- [{_md(_cut(a.task_name, 80))}]({a.link}) · {_md(_headline(a))} · run {a.run}"
+        f" · {_md(_cut(a.reason, 160))}"
         for a in chunk
     ]
     title = f"{len(chunk)} tasks alerted ({counts})"
@@ -355,7 +357,7 @@ def _card(title: str, colour: str, elements: list[dict[str, Any]]) -> dict[str, 
 
 
 def _field(name: str, value: str) -> dict[str, Any]:
-    return {"is_short": True, "text": {"tag": "lark_md", "content": f"**{name}**\n{value}"}}
+    return {"is_short": True, "text": {"tag": "lark_md", "content": f"**{name}**\n{_md(value)}"}}
 
 
 def _markdown(content: str) -> dict[str, Any]:
@@ -378,6 +380,26 @@ def _button(label: str, url: str) -> dict[str, Any]:
             }
         ],
     }
+
+
+#: What Feishu's Markdown (`lark_md`) reads as markup: tags (`<at id=all></at>` mentions
+#: everyone, `<a href>`, `<font>`), links, emphasis and code. Text a person or a worker
+#: wrote (a task's name, a reason, a log line) is written with Feishu's numeric
+#: entities instead, so it shows as typed and can neither mention nor link (`&` too,
+#: so an entity typed in a name stays text).
+_MARKDOWN_ENTITIES = str.maketrans({c: f"&#{ord(c)};" for c in "&<>[]*~`"})
+#: A text message reads `<at user_id="all"></at>` as a mention: its tags are made inert.
+_TEXT_ENTITIES = str.maketrans({c: f"&#{ord(c)};" for c in "&<>"})
+
+
+def _md(text: str) -> str:
+    """`text` as plain words inside `lark_md` content (no markup of its own)."""
+    return text.translate(_MARKDOWN_ENTITIES)
+
+
+def _inert(text: str) -> str:
+    """A text message's content with no tag Feishu would act on (a mention)."""
+    return text.translate(_TEXT_ENTITIES)
 
 
 def _cut(text: str, chars: int) -> str:
