@@ -654,6 +654,7 @@ TABLE: dict[str, Scenario] = {
     "list of another tenant refused to a member": lambda via, _: via.ls("carol", tenant="t1"),
     "list bad cursor": lambda via, _: via.ls("alice", cursor="zzz"),
     "list bad limit": lambda via, _: via.ls("alice", limit=1000),
+    "list bad status": lambda via, _: via.ls("alice", status="finished"),
     "no token": lambda via, seed: via.get("nobody", seed),
     "unknown token": lambda via, _: via.ls("forged"),
     "events": lambda via, seed: via.events("alice", seed),

@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 import pytest
 from runyard.api.auth import create_token
+from runyard.api.grpc_errors import error_of_rpc
 from runyard.cli.trace import print_trace
 from runyard.contracts import Metadata, NewEvent
 from runyard.contracts.spec import TaskSpec
@@ -167,6 +168,15 @@ async def test_the_tree_is_bounded_and_grpc_answers_as_http(traces: Traces) -> N
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await traces.stub.Trace(request, metadata=auth)
         assert refused.value.code() == code
+    # A limit HTTP refuses is refused alike, with the same error (it was clamped).
+    for limit in (-1, MAX_TRACE_EVENTS + 1):
+        by_http = await traces.get("sre", "/v1/tasks/mine/trace", limit=limit)
+        assert by_http.status_code == 400, by_http.text
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await traces.stub.Trace(pb.TraceRequest(task_id="mine", limit=limit), metadata=auth)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        error = error_of_rpc(refused.value)
+        assert error is not None and error.to_dict() == by_http.json(), limit
 
 
 async def test_cli_prints_the_tree_with_the_trace_id(

@@ -24,13 +24,14 @@ import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 from urllib.parse import quote
 
 import grpc
 from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from pydantic import Field, TypeAdapter, ValidationError
 from runyard.api.auth import Principal, bearer_token
 from runyard.api.errors import BadRequest
 from runyard.api.grpc_errors import abort
@@ -42,6 +43,7 @@ from runyard.api.inputs import (
     reject_unstorable,
 )
 from runyard.contracts.requests import RerunChanges, SpecOverrides, TaskGroupRequest, TaskSubmission
+from runyard.contracts.task_events import TaskStatus
 from runyard.eventstore.trace import MAX_TRACE_EVENTS
 from runyard.gateway import grpc_convert as convert
 from runyard.gateway.app import Gateway, Request
@@ -99,6 +101,26 @@ _OPAQUE = frozenset({"google.protobuf.Timestamp", "google.protobuf.Duration"})
 
 def _limit(limit: int) -> int:
     return limit or DEFAULT_PAGE
+
+
+#: How HTTP reads the query parameters a request's own fields stand for (FastAPI's
+#: checks of the routes' parameters), so that gRPC refuses what HTTP refuses.
+_STATUS = TypeAdapter(TaskStatus)
+_TRACE_LIMIT = TypeAdapter(Annotated[int, Field(ge=1, le=MAX_TRACE_EVENTS)])
+
+
+def _param(name: str, value: Any, adapter: TypeAdapter[Any]) -> Any:
+    """`value` of the request field that is HTTP's query parameter `name`, checked as
+    HTTP checks it: the same 400 `request.invalid` naming it."""
+    try:
+        return adapter.validate_python(value)
+    except ValidationError as exc:
+        raise BadRequest(
+            "request.invalid",
+            f"{name}: {exc.errors()[0]['msg']}",
+            "fix the request (see /openapi.json)",
+            name,
+        ) from exc
 
 
 class TasksService(pb_grpc.TasksServicer):
@@ -166,6 +188,8 @@ class TasksService(pb_grpc.TasksServicer):
             caller = await self._caller(context)
             names = ("status", "name", "tag", "pool", "creator")
             filters = {n: getattr(request, n) or None for n in names}
+            if filters["status"] is not None:
+                _param("status", filters["status"], _STATUS)
             page = await self.gw.list_tasks(
                 caller,
                 filters,
@@ -454,7 +478,7 @@ class TasksService(pb_grpc.TasksServicer):
     ) -> pb.TraceResponse:
         async def call() -> pb.TraceResponse:
             caller = await self._caller(context)
-            limit = request.limit or MAX_TRACE_EVENTS
+            limit = _param("limit", request.limit or MAX_TRACE_EVENTS, _TRACE_LIMIT)
             if bool(request.task_id) == bool(request.event_id):
                 raise BadRequest(
                     "request.invalid",
