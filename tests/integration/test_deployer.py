@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shlex
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -587,3 +589,65 @@ async def test_a_mount_path_through_a_folder_a_worker_can_change_is_refused(
         assert h.output("linked") == []
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+FORK_WITHOUT_END = """
+import os, time
+forked = 0
+for _ in range(200):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    forked += 1
+print("forked", forked, flush=True)
+"""
+
+
+async def test_a_worker_that_forks_without_end_is_held_to_its_process_limit(
+    dsn: str, tmp_path: Path
+) -> None:
+    """A fork bomb in a sandboxed worker fails its own forks at `worker_pids_max` (its
+    pids cgroup) instead of taking every pid of the host; its processes end with the
+    worker and the cgroup goes with the deployment."""
+    store = await PostgresEventStore.connect(dsn, default_mapper())
+    config = LocalRuntimeConfig(
+        scratch_root=tmp_path / "scratch",
+        volumes_root=tmp_path / "volumes",
+        images={"bash-only": Path("/usr")},
+        grace_s=2.0,
+        worker_pids_max=40,
+    )
+    runtime = LocalRuntime(config)
+    v1, unified = Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup/cgroup.controllers")
+    pids = os.access(v1, os.W_OK) or (unified.exists() and "pids" in unified.read_text())
+    if not runtime.namespaces or not pids:
+        await store.close()
+        pytest.skip("sandboxed workers with a pids cgroup need a root deployer")
+    assert runtime.pids_base is not None
+    lines: list[OutputLine] = []
+
+    async def sink(line: OutputLine) -> None:
+        lines.append(line)
+
+    app = DeployerApp(store, runtime, on_output=sink, stop_grace_s=1.0)
+    h = Harness(store, app, runtime)
+    h.lines = lines
+    command = f"{shlex.quote(sys.executable)} -c {shlex.quote(FORK_WITHOUT_END)}"
+    try:
+        await h.launch("forks", make_spec(command, workers=2), wait=False)
+        await h.wait_for("forks", "TaskRunning")
+        folder = runtime._pids_folder(config.scratch_root / "forks" / "run1-a1")
+        assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == ["w0", "w1"]
+        await asyncio.wait_for(app.drain(), 30)
+        assert (await h.state("forks")).status == "succeeded", h.output("forks")
+        counts = sorted(int(line.split()[-1]) for line in h.output("forks"))
+        assert len(counts) == 2 and all(0 < n < 40 for n in counts), counts
+        assert not folder.exists(), "the workers' cgroups go with the deployment"
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(app.close(), 5)
+        await store.close()

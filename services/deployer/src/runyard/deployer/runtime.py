@@ -111,6 +111,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -149,6 +150,8 @@ DEFAULT_MASTER_PORT = 29500
 #: Defaults of `LocalRuntimeConfig.output_lines_per_s` and `output_backlog_bytes`.
 OUTPUT_LINES_PER_S = 5_000
 OUTPUT_BACKLOG_BYTES = 4 * 1024 * 1024
+#: Processes and threads of one sandboxed worker (`LocalRuntimeConfig.worker_pids_max`).
+WORKER_PIDS_MAX = 16_384
 
 
 class StageFailed(Exception):
@@ -311,6 +314,12 @@ class LocalRuntimeConfig:
     #: Deployments whose deploy stages run at once; the others wait their turn, so a
     #: burst of placements finishes one by one rather than all slowly together.
     deploys_at_once: int = 16
+    #: Processes and threads one sandboxed worker may have at once (a pids cgroup of
+    #: its own): a fork bomb fails its own forks, not the host's.
+    worker_pids_max: int = WORKER_PIDS_MAX
+    #: Processes and threads all sandboxed workers of this host may have together;
+    #: None: three quarters of kernel.pid_max, the rest left to the control plane.
+    workers_pids_max: int | None = None
 
     @classmethod
     def from_mapping(
@@ -333,6 +342,14 @@ class LocalRuntimeConfig:
             worker_user=str(raw.get("worker_user") or "runyard-worker"),
             hidden=(data_dir.absolute(), *(Path(str(p)) for p in raw.get("hide") or ())),
             deploys_at_once=_at_least_one(raw.get("deploys_at_once", 16), "deploys_at_once"),
+            worker_pids_max=_at_least_one(
+                raw.get("worker_pids_max", WORKER_PIDS_MAX), "worker_pids_max"
+            ),
+            workers_pids_max=(
+                None
+                if raw.get("workers_pids_max") is None
+                else _at_least_one(raw["workers_pids_max"], "workers_pids_max")
+            ),
         )
 
 
@@ -650,8 +667,18 @@ class LocalRuntime:
             self.namespaces = bool(config.namespaces)
         #: The unprivileged user sandboxed workers run as (None: not sandboxed).
         self.worker_ids: tuple[int, int, str] | None = None
+        #: The pids cgroup every sandboxed worker's own one lies in (None: no limit).
+        self.pids_base: Path | None = None
         if self.namespaces:
             self.worker_ids = _worker_user(config.worker_user, self.tools)
+            self.pids_base, why = _pids_base(config.workers_pids_max)
+            if self.pids_base is None:
+                log.warning(
+                    "sandboxed workers' processes are NOT limited (%s): a worker that forks"
+                    " without end can take every pid of this machine, the control plane's"
+                    " next process included",
+                    why,
+                )
         else:
             log.warning(
                 "workers are NOT sandboxed (%s): they run as this deployer's user, in its "
@@ -690,6 +717,14 @@ class LocalRuntime:
                 raise StageFailed(
                     f"the deployment's network namespace could not be created: {exc}"
                 ) from exc
+            if self.pids_base is not None:
+                groups = self._pids_groups(local)
+                try:
+                    await asyncio.to_thread(_make_pids_groups, groups, self.config.worker_pids_max)
+                except OSError as exc:
+                    raise StageFailed(
+                        f"the workers' process limit (pids cgroup) could not be set: {exc}"
+                    ) from exc
 
     def _make_scratch(self, local: _Local, state: dict[str, Any]) -> None:
         """The deployment's folders and its first `state.json` (in a thread). With a
@@ -1105,6 +1140,11 @@ class LocalRuntime:
             uid, gid, _ = self.worker_ids
             tag = Path(status_file or worker.status_file).name
             setup = self._mount_script(local, worker, tag)
+            if self.pids_base is not None:
+                # Before anything forks: the wrapper (and so all it starts) joins the
+                # worker's pids cgroup; `echo` is a builtin, no process of its own.
+                procs = self._pids_groups(local)[worker.index] / "cgroup.procs"
+                setup = f"echo 0 > {q(str(procs))} || finish 112\n{setup}"
             user_shell = (
                 f"{q(t.setpriv)} --reuid={uid} --regid={gid} --clear-groups --inh-caps=-all "
                 f"--bounding-set=-all --no-new-privs -- {user_shell}"
@@ -1203,6 +1243,17 @@ class LocalRuntime:
         lines = [*opened, *_mount_lines(mounts, fstabs, self.tools.mount)]
         lines += [f"exec {10 + n}<&-" for n in range(len(keep))]
         return "".join(f"{line} || finish 112\n" for line in lines)
+
+    def _pids_folder(self, root: Path) -> Path:
+        """The folder of a deployment's pids cgroups, named after its scratch folder
+        (unique on this host, the same for a deployer that adopts the deployment)."""
+        assert self.pids_base is not None
+        return self.pids_base / ("d-" + hashlib.sha256(str(root).encode()).hexdigest()[:20])
+
+    def _pids_groups(self, local: _Local) -> dict[int, Path]:
+        """Each worker's pids cgroup (`w<i>` in the deployment's folder)."""
+        folder = self._pids_folder(local.root)
+        return {i: folder / f"w{i}" for i in local.workers}
 
     def _hidden_paths(self) -> list[Path]:
         """The control-plane paths a sandboxed worker must not see."""
@@ -1504,6 +1555,8 @@ class LocalRuntime:
             with contextlib.suppress(BaseException):
                 await local.pump
         await asyncio.to_thread(_release_namespaces, local.root, self.tools)
+        if self.pids_base is not None:
+            await asyncio.to_thread(_release_pids_groups, self._pids_folder(local.root))
         lines = {
             (w.index, s): n
             for w in local.workers.values()
@@ -1650,6 +1703,8 @@ class LocalRuntime:
         for pgid in groups:
             await _until_gone(pgid)
         await asyncio.to_thread(_release_namespaces, root, self.tools)
+        if self.pids_base is not None:
+            await asyncio.to_thread(_release_pids_groups, self._pids_folder(root))
         await self._salvage(key, root)
 
     async def _salvage(self, key: DeploymentKey, root: Path) -> None:
@@ -1862,6 +1917,67 @@ def _release_namespaces(root: Path, tools: _Tools) -> None:
     kept = [str(root / name) for name in ("netns", "ipcns") if os.path.ismount(root / name)]
     if tools.umount and kept:
         subprocess.run([tools.umount, "-l", *kept], capture_output=True, timeout=30, check=False)
+
+
+#: The pids cgroup the sandboxed workers' own ones are made in, below the hierarchy's root.
+PIDS_BASE = "runyard-workers"
+
+
+def _pids_base(total: int | None) -> tuple[Path | None, str]:
+    """The pids cgroup every worker's own one goes in, its limit set to `total` (None:
+    three quarters of kernel.pid_max); or None and why there is none.
+
+    cgroup v1: the `pids` hierarchy; v2: the unified one, `+pids` given to the folders
+    below its root (which holds no process of its own there, as v2 asks)."""
+    v1 = Path("/sys/fs/cgroup/pids")
+    unified = Path("/sys/fs/cgroup")
+    try:
+        if (v1 / "cgroup.procs").exists():
+            hierarchy, v2 = v1, False
+        elif "pids" in (unified / "cgroup.controllers").read_text().split():
+            hierarchy, v2 = unified, True
+        else:
+            return None, "no pids controller under /sys/fs/cgroup"
+        if total is None:
+            total = int(Path("/proc/sys/kernel/pid_max").read_text()) * 3 // 4
+        base = hierarchy / PIDS_BASE
+        base.mkdir(exist_ok=True)
+        if v2:
+            (hierarchy / "cgroup.subtree_control").write_text("+pids")
+            (base / "cgroup.subtree_control").write_text("+pids")
+        (base / "pids.max").write_text(str(total))
+    except (OSError, ValueError) as exc:
+        return None, f"the pids cgroup could not be set up: {exc}"
+    return base, ""
+
+
+def _make_pids_groups(groups: Mapping[int, Path], limit: int) -> None:
+    """A pids cgroup per worker, with its limit (in a thread)."""
+    for group in groups.values():
+        group.mkdir(parents=True, exist_ok=True)
+        if (group.parent / "cgroup.subtree_control").exists():  # v2: give its children pids
+            with contextlib.suppress(OSError):
+                (group.parent / "cgroup.subtree_control").write_text("+pids")
+        (group / "pids.max").write_text(str(limit))
+
+
+def _release_pids_groups(folder: Path) -> None:
+    """Remove a deployment's pids cgroups once their last process is gone (in a thread;
+    the kernel refuses while one still exits, so a few tries)."""
+    try:
+        groups = [p for p in folder.iterdir() if p.is_dir()]
+    except FileNotFoundError:
+        return
+    for group in [*groups, folder]:
+        for _ in range(50):
+            try:
+                group.rmdir()
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.02)
+                continue
+            break
 
 
 def _write_private(path: Path, text: str, owner: tuple[int, int, str] | None) -> None:

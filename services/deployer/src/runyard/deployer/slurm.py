@@ -209,6 +209,7 @@ class SlurmRuntime(LocalRuntime):
         self.tools = _Tools.find()
         self.namespaces = False
         self.worker_ids = None
+        self.pids_base = None  # the nodes' pids are Slurm's (its cgroup plugin)
         self._jobs: dict[DeploymentKey, str] = {}
         self._killed: set[DeploymentKey] = set()
         self._states: dict[str, tuple[float, tuple[str, str] | None]] = {}
