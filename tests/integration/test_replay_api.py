@@ -283,3 +283,42 @@ async def test_grpc_pools_at_answers_as_the_schedulers_route(
         await server.stop(grace=None)
         await owners.aclose()
         await gateway.close()
+
+
+async def test_pool_capacity_hides_other_tenants_tasks_as_the_replay_does(
+    face: Face,  # noqa: F811  (the fixture)
+    dsn: str,
+    tmp_path: Path,
+) -> None:
+    """The live capacity lists what runs and waits; a member sees its own tenant's task
+    ids only (HTTP and gRPC), the sre and platform_admin every one."""
+    pools = face
+    pools.tokens["sre"] = await create_token(pools.store.pool, "ops", "sam", "sre")
+    await pools.submit("mine", "t1")  # takes the only node
+    await pools.submit("theirs", "t2")  # waits
+    gateway = await Gateway.connect(dsn, tmp_path)
+    try:
+        async with served(gateway) as (http, stub):
+
+            async def seen(who: str) -> tuple[list[str], list[str], Any]:
+                headers = {"Authorization": pools.auth(who)}
+                answer = await http.get("/v1/pools/dev-a100/capacity", headers=headers)
+                assert answer.status_code == 200, answer.text
+                body = answer.json()
+                reply = await stub.GetPoolCapacity(
+                    pb.GetPoolCapacityRequest(pool_id="dev-a100"),
+                    metadata=(("authorization", pools.auth(who)),),
+                )
+                assert convert.capacity_dict(reply) == body, who
+                running = [i["task_id"] for i in body["occupancy"]["items"]]
+                waiting = [i["task_id"] for i in body["queue"]["items"]]
+                return running, waiting, body["queue"]["head"]
+
+            head = (await seen("root"))[2]  # the queue's head, when one blocks it
+            assert head in (None, "theirs")
+            assert await seen("t1") == (["mine"], [HIDDEN], head and HIDDEN)
+            assert await seen("t2") == ([HIDDEN], ["theirs"], head)
+            for reader in ("sre", "root"):
+                assert await seen(reader) == (["mine"], ["theirs"], head), reader
+    finally:
+        await gateway.close()

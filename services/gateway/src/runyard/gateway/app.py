@@ -62,6 +62,8 @@ from runyard.gateway.submission_client import SubmissionClient
 from runyard.gateway.views import event_view, task_view
 
 MAX_PAGE = 200
+#: How a pool's capacity shows a task the caller may not read (as a pool replay does).
+HIDDEN_TASK = "(another tenant)"
 #: The bearer of the request being answered, as the caller sent it ("Bearer <token>"):
 #: set where the gateway authenticates it, read where another service's API is asked on
 #: the caller's behalf (that service authorises the caller's own token again).
@@ -344,7 +346,43 @@ class Gateway:
                 "choose a pool listed by `runyard pools`",
                 "pool_id",
             )
-        return capacity(info)
+        return await self._hide_other_tenants(caller, capacity(info))
+
+    async def _hide_other_tenants(self, caller: Principal, view: dict[str, Any]) -> dict[str, Any]:
+        """`view` (a pool's capacity) with the ids of the tasks the caller may not read
+        (another tenant's, or a task not known yet) shown as `HIDDEN_TASK`: what runs
+        and waits is counted as it is, whose it is stays with its tenant (as a pool
+        replay shows it)."""
+        occupancy, queue = view.get("occupancy"), view.get("queue")
+        items = [
+            item
+            for part in (occupancy, queue)
+            if isinstance(part, dict)
+            for item in part.get("items") or []
+            if isinstance(item, dict)
+        ]
+        ids = {str(i["task_id"]) for i in items if i.get("task_id")}
+        if isinstance(queue, dict) and queue.get("head"):
+            ids.add(str(queue["head"]))
+        if not ids:
+            return view
+        rows = await self.db.fetch(
+            "SELECT stream_id, data ->> 'tenant' AS tenant FROM events"
+            " WHERE stream_id = ANY($1::text[]) AND stream_version = 1",
+            [_stream(task_id) for task_id in sorted(ids)],
+        )
+        tenants = {r["stream_id"].removeprefix("task-"): r["tenant"] for r in rows}
+        visible = {t for t in ids if t in tenants and caller.may_read_tenant(tenants[t])}
+
+        def shown(task_id: Any) -> Any:
+            return task_id if task_id is None or str(task_id) in visible else HIDDEN_TASK
+
+        for item in items:
+            if "task_id" in item:
+                item["task_id"] = shown(item["task_id"])
+        if isinstance(queue, dict) and "head" in queue:
+            queue["head"] = shown(queue["head"])
+        return view
 
     # --- groups ---------------------------------------------------------------
 
