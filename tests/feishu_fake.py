@@ -13,7 +13,8 @@
 
 Every request is recorded (`received`), with its answer code. With `hold` (an
 unset event), the answers wait until it is set: the bot has taken a card, and
-its caller has not heard so yet (a caller killed meanwhile never hears). `start()` and
+its caller has not heard so yet (a caller killed meanwhile never hears); `holds` does
+so for some bots only (a slow bot beside quick ones). `start()` and
 `stop()` bring the server up and down on the same port, so tests can show a
 bot that is unreachable for a while.
 """
@@ -81,6 +82,8 @@ class FeishuFake:
     fail_next: int = 0
     #: While this event is unset, answers wait for it (requests are recorded first).
     hold: asyncio.Event | None = None
+    #: Answers to these bots (hook tokens) wait for their event: a bot that is slow.
+    holds: dict[str, asyncio.Event] = field(default_factory=dict)
     port: int = field(default_factory=lambda: free_port())
     received: list[Received] = field(default_factory=list)
     _server: uvicorn.Server | None = None
@@ -121,6 +124,8 @@ class FeishuFake:
         self.received.append(Received(token, now, len(raw), body, code))
         if self.hold is not None:
             await self.hold.wait()
+        if (slow := self.holds.get(token)) is not None:
+            await slow.wait()
         answer = {"code": code, "msg": message, "data": {}}
         if code == 0:
             answer |= {"StatusCode": 0, "StatusMessage": "success"}

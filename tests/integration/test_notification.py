@@ -438,6 +438,32 @@ async def test_retries_stop_at_max_attempts_with_a_final_failure(dsn: str) -> No
         assert "gave up after 3 attempts" in outcomes[-1].reason
 
 
+async def test_a_slow_bot_delays_only_its_own_alerts(dsn: str) -> None:
+    """A team's bot that takes its time (here: until the test lets it answer) does not
+    hold up another team's alert in the same pass."""
+    async with harness(dsn, replace(FAST, http_timeout_s=120.0)) as h:
+        h.fake.bots["bot-slow"] = None
+        slow = h.fake.holds["bot-slow"] = asyncio.Event()
+        for task_id, bot in (("slow-1", "bot-slow"), ("quick-1", "bot-plain")):
+            sub = AlertSubscription(webhook_url=h.fake.url(bot), alerts=("failed",))
+            await h.submit(task_id, spec(task_id, sub))
+            await h.command(task_id, Fail(task_id, "worker 0 exited with status 1"))
+        h.clock.offset += timedelta(seconds=1)  # both past the group window
+        passing = asyncio.create_task(h.app.deliver())
+        try:
+            deadline = time.monotonic() + 20
+            while not await _has_delivered(h, "quick-1"):
+                assert time.monotonic() < deadline, "the quick bot waited for the slow one"
+                await asyncio.sleep(0.05)
+            assert not passing.done()  # the slow bot has still not answered
+            assert [r.token for r in h.fake.received if r.token == "bot-slow"] == ["bot-slow"]
+        finally:
+            slow.set()
+        await passing
+        assert await _has_delivered(h, "slow-1")
+        assert sorted(r.title for r in h.fake.accepted()) == ["quick-1 · failed", "slow-1 · failed"]
+
+
 # --- storms of one task ---------------------------------------------------------------
 
 

@@ -38,6 +38,7 @@ skips every other event before any database work.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import defaultdict
@@ -363,10 +364,18 @@ class NotificationApp:
         for alert in due:
             by_bot[alert.webhook_url].append(alert)
         requests, self._sent, self._first_errors = 0, set(), {}
+        ready = [(b, a) for b, a in by_bot.items() if not self._still_gathering(a, now)]
         try:
-            for bot, alerts in by_bot.items():
-                if not self._still_gathering(alerts, now):
-                    requests += await self._deliver_to(bot, alerts)
+            # Bots are sent to side by side: a bot that answers slowly (or not until the
+            # timeout) delays only its own alerts, never another team's.
+            done = await asyncio.gather(
+                *(self._deliver_to(bot, alerts) for bot, alerts in ready),
+                return_exceptions=True,
+            )
+            for outcome in done:
+                if isinstance(outcome, BaseException):
+                    raise outcome  # every bot's sends have ended: the rows can be released
+                requests += outcome
         finally:
             unsent = [a.id for a in due if a.id not in self._sent]
             await store.release(self.db, unsent, now)
