@@ -74,6 +74,8 @@ import httpx
 import yaml
 from bench_db import fresh_database
 from runyard.api.auth import create_token
+from runyard.contracts import default_mapper
+from runyard.eventstore import PostgresEventStore
 from runyard.messaging import KafkaSettings, Topics
 from runyard.stack.context import ServiceContext
 from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres
@@ -198,8 +200,29 @@ async def submit(http: httpx.AsyncClient, i: int) -> str:
     return task_id
 
 
+class Outcomes:
+    """The tasks that ended, read as the events are appended: the store's gap-safe
+    reader of the whole log (the relay's), from where it last stopped, so the watch
+    costs per new event, not per task watched (a query over every watched stream
+    each poll cost the database more as the burst grew, beside the platform)."""
+
+    def __init__(self, store: PostgresEventStore) -> None:
+        self.reader = store.all_reader(0)
+        self.succeeded: set[str] = set()
+        self.failed: dict[str, str] = {}  # stream -> event type
+
+    async def update(self) -> None:
+        while events := await self.reader.read_stored(1000):
+            for e in events:
+                if e.event_type == "TaskSucceeded":
+                    self.succeeded.add(e.stream_id)
+                elif e.event_type in ("TaskFailed", "TaskStopped"):
+                    self.failed[e.stream_id] = e.event_type
+
+
 async def wait_done(
     db: asyncpg.Pool,
+    outcomes: Outcomes,
     streams: list[str],
     run: asyncio.Task[None],
     timeout_s: float,
@@ -209,35 +232,30 @@ async def wait_done(
 ) -> None:
     deadline = time.monotonic() + timeout_s
     last_report = time.monotonic()
+    pending = set(streams)
     while True:
         if run.done():
             run.result()
             raise SystemExit("the platform stopped during the run")
-        row = await db.fetchrow(
-            """SELECT count(*) FILTER (WHERE event_type = 'TaskSucceeded') AS ok,
-                      count(*) FILTER (WHERE event_type IN ('TaskFailed', 'TaskStopped')) AS bad
-               FROM events WHERE stream_id = ANY($1)
-                 AND event_type IN ('TaskSucceeded', 'TaskFailed', 'TaskStopped')""",
-            streams,
-        )
-        if row["bad"]:
+        await outcomes.update()
+        if bad := [s for s in streams if s in outcomes.failed]:
             failed = await db.fetch(
                 """SELECT stream_id, data->>'reason' AS reason FROM events
                    WHERE stream_id = ANY($1) AND event_type = 'TaskFailed' LIMIT 3""",
-                streams,
+                bad,
             )
-            raise SystemExit(
-                f"{row['bad']} tasks did not succeed, e.g. {[dict(r) for r in failed]}"
-            )
+            raise SystemExit(f"{len(bad)} tasks did not succeed, e.g. {[dict(r) for r in failed]}")
+        pending -= outcomes.succeeded
+        ok = len(streams) - len(pending)
         if memory is not None:
-            memory.sample(row["ok"], last=row["ok"] >= len(streams))
-        if row["ok"] >= len(streams):
+            memory.sample(ok, last=not pending)
+        if not pending:
             return
         now = time.monotonic()
         if now > deadline:
-            raise SystemExit(f"only {row['ok']} of {len(streams)} tasks succeeded in {timeout_s}s")
+            raise SystemExit(f"only {ok} of {len(streams)} tasks succeeded in {timeout_s}s")
         if now - last_report > 5 and not quiet:
-            print(f"  ... {row['ok']} of {len(streams)} succeeded", flush=True)
+            print(f"  ... {ok} of {len(streams)} succeeded", flush=True)
             last_report = now
         await asyncio.sleep(0.05)
 
@@ -476,7 +494,11 @@ class MemoryWatch:
 
 
 async def idle_latency(
-    http: httpx.AsyncClient, db: asyncpg.Pool, run: asyncio.Task[None], count: int
+    http: httpx.AsyncClient,
+    db: asyncpg.Pool,
+    outcomes: Outcomes,
+    run: asyncio.Task[None],
+    count: int,
 ) -> tuple[float, float]:
     """p50 (ms) of submit -> running and submit -> succeeded, one task at a time."""
     running: list[float] = []
@@ -484,7 +506,7 @@ async def idle_latency(
     times: dict[str, dict[str, float]] = {}
     for i in range(count):
         task_id = await submit(http, 1_000_000 + i)
-        await wait_done(db, [f"task-{task_id}"], run, 60, quiet=True)
+        await wait_done(db, outcomes, [f"task-{task_id}"], run, 60, quiet=True)
         t = times[f"task-{task_id}"] = (await timeline(db, [f"task-{task_id}"]))[f"task-{task_id}"]
         running.append((t["TaskRunning"] - t["TaskSubmitted"]) * 1000)
         succeeded.append((t["TaskSucceeded"] - t["TaskSubmitted"]) * 1000)
@@ -543,17 +565,20 @@ async def bench(
     run = asyncio.create_task(platform, name="platform")
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     db = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+    store: PostgresEventStore | None = None
     try:
         async with httpx.AsyncClient(
             base_url=f"http://127.0.0.1:{port}", timeout=60, limits=limits
         ) as http:
             await wait_ready(ctx.endpoints, services(), within_s=60, alive=running(run))
+            store = await PostgresEventStore.connect(dsn, default_mapper(), max_size=1)
+            outcomes = Outcomes(store)
             token = await create_token(db, "bench", "bench", "admin")
             http.headers["Authorization"] = f"Bearer {token}"
             warm = await submit(http, -1)
-            await wait_done(db, [f"task-{warm}"], run, 60)
+            await wait_done(db, outcomes, [f"task-{warm}"], run, 60)
             print("  platform up, warm-up task done", flush=True)
-            idle_running, idle_succeeded = await idle_latency(http, db, run, idle)
+            idle_running, idle_succeeded = await idle_latency(http, db, outcomes, run, idle)
             cpu = CpuWatch(postmaster, layout)
             cpu.start()
             await asyncio.sleep(IDLE_CPU_S)
@@ -574,7 +599,7 @@ async def bench(
             ids = await asyncio.gather(*(one(i) for i in range(n)))
             submit_s = time.monotonic() - started
             streams = [f"task-{t}" for t in ids]
-            await wait_done(db, streams, run, max(120.0, n * 1.0), memory=memory)
+            await wait_done(db, outcomes, streams, run, max(120.0, n * 1.0), memory=memory)
             wall_s = time.monotonic() - started
             burst_cores = cpu.report("burst", n)
         times = await timeline(db, streams)
@@ -585,6 +610,8 @@ async def bench(
         run.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await run
+        if store is not None:
+            await store.close()
         await db.close()
 
     first = min(t["TaskSubmitted"] for t in times.values())
