@@ -13,6 +13,7 @@ import uvicorn
 from runyard.api.auth import Principal, create_token
 from runyard.cli.main import app as cli_app
 from runyard.contracts.resources import Catalogue
+from runyard.contracts.spec import MAX_GROUP_SIZE
 from runyard.gateway.app import Gateway
 from runyard.gateway.http import create_app
 from runyard.stack.ports import free_port
@@ -23,6 +24,27 @@ from tests.integration.test_gateway import BASE, Api, config_dir
 
 REPO = Path(__file__).resolve().parents[2]
 api = test_gateway.api  # the same fixture: an in-process gateway and a client per user
+
+
+async def test_a_group_sent_again_grows_at_most_to_the_group_limit(api: Api) -> None:
+    """Items sent with the group_id of a group that has tasks join it, up to MAX_GROUP_SIZE
+    tasks in all: past it, the group's read, stop and rerun would miss some of them."""
+    body = {"template": BASE, "items": [{}, {}], "group_id": "sweep"}
+    assert (await api.call("alice", "POST", "/v1/groups", json=body)).status_code == 201
+    before = await api.gateway.db.fetchval("SELECT count(*) FROM events")
+    many = {**body, "items": [{}] * (MAX_GROUP_SIZE - 1)}
+    refused = await api.call("bob", "POST", "/v1/groups", json=many)
+    assert refused.status_code == 400, refused.text[:300]
+    error = refused.json()
+    assert (error["code"], error["field"]) == ("group.too_large", "group_id"), error
+    assert f"has 2 tasks: {MAX_GROUP_SIZE - 1} more" in error["message"], error
+    assert "group_id" in error["hint"]
+    assert await api.gateway.db.fetchval("SELECT count(*) FROM events") == before
+    # Room left: they join it; another tenant's group of that name is its own.
+    grown = await api.call("bob", "POST", "/v1/groups", json={**body, "items": [{}] * 3})
+    assert (grown.status_code, len(grown.json()["tasks"])) == (201, 5), grown.text
+    theirs = await api.call("carol", "POST", "/v1/groups", json=body)
+    assert (theirs.status_code, len(theirs.json()["tasks"])) == (201, 2), theirs.text
 
 
 async def test_list_groups_newest_first_per_tenant(api: Api) -> None:
