@@ -704,10 +704,19 @@ async def test_redelivered_log_lines_do_not_report_twice(h: Harness) -> None:
 # --- with the real deployer and its local runtime ------------------------------------
 
 
+#: A launcher that starts the training program in a session of its own, as torchrun
+#: starts every rank (`start_new_session`): the rank is not in the worker's process group.
+IN_OWN_SESSION = f"""
+import subprocess, sys
+subprocess.run([sys.executable, "-c", {HUNG!r}], start_new_session=True)
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(py_spy_binary() is None, reason="py-spy is not installed")
+@pytest.mark.parametrize("launch", ["direct", "own-session"])
 async def test_hung_worker_of_the_local_runtime_has_its_stack_captured(
-    dsn: str, tmp_path: Path
+    dsn: str, tmp_path: Path, launch: str
 ) -> None:
     from runyard.deployer.runtime import LocalRuntime, LocalRuntimeConfig, OutputLine
 
@@ -741,7 +750,10 @@ async def test_hung_worker_of_the_local_runtime_has_its_stack_captured(
     h = Harness(store, ft, clock, reports)
     task_spec = spec(hang_timeout_s=10, auto_restart=True).model_copy(
         # inline: the worker's /tmp is its own scratch when it has a mount namespace
-        update={"image": "venv", "command": f"python -c {shlex.quote(HUNG)}"}
+        update={
+            "image": "venv",
+            "command": f"python -c {shlex.quote(HUNG if launch == 'direct' else IN_OWN_SESSION)}",
+        }
     )
     try:
         await h.act("real", Submit("real", "acme", "alice", task_spec))
@@ -769,7 +781,8 @@ async def test_hung_worker_of_the_local_runtime_has_its_stack_captured(
         (stacks,) = await h.payloads("real", StacksCaptured)
         report = await reports.get(stacks.report_id)
         assert report is not None
-        assert report["frames_by_worker"]["0"][0].startswith("wait_for_all_reduce (")
+        frames = report["frames_by_worker"]["0"]
+        assert any(f.startswith("wait_for_all_reduce (") for f in frames), frames
         (restart,) = await h.payloads("real", TaskRestartScheduled)
         assert restart.reason == "hang"
     finally:

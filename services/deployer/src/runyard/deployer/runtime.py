@@ -1529,11 +1529,11 @@ class LocalRuntime:
     async def capture_stacks(
         self, key: DeploymentKey, *, native: bool = True
     ) -> tuple[WorkerStacks, ...]:
-        """py-spy dumps of every Python process of each worker's process group."""
+        """py-spy dumps of every Python process of each worker (`worker_processes`)."""
         pids = self.pids(key)
         indexes = sorted(pids)
         dumps = await asyncio.gather(
-            *(capture_group(pids[i], group_members, native=native) for i in indexes)
+            *(capture_group(pids[i], worker_processes, native=native) for i in indexes)
         )
         return tuple(
             WorkerStacks(worker=i, processes=tuple(d)) for i, d in zip(indexes, dumps, strict=True)
@@ -2223,6 +2223,36 @@ def group_members(pgid: int) -> list[int]:
         if len(fields) > 2 and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
             members.append(int(entry.name))
     return members
+
+
+def worker_processes(pgid: int) -> list[int]:
+    """Live processes of a worker: its process group `pgid` and every descendant of a
+    member, also one that left the group (a launcher's child in a session of its own:
+    torchrun starts each rank with `start_new_session`), from one scan of /proc."""
+    members: set[int] = set()
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) <= 2 or fields[0] in ("Z", "X"):
+            continue
+        pid = int(entry.name)
+        children.setdefault(int(fields[1]), []).append(pid)
+        if int(fields[2]) == pgid:
+            members.add(pid)
+    found, pending = set(members), list(members)
+    while pending:
+        for child in children.get(pending.pop(), ()):
+            if child not in found:
+                found.add(child)
+                pending.append(child)
+    return sorted(found)
 
 
 async def _until_gone(pgid: int, timeout_s: float = 2.0) -> None:

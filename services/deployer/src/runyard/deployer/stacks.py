@@ -1,8 +1,9 @@
 """Stacks of the local runtime's workers (SPEC R-33): py-spy dumps of their processes.
 
-`py-spy dump --pid PID --json` for every live Python process of a worker's
-process group (the launch command's `bash` wrappers are skipped: py-spy says
-they are not Python). With `native=True` it asks for native frames
+`py-spy dump --pid PID --json` for every live Python process of a worker: its
+process group and every descendant, also one in a session of its own (torchrun's
+ranks); the launch command's `bash` wrappers are skipped: py-spy says they are
+not Python. With `native=True` it asks for native frames
 (`--native`) and falls back to Python frames when the kernel or the process
 does not allow it. py-spy needs ptrace rights on the worker's processes: same
 user, and `kernel.yama.ptrace_scope` <= 1 or CAP_SYS_PTRACE (the deployer
@@ -111,9 +112,10 @@ def _is_python(pid: int) -> bool:
 async def capture_group(
     pgid: int, members: Callable[[int], list[int]], *, native: bool = False
 ) -> list[ProcessStacks]:
-    """Stacks of every Python process of one worker's process group (`members(pgid)`)."""
+    """Stacks of every Python process of one worker (`members(pgid)`: its process group
+    and what its processes started, see `runtime.worker_processes`)."""
     pids = [pid for pid in sorted(members(pgid)) if _is_python(pid)]
     if not pids:
-        message = "no Python process in the worker's process group"
+        message = "no Python process in the worker"
         return [ProcessStacks(pid=pgid, error=message)]
     return list(await asyncio.gather(*(capture_pid(pid, native=native) for pid in pids)))
