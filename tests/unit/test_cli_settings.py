@@ -59,6 +59,9 @@ def test_later_settings_win_and_deeper_paths_are_made() -> None:
         (["=x"], "expected FIELD=VALUE"),
         (["a..b=1"], "expected FIELD=VALUE"),
         (["a.b=1", "a.b.c=2"], "a.b is not an object"),
+        (["env.API_KEY=x"], "env is a list, not an object with fields"),
+        (["tags.0=x"], "tags is a list, not an object with fields"),
+        (["cmd=[a, b]", "cmd.x=1"], "cmd is a list, not an object with fields"),
         ([".".join("abcdefghi") + "=1"], "a path of 9 fields, at most 8"),
         (["a=1"] * (MAX_SETTINGS + 1), f"at most {MAX_SETTINGS}"),
     ],
@@ -67,3 +70,12 @@ def test_a_setting_that_cannot_apply_says_why(settings: list[str], message: str)
     with pytest.raises(SettingError, match=message.replace(".", r"\.")) as caught:
         apply_settings({}, settings)
     assert caught.value.hint
+
+
+def test_a_field_into_a_list_of_the_file_or_the_cloned_spec_is_refused() -> None:
+    """The file's variables (text or list) or the cloned task's are not lost to an object
+    made of `env.NAME=value`: the setting is refused with how to set the list whole."""
+    for base, current in (({"env": "A=1"}, None), ({}, {"env": [{"name": "A", "value": "1"}]})):
+        with pytest.raises(SettingError, match="env is a list") as caught:
+            apply_settings(base, ["env.B=2"], current)
+        assert "--set 'env=A=1;B=2'" in caught.value.hint

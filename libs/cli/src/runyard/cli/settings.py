@@ -8,8 +8,9 @@ A nested field is named by its path (`fault_tolerance.max_restarts`); the other
 fields of that object are kept (from the file, or from the cloned task's spec).
 The value is read as YAML when it is a number, `true`/`false`, `null`, or a
 flow list or mapping (`[a, b]`, `{x: 1}`); anything else is text as given, so
-`--set command=echo a: b` sets that command. The gateway checks the result as
-it checks any spec, and names a field it does not know.
+`--set command=echo a: b` sets that command. A list (`env`, `tags`, ...) is set
+whole (`--set 'env=A=1;B=2'`); a path into one is refused. The gateway checks the
+result as it checks any spec, and names a field it does not know.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def apply_settings(
     for setting in settings:
         path, value = _parse(setting)
         top = path[0]
+        if len(path) > 1:
+            _require_object(setting, top, result.get(top, (current or {}).get(top)))
         if len(path) > 1 and not isinstance(result.get(top), dict):
             start = (current or {}).get(top)
             result[top] = copy.deepcopy(dict(start)) if isinstance(start, Mapping) else {}
@@ -66,6 +69,23 @@ def apply_settings(
             target = inner
         target[path[-1]] = value
     return result
+
+
+#: The spec's fields that hold a list (or the `A=x;B=y` text of `env`), not an object.
+LIST_FIELDS = frozenset({"env", "creator_only", "tags", "mounts", "output_dirs", "alerts"})
+
+
+def _require_object(setting: str, top: str, value: Any) -> None:
+    """Refuse a path into a field that holds a list or text: it has no fields to set (the
+    gateway would refuse the object made of it, or the list would be lost)."""
+    if top not in LIST_FIELDS and not isinstance(value, list | tuple | str):
+        return
+    example = "'env=A=1;B=2'" if top == "env" else f"'{top}=[...]'"
+    kind = "text" if isinstance(value, str) and top not in LIST_FIELDS else "a list"
+    raise SettingError(
+        f"--set {_clip(setting)}: {top} is {kind}, not an object with fields",
+        f"set {top} whole, e.g. --set {example} (it replaces the list), or in the file",
+    )
 
 
 def sets_nested(settings: Sequence[str]) -> bool:
