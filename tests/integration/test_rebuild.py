@@ -36,12 +36,14 @@ from runyard.scheduler.config import parse_pools
 from runyard.scheduler.rebuild import SchedulerRebuild
 from runyard.scheduler.views import POOL_VIEWS as POOL_VIEWS_TABLE
 from runyard.scheduler.views import QUEUE as QUEUE_TABLE
+from runyard.stack.up import Stack
 
 from tests.integration.test_gateway import config_dir
 from tests.integration.test_notification import Harness, harness
 from tests.integration.test_notification import spec as notification_spec
 from tests.integration.test_scheduler_http import NOW, Face, face  # noqa: F401  (fixture)
 from tests.integration.test_scheduler_http import POOLS as SCHEDULER_POOLS
+from tests.security.test_infra_credentials import stack as stack  # roles as `runyard up`
 from tests.unit.test_task_domain import Story, make_spec
 
 pytestmark = pytest.mark.integration
@@ -161,6 +163,27 @@ async def test_an_interrupted_rebuild_resumes_from_its_shadow_checkpoint(lists: 
     assert resumed["applied"] == head - first["position"] and resumed["done"]
     restarted = (await lists.call("sre", "POST", "/rebuild", max_events=5, restart="true")).json()
     assert restarted["position"] <= 5 + 1 and restarted["applied"] == 5
+
+
+async def test_the_gateway_rebuilds_on_its_own_database_role(stack: Stack, tmp_path: Path) -> None:
+    """`runyard up` connects the gateway as a role that may create no table in `public`:
+    the shadow goes to `runyard_shadow`, where it may, and rebuild, diff, swap, a fresh
+    start and discard all work as that role (they were a 500 `permission denied`)."""
+    gateway = await Gateway.connect(stack.service_dsns["gateway"], config_dir(tmp_path))
+    try:
+        await tasks_ran(gateway, 2)
+        rebuild = TaskListRebuild(gateway)
+        while not (await rebuild.step(1000))["done"]:
+            pass
+        [table] = (await rebuild.diff())["tables"]
+        assert (table["differences"], table["live_rows"], table["rebuilt_rows"]) == (0, 2, 2)
+        assert (await rebuild.swap())["rows"] == 2
+        assert (await rebuild.step(1000, restart=True))["done"]
+        assert (await rebuild.discard())["dropped"]
+        shadows = "SELECT count(*) FROM pg_tables WHERE schemaname = 'runyard_shadow'"
+        assert await gateway.db.fetchval(shadows) == 0
+    finally:
+        await gateway.close()
 
 
 async def test_only_operators_rebuild(lists: Lists) -> None:
@@ -356,7 +379,7 @@ async def test_an_interrupted_scheduler_rebuild_resumes_pool_by_pool(
             checkpoints = {p.name: p.position for p in await read_progress(conn)}
         assert checkpoints["shadow:scheduler_queue"] == head
         assert checkpoints["shadow:scheduler_pool_views"] == head
-        shadow_pools = "SELECT pool_id FROM scheduler_pool_views__shadow"
+        shadow_pools = "SELECT pool_id FROM runyard_shadow.scheduler_pool_views__shadow"
         assert [r["pool_id"] for r in await store.pool.fetch(shadow_pools)] == ["dev-a100"]
 
         # cut off here: a new process goes on with the next pool, not from the start
@@ -376,7 +399,7 @@ async def test_an_interrupted_scheduler_rebuild_resumes_pool_by_pool(
             assert diff["position"] == await store.head_position()
         assert diff["folded"] == []  # nothing moved after the first diff
         assert table["live_rows"] == 2
-        waiting = "SELECT count(*) FROM scheduler_queue__shadow"
+        waiting = "SELECT count(*) FROM runyard_shadow.scheduler_queue__shadow"
         assert await store.pool.fetchval(waiting) == 3  # a2, a3, b2 (a1, b1 run)
         restarted = await SchedulerRebuild(store).step(QUEUE_TABLE, restart=True)
         assert (restarted["pools_done"], restarted["done"]) == (1, False)
@@ -418,5 +441,6 @@ async def test_an_interrupted_queue_waits_rebuild_resumes_from_its_checkpoint(
         assert diff["position"] == await h.store.head_position()
         restarted = await QueueWaitsRebuild(h.app).step(2, restart=True)
         assert (restarted["position"], restarted["applied"]) == (2, 2)
-        assert await h.store.pool.fetchval("SELECT count(*) FROM queue_waits__shadow") <= 1
+        shadow = "SELECT count(*) FROM runyard_shadow.queue_waits__shadow"
+        assert await h.store.pool.fetchval(shadow) <= 1
         assert (await QueueWaitsRebuild(h.app).discard())["dropped"]

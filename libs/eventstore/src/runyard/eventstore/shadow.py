@@ -1,14 +1,16 @@
 """Shadow tables: a read model rebuilt beside the live one, compared, and swapped in.
 
 `runyard rebuild NAME` rebuilds a read model from position 0 into
-`<table>__shadow` (created `LIKE` the live table, its keys and indexes
-included) with the owner's own projection code, keeping its position in
-`checkpoints` under `shadow:<name>` so that an interrupted rebuild resumes
-where it stopped. `diff_table` compares it with the live table row by row
-(0 differences is the healthy answer); `replace_from_shadow` makes the live
-table's rows the shadow's, in the caller's transaction, under the lock the
-caller took (`lock_tables`), so readers never see a half-swapped table and
-the live table keeps its name, indexes and grants.
+`runyard_shadow.<table>__shadow` (created `LIKE` the live table, its keys and
+indexes included, in the schema where the services' roles may create tables:
+eventstore migration 0006, `runyard.stack.roles.apply_grants`) with the owner's
+own projection code, keeping its position in `checkpoints` under
+`shadow:<name>` so that an interrupted rebuild resumes where it stopped.
+`diff_table` compares it with the live table row by row (0 differences is the
+healthy answer); `replace_from_shadow` makes the live table's rows the
+shadow's, in the caller's transaction, under the lock the caller took
+(`lock_tables`), so readers never see a half-swapped table and the live table
+keeps its name, indexes and grants.
 
 Which service rebuilds: the owner of the read model (the gateway for
 `task_list`, the scheduler for its views, the notification service for
@@ -35,6 +37,8 @@ if TYPE_CHECKING:
 #: The most differing rows one diff lists (all are counted).
 MAX_DIFF_ROWS: Final = 1000
 SHADOW_SUFFIX: Final = "__shadow"
+#: The schema of the shadow tables (the service roles may not create tables in `public`).
+SHADOW_SCHEMA: Final = "runyard_shadow"
 SHADOW_PREFIX: Final = "shadow:"
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
 
@@ -63,8 +67,8 @@ def _checked(table: str) -> str:
 
 
 def shadow_of(table: str) -> str:
-    """The shadow table of `table` (`task_list` -> `task_list__shadow`)."""
-    return _checked(table) + SHADOW_SUFFIX
+    """The shadow table of `table` (`task_list` -> `runyard_shadow.task_list__shadow`)."""
+    return f"{SHADOW_SCHEMA}.{_checked(table)}{SHADOW_SUFFIX}"
 
 
 def shadow_checkpoint(name: str) -> str:

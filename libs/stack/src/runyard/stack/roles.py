@@ -8,7 +8,9 @@ and reading server files are refused to every one of them):
 - `runyard_owner` owns the `runyard` database, its schema and tables: the
   migrations run as it, then `apply_grants` hands out the rights below.
 - `runyard_app`: SELECT/INSERT/UPDATE/DELETE on every table but `secrets`,
-  and only SELECT/INSERT on `events` (relay, scheduler, fault tolerance, the CLI).
+  and only SELECT/INSERT on `events` (relay, scheduler, fault tolerance, the CLI);
+  it creates tables only in the schema `runyard_shadow` (the shadow tables of
+  read models being rebuilt).
 - `runyard_secrets`: what `runyard_app` has, plus the `secrets` table
   (creator-only values and webhook signing secrets): gateway, submission, deployer and
   notification service, the ones that write or resolve them.
@@ -194,6 +196,8 @@ async def _reassign_public(conn: asyncpg.Connection) -> int:
     )
     for row in functions:
         await conn.execute(f"ALTER ROUTINE {row['signature']} OWNER TO {OWNER}")
+    if await conn.fetchval("SELECT to_regnamespace('runyard_shadow') IS NOT NULL"):
+        await conn.execute(f"ALTER SCHEMA runyard_shadow OWNER TO {OWNER}")  # it grants there
     return len(relations) + len(functions)
 
 
@@ -208,6 +212,9 @@ async def apply_grants(owner_dsn: str) -> None:
             await conn.execute(f"GRANT USAGE ON SCHEMA public TO {APP}")
             # The log service adds and drops day partitions of log_lines.
             await conn.execute(f"GRANT CREATE ON SCHEMA public TO {LOGS}")
+            if await conn.fetchval("SELECT to_regnamespace('runyard_shadow') IS NOT NULL"):
+                # Read-model rebuilds create and drop their shadow tables there.
+                await conn.execute(f"GRANT USAGE, CREATE ON SCHEMA runyard_shadow TO {APP}")
             await conn.execute(
                 f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {APP}"
             )
