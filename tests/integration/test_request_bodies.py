@@ -93,3 +93,27 @@ async def test_callers_the_route_is_not_for_are_refused_before_the_body_is_read(
         assert answer.status_code == 403, answer.text
     unsigned = await api.http.post("/v1/tasks", json={"colour": 1})
     assert unsigned.status_code == 401, unsigned.text
+
+
+@pytest.mark.parametrize(
+    ("path", "who", "text", "where"),
+    [
+        ("/v1/tasks", "alice", b'{"name": "x",}', "body: not JSON at character 13"),
+        ("/v1/tasks", "alice", b'{"name": "x', "body: not JSON at character"),
+        ("/v1/groups", "alice", b'{"items": [1,}', "body: not JSON at character 13"),
+        ("/v1/admin/tokens", "admin", b"{", "body: not JSON at character"),
+        ("/v1/tasks", "alice", b"\xff{}", ""),  # not UTF-8: refused before it is decoded
+    ],
+)
+async def test_a_body_that_is_not_json_is_named_as_the_body(
+    api: Api, path: str, who: str, text: bytes, where: str
+) -> None:
+    """Found by hand: `{"name": "x",}` was refused with field `13` and `13: JSON decode
+    error` (FastAPI's position of the error, taken for a field)."""
+    headers = {"content-type": "application/json"}
+    answer = await api.call(who, "POST", path, content=text, headers=headers)
+    assert answer.status_code == 400, answer.text
+    body = answer.json()
+    assert (body["code"], body["field"]) == ("request.invalid", "body"), body
+    assert body["message"].startswith(where), body
+    assert "JSON object" in body["hint"], body

@@ -150,6 +150,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: HttpRequest, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        if first.get("type") == "json_invalid":
+            return JSONResponse(_not_json(first).to_dict(), status_code=400)
         model = _body_model(request)
         if model is not None and _in_body(first):
             # A body that breaks its model: the model's own refusal (code, field, hint).
@@ -164,6 +166,20 @@ def install_error_handlers(app: FastAPI) -> None:
             field,
         )
         return JSONResponse(error.to_dict(), status_code=400)
+
+
+def _not_json(error: Mapping[str, Any]) -> BadRequest:
+    """A body that is not JSON: the field is the body (FastAPI locates the error by the
+    character where decoding stopped, which is no field), the message says where."""
+    where = error["loc"][-1] if len(error["loc"]) > 1 else None
+    why = str((error.get("ctx") or {}).get("error") or "").strip()
+    at = f" at character {where}" if isinstance(where, int) else ""
+    return BadRequest(
+        "request.invalid",
+        f"body: not JSON{at}" + (f": {why}" if why else ""),
+        HTTP_ERRORS[400][2],
+        "body",
+    )
 
 
 def _body_model(request: HttpRequest) -> type[RequestBody] | None:
