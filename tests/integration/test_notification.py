@@ -482,6 +482,25 @@ async def test_one_tasks_alerts_in_a_window_go_as_one_card(dsn: str) -> None:
         assert "Also in this window" in h.fake.accepted()[0].text
 
 
+async def test_a_bot_subscribed_twice_gets_one_card_per_alert(dsn: str) -> None:
+    """The team's bot in the task's spec and in a tenant subscription too: one card for
+    the failure (and for the queue wait), not one per subscription."""
+    async with harness(dsn, replace(FAST, queued_after_s=0.1)) as h:
+        await h.tenant_subscription(h.fake.url("bot-plain"), "failed", "queued", "stopped")
+        own = AlertSubscription(webhook_url=h.fake.url("bot-plain"), alerts=("failed", "queued"))
+        await h.submit("t-9", spec("twice", own))
+        await h.command("t-9", Queue("t-9", "needs 2 x 8-GPU workers", 0, 16, 0))
+        await h.run_until(lambda: _has_delivered(h, "t-9"))
+        await h.command("t-9", Fail("t-9", "worker 0 exited with status 1"))
+        await h.run_until(lambda: _count_delivered(h, "t-9", 2))
+        await h.run_for(0.5)
+        assert [r.title for r in h.fake.accepted("bot-plain")] == [
+            "twice · queued · queued too long",
+            "twice · failed",
+        ]
+        assert "Also in this window" not in h.fake.accepted("bot-plain")[1].text
+
+
 async def test_a_repeat_of_the_same_alert_in_a_run_is_suppressed(dsn: str) -> None:
     async with harness(dsn) as h:
         sub = await signed_task_subscription(h, "failed")

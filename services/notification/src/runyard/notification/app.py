@@ -265,9 +265,8 @@ class NotificationApp:
         cause: Cause,
     ) -> None:
         own = task_subscriptions(state.task_id, state.tenant, state.spec)
-        for sub in await self._subscriptions(db, state.tenant, own):
-            if sub.wants(facts.kind):
-                await self._add(db, sub, facts, label, f"{sub.id}|{key}", cause)
+        for sub in one_per_bot(await self._subscriptions(db, state.tenant, own), facts.kind):
+            await self._add(db, sub, facts, label, f"{sub.id}|{key}", cause)
 
     async def _add(
         self,
@@ -323,7 +322,7 @@ class NotificationApp:
         for wait in await store.queue_waits(self.db):
             if wait.tenant not in tenants:
                 tenants[wait.tenant] = await store.tenant_subscriptions(self.db, wait.tenant)
-            for sub in [*wait.subscriptions, *tenants[wait.tenant]]:
+            for sub in one_per_bot([*wait.subscriptions, *tenants[wait.tenant]], "queued"):
                 raised += await self._queue_alert(wait, sub, now, waiting)
         self._fired &= waiting
         return raised
@@ -604,6 +603,17 @@ class NotificationApp:
             return failed, "pending", now + timedelta(seconds=self.config.backoff(attempt))
         self.stats.failed += 1
         return failed, "failed", now
+
+
+def one_per_bot(subs: Sequence[Subscription], kind: str) -> list[Subscription]:
+    """The subscriptions of `subs` that want `kind`, one per bot (webhook URL): a bot in
+    the task's spec and in a tenant subscription too gets each alert once, through the
+    first of them (the spec's)."""
+    chosen: dict[str, Subscription] = {}
+    for sub in subs:
+        if sub.wants(kind):
+            chosen.setdefault(sub.webhook_url, sub)
+    return list(chosen.values())
 
 
 #: Builds one request's message when it is about to be sent.
