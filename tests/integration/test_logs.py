@@ -228,6 +228,39 @@ async def test_bad_regex_is_a_clear_400(logs: LogsApi) -> None:
     assert body["message"].count("invalid regular expression") == 1, body["message"]
 
 
+#: Back-references Postgres's engine tries every split of the line for: minutes of
+#: CPU on a line of a few hundred characters (0.6 s at 101, over 10 s at 401).
+SLOW_REGEX = r"^(a*)(a*)(a*)\3\2\1$"
+
+
+async def test_a_regex_that_runs_too_long_is_stopped_in_postgres_and_refused(
+    logs: LogsApi, dsn: str
+) -> None:
+    """A tenant's own line and a regular expression that would hold a Postgres process
+    (and its share of the CPU every tenant's work uses) for minutes: the query is
+    cancelled in Postgres after `query_timeout_s` and the search is refused."""
+    long_line = [(8.0, 0, "stdout", "a" * 401)]  # odd: no split matches
+    assert await logs.store.ingest(records(logs.task_id, long_line)) == 1
+    logs.store.query_timeout_s = 1.0
+    async with asyncio.timeout(30):
+        answer = await logs.get(f"/v1/tasks/{logs.task_id}/logs", regex=SLOW_REGEX)
+    assert answer.status_code == 400, answer.text
+    body = answer.json()
+    assert body["code"] == "logs.query_too_slow"
+    assert "1 s" in body["message"] and "back-references" in body["hint"]
+    conn = await asyncpg.connect(dsn)
+    try:
+        async with asyncio.timeout(10):
+            while await conn.fetchval(  # noqa: ASYNC110 (another process's state)
+                "SELECT count(*) FROM pg_stat_activity WHERE state = 'active'"
+                " AND query LIKE '%line ~%' AND pid <> pg_backend_pid()"
+            ):
+                await asyncio.sleep(0.05)
+    finally:
+        await conn.close()
+    assert await logs.lines(regex="^a+$") == ["a" * 401]  # other searches still answer
+
+
 async def test_punctuation_only_words_are_a_400(logs: LogsApi) -> None:
     answer = await logs.get(f"/v1/tasks/{logs.task_id}/logs", words="--- ::")
     assert answer.status_code == 400

@@ -26,7 +26,7 @@ from runyard.contracts.rpc import credential
 from runyard.eventstore import PostgresEventStore
 from runyard.logs.http import LogApi, internal_router, logs_router
 from runyard.logs.ingest import LogIngester
-from runyard.logs.store import DEFAULT_PARTS, DEFAULT_RETENTION_DAYS, LogStore
+from runyard.logs.store import DEFAULT_PARTS, DEFAULT_RETENTION_DAYS, QUERY_TIMEOUT_S, LogStore
 from runyard.stack.context import ServiceContext
 
 log = logging.getLogger("runyard.logs")
@@ -68,7 +68,8 @@ async def run(ctx: ServiceContext) -> None:
     parts = max(1, int(config.get("ingest_parts", DEFAULT_PARTS)))
     # the parts of a batch, and the log routes' reads beside them
     pool = await asyncpg.create_pool(ctx.dsn, min_size=1, max_size=parts + 4)
-    store = LogStore(pool, retention_days=retention, parts=parts)
+    timeout_s = float(config.get("query_timeout_s", QUERY_TIMEOUT_S))
+    store = LogStore(pool, retention_days=retention, parts=parts, query_timeout_s=timeout_s)
     api = LogApi(PostgresEventStore(pool, ctx.mapper), store, ctx.data_dir / "exports")
     try:
         await store.migrate()

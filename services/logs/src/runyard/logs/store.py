@@ -46,6 +46,9 @@ _PARTITION = re.compile(r"^log_lines_p(\d{8})$")
 #: text search index the store then had: 15,000 lines/s in one part, 17,700 in
 #: two, 19,000 in four; without it, 25,000-29,000 in two, four or eight.
 DEFAULT_PARTS = 4
+#: Seconds one query of the lines may run (`LogStore.query_timeout_s`; logs.yaml
+#: `query_timeout_s`): below the gateway's wait for the log service.
+QUERY_TIMEOUT_S = 20.0
 #: How many searches' words `LogStore` keeps split, and the longest `words` kept
 #: (a longer one is split again for every page): at most about 0.5 MiB.
 KEPT_WORD_SPLITS, KEPT_WORDS_CHARS = 256, 1024
@@ -222,8 +225,12 @@ class LogStore:
         *,
         retention_days: int = DEFAULT_RETENTION_DAYS,
         parts: int = DEFAULT_PARTS,
+        query_timeout_s: float = QUERY_TIMEOUT_S,
     ):
         self.pool = pool
+        #: How long one query of a search, count, export or follow page may run in
+        #: Postgres before it is cancelled there (`_fetch`).
+        self.query_timeout_s = query_timeout_s
         self.retention_days = retention_days
         #: Connections a batch is written on at once (see `ingest`).
         self.parts = max(1, parts)
@@ -462,8 +469,21 @@ class LogStore:
         return words
 
     async def _fetch(self, sql: str, args: list[Any]) -> list[asyncpg.Record]:
+        """Run a query of the lines; one that runs past `query_timeout_s` is cancelled
+        in Postgres (asyncpg's timeout sends the cancel) and refused: a regular
+        expression Postgres takes minutes on (back-references on a long line) must not
+        hold a database process, and the CPU every tenant's work shares, after its
+        asker gave up."""
         try:
-            return list(await self.pool.fetch(sql, *args))
+            return list(await self.pool.fetch(sql, *args, timeout=self.query_timeout_s))
+        except (TimeoutError, asyncpg.QueryCanceledError) as exc:
+            raise InvalidQuery(
+                "logs.query_too_slow",
+                f"the log query was stopped after {self.query_timeout_s:g} s",
+                "narrow it with a worker, a run or attempt, or a time range, or search"
+                " words or a phrase; a regular expression with back-references (\\1)"
+                " can take Postgres minutes on a long line",
+            ) from exc
         except asyncpg.InvalidRegularExpressionError as exc:
             why = str(exc).removeprefix("invalid regular expression: ")  # Postgres says it
             raise InvalidQuery(
