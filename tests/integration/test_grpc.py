@@ -1013,3 +1013,31 @@ async def _until(check: Callable[[], bool], within: float = 10.0) -> None:
     while not check():
         assert loop.time() < deadline, "timed out"
         await asyncio.sleep(0.02)
+
+
+async def test_an_empty_id_is_invalid_argument_naming_it(both: Both) -> None:
+    """Found by hand: GetStackReport and GetLogExport without their id asked the owner's
+    list route and failed (INTERNAL); the log and fault-tolerance methods without a task
+    id answered `Not Found`, naming nothing."""
+    requests: list[tuple[str, Any, str]] = [
+        ("SearchLogs", pb.SearchLogsRequest(), "task_id"),
+        ("GetFirstError", pb.GetFirstErrorRequest(), "task_id"),
+        ("StartLogExport", pb.StartLogExportRequest(), "task_id"),
+        ("GetFaultToleranceLog", pb.GetFaultToleranceLogRequest(), "task_id"),
+        ("ListStackReports", pb.ListStackReportsRequest(), "task_id"),
+        ("CaptureStacks", pb.CaptureStacksRequest(), "task_id"),
+        ("GetStackReport", pb.GetStackReportRequest(task_id=both.seed_task), "report_id"),
+        ("GetLogExport", pb.GetLogExportRequest(), "export_id"),
+    ]
+    via = both.grpc
+    for method, message, field in requests:
+        outcome = await via._call("alice", method, message, lambda reply: reply)
+        assert (outcome.status, outcome.body["code"], outcome.body["field"]) == (
+            "INVALID_ARGUMENT",
+            "request.invalid",
+            field,
+        ), (method, outcome)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        async for _ in via.stub.FollowLogs(pb.FollowLogsRequest(), metadata=via._metadata("alice")):
+            pass
+    assert refusal(refused.value).body["field"] == "task_id"

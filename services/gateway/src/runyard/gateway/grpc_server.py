@@ -406,7 +406,7 @@ class TasksService(pb_grpc.TasksServicer):
         self, request: pb.GetLogExportRequest, context: grpc.aio.ServicerContext
     ) -> pb.LogExport:
         async def call() -> pb.LogExport:
-            path = f"/v1/exports/{quote(request.export_id, safe='')}"
+            path = f"/v1/exports/{_segment('export_id', request.export_id)}"
             return convert.export_message(await self._logs(context, path))
 
         return await self._run(context, request, call)
@@ -548,7 +548,7 @@ class TasksService(pb_grpc.TasksServicer):
         self, request: pb.GetStackReportRequest, context: grpc.aio.ServicerContext
     ) -> pb.StackReport:
         async def call() -> pb.StackReport:
-            tail = f"stacks/{quote(request.report_id, safe='')}"
+            tail = f"stacks/{_segment('report_id', request.report_id)}"
             answer = await self._faulttolerance(context, "GET", _task_path(request.task_id, tail))
             return convert.stack_report_message(answer)
 
@@ -564,7 +564,18 @@ def _token(context: grpc.aio.ServicerContext) -> str | None:
 
 def _task_path(task_id: str, tail: str) -> str:
     """`/v1/tasks/{id}/<tail>` with the id as one path segment, whatever it holds."""
-    return f"/v1/tasks/{quote(task_id, safe='')}/{tail}"
+    return f"/v1/tasks/{_segment('task_id', task_id)}/{tail}"
+
+
+def _segment(field: str, value: str) -> str:
+    """An id of the request as one path segment of the owner's route, whatever it holds;
+    an empty one (proto3's unset) is refused: it would name another route (a list, or
+    none: `Not Found`, or an answer that is no such resource)."""
+    if not value:
+        raise BadRequest(
+            "request.invalid", f"{field} is required", f"give the {field} to read", field
+        )
+    return quote(value, safe="")
 
 
 async def start_server(
