@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 import pytest
@@ -73,6 +74,40 @@ async def test_sign_in_sets_an_opaque_strict_http_only_cookie_and_the_headers(ap
         assert api.tokens["alice"] not in page.text
         # The JSON API is left as it was.
         assert "content-security-policy" not in (await client.get("/healthz")).headers
+
+
+async def test_a_link_to_a_page_signs_in_then_opens_it_and_never_leaves_the_console(
+    api: Api,
+) -> None:
+    """An alert card's link (a task page) while signed out: the sign-in page, then that
+    page; a `next` of another site, or not the console's, goes to the task list."""
+    task_id = await created_task(api)
+    page = f"/console/tasks/{task_id}?tab=events"
+    async with httpx.AsyncClient(transport=api.http._transport, base_url="http://gw") as client:
+        asked = await client.get(page)
+        assert asked.status_code == 303
+        sign_in_at = asked.headers["location"]
+        assert sign_in_at == "/console/sign-in?" + urlencode({"next": page})
+        form = (await client.get(sign_in_at)).text
+        assert f'name="next" value="{html.escape(page)}"' in form
+        refused = await client.post("/console/sign-in", data={"token": "nope", "next": page})
+        assert f'name="next" value="{html.escape(page)}"' in refused.text  # kept for a retry
+        token = api.tokens["alice"]
+        signed = await client.post("/console/sign-in", data={"token": token, "next": page})
+        assert (signed.status_code, signed.headers["location"]) == (303, page)
+        assert (await client.get(page)).status_code == 200
+        for elsewhere in (
+            "https://evil.example/console/tasks",
+            "//evil.example/console/tasks",
+            "/\\evil.example/console/tasks",
+            "/v1/tasks",
+            "javascript:alert(1)",
+            "/console/tasks\r\nSet-Cookie: x=1",
+        ):
+            again = await client.post("/console/sign-in", data={"token": token, "next": elsewhere})
+            assert (again.status_code, again.headers["location"]) == (303, "/console/tasks")
+            shown = (await client.get("/console/sign-in", params={"next": elsewhere})).text
+            assert 'name="next"' not in shown
 
 
 async def test_changes_need_the_sessions_csrf_token_and_the_consoles_origin(api: Api) -> None:

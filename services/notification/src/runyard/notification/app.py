@@ -247,7 +247,7 @@ class NotificationApp:
             spec=spec_words(state.spec),
             run=state.run,
             reason=why,
-            link=f"{self.config.gateway_url.rstrip('/')}/v1/tasks/{state.task_id}",
+            link=f"{self.config.gateway_url.rstrip('/')}/console/tasks/{state.task_id}",
         )
 
     async def _subscriptions(

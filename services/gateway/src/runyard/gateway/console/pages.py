@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
-from urllib.parse import parse_qsl, quote, urlencode
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 from fastapi import APIRouter
 from fastapi import Request as HttpRequest
@@ -150,11 +150,13 @@ class Console:
         try:
             await self.gw.authenticate(token)
         except Unauthenticated as exc:
-            return render("sign_in.html", None, status=401, error=exc)
+            return render(
+                "sign_in.html", None, status=401, error=exc, next=_console_path(form.get("next"))
+            )
         # never keep a session across sign-ins
         await self.sessions.close(request.cookies.get(COOKIE))
         session = await self.sessions.open(token)
-        answer = RedirectResponse(f"{PREFIX}/tasks", status_code=303)
+        answer = RedirectResponse(return_to(form.get("next")), status_code=303)
         answer.set_cookie(
             COOKIE,
             session.session_id,
@@ -424,6 +426,31 @@ def error_page(exc: RunyardError, who: SignedIn | None) -> HTMLResponse:
     return render("error.html", who, status=exc.http_status, error=exc)
 
 
+def sign_in_url(request: HttpRequest) -> str:
+    """The sign-in page, naming the page asked for (a link from an alert card, a bookmark)
+    to go on to once signed in; the task list, where sign-in goes anyway, is not named."""
+    asked = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    if asked == f"{PREFIX}/tasks" or _console_path(asked) is None:
+        return f"{PREFIX}/sign-in"
+    return f"{PREFIX}/sign-in?{urlencode({'next': asked})}"
+
+
+def _console_path(value: str | None) -> str | None:
+    """`value` if it is a path of this console (`/console/...`, no host, no scheme): the
+    only place sign-in goes on to, so a crafted link cannot send anyone elsewhere."""
+    if not value or len(value) > 2000 or "\\" in value or any(ord(c) < 32 for c in value):
+        return None
+    parts = urlsplit(value)
+    if parts.scheme or parts.netloc or not parts.path.startswith(PREFIX + "/"):
+        return None
+    return value
+
+
+def return_to(value: str | None) -> str:
+    """Where sign-in goes on to: the page asked for, or the task list."""
+    return _console_path(value) or f"{PREFIX}/tasks"
+
+
 def _same_origin(request: HttpRequest) -> None:
     """A form POSTed from another site is refused, signed in or not (sign-in included)."""
     origin = request.headers.get("origin")
@@ -596,8 +623,8 @@ def console_router(console: Console, more: Iterable[tuple[str, str, Page]] = ())
         return RedirectResponse(f"{PREFIX}/tasks", status_code=303)
 
     @router.get(PREFIX + "/sign-in")
-    async def sign_in_page() -> Response:
-        return render("sign_in.html", None)
+    async def sign_in_page(request: HttpRequest) -> Response:
+        return render("sign_in.html", None, next=_console_path(request.query_params.get("next")))
 
     @router.post(PREFIX + "/sign-in")
     async def sign_in(request: HttpRequest) -> Response:
@@ -627,7 +654,7 @@ def signed_in_page(console: Console, handler: Handler) -> Callable[[HttpRequest]
                 return Response(status_code=401, headers={"HX-Redirect": f"{PREFIX}/sign-in"})
             if request.method == "POST":
                 return render("sign_in.html", None, status=401, expired=True)
-            return RedirectResponse(f"{PREFIX}/sign-in", status_code=303)
+            return RedirectResponse(sign_in_url(request), status_code=303)
         except RunyardError as exc:
             return error_page(exc, who)
 
