@@ -655,6 +655,9 @@ TABLE: dict[str, Scenario] = {
     "list bad cursor": lambda via, _: via.ls("alice", cursor="zzz"),
     "list bad limit": lambda via, _: via.ls("alice", limit=1000),
     "list bad status": lambda via, _: via.ls("alice", status="finished"),
+    # `?tenant=` is not given, as gRPC's empty field: the caller's own tenant
+    "list with an empty tenant": lambda via, _: via.ls("alice", tenant=""),
+    "group list with an empty tenant": lambda via, _: via.group_ls("alice", tenant=""),
     "no token": lambda via, seed: via.get("nobody", seed),
     "unknown token": lambda via, _: via.ls("forged"),
     "events": lambda via, seed: via.events("alice", seed),

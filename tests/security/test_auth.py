@@ -151,6 +151,11 @@ async def test_tenant_admin_lists_and_revokes_only_its_tenant(world: World) -> N
     assert {t["tenant"] for t in tb_items} == {"tb"}
     every = (await world.call("root", "GET", "/v1/admin/tokens")).json()["items"]
     assert {t["tenant"] for t in every} == {"ops", "ta", "tb"}
+    # `?tenant=` (empty) is no tenant given: every tenant's, and a tenant admin's own
+    given_none = await world.call("root", "GET", "/v1/admin/tokens", params={"tenant": ""})
+    assert given_none.json()["items"] == every, given_none.text
+    own = await world.call("ta_admin", "GET", "/v1/admin/tokens", params={"tenant": ""})
+    assert own.json()["items"] == ta_items, own.text
     alice_id = next(t["token_id"] for t in ta_items if t["user"] == "alice")
     revoke = await world.call("tb_admin", "DELETE", f"/v1/admin/tokens/{alice_id}")
     assert (revoke.status_code, revoke.json()["code"]) == (404, "token.not_found")

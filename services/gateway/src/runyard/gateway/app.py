@@ -189,6 +189,7 @@ class Gateway:
         """Tokens without their secrets: a tenant admin sees its tenant's, a platform
         admin every tenant's (or one, with `tenant`)."""
         caller.require_token_admin()
+        tenant = tenant or None  # `?tenant=`: none given
         if not caller.is_platform_admin:
             if tenant not in (None, caller.tenant):
                 caller.require_grant(tenant or "", "member")
@@ -541,8 +542,9 @@ def _stream(task_id: str) -> str:
 
 
 def _read_tenant(caller: Principal, tenant: str | None) -> str:
-    """The tenant a list reads: the caller's own unless its role reads across tenants."""
-    if tenant is None or tenant == caller.tenant:
+    """The tenant a list reads: the caller's own unless its role reads across tenants
+    (`tenant` empty, as `?tenant=` or gRPC's unset field, is the caller's own)."""
+    if not tenant or tenant == caller.tenant:
         return caller.tenant
     if not caller.may_read_tenant(tenant):
         raise PermissionDenied(
