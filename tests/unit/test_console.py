@@ -265,6 +265,7 @@ def test_whatif_form_becomes_the_apis_body() -> None:
     for form, code in (
         ({"from": "1h", "to": "0m", "nodes": "8"}, "console.whatif_nodes"),
         ({"from": "", "to": "0m"}, "console.whatif_window"),
+        ({"from": "999999d", "to": "0m"}, "console.whatif_window"),  # before year 1: was a 500
         ({"from": "1h", "to": "0m", "pools_yaml": "[oops"}, "console.whatif_pools"),
     ):
         with pytest.raises(BadRequest) as refused:

@@ -201,8 +201,15 @@ def window_point(text: str, field: str) -> str:
     value = text.strip()
     ago = _AGO.match(value)
     if ago:
-        delta = timedelta(**{_UNITS[ago[2]]: int(ago[1])})
-        return (utcnow() - delta).isoformat()
+        try:
+            return (utcnow() - timedelta(**{_UNITS[ago[2]]: int(ago[1])})).isoformat()
+        except OverflowError:  # before year 1 (999999d)
+            raise BadRequest(
+                "console.whatif_window",
+                f"{field}: {value!r} ago is before any time the log can hold",
+                "a what-if replays at most 7 days: e.g. 1h, 2d, or 2026-12-01T10:00Z",
+                field,
+            ) from None
     if not value:
         raise BadRequest(
             "console.whatif_window",
