@@ -10,6 +10,7 @@ two runs, so they are left out of the comparison.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -626,6 +627,12 @@ async def export_unfiltered(via: Via, seed: str) -> Outcome:
     )
 
 
+def _cursor(raw: str) -> str:
+    """A list cursor of `raw` (`<created_at>|<task_id>`; `t` stands for a valid time)."""
+    raw = raw.replace("t|", "2026-01-01T00:00:00+00:00|", 1) if raw.startswith("t|") else raw
+    return base64.urlsafe_b64encode(raw.encode()).decode()
+
+
 def _spec(**changes: Any) -> Scenario:
     return lambda via, _: via.create("alice", {**BASE, **changes})
 
@@ -653,6 +660,11 @@ TABLE: dict[str, Scenario] = {
     "list of a tenant by an sre": lambda via, _: via.ls("sam", tenant="t1"),
     "list of another tenant refused to a member": lambda via, _: via.ls("carol", tenant="t1"),
     "list bad cursor": lambda via, _: via.ls("alice", cursor="zzz"),
+    # well-formed base64, but no cursor the API gives: refused as such, not by the database
+    "list crafted cursor: NUL": lambda via, _: via.ls("alice", cursor=_cursor("t|a\x00b")),
+    "list crafted cursor: offset": lambda via, _: via.ls(
+        "alice", cursor=_cursor("9999-12-31T23:59:59-23:59|a")
+    ),
     "list bad limit": lambda via, _: via.ls("alice", limit=1000),
     "list bad status": lambda via, _: via.ls("alice", status="finished"),
     # `?tenant=` is not given, as gRPC's empty field: the caller's own tenant
@@ -1044,3 +1056,16 @@ async def test_an_empty_id_is_invalid_argument_naming_it(both: Both) -> None:
         async for _ in via.stub.FollowLogs(pb.FollowLogsRequest(), metadata=via._metadata("alice")):
             pass
     assert refusal(refused.value).body["field"] == "task_id"
+
+
+async def test_a_crafted_list_cursor_is_cursor_invalid(both: Both) -> None:
+    """Found by hand: a base64 cursor holding a NUL or a time far off UTC reached the
+    database and came back as `request.invalid` with no field and the driver's words."""
+    for via in (both.http, both.grpc):
+        for raw in ("t|a\x00b", "9999-12-31T23:59:59-23:59|a", "2026-01-01T00:00:00|a"):
+            refused = await via.ls("alice", cursor=_cursor(raw))
+            assert (refused.status, refused.body["code"], refused.body["field"]) == (
+                "INVALID_ARGUMENT",
+                "cursor.invalid",
+                "cursor",
+            ), (raw, refused)

@@ -26,7 +26,7 @@ import base64
 import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -429,6 +429,11 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
     """The sort key in a cursor; ValueError if it is not one of ours."""
     try:
         created_at, _, task_id = base64.urlsafe_b64decode(cursor.encode()).decode().partition("|")
-        return datetime.fromisoformat(created_at), task_id
+        when = datetime.fromisoformat(created_at)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ValueError(f"bad cursor {cursor!r}") from exc
+    # Ours hold a time in UTC, as the task list stores it, and a task id: anything else
+    # (another offset, a NUL) would reach the database and be refused there, unnamed.
+    if when.utcoffset() != timedelta(0) or "\x00" in task_id:
+        raise ValueError(f"bad cursor {cursor!r}")
+    return when, task_id
