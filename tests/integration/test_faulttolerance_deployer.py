@@ -491,3 +491,47 @@ async def test_a_gpu_fault_at_env_check_reschedules_and_restarts_before_the_laun
     assert [x for x in w.output("lost") if x.startswith("launched")] == [
         f"launched on {placed[1].workers[0].node}"
     ]
+
+
+@pytest.fixture
+def image_without_runyard() -> Any:
+    """An image whose `python` cannot import Runyard (a custom image): the env check
+    program ends at once with an error, before `Bootcheck Finished`."""
+    build = Path(__file__).resolve().parents[2] / "build"
+    build.mkdir(exist_ok=True)
+    image = Path(tempfile.mkdtemp(prefix="runyard-bare-image-", dir=build))
+    image.chmod(0o755)
+    (image / "bin").mkdir()
+    python = image / "bin" / "python"
+    python.write_text(
+        "#!/bin/bash\necho \"No module named 'runyard'\" >&2\nexit 1\n"  # as python says it
+    )
+    python.chmod(0o755)
+    yield image
+    shutil.rmtree(image, ignore_errors=True)
+
+
+async def test_an_env_check_program_that_cannot_run_finishes_the_check_at_once(
+    store: PostgresEventStore, tmp_path: Path, image_without_runyard: Path
+) -> None:
+    """Not 600 s in env_checking with the GPUs held (the service's timeout, 120 s here):
+    the worker's check reports its `runtime` item failed with the exit status at once,
+    a warning, and the launch command runs."""
+    spec = task_spec("echo launched", workers=2, env_check=True)
+    async with world(store, tmp_path) as w:
+        w.runtime.config.images["bare"] = image_without_runyard  # type: ignore[index]
+        await w.submit("bare", spec.model_copy(update={"image": "bare"}))
+        workers = tuple(WorkerPlacement(index=i, node=f"n-{i}", gpus=(i,)) for i in range(2))
+        await w.append("bare", TaskPlaced(run=1, attempt=1, pool="dev", workers=workers))
+        state = await w.until("bare", lambda s: s.finished, within=30)
+    assert state.status == "succeeded", state.last_failure_reason
+    (finished,) = await w.payloads("bare", EnvCheckFinished)
+    assert finished.result == "warn"
+    items = await w.payloads("bare", EnvCheckItemReported)
+    assert sorted((i.worker, i.item, i.result, i.blocking) for i in items) == [
+        (0, "runtime", "fail", False),
+        (1, "runtime", "fail", False),
+    ]
+    assert all("exit status 1 before it finished" in i.detail for i in items)
+    assert "No module named 'runyard'" in w.output("bare", "stderr")
+    assert w.output("bare", "stdout").count("launched") == 2

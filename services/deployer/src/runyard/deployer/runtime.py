@@ -2263,15 +2263,38 @@ async def _until_gone(pgid: int, timeout_s: float = 2.0) -> None:
         await asyncio.sleep(0.01)
 
 
+#: Exit statuses of the env check program once it printed `Bootcheck Finished`: 0, or
+#: 3 when a blocking item failed (docs/fault-tolerance.md).
+_BOOTCHECK_FINISHED = (0, 3)
+
+
 def bootcheck_command(deployment: Deployment, worker: int) -> str:
-    """The env check command line of one worker (R-30), run in its environment."""
+    """The env check command line of one worker (R-30), run in its environment.
+
+    A program that ends any other way (no `python` in the image, Runyard not importable
+    there, a crash) printed no `Bootcheck Finished`: the line after it then reports the
+    `runtime` item failed with the exit status and finishes the worker's check, in the
+    program's own line format, so the fault-tolerance service decides at once instead
+    of after its 600 s timeout (a warning, as that timeout gives)."""
     spec = deployment.spec
     parts = ["python", "-m", "runyard.faulttolerance.bootcheck", "--worker", str(worker)]
     if spec.rdma:
         parts.append("--rdma")
     for mount in spec.mounts:
         parts += ["--mount", f"{mount.mount_path}:ro" if mount.read_only else mount.mount_path]
-    return shlex.join(parts)
+    detail = (
+        "the env check program ended with exit status @CODE@ before it finished (its"
+        " error is on this worker's stderr): the image needs a `python` that can import"
+        " runyard.faulttolerance.bootcheck, as the @python image has"
+    )
+    item = {"runyard_bootcheck": 1, "worker": worker, "item": "runtime", "result": "fail"}
+    head, tail = json.dumps({**item, "detail": detail, "blocking": False}).split("@CODE@")
+    finished = " ".join(f"[ $code -ne {c} ]" for c in _BOOTCHECK_FINISHED).replace(" [", " && [")
+    return (
+        f"{shlex.join(parts)}; code=$?; if {finished}; then"
+        f" printf '%s%s%s\\n%s\\n' {shlex.quote(head)} \"$code\" {shlex.quote(tail)}"
+        " 'Bootcheck Finished'; fi; exit $code"
+    )
 
 
 def free_port(preferred: int = DEFAULT_MASTER_PORT) -> int:
