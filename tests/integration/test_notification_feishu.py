@@ -166,6 +166,27 @@ def test_a_tasks_name_reason_and_log_line_cannot_mention_everyone_or_link() -> N
     assert "<at" not in text and '&#60;at user_id="all"&#62;everyone&#60;/at&#62;' in text
 
 
+def test_a_card_says_what_to_do_next_for_its_kind() -> None:
+    """Each alert that asks something of its reader says what: where to look on the
+    task's page and the same from a terminal; a stop or a success asks nothing."""
+    steps = {
+        "failed": "runyard logs t-0 --first-error",
+        "hang": "runyard stacks t-0",
+        "slowdown": "runyard ft-log t-0",
+        "queued": "runyard capacity pool-a",
+        "restarted": "runyard ft-log t-0",
+    }
+    for kind, command in steps.items():
+        card = feishu.task_card([facts(kind=kind)])
+        [step] = [c for c in _lark_md(card) if c.startswith("**Next step**")]
+        assert command in step and "task's page" in step, kind
+        text = feishu.task_text([facts(kind=kind)])["content"]["text"]
+        assert "next step: " in text and command in text, kind
+    for kind in ("stopped", "succeeded"):
+        assert "Next step" not in json.dumps(feishu.task_card([facts(kind=kind)]))
+        assert "next step" not in feishu.task_text([facts(kind=kind)])["content"]["text"]
+
+
 # --- the first error ----------------------------------------------------------------------------
 
 TRACEBACK_ERROR = FirstErrorFact(

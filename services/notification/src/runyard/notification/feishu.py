@@ -48,6 +48,25 @@ _HEADLINES = {
     "rescheduled": "reschedule requested",
     "requeued": "requeued after preemption",
 }
+#: What to do next, per alert kind: where to look on the task's page (the card's button)
+#: and the same from a terminal. (`abnormal` carries the platform's own next steps in
+#: its reason; a success or a stop asks for nothing.)
+_NEXT_STEPS = {
+    "failed": "read the first error and the workers' last lines on the task's page"
+    " (runyard logs {task} --first-error), fix the cause, then Rerun it (runyard rerun {task})",
+    "hang": "see where each worker was stuck in the stack report on the task's page"
+    " (runyard stacks {task})",
+    "slowdown": "compare the workers' step times in the fault-tolerance log on the task's page"
+    " (runyard ft-log {task})",
+    "queued": "see its place in the queue and why it waits on the task's page"
+    " (runyard show {task}); what the pool has free: runyard capacity {pool}",
+    "restarted": "nothing unless it keeps restarting: the fault-tolerance log on the task's"
+    " page says why (runyard ft-log {task})",
+    "rescheduled": "nothing: it is placed again away from the faulty nodes; the"
+    " fault-tolerance log says why (runyard ft-log {task})",
+    "requeued": "nothing: it waits for capacity again; its place is on the task's page"
+    " (runyard show {task})",
+}
 #: Header colour per alert kind (Feishu card templates).
 _COLOURS = {
     "failed": "red",
@@ -177,6 +196,8 @@ def _task_card(alerts: Sequence[AlertFacts], latest: AlertFacts, budget: int) ->
     ]
     if (first := _first_error(alerts)) is not None:
         elements += _first_error_elements(first, budget)
+    if (step := next_step(latest)) is not None:
+        elements.append(_markdown(f"**Next step**\n{_md(step)}"))
     if len(alerts) > 1:
         earlier = "\n".join(
             f"- {_md(a.kind)}: {_md(_cut(a.reason, budget // 4))}" for a in alerts[:-1]
@@ -198,12 +219,20 @@ def task_text(alerts: Sequence[AlertFacts], *, limit: int = MAX_BODY_BYTES) -> d
         ]
         if (first := _first_error(alerts)) is not None:
             lines += _first_error_lines(first, budget)
+        if (step := next_step(latest)) is not None:
+            lines.append(f"next step: {step}")
         lines += [f"also: {a.kind}: {_cut(a.reason, budget // 4)}" for a in alerts[:-1]]
         lines.append(latest.link)
         message = {"msg_type": "text", "content": {"text": _inert("\n".join(lines))}}
         if body_size(message) <= limit or budget < 10:
             return message
         budget //= 2
+
+
+def next_step(alert: AlertFacts) -> str | None:
+    """What the reader of the alert does next (None: nothing to do)."""
+    step = _NEXT_STEPS.get(alert.kind)
+    return None if step is None else step.format(task=alert.task_id, pool=alert.pool)
 
 
 def _first_error(alerts: Sequence[AlertFacts]) -> FirstErrorFact | None:
