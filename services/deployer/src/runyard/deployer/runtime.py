@@ -1145,6 +1145,9 @@ class LocalRuntime:
                 # worker's pids cgroup; `echo` is a builtin, no process of its own.
                 procs = self._pids_groups(local)[worker.index] / "cgroup.procs"
                 setup = f"echo 0 > {q(str(procs))} || finish 112\n{setup}"
+            # The kernel's first choice when memory runs out, before the control plane
+            # (Postgres, the services): set as root, so the worker cannot lower it.
+            setup = f"{{ echo 1000 > /proc/self/oom_score_adj; }} 2>/dev/null\n{setup}"
             user_shell = (
                 f"{q(t.setpriv)} --reuid={uid} --regid={gid} --clear-groups --inh-caps=-all "
                 f"--bounding-set=-all --no-new-privs -- {user_shell}"
