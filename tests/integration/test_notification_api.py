@@ -123,6 +123,17 @@ async def test_bad_subscriptions_are_refused_with_the_field(
     )
 
 
+async def test_a_bad_queued_threshold_says_what_a_threshold_is(api: Api) -> None:
+    for alert in ("queued:-5", "queued:abc", "queued:inf", "queued:nan"):
+        body = {"webhook_url": HOOK, "alerts": [alert]}
+        answer = await api.call("alice", "POST", "/v1/alert-subscriptions", json=body)
+        assert answer.status_code == 400, alert
+        assert "is not a positive number of seconds" in answer.json()["message"], alert
+    other = {"webhook_url": HOOK, "alerts": ["failed:10"]}
+    answer = await api.call("alice", "POST", "/v1/alert-subscriptions", json=other)
+    assert "only `queued:<seconds>` takes a threshold" in answer.json()["message"]
+
+
 async def test_no_token_no_subscriptions(api: Api) -> None:
     answer = await api.http.get("/v1/alert-subscriptions")
     assert answer.status_code == 401

@@ -20,6 +20,7 @@ default applies.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
@@ -123,14 +124,18 @@ def check_alerts(alerts: tuple[str, ...]) -> tuple[str, ...]:
         kind, colon, seconds = alert.partition(":")
         if kind not in ALERT_KINDS:
             raise InvalidAlerts(alert, f"unknown kind; one of {', '.join(ALERT_KINDS)}")
-        if colon and (kind != "queued" or not _positive(seconds)):
+        if colon and kind != "queued":
             raise InvalidAlerts(alert, "only `queued:<seconds>` takes a threshold")
+        if colon and not _positive(seconds):
+            raise InvalidAlerts(
+                alert, f"the threshold {seconds!r} is not a positive number of seconds"
+            )
     return alerts
 
 
 def _positive(text: str) -> bool:
     try:
-        return float(text) > 0
+        return math.isfinite(float(text)) and float(text) > 0
     except ValueError:
         return False
 
