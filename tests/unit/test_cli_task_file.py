@@ -87,3 +87,31 @@ def test_a_group_file_given_to_submit_and_a_spec_to_group_create_name_the_comman
     said = " ".join(done.output.split())
     assert done.exit_code == 2 and "holds one task's spec" in said
     assert f"hint: runyard submit -f {spec}, or put the spec under template:" in said
+
+
+BOMB = "".join(
+    f"{name}: &{name} [{', '.join([f'*{prev}'] * 10)}]\n"
+    for prev, name in zip("abcdefg", "bcdefgh", strict=True)
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        # YAML aliases: 10**8 copies of "x" once built into JSON (gigabytes, minutes)
+        ('a: &a ["x", "x", "x", "x", "x", "x", "x", "x", "x", "x"]\n' + BOMB, "is more than"),
+        ("name: " + "[" * 5000 + "]" * 5000 + "\n", "is nested deeper than 32 levels"),
+        ("name: " + "[" * 40 + "]" * 40 + "\n", "is nested deeper than 32 levels"),
+        (SPEC + "description: " + "d" * (1024 * 1024) + "\n", "is more than 1048576 bytes"),
+    ],
+)
+def test_a_file_over_a_request_bodys_bounds_is_refused_before_it_is_built(
+    tmp_path: Path, text: str, says: str
+) -> None:
+    """Found by hand: the alias file took 1.4 GB and 30 s to be refused by the gateway;
+    a file nested 5000 deep was a RecursionError traceback."""
+    code, output = submit(tmp_path, text)
+    assert code == 2, output[-300:]
+    assert "task.yaml " + says in output, output[-300:]
+    assert "hint: the gateway takes at most 1048576 bytes of JSON" in output
+    assert "Traceback" not in output

@@ -199,6 +199,13 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
     return text
 
 
+#: A task file's bounds: the gateway's for a request body (docs/limits.md), checked as the
+#: file is read, so that YAML aliases that repeat a list into gigabytes are refused here
+#: before they are built into a request, and a file nested thousands deep is no traceback.
+FILE_MAX_BYTES = 1024 * 1024
+FILE_MAX_DEPTH = 32
+
+
 def load_yaml(path: Path) -> dict[str, Any]:
     """A task file (YAML or JSON) as a mapping."""
     try:
@@ -206,6 +213,8 @@ def load_yaml(path: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         err.print(f"[red]error:[/red] cannot read {markup(path)}: {markup(exc)}")
         raise typer.Exit(2) from exc
+    except RecursionError as exc:  # PyYAML composes nested nodes recursively
+        _refuse_file(path, f"nested deeper than {FILE_MAX_DEPTH} levels", exc)
     except yaml.YAMLError as exc:
         kind = "JSON" if path.suffix.lower() == ".json" else "YAML"
         problem = markup(yaml_problem(exc))
@@ -215,7 +224,42 @@ def load_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         err.print(f"[red]error:[/red] {markup(path)}: expected a mapping of task spec fields")
         raise typer.Exit(2)
+    if (over := _file_problem(data)) is not None:
+        _refuse_file(path, over)
     return data
+
+
+def _refuse_file(path: Path, problem: str, cause: BaseException | None = None) -> NoReturn:
+    err.print(f"[red]error:[/red] {markup(path)} is {problem}")
+    err.print(
+        f"hint: the gateway takes at most {FILE_MAX_BYTES} bytes of JSON nested"
+        f" {FILE_MAX_DEPTH} levels (docs/limits.md); YAML aliases (*name) repeat what they"
+        " name: write the spec out, and keep long text in a script on a volume"
+    )
+    raise typer.Exit(2) from cause
+
+
+def _file_problem(data: Any) -> str | None:
+    """Why `data` would be over a request body's bounds as JSON (about its size: keys,
+    scalars and punctuation counted), None when it is within them. Stops at the bound,
+    so a file of aliases costs no more than a file of that size."""
+    size = 0
+    stack: list[tuple[Any, int]] = [(data, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth >= FILE_MAX_DEPTH:
+                return f"nested deeper than {FILE_MAX_DEPTH} levels"
+            children = list(item.values()) if isinstance(item, dict) else item
+            if isinstance(item, dict):
+                size += sum(len(str(key)) + 4 for key in item)
+            size += 2 + len(children)
+            stack.extend((child, depth + 1) for child in children)
+        else:
+            size += len(str(item)) + 2
+        if size > FILE_MAX_BYTES:
+            return f"more than {FILE_MAX_BYTES} bytes as JSON"
+    return None
 
 
 # --- tasks --------------------------------------------------------------------
