@@ -333,6 +333,39 @@ async def test_other_tenants_get_404_and_sre_reads_every_tenant(api: Api) -> Non
     assert unauthenticated.status_code == 401
 
 
+async def test_the_console_task_page_downloads_the_same_bundle(api: Api) -> None:
+    """Someone who never opens a terminal saves the bundle from the task's page: the
+    same zip as the API's, as the signed-in user (the session's token redacted too);
+    another tenant's member gets the 404 page, a signed-out browser the sign-in."""
+    task_id = await api.submit()
+
+    async def signed_in(client: httpx.AsyncClient, who: str) -> httpx.AsyncClient:
+        answer = await client.post("/console/sign-in", data={"token": api.tokens[who]})
+        assert answer.status_code == 303
+        return client
+
+    async with httpx.AsyncClient(transport=api.http._transport, base_url="http://gw") as alice:
+        await signed_in(alice, "alice")
+        page = (await alice.get(f"/console/tasks/{task_id}")).text
+        assert f'href="/console/tasks/{task_id}/bundle"' in page
+        answer = await alice.get(f"/console/tasks/{task_id}/bundle")
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["content-type"] == "application/zip"
+        assert f"runyard-bundle-{task_id}.zip" in answer.headers["content-disposition"]
+        members = unpack(answer.content)
+        assert task_id in members["summary.md"].decode()
+        spec = json.loads(members["spec.json"])
+        assert {v["name"]: v["value"] for v in spec["env"]}["HF_TOKEN"] == "******"
+        assert all(api.tokens["alice"].encode() not in body for body in members.values())
+        assert set(members) == set(unpack((await api.bundle("alice", task_id)).content))
+    async with httpx.AsyncClient(transport=api.http._transport, base_url="http://gw") as carol:
+        await signed_in(carol, "carol")
+        other = await carol.get(f"/console/tasks/{task_id}/bundle")
+        assert other.status_code == 404 and "task_not_found" in other.text
+    async with httpx.AsyncClient(transport=api.http._transport, base_url="http://gw") as nobody:
+        assert (await nobody.get(f"/console/tasks/{task_id}/bundle")).status_code == 303
+
+
 async def test_a_secret_the_redaction_cannot_reach_refuses_the_bundle(api: Api) -> None:
     """A value redaction cannot touch (a number in the events equal to the secret) is
     found by the scan of the finished archive: the bundle is refused, nothing sent."""

@@ -15,6 +15,8 @@ and the two ways to run a task's spec again with changes.
 - `/tasks/{id}/rerun-with-changes`: a form of the changes a rerun allows
   (`RERUN_CHANGEABLE`), prefilled with the spec; only the fields changed are
   sent, as `runyard rerun --command ...` sends them (`POST /v1/tasks/{id}/rerun`);
+- `/tasks/{id}/bundle`: the task's support bundle (`runyard bundle`, `GET
+  /v1/tasks/{id}/bundle`: the same use case, as the signed-in user), a zip to save;
 - the clone is the submit form prefilled (`/submit?clone={id}`, in `pages`).
 """
 
@@ -25,11 +27,12 @@ from typing import Any
 from urllib.parse import quote
 
 from fastapi import Request as HttpRequest
-from fastapi.responses import RedirectResponse, Response
+from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from runyard.api.inputs import parse_body
 from runyard.contracts.requests import RerunChanges
 from runyard.domain import RERUN_CHANGEABLE
 from runyard.errors import RunyardError
+from runyard.gateway.bundle import MEDIA_TYPE, BundleApi
 from runyard.gateway.console import reads
 from runyard.gateway.console.pages import PREFIX, Console, SignedIn, render
 
@@ -151,6 +154,21 @@ async def _ft(console: Console, who: SignedIn, task_id: str, route: str) -> Any:
     return await console.owners.call("faulttolerance", "GET", path, token=who.session.token)
 
 
+async def bundle(console: Console, request: HttpRequest, who: SignedIn) -> Response:
+    """The task's support bundle, downloaded (whoever may read the task; its secrets and
+    the session's token redacted, as over the API); a refusal is the error page."""
+    task_id = request.path_params["task_id"]
+    made = await BundleApi(console.gw, console.owners).write(
+        who.principal, task_id, who.session.token
+    )
+    headers = {
+        "Content-Disposition": f'attachment; filename="{made.filename}"',
+        "Content-Length": str(made.size),
+        "Cache-Control": "no-store",
+    }
+    return StreamingResponse(made.chunks(), media_type=MEDIA_TYPE, headers=headers)
+
+
 def _int(text: str) -> int:
     return int(text) if text.isdigit() else 0
 
@@ -161,6 +179,7 @@ PAGES = (
     ("POST", "/tasks/{task_id}/stacks/capture", capture_stacks),
     ("GET", "/tasks/{task_id}/stacks/{report_id}", stack_report),
     ("GET", "/tasks/{task_id}/alerts", alerts),
+    ("GET", "/tasks/{task_id}/bundle", bundle),
     ("GET", "/tasks/{task_id}/rerun-with-changes", rerun_form),
     ("POST", "/tasks/{task_id}/rerun-with-changes", rerun_with_changes),
 )
