@@ -24,6 +24,7 @@ from runyard.api.auth import create_token
 from runyard.api.grpc_errors import error_of_rpc
 from runyard.cli.trace import print_trace
 from runyard.contracts import Metadata, NewEvent
+from runyard.contracts.admin_events import TokenIssued
 from runyard.contracts.spec import TaskSpec
 from runyard.contracts.task_events import TaskRescheduleRequested
 from runyard.domain.task import Submit, decide
@@ -148,6 +149,25 @@ async def test_a_node_fault_and_the_reschedules_it_caused_cross_tenants(traces: 
     # the task's trace holds both its chains: its submission's and the fault's
     task = (await traces.get("t1", "/v1/tasks/mine/trace")).json()
     assert task["correlation_ids"] == ["submit-1", "fault-1"]
+
+
+async def test_another_tenants_token_event_is_no_event(traces: Traces) -> None:
+    """A token minted for tenant t2 (its `TokenIssued`, stream `access-<id>`) is traced by
+    t2's members and the SRE; to t1's member it is a 404, as any event about t2."""
+    issued = TokenIssued(
+        token_id="tok_t2bob", tenant="t2", user="bob", role="member", expires_at=NOW
+    )
+    meta = Metadata(actor="user:t2/admin", causation_id="mint-1", correlation_id="mint-1")
+    await traces.face.store.append("access-tok_t2bob", [NewEvent(issued, meta, NOW)], 0)
+    [event] = await traces.face.store.read_stream("access-tok_t2bob")
+    path = f"/v1/events/{event.event_id}/trace"
+    for who in ("t2", "sre"):
+        answer = await traces.get(who, path)
+        assert answer.status_code == 200, (who, answer.text)
+        assert answer.json()["tree"][0]["stream_id"] == "access-tok_t2bob"
+    hidden = await traces.get("t1", path)
+    assert (hidden.status_code, hidden.json()["code"]) == (404, "event.not_found")
+    assert "tok_t2bob" not in hidden.text
 
 
 async def test_the_tree_is_bounded_and_grpc_answers_as_http(traces: Traces) -> None:

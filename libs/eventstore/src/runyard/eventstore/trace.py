@@ -41,7 +41,9 @@ MAX_TRACE_DEPTH: Final = 100
 _COLUMNS = (
     "e.global_position, e.event_id, e.stream_id, e.stream_version, e.event_type,"
     " e.metadata::text AS metadata, e.occurred_at,"
-    " coalesce(t.tenant, tp.tenant) AS tenant, e.data->>'task_id' AS named_task"
+    " coalesce(t.tenant, tp.tenant,"
+    " CASE WHEN e.stream_id LIKE 'access-%' THEN e.data->>'tenant' END) AS tenant,"
+    " e.data->>'task_id' AS named_task"
 )
 _FROM = (
     "FROM events e LEFT JOIN audit_tasks t ON t.stream_id = e.stream_id"
@@ -67,7 +69,8 @@ class TraceNode:
     causation_id: str | None
     correlation_id: str | None
     trace_id: str | None
-    #: The tenant of the task the event is about (None: a pool or access event on no task).
+    #: The tenant of the task the event is about, or of the token an access event is
+    #: about (None: a pool or catalogue event on no task).
     tenant: str | None = None
     redacted: bool = False
     children: list[TraceNode] = field(default_factory=list, repr=False)
