@@ -701,6 +701,11 @@ TABLE: dict[str, Scenario] = {
         "carol", tenant="t1"
     ),
     "group unknown": lambda via, _: via.group_get("alice", "nope"),
+    # a read-only role is refused before the group is looked for or the message read
+    "group stop by an sre": lambda via, _: via.group_stop("sam", "nope"),
+    "group rerun by an sre": lambda via, _: via.group_rerun("sam", "nope", {}),
+    "group create by an sre": lambda via, _: via.group_create("sam", {}, [{}]),
+    "create by an sre": lambda via, _: via.create("sam", {"name": "n" * 201}),
     # --- logs -------------------------------------------------------------------
     "logs": lambda via, seed: via.logs("alice", seed),
     "logs as another user": lambda via, seed: via.logs("bob", seed),

@@ -432,6 +432,7 @@ class Gateway:
 
     async def stop_group(self, req: Request, group_id: str) -> dict[str, Any]:
         """Stop every task of the group that has not ended yet."""
+        req.principal.require_write()  # a read-only role: 403, whether the group is or not
         group = await self.get_group(req.principal, group_id)
         for row in group["tasks"]:
             state, recorded = await self._load(req.principal, row["task_id"], write=True)
@@ -463,6 +464,7 @@ class Gateway:
         The submission service checks every rerun first, then writes all in one
         transaction, so either every finished task runs again or none does.
         """
+        req.principal.require_write()
         group = await self.get_group(req.principal, group_id)
         task_ids = [row["task_id"] for row in group["tasks"]]
         await self.submission.rerun_group(req, group_id, task_ids, changes.as_json())

@@ -140,13 +140,18 @@ class TasksService(pb_grpc.TasksServicer):
         return await self.gw.authenticate(_token(context))
 
     async def _request(self, context: grpc.aio.ServicerContext) -> Request:
+        """The caller of a method that changes something, refused (PERMISSION_DENIED) for
+        a read-only role before its message is read, as HTTP refuses any method but GET
+        of such a caller; with its request id and trace context."""
         metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ())}
         given = metadata.get("x-request-id")
         check_request_id(str(given) if given else None)
         request_id = str(given or uuid.uuid4())
         # A caller's W3C context continues into the events this call writes.
         trace = {k: str(metadata[k]) for k in ("traceparent", "tracestate") if k in metadata}
-        return Request(await self._caller(context), request_id, trace)
+        caller = await self._caller(context)
+        caller.require_write()
+        return Request(caller, request_id, trace)
 
     async def _run(
         self,
