@@ -464,6 +464,34 @@ async def test_a_slow_bot_delays_only_its_own_alerts(dsn: str) -> None:
         assert sorted(r.title for r in h.fake.accepted()) == ["quick-1 · failed", "slow-1 · failed"]
 
 
+async def test_many_bots_answering_at_once_never_stall_the_pass(dsn: str) -> None:
+    """Twelve teams' bots, sent to side by side, all answering at the same moment: each
+    outcome is recorded (the database pool, ten connections, is never waited on by a
+    pass that holds one already), and the pass ends."""
+    async with harness(dsn) as h:
+        release = asyncio.Event()
+        bots = [f"bot-{n}" for n in range(12)]
+        for bot in bots:
+            h.fake.bots[bot] = None
+            h.fake.holds[bot] = release
+            sub = AlertSubscription(webhook_url=h.fake.url(bot), alerts=("failed",))
+            await h.submit(f"many-{bot}", spec(bot, sub))
+            await h.command(f"many-{bot}", Fail(f"many-{bot}", "worker 0 exited with status 1"))
+        h.clock.offset += timedelta(seconds=1)  # past the group window
+        passing = asyncio.create_task(h.app.deliver())
+        try:
+            deadline = time.monotonic() + 20
+            while len(h.fake.received) < len(bots):  # every request is in, none answered
+                assert time.monotonic() < deadline, "the bots were not all sent to"
+                await asyncio.sleep(0.05)
+        finally:
+            release.set()
+        async with asyncio.timeout(30):
+            await passing
+        for bot in bots:
+            assert await _has_delivered(h, f"many-{bot}"), bot
+
+
 # --- storms of one task ---------------------------------------------------------------
 
 

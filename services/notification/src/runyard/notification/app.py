@@ -131,6 +131,8 @@ class NotificationConfig:
     failure_window_s: float = 60.0
     #: The most of a webhook's answer that is read (Feishu's is a few dozen bytes).
     max_answer_bytes: int = 16 * 1024
+    #: Bots a delivery pass sends to at the same time (each bot's requests in order).
+    bots_at_once: int = 16
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any]) -> NotificationConfig:
@@ -367,9 +369,14 @@ class NotificationApp:
         try:
             # Bots are sent to side by side: a bot that answers slowly (or not until the
             # timeout) delays only its own alerts, never another team's.
+            at_once = asyncio.Semaphore(self.config.bots_at_once)
+
+            async def deliver_to(bot: str, alerts: list[PendingAlert]) -> int:
+                async with at_once:
+                    return await self._deliver_to(bot, alerts)
+
             done = await asyncio.gather(
-                *(self._deliver_to(bot, alerts) for bot, alerts in ready),
-                return_exceptions=True,
+                *(deliver_to(bot, alerts) for bot, alerts in ready), return_exceptions=True
             )
             for outcome in done:
                 if isinstance(outcome, BaseException):
@@ -515,9 +522,13 @@ class NotificationApp:
         verdicts = [(row, *self._verdict(row, outcome, now)) for row in rows]
         window_s = self.config.failure_window_s
         for _ in range(_APPEND_RETRIES):
+            # Folded before the transaction, which then holds the pass's only connection:
+            # bots are sent to side by side, and a pass holding one connection while it
+            # waits for another could wait on the pool forever. The append's expected
+            # version still refuses a task that changed meanwhile.
+            state = fold(await self.store.read_stream(f"task-{task_id}"), task_id=task_id)
             try:
                 async with self.store.transaction() as conn:
-                    state = fold(await self.store.read_stream(f"task-{task_id}"), task_id=task_id)
                     new: list[NewEvent[Event]] = []
                     for row, event, status, next_at in verdicts:
                         if isinstance(event, AlertFailed) and window_s > 0:
