@@ -1946,8 +1946,9 @@ def _pids_base(total: int | None) -> tuple[Path | None, str]:
         base = hierarchy / PIDS_BASE
         base.mkdir(exist_ok=True)
         if v2:
-            (hierarchy / "cgroup.subtree_control").write_text("+pids")
-            (base / "cgroup.subtree_control").write_text("+pids")
+            for folder in (hierarchy, base):
+                if "pids" not in (folder / "cgroup.subtree_control").read_text().split():
+                    (folder / "cgroup.subtree_control").write_text("+pids")
         (base / "pids.max").write_text(str(total))
     except (OSError, ValueError) as exc:
         return None, f"the pids cgroup could not be set up: {exc}"
