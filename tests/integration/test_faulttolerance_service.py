@@ -706,9 +706,10 @@ async def test_redelivered_log_lines_do_not_report_twice(h: Harness) -> None:
 
 #: A launcher that starts the training program in a session of its own, as torchrun
 #: starts every rank (`start_new_session`): the rank is not in the worker's process group.
+#: The rank imports `threading`, as torch does, so py-spy names its main thread too.
 IN_OWN_SESSION = f"""
 import subprocess, sys
-subprocess.run([sys.executable, "-c", {HUNG!r}], start_new_session=True)
+subprocess.run([sys.executable, "-c", "import threading\\n" + {HUNG!r}], start_new_session=True)
 """
 
 
@@ -783,6 +784,9 @@ async def test_hung_worker_of_the_local_runtime_has_its_stack_captured(
         assert report is not None
         frames = report["frames_by_worker"]["0"]
         assert any(f.startswith("wait_for_all_reduce (") for f in frames), frames
+        # the summary (the FT log's line) names where the rank is, not where its
+        # launcher waits for it
+        assert stacks.summary.startswith("worker 0: wait_for_all_reduce ("), stacks.summary
         (restart,) = await h.payloads("real", TaskRestartScheduled)
         assert restart.reason == "hang"
     finally:

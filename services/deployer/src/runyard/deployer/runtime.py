@@ -2232,7 +2232,10 @@ def group_members(pgid: int) -> list[int]:
 def worker_processes(pgid: int) -> list[int]:
     """Live processes of a worker: its process group `pgid` and every descendant of a
     member, also one that left the group (a launcher's child in a session of its own:
-    torchrun starts each rank with `start_new_session`), from one scan of /proc."""
+    torchrun starts each rank with `start_new_session`), from one scan of /proc.
+
+    Deepest first: the training processes before the launchers that wait for them, so
+    a stack report's summary names where the ranks are, not where torchrun waits."""
     members: set[int] = set()
     children: dict[int, list[int]] = {}
     for entry in os.scandir("/proc"):
@@ -2250,13 +2253,15 @@ def worker_processes(pgid: int) -> list[int]:
         children.setdefault(int(fields[1]), []).append(pid)
         if int(fields[2]) == pgid:
             members.add(pid)
-    found, pending = set(members), list(members)
+    depth = dict.fromkeys(members, 0)
+    pending = list(members)
     while pending:
-        for child in children.get(pending.pop(), ()):
-            if child not in found:
-                found.add(child)
+        parent = pending.pop()
+        for child in children.get(parent, ()):
+            if child not in depth:
+                depth[child] = depth[parent] + 1
                 pending.append(child)
-    return sorted(found)
+    return sorted(depth, key=lambda pid: (-depth[pid], pid))
 
 
 async def _until_gone(pgid: int, timeout_s: float = 2.0) -> None:

@@ -113,8 +113,8 @@ async def capture_group(
     pgid: int, members: Callable[[int], list[int]], *, native: bool = False
 ) -> list[ProcessStacks]:
     """Stacks of every Python process of one worker (`members(pgid)`: its process group
-    and what its processes started, see `runtime.worker_processes`)."""
-    pids = [pid for pid in sorted(members(pgid)) if _is_python(pid)]
+    and what its processes started, see `runtime.worker_processes`), in that order."""
+    pids = [pid for pid in members(pgid) if _is_python(pid)]
     if not pids:
         message = "no Python process in the worker"
         return [ProcessStacks(pid=pgid, error=message)]
