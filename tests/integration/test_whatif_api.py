@@ -3,7 +3,7 @@ gateway): who may ask, what it reads, and the refusals that name the bound."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,16 @@ async def test_whatif_refusals_name_the_role_and_the_bound(
     cases: list[tuple[dict[str, Any], int, str, str]] = [
         ({"to": (NOW + timedelta(days=8)).isoformat()}, 400, "whatif.window_too_long", "to"),
         ({"from": "12"}, 400, "whatif.bad_time", "from"),
+        # a window that ends tomorrow: the runs going on now would hold their GPUs till then
+        (
+            {
+                "from": (datetime.now(UTC) - timedelta(hours=1)).isoformat(),
+                "to": (datetime.now(UTC) + timedelta(days=1)).isoformat(),
+            },
+            400,
+            "whatif.future_window",
+            "to",
+        ),
         ({"pools": []}, 400, "whatif.bad_pools", "pools"),
         (
             {"pools": [{"id": "dev-a100", "nodes": {"count": 10_001}}]},

@@ -59,6 +59,7 @@ from runyard.api.responses import AnswerRoute, refusals
 from runyard.api.security import Authenticator, caller_dependency
 from runyard.contracts import Event, RecordedEvent
 from runyard.contracts import http as wire
+from runyard.contracts.envelope import utcnow
 from runyard.contracts.pool_events import (
     NodeAdded,
     WorkersAllocated,
@@ -290,6 +291,24 @@ def window_of(start: str, end: str) -> tuple[datetime, datetime]:
     return first, last
 
 
+#: How far past the scheduler's clock a window may end (the caller's clock runs ahead).
+CLOCK_SLACK: Final = timedelta(minutes=1)
+
+
+def not_after_now(end: datetime, now: datetime) -> None:
+    """400 for a window that ends in the future: the log holds nothing of it yet, and the
+    runs still going would be counted as holding their GPUs until then (GPU hours and
+    utilisation of days that have not been)."""
+    if end > now + CLOCK_SLACK:
+        raise BadRequest(
+            "whatif.future_window",
+            f"to ({end.isoformat()}) is in the future (the scheduler's time is"
+            f" {now.isoformat(timespec='seconds')})",
+            "end the window at now at the latest: --to now (or 0m)",
+            "to",
+        )
+
+
 def _instant(text: str, name: str) -> datetime:
     try:
         point = parse_point(text, name)
@@ -387,6 +406,7 @@ class WhatIf:
     async def answer(self, caller: Principal, body: WhatIfBody) -> dict[str, Any]:
         require_sre(caller)
         start, end = window_of(body.start, body.end)
+        not_after_now(end, utcnow())
         nodes = nodes_of_pools(body.pools) if body.pools is not None else {}
         pool_ids = await self._pool_ids(body.pool, nodes)
         budget = _Budget()
