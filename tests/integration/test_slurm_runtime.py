@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shlex
 import shutil
 import sys
 from collections.abc import AsyncIterator
@@ -804,3 +805,55 @@ async def test_a_worker_runs_unprivileged_and_sees_only_its_own_scratch(h: Harne
     assert (await h.state("user")).status == "succeeded", h.output("user")
     uid = h.runtime.worker_ids[0]
     assert h.output("user") == [f"0:uid={uid} CapEff:0000000000000000", "0:hidden", "0:writes"]
+
+
+async def test_a_job_sbatch_submitted_but_reported_as_failed_is_cancelled(
+    h: Harness, tmp_path: Path
+) -> None:
+    """sbatch may fail after slurmctld took the job (its answer lost: `Socket timed out
+    on send/recv operation`). The stage fails, and the job Slurm holds anyway must not
+    keep the nodes' GPUs, waiting for a gate no deployer will open."""
+    from runyard.deployer.runtime import Deployment, StageFailed
+
+    lost = tmp_path / "sbatch-answer-lost"
+    lost.write_text(
+        "#!/bin/bash\n"
+        f'{shlex.quote(h.runtime.bin["sbatch"])} "$@" > /dev/null || exit\n'
+        # The job runs before the error comes back (what a slow answer allows).
+        'for a in "$@"; do case $a in --chdir=*) cd "${a#--chdir=}";; esac; done\n'
+        "for _ in $(seq 600); do [ -e started ] && break; sleep 0.1; done\n"
+        'echo "sbatch: error: Batch job submission failed: Socket timed out on send/recv '
+        'operation" >&2\n'
+        "exit 1\n"
+    )
+    lost.chmod(0o755)
+    h.runtime.bin["sbatch"] = str(lost)
+    workers = (WorkerPlacement(index=0, node="n2", gpus=(0,)),)
+    deployment = Deployment("lost", 1, 1, make_spec("true"), workers)
+    with pytest.raises(StageFailed) as failed:
+        await h.runtime.allocate(deployment)
+    assert "Socket timed out" in failed.value.reason
+    await h.runtime.cleanup(deployment.key)
+    deadline = asyncio.get_running_loop().time() + WITHIN_S
+    while [j for j in h.jobs() if "runyard-lost-" in j]:
+        assert asyncio.get_running_loop().time() < deadline, h.jobs()
+        await asyncio.sleep(0.2)
+
+
+async def test_a_job_whose_deployment_folder_is_gone_ends_instead_of_waiting_for_its_gate(
+    h: Harness,
+) -> None:
+    """A job no deployer will open the gate of (its deployment cleaned up without it, e.g.
+    taken by slurmctld only after sbatch's error) ends by itself, freeing its nodes."""
+    from runyard.deployer.runtime import Deployment
+
+    workers = (WorkerPlacement(index=0, node="n2", gpus=(0,)),)
+    deployment = Deployment("gone", 1, 1, make_spec("true"), workers)
+    await h.runtime.allocate(deployment)
+    assert [j for j in h.jobs() if "runyard-gone-" in j]
+    h.runtime.detach()
+    shutil.rmtree(h.runtime.config.scratch_root / "gone" / "run1-a1")
+    deadline = asyncio.get_running_loop().time() + WITHIN_S
+    while [j for j in h.jobs() if "runyard-gone-" in j and "COMPLET" not in j]:
+        assert asyncio.get_running_loop().time() < deadline, h.jobs()
+        await asyncio.sleep(0.2)

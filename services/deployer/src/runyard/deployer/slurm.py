@@ -368,11 +368,33 @@ class SlurmRuntime(LocalRuntime):
             try:
                 out = await self._slurm(self.bin["sbatch"], *self._sbatch_args(local), str(script))
             except SlurmError as exc:
+                # An error is not always a refusal: slurmctld may have taken the job and
+                # its answer got lost (`Socket timed out`, our own timeout).
+                await self._cancel_unanswered(local)
                 raise StageFailed(f"Slurm refused the job: {exc.message}") from exc
             job = out.strip().split(";")[0]
         self._jobs[key] = job
         await self._write_state(local, "allocated")
         await self._until_running(local, job)
+
+    async def _cancel_unanswered(self, local: _Local) -> None:
+        """Cancel the job of a deployment that sbatch answered with an error, when Slurm
+        holds one by the deployment's job name all the same. Were Slurm to take it only
+        later, its batch script ends by itself once the deployment's folder is gone."""
+        try:
+            out = await self._slurm(
+                _program("squeue"), "-h", f"--name={_job_name(local)}", "-o", "%i"
+            )
+        except SlurmError as exc:
+            log.warning("cannot learn whether sbatch submitted %s: %s", _job_name(local), exc)
+            return
+        for job in out.split():
+            log.warning(
+                "sbatch failed, yet Slurm holds job %s of %s: cancelling it",
+                job,
+                local.deployment.key,
+            )
+            await self._cancel(job, local.deployment.key)
 
     async def _job_of_earlier(self, local: _Local) -> str | None:
         """The job an earlier deployer submitted for this deployment, if it still runs:
@@ -438,7 +460,8 @@ class SlurmRuntime(LocalRuntime):
             *self._image_check(local),
             # A sleep of bash's own (no process per look at the gate).
             "exec {nap}<> <(:)",
-            'while [ ! -e go ]; do read -t 0.02 -u "$nap" || :; done',
+            # A folder gone (the deployment cleaned up without this job): nothing to wait for.
+            'while [ ! -e go ]; do [ -e job.sh ] || exit 0; read -t 0.02 -u "$nap" || :; done',
             "exec {nap}<&-",
         ]
         for worker in local.workers.values():
