@@ -1,11 +1,12 @@
 """Creator-only variables reach the creator's workers, and only theirs (local runtime).
 
 The whole platform runs in-process. Carol, a member of tenant `e2e`, submits a
-task with a creator-only `WANDB_API_KEY`; Bob, another member, reruns and
-clones it. The worker prints `${WANDB_API_KEY:-EMPTY}`: the creator's runs get
-her value, runs Bob started get nothing (or the value Bob gave his clone). The
-value is never in an event, never in a platform log record, and in the log
-store only as the lines the creator's own workers printed.
+task with a creator-only `WANDB_API_KEY`; Bob, another member, reruns it (as
+it is: changing its command is Carol's) and clones it. The worker prints
+`${WANDB_API_KEY:-EMPTY}`: the creator's runs get her value, runs Bob started
+get nothing (or the value Bob gave his clone). The value is never in an event,
+never in a platform log record, and in the log store only as the lines the
+creator's own workers printed.
 """
 
 from __future__ import annotations
@@ -112,10 +113,13 @@ async def test_creator_only_values_reach_the_creators_runs_only(
 
         # the creator's rerun: her value again
         assert await rerun(carol, task_id, 2) == f"key {SECRET}"
-        # another member's rerun, as is or with a changed command: no value
+        # another member's rerun as it is: no value; what it runs only she changes (her
+        # next rerun would run his command with her value)
         assert await rerun(bob, task_id, 3) == "key EMPTY"
         changed = 'echo "key ${WANDB_API_KEY:-EMPTY} (changed)"'
-        assert await rerun(bob, task_id, 4, command=changed) == "key EMPTY (changed)"
+        refused = await bob.post(f"/v1/tasks/{task_id}/rerun", json={"command": changed})
+        assert (refused.status_code, refused.json()["code"]) == (403, "rerun.creator_only")
+        assert await rerun(carol, task_id, 4) == f"key {SECRET}"
 
         # another member's clone runs with the value he gives, never hers
         clone = await bob.post(
@@ -142,7 +146,7 @@ async def test_creator_only_values_reach_the_creators_runs_only(
         await conn.close()
     assert in_events == 0
     # only what the creator's own workers printed
-    assert [(r["run"], r["line"]) for r in in_logs] == [(1, f"key {SECRET}"), (2, f"key {SECRET}")]
+    assert [(r["run"], r["line"]) for r in in_logs] == [(n, f"key {SECRET}") for n in (1, 2, 4)]
     # Runyard's own records at any level, and every library's from INFO up (a Kafka
     # client's DEBUG record of the payload it sends carries the worker's own line).
     records = [

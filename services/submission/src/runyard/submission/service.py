@@ -208,6 +208,7 @@ class Submissions:
         """Run a finished task again, with only the changes a rerun allows (R-16); when the
         task moved on meanwhile (the scheduler's event landed first), decide again."""
         state, recorded = await self._load(call.principal, task_id)
+        _require_creator_to_change(call.principal, state, _object(changes))
         spec = rerun_with_changes(state.spec, _object(changes))
         await self._check(spec)
         submitted = Submitted((task_id,))
@@ -286,6 +287,7 @@ class Submissions:
             state, _ = await self._load(call.principal, task_id)
             if state.group_id != group_id or not is_terminal(state.status):
                 continue
+            _require_creator_to_change(call.principal, state, _object(changes))
             spec = rerun_with_changes(state.spec, _object(changes))
             await self._check(spec)
             events = decide(state, Rerun(task_id, spec), now=self.clock(), ids=self.new_id)
@@ -516,6 +518,33 @@ def _stream(task_id: str) -> str:
 def _is_creator(caller: Principal, state: TaskState) -> bool:
     """The task's creator: same tenant and same user (a user name alone is not unique)."""
     return caller.tenant == state.tenant and caller.user == state.creator
+
+
+#: What a rerun may change that decides what the workers run.
+_WHAT_RUNS = ("command", "image")
+
+
+def _require_creator_to_change(
+    caller: Principal, state: TaskState, changes: Mapping[str, Any]
+) -> None:
+    """Only the creator of a task with creator-only variables changes what it runs.
+
+    Another member's run gets no creator-only value, but the change stays in the task's
+    spec: the creator's next rerun would run that member's command or image with the
+    creator's values. Rerunning it as it is, or changing its size, stays open to all."""
+    hidden = [v.name for v in state.spec.env if v.creator_only]
+    if not hidden or _is_creator(caller, state):
+        return
+    changed = [f for f in _WHAT_RUNS if f in changes and changes[f] != getattr(state.spec, f)]
+    if changed:
+        raise PermissionDenied(
+            "rerun.creator_only",
+            f"task {state.task_id!r} has creator-only variables ({', '.join(hidden)}): only"
+            f" its creator {state.creator!r} may change its {' or '.join(changed)}, which"
+            " the creator's later runs would run with those values",
+            "rerun it as it is, or clone it: a clone runs with the values you give it",
+            changed[0],
+        )
 
 
 # --- parsing request bodies ---------------------------------------------------
