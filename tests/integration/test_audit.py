@@ -181,6 +181,10 @@ async def test_sre_and_platform_admin_ask_over_http(
     assert answer.status_code == 200, answer.text
     f = AuditFilter(types=("TaskRequeued", "TaskPreempted"), tenant="ta")
     assert [i["position"] for i in answer.json()["items"]] == log.expected(f)
+    # as a person types a list: spaces after the commas
+    spaced = await _get(gw, role, type=" TaskRequeued, TaskPreempted ", tenant="ta")  # type: ignore[arg-type]
+    assert spaced.status_code == 200, spaced.text
+    assert [i["position"] for i in spaced.json()["items"]] == log.expected(f)
     pool_admin = await _get(gw, role, category="pool", actor="user:*")  # type: ignore[arg-type]
     assert [i["type"] for i in pool_admin.json()["items"]] == ["NodeCordoned"]
 

@@ -105,7 +105,7 @@ def audit_filter(params: dict[str, Any]) -> AuditFilter:
     (the types index serves it); with `type` too, the types of both."""
     types: list[str] = []
     for text in params.pop("type") or []:
-        types += [t for t in text.split(",") if t]
+        types += [t.strip() for t in text.split(",") if t.strip()]  # "A, B" as typed
     check_types(types)
     if (category := params.pop("category")) is not None:
         of_category = category_types(category)
