@@ -233,6 +233,45 @@ async def test_a_child_that_exits_is_restarted_and_one_deaf_to_sigterm_is_killed
     assert not state.exists()
 
 
+async def test_what_a_child_needs_before_a_restart_is_done_before_it_starts_again(
+    tmp_path: Path,
+) -> None:
+    """A service whose code was updated under `runyard up` may need what only the
+    supervisor can do (migrations as the owner role): `before_restart` runs before each
+    restart, so the child comes back instead of exiting at every restart."""
+    needed = tmp_path / "migrated"
+    child = (
+        "import pathlib, sys, time\n"
+        "if not pathlib.Path(sys.argv[1]).exists(): sys.exit(1)\n"
+        "time.sleep(60)\n"
+    )
+    asked: list[str] = []
+
+    async def before_restart(name: str) -> None:
+        asked.append(name)
+        needed.touch()
+
+    spec = ChildSpec("svc", [sys.executable, "-c", child, str(needed)], dict(os.environ))
+    supervisor = Supervisor(
+        [spec], base_s=0.05, cap_s=0.1, grace_s=0.5, before_restart=before_restart
+    )
+    running = asyncio.create_task(supervisor.run())
+    try:
+        svc = None
+        while svc is None or svc.restarts < 1:
+            assert not running.done(), running
+            await asyncio.sleep(0.05)
+            svc = supervisor.children.get("svc")
+        assert asked == ["svc"]  # not before its first start
+        assert svc.last_exit == 1
+        assert needed.exists()  # done before the second start, which found it
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+        supervisor.kill_groups()
+
+
 def test_ps_sums_the_consumer_lag_samples_of_the_metrics_text() -> None:
     text = (
         "# HELP runyard_consumer_lag messages not taken yet\n"

@@ -10,8 +10,8 @@ and outlive it, for the next deployer to adopt.
 A child that exits is started again after a delay that doubles with each quick
 exit (`restart_delay`: exponential, with jitter, capped at `cap_s`), back to
 the shortest once it had run `healthy_after_s`; each restart is reported with
-the exit code. `stop` sends SIGTERM to every child's group, waits `grace_s`,
-then sends SIGKILL.
+the exit code, and `before_restart` (when given) is awaited first. `stop`
+sends SIGTERM to every child's group, waits `grace_s`, then sends SIGKILL.
 
 The state (name, pid, started_at, restarts, port, url, last_exit) is written to
 `state_path` (`.runyard/run/services.json`) at each change, whole or not at all,
@@ -30,7 +30,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -125,6 +125,10 @@ class Supervisor:
     healthy_after_s: float = 60.0
     grace_s: float = 30.0
     report: Callable[[str], None] = log.warning
+    #: Awaited with a child's name before each restart (not before its first start): what
+    #: the code it starts again may need that the first start did not (`runyard up`: its
+    #: migrations). An error is reported and the child starts all the same.
+    before_restart: Callable[[str], Awaitable[None]] | None = None
     children: dict[str, Child] = field(default_factory=dict)
     _watchers: list[asyncio.Task[None]] = field(default_factory=list)
     _stopping: bool = False
@@ -197,6 +201,11 @@ class Supervisor:
             await asyncio.sleep(delay)
             if self._stopping:
                 return
+            if self.before_restart is not None:
+                try:
+                    await self.before_restart(child.spec.name)
+                except Exception as exc:
+                    self.report(f"{child.spec.name}: before restarting it: {exc!r}")
             await self._spawn(child, restarts=child.restarts + 1)
 
     async def stop(self) -> None:

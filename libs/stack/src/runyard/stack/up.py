@@ -52,7 +52,13 @@ from runyard.stack.context import ServiceContext, service_dsns_from_env
 from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres, PortTaken, port_taken
 from runyard.stack.ports import free_port
 from runyard.stack.processes import AlreadyRunning, exclusive
-from runyard.stack.serve import SERVICE_NAMES, Runner, load_runner, service_migrations
+from runyard.stack.serve import (
+    SERVICE_NAMES,
+    Runner,
+    load_runner,
+    migrate_service,
+    service_migrations,
+)
 from runyard.stack.supervisor import ChildSpec, Supervisor, end_leftovers, service_specs
 from runyard.stack.tuning import tune_gc
 from runyard.telemetry import setup_tracing
@@ -554,7 +560,10 @@ async def supervise(stack: Stack, settings: dict[str, object]) -> None:
     (then all stopped); the embedded broker watched beside them."""
     names = [n for n in SERVICE_NAMES if _built(n)]
     supervisor = Supervisor(
-        child_specs(stack, settings, names), state_path=stack.state_path, report=_report
+        child_specs(stack, settings, names),
+        state_path=stack.state_path,
+        report=_report,
+        before_restart=lambda name: _migrate_before_restart(stack, name),
     )
     await supervisor.start()
     running = {
@@ -566,6 +575,16 @@ async def supervise(stack: Stack, settings: dict[str, object]) -> None:
     if stack.kafka is not None:
         runners["broker-watch"] = _watch_broker(stack, _stack_kafka(stack))
     await _run_all(runners)
+
+
+async def _migrate_before_restart(stack: Stack, name: str) -> None:
+    """Apply, as the owner role, the migrations service `name` has gained since this
+    `runyard up` started (its code was updated under it). The child runs as a role
+    without DDL rights: it would otherwise stop at every restart, missing them."""
+    async with asyncio.timeout(30):
+        applied = await migrate_service(name, stack.owner_dsn, grants=stack.owner_dsn != stack.dsn)
+    if applied:
+        _report(f"{name}: applied migrations {', '.join(applied)} before restarting it")
 
 
 def _built(name: str) -> bool:
