@@ -673,3 +673,62 @@ async def test_a_sandboxed_worker_is_the_first_the_kernel_ends_when_memory_runs_
     effective = next(x for x in Path("/proc/self/status").read_text().splitlines() if "CapEff" in x)
     if int(effective.split()[1], 16) >> 24 & 1:  # CAP_SYS_RESOURCE
         assert h.output("oom")[1] == "0:kept"
+
+
+#: A launcher that starts its rank in a session of its own, as torchrun does, and a rank
+#: that outlives a SIGTERM (busy in a collective): it prints its pid and waits.
+STUBBORN_RANK = """
+import subprocess, sys
+rank = "import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+rank += "print(os.getpid(), flush=True); time.sleep(120)"
+subprocess.run([sys.executable, "-c", rank], start_new_session=True)
+"""
+
+
+async def test_a_stop_without_sandbox_ends_ranks_in_sessions_of_their_own(
+    dsn: str, tmp_path: Path
+) -> None:
+    """Without a PID namespace (the fallback) a group signal misses torchrun's ranks (each
+    in a session of its own): the stop ends every process of the worker, so no rank
+    keeps its GPU after the task stopped."""
+    store = await PostgresEventStore.connect(dsn, default_mapper())
+    config = LocalRuntimeConfig(
+        scratch_root=tmp_path / "scratch",
+        volumes_root=tmp_path / "volumes",
+        images={"bash-only": Path("/usr")},
+        grace_s=1.0,
+        namespaces=False,
+    )
+    runtime = LocalRuntime(config)
+    lines: list[OutputLine] = []
+
+    async def sink(line: OutputLine) -> None:
+        lines.append(line)
+
+    app = DeployerApp(store, runtime, on_output=sink, stop_grace_s=1.0)
+    h = Harness(store, app, runtime)
+    h.lines = lines
+    command = f"{shlex.quote(sys.executable)} -c {shlex.quote(STUBBORN_RANK)}"
+    try:
+        await h.launch("ranks", make_spec(command), wait=False)
+
+        async def rank_pid() -> int:
+            while not h.output("ranks"):  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+            return int(h.output("ranks")[0].removeprefix("0:"))
+
+        async with asyncio.timeout(10):
+            pid = await rank_pid()
+        assert alive(pid)
+        state = await h.state("ranks")
+        stop = decide(state, RequestStop("ranks"), now=state.submitted_at, ids=lambda: "x")
+        await h.deliver(await h.append("ranks", stop))
+        await asyncio.wait_for(app.drain(), 10)
+        assert (await h.state("ranks")).status == "stopped"
+        assert not alive(pid), "the rank outlived the stop"
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(app.close(), 5)
+        await store.close()
+        with contextlib.suppress(NameError, ProcessLookupError):
+            os.kill(pid, 9)

@@ -1503,9 +1503,20 @@ class LocalRuntime:
         await self.end_env_check(key)
         grace = self.config.grace_s if grace_s is None else grace_s
         live = [w for w in local.workers.values() if w.pid is not None and not w.done.is_set()]
+        # Every process of each worker, also those in sessions of their own (torchrun's
+        # ranks), taken while their launcher still links them to the worker: without a
+        # PID namespace (the fallback) one that outlives its launcher is nobody's child
+        # that a group signal reaches, and would keep its GPU after the stop.
+        everyone: list[tuple[int, int | None]] = []
         for worker in live:
             assert worker.pid is not None
+            if not self.namespaces:
+                everyone += [(pid, _starttime(pid)) for pid in worker_processes(worker.pid)]
             _signal_group(worker.pid, signal.SIGTERM)
+        for pid, started in everyone:
+            if _alive(pid, started):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
         for worker in live:
             left = max(0.0, deadline - time.monotonic())
@@ -1516,6 +1527,12 @@ class LocalRuntime:
             if not worker.done.is_set():
                 assert worker.pid is not None
                 _signal_group(worker.pid, signal.SIGKILL)
+        until = time.monotonic() + 2.0
+        while (left := [p for p, t in everyone if _alive(p, t)]) and time.monotonic() < until:
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            await asyncio.sleep(0.01)
         for worker in live:
             if local.watchers:
                 await worker.done.wait()
