@@ -1528,8 +1528,8 @@ class LocalRuntime:
                 assert worker.pid is not None
                 _signal_group(worker.pid, signal.SIGKILL)
         until = time.monotonic() + 2.0
-        while (left := [p for p, t in everyone if _alive(p, t)]) and time.monotonic() < until:
-            for pid in left:
+        while (still := [p for p, t in everyone if _alive(p, t)]) and time.monotonic() < until:
+            for pid in still:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
             await asyncio.sleep(0.01)
