@@ -110,6 +110,18 @@ async def test_a_link_to_a_page_signs_in_then_opens_it_and_never_leaves_the_cons
             assert 'name="next"' not in shown
 
 
+async def test_the_event_tail_names_a_mistyped_event_type(api: Api) -> None:
+    """A type no event has is said so on the tail, with the nearest known one (as the
+    audit says it), not shown as an empty, quiet log."""
+    task_id = await created_task(api)
+    async with sign_in(api, "admin") as client:  # platform_admin reads the tail
+        typo = await client.get("/console/sre/events", params={"type": "TaskSubmited"})
+        assert typo.status_code == 400
+        assert "audit.unknown_type" in typo.text and "did you mean TaskSubmitted?" in typo.text
+        found = await client.get("/console/sre/events", params={"type": "TaskSubmitted"})
+        assert found.status_code == 200 and task_id in found.text
+
+
 async def test_changes_need_the_sessions_csrf_token_and_the_consoles_origin(api: Api) -> None:
     task_id = await created_task(api)
     async with sign_in(api, "alice") as client:

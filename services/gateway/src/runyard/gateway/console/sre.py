@@ -24,6 +24,8 @@ from urllib.parse import urlencode
 import httpx
 from fastapi import Request as HttpRequest
 from fastapi.responses import Response
+from runyard.errors import RunyardError
+from runyard.gateway.audit import check_types
 from runyard.gateway.console import reads
 from runyard.gateway.console.pages import PREFIX, Console, SignedIn, render
 from runyard.gateway.proxy import why
@@ -44,8 +46,18 @@ def _sre_only(who: SignedIn, what: str) -> None:
 
 
 async def events(console: Console, request: HttpRequest, who: SignedIn) -> Response:
-    """The event tail page (its rows redraw themselves while it shows the newest)."""
+    """The event tail page (its rows redraw themselves while it shows the newest); an
+    event type no event has is said so, with the nearest known one (as the audit does),
+    not answered with an empty page."""
     _sre_only(who, "the event tail")
+    event_type = request.query_params.get("type", "").strip()
+    try:
+        if event_type:
+            check_types([event_type])
+    except RunyardError as exc:
+        filters = {"type": event_type, "task": request.query_params.get("task", "").strip()}
+        shown = {"rows": [], "filters": filters, "live": False, "rows_url": "", "older_url": None}
+        return render("sre_events.html", who, status=exc.http_status, error=exc, **shown)
     return render("sre_events.html", who, **await _tail(console, request))
 
 
