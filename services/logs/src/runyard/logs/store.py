@@ -48,7 +48,7 @@ _PARTITION = re.compile(r"^log_lines_p(\d{8})$")
 DEFAULT_PARTS = 4
 #: Seconds one query of the lines may run (`LogStore.query_timeout_s`; logs.yaml
 #: `query_timeout_s`): below the gateway's wait for the log service.
-QUERY_TIMEOUT_S = 20.0
+QUERY_TIMEOUT_S = 50.0
 #: How many searches' words `LogStore` keeps split, and the longest `words` kept
 #: (a longer one is split again for every page): at most about 0.5 MiB.
 KEPT_WORD_SPLITS, KEPT_WORDS_CHARS = 256, 1024
