@@ -182,6 +182,10 @@ def test_a_card_says_what_to_do_next_for_its_kind() -> None:
         assert command in step and "task's page" in step, kind
         text = feishu.task_text([facts(kind=kind)])["content"]["text"]
         assert "next step: " in text and command in text, kind
+    # a hang and the restart it caused, in one card: the stack report is the next step
+    both = [facts(kind="hang"), facts(kind="restarted")]
+    [step] = [c for c in _lark_md(feishu.task_card(both)) if c.startswith("**Next step**")]
+    assert "runyard stacks t-0" in step
     for kind in ("stopped", "succeeded"):
         assert "Next step" not in json.dumps(feishu.task_card([facts(kind=kind)]))
         assert "next step" not in feishu.task_text([facts(kind=kind)])["content"]["text"]

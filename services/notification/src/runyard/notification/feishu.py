@@ -48,9 +48,10 @@ _HEADLINES = {
     "rescheduled": "reschedule requested",
     "requeued": "requeued after preemption",
 }
-#: What to do next, per alert kind: where to look on the task's page (the card's button)
-#: and the same from a terminal. (`abnormal` carries the platform's own next steps in
-#: its reason; a success or a stop asks for nothing.)
+#: What to do next, per alert kind, the kind that asks the most first: where to look on
+#: the task's page (the card's button) and the same from a terminal. (`abnormal`
+#: carries the platform's own next steps in its reason; a success or a stop asks for
+#: nothing.)
 _NEXT_STEPS = {
     "failed": "read the first error and the workers' last lines on the task's page"
     " (runyard logs {task} --first-error), fix the cause, then Rerun it (runyard rerun {task})",
@@ -196,7 +197,7 @@ def _task_card(alerts: Sequence[AlertFacts], latest: AlertFacts, budget: int) ->
     ]
     if (first := _first_error(alerts)) is not None:
         elements += _first_error_elements(first, budget)
-    if (step := next_step(latest)) is not None:
+    if (step := next_step(alerts)) is not None:
         elements.append(_markdown(f"**Next step**\n{_md(step)}"))
     if len(alerts) > 1:
         earlier = "\n".join(
@@ -219,7 +220,7 @@ def task_text(alerts: Sequence[AlertFacts], *, limit: int = MAX_BODY_BYTES) -> d
         ]
         if (first := _first_error(alerts)) is not None:
             lines += _first_error_lines(first, budget)
-        if (step := next_step(latest)) is not None:
+        if (step := next_step(alerts)) is not None:
             lines.append(f"next step: {step}")
         lines += [f"also: {a.kind}: {_cut(a.reason, budget // 4)}" for a in alerts[:-1]]
         lines.append(latest.link)
@@ -229,10 +230,15 @@ def task_text(alerts: Sequence[AlertFacts], *, limit: int = MAX_BODY_BYTES) -> d
         budget //= 2
 
 
-def next_step(alert: AlertFacts) -> str | None:
-    """What the reader of the alert does next (None: nothing to do)."""
-    step = _NEXT_STEPS.get(alert.kind)
-    return None if step is None else step.format(task=alert.task_id, pool=alert.pool)
+def next_step(alerts: Sequence[AlertFacts]) -> str | None:
+    """What the reader of a task's alerts does next (None: nothing to do): that of the
+    kind among them that asks the most (a hang's stack report before the restart it
+    caused), as `_NEXT_STEPS` orders them."""
+    kinds = {a.kind: a for a in alerts}
+    for kind, step in _NEXT_STEPS.items():
+        if kind in kinds:
+            return step.format(task=kinds[kind].task_id, pool=kinds[kind].pool)
+    return None
 
 
 def _first_error(alerts: Sequence[AlertFacts]) -> FirstErrorFact | None:
