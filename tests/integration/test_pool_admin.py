@@ -334,6 +334,13 @@ async def test_refusals_map_to_status_codes_with_hints(env: Env) -> None:
     assert (status, body["field"]) == (400, "node")
     status, body = await refused(spot, json={"remove": 1, "reason": "\u0000"})
     assert (status, body["field"]) == (400, "reason")
+    for name in ("a-1,a-2", "a-[1-2]", "has space", " a-9", "-a"):
+        # Not a host name: Slurm would read several nodes in a node list of it.
+        status, body = await refused("/v1/admin/pools/dev-a100/nodes", json={"node": name})
+        assert (status, body["code"], body["field"]) == (400, "scheduler.admin_invalid", "node")
+        assert "host name" in body["message"] and "letters, digits" in body["hint"]
+    status, body = await refused(spot, json={"add": ["s-9", "s,10"]})
+    assert (status, body["code"], body["field"]) == (400, "scheduler.admin_invalid", "add")
     assert len(await env.events("pool-dev-a100")) == 6, "PoolRegistered, 4 nodes, the job"
 
     added = await env.call("root", "POST", "/v1/admin/pools/dev-a100/nodes", json={"node": "a-9"})

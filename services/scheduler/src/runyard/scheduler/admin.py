@@ -27,6 +27,7 @@ a hint: `UnknownPool`, `UnknownNode`, `NodeExists`, `NodeBusy`,
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -160,7 +161,7 @@ async def add_node(
     now: datetime | None = None,
 ) -> AdminResult:
     """Add a healthy node with every GPU free (`NodeExists` if the name is taken)."""
-    _check_name(node)
+    _check_new_name(node)
     if not 1 <= gpus <= GPUS_PER_NODE:
         raise InvalidAdminRequest(
             f"a node has 1 to {GPUS_PER_NODE} GPUs, not {gpus}", "give the node's GPU count", "gpus"
@@ -304,7 +305,7 @@ async def change_spot_capacity(
             "node names to add must be distinct", "name each node once", "add"
         )
     for name in added:
-        _check_name(name, "add")
+        _check_new_name(name, "add")
     if not 1 <= gpus_per_node <= GPUS_PER_NODE:
         raise InvalidAdminRequest(
             f"a node has 1 to {GPUS_PER_NODE} GPUs, not {gpus_per_node}",
@@ -495,6 +496,23 @@ def _check_name(node: str, field: str = "node") -> None:
         raise InvalidAdminRequest(
             f"invalid {field} {node!r}",
             "use a non-empty name without '/' or control characters",
+            field,
+        )
+
+
+#: A new node's name: a host name. Slurm (a pool's NodeNames, `--nodelist`) reads ',',
+#: '[...]' and spaces as several nodes, and the CLI's `--add a,b` splits at commas.
+_HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def _check_new_name(node: str, field: str = "node") -> None:
+    """A name for a node to add: `_check_name`, and a host name."""
+    _check_name(node, field)
+    if not _HOST_NAME.fullmatch(node):
+        raise InvalidAdminRequest(
+            f"invalid {field} {node!r}: a node's name is its host name",
+            "use letters, digits, '.', '_' and '-' (starting with a letter or digit, at most "
+            "128); Slurm would read ',', '[', ']' or a space in a node list as several nodes",
             field,
         )
 
