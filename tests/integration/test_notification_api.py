@@ -134,6 +134,45 @@ async def test_a_bad_queued_threshold_says_what_a_threshold_is(api: Api) -> None
     assert "only `queued:<seconds>` takes a threshold" in answer.json()["message"]
 
 
+async def test_the_console_lists_adds_and_removes_the_tenants_bots(api: Api) -> None:
+    """Someone who never opens a terminal subscribes the team's bot in the console: a
+    refusal keeps the form (never the secret), the secret is never shown, another
+    tenant neither sees nor removes it, every change needs the session's CSRF token."""
+    transport = api.http._transport
+    async with (
+        httpx.AsyncClient(transport=transport, base_url="http://gw") as alice,
+        httpx.AsyncClient(transport=transport, base_url="http://gw") as carol,
+    ):
+        for client, who in ((alice, "alice"), (carol, "carol")):
+            signed = await client.post("/console/sign-in", data={"token": api.tokens[who]})
+            assert signed.status_code == 303
+        page = await alice.get("/console/alerts")
+        assert page.status_code == 200 and "No bot is subscribed" in page.text
+        csrf = page.text.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+        form = {"webhook_url": HOOK, "alerts": "failed, queued:900", "secret": "top-secret-42"}
+        assert (await alice.post("/console/alerts", data=form)).status_code == 403
+        bad = {**form, "csrf": csrf, "webhook_url": "http://127.0.0.1/open-apis/bot/v2/hook/x"}
+        refused = await alice.post("/console/alerts", data=bad)
+        assert refused.status_code == 400 and "alerts.invalid_subscription" in refused.text
+        assert 'value="http://127.0.0.1/open-apis/bot/v2/hook/x"' in refused.text
+        assert "top-secret-42" not in refused.text
+        added = await alice.post("/console/alerts", data={**form, "csrf": csrf})
+        assert (added.status_code, added.headers["location"]) == (303, "/console/alerts")
+        listed = (await alice.get("/console/alerts")).text
+        assert "hook/****cdef" in listed and "failed, queued:900" in listed
+        assert "top-secret-42" not in listed and HOOK not in listed
+        [sub] = (await api.call("alice", "GET", "/v1/alert-subscriptions")).json()["items"]
+        assert sub["signed"] is True and sub["id"] in listed
+        other = await carol.get("/console/alerts")
+        assert sub["id"] not in other.text
+        carol_csrf = other.text.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+        gone = f"/console/alerts/{sub['id']}/delete"
+        assert (await carol.post(gone, data={"csrf": carol_csrf})).status_code == 404
+        assert (await alice.post(gone)).status_code == 403  # no CSRF token
+        assert (await alice.post(gone, data={"csrf": csrf})).status_code == 303
+        assert (await api.call("alice", "GET", "/v1/alert-subscriptions")).json()["items"] == []
+
+
 async def test_no_token_no_subscriptions(api: Api) -> None:
     answer = await api.http.get("/v1/alert-subscriptions")
     assert answer.status_code == 401

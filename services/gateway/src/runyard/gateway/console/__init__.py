@@ -15,7 +15,16 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from runyard.gateway.app import Gateway
-from runyard.gateway.console import clone, lint, live, pools_page, sre, sre_replay, task_pages
+from runyard.gateway.console import (
+    alerts_page,
+    clone,
+    lint,
+    live,
+    pools_page,
+    sre,
+    sre_replay,
+    task_pages,
+)
 from runyard.gateway.console.pages import PREFIX, Console, console_router
 from runyard.gateway.console.sessions import PostgresSessions
 from runyard.gateway.proxy import Owners
@@ -73,6 +82,7 @@ def install_console(app: FastAPI, gateway: Gateway, owners: Owners) -> Console:
         *pools_page.PAGES,
         *sre.PAGES,
         *sre_replay.PAGES,
+        *alerts_page.PAGES,
         *live.PAGES,
     )
     app.include_router(console_router(console, more))
