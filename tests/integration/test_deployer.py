@@ -732,3 +732,53 @@ async def test_a_stop_without_sandbox_ends_ranks_in_sessions_of_their_own(
         await store.close()
         with contextlib.suppress(NameError, ProcessLookupError):
             os.kill(pid, 9)
+
+
+async def test_pids_cgroups_a_crashed_deployer_left_are_swept_and_a_swept_one_made_again(
+    dsn: str, tmp_path: Path
+) -> None:
+    """A deployer that crashed (or whose scratch went) leaves its deployments' empty pids
+    cgroups: the next one removes them at start. One removed between a deployment's
+    allocation and its start (by another deployer's sweep) is made again by the worker's
+    wrapper, with its limit, and the worker runs in it."""
+    from runyard.deployer.runtime import Deployment
+
+    config = LocalRuntimeConfig(
+        scratch_root=tmp_path / "scratch",
+        volumes_root=tmp_path / "volumes",
+        images={"bash-only": Path("/usr")},
+        grace_s=1.0,
+        worker_pids_max=50,
+    )
+    runtime = LocalRuntime(config)
+    if runtime.pids_base is None:
+        pytest.skip("sandboxed workers with a pids cgroup need a root deployer")
+    stale = runtime.pids_base / f"d-stale-{os.urandom(4).hex()}"
+    (stale / "w0").mkdir(parents=True)
+    workers = (WorkerPlacement(index=0, node="n", gpus=(0,)),)
+    deployment = Deployment("swept", 1, 1, make_spec("grep pids /proc/self/cgroup"), workers)
+    for step in (runtime.allocate, runtime.pull_image, runtime.mount_storage, runtime.init_env):
+        await step(deployment)
+    group = runtime._pids_groups(runtime._get(deployment.key))[0]
+    assert group.is_dir()
+    LocalRuntime(config)  # another deployer starts: both empty folders go
+    assert not stale.exists() and not group.exists()
+    lines: list[str] = []
+    exits: list[int] = []
+
+    async def on_output(line: OutputLine) -> None:
+        lines.append(line.line)
+
+    async def on_exit(_key: Any, _worker: int, code: int, _at: Any) -> None:
+        exits.append(code)
+
+    try:
+        await runtime.start_workers(deployment, on_output, on_exit)
+        await asyncio.wait_for(runtime.wait(deployment.key), 10)
+        assert exits == [0], lines
+        where = f"/{group.relative_to(runtime.pids_base.parent)}"
+        assert len(lines) == 1 and lines[0].endswith(f":pids:{where}"), lines
+        assert (group / "pids.max").read_text().strip() == "50"
+    finally:
+        await runtime.cleanup(deployment.key)
+    assert not group.exists()

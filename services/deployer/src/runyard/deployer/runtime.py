@@ -672,7 +672,9 @@ class LocalRuntime:
         if self.namespaces:
             self.worker_ids = _worker_user(config.worker_user, self.tools)
             self.pids_base, why = _pids_base(config.workers_pids_max)
-            if self.pids_base is None:
+            if self.pids_base is not None:
+                _sweep_pids_groups(self.pids_base)
+            else:
                 log.warning(
                     "sandboxed workers' processes are NOT limited (%s): a worker that forks"
                     " without end can take every pid of this machine, the control plane's"
@@ -1143,8 +1145,12 @@ class LocalRuntime:
             if self.pids_base is not None:
                 # Before anything forks: the wrapper (and so all it starts) joins the
                 # worker's pids cgroup; `echo` is a builtin, no process of its own.
-                procs = self._pids_groups(local)[worker.index] / "cgroup.procs"
-                setup = f"echo 0 > {q(str(procs))} || finish 112\n{setup}"
+                # A group swept away meanwhile (`_sweep_pids_groups`) is made again.
+                group = self._pids_groups(local)[worker.index]
+                cg, limit = q(str(group)), self.config.worker_pids_max
+                join = f"echo 0 > {cg}/cgroup.procs"
+                again = f"{q(self.tools.mkdir)} -p {cg} && echo {limit} > {cg}/pids.max && {join}"
+                setup = f"{{ {join}; }} 2>/dev/null || {{ {again}; }} || finish 112\n{setup}"
             # The kernel's first choice when memory runs out, before the control plane
             # (Postgres, the services): set as root, so the worker cannot lower it.
             setup = f"{{ echo 1000 > /proc/self/oom_score_adj; }} 2>/dev/null\n{setup}"
@@ -1980,6 +1986,17 @@ def _make_pids_groups(groups: Mapping[int, Path], limit: int) -> None:
             with contextlib.suppress(OSError):
                 (group.parent / "cgroup.subtree_control").write_text("+pids")
         (group / "pids.max").write_text(str(limit))
+
+
+def _sweep_pids_groups(base: Path) -> None:
+    """Remove the deployments' pids cgroups no process is in (at start): those of
+    deployments a crashed deployer left, whose scratch may be gone. One of a deployment
+    not started yet goes too: its wrapper makes it again."""
+    with contextlib.suppress(OSError):
+        for folder in base.glob("d-*"):
+            for group in [*folder.glob("w*"), folder]:
+                with contextlib.suppress(OSError):  # processes in it: kept
+                    group.rmdir()
 
 
 def _release_pids_groups(folder: Path) -> None:
