@@ -706,6 +706,11 @@ TABLE: dict[str, Scenario] = {
     "group rerun by an sre": lambda via, _: via.group_rerun("sam", "nope", {}),
     "group create by an sre": lambda via, _: via.group_create("sam", {}, [{}]),
     "create by an sre": lambda via, _: via.create("sam", {"name": "n" * 201}),
+    # who may call is answered before the body's text is looked at
+    "create with a NUL without a token": lambda via, _: via.create(
+        "nobody", {**BASE, "name": "a\x00"}
+    ),
+    "create with a NUL by an sre": lambda via, _: via.create("sam", {**BASE, "name": "a\x00"}),
     # --- logs -------------------------------------------------------------------
     "logs": lambda via, seed: via.logs("alice", seed),
     "logs as another user": lambda via, seed: via.logs("bob", seed),

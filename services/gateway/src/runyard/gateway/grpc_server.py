@@ -24,6 +24,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextvars import ContextVar
 from typing import Annotated, Any, TypeVar
 from urllib.parse import quote
 
@@ -68,13 +69,18 @@ HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 T = TypeVar("T")
 
 
-def check_fields(message: Message, prefix: str = "") -> None:
+def check_fields(message: Message, prefix: str = "", *, part: str = "all") -> None:
     """Refuse a request whose text the store cannot keep, in any field of any nested
     message; a field of the request is named as over HTTP (its name), a field of a
-    spec by its path (`spec.name`, `items[1].spec.env[0].value`)."""
+    spec by its path (`spec.name`, `items[1].spec.env[0].value`). `part`: `params`,
+    the request's own fields (what HTTP takes as path and query, checked before the
+    caller), `body`, the messages HTTP takes as the body (`_NESTED`: checked once the
+    caller may call the method), or `all`."""
     for descriptor, value in message.ListFields():
         name = descriptor.name
         path = f"{prefix}{name}"
+        if not prefix and part != "all" and (name in _NESTED) != (part == "body"):
+            continue
         if descriptor.message_type is not None and descriptor.message_type.GetOptions().map_entry:
             reject_unstorable(dict(value), path)
         elif descriptor.is_repeated and descriptor.message_type is not None:
@@ -97,6 +103,17 @@ def check_fields(message: Message, prefix: str = "") -> None:
 _NESTED = frozenset({"spec", "template", "items", "changes", "overrides", "pools"})
 #: Well-known messages with no text of their own to check.
 _OPAQUE = frozenset({"google.protobuf.Timestamp", "google.protobuf.Duration"})
+
+
+#: The message of the call being answered (each call runs in its own task).
+_MESSAGE: ContextVar[Message | None] = ContextVar("grpc_message", default=None)
+
+
+def _check_body() -> None:
+    """The body part of the call's message (`check_fields`), once its caller may call it."""
+    message = _MESSAGE.get()
+    if message is not None:
+        check_fields(message, part="body")
 
 
 def _limit(limit: int) -> int:
@@ -134,23 +151,28 @@ class TasksService(pb_grpc.TasksServicer):
 
     # --- plumbing -------------------------------------------------------------
 
-    async def _caller(self, context: grpc.aio.ServicerContext) -> Principal:
+    async def _caller(self, context: grpc.aio.ServicerContext, *, body: bool = True) -> Principal:
         """The caller of the `authorization` metadata, parsed as strictly as over HTTP
-        and looked up on every call (a revoked or expired token fails at once)."""
-        return await self.gw.authenticate(_token(context))
+        and looked up on every call (a revoked or expired token fails at once); then
+        (`body`) the text of the message's body part, as HTTP checks it after the caller."""
+        caller = await self.gw.authenticate(_token(context))
+        if body:
+            _check_body()
+        return caller
 
     async def _request(self, context: grpc.aio.ServicerContext) -> Request:
         """The caller of a method that changes something, refused (PERMISSION_DENIED) for
         a read-only role before its message is read, as HTTP refuses any method but GET
         of such a caller; with its request id and trace context."""
+        caller = await self._caller(context, body=False)
+        caller.require_write()
         metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ())}
         given = metadata.get("x-request-id")
         check_request_id(str(given) if given else None)
+        _check_body()
         request_id = str(given or uuid.uuid4())
         # A caller's W3C context continues into the events this call writes.
         trace = {k: str(metadata[k]) for k in ("traceparent", "tracestate") if k in metadata}
-        caller = await self._caller(context)
-        caller.require_write()
         return Request(caller, request_id, trace)
 
     async def _run(
@@ -160,7 +182,8 @@ class TasksService(pb_grpc.TasksServicer):
         call: Callable[[], Awaitable[T]],
     ) -> T:
         try:
-            check_fields(request)
+            check_fields(request, part="params")
+            _MESSAGE.set(request)  # its body part: checked once the caller is known
             return await call()
         except Exception as exc:
             await abort(context, exc, "gateway")
