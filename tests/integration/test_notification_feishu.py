@@ -12,8 +12,11 @@ from typing import Any
 
 import httpx
 import pytest
+from runyard.contracts.spec import TaskSpec
+from runyard.contracts.task_events import TaskFailed
+from runyard.domain import Submit, decide, fold
 from runyard.logs import FirstError, LogLine, classify, traceback_exception
-from runyard.notification import feishu, firsterror
+from runyard.notification import feishu, firsterror, rules
 from runyard.notification.feishu import AlertFacts, FirstErrorFact
 from runyard.notification.ratelimit import BotLimiter, Limits
 
@@ -189,6 +192,24 @@ def test_a_card_says_what_to_do_next_for_its_kind() -> None:
     for kind in ("stopped", "succeeded"):
         assert "Next step" not in json.dumps(feishu.task_card([facts(kind=kind)]))
         assert "next step" not in feishu.task_text([facts(kind=kind)])["content"]["text"]
+
+
+def test_a_failures_reason_names_its_worker_once() -> None:
+    spec = TaskSpec(name="t", pool="p", worker_spec="1gpu", image="i", command="c")
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    submitted = decide(None, Submit("t-1", "t1", "alice", spec), now=now, ids=str)
+    state = fold([(e, now) for e in submitted], task_id="t-1")
+
+    def failed(why: str, worker: int | None = 0) -> str:
+        event = TaskFailed(run=1, attempt=1, reason=why, worker=worker, exit_code=3)
+        return rules.reason(event, state)
+
+    assert failed("worker 0 exited with code 3") == "worker 0 exited with code 3"
+    assert failed("out of memory") == "out of memory (worker 0 exit 3)"
+    assert failed("worker 10 exited with code 3", 1) == (
+        "worker 10 exited with code 3 (worker 1 exit 3)"
+    )
+    assert failed("hang, no restarts left", None) == "hang, no restarts left"
 
 
 # --- the first error ----------------------------------------------------------------------------

@@ -162,9 +162,9 @@ def alert_kind(event: Event) -> str | None:
 def reason(event: Event, state: TaskState) -> str:
     """What a person reads under "Reason" for the alert of `event`."""
     if isinstance(event, TaskFailed):
-        exit_part = (
-            f" (worker {event.worker} exit {event.exit_code})" if event.worker is not None else ""
-        )
+        named = event.worker is None or f"worker {event.worker} " in f"{event.reason} "
+        # "worker 0 exited with code 3" says it already: not "... (worker 0 exit 3)" again
+        exit_part = "" if named else f" (worker {event.worker} exit {event.exit_code})"
         return event.reason + exit_part
     if isinstance(event, TaskMarkedAbnormal):
         steps = "; ".join(event.next_steps)
