@@ -52,6 +52,7 @@ from runyard.contracts.commands import (
 from runyard.contracts.rpc import credential
 from runyard.deployer.app import REACTS_TO, DeployerApp
 from runyard.deployer.keeper import BrokerWatch, LogServiceLines, OutputKeeper
+from runyard.deployer.masking import SecretMasks
 from runyard.deployer.pools import PoolRuntimes, build_runtimes
 from runyard.deployer.retry import until_done
 from runyard.deployer.runtime import LocalRuntime, OutputLine
@@ -183,8 +184,10 @@ async def run(ctx: ServiceContext) -> None:
     runtime = build_runtime(ctx, keep_output=bool(options.get("keep_output", True)))
     watch = BrokerWatch(runtime.config.scratch_root / "logs-topic-acked.json")
 
+    masks = SecretMasks(store)  # a worker's line never carries its task's secrets
+
     async def republish(line: OutputLine) -> RecordMetadata:
-        record = line.record()
+        record = (await masks.masked(line)).record()
         return await broker.publish(record.to_bytes(), topic=logs_topic, key=record.key())
 
     class Publish:
@@ -205,7 +208,7 @@ async def run(ctx: ServiceContext) -> None:
             self.saw(line, await republish(line))
 
         async def submit(self, line: OutputLine) -> Awaitable[object]:
-            record = line.record()
+            record = (await masks.masked(line)).record()
             producer = self.producer or await self._start()
             future: asyncio.Future[RecordMetadata] = await producer.send(
                 logs_topic, record.to_bytes(), key=record.key()

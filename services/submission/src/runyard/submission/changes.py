@@ -232,7 +232,9 @@ def _without_creator_only_values(spec: TaskSpec) -> TaskSpec:
 
 
 def _unmask(env: Any, source: tuple[EnvVar, ...]) -> Any:
-    """Replace masked creator-only values sent back by the value (or gap) in `source`."""
+    """Replace masked creator-only values sent back by the value (or gap) in `source`;
+    a new value for a variable that is creator-only in `source` stays creator-only (a
+    clone that gives its own key keeps it out of the spec that every member reads)."""
     if not isinstance(env, list | tuple):
         return env
     hidden = {v.name: v for v in source if v.creator_only}
@@ -241,11 +243,13 @@ def _unmask(env: Any, source: tuple[EnvVar, ...]) -> Any:
 
 def _unmask_one(item: Any, hidden: Mapping[str, EnvVar]) -> Any:
     data = item.model_dump() if isinstance(item, EnvVar) else item
-    if not isinstance(data, Mapping) or data.get("value") != MASK:
+    if not isinstance(data, Mapping):
         return item
     original = hidden.get(str(data.get("name")))
     if original is None:
         return item
+    if data.get("value") != MASK:
+        return {**data, "creator_only": True}
     return {
         **data,
         "value": original.value,
