@@ -485,6 +485,35 @@ def _changeable_folder(mount_path: str) -> str | None:
     return None
 
 
+#: `_changeable_folder` in bash, run as root just before the mounts: fails, its reason on
+#: stderr, when a folder on the way to the mount path ($1; links followed) can be changed
+#: by someone other than root. One `stat` per folder looked into.
+_MOUNT_PATH_CHECK = """runyard_mount_path_check() {{
+  local path=$1 cur=/ rest=$1 name info links=0 next target
+  while [ -n "$rest" ]; do
+    rest=${{rest#/}}; name=${{rest%%/*}}; rest=${{rest#"$name"}}
+    case $name in ''|.) continue ;; ..) cur=${{cur%/*}}; cur=${{cur:-/}}; continue ;; esac
+    info=$({stat} -c '%u %g %a' -- "$cur") || return 0
+    set -- $info
+    if [ "$1" != 0 ] || (( 8#$3 & 2 )) || {{ (( 8#$3 & 16 )) && [ "$2" != 0 ]; }}; then
+      printf 'mount path %s cannot be used: it leads through %s (owner uid %s, group %s,'\
+' mode %s), which users other than root can change\\n' "$path" "$cur" "$1" "$2" "$3" >&2
+      return 1
+    fi
+    next=${{cur%/}}/$name
+    if [ -L "$next" ]; then
+      links=$((links + 1)); [ "$links" -le 40 ] || return 1
+      target=$({readlink} -- "$next") || return 0
+      case $target in /*) cur=/ ;; esac
+      rest=/$target$rest; continue
+    fi
+    [ -e "$next" ] || return 0
+    cur=$next
+  done
+}}
+"""
+
+
 def _covered(path: Path, covers: list[Path]) -> bool:
     """Whether `path` lies in one of `covers` (and so is hidden once they are covered)."""
     resolved = path.resolve()
@@ -1249,9 +1278,13 @@ class LocalRuntime:
                     _Mount("runyard-hidden", str(path), "tmpfs", tmpfs, test="-d", otherwise=file)
                 )
         fstabs = local.root / f"{tag}.w{worker.index}.mounts"
-        lines = [*opened, *_mount_lines(mounts, fstabs, self.tools.mount)]
+        # Where the bind is made, at the moment it is made (a Slurm node's folders are
+        # not the deployer's to look at): see `_changeable_folder`.
+        checks = [f"runyard_mount_path_check {q(path)}" for path, _, _ in local.mounts]
+        lines = [*checks, *opened, *_mount_lines(mounts, fstabs, self.tools.mount)]
         lines += [f"exec {10 + n}<&-" for n in range(len(keep))]
-        return "".join(f"{line} || finish 112\n" for line in lines)
+        check = _MOUNT_PATH_CHECK.format(stat=q(self.tools.stat), readlink=q(self.tools.readlink))
+        return (check if checks else "") + "".join(f"{line} || finish 112\n" for line in lines)
 
     def _pids_folder(self, root: Path) -> Path:
         """The folder of a deployment's pids cgroups, named after its scratch folder
@@ -1840,12 +1873,18 @@ class _Tools:
     setpriv: str
     #: iproute2's `ip`, where installed (optional: the loopback comes up without it).
     ip: str = ""
+    #: coreutils' `stat` and `readlink`: a mount path's folders looked at where the
+    #: volumes are bound (`_MOUNT_PATH_CHECK`).
+    stat: str = ""
+    readlink: str = ""
 
     @classmethod
     def find(cls) -> _Tools:
         path = f"{os.environ.get('PATH', '')}:{_SYSTEM_PATH}"
         found = {name: shutil.which(name, path=path) or "" for name in cls.__slots__}
         found["bash"] = found["bash"] or "bash"
+        found["stat"] = found["stat"] or "stat"
+        found["readlink"] = found["readlink"] or "readlink"
         return cls(**found)
 
     def missing(self) -> list[str]:
