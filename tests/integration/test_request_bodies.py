@@ -29,6 +29,7 @@ CASES: list[tuple[str, str, Any, str, str]] = [
     ("alice", "/v1/tasks", {**BASE, "creator_only": "A"}, "spec.invalid", "creator_only"),
     ("alice", "/v1/tasks", [BASE], "request.invalid", "body"),
     ("alice", "/v1/tasks/{task}/clone", {"name": "n" * 201}, "spec.invalid", "name"),
+    ("alice", "/v1/tasks/{task}/clone", {"env": {"API_KEY": "x"}}, "spec.invalid", "env"),
     ("alice", "/v1/tasks/{task}/rerun", {"worker_count": 0}, "spec.invalid", "worker_count"),
     ("alice", "/v1/tasks/{task}/rerun", {"colour": 1}, "spec.unknown_field", "colour"),
     ("alice", "/v1/groups/g/rerun", {"pool": "x"}, "rerun.field_not_changeable", "pool"),

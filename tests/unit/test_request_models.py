@@ -71,6 +71,15 @@ def test_a_spec_that_breaks_the_model_is_refused_naming_the_field(
     assert (answer["code"], answer["field"]) == (code, field), answer
 
 
+@pytest.mark.parametrize(("env", "field"), [({"A": "1"}, "env"), (5, "env"), (["A=1"], "env.0")])
+def test_an_env_in_neither_form_is_refused_showing_both(env: Any, field: str) -> None:
+    for model in (TaskSubmission, SpecOverrides):
+        answer = refused(model, {**BASE, "env": env})
+        assert (answer["code"], answer["field"]) == ("spec.invalid", field), answer
+        assert "{name, value}" in answer["message"], answer
+        assert '"env": "A=1;B=2"' in answer["hint"], answer
+
+
 def test_an_unknown_field_is_answered_with_the_names_of_the_object_holding_it() -> None:
     nested = refused(TaskSubmission, {**BASE, "fault_tolerance": {"hang_timout_s": 60}})
     assert nested["field"] == "fault_tolerance.hang_timout_s"

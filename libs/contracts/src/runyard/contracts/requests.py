@@ -118,6 +118,19 @@ class RequestBody(BaseModel):
         own = cls.field_refusals.get(str(loc[0]))
         if own is not None:
             return _refused(own.code, top, f"{top}: {own.message or msg}", own.hint)
+        if str(loc[0]) == "env" and (kind, len(loc)) in (("tuple_type", 1), ("model_type", 2)):
+            # an object {"A": "1"}, or a list of "A=1" texts: the two forms are other
+            what = (
+                "neither `A=x;B=y` text nor a list of {name, value} objects"
+                if len(loc) == 1
+                else "an item of env is an object {name, value}"
+            )
+            return _refused(
+                cls.invalid_code,
+                field,
+                f"{field}: {what}",
+                'send "env": "A=1;B=2" or "env": [{"name": "A", "value": "1"}]',
+            )
         return _refused(
             cls.invalid_code, field, f"{field}: {msg}", f"fix {field} (see {cls.__name__})"
         )
