@@ -122,6 +122,20 @@ async def test_the_event_tail_names_a_mistyped_event_type(api: Api) -> None:
         assert found.status_code == 200 and task_id in found.text
 
 
+async def test_the_task_list_refuses_a_status_no_task_has(api: Api) -> None:
+    """A status typed into the list's address is refused as the API refuses it, naming
+    the statuses, not shown as an empty list."""
+    task_id = await created_task(api)
+    async with sign_in(api, "alice") as client:
+        for path in ("/console/tasks", "/console/tasks/rows", "/console/tasks/stream"):
+            typo = await client.get(path, params={"status": "bogus"})
+            assert typo.status_code == 400, (path, typo.text)
+            assert "is not a task status" in typo.text and "succeeded" in typo.text
+        status = (await api.call("alice", "GET", f"/v1/tasks/{task_id}")).json()["status"]
+        found = await client.get("/console/tasks", params={"status": status})
+        assert found.status_code == 200 and task_id in found.text
+
+
 async def test_changes_need_the_sessions_csrf_token_and_the_consoles_origin(api: Api) -> None:
     task_id = await created_task(api)
     async with sign_in(api, "alice") as client:

@@ -470,7 +470,17 @@ async def _read_form(request: HttpRequest) -> dict[str, str]:
 
 
 def list_query(request: HttpRequest) -> dict[str, Any]:
+    """The task list's filters from the page's address; a status that is none (a link
+    typed by hand) is refused as the API refuses it, not shown as an empty list."""
     q = request.query_params
+    status = q.get("status")
+    if status and status not in STATUSES:
+        raise BadRequest(
+            "request.invalid",
+            f"status: {status!r} is not a task status",
+            f"choose one of {', '.join(STATUSES)}, or none for every task",
+            "status",
+        )
     filters = {
         "status": q.get("status") or None,
         "pool": q.get("pool") or None,
