@@ -123,6 +123,8 @@ _OVER = {
     "PREEMPTED",
     "TIMEOUT",
 }
+#: Exit codes of a launch command ended by SIGTERM or SIGKILL (128 + the signal).
+_SIGNALLED = {128 + signal.SIGTERM, 128 + signal.SIGKILL}
 #: The name of the env check's steps (`end_env_check` cancels them by it).
 _CHECK_STEP = "runyard-env-check"
 #: What a deployment's batch script reports in its folder (`_batch_script`).
@@ -836,6 +838,11 @@ class SlurmRuntime(LocalRuntime):
                 break
             await pace.nap()
         exited_at = datetime.now(UTC)
+        status = _read_status(worker.status_file)
+        if (status is None or status[0] in _SIGNALLED) and not (
+            local.stopping or key in self._killed
+        ):
+            await self._say_why_slurm_ended(job, worker)
         worker.gone.set()
         await asyncio.gather(*readers, return_exceptions=True)
         status = _read_status(worker.status_file)
@@ -850,6 +857,31 @@ class SlurmRuntime(LocalRuntime):
             await on_exit(key, worker.index, code, exited_at)
         except Exception:
             log.exception("exit handler failed for %s worker %s", key, worker.index)
+
+    async def _say_why_slurm_ended(self, job: str, worker: _Worker, within_s: float = 10.0) -> None:
+        """A worker signalled, or gone without a status, while the deployer stopped
+        nothing: when Slurm ended the job (scancel from outside, a time limit, a node
+        lost), one line on the worker's stderr says so, where its logs and its first
+        error show it, instead of a bare exit code 143."""
+        deadline = time.monotonic() + within_s
+        state: tuple[str, str] | None = ("", "")
+        while time.monotonic() < deadline:
+            try:
+                state = await self._cached_state(job, max_age_s=0.5)
+            except SlurmError:
+                state = ("", "")
+            if state is None or state[0] in _OVER:
+                break
+            await asyncio.sleep(0.5)  # COMPLETING: Slurm is ending what is left
+        if state is None or state[0] not in _OVER or state[0] == "COMPLETED":
+            return
+        why = "" if state[1] in ("", "None") else f" ({state[1]})"
+        line = (
+            f"error: Slurm ended job {job}: {state[0]}{why}; Runyard did not stop it (an "
+            "scancel from outside, the partition's time limit or a node failure ends a job so)"
+        )
+        with contextlib.suppress(OSError), (worker.scratch / "stderr.log").open("a") as out:
+            out.write(line + "\n")
 
     async def stop(self, key: DeploymentKey, grace_s: float | None = None) -> None:
         """SIGTERM to every step, SIGKILL after the grace period; returns once the job is over."""
