@@ -875,3 +875,39 @@ async def test_a_job_whose_deployment_folder_is_gone_ends_instead_of_waiting_for
     while [j for j in h.jobs() if "runyard-gone-" in j and "COMPLET" not in j]:
         assert asyncio.get_running_loop().time() < deadline, h.jobs()
         await asyncio.sleep(0.2)
+
+
+async def test_a_mount_path_through_a_folder_a_worker_can_change_is_refused_on_the_node(
+    h: Harness, tmp_path: Path
+) -> None:
+    """A worker links a path in a world-writable folder of a node to another folder (here a
+    stand-in for /usr/bin, whose programs the root wrapper runs next); a task mounts a
+    volume there: the worker's mount setup refuses the path where the bind would be made
+    (exit 112, the reason on its stderr) and nothing is bound over the link's target."""
+    if not h.runtime.worker_namespaces or h.runtime.worker_ids is None:
+        pytest.skip("volumes are bound only when the deployer runs as root with util-linux")
+    uid, gid, _ = h.runtime.worker_ids
+    base = Path(f"/mnt/runyard-test-{tmp_path.name}")
+    victim, changeable = base / "victim", base / "open"
+    victim.mkdir(parents=True)
+    (victim / "original").write_text("host file\n")
+    changeable.mkdir()
+    changeable.chmod(0o1777)
+    link = changeable / "link"
+    link.symlink_to(victim)
+    os.lchown(link, uid, gid)
+    spec = make_spec(
+        f"ls {victim}",
+        mounts=({"file_system": "fs", "volume": "out", "mount_path": str(link)},),
+    )
+    try:
+        await h.launch("linked", spec)
+        state = await h.state("linked")
+        assert state.status == "failed", h.output("linked")
+        exited = [e.event for e in await h.events("linked") if isinstance(e.event, WorkerExited)]
+        assert [e.exit_code for e in exited] == [112]
+        said = " ".join(h.output("linked"))
+        assert f"mount path {link} cannot be used" in said and str(changeable) in said, said
+        assert "original" not in said
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
