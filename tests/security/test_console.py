@@ -136,6 +136,26 @@ async def test_the_task_list_refuses_a_status_no_task_has(api: Api) -> None:
         assert found.status_code == 200 and task_id in found.text
 
 
+async def test_numbers_typed_into_an_address_are_pages_not_server_errors(api: Api) -> None:
+    """A position past a bigint, or digits Python reads but the database cannot (`²`),
+    in a page's address: the page (read as the end of the log, or left out), never a
+    500 or the API's JSON."""
+    task_id = await created_task(api)
+    huge = "9" * 30
+    async with sign_in(api, "admin") as client:
+        for path, params in (
+            (f"/console/tasks/{task_id}/events", {"after": huge}),
+            (f"/console/tasks/{task_id}/events", {"after": "²"}),
+            ("/console/sre/events", {"before": huge}),
+            ("/console/sre/events", {"before": "²", "limit": "²"}),
+            ("/console/sre/events", {"limit": huge}),
+            ("/console/sre/audit", {"limit": "²"}),
+        ):
+            page = await client.get(path, params=params)
+            assert page.status_code == 200, (path, params, page.text[:300])
+            assert page.headers["content-type"].startswith("text/html"), (path, params)
+
+
 async def test_changes_need_the_sessions_csrf_token_and_the_consoles_origin(api: Api) -> None:
     task_id = await created_task(api)
     async with sign_in(api, "alice") as client:

@@ -568,7 +568,8 @@ def _spec_of(form: Mapping[str, str]) -> dict[str, Any]:
     for key in SUBMIT_NUMBERS:
         value = form.get(key, "").strip()
         if value:
-            spec[key] = int(value) if value.lstrip("-").isdigit() else value
+            number = typed_int(value)
+            spec[key] = value if number is None else number
     for key in ("tags", "creator_only"):
         items = [t.strip() for t in form.get(key, "").split(",") if t.strip()]
         if items:
@@ -585,10 +586,28 @@ def _form_of(spec: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
     return form, hidden
 
 
+#: A position or version past any the database holds (a bigint), with room for a +1.
+MAX_POSITION = 2**62
+
+
+def whole_number(text: str) -> int | None:
+    """A page address's position, version or count: None unless ASCII digits, and at
+    most `MAX_POSITION` (a longer number typed by hand reads as the end of the log)."""
+    if not re.fullmatch(r"[0-9]+", text):
+        return None
+    return MAX_POSITION if len(text) > 19 else min(int(text), MAX_POSITION)
+
+
+def typed_int(text: str) -> int | None:
+    """A form's number as an int: None unless an optional minus and ASCII digits, at
+    most 18 of them (what is not one is sent as typed: the rules name what is wrong)."""
+    return int(text) if re.fullmatch(r"-?[0-9]{1,18}", text) else None
+
+
 def _int_param(request: HttpRequest, name: str) -> int:
     """A query parameter that is a version (0 when absent or not a whole number)."""
-    value = request.query_params.get(name, "")
-    return int(value) if value.isdigit() else 0
+    value = whole_number(request.query_params.get(name, ""))
+    return 0 if value is None else value
 
 
 Handler = Callable[[HttpRequest, SignedIn], Awaitable[Response]]

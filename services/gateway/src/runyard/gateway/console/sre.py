@@ -27,7 +27,7 @@ from fastapi.responses import Response
 from runyard.errors import RunyardError
 from runyard.gateway.audit import check_types
 from runyard.gateway.console import reads
-from runyard.gateway.console.pages import PREFIX, Console, SignedIn, render
+from runyard.gateway.console.pages import PREFIX, Console, SignedIn, render, whole_number
 from runyard.gateway.proxy import why
 from runyard.gateway.trace import TraceApi
 
@@ -71,9 +71,9 @@ async def _tail(console: Console, request: HttpRequest) -> dict[str, Any]:
     event_type = q.get("type", "").strip() or None
     task = q.get("task", "").strip() or None
     before_text, limit_text = q.get("before", ""), q.get("limit", "")
-    before = int(before_text) if before_text.isdigit() else None
-    limit = min(int(limit_text), MAX_TAIL) if limit_text.isdigit() else reads.TAIL_PAGE
-    limit = max(limit, 1)
+    before = whole_number(before_text)
+    asked = whole_number(limit_text)
+    limit = max(min(asked, MAX_TAIL), 1) if asked is not None else reads.TAIL_PAGE
     rows = await reads.event_tail(
         console.gw.db,
         event_type=event_type,

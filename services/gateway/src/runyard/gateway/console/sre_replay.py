@@ -34,7 +34,7 @@ from runyard.contracts.http import WHATIF_FIGURES
 from runyard.errors import RunyardError
 from runyard.eventstore.audit import InvalidCursor, audit_page
 from runyard.gateway.audit import audit_filter
-from runyard.gateway.console.pages import PREFIX, Console, SignedIn, render
+from runyard.gateway.console.pages import PREFIX, Console, SignedIn, render, whole_number
 from runyard.gateway.replay import ReplayApi
 from runyard.gateway.views import event_view
 
@@ -64,7 +64,8 @@ async def audit(console: Console, request: HttpRequest, who: SignedIn) -> Respon
     values = {k: q.get(k, "").strip() for k in AUDIT_FIELDS}
     cursor = q.get("cursor") or None
     limit_text = q.get("limit", "")
-    limit = max(1, min(int(limit_text), MAX_AUDIT_PAGE)) if limit_text.isdigit() else AUDIT_PAGE
+    asked = whole_number(limit_text)
+    limit = max(1, min(asked, MAX_AUDIT_PAGE)) if asked is not None else AUDIT_PAGE
     shown: dict[str, Any] = {
         "values": values,
         "error": None,
@@ -180,7 +181,8 @@ def whatif_body(form: dict[str, str]) -> dict[str, Any]:
     if document:
         body["pools"] = _pools_document(document)
     elif nodes or gpus:
-        if not pool or not nodes.isdigit() or not gpus.isdigit():
+        node_count, node_gpus = whole_number(nodes), whole_number(gpus)
+        if not pool or node_count is None or node_gpus is None:
             raise BadRequest(
                 "console.whatif_nodes",
                 "changed nodes need the pool, a node count and the GPUs of each node",
@@ -190,7 +192,7 @@ def whatif_body(form: dict[str, str]) -> dict[str, Any]:
         body["pools"] = [
             {
                 "id": pool,
-                "nodes": {"prefix": f"{pool}-whatif-", "count": int(nodes), "gpus": int(gpus)},
+                "nodes": {"prefix": f"{pool}-whatif-", "count": node_count, "gpus": node_gpus},
             }
         ]
     return body

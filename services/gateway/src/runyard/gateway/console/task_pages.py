@@ -34,7 +34,7 @@ from runyard.domain import RERUN_CHANGEABLE
 from runyard.errors import RunyardError
 from runyard.gateway.bundle import MEDIA_TYPE, BundleApi
 from runyard.gateway.console import reads
-from runyard.gateway.console.pages import PREFIX, Console, SignedIn, render
+from runyard.gateway.console.pages import PREFIX, Console, SignedIn, render, typed_int, whole_number
 
 #: Fault-tolerance log lines shown (the newest; the service answers the whole log).
 FT_LINES = 200
@@ -142,8 +142,8 @@ def rerun_changes(spec: Mapping[str, Any], form: Mapping[str, str]) -> dict[str,
         if not typed:
             continue
         value: Any = typed
-        if name in NUMBERS and typed.lstrip("-").isdigit():
-            value = int(typed)
+        if name in NUMBERS and (number := typed_int(typed)) is not None:
+            value = number
         if value != spec.get(name) and str(value) != str(spec.get(name)):
             changes[name] = value
     return changes
@@ -170,7 +170,7 @@ async def bundle(console: Console, request: HttpRequest, who: SignedIn) -> Respo
 
 
 def _int(text: str) -> int:
-    return int(text) if text.isdigit() else 0
+    return whole_number(text) or 0
 
 
 #: method, path under PREFIX, handler (before the pages' `/tasks/{task_id}`).
