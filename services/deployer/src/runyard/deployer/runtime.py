@@ -2285,9 +2285,9 @@ def _group_exists(pgid: int) -> bool:
     return True
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes of process group `pgid`, from /proc (Linux)."""
-    members: list[int] = []
+def _live_processes() -> Iterator[tuple[int, int, int]]:
+    """(pid, parent pid, process group) of every live (not zombie) process, from one
+    scan of /proc (Linux)."""
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -2297,9 +2297,13 @@ def group_members(pgid: int) -> list[int]:
         except OSError:
             continue
         fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 2 and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
-            members.append(int(entry.name))
-    return members
+        if len(fields) > 2 and fields[0] not in ("Z", "X"):
+            yield int(entry.name), int(fields[1]), int(fields[2])
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group `pgid`, from /proc (Linux)."""
+    return [pid for pid, _, group in _live_processes() if group == pgid]
 
 
 def worker_processes(pgid: int) -> list[int]:
@@ -2311,20 +2315,9 @@ def worker_processes(pgid: int) -> list[int]:
     a stack report's summary names where the ranks are, not where torchrun waits."""
     members: set[int] = set()
     children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                stat = f.read().decode(errors="replace")
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) <= 2 or fields[0] in ("Z", "X"):
-            continue
-        pid = int(entry.name)
-        children.setdefault(int(fields[1]), []).append(pid)
-        if int(fields[2]) == pgid:
+    for pid, parent, group in _live_processes():
+        children.setdefault(parent, []).append(pid)
+        if group == pgid:
             members.add(pid)
     depth = dict.fromkeys(members, 0)
     pending = list(members)
