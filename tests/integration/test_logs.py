@@ -579,6 +579,11 @@ async def test_the_service_ingests_the_deployers_records(
         ("logs", {"run": -(2**31) - 1}, "run"),
         ("logs", {"worker": [0, 2**40]}, "worker"),
         ("first-error", {"run": 99999999999}, "run"),
+        # no line has them: runs and attempts count from 1, workers from 0
+        ("first-error", {"run": 0}, "run"),
+        ("first-error", {"run": -1}, "run"),
+        ("logs", {"attempt": 0}, "attempt"),
+        ("logs", {"worker": [-1]}, "worker"),
     ],
 )
 async def test_a_number_past_int32_is_the_log_routes_own_400(
@@ -589,7 +594,8 @@ async def test_a_number_past_int32_is_the_log_routes_own_400(
     body = answer.json()
     # not the gateway's safety net (`request.invalid` from a database DataError)
     assert (body["code"], body["field"]) == ("logs.out_of_range", field), body
-    assert body["hint"] == f"{field} must be between -2147483648 and 2147483647"
+    least = 0 if field == "worker" else 1
+    assert body["hint"] == f"{field} must be between {least} and 2147483647"
 
 
 async def test_an_export_with_a_number_past_int32_is_refused_up_front(logs: LogsApi) -> None:

@@ -42,13 +42,20 @@ def check_time(name: str, value: datetime | None) -> None:
         )
 
 
+#: The least value a line's number fields take: runs and attempts count from 1,
+#: workers from 0.
+LEAST = {"run": 1, "attempt": 1, "worker": 0}
+
+
 def check_int32(name: str, value: int | None) -> None:
-    """Refuse a number the `int` columns cannot hold (a clean 400, not a database error)."""
-    if value is not None and not INT32_MIN <= value <= INT32_MAX:
+    """Refuse a number no line has: below its field's least (`LEAST`), or more than the
+    `int` columns hold (a clean 400, not an empty answer or a database error)."""
+    least = LEAST.get(name, INT32_MIN)
+    if value is not None and not least <= value <= INT32_MAX:
         raise InvalidQuery(
             "logs.out_of_range",
             f"{name} {value} is out of range",
-            f"{name} must be between {INT32_MIN} and {INT32_MAX}",
+            f"{name} must be between {least} and {INT32_MAX}",
             name,
         )
 
