@@ -73,5 +73,5 @@ async def test_the_bundle_of_a_real_failed_task(platform: Platform) -> None:
 
     tail = files["logs/run-1-attempt-2/worker-0.log"].decode().splitlines()
     assert tail[0].startswith("1 ") and tail[0].endswith("| step 1 loss=2.30")
-    assert tail[1].endswith("| logging in with [redacted]")
+    assert tail[1].endswith("| logging in with ******")  # masked before it was published
     assert tail[-1].endswith("RuntimeError: injected crash")
