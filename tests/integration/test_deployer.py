@@ -13,6 +13,7 @@ import os
 import shlex
 import shutil
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +120,16 @@ async def h(dsn: str, tmp_path: Path) -> Any:
         images={"bash-only": Path("/usr")},
         grace_s=2.0,
     )
-    runtime = LocalRuntime(config)
+    async with running_harness(store, LocalRuntime(config)) as harness:
+        yield harness
+
+
+@contextlib.asynccontextmanager
+async def running_harness(
+    store: PostgresEventStore, runtime: LocalRuntime
+) -> AsyncIterator[Harness]:
+    """A deployer on `runtime` whose output lines the harness keeps; it is closed, and
+    the store with it, on the way out."""
     harness: Harness
 
     async def sink(line: OutputLine) -> None:
@@ -632,29 +642,17 @@ async def test_a_worker_that_forks_without_end_is_held_to_its_process_limit(
         await store.close()
         pytest.skip("sandboxed workers with a pids cgroup need a root deployer")
     assert runtime.pids_base is not None
-    lines: list[OutputLine] = []
-
-    async def sink(line: OutputLine) -> None:
-        lines.append(line)
-
-    app = DeployerApp(store, runtime, on_output=sink, stop_grace_s=1.0)
-    h = Harness(store, app, runtime)
-    h.lines = lines
     command = f"{shlex.quote(sys.executable)} -c {shlex.quote(FORK_WITHOUT_END)}"
-    try:
+    async with running_harness(store, runtime) as h:
         await h.launch("forks", make_spec(command, workers=2), wait=False)
         await h.wait_for("forks", "TaskRunning")
         folder = runtime._pids_folder(config.scratch_root / "forks" / "run1-a1")
         assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == ["w0", "w1"]
-        await asyncio.wait_for(app.drain(), 30)
+        await asyncio.wait_for(h.app.drain(), 30)
         assert (await h.state("forks")).status == "succeeded", h.output("forks")
         counts = sorted(int(line.split()[-1]) for line in h.output("forks"))
         assert len(counts) == 2 and all(0 < n < 40 for n in counts), counts
         assert not folder.exists(), "the workers' cgroups go with the deployment"
-    finally:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(app.close(), 5)
-        await store.close()
 
 
 async def test_a_sandboxed_worker_is_the_first_the_kernel_ends_when_memory_runs_out(
@@ -703,39 +701,28 @@ async def test_a_stop_without_sandbox_ends_ranks_in_sessions_of_their_own(
         grace_s=1.0,
         namespaces=False,
     )
-    runtime = LocalRuntime(config)
-    lines: list[OutputLine] = []
-
-    async def sink(line: OutputLine) -> None:
-        lines.append(line)
-
-    app = DeployerApp(store, runtime, on_output=sink, stop_grace_s=1.0)
-    h = Harness(store, app, runtime)
-    h.lines = lines
     command = f"{shlex.quote(sys.executable)} -c {shlex.quote(STUBBORN_RANK)}"
-    try:
-        await h.launch("ranks", make_spec(command), wait=False)
+    async with running_harness(store, LocalRuntime(config)) as h:
+        try:
+            await h.launch("ranks", make_spec(command), wait=False)
 
-        async def rank_pid() -> int:
-            while not h.output("ranks"):  # noqa: ASYNC110
-                await asyncio.sleep(0.02)
-            return int(h.output("ranks")[0].removeprefix("0:"))
+            async def rank_pid() -> int:
+                while not h.output("ranks"):  # noqa: ASYNC110
+                    await asyncio.sleep(0.02)
+                return int(h.output("ranks")[0].removeprefix("0:"))
 
-        async with asyncio.timeout(10):
-            pid = await rank_pid()
-        assert alive(pid)
-        state = await h.state("ranks")
-        stop = decide(state, RequestStop("ranks"), now=state.submitted_at, ids=lambda: "x")
-        await h.deliver(await h.append("ranks", stop))
-        await asyncio.wait_for(app.drain(), 10)
-        assert (await h.state("ranks")).status == "stopped"
-        assert not alive(pid), "the rank outlived the stop"
-    finally:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(app.close(), 5)
-        await store.close()
-        with contextlib.suppress(NameError, ProcessLookupError):
-            os.kill(pid, 9)
+            async with asyncio.timeout(10):
+                pid = await rank_pid()
+            assert alive(pid)
+            state = await h.state("ranks")
+            stop = decide(state, RequestStop("ranks"), now=state.submitted_at, ids=lambda: "x")
+            await h.deliver(await h.append("ranks", stop))
+            await asyncio.wait_for(h.app.drain(), 10)
+            assert (await h.state("ranks")).status == "stopped"
+            assert not alive(pid), "the rank outlived the stop"
+        finally:
+            with contextlib.suppress(NameError, ProcessLookupError):
+                os.kill(pid, 9)
 
 
 async def test_pids_cgroups_a_crashed_deployer_left_are_swept_and_a_swept_one_made_again(
