@@ -114,14 +114,20 @@ class Harness:
 @pytest.fixture
 async def h(dsn: str, tmp_path: Path) -> Any:
     store = await PostgresEventStore.connect(dsn, default_mapper())
-    config = LocalRuntimeConfig(
-        scratch_root=tmp_path / "scratch",
-        volumes_root=tmp_path / "volumes",
-        images={"bash-only": Path("/usr")},
-        grace_s=2.0,
-    )
-    async with running_harness(store, LocalRuntime(config)) as harness:
+    async with running_harness(store, LocalRuntime(local_config(tmp_path))) as harness:
         yield harness
+
+
+def local_config(tmp_path: Path, **options: Any) -> LocalRuntimeConfig:
+    """The local runtime of these tests: folders under `tmp_path`, the image `bash-only`
+    on /usr, a 2 s grace period; `options` change or add to that."""
+    defaults: dict[str, Any] = {
+        "scratch_root": tmp_path / "scratch",
+        "volumes_root": tmp_path / "volumes",
+        "images": {"bash-only": Path("/usr")},
+        "grace_s": 2.0,
+    }
+    return LocalRuntimeConfig(**{**defaults, **options})
 
 
 @contextlib.asynccontextmanager
@@ -513,13 +519,7 @@ async def test_only_so_many_deployments_run_their_stages_at_once(
     the other (no stage of one between the first and last stage of another), and a
     task stopped while waiting its turn ends without running a stage."""
     store = await PostgresEventStore.connect(dsn, default_mapper())
-    config = LocalRuntimeConfig(
-        scratch_root=tmp_path / "scratch",
-        volumes_root=tmp_path / "volumes",
-        images={"bash-only": Path("/usr")},
-        grace_s=2.0,
-        deploys_at_once=1,
-    )
+    config = local_config(tmp_path, deploys_at_once=1)
     runtime = LocalRuntime(config)
     app = DeployerApp(store, runtime, stop_grace_s=1.0)
     h = Harness(store, app, runtime)
@@ -624,13 +624,7 @@ async def test_a_worker_that_forks_without_end_is_held_to_its_process_limit(
     pids cgroup) instead of taking every pid of the host; its processes end with the
     worker and the cgroup goes with the deployment."""
     store = await PostgresEventStore.connect(dsn, default_mapper())
-    config = LocalRuntimeConfig(
-        scratch_root=tmp_path / "scratch",
-        volumes_root=tmp_path / "volumes",
-        images={"bash-only": Path("/usr")},
-        grace_s=2.0,
-        worker_pids_max=40,
-    )
+    config = local_config(tmp_path, worker_pids_max=40)
     runtime = LocalRuntime(config)
     v1, unified = Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup/cgroup.controllers")
     # A cgroup file system mounted read-only (a container's) has no pids cgroup to give.
@@ -694,13 +688,7 @@ async def test_a_stop_without_sandbox_ends_ranks_in_sessions_of_their_own(
     in a session of its own): the stop ends every process of the worker, so no rank
     keeps its GPU after the task stopped."""
     store = await PostgresEventStore.connect(dsn, default_mapper())
-    config = LocalRuntimeConfig(
-        scratch_root=tmp_path / "scratch",
-        volumes_root=tmp_path / "volumes",
-        images={"bash-only": Path("/usr")},
-        grace_s=1.0,
-        namespaces=False,
-    )
+    config = local_config(tmp_path, grace_s=1.0, namespaces=False)
     command = f"{shlex.quote(sys.executable)} -c {shlex.quote(STUBBORN_RANK)}"
     async with running_harness(store, LocalRuntime(config)) as h:
         try:
@@ -734,13 +722,7 @@ async def test_pids_cgroups_a_crashed_deployer_left_are_swept_and_a_swept_one_ma
     wrapper, with its limit, and the worker runs in it."""
     from runyard.deployer.runtime import Deployment
 
-    config = LocalRuntimeConfig(
-        scratch_root=tmp_path / "scratch",
-        volumes_root=tmp_path / "volumes",
-        images={"bash-only": Path("/usr")},
-        grace_s=1.0,
-        worker_pids_max=50,
-    )
+    config = local_config(tmp_path, grace_s=1.0, worker_pids_max=50)
     runtime = LocalRuntime(config)
     if runtime.pids_base is None:
         pytest.skip("sandboxed workers with a pids cgroup need a root deployer")
