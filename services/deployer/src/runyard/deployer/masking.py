@@ -77,10 +77,11 @@ class SecretMasks:
         return line if text == line.line else replace(line, line=text)
 
     async def _read(self, task_id: str) -> Mask | None:
-        events = await self.store.read_stream(task_stream(task_id))
-        if not events:
+        # The submission holds the tenant and the variables: a rerun changes neither.
+        first = await self.store.read_stream(task_stream(task_id), 1, limit=1)
+        if not first:
             return None
-        state = fold(events, task_id=task_id)
+        state = fold(first, task_id=task_id)
         refs = sorted({v.secret_ref for v in state.spec.env if v.creator_only and v.secret_ref})
         if not refs:
             return None

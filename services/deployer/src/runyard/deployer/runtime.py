@@ -2364,7 +2364,7 @@ def bootcheck_command(deployment: Deployment, worker: int) -> str:
     )
     item = {"runyard_bootcheck": 1, "worker": worker, "item": "runtime", "result": "fail"}
     head, tail = json.dumps({**item, "detail": detail, "blocking": False}).split("@CODE@")
-    finished = " ".join(f"[ $code -ne {c} ]" for c in _BOOTCHECK_FINISHED).replace(" [", " && [")
+    finished = " && ".join(f"[ $code -ne {c} ]" for c in _BOOTCHECK_FINISHED)
     return (
         f"{shlex.join(parts)}; code=$?; if {finished}; then"
         f" printf '%s%s%s\\n%s\\n' {shlex.quote(head)} \"$code\" {shlex.quote(tail)}"
