@@ -47,6 +47,30 @@ async def test_a_group_sent_again_grows_at_most_to_the_group_limit(api: Api) -> 
     assert (theirs.status_code, len(theirs.json()["tasks"])) == (201, 2), theirs.text
 
 
+async def test_two_calls_racing_into_one_group_never_pass_the_group_limit(api: Api) -> None:
+    """Two calls that add to one group at once are counted in the transactions that append
+    them: one joins, the other is refused with the count the first left, and the group
+    holds no more than MAX_GROUP_SIZE tasks."""
+    body = {"template": BASE, "items": [{}, {}], "group_id": "race"}
+    assert (await api.call("alice", "POST", "/v1/groups", json=body)).status_code == 201
+    half = {**body, "items": [{}] * (MAX_GROUP_SIZE // 2)}
+    answers = await asyncio.gather(
+        api.call("alice", "POST", "/v1/groups", json=half),
+        api.call("bob", "POST", "/v1/groups", json=half),
+    )
+    statuses = sorted(a.status_code for a in answers)
+    assert statuses == [201, 400], [a.text[:300] for a in answers]
+    refused = next(a.json() for a in answers if a.status_code == 400)
+    assert (refused["code"], refused["field"]) == ("group.too_large", "group_id"), refused
+    has = 2 + MAX_GROUP_SIZE // 2
+    assert f"has {has} tasks: {MAX_GROUP_SIZE // 2} more" in refused["message"], refused
+    submitted = await api.gateway.db.fetchval(
+        "SELECT count(*) FROM events WHERE event_type = 'TaskSubmitted'"
+        " AND data->>'tenant' = 't1' AND data->>'group_id' = 'race'"
+    )
+    assert submitted == has
+
+
 async def test_list_groups_newest_first_per_tenant(api: Api) -> None:
     first = await api.call("alice", "POST", "/v1/groups", json={"template": BASE, "items": [{}]})
     second = await api.call(

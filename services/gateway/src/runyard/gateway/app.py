@@ -37,7 +37,7 @@ from runyard.contracts import requests as bodies
 from runyard.contracts.admin_events import TokenRevoked
 from runyard.contracts.envelope import new_event_id, utcnow
 from runyard.contracts.rpc import credential
-from runyard.contracts.spec import MAX_GROUP_SIZE, TaskSpec
+from runyard.contracts.spec import TaskSpec
 from runyard.domain import (
     Command,
     RequestStop,
@@ -390,24 +390,10 @@ class Gateway:
     async def create_group(self, req: Request, group: bodies.TaskGroupRequest) -> dict[str, Any]:
         """R-17: one task per item, each the template with the item's overrides; all or none."""
         req.principal.require_write()
-        if group.group_id:
-            await self._check_group_room(req.principal, group.group_id, len(group.items))
+        # The submission service keeps a group (its group_id sent again) within
+        # MAX_GROUP_SIZE, in the transaction that appends its new tasks.
         accepted = await self.submission.submit_group(req, group.as_json())
         return await self.get_group(req.principal, accepted.group_id)
-
-    async def _check_group_room(self, caller: Principal, group_id: str, adding: int) -> None:
-        """Tasks added to a group that has some (its `group_id` sent again) keep it within
-        `MAX_GROUP_SIZE`, the most that a group's read, stop and rerun act on."""
-        await self.projector.catch_up()
-        has = await projection.group_size(self.db, caller.tenant, group_id)
-        if has and has + adding > MAX_GROUP_SIZE:
-            raise BadRequest(
-                "group.too_large",
-                f"task group {group_id!r} has {has} tasks: {adding} more would make"
-                f" {has + adding}, over the {MAX_GROUP_SIZE} a group may hold",
-                "leave group_id out (or give a new one) to make a group of these items",
-                "group_id",
-            )
 
     async def get_group(
         self, caller: Principal, group_id: str, tenant: str | None = None

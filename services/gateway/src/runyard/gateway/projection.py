@@ -365,14 +365,6 @@ _FILTERS = {
 }
 
 
-async def group_size(conn: asyncpg.Pool | asyncpg.Connection, tenant: str, group_id: str) -> int:
-    """How many tasks of the tenant the task group holds."""
-    count = await conn.fetchval(
-        "SELECT count(*) FROM task_list WHERE tenant = $1 AND group_id = $2", tenant, group_id
-    )
-    return int(count or 0)
-
-
 async def group_rows(
     conn: asyncpg.Pool | asyncpg.Connection, tenant: str, limit: int
 ) -> list[dict[str, Any]]:

@@ -48,7 +48,7 @@ from runyard.contracts.resources import (
     entry_key,
     with_entry,
 )
-from runyard.contracts.spec import MASK, EnvVar, TaskSpec
+from runyard.contracts.spec import MASK, MAX_GROUP_SIZE, EnvVar, TaskSpec
 from runyard.contracts.webhooks import policy_of
 from runyard.domain import (
     Clone,
@@ -73,7 +73,7 @@ from runyard.eventstore import (
 )
 from runyard.submission.changes import check_group, clone_spec, expand_group, rerun_with_changes
 from runyard.submission.env import parse_env
-from runyard.submission.errors import ErrorCode, SpecError
+from runyard.submission.errors import ErrorCode, GroupItemError, SpecError
 from runyard.submission.pools import pool_views
 from runyard.submission.rules import check_spec
 from runyard.submission.warnings import SubmissionWarning
@@ -270,6 +270,7 @@ class Submissions:
         task_ids = tuple(self.new_id() for _ in specs)
         submitted = Submitted(task_ids, group_id)
         async with self._writing(call, submitted) as conn:
+            await _make_room(conn, call.principal.tenant, group_id, len(task_ids))
             for task_id, spec, warned in zip(task_ids, specs, warnings, strict=True):
                 await self._submit(conn, call, task_id, spec, warned, group_id=group_id)
         return submitted
@@ -513,6 +514,32 @@ class Submissions:
 
 def _stream(task_id: str) -> str:
     return f"task-{task_id}"
+
+
+async def _make_room(conn: asyncpg.Connection, tenant: str, group_id: str, adding: int) -> None:
+    """Count `adding` more tasks in the tenant's group, in the transaction that appends
+    them; refuse (`group.too_large`, nothing written) past `MAX_GROUP_SIZE`.
+
+    Items sent with the `group_id` of a group that has tasks join it. The group's row
+    stays locked until the transaction ends: a second call adding to the same group
+    waits for it and counts its tasks, so two calls never pass the limit together."""
+    total = await conn.fetchval(
+        """INSERT INTO task_groups (tenant, group_id, tasks) VALUES ($1, $2, $3)
+           ON CONFLICT (tenant, group_id) DO UPDATE SET tasks = task_groups.tasks + $3
+           RETURNING tasks""",
+        tenant,
+        group_id,
+        adding,
+    )
+    if total > MAX_GROUP_SIZE:
+        has = total - adding
+        raise GroupItemError(
+            ErrorCode.GROUP_TOO_LARGE,
+            "group_id",
+            f"task group {group_id!r} has {has} tasks: {adding} more would make"
+            f" {total}, over the {MAX_GROUP_SIZE} a group may hold",
+            "leave group_id out (or give a new one) to make a group of these items",
+        )
 
 
 def _is_creator(caller: Principal, state: TaskState) -> bool:
