@@ -50,7 +50,8 @@ running `bash --login -c "<launch command>"`:
   namespace per deployment (its workers share a loopback of their own; the
   host's is unreachable), as an unprivileged user (`local.worker_user`,
   default `runyard-worker`, created as a system user when missing) with no
-  capabilities and `no_new_privs`. An empty tmpfs covers the control plane's
+  capabilities and `no_new_privs`, its `/proc` read-only (so it cannot lower its
+  `oom_score_adj` where root lacks CAP_SYS_RESOURCE). An empty tmpfs covers the control plane's
   paths (scratch and volume roots, the data dir, `local.hide`); the worker's
   own scratch, the image and Runyard's interpreter are bound back at their
   paths (see `_mount_script`). The processes that run as root before the
@@ -1283,6 +1284,12 @@ class LocalRuntime:
         checks = [f"runyard_mount_path_check {q(path)}" for path, _, _ in local.mounts]
         lines = [*checks, *opened, *_mount_lines(mounts, fstabs, self.tools.mount)]
         lines += [f"exec {10 + n}<&-" for n in range(len(keep))]
+        # Last: the worker's /proc read-only (its own mount of it; a worker has no
+        # capability to make it writable again). Without CAP_SYS_RESOURCE (which some VMs
+        # and containers take from root) the 1000 root wrote to oom_score_adj is no floor
+        # the kernel keeps: a worker could write 0 there and have the OOM killer pick
+        # Postgres instead. Writing any /proc file fails (EROFS); reading works.
+        lines.append(f"{q(self.tools.mount)} -o remount,bind,ro /proc")
         check = _MOUNT_PATH_CHECK.format(stat=q(self.tools.stat), readlink=q(self.tools.readlink))
         return (check if checks else "") + "".join(f"{line} || finish 112\n" for line in lines)
 
