@@ -512,3 +512,34 @@ async def test_the_internal_route_answers_the_service_credential_only(
             assert none.json() == {"task_id": "t-1", "found": False}
             document = (await http.get(f"{logs.url}/openapi.json")).json()
             assert not [p for p in document["paths"] if p.startswith("/internal")]
+
+
+async def test_a_traceback_is_read_on_its_own_stream(store: LogStore) -> None:
+    """A program's stdout, block-buffered in a pipe, is read between the lines of its
+    traceback on stderr: the exception and the block are the traceback's own lines."""
+    stderr = [
+        "Traceback (most recent call last):",
+        '  File "/workspace/train.py", line 3, in <module>',
+        "ValueError: boom",
+    ]
+    stdout = [f"step {i} loss=0.{i}" for i in range(1, 4)]
+    interleaved = [
+        ("stderr", stderr[0]),
+        ("stdout", stdout[0]),
+        ("stdout", stdout[1]),
+        ("stderr", stderr[1]),
+        ("stdout", stdout[2]),
+        ("stderr", stderr[2]),
+    ]
+    await store.ingest(
+        [
+            log_record(T0 + timedelta(milliseconds=10 * i), "mixed", text, stream=stream)
+            for i, (stream, text) in enumerate(interleaved)
+        ]
+    )
+    found = await store.first_error("mixed")
+    assert found is not None
+    assert found.line.line == stderr[0]
+    assert found.exception is not None and found.exception.line == "ValueError: boom"
+    assert [ln.line for ln in found.after] == stderr[1:]
+    assert found.classification.rule == "training.exception", found.classification

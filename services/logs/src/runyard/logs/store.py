@@ -84,7 +84,9 @@ MAX_MISSING_RANGES = 1000
 #: near the workers' exits).
 MAX_TRACEBACKS = 200
 #: The run's last tracebacks, each with the line naming its exception: the next
-#: line of the same worker and rank prefix not indented as a frame (within 10 min).
+#: line of the same worker, stream and rank prefix not indented as a frame (within
+#: 10 min). A program's stdout, block-buffered in a pipe, lands between the lines of
+#: a traceback on stderr; it is not part of it.
 _TRACEBACKS = rf"""
 WITH heads AS (
     SELECT at, id, task_id, run, attempt, worker, stream, seq, line,
@@ -98,7 +100,7 @@ SELECT h.at, h.id, h.task_id, h.run, h.attempt, h.worker, h.stream, h.seq, h.lin
 FROM heads h LEFT JOIN LATERAL (
     SELECT l.line FROM log_lines l
     WHERE l.task_id = $1 AND l.worker = h.worker AND l.run = $2 AND l.attempt = h.attempt
-      AND (l.at, l.id) > (h.at, h.id) AND l.at < h.at + interval '10 minutes'
+      AND l.stream = h.stream AND (l.at, l.id) > (h.at, h.id) AND l.at < h.at + interval '10 minutes'
       AND starts_with(l.line, h.prefix)
       AND (h.prefix <> '' OR l.line !~ '{firsterror.SQL_RANK_PREFIX}')
       AND substr(l.line, length(h.prefix) + 1) ~ '^[^[:space:]]'
@@ -422,7 +424,8 @@ class LogStore:
     async def _explain(self, line: LogLine, before: int) -> FirstError:
         """`line` with its context: the lines before it of its worker, and after it
         those of the same rank (a traceback's lines carry the rank's prefix), up to a
-        traceback's exception line; the layer from that block."""
+        traceback's exception line (and of the same stream: see `_TRACEBACKS`); the
+        layer from that block."""
         same = "task_id = $1 AND run = $2 AND attempt = $3 AND worker = $4"
         args = (line.task_id, line.run, line.attempt, line.worker, line.at, line.id)
         columns = "at, id, task_id, run, attempt, worker, stream, seq, line"
@@ -439,7 +442,11 @@ class LogStore:
         after = [LogLine(**dict(r)) for r in later]
         if firsterror.is_traceback(line.line):
             rank = firsterror.rank_prefix(line.line)
-            after = [a for a in after if firsterror.rank_prefix(a.line) == rank]
+            after = [
+                a
+                for a in after
+                if a.stream == line.stream and firsterror.rank_prefix(a.line) == rank
+            ]
         texts = [line.line] + [a.line for a in after]
         block = firsterror.error_block(texts)
         end = firsterror.traceback_exception(texts)
