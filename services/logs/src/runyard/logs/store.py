@@ -100,7 +100,8 @@ SELECT h.at, h.id, h.task_id, h.run, h.attempt, h.worker, h.stream, h.seq, h.lin
 FROM heads h LEFT JOIN LATERAL (
     SELECT l.line FROM log_lines l
     WHERE l.task_id = $1 AND l.worker = h.worker AND l.run = $2 AND l.attempt = h.attempt
-      AND l.stream = h.stream AND (l.at, l.id) > (h.at, h.id) AND l.at < h.at + interval '10 minutes'
+      AND l.stream = h.stream
+      AND (l.at, l.id) > (h.at, h.id) AND l.at < h.at + interval '10 minutes'
       AND starts_with(l.line, h.prefix)
       AND (h.prefix <> '' OR l.line !~ '{firsterror.SQL_RANK_PREFIX}')
       AND substr(l.line, length(h.prefix) + 1) ~ '^[^[:space:]]'
