@@ -466,6 +466,7 @@ async def both(dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Asy
         "bob": await create_token(gateway.db, "t1", "bob", "member"),
         "carol": await create_token(gateway.db, "t2", "carol", "member"),
         "sam": await create_token(gateway.db, "ops", "sam", "sre"),
+        "pat": await create_token(gateway.db, "ops", "pat", "platform_admin"),
         "nobody": None,
         "forged": "ry_not-a-token",
     }
@@ -829,6 +830,30 @@ async def test_an_sre_lists_another_tenants_tasks_and_groups(both: Both) -> None
         assert refused.status != "OK" and refused.body["code"], refused
         groups = await via.group_ls("carol", tenant="t1")
         assert groups.status == refused.status and groups.body["code"], groups
+
+
+async def test_a_task_and_a_group_of_another_tenant_are_refused_alike(both: Both) -> None:
+    """Stopping or rerunning another tenant's task or group: a platform admin, who reads
+    every tenant, is refused 403 `auth.other_tenant` for both; a member of another tenant,
+    who may not read them, gets 404 for both (as for none); over HTTP and gRPC alike."""
+    listed = await both.http.group_ls("alice")
+    group_id = listed.body["items"][0]["group_id"]
+    task = both.seed_task
+    for via in (both.http, both.grpc):
+        for who, status, codes in (
+            ("pat", "PERMISSION_DENIED", {"auth.other_tenant"}),
+            ("carol", "NOT_FOUND", {"task_not_found", "group.not_found"}),
+        ):
+            answers = {
+                "task stop": await via.stop(who, task),
+                "task rerun": await via.rerun(who, task, {}),
+                "group stop": await via.group_stop(who, group_id),
+                "group rerun": await via.group_rerun(who, group_id, {}),
+            }
+            for what, answer in answers.items():
+                assert answer.status == status, (via, who, what, answer)
+                assert answer.body["code"] in codes, (via, who, what, answer)
+        assert (await via.get("pat", task)).status == "OK"  # it reads what it may not change
 
 
 async def test_grpc_changes_name_fields_of_the_spec_only(both: Both) -> None:

@@ -29,7 +29,13 @@ from typing import Any
 import asyncpg
 import httpx
 from runyard.api import auth
-from runyard.api.auth import Principal, authenticate, record_token_issued, token_stream
+from runyard.api.auth import (
+    CROSS_TENANT_READERS,
+    Principal,
+    authenticate,
+    record_token_issued,
+    token_stream,
+)
 from runyard.api.errors import BadRequest, NotFound, PermissionDenied, task_not_found
 from runyard.api.tasks import require_visible
 from runyard.contracts import Event, EventMapper, Metadata, NewEvent, RecordedEvent, default_mapper
@@ -418,14 +424,35 @@ class Gateway:
 
     async def stop_group(self, req: Request, group_id: str) -> dict[str, Any]:
         """Stop every task of the group that has not ended yet."""
-        req.principal.require_write()  # a read-only role: 403, whether the group is or not
-        group = await self.get_group(req.principal, group_id)
+        group = await self._group_to_change(req.principal, group_id)
         for row in group["tasks"]:
             state, recorded = await self._load(req.principal, row["task_id"], write=True)
             if not is_terminal(state.status):
                 stop = _stop(req.principal, state.task_id, group_id)
                 await self._decide_and_append(req, recorded, stop)
         return await self.get_group(req.principal, group_id)
+
+    async def _group_to_change(self, caller: Principal, group_id: str) -> dict[str, Any]:
+        """The caller's tenant's group, to stop or rerun: answered as a task would be.
+
+        A read-only role: 403, whether the group is or not. A group of another tenant
+        only: 404 (as no group) to a member, who may not read it; 403 to a platform
+        admin, who may read it but not change it (as `_load` answers for a task)."""
+        caller.require_write()
+        try:
+            return await self.get_group(caller, group_id)
+        except NotFound:
+            if caller.role in CROSS_TENANT_READERS:
+                tenants = await projection.group_tenants(self.db, group_id, caller.tenant)
+                if tenants:
+                    raise PermissionDenied(
+                        "auth.other_tenant",
+                        f"task group {group_id!r} belongs to tenant"
+                        f" {', '.join(repr(t) for t in tenants)}: you may read it only",
+                        "use a token of that tenant to change it",
+                        "group_id",
+                    ) from None
+            raise
 
     async def list_groups(
         self, caller: Principal, limit: int = 50, tenant: str | None = None
@@ -450,8 +477,7 @@ class Gateway:
         The submission service checks every rerun first, then writes all in one
         transaction, so either every finished task runs again or none does.
         """
-        req.principal.require_write()
-        group = await self.get_group(req.principal, group_id)
+        group = await self._group_to_change(req.principal, group_id)
         task_ids = [row["task_id"] for row in group["tasks"]]
         await self.submission.rerun_group(req, group_id, task_ids, changes.as_json())
         return await self.get_group(req.principal, group_id)

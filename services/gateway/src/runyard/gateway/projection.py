@@ -365,6 +365,20 @@ _FILTERS = {
 }
 
 
+async def group_tenants(
+    conn: asyncpg.Pool | asyncpg.Connection, group_id: str, besides: str, limit: int = 3
+) -> list[str]:
+    """Tenants other than `besides` that have a task group `group_id` (at most `limit`)."""
+    rows = await conn.fetch(
+        "SELECT DISTINCT tenant FROM task_list WHERE group_id = $1 AND tenant <> $2"
+        " ORDER BY tenant LIMIT $3",
+        group_id,
+        besides,
+        limit,
+    )
+    return [r["tenant"] for r in rows]
+
+
 async def group_rows(
     conn: asyncpg.Pool | asyncpg.Connection, tenant: str, limit: int
 ) -> list[dict[str, Any]]:
