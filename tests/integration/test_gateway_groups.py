@@ -7,6 +7,7 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import asyncpg
 import httpx
 import pytest
 import uvicorn
@@ -228,3 +229,30 @@ async def test_cli_group_ls_without_id_and_group_rerun(served: tuple[str, str]) 
     assert shown.exit_code == 0 and shown.stdout == one.stdout
     missing = await cli(url, token, "group", "show", "no-such-group")
     assert missing.exit_code == 1 and "hint:" in missing.stderr
+
+
+async def test_cli_reads_a_group_of_another_tenant_with_tenant(
+    served: tuple[str, str], dsn: str
+) -> None:
+    """`group ls ID --tenant` and `group show ID --tenant`: an sre reads the tenant's group
+    (without --tenant it looks in its own tenant, which has none of that id)."""
+    url, token = served
+    made = await cli(
+        url, token, "group", "create", "-f", str(REPO / "examples/group.yaml"), "--json"
+    )
+    assert made.exit_code == 0, made.output
+    group_id = json.loads(made.stdout)["group_id"]
+    db = json.loads((await cli(url, token, "group", "ls", group_id, "--json")).stdout)
+    conn = await asyncpg.connect(dsn)
+    try:
+        sre = await create_token(conn, "ops", "sam", "sre")
+    finally:
+        await conn.close()
+    for command in ("ls", "show"):
+        read = await cli(url, sre, "group", command, group_id, "--tenant", "t1", "--json")
+        assert read.exit_code == 0, read.output
+        assert json.loads(read.stdout)["tasks"] == db["tasks"]
+        own = await cli(url, sre, "group", command, group_id)
+        assert own.exit_code == 1 and "group.not_found" in own.stderr, own.output
+    refused = await cli(url, token, "group", "show", group_id, "--tenant", "ops")
+    assert refused.exit_code == 3 and "auth.other_tenant" in refused.stderr, refused.output

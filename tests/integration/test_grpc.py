@@ -100,7 +100,7 @@ class Via(Protocol):
     async def watch(self, who: str, task_id: str) -> Outcome: ...
     async def capacity(self, who: str, pool_id: str) -> Outcome: ...
     async def group_create(self, who: str, template: Any, items: list[Any]) -> Outcome: ...
-    async def group_get(self, who: str, group_id: str) -> Outcome: ...
+    async def group_get(self, who: str, group_id: str, **params: Any) -> Outcome: ...
     async def group_stop(self, who: str, group_id: str) -> Outcome: ...
     async def group_rerun(self, who: str, group_id: str, changes: dict[str, Any]) -> Outcome: ...
     async def group_ls(self, who: str, **params: Any) -> Outcome: ...
@@ -183,8 +183,8 @@ class HttpVia:
         body = {"template": template, "items": items}
         return await self._call(who, "POST", "/v1/groups", json=body)
 
-    async def group_get(self, who: str, group_id: str) -> Outcome:
-        return await self._call(who, "GET", f"/v1/groups/{group_id}")
+    async def group_get(self, who: str, group_id: str, **params: Any) -> Outcome:
+        return await self._call(who, "GET", f"/v1/groups/{group_id}", params=params)
 
     async def group_stop(self, who: str, group_id: str) -> Outcome:
         return await self._call(who, "POST", f"/v1/groups/{group_id}/stop")
@@ -351,8 +351,8 @@ class GrpcVia:
         )
         return await self._call(who, "CreateGroup", request, convert.group_dict)
 
-    async def group_get(self, who: str, group_id: str) -> Outcome:
-        request = pb.GetGroupRequest(group_id=group_id)
+    async def group_get(self, who: str, group_id: str, **params: Any) -> Outcome:
+        request = pb.GetGroupRequest(group_id=group_id, **params)
         return await self._call(who, "GetGroup", request, convert.group_dict)
 
     async def group_stop(self, who: str, group_id: str) -> Outcome:
@@ -830,6 +830,23 @@ async def test_an_sre_lists_another_tenants_tasks_and_groups(both: Both) -> None
         assert refused.status != "OK" and refused.body["code"], refused
         groups = await via.group_ls("carol", tenant="t1")
         assert groups.status == refused.status and groups.body["code"], groups
+
+
+async def test_a_group_of_another_tenant_is_read_by_tenant_over_both_apis(both: Both) -> None:
+    """`tenant` on GetGroup as on `GET /v1/groups/{id}`: the sre reads t1's group there
+    (its own tenant has none of that id), a member of t2 is refused; both APIs alike."""
+    listed = await both.http.group_ls("alice")
+    group_id = listed.body["items"][0]["group_id"]
+    answers = []
+    for via in (both.http, both.grpc):
+        read = await via.group_get("sam", group_id, tenant="t1")
+        assert read.status == "OK", read
+        assert {t["tenant"] for t in read.body["tasks"]} == {"t1"}, read
+        assert (await via.group_get("sam", group_id)).status == "NOT_FOUND"  # its own: none
+        refused = await via.group_get("carol", group_id, tenant="t1")
+        assert (refused.status, refused.body["code"]) == ("PERMISSION_DENIED", "auth.other_tenant")
+        answers.append(stable(_plain(Outcome("OK", [read, refused]))))
+    assert answers[0] == answers[1]
 
 
 async def test_a_task_and_a_group_of_another_tenant_are_refused_alike(both: Both) -> None:

@@ -669,7 +669,7 @@ def group_ls(
     """Your tenant's groups with a count per status; with an id, the tasks of that group."""
     with gateway(url, token) as api:
         if group_id is not None:
-            return print_group(as_json_data(api.get_group(group_id)), as_json)
+            return print_group(as_json_data(api.get_group(group_id, tenant=tenant)), as_json)
         found = as_json_data(api.list_groups(limit=limit, tenant=tenant))
     if as_json:
         return show_json(found)
@@ -693,11 +693,15 @@ group_app.command("list", hidden=True)(group_ls)  # as `admin tokens list`
 
 @group_app.command("show")
 def group_show(
-    group_id: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
+    group_id: str,
+    tenant: TenantOpt = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """One group's tasks with their statuses (as `group ls ID`; `runyard show` is for a task)."""
     with gateway(url, token) as api:
-        print_group(as_json_data(api.get_group(group_id)), as_json)
+        print_group(as_json_data(api.get_group(group_id, tenant=tenant)), as_json)
 
 
 @group_app.command("stop")

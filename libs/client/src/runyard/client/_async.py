@@ -171,8 +171,8 @@ class AsyncClient:
     async def create_group(self, group: Body) -> wire.Group:
         return await self.send(calls.create_group(group))
 
-    async def get_group(self, group_id: str) -> wire.Group:
-        return await self.send(calls.get_group(group_id))
+    async def get_group(self, group_id: str, *, tenant: str | None = None) -> wire.Group:
+        return await self.send(calls.get_group(group_id, tenant=tenant))
 
     async def list_groups(
         self, *, limit: int | None = None, tenant: str | None = None

@@ -127,8 +127,9 @@ def create_group(group: Body) -> Call[wire.Group]:
     return call("POST", "/v1/groups", _GROUP, body=group)
 
 
-def get_group(group_id: str) -> Call[wire.Group]:
-    return call("GET", f"/v1/groups/{_id(group_id)}", _GROUP)
+def get_group(group_id: str, *, tenant: str | None = None) -> Call[wire.Group]:
+    """The caller's tenant's group (`tenant`: another's, for sre and platform_admin)."""
+    return call("GET", f"/v1/groups/{_id(group_id)}", _GROUP, params=_given(tenant=tenant))
 
 
 def list_groups(*, limit: int | None = None, tenant: str | None = None) -> Call[wire.GroupPage]:

@@ -166,8 +166,8 @@ class Client:
     def create_group(self, group: Body) -> wire.Group:
         return self.send(calls.create_group(group))
 
-    def get_group(self, group_id: str) -> wire.Group:
-        return self.send(calls.get_group(group_id))
+    def get_group(self, group_id: str, *, tenant: str | None = None) -> wire.Group:
+        return self.send(calls.get_group(group_id, tenant=tenant))
 
     def list_groups(
         self, *, limit: int | None = None, tenant: str | None = None

@@ -325,7 +325,8 @@ class TasksService(pb_grpc.TasksServicer):
     ) -> pb.Group:
         async def call() -> pb.Group:
             caller = await self._caller(context)
-            return convert.group_message(await self.gw.get_group(caller, request.group_id))
+            group = await self.gw.get_group(caller, request.group_id, request.tenant or None)
+            return convert.group_message(group)
 
         return await self._run(context, request, call)
 

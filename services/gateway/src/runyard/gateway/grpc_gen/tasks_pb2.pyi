@@ -481,10 +481,12 @@ class CreateGroupRequest(_message.Message):
     def __init__(self, template: _Optional[_Union[TaskSpec, _Mapping]] = ..., items: _Optional[_Iterable[_Union[TaskChanges, _Mapping]]] = ..., group_id: _Optional[str] = ...) -> None: ...
 
 class GetGroupRequest(_message.Message):
-    __slots__ = ("group_id",)
+    __slots__ = ("group_id", "tenant")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     group_id: str
-    def __init__(self, group_id: _Optional[str] = ...) -> None: ...
+    tenant: str
+    def __init__(self, group_id: _Optional[str] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class StopGroupRequest(_message.Message):
     __slots__ = ("group_id",)
