@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import pytest
 import uvicorn
 from runyard.api.auth import create_token
@@ -252,6 +253,46 @@ async def test_show_prints_the_attempt_counters_and_stages_of_each_attempt(
     assert per_attempt == [
         ("1", str(attempt), stage, "completed") for attempt in (1, 2) for stage in DEPLOY_STAGES
     ]
+
+
+async def test_diff_prints_only_what_differs_and_names_unset_values(
+    served_gateway: Served,
+) -> None:
+    """`runyard diff` across a placement: no row whose two sides are the same (no
+    `null null`), a value absent on one side is `(unset)`; `--json` is the API's answer."""
+    url, token, store = served_gateway.url, served_gateway.token, served_gateway.gateway.store
+    submitted = await cli(url, token, "submit", "-f", str(REPO / "examples/hello.yaml"), "--json")
+    assert submitted.exit_code == 0, submitted.output
+    task_id = json.loads(submitted.stdout)["task_id"]
+    stream = f"task-{task_id}"
+    placed = TaskPlaced(
+        run=1, attempt=1, pool="dev-a100", workers=(WorkerPlacement(index=0, node="n", gpus=(0,)),)
+    )
+    version = await store.stream_version(stream)
+    meta = Metadata(actor="service:test")
+    await store.append(stream, [NewEvent(placed, meta, datetime.now(UTC))], version)
+    positions = [e.global_position for e in await store.read_stream(stream)]
+    between = ("diff", task_id, "--from", str(positions[0]), "--to", str(positions[-1]))
+
+    piped = await cli(url, token, *between)
+    assert piped.exit_code == 0, piped.output
+    lines = piped.stdout.splitlines()
+    header = lines.index("field\tfrom\tto")
+    end = next(i for i in range(header + 1, len(lines)) if lines[i].count("\t") != 2)
+    rows = [line.split("\t") for line in lines[header + 1 : end]]
+    assert rows and all(len(r) == 3 and r[1] != r[2] for r in rows), rows
+    fields = {r[0]: (r[1], r[2]) for r in rows}
+    assert fields["placement.pool"] == ("(unset)", "dev-a100"), fields
+    assert fields["placement.workers.0.node"] == ("(unset)", "n"), fields
+    assert "placement" not in fields and "null" not in piped.stdout, piped.stdout
+
+    as_json = await cli(url, token, *between, "--json")
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as http:
+        answer = await http.get(
+            f"{url}/v1/tasks/{task_id}/replay/diff",
+            params={"from": positions[0], "to": positions[-1]},
+        )
+    assert json.loads(as_json.stdout) == answer.json()
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from uuid import uuid4
 
 import pytest
@@ -179,6 +180,26 @@ def test_changes_are_the_leaves_that_differ_and_those_that_came_or_went() -> Non
         "gone": ("a", None),
     }
     assert changes(after, after) == []
+
+
+def test_changes_name_only_what_differs_when_a_field_opens_or_closes() -> None:
+    """A field null (or empty) on one side and with leaves on the other is told by those
+    leaves; null on one side and absent on the other is no change at all."""
+    before: dict[str, Any] = {"placement": None, "stages": [], "stage": None, "queue": None}
+    after = {"placement": {"pool": "p", "workers": [{"node": "n1"}]}, "stages": [{"r": "ok"}]}
+    found = {c.field: (c.before, c.after) for c in changes(before, after)}
+    assert found == {
+        "placement.pool": (None, "p"),
+        "placement.workers.0.node": (None, "n1"),
+        "stages.0.r": (None, "ok"),
+    }
+    back = {c.field: (c.before, c.after) for c in changes(after, before)}
+    assert back == {
+        "placement.pool": ("p", None),
+        "placement.workers.0.node": ("n1", None),
+        "stages.0.r": ("ok", None),
+    }
+    assert all(c.before != c.after for c in changes(before, after) + changes(after, before))
 
 
 # --- views --------------------------------------------------------------------------

@@ -85,7 +85,13 @@ def print_placement(placement: dict[str, Any] | None) -> None:
     )
 
 
+#: How `diff` shows a value that one of the two points does not have (or has as null).
+UNSET = "(unset)"
+
+
 def _value(value: Any) -> str:
+    if value is None:
+        return UNSET
     return value if isinstance(value, str) else json.dumps(value)
 
 
@@ -101,7 +107,9 @@ def diff(
     """What changed in a task between two points of the log, and the events between.
 
     Every field of `runyard show` whose value differs (status, stage, attempt,
-    counters, placement, stages, ...), then the events in between.
+    counters, placement, stages, ...), then the events in between. A value one
+    point does not have is shown as `(unset)`; `--json` prints the answer as the
+    API gives it (null there).
 
     Example, during an incident: `runyard diff ID --from 2026-12-01T10:00:00Z
     --to 2026-12-01T10:05:00Z`; on a pipe both tables are tab-separated lines

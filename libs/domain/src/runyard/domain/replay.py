@@ -212,19 +212,36 @@ def flatten(value: Any, path: str = "") -> Iterator[tuple[str, Any]]:
 
 def changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[Change]:
     """The leaves that differ between two JSON views, in the order of `after` (then the
-    leaves only `before` had); a leaf absent on one side is None there."""
+    leaves only `before` had); a leaf absent on one side is None there.
+
+    Only what differs: a leaf absent on one side and null on the other is no change,
+    nor is an empty (null, `{}`, `[]`) leaf whose path has leaves on the other side
+    (`placement` null, then `placement.pool`: the leaves under it are the changes)."""
     old, new = dict(flatten(before)), dict(flatten(after))
-    found = [Change(k, old.get(k), v) for k, v in new.items() if _differs(old.get(k), v, k in old)]
-    found += [Change(k, v, None) for k, v in old.items() if k not in new]
+    found = [
+        Change(k, old.get(k), v)
+        for k, v in new.items()
+        if _differs(old.get(k), v) and not _opened(k, v, old)
+    ]
+    found += [
+        Change(k, v, None)
+        for k, v in old.items()
+        if k not in new and v is not None and not _opened(k, v, new)
+    ]
     return found
 
 
-def _differs(old: Any, new: Any, present: bool) -> bool:
-    if not present:
-        return True
+def _differs(old: Any, new: Any) -> bool:
     return json.dumps(old, sort_keys=True, default=str) != json.dumps(
         new, sort_keys=True, default=str
     )
+
+
+def _opened(path: str, value: Any, other: Mapping[str, Any]) -> bool:
+    """An empty leaf (null, {}, []) where the other view has leaves under its path."""
+    if value not in (None, {}, [], ()):
+        return False
+    return any(key.startswith(f"{path}.") for key in other)
 
 
 __all__ = [
