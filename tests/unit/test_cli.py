@@ -295,6 +295,28 @@ async def test_diff_prints_only_what_differs_and_names_unset_values(
     assert json.loads(as_json.stdout) == answer.json()
 
 
+async def test_an_unknown_image_offers_the_closest_and_images_lists_them(
+    served: tuple[str, str], tmp_path: Path
+) -> None:
+    """`image.not_found` names the zone's closest training images and `runyard images
+    --zone Z`, which lists the zone's images (whole lines on a pipe, or --json)."""
+    url, token = served
+    spec = tmp_path / "typo.yaml"
+    hello = (REPO / "examples/hello.yaml").read_text()
+    spec.write_text(hello.replace("image: pytorch:2.3-cuda12", "image: pytorch:2.3-cuda13"))
+    refused = await cli(url, token, "submit", "-f", str(spec))
+    assert refused.exit_code == 1 and "image.not_found" in refused.stderr, refused.output
+    hint = " ".join(refused.stderr.split())
+    assert "closest to it: pytorch:2.3-cuda12, pytorch:2.1-cuda11, bash-only;" in hint, hint
+    zone = hint.split("`runyard images --zone ")[1].split("`")[0]
+
+    listed = await cli(url, token, "images", "--zone", zone)
+    assert listed.exit_code == 0, listed.output
+    assert "pytorch:2.3-cuda12\tcn-north-1\ttraining, dev_machine" in listed.stdout.splitlines()
+    as_json = await cli(url, token, "images", "--zone", "cn-east-1", "--json")
+    assert [i["name"] for i in json.loads(as_json.stdout)] == ["pytorch:2.1-cuda11", "bash-only"]
+
+
 @pytest.mark.parametrize(
     ("fault_tolerance", "last"),
     [

@@ -34,7 +34,7 @@ from runyard.submission.errors import (
     StorageError,
     SubmissionError,
 )
-from runyard.submission.rules import check_spec
+from runyard.submission.rules import IMAGES_NAMED, check_spec, closest_images
 from runyard.submission.warnings import SubmissionWarning
 
 CATALOGUE = Catalogue.from_dict(
@@ -284,6 +284,37 @@ def test_rdma_with_full_custom_workers_is_accepted() -> None:
 def test_image_must_exist() -> None:
     err = refusal(ImageError, lambda: check(make_spec(image="ghost:0")), "image.not_found", "image")
     assert "import the image to zone cn-a" in err.hint
+
+
+def test_image_not_found_names_the_closest_images_of_the_zone() -> None:
+    """The hint offers the zone's training images closest to the name asked, at most
+    IMAGES_NAMED of them, and how to list them all."""
+    err = refusal(
+        ImageError, lambda: check(make_spec(image="pytorch:2.4")), "image.not_found", "image"
+    )
+    assert "images of zone cn-a closest to it: pytorch:2.3;" in err.hint, err.hint
+    assert "`runyard images --zone cn-a` lists them all" in err.hint
+    # neither devbox:1 (not for training) nor llm:1 (another zone) is offered
+    assert "devbox" not in err.hint and "llm" not in err.hint
+
+    many = Catalogue.from_dict(
+        {
+            "images": [
+                {"name": n, "zones": ["cn-a"], "services": ["training"]}
+                for n in ("bash", "pytorch:2.1", "pytorch:2.3", "pytorch:1.0", "jax:0.4", "tf:2")
+            ]
+        }
+    )
+    closest = ["pytorch:2.1", "pytorch:2.3", "pytorch:1.0"][:IMAGES_NAMED]
+    assert closest_images("pytorch:2.2", many, "cn-a") == closest
+    assert closest_images("x", Catalogue(), "cn-a") == []
+    empty = refusal(
+        ImageError,
+        lambda: check_spec(make_spec(image="ghost:0"), Catalogue(), POOLS["pool-a"]),
+        "image.not_found",
+        "image",
+    )
+    assert "closest" not in empty.hint and "runyard images --zone cn-a" in empty.hint
 
 
 def test_image_must_list_training_among_its_services() -> None:

@@ -615,6 +615,30 @@ def pools(
 
 
 @app.command()
+def images(
+    zone: Annotated[str | None, typer.Option(help="Only the images of this zone.")] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The images of the catalogue: their zones and the services they are available to.
+
+    A task's image must be in its pool's zone and available to `training`
+    (`runyard pools` shows each pool's zone)."""
+    with gateway(url, token) as api:
+        found = as_json_data(api.catalogue())["images"]
+    if zone is not None:
+        found = [i for i in found if zone in i["zones"]]
+    if as_json:
+        return show_json(found)
+    table(
+        f"images of zone {zone}" if zone is not None else "images",
+        ["image", "zones", "services"],
+        [[i["name"], ", ".join(i["zones"]), ", ".join(i["services"])] for i in found],
+    )
+
+
+@app.command()
 def capacity(
     pool_id: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
 ) -> None:

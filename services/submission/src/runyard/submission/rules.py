@@ -12,6 +12,7 @@ launch command warnings (R-14) in `runyard.domain.launch_command`.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from urllib.parse import urlparse
 
@@ -220,15 +221,37 @@ def _check_rdma(spec: TaskSpec, pool: PoolView, workers: tuple[int, ...]) -> Non
         raise RdmaError(ErrorCode.RDMA_NOT_ALLOWED, "rdma", f"RDMA: {reason}", _RDMA_HINT)
 
 
+#: How many images an `image.not_found` hint names at most.
+IMAGES_NAMED = 3
+
+
+def closest_images(
+    name: str, catalogue: Catalogue, zone: str, most: int = IMAGES_NAMED
+) -> list[str]:
+    """The training images of `zone` whose names are closest to `name`, closest first
+    (at most `most`; name order between equally close ones)."""
+    usable = sorted(
+        i.name for i in catalogue.images if zone in i.zones and TRAINING_SERVICE in i.services
+    )
+
+    def closeness(candidate: str) -> float:
+        return difflib.SequenceMatcher(None, name, candidate, autojunk=False).ratio()
+
+    return sorted(usable, key=lambda c: -closeness(c))[:most]
+
+
 def check_image(name: str, catalogue: Catalogue, pool: PoolView) -> None:
     """R-11: the image exists, lists training among its services, and is in the pool's zone."""
     image = catalogue.image(name)
     if image is None:
+        near = closest_images(name, catalogue, pool.zone)
+        offer = f"images of zone {pool.zone} closest to it: {', '.join(near)}; " if near else ""
         raise ImageError(
             ErrorCode.IMAGE_NOT_FOUND,
             "image",
             f"image {name} does not exist",
-            f"check the image name and tag, or import the image to zone {pool.zone}",
+            f"{offer}check the image name and tag, or import the image to zone {pool.zone};"
+            f" `runyard images --zone {pool.zone}` lists them all",
         )
     if TRAINING_SERVICE not in image.services:
         services = ", ".join(image.services) or "none"
