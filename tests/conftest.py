@@ -183,9 +183,14 @@ def quick_groups(kafka: KafkaSettings) -> KafkaSettings:
 
 # --- namespace files left mounted ----------------------------------------------------
 # A sandboxed deployment keeps its network and IPC namespaces alive by bind mounts on
-# two files in its scratch folder. A deployer that a test closes while a deployment is
-# still there leaves them (as a crashed one would, for its successor to adopt), and a
-# mounted file cannot be deleted: pytest's removal of old temporary folders would fail.
+# two files in its scratch folder, and mounts its /dev/shm (a tmpfs) and each worker's
+# system disk (a loop-mounted ext4) there. A deployer that a test closes while a
+# deployment is still there leaves them (as a crashed one would, for its successor to
+# adopt), and a mounted file cannot be deleted: pytest's removal of old temporary
+# folders would fail.
+
+#: What a sandboxed deployment mounts in its folder (its mount's source, or file system).
+_DEPLOYMENT_MOUNTS = (" - nsfs ", " - tmpfs runyard-shm ", " - ext4 /dev/loop")
 
 
 def _nsfs_mounts_under(roots: list[Path]) -> list[str]:
@@ -196,7 +201,7 @@ def _nsfs_mounts_under(roots: list[Path]) -> list[str]:
     found = []
     for line in lines:
         fields = line.split()
-        if " - nsfs " not in line or len(fields) < 5:
+        if not any(kind in line for kind in _DEPLOYMENT_MOUNTS) or len(fields) < 5:
             continue
         where = fields[4].replace("\\040", " ")
         if any(Path(where).is_relative_to(root) for root in roots):

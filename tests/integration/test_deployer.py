@@ -12,7 +12,10 @@ import contextlib
 import os
 import shlex
 import shutil
+import stat
+import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -372,9 +375,7 @@ async def test_an_error_while_starting_workers_fails_the_task_and_leaves_no_proc
     await _wait_stages_done(h, "broken")
     scratch = h.runtime.scratch_dir(("broken", 1, 1), 1)
     assert scratch is not None
-    import shutil
-
-    shutil.rmtree(scratch)
+    remove_scratch(scratch)
     state = await h.state("broken")
     now = state.submitted_at
     started = decide(state, StartEnvCheck("broken"), now=now, ids=lambda: "x")
@@ -391,6 +392,13 @@ async def test_an_error_while_starting_workers_fails_the_task_and_leaves_no_proc
     assert h.runtime.deployments() == []
     leftover = [p for p in os.listdir("/proc") if p.isdigit() and _runs_task(int(p), "broken")]
     assert leftover == [], "a worker process is left"
+
+
+def remove_scratch(scratch: Path) -> None:
+    """Remove a worker's scratch folder (its system disk unmounted first)."""
+    if os.path.ismount(scratch / "disk"):
+        subprocess.run(["umount", "-l", str(scratch / "disk")], check=True)
+    shutil.rmtree(scratch)
 
 
 def _runs_task(pid: int, task_id: str) -> bool:
@@ -426,9 +434,7 @@ async def test_an_env_check_that_cannot_start_fails_the_task_and_leaves_no_proce
     await _wait_stages_done(h, "nocheck")
     scratch = h.runtime.scratch_dir(("nocheck", 1, 1), 1)
     assert scratch is not None
-    import shutil
-
-    shutil.rmtree(scratch)
+    remove_scratch(scratch)
     state = await h.state("nocheck")
     started = decide(state, StartEnvCheck("nocheck"), now=state.submitted_at, ids=lambda: "x")
     await h.deliver(await h.append("nocheck", started))
@@ -753,3 +759,110 @@ async def test_pids_cgroups_a_crashed_deployer_left_are_swept_and_a_swept_one_ma
     finally:
         await runtime.cleanup(deployment.key)
     assert not group.exists()
+
+
+def mounts_under(folder: Path) -> list[str]:
+    """Mount points at or below `folder` in this (the host's) mount namespace."""
+    lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    return [m for line in lines if Path(m := line.split()[4]).is_relative_to(folder)]
+
+
+#: Fills its home (the system disk) and /dev/shm past their limits, then says how big
+#: each was and how much it wrote; `sleep` keeps the worker until the test stops it.
+FILL = """
+try() { if head -c "$2" /dev/zero > "$1" 2>/dev/null; then echo "$3=yes"; else echo "$3=no"; fi; }
+try "$HOME/small" 1M small_disk
+try "$HOME/big" 64M big_disk
+try /tmp/big 64M big_tmp
+try /dev/shm/small 1M small_shm
+try /dev/shm/big 64M big_shm
+echo "disk=$(df -B1 --output=size "$HOME" | tail -1 | tr -d ' ')"
+echo "shm=$(df -B1 --output=size /dev/shm | tail -1 | tr -d ' ')"
+echo done
+exec sleep 60
+"""
+
+
+async def test_a_worker_cannot_write_past_its_system_disk_or_its_dev_shm(
+    dsn: str, tmp_path: Path
+) -> None:
+    """R-13: a sandboxed worker's home, /tmp and working folder lie on a system disk of its
+    own (`worker_disk_bytes`) and its /dev/shm is a tmpfs (`worker_shm_bytes`): writing
+    past either fails in the worker, while the host's disk holds no more than the disk's
+    size; both go with the deployment."""
+    store = await PostgresEventStore.connect(dsn, default_mapper())
+    disk, shm = 16 * 2**20, 4 * 2**20
+    runtime = LocalRuntime(local_config(tmp_path, worker_disk_bytes=disk, worker_shm_bytes=shm))
+    loops = Path("/dev/loop-control").exists() and shutil.which("mkfs.ext4")
+    if not runtime.namespaces or not loops:
+        await store.close()
+        pytest.skip("workers' system disks need a root deployer, loop devices and mkfs.ext4")
+    async with running_harness(store, runtime) as h:
+        await h.launch("fill", make_spec(FILL), wait=False)
+
+        async def filled() -> None:
+            while "0:done" not in h.output("fill"):  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(filled(), 30)
+        said = dict(line.removeprefix("0:").split("=") for line in h.output("fill")[:-1])
+        assert said == {
+            "small_disk": "yes",
+            "big_disk": "no",
+            "big_tmp": "no",
+            "small_shm": "yes",
+            "big_shm": "no",
+            "disk": said["disk"],
+            "shm": str(shm),
+        }, h.output("fill")
+        assert 0 < int(said["disk"]) <= disk
+        # What the worker wrote took no more of the host's disk than its disk's size.
+        root = runtime.config.scratch_root / "fill" / "run1-a1"
+        image = root / "w0.disk"
+        assert 0 < image.stat().st_blocks * 512 <= disk
+        assert mounts_under(root)  # its disk and /dev/shm, while it runs
+        state = await h.state("fill")
+        stop = decide(state, RequestStop("fill"), now=state.submitted_at, ids=lambda: "x")
+        await h.deliver(await h.append("fill", stop))
+        await asyncio.wait_for(h.app.drain(), 15)
+        assert (await h.state("fill")).status == "stopped"
+        assert mounts_under(runtime.config.scratch_root) == []
+        assert not root.exists()
+
+
+async def test_a_worker_can_open_the_device_nodes_of_its_own_gpus_only(
+    dsn: str, tmp_path: Path
+) -> None:
+    """Worker i is placed on GPU i; three GPU device nodes (test ones, made where the
+    real ones are, /dev, named by `gpu_devices`): each worker can open its own only, the
+    others are covered in its view by a file it may not open."""
+    store = await PostgresEventStore.connect(dsn, default_mapper())
+    pattern = f"/dev/runyard-test-{uuid.uuid4().hex[:8]}-gpu{{gpu}}"
+    runtime = LocalRuntime(local_config(tmp_path, gpu_devices=pattern))
+    if not runtime.namespaces:
+        await store.close()
+        pytest.skip("sandboxed workers need a root deployer with util-linux")
+    nodes = [Path(pattern.format(gpu=n)) for n in range(3)]
+    probe = "".join(
+        f'if [ -c {node} ] && head -c 1 {node} >/dev/null 2>&1; then echo "gpu{n}=yes";'
+        f' else echo "gpu{n}=no"; fi\n'
+        for n, node in enumerate(nodes)
+    )
+    try:
+        for node in nodes:
+            os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 5))  # like /dev/zero
+            node.chmod(0o666)
+        async with running_harness(store, runtime) as h:
+            await h.launch("gpus", make_spec(probe, workers=2))
+            assert (await h.state("gpus")).status == "succeeded", h.output("gpus")
+            assert sorted(h.output("gpus")) == [
+                "0:gpu0=yes",
+                "0:gpu1=no",
+                "0:gpu2=no",
+                "1:gpu0=no",
+                "1:gpu1=yes",
+                "1:gpu2=no",
+            ]
+    finally:
+        for node in nodes:
+            node.unlink(missing_ok=True)

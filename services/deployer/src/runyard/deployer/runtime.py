@@ -74,7 +74,13 @@ running `bash --login -c "<launch command>"`:
 - scratch: a private directory per worker (HOME, TMPDIR and working
   directory, owned by the worker user), removed at cleanup; the runtime's own
   files of the worker (output, exit status, offsets) sit in the folder above,
-  which the worker cannot change;
+  which the worker cannot change. Sandboxed, the three lie on the worker's
+  system disk (`worker_disk_bytes`, R-13: a sparse file loop-mounted at
+  `w<i>/disk`, linked at their usual places), the deployment's /dev/shm is a
+  tmpfs (`worker_shm_bytes` per worker), both mounted on the host at allocate
+  and unmounted with the namespaces (`_release_namespaces`), and the device
+  nodes of GPUs not the worker's (`gpu_devices`) are covered by a file nobody
+  may open;
 - exit status: a small bash wrapper runs the launch command and writes its
   exit status to `<worker scratch>/exit_status` before exiting with it, so
   the status survives a restart of the deployer;
@@ -153,6 +159,13 @@ OUTPUT_LINES_PER_S = 5_000
 OUTPUT_BACKLOG_BYTES = 4 * 1024 * 1024
 #: Processes and threads of one sandboxed worker (`LocalRuntimeConfig.worker_pids_max`).
 WORKER_PIDS_MAX = 16_384
+#: A sandboxed worker's system disk (R-13; `LocalRuntimeConfig.worker_disk_bytes`).
+WORKER_DISK_BYTES = 50 * 2**30
+#: A sandboxed worker's share of its deployment's /dev/shm (`worker_shm_bytes`).
+WORKER_SHM_BYTES = 8 * 2**30
+#: Where the GPUs' device nodes are, `{gpu}` standing for a GPU's index (its minor
+#: number): `LocalRuntimeConfig.gpu_devices`.
+GPU_DEVICES = "/dev/nvidia{gpu}"
 
 
 class StageFailed(Exception):
@@ -321,6 +334,17 @@ class LocalRuntimeConfig:
     #: Processes and threads all sandboxed workers of this host may have together;
     #: None: three quarters of kernel.pid_max, the rest left to the control plane.
     workers_pids_max: int | None = None
+    #: Bytes of a sandboxed worker's system disk (R-13): its home, /tmp and working
+    #: folder lie on a file system of their own of this size (a sparse file in the
+    #: deployment's folder, loop-mounted), gone with the deployment; writing past it
+    #: fails (ENOSPC) in the worker only. None: no limit (plain folders).
+    worker_disk_bytes: int | None = WORKER_DISK_BYTES
+    #: Bytes of /dev/shm per worker of a sandboxed deployment: its workers share one
+    #: tmpfs of this size times their number. None: no limit (a folder on disk).
+    worker_shm_bytes: int | None = WORKER_SHM_BYTES
+    #: The GPUs' device nodes, `{gpu}` standing for a GPU's index: a sandboxed worker
+    #: can open its own GPUs' only (the others are covered by an unreadable file).
+    gpu_devices: str = GPU_DEVICES
 
     @classmethod
     def from_mapping(
@@ -351,6 +375,9 @@ class LocalRuntimeConfig:
                 if raw.get("workers_pids_max") is None
                 else _at_least_one(raw["workers_pids_max"], "workers_pids_max")
             ),
+            worker_disk_bytes=_bytes_or_none(raw, "worker_disk_bytes", WORKER_DISK_BYTES),
+            worker_shm_bytes=_bytes_or_none(raw, "worker_shm_bytes", WORKER_SHM_BYTES),
+            gpu_devices=_gpu_pattern(str(raw.get("gpu_devices") or GPU_DEVICES)),
         )
 
 
@@ -373,6 +400,60 @@ def _at_least_one(value: Any, name: str) -> int:
     if number < 1:
         raise ValueError(f"runtime.yaml: local.{name} is {value!r}: use a whole number >= 1")
     return number
+
+
+#: The smallest system disk a worker may be given (ext4 needs some room of its own).
+MIN_DISK_BYTES = 8 * 2**20
+
+
+def _bytes_or_none(raw: Mapping[str, Any], name: str, default: int) -> int | None:
+    """A size setting of `local:`: null turns the limit off; a number is bytes."""
+    if name not in raw:
+        return default
+    if raw[name] is None:
+        return None
+    number = _at_least_one(raw[name], name)
+    if name == "worker_disk_bytes" and number < MIN_DISK_BYTES:
+        raise ValueError(
+            f"runtime.yaml: local.{name} is {raw[name]!r}: use at least {MIN_DISK_BYTES} "
+            "(8 MiB), or null for no limit"
+        )
+    return number
+
+
+def _gpu_pattern(pattern: str) -> str:
+    if (
+        pattern.count("{gpu}") != 1
+        or not pattern.startswith("/")
+        or any(c in pattern for c in "*?[")
+        or "/" in pattern.partition("{gpu}")[2]
+    ):
+        raise ValueError(
+            f"runtime.yaml: local.gpu_devices is {pattern!r}: use an absolute path with one"
+            " {gpu} (the GPU's index), e.g. /dev/nvidia{gpu}"
+        )
+    return pattern
+
+
+def gpu_nodes(pattern: str) -> dict[int, Path]:
+    """The GPU device nodes on this machine by GPU index (`pattern`: `gpu_devices`)."""
+    prefix, _, suffix = pattern.partition("{gpu}")
+    found: dict[int, Path] = {}
+    folder = Path(prefix).parent
+    start = Path(prefix).name
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return found
+    for name in names:
+        path = folder / name
+        text = str(path)
+        if not (text.startswith(prefix) and text.endswith(suffix)):
+            continue
+        middle = text[len(prefix) : len(text) - len(suffix)]
+        if middle.isdigit() and name.startswith(start):
+            found[int(middle)] = path
+    return found
 
 
 def _runyard_root() -> Path:
@@ -515,6 +596,24 @@ _MOUNT_PATH_CHECK = """runyard_mount_path_check() {{
 """
 
 
+#: bash: lazily unmount every mount of this namespace below the folder $1 but those below
+#: $2 (paths as /proc/self/mountinfo writes them). Builtins but for one `umount`.
+_DETACH = """runyard_detach() {{
+  local id parent dev root mp rest places=()
+  while read -r id parent dev root mp rest; do
+    case $mp in "$2"/*) ;; "$1"/*) places+=("$mp") ;; esac
+  done < /proc/self/mountinfo
+  [ ${{#places[@]}} -eq 0 ] || {umount} -l "${{places[@]}}"
+}}
+"""
+
+
+def _mountinfo_path(path: Path) -> str:
+    """`path` as /proc/self/mountinfo writes a mount point (space, tab, newline and
+    backslash as octal escapes)."""
+    return "".join(f"\\{ord(c):03o}" if c in " \t\n\\" else c for c in str(path))
+
+
 def _covered(path: Path, covers: list[Path]) -> bool:
     """Whether `path` lies in one of `covers` (and so is hidden once they are covered)."""
     resolved = path.resolve()
@@ -586,19 +685,23 @@ def _mount_batches(mounts: list[_Mount]) -> list[list[_Mount]]:
     return batches
 
 
-def _mount_lines(mounts: list[_Mount], fstabs: Path, mount: str) -> list[str]:
+def _mount_lines(
+    mounts: list[_Mount], fstabs: Path, mount: str, *, fd: int = _FSTAB_FD
+) -> list[str]:
     """Shell lines (each to be followed by its failure handling) making `mounts` in
     order, a batch (`_mount_batches`) per `mount --all`.
 
     Each batch's fstab is the file `<fstabs><n>` (written by the shell with builtins,
     its tests run just before its mounts). All are opened first, while their folder
     is still visible (it lies in the scratch root, which the mounts then hide), and
-    `mount` reads each through the shell's descriptor (/proc/self/fd)."""
+    `mount` reads each through the shell's descriptor (/proc/self/fd), the first one
+    being `fd`."""
     q = shlex.quote
     batches = _mount_batches(mounts)
-    lines = [f"exec {_FSTAB_FD + n}>{q(f'{fstabs}{n}')}" for n in range(len(batches))]
+    first = fd
+    lines = [f"exec {first + n}>{q(f'{fstabs}{n}')}" for n in range(len(batches))]
     for n, batch in enumerate(batches):
-        fd = _FSTAB_FD + n
+        fd = first + n
         lines.append("{ " + "; ".join(m.shell() for m in batch) + f"; }} >&{fd}")
         lines.append(f"{q(mount)} --all -c --fstab /proc/self/fd/{fd}")
         lines.append(f"exec {fd}>&-")
@@ -678,6 +781,13 @@ class _Local:
 class LocalRuntime:
     """Workers as process groups on this machine; see the module docstring."""
 
+    #: Each sandboxed worker's system disk, in bytes (None: plain folders, no limit).
+    disk_bytes: int | None = None
+    #: /dev/shm per worker of a sandboxed deployment, in bytes (None: a folder on disk).
+    shm_bytes: int | None = None
+    #: Where the GPUs' device nodes are (None: not hidden from workers).
+    gpu_devices: str | None = None
+
     def __init__(self, config: LocalRuntimeConfig) -> None:
         self.config = config
         self._stage_slots = asyncio.Semaphore(config.deploys_at_once)
@@ -701,6 +811,18 @@ class LocalRuntime:
         self.pids_base: Path | None = None
         if self.namespaces:
             self.worker_ids = _worker_user(config.worker_user, self.tools)
+            self.shm_bytes = config.worker_shm_bytes
+            self.gpu_devices = config.gpu_devices
+            why_no_disk = _disks_unavailable(self.tools)
+            if config.worker_disk_bytes is not None and why_no_disk is not None:
+                log.warning(
+                    "sandboxed workers' system disks are NOT limited (%s): a worker that"
+                    " writes without end fills the scratch root's disk, the control plane's"
+                    " too when it lies there",
+                    why_no_disk,
+                )
+            else:
+                self.disk_bytes = config.worker_disk_bytes
             self.pids_base, why = _pids_base(config.workers_pids_max)
             if self.pids_base is not None:
                 _sweep_pids_groups(self.pids_base)
@@ -757,6 +879,14 @@ class LocalRuntime:
                     raise StageFailed(
                         f"the workers' process limit (pids cgroup) could not be set: {exc}"
                     ) from exc
+            try:
+                await self._files(local, self._make_disks, local)
+            except (OSError, subprocess.SubprocessError) as exc:
+                raise StageFailed(
+                    f"the workers' system disk or /dev/shm could not be made: {exc}; set"
+                    " local.worker_disk_bytes (or worker_shm_bytes) to null in runtime.yaml"
+                    " to run without that limit"
+                ) from exc
 
     def _make_scratch(self, local: _Local, state: dict[str, Any]) -> None:
         """The deployment's folders and its first `state.json` (in a thread). With a
@@ -768,8 +898,14 @@ class LocalRuntime:
             worker.scratch.mkdir(parents=True, exist_ok=True)
             # The worker's own folders; the folder above them (logs, exit status,
             # offsets) stays the runtime's, so a worker can neither replace nor
-            # redirect what the runtime reads back.
+            # redirect what the runtime reads back. With a system disk they lie on it
+            # (`disk/`, made by `_make_disks`), each linked at its usual place.
             for sub in ("home", "tmp", "work"):
+                if self.disk_bytes is not None:
+                    (worker.scratch / "disk").mkdir(mode=0o755, exist_ok=True)
+                    if not (worker.scratch / sub).is_symlink():
+                        (worker.scratch / sub).symlink_to(f"disk/{sub}")
+                    continue
                 (worker.scratch / sub).mkdir(exist_ok=True)
                 self._give(worker.scratch / sub)
             worker.scratch.chmod(0o755 if self.worker_ids is not None else 0o700)
@@ -777,6 +913,46 @@ class LocalRuntime:
         if self.worker_ids is not None:
             (local.root / "shm").mkdir(exist_ok=True)
             self._give(local.root / "shm")
+            # What covers the device nodes of GPUs not the worker's: nobody may open it.
+            cover = local.root / "nodev"
+            cover.touch(exist_ok=True)
+            cover.chmod(0)
+
+    def _make_disks(self, local: _Local) -> None:
+        """The deployment's /dev/shm (a tmpfs of `shm_bytes` per worker) and each
+        worker's system disk (`disk_bytes`), mounted here, on the host, below the
+        deployment's folder (in a thread; after `_make_namespaces`, which unmounts what
+        an earlier try left). Every worker's mount namespace binds them where the worker
+        sees them; `_release_namespaces` unmounts them."""
+        assert self.worker_ids is not None
+        uid, gid, _ = self.worker_ids
+        shm = local.root / "shm"
+        if self.shm_bytes is not None and not os.path.ismount(shm):
+            size = self.shm_bytes * len(local.workers)
+            options = f"size={size},mode=0700,uid={uid},gid={gid},nosuid,nodev"
+            _run([self.tools.mount, "-t", "tmpfs", "-o", options, "runyard-shm", str(shm)])
+        if self.disk_bytes is None:
+            return
+        for worker in local.workers.values():
+            disk = worker.scratch / "disk"
+            image = local.root / f"{worker.scratch.name}.disk"
+            if not os.path.ismount(disk):
+                # Sparse: it takes on the host's disk what the worker wrote, no more
+                # (`discard` gives back what it deleted).
+                flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                fd = os.open(image, flags, 0o600)
+                try:
+                    os.ftruncate(fd, self.disk_bytes)
+                finally:
+                    os.close(fd)
+                features = "lazy_itable_init=1,nodiscard,root_owner=0:0"
+                _run([self.tools.mkfs, "-q", "-F", "-m", "0", "-O", "^has_journal", "-E",
+                      features, str(image)])  # fmt: skip
+                options = "loop,nosuid,nodev,noinit_itable,discard"
+                _run([self.tools.mount, "-t", "ext4", "-o", options, str(image), str(disk)])
+            for sub in ("home", "tmp", "work"):
+                (disk / sub).mkdir(exist_ok=True)
+                self._give(disk / sub)
 
     async def _files(self, local: _Local, work: Callable[..., T], *args: Any) -> T:
         """Run `work` (folders and files of `local`'s scratch) in a thread, one at a
@@ -1260,17 +1436,30 @@ class LocalRuntime:
             _Mount(str(host), mount_path, "none", "bind,X-mount.mkdir" + ",ro" * read_only)
             for mount_path, host, read_only in local.mounts
         ]
+        # Other GPUs' device nodes: covered by a file nobody may open (`gpu_devices`); as every
+        # source below, before /tmp (where the deployment's folder may lie) is covered.
+        if self.gpu_devices is not None:
+            cover = str(local.root / "nodev")
+            mine = set(worker.placement.gpus)
+            for gpu, node in sorted(gpu_nodes(self.gpu_devices).items()):
+                if gpu not in mine:
+                    mounts.append(_Mount(cover, str(node), "none", "bind"))
         tmp = str(scratch / "tmp")
         mounts.append(_Mount(str(local.root / "shm"), "/dev/shm", "none", "bind"))
         # The host's other folder anyone may write to: no channel between tasks there.
         mounts.append(_Mount(tmp, "/var/tmp", "none", "bind", test="-d"))
         mounts.append(_Mount(tmp, "/tmp", "none", "bind"))
+        early, mounts = mounts, []
         steps = [(len(p.parts), 0, p, -1) for p in hidden]
         steps += [(len(p.parts), 1, p, 10 + n) for n, p in enumerate(keep)]
         for _, bind, path, fd in sorted(steps):
             if bind:
+                # The scratch with what is mounted below it (the worker's system disk):
+                # a mount of the disk's own would be taken as made already (`mount -a`
+                # finds the hidden one at that path) and skipped.
+                kind = "rbind" if path == scratch and self.disk_bytes is not None else "bind"
                 mounts.append(
-                    _Mount(f"/proc/self/fd/{fd}", str(path), "none", "bind,X-mount.mkdir")
+                    _Mount(f"/proc/self/fd/{fd}", str(path), "none", f"{kind},X-mount.mkdir")
                 )
             else:
                 tmpfs = "size=1m,mode=0755,nosuid,nodev"
@@ -1282,7 +1471,23 @@ class LocalRuntime:
         # Where the bind is made, at the moment it is made (a Slurm node's folders are
         # not the deployer's to look at): see `_changeable_folder`.
         checks = [f"runyard_mount_path_check {q(path)}" for path, _, _ in local.mounts]
-        lines = [*checks, *opened, *_mount_lines(mounts, fstabs, self.tools.mount)]
+        lines = [*checks, *opened]
+        if self.disk_bytes is not None or self.shm_bytes is not None:
+            # This namespace's copies of the mounts of other deployments (their disks,
+            # /dev/shm and namespace files) go first, while their paths are still theirs:
+            # kept, they would hold those disks' space and that memory until this worker
+            # ends. A failure only keeps them.
+            root = _mountinfo_path(self.config.scratch_root.resolve())
+            own = _mountinfo_path(local.root.resolve())
+            lines.append(f"{{ runyard_detach {q(root)} {q(own)}; }} 2>/dev/null || :")
+        # Every fstab file is opened before the first mount: /tmp (where the deployment's
+        # folder may lie) is the worker's own after it.
+        first = _mount_lines(early, fstabs, self.tools.mount)
+        hides = local.root / f"{tag}.w{worker.index}.hides"
+        fd = _FSTAB_FD + len(_mount_batches(early))
+        then = _mount_lines(mounts, hides, self.tools.mount, fd=fd)
+        opens = len(_mount_batches(early)), len(_mount_batches(mounts))
+        lines += [*first[: opens[0]], *then[: opens[1]], *first[opens[0] :], *then[opens[1] :]]
         lines += [f"exec {10 + n}<&-" for n in range(len(keep))]
         # Last: the worker's /proc read-only (its own mount of it; a worker has no
         # capability to make it writable again). Without CAP_SYS_RESOURCE (which some VMs
@@ -1291,7 +1496,10 @@ class LocalRuntime:
         # Postgres instead. Writing any /proc file fails (EROFS); reading works.
         lines.append(f"{q(self.tools.mount)} -o remount,bind,ro /proc")
         check = _MOUNT_PATH_CHECK.format(stat=q(self.tools.stat), readlink=q(self.tools.readlink))
-        return (check if checks else "") + "".join(f"{line} || finish 112\n" for line in lines)
+        prelude = check if checks else ""
+        if self.disk_bytes is not None or self.shm_bytes is not None:
+            prelude += _DETACH.format(umount=q(self.tools.umount))
+        return prelude + "".join(f"{line} || finish 112\n" for line in lines)
 
     def _pids_folder(self, root: Path) -> Path:
         """The folder of a deployment's pids cgroups, named after its scratch folder
@@ -1884,18 +2092,22 @@ class _Tools:
     #: volumes are bound (`_MOUNT_PATH_CHECK`).
     stat: str = ""
     readlink: str = ""
+    #: e2fsprogs' `mkfs.ext4`: the workers' system disks (optional: none without it).
+    mkfs: str = ""
 
     @classmethod
     def find(cls) -> _Tools:
         path = f"{os.environ.get('PATH', '')}:{_SYSTEM_PATH}"
         found = {name: shutil.which(name, path=path) or "" for name in cls.__slots__}
+        found["mkfs"] = shutil.which("mkfs.ext4", path=path) or ""
         found["bash"] = found["bash"] or "bash"
         found["stat"] = found["stat"] or "stat"
         found["readlink"] = found["readlink"] or "readlink"
         return cls(**found)
 
     def missing(self) -> list[str]:
-        return [name for name in self.__slots__ if not getattr(self, name) and name != "ip"]
+        optional = ("ip", "mkfs")
+        return [name for name in self.__slots__ if not getattr(self, name) and name not in optional]
 
 
 def _sandbox_unavailable(tools: _Tools) -> str | None:
@@ -1985,10 +2197,33 @@ def _make_namespaces(root: Path, tools: _Tools) -> None:
 
 
 def _release_namespaces(root: Path, tools: _Tools) -> None:
-    """Unmount the files that keep a deployment's namespaces (they go with the last user)."""
-    kept = [str(root / name) for name in ("netns", "ipcns") if os.path.ismount(root / name)]
+    """Unmount the files that keep a deployment's namespaces (they go with the last user),
+    its /dev/shm and its workers' system disks (`LocalRuntime._make_disks`; a disk's
+    loop device goes once no worker uses it)."""
+    places = [root / name for name in ("netns", "ipcns", "shm")]
+    with contextlib.suppress(OSError):
+        places += sorted(root.glob("w*/disk"))
+    kept = [str(place) for place in places if os.path.ismount(place)]
     if tools.umount and kept:
         subprocess.run([tools.umount, "-l", *kept], capture_output=True, timeout=30, check=False)
+
+
+def _disks_unavailable(tools: _Tools) -> str | None:
+    """Why sandboxed workers cannot get a system disk of their own here (None: they can)."""
+    if not tools.mkfs:
+        return "mkfs.ext4 not found (install e2fsprogs)"
+    if not Path("/dev/loop-control").exists():
+        return "no loop devices (/dev/loop-control)"
+    return None
+
+
+def _run(args: list[str]) -> None:
+    """Run a program of the runtime's own (in a thread); OSError with its message when
+    it fails."""
+    done = subprocess.run(args, capture_output=True, timeout=60, check=False)
+    if done.returncode != 0:
+        message = done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"
+        raise OSError(f"{Path(args[0]).name}: {message}")
 
 
 #: The pids cgroup the sandboxed workers' own ones are made in, below the hierarchy's root.
