@@ -426,7 +426,9 @@ async def test_a_node_slurm_does_not_know_fails_resource_allocation_with_slurms_
     failed = [e.event for e in await h.events("ghost") if isinstance(e.event, DeployStageFailed)]
     assert len(failed) == 1 and failed[0].stage == "resource_allocation"
     assert "Slurm refused the job" in failed[0].reason
-    assert "node" in failed[0].reason.lower()
+    # the node by name, and how to fix it (sbatch names none)
+    assert "node n9 of pool slurm is not a node of this Slurm cluster" in failed[0].reason
+    assert "add the node to slurm.conf" in failed[0].reason
 
 
 def second_deployer(h: Harness) -> tuple[DeployerApp, SlurmRuntime]:

@@ -373,11 +373,38 @@ class SlurmRuntime(LocalRuntime):
                 # An error is not always a refusal: slurmctld may have taken the job and
                 # its answer got lost (`Socket timed out`, our own timeout).
                 await self._cancel_unanswered(local)
-                raise StageFailed(f"Slurm refused the job: {exc.message}") from exc
+                reason = f"Slurm refused the job: {exc.message}"
+                raise StageFailed(reason + await self._unknown_nodes(local)) from exc
             job = out.strip().split(";")[0]
         self._jobs[key] = job
         await self._write_state(local, "allocated")
         await self._until_running(local, job)
+
+    async def _unknown_nodes(self, local: _Local) -> str:
+        """What to add to a refusal when placed nodes are not Slurm's (`sinfo -N`): which
+        ones, and how to fix it; empty when Slurm knows them all (or does not answer).
+
+        sbatch says only "Invalid node name specified" for a node the pool names but
+        slurm.conf lacks."""
+        placed = list(dict.fromkeys(w.node for w in local.deployment.workers))
+        try:
+            out = await self._slurm(_program("sinfo"), "-h", "-N", "-o", "%N")
+        except SlurmError as exc:
+            log.warning("cannot learn which nodes Slurm knows: %s", exc)
+            return ""
+        known = set(out.split())
+        unknown = [node for node in placed if node not in known]
+        if not unknown:
+            return ""
+        names = ", ".join(unknown)
+        conf = f" ({self.config.slurm_conf})" if self.config.slurm_conf is not None else ""
+        pool = local.deployment.spec.pool
+        return (
+            f"; node {names} of pool {pool} is not a node of this Slurm cluster (its"
+            f" slurm.conf{conf} has no NodeName={unknown[0]}): add the node to slurm.conf and"
+            " restart slurmctld, or take it out of the pool's nodes"
+            " in pools.yaml"
+        )
 
     async def _cancel_unanswered(self, local: _Local) -> None:
         """Cancel the job of a deployment that sbatch answered with an error, when Slurm
