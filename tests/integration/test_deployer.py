@@ -866,3 +866,31 @@ async def test_a_worker_can_open_the_device_nodes_of_its_own_gpus_only(
     finally:
         for node in nodes:
             node.unlink(missing_ok=True)
+
+
+async def test_a_folder_of_the_host_anyone_may_write_to_is_the_workers_own(
+    dsn: str, tmp_path: Path
+) -> None:
+    """A world-writable folder of the host (like /run/lock, or a site's shared scratch;
+    one the test makes under /mnt) is, in a sandboxed worker, its own `tmp/`: what it
+    writes there lands on its system disk, not on the host's, and no other task sees it."""
+    store = await PostgresEventStore.connect(dsn, default_mapper())
+    shared = Path(f"/mnt/runyard-test-{uuid.uuid4().hex[:8]}")
+    shared.mkdir()
+    shared.chmod(0o1777)
+    try:
+        runtime = LocalRuntime(local_config(tmp_path))
+        if not runtime.namespaces:
+            await store.close()
+            pytest.skip("sandboxed workers need a root deployer with util-linux")
+        assert shared in runtime.shared_dirs
+        command = (
+            f"echo mine > {shared}/note && cat {shared}/note && cat $TMPDIR/note"
+        )
+        async with running_harness(store, runtime) as h:
+            await h.launch("shared", make_spec(command))
+            assert (await h.state("shared")).status == "succeeded", h.output("shared")
+            assert h.output("shared") == ["0:mine", "0:mine"]
+        assert list(shared.iterdir()) == []  # nothing on the host's folder
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

@@ -65,8 +65,9 @@ running `bash --login -c "<launch command>"`:
 - storage: each volume is a host directory `<volumes_root>/<file system>/<volume>`
   (owned by the worker user when the runtime creates it). Sandboxed, each
   volume is bind-mounted at its mount path (read-only volumes read-only) and
-  the worker's scratch `tmp/` is bind-mounted over /tmp, so nothing it writes
-  outside volumes outlives it. In the fallback a worker cannot see a volume at
+  the worker's scratch `tmp/` is bind-mounted over /tmp (and /var/tmp, and every
+  other folder of the host anyone may write to: `_world_writable_dirs`), so
+  nothing it writes outside volumes outlives it. In the fallback a worker cannot see a volume at
   the absolute mount path: it is a symlink at the mount path taken relative to
   the worker's working directory (`/mnt/ckpt` -> `./mnt/ckpt`), read-only is
   not enforced, and /tmp is shared. Both set
@@ -608,6 +609,30 @@ _DETACH = """runyard_detach() {{
 """
 
 
+#: Where `_world_writable_dirs` looks: these folders and the folders in them.
+_SHARED_TOPS = ("/", "/var", "/var/lib", "/var/cache", "/run", "/opt", "/srv", "/home", "/mnt")
+
+
+def _world_writable_dirs() -> tuple[Path, ...]:
+    """Folders (not links) anyone may write to, at or one level below `_SHARED_TOPS`,
+    but /tmp, /var/tmp and /dev/shm (a sandboxed worker has its own of those): e.g.
+    /run/lock, a site's shared /scratch. Looked at once, at start."""
+    found: set[Path] = set()
+    for top in map(Path, _SHARED_TOPS):
+        try:
+            children = [top, *(top / name for name in os.listdir(top))]
+        except OSError:
+            continue
+        for path in children:
+            try:
+                mode = os.lstat(path).st_mode
+            except OSError:
+                continue
+            if stat.S_ISDIR(mode) and mode & stat.S_IWOTH:
+                found.add(path)
+    return tuple(sorted(found - {Path("/tmp"), Path("/var/tmp"), Path("/dev/shm")}))
+
+
 def _mountinfo_path(path: Path) -> str:
     """`path` as /proc/self/mountinfo writes a mount point (space, tab, newline and
     backslash as octal escapes)."""
@@ -787,6 +812,9 @@ class LocalRuntime:
     shm_bytes: int | None = None
     #: Where the GPUs' device nodes are (None: not hidden from workers).
     gpu_devices: str | None = None
+    #: Folders of the host anyone may write to, besides /tmp, /var/tmp and /dev/shm
+    #: (`_world_writable_dirs`): a sandboxed worker gets its own `tmp/` there.
+    shared_dirs: tuple[Path, ...] = ()
 
     def __init__(self, config: LocalRuntimeConfig) -> None:
         self.config = config
@@ -813,6 +841,7 @@ class LocalRuntime:
             self.worker_ids = _worker_user(config.worker_user, self.tools)
             self.shm_bytes = config.worker_shm_bytes
             self.gpu_devices = config.gpu_devices
+            self.shared_dirs = _world_writable_dirs()
             why_no_disk = _disks_unavailable(self.tools)
             if config.worker_disk_bytes is not None and why_no_disk is not None:
                 log.warning(
@@ -936,20 +965,21 @@ class LocalRuntime:
         for worker in local.workers.values():
             disk = worker.scratch / "disk"
             image = local.root / f"{worker.scratch.name}.disk"
-            if not os.path.ismount(disk):
-                # Sparse: it takes on the host's disk what the worker wrote, no more
-                # (`discard` gives back what it deleted).
-                flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-                fd = os.open(image, flags, 0o600)
-                try:
-                    os.ftruncate(fd, self.disk_bytes)
-                finally:
-                    os.close(fd)
-                features = "lazy_itable_init=1,nodiscard,root_owner=0:0"
-                _run([self.tools.mkfs, "-q", "-F", "-m", "0", "-O", "^has_journal", "-E",
-                      features, str(image)])  # fmt: skip
-                options = "loop,nosuid,nodev,noinit_itable,discard"
-                _run([self.tools.mount, "-t", "ext4", "-o", options, str(image), str(disk)])
+            if os.path.ismount(disk):
+                continue  # made before (its folders may be the worker's to change now)
+            # Sparse: it takes on the host's disk what the worker wrote, no more
+            # (`discard` gives back what it deleted).
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+            fd = os.open(image, flags, 0o600)
+            try:
+                os.ftruncate(fd, self.disk_bytes)
+            finally:
+                os.close(fd)
+            features = "lazy_itable_init=1,nodiscard,root_owner=0:0"
+            _run([self.tools.mkfs, "-q", "-F", "-m", "0", "-O", "^has_journal", "-E",
+                  features, str(image)])  # fmt: skip
+            options = "loop,nosuid,nodev,noinit_itable,discard"
+            _run([self.tools.mount, "-t", "ext4", "-o", options, str(image), str(disk)])
             for sub in ("home", "tmp", "work"):
                 (disk / sub).mkdir(exist_ok=True)
                 self._give(disk / sub)
@@ -1446,8 +1476,13 @@ class LocalRuntime:
                     mounts.append(_Mount(cover, str(node), "none", "bind"))
         tmp = str(scratch / "tmp")
         mounts.append(_Mount(str(local.root / "shm"), "/dev/shm", "none", "bind"))
-        # The host's other folder anyone may write to: no channel between tasks there.
+        # The host's other folders anyone may write to (/var/tmp, /run/lock, ...): no
+        # channel between tasks there, and nothing written past the worker's disk.
         mounts.append(_Mount(tmp, "/var/tmp", "none", "bind", test="-d"))
+        theirs = [*hidden, *needed, *(Path(m) for m, _, _ in local.mounts), scratch]
+        for shared in self.shared_dirs:
+            if not any(_related(str(shared), str(path)) for path in theirs):
+                mounts.append(_Mount(tmp, str(shared), "none", "bind", test="-d"))
         mounts.append(_Mount(tmp, "/tmp", "none", "bind"))
         early, mounts = mounts, []
         steps = [(len(p.parts), 0, p, -1) for p in hidden]
