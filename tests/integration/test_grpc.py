@@ -1095,6 +1095,18 @@ async def test_an_empty_id_is_invalid_argument_naming_it(both: Both) -> None:
         ("CaptureStacks", pb.CaptureStacksRequest(), "task_id"),
         ("GetStackReport", pb.GetStackReportRequest(task_id=both.seed_task), "report_id"),
         ("GetLogExport", pb.GetLogExportRequest(), "export_id"),
+        # found by hand too: these answered NOT_FOUND "task '' does not exist"
+        ("GetTask", pb.GetTaskRequest(), "task_id"),
+        ("StopTask", pb.StopTaskRequest(), "task_id"),
+        ("RerunTask", pb.RerunTaskRequest(), "task_id"),
+        ("CloneTask", pb.CloneTaskRequest(), "task_id"),
+        ("ListTaskEvents", pb.ListTaskEventsRequest(), "task_id"),
+        ("GetTaskAt", pb.GetTaskAtRequest(at="1"), "task_id"),
+        ("DiffTask", pb.DiffTaskRequest(from_point="1", to_point="2"), "task_id"),
+        ("GetPoolCapacity", pb.GetPoolCapacityRequest(), "pool_id"),
+        ("GetGroup", pb.GetGroupRequest(), "group_id"),
+        ("StopGroup", pb.StopGroupRequest(), "group_id"),
+        ("RerunGroup", pb.RerunGroupRequest(), "group_id"),
     ]
     via = both.grpc
     for method, message, field in requests:
@@ -1108,6 +1120,10 @@ async def test_an_empty_id_is_invalid_argument_naming_it(both: Both) -> None:
         async for _ in via.stub.FollowLogs(pb.FollowLogsRequest(), metadata=via._metadata("alice")):
             pass
     assert refusal(refused.value).body["field"] == "task_id"
+    with pytest.raises(grpc.aio.AioRpcError) as unnamed:
+        async for _ in via.stub.WatchTask(pb.WatchTaskRequest(), metadata=via._metadata("alice")):
+            pass
+    assert refusal(unnamed.value).body["field"] == "task_id"
 
 
 async def test_a_crafted_list_cursor_is_cursor_invalid(both: Both) -> None:

@@ -205,7 +205,9 @@ class TasksService(pb_grpc.TasksServicer):
     ) -> pb.Task:
         async def call() -> pb.Task:
             caller = await self._caller(context)
-            return convert.task_message(await self.gw.get_task(caller, request.task_id))
+            return convert.task_message(
+                await self.gw.get_task(caller, _id("task_id", request.task_id))
+            )
 
         return await self._run(context, request, call)
 
@@ -237,7 +239,9 @@ class TasksService(pb_grpc.TasksServicer):
     ) -> pb.Task:
         async def call() -> pb.Task:
             req = await self._request(context)
-            return convert.task_message(await self.gw.stop_task(req, request.task_id))
+            return convert.task_message(
+                await self.gw.stop_task(req, _id("task_id", request.task_id))
+            )
 
         return await self._run(context, request, call)
 
@@ -249,7 +253,9 @@ class TasksService(pb_grpc.TasksServicer):
             changes = parse_body(
                 RerunChanges, convert.changes_body(request.changes, "changes.update_mask")
             )
-            return convert.task_message(await self.gw.rerun_task(req, request.task_id, changes))
+            return convert.task_message(
+                await self.gw.rerun_task(req, _id("task_id", request.task_id), changes)
+            )
 
         return await self._run(context, request, call)
 
@@ -261,7 +267,7 @@ class TasksService(pb_grpc.TasksServicer):
             overrides = parse_body(
                 SpecOverrides, convert.changes_body(request.overrides, "overrides.update_mask")
             )
-            task = await self.gw.clone_task(req, request.task_id, overrides)
+            task = await self.gw.clone_task(req, _id("task_id", request.task_id), overrides)
             return convert.task_message(task)
 
         return await self._run(context, request, call)
@@ -271,7 +277,7 @@ class TasksService(pb_grpc.TasksServicer):
     ) -> pb.ListTaskEventsResponse:
         async def call() -> pb.ListTaskEventsResponse:
             caller = await self._caller(context)
-            events = await self.gw.task_events(caller, request.task_id)
+            events = await self.gw.task_events(caller, _id("task_id", request.task_id))
             return pb.ListTaskEventsResponse(events=[convert.event_message(e) for e in events])
 
         return await self._run(context, request, call)
@@ -282,7 +288,7 @@ class TasksService(pb_grpc.TasksServicer):
         try:
             check_fields(request)
             caller = await self._caller(context)
-            async for event in self.gw.watch(caller, request.task_id):
+            async for event in self.gw.watch(caller, _id("task_id", request.task_id)):
                 yield convert.event_message(event)
         except Exception as exc:
             await abort(context, exc, "gateway")
@@ -294,7 +300,7 @@ class TasksService(pb_grpc.TasksServicer):
     ) -> pb.PoolCapacity:
         async def call() -> pb.PoolCapacity:
             caller = await self._caller(context)
-            answer = await self.gw.pool_capacity(caller, request.pool_id)
+            answer = await self.gw.pool_capacity(caller, _id("pool_id", request.pool_id))
             return convert.capacity_message(answer)
 
         return await self._run(context, request, call)
@@ -325,7 +331,9 @@ class TasksService(pb_grpc.TasksServicer):
     ) -> pb.Group:
         async def call() -> pb.Group:
             caller = await self._caller(context)
-            group = await self.gw.get_group(caller, request.group_id, request.tenant or None)
+            group = await self.gw.get_group(
+                caller, _id("group_id", request.group_id), request.tenant or None
+            )
             return convert.group_message(group)
 
         return await self._run(context, request, call)
@@ -335,7 +343,9 @@ class TasksService(pb_grpc.TasksServicer):
     ) -> pb.Group:
         async def call() -> pb.Group:
             req = await self._request(context)
-            return convert.group_message(await self.gw.stop_group(req, request.group_id))
+            return convert.group_message(
+                await self.gw.stop_group(req, _id("group_id", request.group_id))
+            )
 
         return await self._run(context, request, call)
 
@@ -360,7 +370,9 @@ class TasksService(pb_grpc.TasksServicer):
             changes = parse_body(
                 RerunChanges, convert.changes_body(request.changes, "changes.update_mask")
             )
-            return convert.group_message(await self.gw.rerun_group(req, request.group_id, changes))
+            return convert.group_message(
+                await self.gw.rerun_group(req, _id("group_id", request.group_id), changes)
+            )
 
         return await self._run(context, request, call)
 
@@ -456,7 +468,7 @@ class TasksService(pb_grpc.TasksServicer):
     ) -> pb.GetTaskAtResponse:
         async def call() -> pb.GetTaskAtResponse:
             caller = await self._caller(context)
-            answer = await self.replay.task_at(caller, request.task_id, request.at)
+            answer = await self.replay.task_at(caller, _id("task_id", request.task_id), request.at)
             return convert.task_at_message(answer)
 
         return await self._run(context, request, call)
@@ -467,7 +479,7 @@ class TasksService(pb_grpc.TasksServicer):
         async def call() -> pb.DiffTaskResponse:
             caller = await self._caller(context)
             answer = await self.replay.task_diff(
-                caller, request.task_id, request.from_point, request.to_point
+                caller, _id("task_id", request.task_id), request.from_point, request.to_point
             )
             return convert.diff_message(answer)
 
@@ -594,6 +606,16 @@ def _token(context: grpc.aio.ServicerContext) -> str | None:
 def _task_path(task_id: str, tail: str) -> str:
     """`/v1/tasks/{id}/<tail>` with the id as one path segment, whatever it holds."""
     return f"/v1/tasks/{_segment('task_id', task_id)}/{tail}"
+
+
+def _id(field: str, value: str) -> str:
+    """The id a method acts on; an empty one (proto3's unset) is refused naming it, as
+    HTTP has no route without it (not answered as a task, group or pool of id '')."""
+    if not value:
+        raise BadRequest(
+            "request.invalid", f"{field} is required", f"give the {field} to act on", field
+        )
+    return value
 
 
 def _segment(field: str, value: str) -> str:
