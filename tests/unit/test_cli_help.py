@@ -40,3 +40,13 @@ def test_listing_commands_take_both_ls_and_list() -> None:
         first, second = (found[f"{group} {name}"].callback for name in ("ls", "list"))
         # Typer wraps each command's function: the same function under both names.
         assert first.__wrapped__ is second.__wrapped__, group
+
+
+def test_group_create_help_says_how_to_name_a_group_and_add_to_it() -> None:
+    """The file's group_id names the group; sent again, its items join that group."""
+    from typer.testing import CliRunner
+
+    shown = CliRunner().invoke(app, ["group", "create", "--help"], env={"COLUMNS": "200"})
+    text = " ".join(shown.stdout.split())
+    assert shown.exit_code == 0, shown.output
+    assert "with the same group_id adds its tasks to that group, up to 1000 tasks" in text, text

@@ -660,12 +660,22 @@ def capacity(
 
 @group_app.command("create")
 def group_create(
-    file: Annotated[Path, typer.Option("-f", "--file", help="YAML: template + items.")],
+    file: Annotated[
+        Path,
+        typer.Option(
+            "-f", "--file", help="YAML: template + items, and group_id if you name the group."
+        ),
+    ],
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Create a task group from a template and a list of overrides (all tasks or none)."""
+    """Create a task group from a template and a list of overrides (all tasks or none).
+
+    Each item's fields override the template's (examples/group.yaml). With
+    `group_id: NAME` in the file the group gets that name, and a file sent again
+    with the same group_id adds its tasks to that group, up to 1000 tasks in all
+    (`group.too_large` past it)."""
     body = load_yaml(file)
     if "template" not in body and "items" not in body and "pool" in body:
         wrong_file(
