@@ -306,6 +306,75 @@ async def test_two_instances_never_send_the_same_alert_twice(dsn: str) -> None:
             assert len(await h.alerts(task_id)) == 1
 
 
+async def test_two_instances_together_keep_one_bots_limits(dsn: str) -> None:
+    """Feishu counts a bot's requests whoever sends them: two instances delivering a
+    30-alert burst to one bot stay within its limits together (no 11232)."""
+    # Feishu's limits scaled down (3 per 0.5 s, 10 per 2 s): a pass runs out of tokens
+    # long before it could send the burst, also on a loaded machine.
+    limits: dict[str, Any] = {"per_second": 3, "second_s": 0.5, "per_minute": 10, "minute_s": 2}
+    config = replace(FAST, burst_threshold=1000, limits=Limits(**limits))
+    async with harness(dsn, config, **limits) as h:
+        await h.tenant_subscription(h.fake.url("bot-plain"), "failed")
+        ids = [f"two-{i:02d}" for i in range(30)]
+        for task_id in ids:
+            await h.submit(task_id, spec(f"two-{task_id}"))
+            await h.command(task_id, Fail(task_id, "boom"))
+        first, second = h.app, await h.new_app(config)
+
+        async def all_delivered() -> bool:
+            return all([await _has_delivered(h, t) for t in ids])
+
+        deadline = time.monotonic() + 60
+        while not await all_delivered():
+            assert time.monotonic() < deadline, "timed out waiting for the notification service"
+            # One pass of each right after the other: the second takes what the first
+            # left for want of tokens, while the first's requests are in the window.
+            await first.step()
+            await second.step()
+            await asyncio.sleep(config.poll_s)
+
+        assert len(h.fake.accepted("bot-plain")) == 30
+        assert h.fake.rate_limited() == 0
+        assert second.stats.requests + second.stats.waited_for_tokens > 0, "both took part"
+
+
+async def test_too_fast_from_feishu_makes_every_instance_back_off(dsn: str) -> None:
+    """A bot that answers 11232 ("too fast": its limits are lower than ours, or
+    someone else sends to it too) gets nothing more from any instance until its
+    backoff has passed; then the alerts go, in order."""
+    config = replace(FAST, burst_threshold=1000, backoff_s=30.0, backoff_max_s=60.0)
+    async with harness(dsn, config, per_second=1, second_s=0.2) as h:
+        await h.tenant_subscription(h.fake.url("bot-plain"), "failed")
+        ids = [f"fast-{i}" for i in range(4)]
+        for task_id in ids:
+            await h.submit(task_id, spec(task_id))
+            await h.command(task_id, Fail(task_id, "boom"))
+            h.clock.offset += timedelta(seconds=1)
+        first, second = h.app, await h.new_app(config)
+
+        async def all_delivered() -> bool:
+            return all([await _has_delivered(h, t) for t in ids])
+
+        backoffs = 0
+        deadline = time.monotonic() + 60
+        while not await all_delivered():
+            assert time.monotonic() < deadline
+            await asyncio.gather(first.step(), second.step())
+            if await h.store.pool.fetchval("SELECT count(*) FROM alert_bots"):
+                seen = len(h.fake.received)
+                assert h.fake.received[-1].code == 11232
+                for _ in range(6):  # neither instance sends while the bot backs off
+                    await asyncio.gather(first.step(), second.step())
+                    await asyncio.sleep(config.poll_s)
+                assert len(h.fake.received) == seen, "a request went during the backoff"
+                h.clock.offset += timedelta(seconds=61)
+                backoffs += 1
+            await asyncio.sleep(config.poll_s)
+
+        assert backoffs >= 1 and h.fake.rate_limited() == backoffs
+        assert [r.title for r in h.fake.accepted()] == [f"{t} · failed" for t in ids]
+
+
 async def test_the_claims_of_an_instance_that_died_are_taken_back_at_once(dsn: str) -> None:
     """An instance killed mid-pass leaves its rows claimed for `claim_s` (300 s); once
     its presence has ended, the next instance sends them at its next pass."""
@@ -325,6 +394,25 @@ async def test_the_claims_of_an_instance_that_died_are_taken_back_at_once(dsn: s
         [row] = await tables.outbox(h.store.pool, "t-orphan")
         assert row["status"] == "delivered"
         assert await h.store.pool.fetchval("SELECT claimed_by FROM alert_outbox") is None
+
+
+async def test_a_bots_alerts_go_from_one_instance_at_a_time_in_order(dsn: str) -> None:
+    """While another living instance holds a bot's older alert (its pass is sending
+    it), a newer alert to the same bot waits for it: it never overtakes."""
+    async with harness(dsn) as h:
+        await _failed_and_due(h, "t-older", "older")
+        async with Presence(dsn, "notification") as alive:
+            h.app.claimer = alive.key
+            async with Presence(dsn, "notification") as other:
+                assert await _claim(h, other.key) == ["t-older"]
+                await h.submit("t-newer", spec("newer"))
+                await h.command("t-newer", Fail("t-newer", "boom"))
+                h.clock.offset += timedelta(seconds=1)  # past the group window
+                await h.run_for(0.5)
+                assert h.fake.received == [], "the newer alert overtook the older one"
+            await h.run_until(lambda: _has_delivered(h, "t-newer"), timeout_s=10)
+
+        assert [r.title for r in h.fake.accepted()] == ["older · failed", "newer · failed"]
 
 
 async def test_rows_a_failed_pass_left_claimed_go_out_at_the_next_pass(dsn: str) -> None:
@@ -419,23 +507,105 @@ async def test_5xx_and_rate_limit_answers_are_retried(dsn: str) -> None:
         assert all(o.retryable for o in outcomes if isinstance(o, AlertFailed))
 
 
-async def test_retries_stop_at_max_attempts_with_a_final_failure(dsn: str) -> None:
-    config = replace(FAST, max_attempts=3)
+async def test_alerts_are_given_up_only_after_retry_for_s_and_leave_a_record(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bot down for longer than `retry_for_s` (1 h here): its alerts are retried
+    until then, then given up, each with a final AlertFailed that says so, and the
+    service says so in its log; the bot back later gets nothing of them."""
+    config = replace(FAST, retry_for_s=3600.0, burst_threshold=1000)
     async with harness(dsn, config, serve=False) as h:
-        sub = await signed_task_subscription(h, "failed")
-        await h.submit("t-6", spec("never", sub))
-        await h.command("t-6", Fail("t-6", "boom"))
+        await h.tenant_subscription(h.fake.url("bot-plain"), "failed")
+        for task_id in ("gu-1", "gu-2"):
+            await h.submit(task_id, spec(task_id))
+            await h.command(task_id, Fail(task_id, "boom"))
 
-        async def three() -> bool:
-            return len(await h.alerts("t-6")) >= 3
+        await h.run_until(lambda: _attempts_at_least(h, "gu-1", 3))
+        assert [r["status"] for r in await tables.outbox(h.store.pool)] == ["pending"] * 2
+        h.clock.offset += timedelta(hours=2)  # the bot stays down past retry_for_s
+        with caplog.at_level("WARNING", logger="runyard.notification"):
+            await h.run_until(lambda: _all_settled(h))
 
-        await h.run_until(three)
-        await h.run_for(0.6)
-        outcomes = await h.alerts("t-6")
-        assert len(outcomes) == 3
-        assert [o.retryable for o in outcomes if isinstance(o, AlertFailed)] == [True, True, False]
-        assert isinstance(outcomes[-1], AlertFailed)
-        assert "gave up after 3 attempts" in outcomes[-1].reason
+        rows = await tables.outbox(h.store.pool)
+        assert [r["status"] for r in rows] == ["failed", "failed"]
+        assert rows[1]["attempts"] == 0, "it waited behind the first: no request of its own"
+        for task_id in ("gu-1", "gu-2"):
+            last = (await h.alerts(task_id))[-1]
+            assert isinstance(last, AlertFailed) and not last.retryable
+            assert "network error" in last.reason
+            assert "gave up: not delivered within 1 h of the alert" in last.reason
+        [given_up] = [r.getMessage() for r in caplog.records if "given up" in r.getMessage()]
+        assert "2 alert(s) of 2 task(s)" in given_up and "gu-1, gu-2" in given_up
+        assert "feishu:sub-" in given_up and "bot-plain" not in given_up  # no bot token
+        await h.fake.start()
+        await h.run_for(0.5)
+        assert h.fake.received == []
+
+
+async def test_a_feishu_outage_loses_no_alert_and_they_arrive_in_order(dsn: str) -> None:
+    """Feishu down for longer than the old 8 attempts, with a restart of the service
+    in between and an alert raised during the outage: when Feishu is back, every
+    alert arrives, in the order they were raised."""
+    config = replace(FAST, burst_threshold=1000)
+    async with harness(dsn, config, serve=False) as h:
+        await h.tenant_subscription(h.fake.url("bot-plain"), "failed")
+        ids = ["out-1", "out-2", "out-3", "out-4"]
+        for task_id in ids[:3]:
+            await h.submit(task_id, spec(task_id))
+            await h.command(task_id, Fail(task_id, "boom"))
+            h.clock.offset += timedelta(seconds=1)  # raised one after the other
+
+        await h.run_until(lambda: _attempts_at_least(h, "out-1", 5))
+        await h.new_app(config)  # the service restarts, Feishu still down
+        await h.submit(ids[3], spec(ids[3]))
+        await h.command(ids[3], Fail(ids[3], "boom"))
+        await h.run_until(lambda: _attempts_at_least(h, "out-1", 10), timeout_s=60)
+        rows = await tables.outbox(h.store.pool)
+        assert [r["attempts"] for r in rows[1:]] == [0, 0, 0], "the others wait in line"
+
+        await h.fake.start()
+
+        async def all_delivered() -> bool:
+            return all([await _has_delivered(h, t) for t in ids])
+
+        await h.run_until(all_delivered)
+        assert [r.title for r in h.fake.received] == [f"{t} · failed" for t in ids]
+        failures = [a for a in await h.alerts("out-1") if isinstance(a, AlertFailed)]
+        assert len(failures) >= 10 and all(f.retryable for f in failures)
+
+
+async def test_a_dead_bot_holds_up_no_other_bots_alerts(dsn: str) -> None:
+    """One team's bot is unreachable for good; another team's alerts, raised after
+    the dead bot's, go at once, and the dead bot gets one request per backoff."""
+    dead = FeishuFake(bots={"bot-dead": None})  # never started: nothing listens
+    async with harness(dsn, replace(FAST, burst_threshold=1000)) as h:
+        origins = (f"http://127.0.0.1:{h.fake.port}", f"http://127.0.0.1:{dead.port}")
+        await h.new_app(replace(h.config, webhooks=WebhookPolicy(origins)))
+        for n in range(5):
+            sub = AlertSubscription(webhook_url=dead.url("bot-dead"), alerts=("failed",))
+            await h.submit(f"dead-{n}", spec(f"dead-{n}", sub))
+            await h.command(f"dead-{n}", Fail(f"dead-{n}", "boom"))
+        await h.run_until(lambda: _attempts_at_least(h, "dead-0", 2))
+        live = AlertSubscription(webhook_url=h.fake.url("bot-plain"), alerts=("failed",))
+        await h.submit("live-1", spec("live-1", live))
+        await h.command("live-1", Fail("live-1", "boom"))
+
+        await h.run_until(lambda: _has_delivered(h, "live-1"))
+        await h.run_until(lambda: _attempts_at_least(h, "dead-0", 4))
+        assert [r.title for r in h.fake.received] == ["live-1 · failed"]
+        behind = [r for r in await tables.outbox(h.store.pool) if r["task_id"] != "dead-0"]
+        assert [(r["task_id"], r["attempts"]) for r in behind if r["attempts"] > 0] == [
+            ("live-1", 1)
+        ]
+
+
+async def _attempts_at_least(h: Harness, task_id: str, n: int) -> bool:
+    rows = await tables.outbox(h.store.pool, task_id)
+    return bool(rows) and rows[0]["attempts"] >= n
+
+
+async def _all_settled(h: Harness) -> bool:
+    return all(r["status"] != "pending" for r in await tables.outbox(h.store.pool))
 
 
 async def test_a_slow_bot_delays_only_its_own_alerts(dsn: str) -> None:

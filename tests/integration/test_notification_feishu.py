@@ -18,7 +18,7 @@ from runyard.domain import Submit, decide, fold
 from runyard.logs import FirstError, LogLine, classify, traceback_exception
 from runyard.notification import feishu, firsterror, rules
 from runyard.notification.feishu import AlertFacts, FirstErrorFact
-from runyard.notification.ratelimit import BotLimiter, Limits
+from runyard.notification.ratelimit import Limits
 
 from tests.feishu_fake import FeishuFake, _valid_message
 
@@ -348,38 +348,27 @@ def test_answers_are_classified(
     assert (outcome.delivered, outcome.retryable, outcome.code) == (delivered, retryable, code)
 
 
-# --- token buckets --------------------------------------------------------------------
+# --- Feishu's limits -------------------------------------------------------------------
 
 
-class Ticks:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_token_buckets_keep_at_most_5_a_second_and_100_a_minute() -> None:
-    ticks = Ticks()
-    limiter = BotLimiter(Limits(margin_s=0.0), ticks)
-    sent: list[float] = []
-    while ticks.now < 180:
-        if limiter.try_acquire("bot"):
-            sent.append(ticks.now)
+def test_the_limits_keep_at_most_5_a_second_and_100_a_minute() -> None:
+    limits = Limits(margin_s=0.0)
+    now, sent = 0.0, list[float]()
+    while now < 180:
+        if limits.wait_s(sent, now) == 0:
+            sent.append(now)
         else:
-            ticks.now = round(ticks.now + 0.01, 2)
+            now = round(now + 0.01, 2)
     for i, at in enumerate(sent):
         assert sum(1 for t in sent[: i + 1] if at - t < 1.0) <= 5
         assert sum(1 for t in sent[: i + 1] if at - t < 60.0) <= 100
     assert len(sent) == 300  # and no slower than the limits allow
-    assert limiter.try_acquire("another bot")  # buckets are per bot
 
 
-def test_a_rate_limited_answer_empties_the_second_bucket() -> None:
-    ticks = Ticks()
-    limiter = BotLimiter(Limits(margin_s=0.0), ticks)
-    assert limiter.try_acquire("bot")
-    limiter.rate_limited("bot")
-    assert not limiter.try_acquire("bot")
-    ticks.now = 1.0
-    assert limiter.try_acquire("bot")
+def test_the_wait_is_until_the_oldest_request_of_a_full_window_leaves_it() -> None:
+    limits = Limits(margin_s=0.0)
+    assert limits.wait_s([], 10.0) == 0
+    assert limits.wait_s([9.0, 9.2, 9.4, 9.6], 10.0) == 0
+    assert limits.wait_s([9.2, 9.4, 9.6, 9.8, 9.9], 10.0) == pytest.approx(0.2)
+    minute = [40.5 + 0.59 * i for i in range(100)]  # 100 in the last minute, 2 a second
+    assert limits.wait_s(minute, 100.0) == pytest.approx(0.5)

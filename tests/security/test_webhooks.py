@@ -260,14 +260,22 @@ async def test_the_remote_answer_is_never_stored(dsn: str, mode: str) -> None:
 
 async def test_failures_to_one_webhook_are_one_event_per_window_with_a_count(dsn: str) -> None:
     """Stopping a group of 60 tasks under a tenant subscription to `stopped`, with the
-    bot unreachable: 120 failed attempts (2 each), one AlertFailed for the window."""
-    config = replace(FAST, failure_window_s=600.0, max_attempts=2)
+    bot unreachable past `retry_for_s`: every alert is given up, and the failures
+    are one AlertFailed for the window, counting them all."""
+    config = replace(FAST, failure_window_s=4 * 3600.0, retry_for_s=3600.0)
     async with harness(dsn, config, serve=False) as h:
         await h.tenant_subscription(h.fake.url("bot-plain"), "stopped")
         ids = [f"stop-{i:02d}" for i in range(60)]
         for task_id in ids:
             await h.submit(task_id, spec(task_id))
             await h.command(task_id, RequestStop(task_id))
+
+        async def tried_twice() -> bool:
+            rows = await tables.outbox(h.store.pool)
+            return max((r["attempts"] for r in rows), default=0) >= 2
+
+        await h.run_until(tried_twice)
+        h.clock.offset += timedelta(hours=2)  # still down past retry_for_s
 
         async def all_given_up() -> bool:
             rows = await tables.outbox(h.store.pool)
@@ -276,13 +284,18 @@ async def test_failures_to_one_webhook_are_one_event_per_window_with_a_count(dsn
         await h.run_until(all_given_up)
         # Within the window nothing is appended: the failures are being counted.
         assert [t for t in ids if await _failures(h, t)] == []
-        h.clock.offset += timedelta(seconds=601)
+        # One request per backoff (the first summary card); the second waited behind it.
+        untried = [r["task_id"] for r in await tables.outbox(h.store.pool) if not r["attempts"]]
+        assert untried == ids[config.summary_per_card :]
+        h.clock.offset += timedelta(hours=4)  # the window closes
         await h.app.step()
         failed = [(t, f) for t in ids for f in await _failures(h, t)]
         assert len(failed) == 1, failed
         task_id, event = failed[0]
         assert task_id == ids[0]
-        assert (event.count, event.tasks) == (2 * len(ids), len(ids))
+        # Each request and each alert given up behind one counts once.
+        assert event.tasks == len(ids) and event.count >= len(ids)
         assert event.reason.startswith("network error") and not event.retryable
+        assert "gave up" in event.reason
         await h.app.step()  # recorded once: a later pass appends nothing more
         assert sum([len(await _failures(h, t)) for t in ids]) == 1

@@ -2,24 +2,25 @@
 
 Shape, as every service: `rules` (pure: which events raise which alerts, who
 wants them), `feishu` (pure: bodies, signing, fitting in 20 KB, answers),
-`ratelimit` (per-bot token buckets), `store` (tables), `app` (the application
-layer: reactions, the queue timer, delivery and audit), `subscriptions` (the
-API's use cases), `rebuild` (`queue_waits` rebuilt from the log beside the
-live one), the edges `http` (router the gateway includes) and `main`
-(`async def run(ctx)`). See docs/notifications.md.
+`ratelimit` (Feishu's per-bot limits, shared by all instances), `store`
+(tables), `app` (the application layer: reactions, the queue timer,
+delivery and audit), `subscriptions` (the API's use cases), `rebuild`
+(`queue_waits` rebuilt from the log beside the live one), the edges `http`
+(router the gateway includes) and `main` (`async def run(ctx)`). See
+docs/notifications.md.
 """
 
 from runyard.notification.app import NotificationApp, NotificationConfig
 from runyard.notification.feishu import AlertFacts
-from runyard.notification.ratelimit import BotLimiter, Limits
+from runyard.notification.ratelimit import Limits, SharedLimiter
 from runyard.notification.rules import ALERT_KINDS, Subscription
 
 __all__ = [
     "ALERT_KINDS",
     "AlertFacts",
-    "BotLimiter",
     "Limits",
     "NotificationApp",
     "NotificationConfig",
+    "SharedLimiter",
     "Subscription",
 ]

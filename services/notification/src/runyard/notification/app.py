@@ -15,19 +15,25 @@ Three steps, each safe to repeat and to restart:
    A bot's rows wait `group_window_s` after the first of them so that one
    task's alerts go in one card; more than `burst_threshold` tasks at once go
    as summary cards naming every task. Each request needs a token of the
-   bot's buckets (5/s, 100/min); what does not get one waits for the next
+   bot's limits (5/s, 100/min), counted in Postgres for all instances
+   (`ratelimit.SharedLimiter`); what does not get one waits for the next
    pass. A delivery is appended to the task's stream (`AlertDelivered`,
    through the task domain's `Record`) in the same transaction as the row's
    new status. Failed attempts to one webhook are coalesced: they are counted
    per webhook in a window of `failure_window_s` (`alert_failures`, in the
    same transaction), and when the window closes one `AlertFailed` with the
    counts goes to the task of its first failure (0: one event per attempt).
-   Network errors, 5xx and 11232 are retried with exponential backoff up to
-   `max_attempts`; other refusals (19021 signature, 9499 bad request, a
-   redirect) are final at once. Only webhooks the `WebhookPolicy` allows
-   are called (checked again before each request); redirects are not
-   followed, at most `max_answer_bytes` of an answer are read, and only its
-   code is kept.
+   Network errors, 5xx and 11232 ("too fast") make the bot back off
+   (`alert_bots`, shared by all instances: `backoff_s` doubling, at most
+   `backoff_max_s`): its alerts wait behind the one that failed, in order,
+   and go when it answers again, for up to `retry_for_s` after each was
+   raised; then they are given up (failed, `AlertFailed` with "gave up", a
+   warning in the log). A bot that is down costs one request per backoff,
+   and other bots' alerts never wait for it. Other refusals (19021
+   signature, 9499 bad request, a redirect) are final at once. Only
+   webhooks the `WebhookPolicy` allows are called (checked again before
+   each request); redirects are not followed, at most `max_answer_bytes`
+   of an answer are read, and only its code is kept.
    The card of a `failed` or `abnormal` alert carries the run's first error
    when the log service knows it (looked up then, never failing the alert).
 
@@ -40,7 +46,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -65,7 +70,7 @@ from runyard.domain import Record, TaskState, decide, fold
 from runyard.eventstore import ConcurrencyError, PostgresEventStore
 from runyard.notification import feishu, firsterror, store
 from runyard.notification.feishu import MAX_BODY_BYTES, AlertFacts, FirstErrorFact, Outcome
-from runyard.notification.ratelimit import BotLimiter, Limits
+from runyard.notification.ratelimit import Limits, SharedLimiter
 from runyard.notification.redaction import NOTHING, Redactor, task_redactor
 from runyard.notification.rules import (
     ALERT_EVENTS,
@@ -99,7 +104,10 @@ _APPEND_RETRIES = 5
 
 @dataclass(frozen=True, slots=True)
 class NotificationConfig:
-    """Knobs of the service; tests shrink the times so that they run in seconds."""
+    """Knobs of the service; tests shrink the times so that they run in seconds.
+
+    `from_settings` ignores unknown names (`max_attempts` of older settings among
+    them: retries are bounded by `retry_for_s`)."""
 
     gateway_url: str = "http://127.0.0.1:8080"
     #: Default threshold of the `queued` alert.
@@ -114,9 +122,12 @@ class NotificationConfig:
     summary_per_card: int = 40
     max_body_bytes: int = MAX_BODY_BYTES
     limits: Limits = field(default_factory=Limits)
+    #: A bot that failed retryably is tried again after this, doubling, at most `backoff_max_s`.
     backoff_s: float = 2.0
     backoff_max_s: float = 300.0
-    max_attempts: int = 8
+    #: An alert whose bot keeps failing is retried this long after it was raised,
+    #: then given up (an outage of Feishu of some hours loses nothing).
+    retry_for_s: float = 6 * 3600.0
     http_timeout_s: float = 10.0
     #: How often the service runs the timer and a delivery pass.
     poll_s: float = 0.5
@@ -144,10 +155,6 @@ class NotificationConfig:
         }
         return cls(**given)
 
-    def backoff(self, attempt: int) -> float:
-        """Seconds before the attempt after `attempt` (1-based): doubling, capped."""
-        return float(min(self.backoff_s * 2 ** (attempt - 1), self.backoff_max_s))
-
 
 @dataclass
 class PassStats:
@@ -158,6 +165,7 @@ class PassStats:
     failed: int = 0
     retried: int = 0
     waited_for_tokens: int = 0
+    given_up: int = 0
 
 
 @dataclass
@@ -167,7 +175,6 @@ class NotificationApp:
     store: PostgresEventStore
     config: NotificationConfig = NotificationConfig()
     clock: Callable[[], datetime] = utcnow
-    monotonic: Callable[[], float] = time.monotonic
     http: httpx.AsyncClient | None = None
     #: Where the first error of a failed run is asked (None: cards go without it).
     logs: firsterror.LogService | None = None
@@ -179,7 +186,11 @@ class NotificationApp:
     _sent: set[int] = field(default_factory=set)
     #: First errors looked up in this delivery pass, per (task, run).
     _first_errors: dict[tuple[str, int], FirstErrorFact | None] = field(default_factory=dict)
-    _limiter: BotLimiter | None = None
+    #: Alerts given up in this delivery pass, per bot (for one line in the log).
+    _given_up: defaultdict[str, list[PendingAlert]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+    _limiter: SharedLimiter | None = None
     _tasks: TaskStates | None = None
 
     @property
@@ -187,9 +198,9 @@ class NotificationApp:
         return self.store.pool
 
     @property
-    def limiter(self) -> BotLimiter:
+    def limiter(self) -> SharedLimiter:
         if self._limiter is None:
-            self._limiter = BotLimiter(self.config.limits, self.monotonic)
+            self._limiter = SharedLimiter(self.db, self.config.limits)
         return self._limiter
 
     async def start(self) -> None:
@@ -365,6 +376,7 @@ class NotificationApp:
         for alert in due:
             by_bot[alert.webhook_url].append(alert)
         requests, self._sent, self._first_errors = 0, set(), {}
+        self._given_up = defaultdict(list)
         ready = [(b, a) for b, a in by_bot.items() if not self._still_gathering(a, now)]
         try:
             # Bots are sent to side by side: a bot that answers slowly (or not until the
@@ -396,25 +408,35 @@ class NotificationApp:
         return (now - oldest).total_seconds() < self.config.group_window_s
 
     async def _deliver_to(self, bot: str, alerts: Sequence[PendingAlert]) -> int:
+        """Send `bot`'s due alerts in order, until one finds the bot failing (the rest
+        wait behind it for the bot's backoff) or its limits leave no token."""
         requests = 0
         for build, members in self._messages(alerts):
-            if not self.limiter.try_acquire(bot):
+            token = await self.limiter.try_acquire(bot)
+            if token is None:
                 self.stats.waited_for_tokens += 1
                 break  # the rest waits for the next pass: delayed, never dropped
             requests += 1
-            await self._attempt(bot, await build(), members)
+            failing = await self._attempt(bot, await build(), members, token)
+            if failing is not None:
+                behind = [a for a in alerts if a.id not in self._sent]
+                await self._give_up_late(behind, failing)
+                if given_up := self._given_up.pop(bot, []):
+                    self._log_given_up(given_up, failing)
+                break
         return requests
 
     def _messages(self, alerts: Sequence[PendingAlert]) -> list[tuple[_Build, list[PendingAlert]]]:
         """The requests for one bot's due alerts (per task, or summaries of a burst),
-        each built only once it has a token (a task card looks up the first error)."""
+        in the order of their oldest alerts, each built only once it has a token
+        (a task card looks up the first error)."""
         groups: dict[tuple[str, str | None, bool], list[PendingAlert]] = defaultdict(list)
         for alert in alerts:
             groups[(alert.tenant, alert.secret_ref, alert.text_only)].append(alert)
         messages: list[tuple[_Build, list[PendingAlert]]] = []
         for (_, _, text_only), members in groups.items():
             messages += self._group_messages(members, text_only)
-        return messages
+        return sorted(messages, key=lambda m: min((a.created_at, a.id) for a in m[1]))
 
     def _group_messages(
         self, alerts: Sequence[PendingAlert], text_only: bool
@@ -475,8 +497,10 @@ class NotificationApp:
         return await task_redactor(self.db, state.tenant, state.spec)
 
     async def _attempt(
-        self, bot: str, message: dict[str, Any], members: list[PendingAlert]
-    ) -> None:
+        self, bot: str, message: dict[str, Any], members: list[PendingAlert], token: int
+    ) -> _Failing | None:
+        """Send one message and record its outcome; how the bot fails when it failed
+        retryably (its alerts then wait for its backoff), else None."""
         self._sent.update(a.id for a in members)
         first = members[0]
         secret: str | None = None
@@ -485,14 +509,35 @@ class NotificationApp:
             if secret is None:
                 missing = f"signing secret {first.secret_ref!r} is not in the secret store"
                 await self._record(members, Outcome(False, False, missing, None))
-                return
+                return None
         body = feishu.encode(message, secret=secret, timestamp=int(self.clock().timestamp()))
         self.stats.requests += 1
         outcome = await self._post(bot, body)
-        self.limiter.answered(bot)
-        if outcome.code == feishu.RATE_LIMITED:
-            self.limiter.rate_limited(bot)
-        await self._record(members, outcome)
+        await self.limiter.answered(token)
+        if outcome.delivered or not outcome.retryable:
+            await store.bot_answered(self.db, bot)
+            await self._record(members, outcome)
+            return None
+        # Down, 5xx or "too fast" (11232): the bot backs off, for every instance.
+        retry_at, since = await store.bot_failed(
+            self.db, bot, self.clock(), self.config.backoff_s, self.config.backoff_max_s
+        )
+        failing = _Failing(outcome, retry_at, since)
+        await self._record(members, outcome, failing)
+        return failing
+
+    async def _give_up_late(self, alerts: Sequence[PendingAlert], failing: _Failing) -> None:
+        """Of the alerts waiting behind one that found their bot failing, give up
+        those past `retry_for_s` now, without a request each (the rest wait on)."""
+        now = self.clock()
+        late = [a for a in alerts if not self._retrying(a, now)]
+        if late:
+            self._sent.update(a.id for a in late)
+            await self._record(late, failing.outcome, failing, tried=False)
+
+    def _retrying(self, row: PendingAlert, now: datetime) -> bool:
+        """Whether `row` is still retried at `now` (within `retry_for_s` of being raised)."""
+        return now < row.created_at + timedelta(seconds=self.config.retry_for_s)
 
     async def _post(self, bot: str, body: bytes) -> Outcome:
         assert self.http is not None, "start() first"
@@ -509,17 +554,53 @@ class NotificationApp:
             return Outcome(False, True, f"network error: {type(exc).__name__}", None)
         return feishu.outcome(answer.status_code, head)
 
-    async def _record(self, members: list[PendingAlert], outcome: Outcome) -> None:
-        """Append each alert's attempt outcome to its task and settle its outbox row."""
+    async def _record(
+        self,
+        members: list[PendingAlert],
+        outcome: Outcome,
+        failing: _Failing | None = None,
+        *,
+        tried: bool = True,
+    ) -> None:
+        """Append each alert's attempt outcome to its task and settle its outbox row
+        (`tried` False: given up behind another without a request of its own)."""
         by_task: dict[str, list[PendingAlert]] = defaultdict(list)
         for alert in members:
             by_task[alert.task_id].append(alert)
-        for task_id, rows in by_task.items():
-            await self._record_task(task_id, rows, outcome)
-
-    async def _record_task(self, task_id: str, rows: list[PendingAlert], outcome: Outcome) -> None:
         now = self.clock()
-        verdicts = [(row, *self._verdict(row, outcome, now)) for row in rows]
+        verdicts = {a.id: self._verdict(a, outcome, now, failing, tried) for a in members}
+        for alert in members:
+            if verdicts[alert.id][1] == "failed" and outcome.retryable:
+                self._given_up[alert.webhook_url].append(alert)
+        for task_id, rows in by_task.items():
+            await self._record_task(task_id, [(r, *verdicts[r.id]) for r in rows], outcome, tried)
+
+    def _log_given_up(self, rows: list[PendingAlert], failing: _Failing) -> None:
+        """Say in the log which alerts of a bot were given up (no webhook URL: it
+        holds the bot's token)."""
+        since = f", failing since {failing.since.isoformat()}"
+        outcome = failing.outcome
+        self.stats.given_up += len(rows)
+        log.warning(
+            "alerts given up on %s after %s without delivery%s: %d alert(s) of %d task(s) "
+            "(%s; last error: %s)",
+            rows[0].channel,
+            _span(self.config.retry_for_s),
+            since,
+            len(rows),
+            len({r.task_id for r in rows}),
+            ", ".join(sorted({r.task_id for r in rows})[:10]),
+            outcome.reason,
+        )
+
+    async def _record_task(
+        self,
+        task_id: str,
+        verdicts: list[tuple[PendingAlert, AlertDelivered | AlertFailed, str, datetime]],
+        outcome: Outcome,
+        tried: bool,
+    ) -> None:
+        now = self.clock()
         window_s = self.config.failure_window_s
         for _ in range(_APPEND_RETRIES):
             # Folded before the transaction, which then holds the pass's only connection:
@@ -544,8 +625,9 @@ class NotificationApp:
                         else:
                             decided = decide(state, Record(task_id, event), now=now, ids=_no_ids)
                             new += [NewEvent(e, _meta(row.cause), now) for e in decided]
+                        attempts = row.attempts + 1 if tried else row.attempts
                         await store.settle(
-                            conn, [row.id], status, row.attempts + 1, next_at, _error(outcome)
+                            conn, [row.id], status, attempts, next_at, _error(outcome)
                         )
                     if new:
                         await self.store.append_in(conn, f"task-{task_id}", new, state.version)
@@ -595,25 +677,52 @@ class NotificationApp:
         await self.store.append_in(conn, stream, new, state.version)
 
     def _verdict(
-        self, row: PendingAlert, outcome: Outcome, now: datetime
+        self,
+        row: PendingAlert,
+        outcome: Outcome,
+        now: datetime,
+        failing: _Failing | None,
+        tried: bool,
     ) -> tuple[AlertDelivered | AlertFailed, str, datetime]:
-        attempt = row.attempts + 1
+        attempt = row.attempts + 1 if tried else row.attempts
         if outcome.delivered:
             self.stats.delivered += 1
             delivered = AlertDelivered(alert=row.alert, channel=row.channel, attempt=attempt)
             return delivered, "delivered", now
-        again = outcome.retryable and attempt < self.config.max_attempts
+        again = outcome.retryable and failing is not None and self._retrying(row, now)
         why = outcome.reason
         if outcome.retryable and not again:
-            why = f"{why} (gave up after {attempt} attempts)"
+            why = (
+                f"{why} (gave up: not delivered within {_span(self.config.retry_for_s)}"
+                f" of the alert, {attempt} attempt{'s' if attempt != 1 else ''})"
+            )
         failed = AlertFailed(
             alert=row.alert, channel=row.channel, reason=why, code=outcome.code, retryable=again
         )
         if again:
+            assert failing is not None
             self.stats.retried += 1
-            return failed, "pending", now + timedelta(seconds=self.config.backoff(attempt))
+            return failed, "pending", failing.retry_at
         self.stats.failed += 1
         return failed, "failed", now
+
+
+@dataclass(frozen=True, slots=True)
+class _Failing:
+    """A bot that failed retryably: the outcome, when it may be tried again, since when."""
+
+    outcome: Outcome
+    retry_at: datetime
+    since: datetime
+
+
+def _span(seconds: float) -> str:
+    """`seconds` in words for a log or a reason: `6 h`, `90 min`, `2 s`."""
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds / 3600:g} h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds / 60:g} min"
+    return f"{seconds:g} s"
 
 
 def one_per_bot(subs: Sequence[Subscription], kind: str) -> list[Subscription]:

@@ -1,48 +1,25 @@
-"""Feishu's per-bot limits as token buckets: 5 requests a second and 100 a minute.
+"""Feishu's per-bot limits, 5 requests a second and 100 a minute, shared by every instance.
 
-Each bot (webhook URL) has two buckets. A request takes one token from both;
-a token comes back exactly one window (1 s, 60 s) after it was taken. That
-refill keeps the strict promise Feishu checks, "at most N in any window",
-which a bucket refilled at a steady rate would break right after a burst
-(a full bucket of 5 plus 5 refilled tokens is 10 in one second); and a token
-counts from when its request was answered, never before Feishu saw it. The clock
-is passed in, and the windows are settings, so tests run the limits fast.
+Feishu counts a custom bot's requests whoever sends them, so the count is kept
+in Postgres (`alert_bot_sends`: one row per request of the last minute, per bot),
+not in an instance's memory: two instances together stay within the limits.
+A request may go when fewer than N requests were sent to its bot in each
+window (1 s, 60 s) before now: "at most N in any window", the strict promise
+Feishu checks (a bucket refilled at a steady rate would break it right after a
+burst). A request counts from when it was answered (its row is restamped
+then), never before Feishu saw it. Times are Postgres's clock, the one clock
+all instances share; the windows are settings, so tests run the limits fast.
+
+Feishu's own "too fast" answer (11232) is honoured by the delivery's per-bot
+backoff (`alert_bots`, shared too): nothing more goes to that bot until then.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-
-@dataclass
-class TokenBucket:
-    """`capacity` tokens; each taken token returns `window_s` after it was taken."""
-
-    capacity: int
-    window_s: float
-    _taken: deque[float] = field(default_factory=deque)
-
-    def wait_s(self, now: float) -> float:
-        """Seconds until one token is there (0 when one is there now)."""
-        while self._taken and now - self._taken[0] >= self.window_s:
-            self._taken.popleft()
-        if len(self._taken) < self.capacity:
-            return 0.0
-        return self._taken[0] + self.window_s - now
-
-    def take(self, now: float) -> None:
-        self._taken.append(now)
-
-    def restamp(self, now: float) -> None:
-        """The last token was taken at `now` after all (when its request was answered)."""
-        if self._taken:
-            self._taken[-1] = max(self._taken[-1], now)
-
-    def drain(self, now: float) -> None:
-        """No token until a full window from now (the server said we were too fast)."""
-        self._taken = deque([now] * self.capacity)
+import asyncpg
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,51 +30,74 @@ class Limits:
     per_minute: int = 100
     second_s: float = 1.0
     minute_s: float = 60.0
-    #: Added to each window, for clocks that disagree a little.
+    #: Added to each window, for the time between Feishu's count and the answer.
     margin_s: float = 0.01
 
+    def windows(self) -> tuple[tuple[int, float], ...]:
+        """(requests, seconds) of each window, margin included."""
+        return (
+            (self.per_second, self.second_s + self.margin_s),
+            (self.per_minute, self.minute_s + self.margin_s),
+        )
 
-@dataclass
-class BotLimiter:
-    """The two token buckets of every bot, by webhook URL."""
+    def wait_s(self, sent: Sequence[float], now: float) -> float:
+        """Seconds until one more request may go to a bot whose requests were sent
+        (answered) at `sent` (seconds, any origin; `now` in the same): 0 when now."""
+        wait = 0.0
+        for capacity, window_s in self.windows():
+            recent = sorted(t for t in sent if now - t < window_s)
+            if len(recent) >= capacity:
+                wait = max(wait, recent[-capacity] + window_s - now)
+        return wait
 
+    @property
+    def longest_s(self) -> float:
+        return max(window_s for _, window_s in self.windows())
+
+
+@dataclass(frozen=True, slots=True)
+class SharedLimiter:
+    """The limits of every bot, kept in `alert_bot_sends` for all instances."""
+
+    pool: asyncpg.Pool
     limits: Limits
-    clock: Callable[[], float]
-    _buckets: dict[str, tuple[TokenBucket, TokenBucket]] = field(default_factory=dict)
 
-    def _pair(self, bot: str) -> tuple[TokenBucket, TokenBucket]:
-        if bot not in self._buckets:
-            lim = self.limits
-            self._buckets[bot] = (
-                TokenBucket(lim.per_second, lim.second_s + lim.margin_s),
-                TokenBucket(lim.per_minute, lim.minute_s + lim.margin_s),
+    async def try_acquire(self, bot: str) -> int | None:
+        """A token (its row's id) for one request to `bot`, or None when one more
+        request now would pass a limit. Takers of one bot go one at a time."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtext('alert_bot_sends:' || $1))", bot
             )
-        return self._buckets[bot]
+            await conn.execute(
+                """DELETE FROM alert_bot_sends WHERE webhook_url = $1
+                   AND sent_at < clock_timestamp() - make_interval(secs => $2::float8)""",
+                bot,
+                self.limits.longest_s,
+            )
+            row = await conn.fetchrow(
+                """SELECT extract(epoch FROM clock_timestamp())::float8 AS now,
+                          array(SELECT extract(epoch FROM sent_at)::float8 FROM alert_bot_sends
+                                WHERE webhook_url = $1) AS sent""",
+                bot,
+            )
+            assert row is not None
+            if self.limits.wait_s(row["sent"], row["now"]) > 0:
+                return None
+            token: int = await conn.fetchval(
+                """INSERT INTO alert_bot_sends (webhook_url, sent_at)
+                   VALUES ($1, clock_timestamp()) RETURNING id""",
+                bot,
+            )
+            return token
 
-    def wait_s(self, bot: str) -> float:
-        """Seconds until `bot` may take one more request."""
-        now = self.clock()
-        return max(bucket.wait_s(now) for bucket in self._pair(bot))
-
-    def try_acquire(self, bot: str) -> bool:
-        """Take a token from both buckets of `bot`, or none when either is empty."""
-        if self.wait_s(bot) > 0:
-            return False
-        now = self.clock()
-        for bucket in self._pair(bot):
-            bucket.take(now)
-        return True
-
-    def answered(self, bot: str) -> None:
-        """The request that took the last token is answered: count it from now.
+    async def answered(self, token: int) -> None:
+        """The request of `token` is answered: it counts from now.
 
         Feishu counts a request when it arrives, which is somewhere between
-        taking the token and the answer; counting from the answer is never early.
-        """
-        now = self.clock()
-        for bucket in self._pair(bot):
-            bucket.restamp(now)
-
-    def rate_limited(self, bot: str) -> None:
-        """Feishu answered 11232: send nothing more to `bot` for a second's window."""
-        self._pair(bot)[0].drain(self.clock())
+        taking the token and the answer; counting from the answer is never early."""
+        await self.pool.execute(
+            "UPDATE alert_bot_sends SET sent_at = greatest(sent_at, clock_timestamp()) "
+            "WHERE id = $1",
+            token,
+        )

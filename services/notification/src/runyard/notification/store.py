@@ -190,35 +190,53 @@ async def sent_recently(
 
 
 async def claim_due(
-    db: Db, now: datetime, until: datetime, claimer: int | None = None, limit: int = 2000
+    pool: asyncpg.Pool,
+    now: datetime,
+    until: datetime,
+    claimer: int | None = None,
+    limit: int = 2000,
 ) -> list[PendingAlert]:
-    """Take the pending alerts due at `now` until `until` for `claimer` (rows another
-    pass holds are skipped), oldest first.
+    """Take the pending alerts due at `now` until `until` for `claimer`, oldest first.
 
     First, claimed rows left over are due again at once, not only when their claim
     runs out: those of an instance whose presence has ended (it died mid-pass:
     `runyard.stack.leader.Presence`), and the claimer's own (its passes never
     overlap, so a row it still holds is left from a pass that failed, e.g. in an
     outage, after it claimed). Rows claimed without a presence (`claimer` None)
-    wait for `until`."""
-    await db.execute(
-        f"""UPDATE alert_outbox SET next_attempt_at = $1, claimed_by = NULL
-            WHERE status = 'pending' AND claimed_by IS NOT NULL AND next_attempt_at > $1
-              AND (claimed_by = $2 OR NOT {held_sql("claimed_by")})""",
-        now,
-        claimer,
-    )
-    rows = await db.fetch(
-        """UPDATE alert_outbox SET next_attempt_at = $2, claimed_by = $4
-           WHERE id IN (SELECT id FROM alert_outbox
-                        WHERE status = 'pending' AND next_attempt_at <= $1
-                        ORDER BY created_at, id LIMIT $3 FOR UPDATE SKIP LOCKED)
-           RETURNING *""",
-        now,
-        until,
-        limit,
-        claimer,
-    )
+    wait for `until`.
+
+    A bot's alerts go in order, so they are taken by one instance at a time and
+    only when the bot may be tried: rows of a bot that another instance's pass
+    holds rows of, or that is backing off (`alert_bots.retry_at` after `now`), are
+    left. Claims of all instances go one at a time (an advisory lock), so two
+    passes never split one bot's alerts."""
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext('alert_outbox:claim'))")
+        await conn.execute(
+            f"""UPDATE alert_outbox SET next_attempt_at = $1, claimed_by = NULL
+                WHERE status = 'pending' AND claimed_by IS NOT NULL AND next_attempt_at > $1
+                  AND (claimed_by = $2 OR NOT {held_sql("claimed_by")})""",
+            now,
+            claimer,
+        )
+        rows = await conn.fetch(
+            """UPDATE alert_outbox SET next_attempt_at = $2, claimed_by = $4
+               WHERE id IN (
+                   SELECT o.id FROM alert_outbox o
+                   WHERE o.status = 'pending' AND o.next_attempt_at <= $1
+                     AND NOT EXISTS (SELECT 1 FROM alert_bots b
+                                     WHERE b.webhook_url = o.webhook_url AND b.retry_at > $1)
+                     AND NOT EXISTS (SELECT 1 FROM alert_outbox c
+                                     WHERE c.webhook_url = o.webhook_url
+                                       AND c.status = 'pending' AND c.claimed_by IS NOT NULL
+                                       AND c.claimed_by IS DISTINCT FROM $4)
+                   ORDER BY o.created_at, o.id LIMIT $3 FOR UPDATE SKIP LOCKED)
+               RETURNING *""",
+            now,
+            until,
+            limit,
+            claimer,
+        )
     return sorted((_pending(r) for r in rows), key=lambda a: (a.created_at, a.id))
 
 
@@ -278,6 +296,43 @@ async def outbox(db: Db, task_id: str | None = None) -> list[dict[str, Any]]:
         task_id,
     )
     return [dict(r) for r in rows]
+
+
+# --- bots that failed: backoff shared by every instance --------------------------------
+
+
+async def bot_failed(
+    db: Db, webhook_url: str, now: datetime, backoff_s: float, backoff_max_s: float
+) -> tuple[datetime, datetime]:
+    """One more attempt to the bot failed (retryably): when it may be tried again
+    (`backoff_s` doubling per failure in a row, at most `backoff_max_s`) and since
+    when it fails."""
+    row = await db.fetchrow(
+        """INSERT INTO alert_bots (webhook_url, failures, down_since, retry_at)
+           VALUES ($1, 1, $2::timestamptz,
+                   $2::timestamptz + make_interval(secs => least($3::float8, $4::float8)))
+           ON CONFLICT (webhook_url) DO UPDATE SET
+               failures = alert_bots.failures + 1,
+               retry_at = $2::timestamptz + make_interval(secs => least(
+                   $3::float8 * power(2, least(alert_bots.failures, 62)), $4::float8))
+           RETURNING retry_at, down_since""",
+        webhook_url,
+        now,
+        backoff_s,
+        backoff_max_s,
+    )
+    assert row is not None
+    return row["retry_at"], row["down_since"]
+
+
+async def bot_answered(db: Db, webhook_url: str) -> None:
+    """The bot answered (taken or refused for good): it is not backing off."""
+    await db.execute("DELETE FROM alert_bots WHERE webhook_url = $1", webhook_url)
+
+
+async def bots_down(db: Db) -> int:
+    """How many bots are backing off now (their last attempt failed retryably)."""
+    return int(await db.fetchval("SELECT count(*) FROM alert_bots"))
 
 
 # --- failed attempts, coalesced per webhook ----------------------------------------------
