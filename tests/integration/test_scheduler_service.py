@@ -813,6 +813,34 @@ async def test_placement_names_its_cause_and_keeps_the_correlation(dsn: str) -> 
         assert placed.metadata.correlation_id == str(submitted.event_id)
 
 
+async def test_a_task_the_scheduler_reads_from_the_log_is_placed_naming_its_cause(
+    dsn: str,
+) -> None:
+    """R-62 on the paths that do not come through the consumer: a task submitted while
+    no scheduler ran (placed by the start's fold of the log), and one whose event never
+    reached the consumer (placed by the sweep). Each placement names the submission as
+    its cause and keeps its correlation, on the task and on the pool."""
+    async with harness(dsn) as h:
+        await h.submit("swept", spec("1gpu"), deliver=False)
+        assert await h.app.sweep() == []
+        h.clock.now += timedelta(seconds=30)
+        assert await h.app.sweep() == ["swept"]
+        await h.submit("before-start", spec("1gpu"), deliver=False)
+        late = SchedulerApp(h.store, parse_pools(POOLS), clock=h.clock)
+        await late.start()
+        for task_id in ("swept", "before-start"):
+            submitted, placed = await h.events(f"task-{task_id}")
+            assert placed.type == "TaskPlaced"
+            assert placed.metadata.causation_id == str(submitted.event_id), task_id
+            assert placed.metadata.correlation_id == str(submitted.event_id), task_id
+            allocated = [
+                e
+                for e in await h.events("pool-dev-a100")
+                if e.type == "WorkersAllocated" and getattr(e.event, "task_id", "") == task_id
+            ]
+            assert [e.metadata.causation_id for e in allocated] == [str(submitted.event_id)]
+
+
 async def test_api_shows_where_a_task_waits_and_who_stopped_it(dsn: str, tmp_path: Path) -> None:
     """Over HTTP (and gRPC): the task's queue position and reason come from the scheduler's
     read model, through its API, and move as a task ahead leaves; a stop by another member

@@ -432,26 +432,34 @@ class SchedulerApp:
             query = columns + " FROM events WHERE stream_id = ANY($1::text[])" + order
             args = [list(streams)]
         state: TaskState | None = None
-        stream = None
+        last: RecordedEvent[Event] | None = None
         async with self.store.pool.acquire() as conn, conn.transaction(readonly=True):
             async for row in conn.cursor(query, *args, prefetch=LOAD_BATCH):
                 recorded = self.store.decode(row)
-                if recorded.stream_id != stream:
+                if last is not None and recorded.stream_id != last.stream_id:
                     if state is not None:
-                        self._keep_loaded(state)
-                    state, stream = None, recorded.stream_id
-                state = self._fold_task(state, recorded)
-        if state is not None:
-            self._keep_loaded(state)
+                        self._keep_loaded(state, last)
+                    state = None
+                state, last = self._fold_task(state, recorded), recorded
+        if state is not None and last is not None:
+            self._keep_loaded(state, last)
 
-    def _keep_loaded(self, state: TaskState) -> None:
-        """Where a task folded from the log at the start belongs in memory."""
+    def _keep_loaded(self, state: TaskState, last: RecordedEvent[Event]) -> None:
+        """Where a task folded from the log at the start belongs in memory (an open
+        one with its last event as the cause of what the scheduler writes for it)."""
         if state.spec.pool not in self.pools:
             self._remember_foreign(state.task_id)
         elif state.finished and state.held is None:
             self._remember_done(state.task_id, state.version)
         else:
             self.tasks[state.task_id] = state
+            self._note_cause(state.task_id, last)
+
+    def _note_cause(self, task_id: str, recorded: RecordedEvent[Event]) -> None:
+        """What the scheduler writes next for the task names `recorded` as its cause and
+        keeps its correlation (R-62), whichever path read it: the consumer, a start's
+        fold of the log, or a read of the stream (a sweep, an append's conflict)."""
+        self._causes[task_id] = recorded.metadata.caused_by(recorded, ACTOR)
 
     def _remember_done(self, task_id: str, version: int) -> None:
         remember_last(self._done, task_id, version, REMEMBERED)
@@ -920,6 +928,7 @@ class SchedulerApp:
             return False
         if state.spec.pool not in self.pools:
             del self.tasks[task_id]
+            self._causes.pop(task_id, None)
             self._remember_foreign(task_id)
             return False
         pool_id = await self._retrying(partial(self._reconcile, task_id, self.clock()), [])
@@ -1182,11 +1191,14 @@ class SchedulerApp:
         """Fold the task events appended since our version (the whole stream if unknown)."""
         state = self.tasks.get(task_id)
         start = state.version + 1 if state is not None else 1
-        for recorded in await self.store.read_stream(task_stream(task_id), start):
-            state = self._fold_task(state, recorded)
+        last: RecordedEvent[Event] | None = None
+        for last in await self.store.read_stream(task_stream(task_id), start):
+            state = self._fold_task(state, last)
         if state is None:
             return
         self.tasks[task_id] = state
+        if last is not None:
+            self._note_cause(task_id, last)
         runtime = self.pools.get(state.spec.pool)
         if (
             runtime is not None
