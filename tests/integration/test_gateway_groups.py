@@ -15,9 +15,11 @@ from runyard.api.auth import Principal, create_token
 from runyard.cli.main import app as cli_app
 from runyard.contracts.resources import Catalogue
 from runyard.contracts.spec import MAX_GROUP_SIZE
+from runyard.eventstore import apply_migrations
 from runyard.gateway.app import Gateway
 from runyard.gateway.http import create_app
 from runyard.stack.ports import free_port
+from runyard.submission.service import submission_migrations
 from typer.testing import CliRunner, Result
 
 from tests.integration import test_gateway
@@ -70,6 +72,28 @@ async def test_two_calls_racing_into_one_group_never_pass_the_group_limit(api: A
         " AND data->>'tenant' = 't1' AND data->>'group_id' = 'race'"
     )
     assert submitted == has
+
+
+async def test_groups_made_before_the_group_counts_are_counted_by_the_migration(
+    api: Api,
+) -> None:
+    """A database whose groups were made before the submission service counted them: its
+    migration counts their tasks from the log, so they keep to the limit too."""
+    body = {"template": BASE, "items": [{}, {}], "group_id": "older"}
+    assert (await api.call("alice", "POST", "/v1/groups", json=body)).status_code == 201
+    async with api.gateway.db.acquire() as conn:
+        await conn.execute("DELETE FROM task_groups")
+        await conn.execute(
+            "DELETE FROM schema_migrations WHERE component = 'submission' AND version = 2"
+        )
+        assert await apply_migrations(conn, submission_migrations()) == [
+            "submission/0002_task_groups.sql"
+        ]
+        counted = await conn.fetch("SELECT tenant, group_id, tasks FROM task_groups")
+    assert [tuple(r) for r in counted] == [("t1", "older", 2)]
+    many = {**body, "items": [{}] * (MAX_GROUP_SIZE - 1)}
+    refused = await api.call("alice", "POST", "/v1/groups", json=many)
+    assert (refused.status_code, refused.json()["code"]) == (400, "group.too_large")
 
 
 async def test_list_groups_newest_first_per_tenant(api: Api) -> None:
