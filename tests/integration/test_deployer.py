@@ -894,3 +894,33 @@ async def test_a_folder_of_the_host_anyone_may_write_to_is_the_workers_own(
         assert list(shared.iterdir()) == []  # nothing on the host's folder
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+#: Puts a key in the user keyring (`put`) or reads it back (`get`), by the raw system
+#: calls (x86-64 and arm64 numbers); prints the answer and errno.
+KEYRING = """
+import ctypes, platform, sys
+libc = ctypes.CDLL(None, use_errno=True)
+add_key, keyctl = (248, 250) if platform.machine() == "x86_64" else (217, 219)
+user = ctypes.c_int(-4)  # KEY_SPEC_USER_KEYRING
+if sys.argv[1] == "put":
+    got = libc.syscall(add_key, b"user", b"runyard-test-key", b"secret", 6, user)
+else:
+    got = libc.syscall(keyctl, 10, user, b"user", b"runyard-test-key", 0)  # KEYCTL_SEARCH
+print(sys.argv[1], "ok" if got >= 0 else "refused", ctypes.get_errno())
+"""
+
+
+async def test_tasks_cannot_share_the_kernel_keyring_of_their_one_uid(h: Harness) -> None:
+    """Every task's workers run as one uid, whose user keyring is one: a sandboxed worker
+    is refused the keyring calls (EPERM), so what one task would put there (a ticket
+    cache, a token) no other task reads."""
+    if not h.runtime.namespaces:
+        pytest.skip("sandboxed workers need a root deployer with util-linux")
+    if os.uname().machine not in ("x86_64", "aarch64"):
+        pytest.skip("the keyring filter knows x86-64 and arm64")
+    python = f"{shlex.quote(sys.executable)} -c {shlex.quote(KEYRING)}"
+    await h.launch("keyput", make_spec(f"{python} put"))
+    await h.launch("keyget", make_spec(f"{python} get"))
+    assert h.output("keyput") == ["0:put refused 1"]
+    assert h.output("keyget") == ["0:get refused 1"]

@@ -51,7 +51,8 @@ running `bash --login -c "<launch command>"`:
   host's is unreachable), as an unprivileged user (`local.worker_user`,
   default `runyard-worker`, created as a system user when missing) with no
   capabilities and `no_new_privs`, its `/proc` read-only (so it cannot lower its
-  `oom_score_adj` where root lacks CAP_SYS_RESOURCE). An empty tmpfs covers the control plane's
+  `oom_score_adj` where root lacks CAP_SYS_RESOURCE), no kernel keyring (a seccomp
+  filter: `_NO_KEYRINGS`). An empty tmpfs covers the control plane's
   paths (scratch and volume roots, the data dir, `local.hide`); the worker's
   own scratch, the image and Runyard's interpreter are bound back at their
   paths (see `_mount_script`). The processes that run as root before the
@@ -609,6 +610,38 @@ _DETACH = """runyard_detach() {{
 """
 
 
+#: Run (Runyard's interpreter, -I -S) between the privilege drop and a sandboxed worker's
+#: shell: refuses the worker the kernel's keyrings (add_key, request_key, keyctl: EPERM)
+#: by a seccomp filter, then execs its arguments. Every task's workers run as one uid,
+#: and a uid's user keyring is one for all its processes: what one task put there
+#: (a Kerberos ticket cache, a token) any other could read, and two could talk through
+#: it. The filter knows x86-64 (with x32 and i386) and arm64 (with arm); elsewhere it
+#: lets every call through. `no_new_privs` (setpriv) lets an unprivileged process set it.
+_NO_KEYRINGS = """
+import ctypes, os, struct, sys
+ARCHES = ((0xC000003E, (248, 249, 250), 0xBFFFFFFF), (0x40000003, (286, 287, 288), 0),
+          (0xC00000B7, (217, 218, 219), 0), (0x40000028, (309, 310, 311), 0))
+LD, JEQ, AND, RET = 0x20, 0x15, 0x54, 0x06
+ALLOW, DENY = 0x7FFF0000, 0x00050000 | 1
+blocks = []
+for arch, calls, mask in ARCHES:
+    body = [[LD, 0, 0, 0]] + ([[AND, 0, 0, mask]] if mask else []) + [[JEQ, 0, 0, n] for n in calls]
+    blocks.append([[LD, 0, 0, 4], [JEQ, 0, len(body) + 1, arch], *body, [RET, 0, 0, ALLOW]])
+prog = [i for block in blocks for i in block] + [[RET, 0, 0, ALLOW], [RET, 0, 0, DENY]]
+for n, (code, jt, jf, k) in enumerate(prog):
+    if code == JEQ and k in (c for _, calls, _ in ARCHES for c in calls):
+        prog[n][1] = len(prog) - 1 - (n + 1)
+raw = b"".join(struct.pack("HBBI", *i) for i in prog)
+buf = ctypes.create_string_buffer(raw)
+fprog = struct.pack("HxxxxxxP", len(prog), ctypes.addressof(buf))
+fbuf = ctypes.create_string_buffer(fprog)
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.prctl(22, 2, ctypes.c_void_p(ctypes.addressof(fbuf)), 0, 0) != 0:
+    sys.exit(f"runyard: the keyring filter could not be set: {os.strerror(ctypes.get_errno())}")
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+
+
 #: Where `_world_writable_dirs` looks: these folders and the folders in them.
 _SHARED_TOPS = ("/", "/var", "/var/lib", "/var/cache", "/run", "/opt", "/srv", "/home", "/mnt")
 
@@ -868,8 +901,10 @@ class LocalRuntime:
                 "PID, network and mount namespaces, so they can read every file this user "
                 "can (the dev token, Postgres data, other tasks' scratch), see and signal "
                 "its processes and connect to Postgres, the broker and the gateway on "
-                "127.0.0.1; volumes are symlinks relative to the working directory and "
-                "/tmp is shared. Run the deployer as root for sandboxed workers",
+                "127.0.0.1; volumes are symlinks relative to the working directory, "
+                "/tmp and /dev/shm are shared, no disk limit holds them and every GPU's "
+                "device node is theirs to open. Run the deployer as root for sandboxed "
+                "workers",
                 why_not or "local.namespaces is false",
             )
 
@@ -1390,9 +1425,12 @@ class LocalRuntime:
             # The kernel's first choice when memory runs out, before the control plane
             # (Postgres, the services): set as root, so the worker cannot lower it.
             setup = f"{{ echo 1000 > /proc/self/oom_score_adj; }} 2>/dev/null\n{setup}"
+            # The launch command's shell starts behind a seccomp filter (`_NO_KEYRINGS`):
+            # every task's workers share one uid, so its user keyring too.
+            keyless = f"{q(sys.executable)} -I -S -c {q(_NO_KEYRINGS)}"
             user_shell = (
                 f"{q(t.setpriv)} --reuid={uid} --regid={gid} --clear-groups --inh-caps=-all "
-                f"--bounding-set=-all --no-new-privs -- {user_shell}"
+                f"--bounding-set=-all --no-new-privs -- {keyless} {user_shell}"
             )
         wrapper = (
             # Every way out writes the status and the time it was known (bash's
