@@ -209,7 +209,15 @@ async def test_a_failed_task_alerts_once_with_a_signed_card(dsn: str) -> None:
         card = h.fake.received[0]
         assert card.body is not None and card.body["msg_type"] == "interactive"
         assert card.title == "llama-7b · failed"
-        for fact in ("pool-a", "2 x 8gpu", "**Run**\\n1", "status 137 (OOM)", "/console/tasks/t-1"):
+        for fact in (
+            "**Task**\\nt-1",
+            "**Tenant**\\nt1",
+            "pool-a",
+            "2 x 8gpu",
+            "**Run**\\n1",
+            "status 137 (OOM)",
+            "/console/tasks/t-1",
+        ):
             assert fact in card.text
         assert "sign" in card.body and SECRET not in card.text
         [delivered] = await h.alerts("t-1")

@@ -169,6 +169,21 @@ def test_a_tasks_name_reason_and_log_line_cannot_mention_everyone_or_link() -> N
     assert "<at" not in text and '&#60;at user_id="all"&#62;everyone&#60;/at&#62;' in text
 
 
+def test_a_card_and_its_text_name_the_task_and_its_tenant() -> None:
+    """A bot can be read by people of several teams: every card says which task
+    (its id, for `runyard show`) and whose (the tenant)."""
+    alert = facts(3, kind="stopped", state="stopped", tenant="team-nlp")
+    card = json.dumps(feishu.task_card([alert]), ensure_ascii=False)
+    assert "**Task**\\nt-3" in card and "**Tenant**\\nteam-nlp" in card
+    text = feishu.task_text([alert])["content"]["text"]
+    assert "task t-3 · tenant team-nlp" in text
+    [(summary, _)] = feishu.summary_cards([facts(i, tenant="team-nlp") for i in range(5)])
+    assert "**Tenants**\\nteam-nlp" in json.dumps(summary, ensure_ascii=False)
+    older = {k: v for k, v in asdict(facts(4)).items() if k != "tenant"}  # an older outbox row
+    assert AlertFacts.from_json(older).tenant == ""
+    assert "Tenant" not in json.dumps(feishu.task_card([AlertFacts.from_json(older)]))
+
+
 def test_a_card_says_what_to_do_next_for_its_kind() -> None:
     """Each alert that asks something of its reader says what: where to look on the
     task's page and the same from a terminal; a stop or a success asks nothing."""

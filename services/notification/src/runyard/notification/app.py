@@ -261,6 +261,7 @@ class NotificationApp:
             run=state.run,
             reason=why,
             link=f"{self.config.gateway_url.rstrip('/')}/console/tasks/{state.task_id}",
+            tenant=state.tenant,
         )
 
     async def _subscriptions(

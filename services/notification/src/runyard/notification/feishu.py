@@ -101,6 +101,9 @@ class AlertFacts:
     link: str
     first_error: FirstErrorFact | None = None
     """The run's first error, when the log service knows it (filled in at delivery)."""
+    tenant: str = ""
+    """The task's tenant (team): a bot may be read by people of several ("": an
+    alert raised before the cards named it)."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> AlertFacts:
@@ -186,6 +189,8 @@ def task_card(alerts: Sequence[AlertFacts], *, limit: int = MAX_BODY_BYTES) -> d
 
 def _task_card(alerts: Sequence[AlertFacts], latest: AlertFacts, budget: int) -> dict[str, Any]:
     fields = [
+        _field("Task", latest.task_id),
+        *([_field("Tenant", latest.tenant)] if latest.tenant else []),
         _field("Pool", latest.pool),
         _field("Spec", latest.spec),
         _field("Run", str(latest.run)),
@@ -215,6 +220,7 @@ def task_text(alerts: Sequence[AlertFacts], *, limit: int = MAX_BODY_BYTES) -> d
     while True:
         lines = [
             f"[Runyard] {title(latest)}",
+            f"task {latest.task_id}" + (f" · tenant {latest.tenant}" if latest.tenant else ""),
             f"pool {latest.pool} · spec {latest.spec} · run {latest.run}",
             f"reason: {_cut(latest.reason, budget)}",
         ]
@@ -313,6 +319,7 @@ def _summary_card(chunk: Sequence[AlertFacts], total: int) -> dict[str, Any]:
         kinds[alert.kind] = kinds.get(alert.kind, 0) + 1
     counts = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
     pools = sorted({a.pool for a in chunk})
+    tenants = sorted({a.tenant for a in chunk if a.tenant})
     lines = [
         f"- [{_md(_cut(a.task_name, 80))}]({a.link}) · {_md(_headline(a))} · run {a.run}"
         f" · {_md(_cut(a.reason, 160))}"
@@ -322,7 +329,14 @@ def _summary_card(chunk: Sequence[AlertFacts], total: int) -> dict[str, Any]:
     if total > len(chunk):
         title += f" · part of a burst of {total}"
     elements = [
-        {"tag": "div", "fields": [_field("Pools", ", ".join(pools)), _field("Tasks", str(total))]},
+        {
+            "tag": "div",
+            "fields": [
+                *([_field("Tenants", ", ".join(tenants))] if tenants else []),
+                _field("Pools", ", ".join(pools)),
+                _field("Tasks", str(total)),
+            ],
+        },
         _markdown("\n".join(lines)),
     ]
     worst = "red" if any(a.kind in ("failed", "abnormal") for a in chunk) else "orange"
