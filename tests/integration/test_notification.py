@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from runyard.api.service import service_app
 from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent, default_mapper
 from runyard.contracts.spec import AlertSubscription, EnvVar, TaskSpec
 from runyard.contracts.task_events import AlertDelivered, AlertFailed
@@ -33,12 +34,15 @@ from runyard.messaging import KafkaSettings
 from runyard.notification import firsterror
 from runyard.notification import store as tables
 from runyard.notification.app import NotificationApp, NotificationConfig
+from runyard.notification.main import register_gauges
 from runyard.notification.ratelimit import Limits
 from runyard.notification.rules import Subscription
 from runyard.stack.leader import Presence
+from runyard.telemetry import setup_metrics
 
 from tests.feishu_fake import FeishuFake
 from tests.integration.test_gateway_routing import SERVICE_TOKEN, closed_port_url, log_service
+from tests.integration.test_metrics import scrape, value
 from tests.log_records import log_record
 
 pytestmark = pytest.mark.integration
@@ -570,6 +574,16 @@ async def test_a_feishu_outage_loses_no_alert_and_they_arrive_in_order(dsn: str)
         await h.run_until(lambda: _attempts_at_least(h, "out-1", 10), timeout_s=60)
         rows = await tables.outbox(h.store.pool)
         assert [r["attempts"] for r in rows[1:]] == [0, 0, 0], "the others wait in line"
+        assert h.app.failing == (1, 4), "one bot failing, four alerts waiting on it"
+        setup_metrics("notification")
+        unregister = register_gauges(h.app)
+        try:  # what an SRE's dashboard reads on the service's /metrics
+            text = await scrape(service_app("notification"))
+            assert value(text, "runyard_alert_bots_failing") == 1
+            assert value(text, "runyard_alerts_waiting") == 4
+        finally:
+            for gone in unregister:
+                gone()
 
         await h.fake.start()
 
@@ -578,6 +592,7 @@ async def test_a_feishu_outage_loses_no_alert_and_they_arrive_in_order(dsn: str)
 
         await h.run_until(all_delivered)
         assert [r.title for r in h.fake.received] == [f"{t} · failed" for t in ids]
+        assert h.app.failing == (0, 0)
         failures = [a for a in await h.alerts("out-1") if isinstance(a, AlertFailed)]
         assert len(failures) >= 10 and all(f.retryable for f in failures)
 

@@ -182,6 +182,9 @@ class NotificationApp:
     #: marked with it, so another instance takes them back as soon as it dies.
     claimer: int | None = None
     stats: PassStats = field(default_factory=PassStats)
+    #: After the last pass: bots failing with alerts waiting, and those alerts (the
+    #: service's gauges `runyard_alert_bots_failing` and `runyard_alerts_waiting`).
+    failing: tuple[int, int] = (0, 0)
     _fired: set[str] = field(default_factory=set)
     _sent: set[int] = field(default_factory=set)
     #: First errors looked up in this delivery pass, per (task, run).
@@ -399,6 +402,7 @@ class NotificationApp:
             unsent = [a.id for a in due if a.id not in self._sent]
             await store.release(self.db, unsent, now)
         await self.record_closed_windows()
+        self.failing = await store.failing_bots(self.db)
         return requests
 
     def _still_gathering(self, alerts: Sequence[PendingAlert], now: datetime) -> bool:

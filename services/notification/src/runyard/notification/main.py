@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import asyncpg
@@ -42,6 +42,7 @@ from runyard.notification.http import notification_router
 from runyard.notification.rebuild import rebuild_router
 from runyard.stack.context import ServiceContext
 from runyard.stack.leader import Presence
+from runyard.telemetry import register_gauge
 
 CONSUMER = "notification"
 NAME = "notification"
@@ -66,6 +67,7 @@ async def run(ctx: ServiceContext) -> None:
         timeout_s=config.first_error_timeout_s,
     )
     app = NotificationApp(store, config, logs=logs)
+    unregister = register_gauges(app)
     try:
         # The claims of a pass are marked with this instance's presence, so another
         # instance (or the next one, after a crash) takes them back at once.
@@ -73,10 +75,29 @@ async def run(ctx: ServiceContext) -> None:
             app.claimer = presence.key
             await serve(ctx, app, broker)
     finally:
+        for gone in unregister:
+            gone()
         with contextlib.suppress(Exception):
             await broker.stop()
         await app.close()
         await store.close()
+
+
+def register_gauges(app: NotificationApp) -> list[Callable[[], None]]:
+    """The delivery's gauges on /metrics (read from the last pass, no query at a scrape);
+    the functions that remove them."""
+    return [
+        register_gauge(
+            "runyard_alert_bots_failing",
+            "Feishu bots whose last attempt failed (down, 5xx, too fast) with alerts waiting.",
+            lambda: app.failing[0],
+        ),
+        register_gauge(
+            "runyard_alerts_waiting",
+            "Alerts waiting for a failing bot to answer again (retried until retry_for_s).",
+            lambda: app.failing[1],
+        ),
+    ]
 
 
 async def serve(ctx: ServiceContext, app: NotificationApp, broker: KafkaBroker) -> None:

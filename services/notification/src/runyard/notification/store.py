@@ -330,9 +330,16 @@ async def bot_answered(db: Db, webhook_url: str) -> None:
     await db.execute("DELETE FROM alert_bots WHERE webhook_url = $1", webhook_url)
 
 
-async def bots_down(db: Db) -> int:
-    """How many bots are backing off now (their last attempt failed retryably)."""
-    return int(await db.fetchval("SELECT count(*) FROM alert_bots"))
+async def failing_bots(db: Db) -> tuple[int, int]:
+    """Bots whose last attempt failed retryably and that have alerts waiting, and how
+    many alerts wait on them (a bot that failed and has nothing to send is left out)."""
+    row = await db.fetchrow(
+        """SELECT count(DISTINCT b.webhook_url) AS bots, count(o.id) AS alerts
+           FROM alert_bots b
+           JOIN alert_outbox o ON o.webhook_url = b.webhook_url AND o.status = 'pending'"""
+    )
+    assert row is not None
+    return int(row["bots"]), int(row["alerts"])
 
 
 # --- failed attempts, coalesced per webhook ----------------------------------------------
