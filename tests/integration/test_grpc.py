@@ -842,7 +842,9 @@ async def test_a_group_of_another_tenant_is_read_by_tenant_over_both_apis(both: 
         read = await via.group_get("sam", group_id, tenant="t1")
         assert read.status == "OK", read
         assert {t["tenant"] for t in read.body["tasks"]} == {"t1"}, read
-        assert (await via.group_get("sam", group_id)).status == "NOT_FOUND"  # its own: none
+        elsewhere = await via.group_get("sam", group_id)  # its own tenant has none
+        assert elsewhere.status == "NOT_FOUND" and "--tenant" in elsewhere.body["hint"]
+        assert "runyard group ls" in (await via.group_get("alice", "nope")).body["hint"]
         refused = await via.group_get("carol", group_id, tenant="t1")
         assert (refused.status, refused.body["code"]) == ("PERMISSION_DENIED", "auth.other_tenant")
         answers.append(stable(_plain(Outcome("OK", [read, refused]))))

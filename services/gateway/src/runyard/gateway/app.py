@@ -411,10 +411,13 @@ class Gateway:
             self.db, tenant, {"group_id": group_id}, MAX_PAGE * 5, None
         )
         if not rows:
+            hint = "check the group id; `runyard group ls` lists the tenant's groups"
+            if caller.role in CROSS_TENANT_READERS:
+                hint += "; another tenant's group: give its tenant (--tenant, ?tenant=)"
             raise NotFound(
                 "group.not_found",
-                f"task group {group_id!r} does not exist",
-                "check the group id",
+                f"task group {group_id!r} does not exist in tenant {tenant!r}",
+                hint,
                 "group_id",
             )
         counts: dict[str, int] = {}
