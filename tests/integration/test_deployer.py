@@ -924,3 +924,15 @@ async def test_tasks_cannot_share_the_kernel_keyring_of_their_one_uid(h: Harness
     await h.launch("keyget", make_spec(f"{python} get"))
     assert h.output("keyput") == ["0:put refused 1"]
     assert h.output("keyget") == ["0:get refused 1"]
+
+
+async def test_a_worker_may_write_to_dev_stdout_and_dev_stderr(h: Harness) -> None:
+    """`echo x > /dev/stderr` opens the worker's output file again (/proc/self/fd/2): in
+    the sandbox it is the worker user's, so the command works as it does anywhere."""
+    command = (
+        "echo out > /dev/stdout && echo err > /dev/stderr"
+        f" && {shlex.quote(sys.executable)} -c 'open(\"/dev/stdout\", \"a\").write(\"py\\n\")'"
+    )
+    await h.launch("devout", make_spec(command))
+    assert (await h.state("devout")).status == "succeeded", h.output("devout")
+    assert sorted(h.output("devout")) == ["0:err", "0:out", "0:py"]

@@ -1259,6 +1259,11 @@ class LocalRuntime:
         try:
             for name in ("stdout", "stderr"):
                 files.append(open(worker.scratch / f"{name}.log", "ab"))  # noqa: SIM115
+                if self.worker_ids is not None:
+                    # The worker's own, so `echo x > /dev/stderr` (opened again through
+                    # /proc/self/fd) works as it does anywhere; it could change them
+                    # through its descriptors anyway, and their folder stays root's.
+                    os.fchown(files[-1].fileno(), self.worker_ids[0], self.worker_ids[1])
         except BaseException:
             for f in files:
                 f.close()
