@@ -156,6 +156,21 @@ async def test_numbers_typed_into_an_address_are_pages_not_server_errors(api: Ap
             assert page.headers["content-type"].startswith("text/html"), (path, params)
 
 
+async def test_a_task_id_in_the_search_box_opens_the_task_for_its_tenant_only(api: Api) -> None:
+    """Someone with a task id (an alert card's Task field, the CLI's output) pastes it
+    in the task list's search box: the task opens. Another tenant's id finds nothing,
+    as a name no task has."""
+    task_id = await created_task(api)
+    async with sign_in(api, "alice") as client:
+        found = await client.get("/console/tasks", params={"q": f" {task_id.upper()} "})
+        assert (found.status_code, found.headers["location"]) == (303, f"/console/tasks/{task_id}")
+        named = await client.get("/console/tasks", params={"q": "hello"})  # names still search
+        assert named.status_code == 200 and task_id in named.text
+    async with sign_in(api, "carol") as client:  # tenant t2
+        other = await client.get("/console/tasks", params={"q": task_id})
+        assert other.status_code == 200 and "No tasks match." in other.text
+
+
 async def test_changes_need_the_sessions_csrf_token_and_the_consoles_origin(api: Api) -> None:
     task_id = await created_task(api)
     async with sign_in(api, "alice") as client:

@@ -183,6 +183,10 @@ class Console:
 
     async def _tasks(self, request: HttpRequest, who: SignedIn, *, fragment: bool) -> Response:
         query = list_query(request)
+        if not fragment and (task_id := await self._task_of_id(who, query["values"]["q"])):
+            # A task id pasted in the search box (from an alert, the CLI, a colleague)
+            # opens the task, as its name would find it.
+            return RedirectResponse(f"{PREFIX}/tasks/{quote(task_id, safe='')}", status_code=303)
         page = await self.gw.list_tasks(
             who.principal, query["filters"], PAGE_SIZE, query["cursor"] or None, query["tenant"]
         )
@@ -250,6 +254,18 @@ class Console:
             after=after,
             next_after=items[-1]["version"] if more else None,
         )
+
+    async def _task_of_id(self, who: SignedIn, text: str) -> str | None:
+        """`text` when it is the id of a task the caller may read, else None (another
+        tenant's task is as unknown as none: the list's name search goes on)."""
+        task_id = text.strip().lower()
+        if not TASK_ID.fullmatch(task_id):
+            return None
+        try:
+            await self.readable_stream(who, task_id)
+        except RunyardError:
+            return None
+        return task_id
 
     async def readable_stream(self, who: SignedIn, task_id: str) -> str:
         """The task's stream id if the caller may read the task (its tenant, from the
@@ -585,6 +601,9 @@ def _form_of(spec: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
     form["tags"] = ", ".join(spec.get("tags") or [])
     return form, hidden
 
+
+#: A task id (the platform's UUIDs) typed in the task list's search box.
+TASK_ID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
 #: A position or version past any the database holds (a bigint), with room for a +1.
 MAX_POSITION = 2**62
