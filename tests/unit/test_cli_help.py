@@ -50,3 +50,23 @@ def test_group_create_help_says_how_to_name_a_group_and_add_to_it() -> None:
     text = " ".join(shown.stdout.split())
     assert shown.exit_code == 0, shown.output
     assert "with the same group_id adds its tasks to that group, up to 1000 tasks" in text, text
+
+
+def test_bracketed_text_of_a_help_is_printed() -> None:
+    """Rich reads `[word]` in a help text as markup and drops it: `--set`'s help printed
+    "true/false and  are read as YAML" (the `[lists]` gone). Every bracketed word of a
+    command's or option's help is printed."""
+    import re
+
+    from typer.testing import CliRunner
+
+    bracketed = re.compile(r"\[[a-z][^\]]*\]")
+    for name, command in commands(typer.main.get_command(app)):
+        texts = [command.help or ""] + [getattr(p, "help", None) or "" for p in command.params]
+        wanted = [m for text in texts for m in bracketed.findall(text)]
+        if not wanted:
+            continue
+        shown = CliRunner().invoke(app, [*name.split(), "--help"], env={"COLUMNS": "250"})
+        printed = " ".join(shown.stdout.split())
+        for words in wanted:
+            assert " ".join(words.split()) in printed, (name, words)

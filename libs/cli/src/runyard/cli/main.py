@@ -328,7 +328,7 @@ SetOpt = Annotated[
     typer.Option(
         "--set",
         help="FIELD=VALUE (repeat); a nested field by its path (fault_tolerance.max_restarts=5);"
-        " numbers, true/false and [lists] are read as YAML, anything else as text.",
+        " numbers, true/false and \\[lists] are read as YAML, anything else as text.",
     ),
 ]
 
