@@ -593,6 +593,11 @@ async def test_a_feishu_outage_loses_no_alert_and_they_arrive_in_order(dsn: str)
         await h.run_until(all_delivered)
         assert [r.title for r in h.fake.received] == [f"{t} · failed" for t in ids]
         assert h.app.failing == (0, 0)
+        raised = await h.store.pool.fetchval(
+            "SELECT created_at FROM alert_outbox WHERE task_id = 'out-1'"
+        )
+        when = raised.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+        assert f"**Raised**\\n{when}" in h.fake.received[0].text, "a late card says when"
         failures = [a for a in await h.alerts("out-1") if isinstance(a, AlertFailed)]
         assert len(failures) >= 10 and all(f.retryable for f in failures)
 

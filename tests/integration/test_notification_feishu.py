@@ -184,6 +184,17 @@ def test_a_card_and_its_text_name_the_task_and_its_tenant() -> None:
     assert "Tenant" not in json.dumps(feishu.task_card([AlertFacts.from_json(older)]))
 
 
+def test_a_card_says_when_its_alert_was_raised() -> None:
+    """A card that waited out an outage of Feishu arrives late: it says when."""
+    alert = facts(5, raised_at="2026-12-06T12:32:40.5+08:00")
+    card = json.dumps(feishu.task_card([alert]), ensure_ascii=False)
+    assert "**Raised**\\n2026-12-06 04:32 UTC" in card
+    assert "raised 2026-12-06 04:32 UTC" in feishu.task_text([alert])["content"]["text"]
+    [(summary, _)] = feishu.summary_cards([replace(alert, task_id=f"t-{i}") for i in range(5)])
+    assert json.dumps(summary).count("2026-12-06 04:32 UTC") == 5
+    assert "Raised" not in json.dumps(feishu.task_card([facts(6)]))  # not known: left out
+
+
 def test_a_card_says_what_to_do_next_for_its_kind() -> None:
     """Each alert that asks something of its reader says what: where to look on the
     task's page and the same from a terminal; a stop or a success asks nothing."""

@@ -18,6 +18,7 @@ import hmac
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 #: Feishu's body limit for a custom bot.
@@ -104,6 +105,9 @@ class AlertFacts:
     tenant: str = ""
     """The task's tenant (team): a bot may be read by people of several ("": an
     alert raised before the cards named it)."""
+    raised_at: str = ""
+    """When the alert was raised (ISO 8601, filled in at delivery from its outbox row):
+    a card that waited out an outage of Feishu says when it happened."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> AlertFacts:
@@ -195,6 +199,7 @@ def _task_card(alerts: Sequence[AlertFacts], latest: AlertFacts, budget: int) ->
         _field("Spec", latest.spec),
         _field("Run", str(latest.run)),
         _field("State", latest.state),
+        *([_field("Raised", when)] if (when := raised(latest)) else []),
     ]
     elements: list[dict[str, Any]] = [
         {"tag": "div", "fields": fields},
@@ -221,7 +226,8 @@ def task_text(alerts: Sequence[AlertFacts], *, limit: int = MAX_BODY_BYTES) -> d
         lines = [
             f"[Runyard] {title(latest)}",
             f"task {latest.task_id}" + (f" · tenant {latest.tenant}" if latest.tenant else ""),
-            f"pool {latest.pool} · spec {latest.spec} · run {latest.run}",
+            f"pool {latest.pool} · spec {latest.spec} · run {latest.run}"
+            + (f" · raised {when}" if (when := raised(latest)) else ""),
             f"reason: {_cut(latest.reason, budget)}",
         ]
         if (first := _first_error(alerts)) is not None:
@@ -234,6 +240,17 @@ def task_text(alerts: Sequence[AlertFacts], *, limit: int = MAX_BODY_BYTES) -> d
         if body_size(message) <= limit or budget < 10:
             return message
         budget //= 2
+
+
+def raised(alert: AlertFacts) -> str:
+    """When `alert` was raised, as a person reads it (`2026-12-06 04:32 UTC`; "" unknown)."""
+    try:
+        at = datetime.fromisoformat(alert.raised_at)
+    except ValueError:
+        return ""
+    if at.tzinfo is not None:
+        at = at.astimezone(UTC)
+    return at.strftime("%Y-%m-%d %H:%M UTC")
 
 
 def next_step(alerts: Sequence[AlertFacts]) -> str | None:
@@ -322,7 +339,8 @@ def _summary_card(chunk: Sequence[AlertFacts], total: int) -> dict[str, Any]:
     tenants = sorted({a.tenant for a in chunk if a.tenant})
     lines = [
         f"- [{_md(_cut(a.task_name, 80))}]({a.link}) · {_md(_headline(a))} · run {a.run}"
-        f" · {_md(_cut(a.reason, 160))}"
+        + (f" · {when}" if (when := raised(a)) else "")
+        + f" · {_md(_cut(a.reason, 160))}"
         for a in chunk
     ]
     title = f"{len(chunk)} tasks alerted ({counts})"

@@ -8,7 +8,7 @@ inbox transaction and the API on the gateway's pool.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from importlib import resources
 from pathlib import Path
@@ -265,7 +265,7 @@ def _pending(row: asyncpg.Record) -> PendingAlert:
         webhook_url=row["webhook_url"],
         secret_ref=row["secret_ref"],
         text_only=row["text_only"],
-        facts=AlertFacts.from_json(facts),
+        facts=replace(AlertFacts.from_json(facts), raised_at=row["created_at"].isoformat()),
         cause=Cause(row["causation_id"], row["correlation_id"]),
         attempts=row["attempts"],
         created_at=row["created_at"],
