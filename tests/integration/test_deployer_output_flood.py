@@ -155,3 +155,28 @@ async def test_lines_are_published_many_at_once_and_again_after_a_failure(
         offsets = runtime.config.scratch_root / "piped/run1-a1/w0/offsets.json"
         saved = json.loads(offsets.read_text())
         assert saved["seq"]["stdout"] == 20_000
+
+
+async def test_a_skipped_stretch_gives_its_disk_space_back(tmp_path: Path) -> None:
+    """A worker that writes 64 MB of short lines at once is read at its pace: the stretch
+    reading skips is never read again (its notice stands for it), so it leaves the host's
+    disk; what a new deployer reads of the file is what was published."""
+    published: list[OutputLine] = []
+
+    async def on_output(line: OutputLine) -> None:
+        published.append(line)
+
+    size = 64_000_000
+    command = f"yes | head -c {size}"
+    limits = {"lines_per_s": 50_000, "backlog": 256 * 1024}
+    async with worker(tmp_path, "holes", command, on_output, **limits) as (runtime, _):
+        worker_dir = runtime.config.scratch_root / "holes" / "run1-a1" / "w0"
+        stdout = worker_dir / "stdout.log"
+        assert stdout.stat().st_size == size
+        assert stdout.stat().st_blocks * 512 < size // 8, "the skipped stretch is still on disk"
+        lines = [line for line in published if line.stream == "stdout"]
+        assert any(line.line.startswith("[runyard] ") for line in lines)
+        again = [
+            (seq, outputs.text(raw)) for seq, raw in outputs.numbered_lines(stdout, complete=True)
+        ]
+        assert again == [(line.seq, line.line) for line in lines]

@@ -120,6 +120,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import hashlib
 import json
 import logging
@@ -1673,6 +1674,9 @@ class LocalRuntime:
                         await self._emit(
                             local, worker, stream, skip.notice.encode(), skip.end, notice=True
                         )
+                        # Saved (with the notice): no reader goes into the stretch again,
+                        # so it leaves the host's disk (a flood costs it the backlog).
+                        _punch(path, skip.start, skip.end)
                         f.seek(skip.end)
                         splitter = LineSplitter(skip.end)
                         continue
@@ -2513,6 +2517,26 @@ def _quiet(confirm: Awaitable[object]) -> None:
     """Mark a confirmation no one will await as seen (no 'never retrieved' report)."""
     if isinstance(confirm, asyncio.Future):
         confirm.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+
+def _punch(path: Path, start: int, end: int) -> None:
+    """Give the disk space of bytes `start`..`end` of a file back (a hole: they read as
+    zeros, the file's size stays); nothing where the file system cannot."""
+    if end <= start:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+    except OSError:
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        punch_hole_keep_size = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+        offset, length = ctypes.c_int64(start), ctypes.c_int64(end - start)
+        libc.fallocate(fd, punch_hole_keep_size, offset, length)
+    except (OSError, AttributeError):
+        pass
+    finally:
+        os.close(fd)
 
 
 def _save_offsets(worker: _Worker) -> None:
