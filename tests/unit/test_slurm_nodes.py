@@ -43,16 +43,37 @@ def test_a_node_slurm_takes_out_becomes_faulty_with_slurms_reason() -> None:
     assert change.reason == "Slurm: node n2 is DRAINED (bad dimm)"
 
 
-def test_only_faults_from_slurm_are_healed_and_unknown_nodes_are_left_alone() -> None:
+def test_only_faults_from_slurm_are_healed_and_nodes_not_in_the_pool_are_left_alone() -> None:
     nodes = {
         "a": node("a", "Slurm: node a is DOWN"),
         "b": node("b", "GPU 3 fell off the bus"),
-        "c": node("c"),
         "d": node("d", "Slurm: node d is DRAINED"),
     }
-    slurm = {"a": SlurmNode("a", "idle"), "b": SlurmNode("b", "idle"), "d": SlurmNode("d", "down*")}
+    slurm = {
+        "a": SlurmNode("a", "idle"),
+        "b": SlurmNode("b", "idle"),
+        "d": SlurmNode("d", "down*"),
+        "elsewhere": SlurmNode("elsewhere", "down"),
+    }
     changes = slurm_node_changes(nodes, slurm)
     assert [(c.node, c.to) for c in changes] == [("a", "healthy")]
+
+
+def test_a_pool_node_slurm_does_not_list_is_faulty_with_the_fix_until_it_is_listed() -> None:
+    nodes = {"a": node("a"), "ghost": node("ghost"), "gone": node("gone", "GPU 3 fell off")}
+    slurm = {"a": SlurmNode("a", "idle")}
+    (change,) = slurm_node_changes(nodes, slurm)
+    assert (change.node, change.to) == ("ghost", "faulty")
+    assert change.reason.startswith("Slurm: node ghost is not in Slurm's configuration: add it")
+    (in_partition,) = slurm_node_changes(nodes, slurm, partition="gpu")
+    assert "node ghost is not in partition gpu: add it to partition gpu" in in_partition.reason
+    # Once faulty it is not marked again; listed and in service, it is healed.
+    nodes["ghost"].fault = change.reason
+    assert slurm_node_changes(nodes, slurm) == []
+    slurm["ghost"] = SlurmNode("ghost", "idle")
+    assert [(c.node, c.to) for c in slurm_node_changes(nodes, slurm)] == [("ghost", "healthy")]
+    # An empty listing is no answer: nothing is marked.
+    assert slurm_node_changes({"a": node("a")}, {}) == []
 
 
 def test_the_test_cluster_config_names_its_nodes_ports_and_fake_gpus(tmp_path: Path) -> None:

@@ -13,8 +13,11 @@ so the placement rules never place on a node Slurm would not run:
 
 Each such event is the root of its audit chain (R-62): its causation and
 correlation id are `slurm:<pool>/<node>/<faulty|healthy>/<uuid>`, what Slurm
-said. A fault an operator marked is never healed here, and a node Slurm does not
-list (or that is not in the pool) is left alone. The decision is
+said. A fault an operator marked is never healed here, and a node Slurm lists
+that is not in the pool is left alone. A pool node Slurm does not list (a name
+missing from slurm.conf, or from the pool's partition) is faulty, reason
+`Slurm: node <n> is not in <where>: <the fix>`, and healed once Slurm lists it
+in service. The decision is
 `slurm_node_changes` (pure); `SlurmNodeWatch` reads sinfo and the pool stream
 and appends. A DRAIN counts as a fault, not a cordon: a fault carries a reason
 (so a restarted scheduler still knows which faults came from Slurm), and fault
@@ -88,13 +91,26 @@ class NodeChange:
 
 
 def slurm_node_changes(
-    nodes: Mapping[str, NodeState], slurm: Mapping[str, SlurmNode]
+    nodes: Mapping[str, NodeState], slurm: Mapping[str, SlurmNode], partition: str | None = None
 ) -> list[NodeChange]:
-    """What the pool must record so its nodes' health matches what Slurm says."""
+    """What the pool must record so its nodes' health matches what Slurm says.
+
+    A pool node Slurm does not list (in `partition`, when the pool names one) is
+    faulty too: every job placed there would fail at `sbatch`. An empty listing is
+    taken as no answer, not as every node gone."""
     changes = []
     for name, node in sorted(nodes.items()):
         seen = slurm.get(name)
         if seen is None:
+            if slurm and node.fault is None:
+                where = f"partition {partition}" if partition else "Slurm's configuration"
+                fix = (
+                    f"add it to {where} (slurm.conf) and restart slurmctld, or remove it"
+                    " from the pool (runyard admin node remove)"
+                )
+                changes.append(
+                    NodeChange(name, "faulty", f"{PREFIX}node {name} is not in {where}: {fix}")
+                )
             continue
         if not seen.in_service:
             if node.fault is None:
@@ -170,7 +186,7 @@ class SlurmNodeWatch:
         if not recorded:
             return []
         state = fold_pool(r.event for r in recorded)
-        changes = slurm_node_changes(state.nodes, slurm)
+        changes = slurm_node_changes(state.nodes, slurm, self.partition)
         for change in changes:
             # The root of the event's audit chain (R-62): what Slurm said, once.
             said = f"slurm:{self.pool_id}/{change.node}/{change.to}/{uuid.uuid4()}"
