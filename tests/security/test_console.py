@@ -171,6 +171,32 @@ async def test_a_task_id_in_the_search_box_opens_the_task_for_its_tenant_only(ap
         assert other.status_code == 200 and "No tasks match." in other.text
 
 
+async def test_a_short_id_in_the_search_box_finds_the_task_for_its_tenant_only(
+    api: Api,
+) -> None:
+    """The list shows a task's short id (8 characters); typed in the search box (6 or
+    more of them, up to the whole id), it finds the task. Another tenant's tasks are
+    never found, whatever of their id is typed."""
+    task_id = await created_task(api)
+    answer = await api.submit("carol")  # tenant t2, submitted in the same moment
+    assert answer.status_code == 201, answer.text
+    theirs = str(answer.json()["task_id"])
+    async with sign_in(api, "alice") as client:
+        for typed in (task_id[:8], f" {task_id[:6].upper()} ", task_id[:23]):
+            found = await client.get("/console/tasks", params={"q": typed})
+            assert found.status_code == 200 and task_id in found.text, typed
+            assert theirs not in found.text, typed
+        rows = await client.get("/console/tasks/rows", params={"q": task_id[:8]})
+        assert task_id in rows.text and theirs not in rows.text
+        short = await client.get("/console/tasks", params={"q": task_id[:5]})  # too short
+        assert "No tasks match." in short.text
+        other = await client.get("/console/tasks", params={"q": theirs[:23]})
+        assert other.status_code == 200 and "No tasks match." in other.text
+    async with sign_in(api, "carol") as client:
+        mine = await client.get("/console/tasks", params={"q": task_id[:8]})
+        assert mine.status_code == 200 and task_id not in mine.text
+
+
 async def test_changes_need_the_sessions_csrf_token_and_the_consoles_origin(api: Api) -> None:
     task_id = await created_task(api)
     async with sign_in(api, "alice") as client:

@@ -497,11 +497,16 @@ def list_query(request: HttpRequest) -> dict[str, Any]:
             f"choose one of {', '.join(STATUSES)}, or none for every task",
             "status",
         )
+    text = q.get("q") or None
+    # The start of a task id (the list's short id, 8 characters) finds its task too;
+    # the list is the tenant's, so another tenant's task is never found.
+    by_id = text is not None and SHORT_ID.fullmatch(text.strip()) is not None
     filters = {
         "status": q.get("status") or None,
         "pool": q.get("pool") or None,
         "tag": q.get("tag") or None,
-        "name": q.get("q") or None,
+        "name": None if by_id else text,
+        "name_or_id": text.strip().lower() if text and by_id else None,
     }
     params = {k: q[k] for k in ("status", "pool", "tag", "q", "tenant", "cursor") if q.get(k)}
     return {
@@ -604,6 +609,10 @@ def _form_of(spec: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
 
 #: A task id (the platform's UUIDs) typed in the task list's search box.
 TASK_ID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+#: The start of a task id typed in the search box: at least 6 hex digits (the list
+#: shows 8), up to the whole id.
+SHORT_ID = re.compile(r"[0-9a-fA-F]{6}[0-9a-fA-F-]{0,30}")
 
 #: A position or version past any the database holds (a bigint), with room for a +1.
 MAX_POSITION = 2**62
