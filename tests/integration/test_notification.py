@@ -551,6 +551,9 @@ async def test_alerts_are_given_up_only_after_retry_for_s_and_leave_a_record(
         [given_up] = [r.getMessage() for r in caplog.records if "given up" in r.getMessage()]
         assert "2 alert(s) of 2 task(s)" in given_up and "gu-1, gu-2" in given_up
         assert "feishu:sub-" in given_up and "bot-plain" not in given_up  # no bot token
+        assert await h.store.pool.fetchval("SELECT count(*) FROM alert_bots") == 0, (
+            "a bot with nothing left to send is forgotten: no backoff, no old outage"
+        )
         await h.fake.start()
         await h.run_for(0.5)
         assert h.fake.received == []
@@ -662,6 +665,54 @@ async def test_a_slow_bot_delays_only_its_own_alerts(dsn: str) -> None:
         await passing
         assert await _has_delivered(h, "slow-1")
         assert sorted(r.title for r in h.fake.accepted()) == ["quick-1 · failed", "slow-1 · failed"]
+
+
+async def test_a_hanging_bot_holds_up_no_later_pass_and_keeps_its_order(dsn: str) -> None:
+    """The service's loop does not wait for a bot that hangs: another team's alert,
+    raised while it hangs, goes out at the next passes; the hanging bot's own later
+    alert waits behind its first (no second request to it meanwhile), and both go
+    in order once it answers."""
+    async with harness(dsn, replace(FAST, http_timeout_s=120.0)) as h:
+        h.fake.bots["bot-slow"] = None
+        slow = h.fake.holds["bot-slow"] = asyncio.Event()
+        hanging = AlertSubscription(webhook_url=h.fake.url("bot-slow"), alerts=("failed",))
+        await h.submit("hang-1", spec("hang-1", hanging))
+        await h.command("hang-1", Fail("hang-1", "boom"))
+        h.clock.offset += timedelta(seconds=1)  # past the group window
+
+        async def passes_until(done: Callable[[], Awaitable[bool]]) -> None:
+            deadline = time.monotonic() + 30
+            while not await done():
+                assert time.monotonic() < deadline, "a pass waited for the hanging bot"
+                async with asyncio.timeout(30):
+                    await h.app.step(wait=False)  # as the service's loop runs it
+                await asyncio.sleep(h.config.poll_s)
+
+        async def slow_asked() -> bool:
+            return any(r.token == "bot-slow" for r in h.fake.received)
+
+        try:
+            await passes_until(slow_asked)
+            quick = AlertSubscription(webhook_url=h.fake.url("bot-plain"), alerts=("failed",))
+            for task_id, sub in (("quick-1", quick), ("hang-2", hanging)):
+                await h.submit(task_id, spec(task_id, sub))
+                await h.command(task_id, Fail(task_id, "boom"))
+            h.clock.offset += timedelta(seconds=1)
+            await passes_until(lambda: _has_delivered(h, "quick-1"))
+            await h.app.step(wait=False)
+            assert [r.title for r in h.fake.received if r.token == "bot-slow"] == [
+                "hang-1 · failed"
+            ], "the hanging bot's next alert waits behind its first"
+            assert not await _has_delivered(h, "hang-1")
+        finally:
+            slow.set()
+
+        async def both() -> bool:
+            return await _has_delivered(h, "hang-1") and await _has_delivered(h, "hang-2")
+
+        await passes_until(both)
+        slow_titles = [r.title for r in h.fake.accepted("bot-slow")]
+        assert slow_titles == ["hang-1 · failed", "hang-2 · failed"]
 
 
 async def test_many_bots_answering_at_once_never_stall_the_pass(dsn: str) -> None:

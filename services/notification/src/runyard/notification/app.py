@@ -186,10 +186,12 @@ class NotificationApp:
     #: service's gauges `runyard_alert_bots_failing` and `runyard_alerts_waiting`).
     failing: tuple[int, int] = (0, 0)
     _fired: set[str] = field(default_factory=set)
-    _sent: set[int] = field(default_factory=set)
+    #: The bots' sends under way (one task per bot; `deliver`), per webhook URL.
+    _sending: dict[str, asyncio.Task[int]] = field(default_factory=dict)
+    _bots_at_once: asyncio.Semaphore | None = None
     #: First errors looked up in this delivery pass, per (task, run).
     _first_errors: dict[tuple[str, int], FirstErrorFact | None] = field(default_factory=dict)
-    #: Alerts given up in this delivery pass, per bot (for one line in the log).
+    #: Alerts given up in a bot's send, per bot (for one line in the log).
     _given_up: defaultdict[str, list[PendingAlert]] = field(
         default_factory=lambda: defaultdict(list)
     )
@@ -214,17 +216,30 @@ class NotificationApp:
                 timeout=self.config.http_timeout_s, follow_redirects=False
             )
 
+    @property
+    def _at_once(self) -> asyncio.Semaphore:
+        if self._bots_at_once is None:
+            self._bots_at_once = asyncio.Semaphore(self.config.bots_at_once)
+        return self._bots_at_once
+
     async def close(self) -> None:
+        """Stop the bots' sends under way (their rows are given back) and the clients."""
+        for sending in self._sending.values():
+            sending.cancel()
+        if self._sending:
+            await asyncio.wait(list(self._sending.values()))
+        self._sending.clear()
         if self.http is not None:
             await self.http.aclose()
             self.http = None
         if self.logs is not None:
             await self.logs.aclose()
 
-    async def step(self) -> None:
-        """One round of the service loop: the queue timer, then a delivery pass."""
+    async def step(self, *, wait: bool = True) -> None:
+        """One round of the service loop: the queue timer, then a delivery pass
+        (`wait` False: not waiting for the bots' sends; see `deliver`)."""
         await self.tick()
-        await self.deliver()
+        await self.deliver(wait=wait)
 
     # --- 1. rules ---------------------------------------------------------------
 
@@ -364,46 +379,79 @@ class NotificationApp:
 
     # --- 3. delivery ----------------------------------------------------------------
 
-    async def deliver(self) -> int:
-        """One delivery pass; the number of requests made.
+    async def deliver(self, *, wait: bool = True) -> int:
+        """One delivery pass; the number of requests made by the bots' sends that
+        ended in it (`wait` False: those that ended since the last pass).
+
+        Each bot's due alerts are sent by a task of their own: with `wait` False
+        (the service's loop) the pass does not wait for them, so a bot that answers
+        slowly (or not until `http_timeout_s`) delays only its own alerts, never the
+        next pass and other bots' new ones. A bot still sending is left out of the
+        passes' claims until its task ends (its alerts go in order, one send at a
+        time). With `wait` True the pass waits for every send, and one that failed
+        raises here.
 
         The due rows are claimed for `claim_s` (another instance skips them; a
         crash mid-pass gives them back as soon as the instance's presence ends, a
-        pass that failed gives them to the instance's next pass, or else `claim_s`
-        later); what this pass did not send is given back at once. Passes of one
-        instance must not overlap (`deliver_forever` runs them one after another).
+        send that failed gives them to the instance's next pass, or else `claim_s`
+        later); what a bot's send did not attempt is given back when it ends.
+        Passes of one instance must not overlap (`deliver_forever` runs them one
+        after another).
         """
+        requests = self._reap(raising=wait)
         now = self.clock()
         until = now + timedelta(seconds=self.config.claim_s)
-        due = await store.claim_due(self.db, now, until, self.claimer)
+        due = await store.claim_due(self.db, now, until, self.claimer, busy=list(self._sending))
         by_bot: dict[str, list[PendingAlert]] = defaultdict(list)
         for alert in due:
             by_bot[alert.webhook_url].append(alert)
-        requests, self._sent, self._first_errors = 0, set(), {}
-        self._given_up = defaultdict(list)
-        ready = [(b, a) for b, a in by_bot.items() if not self._still_gathering(a, now)]
-        try:
-            # Bots are sent to side by side: a bot that answers slowly (or not until the
-            # timeout) delays only its own alerts, never another team's.
-            at_once = asyncio.Semaphore(self.config.bots_at_once)
-
-            async def deliver_to(bot: str, alerts: list[PendingAlert]) -> int:
-                async with at_once:
-                    return await self._deliver_to(bot, alerts)
-
-            done = await asyncio.gather(
-                *(deliver_to(bot, alerts) for bot, alerts in ready), return_exceptions=True
-            )
-            for outcome in done:
-                if isinstance(outcome, BaseException):
-                    raise outcome  # every bot's sends have ended: the rows can be released
-                requests += outcome
-        finally:
-            unsent = [a.id for a in due if a.id not in self._sent]
-            await store.release(self.db, unsent, now)
+        self._first_errors = {}
+        waiting = [a.id for a in due if self._still_gathering(by_bot[a.webhook_url], now)]
+        await store.release(self.db, waiting, now)
+        for bot, alerts in by_bot.items():
+            if not self._still_gathering(alerts, now):
+                self._sending[bot] = asyncio.create_task(
+                    self._send_to(bot, alerts, now), name=f"alerts to {alerts[0].channel}"
+                )
+        if wait and self._sending:
+            await asyncio.wait(list(self._sending.values()))
+            requests += self._reap(raising=True)
         await self.record_closed_windows()
         self.failing = await store.failing_bots(self.db)
         return requests
+
+    def _reap(self, *, raising: bool) -> int:
+        """Forget the bots' sends that ended; the requests they made. A send that
+        failed is raised (`raising`) or logged (its rows were given back)."""
+        requests, failed = 0, None
+        for bot, sending in list(self._sending.items()):
+            if not sending.done():
+                continue
+            del self._sending[bot]
+            if sending.cancelled():
+                continue
+            if (problem := sending.exception()) is not None:
+                if raising:
+                    failed = failed or problem
+                else:
+                    # The task's name, not the URL (it holds the bot's token).
+                    log.error("%s failed", sending.get_name(), exc_info=problem)
+                continue
+            requests += sending.result()
+        if failed is not None:
+            raise failed
+        return requests
+
+    async def _send_to(self, bot: str, alerts: list[PendingAlert], claimed_at: datetime) -> int:
+        """One bot's send (its own task): at most `bots_at_once` bots at a time; the
+        rows it did not attempt are given back at its end, due at `claimed_at`."""
+        sent: set[int] = set()
+        try:
+            async with self._at_once:
+                return await self._deliver_to(bot, alerts, sent)
+        finally:
+            unsent = [a.id for a in alerts if a.id not in sent]
+            await store.release(self.db, unsent, claimed_at)
 
     def _still_gathering(self, alerts: Sequence[PendingAlert], now: datetime) -> bool:
         """New alerts of a bot wait out the group window; retries do not wait again."""
@@ -412,9 +460,11 @@ class NotificationApp:
         oldest = min(a.created_at for a in alerts)
         return (now - oldest).total_seconds() < self.config.group_window_s
 
-    async def _deliver_to(self, bot: str, alerts: Sequence[PendingAlert]) -> int:
+    async def _deliver_to(self, bot: str, alerts: Sequence[PendingAlert], sent: set[int]) -> int:
         """Send `bot`'s due alerts in order, until one finds the bot failing (the rest
-        wait behind it for the bot's backoff) or its limits leave no token."""
+        wait behind it for the bot's backoff) or its limits leave no token; the ids of
+        the alerts attempted or settled go to `sent`. A failing bot whose alerts were
+        all given up is forgotten (its next alert starts afresh, with no backoff)."""
         requests = 0
         for build, members in self._messages(alerts):
             token = await self.limiter.try_acquire(bot)
@@ -422,12 +472,13 @@ class NotificationApp:
                 self.stats.waited_for_tokens += 1
                 break  # the rest waits for the next pass: delayed, never dropped
             requests += 1
-            failing = await self._attempt(bot, await build(), members, token)
+            failing = await self._attempt(bot, await build(), members, token, sent)
             if failing is not None:
-                behind = [a for a in alerts if a.id not in self._sent]
-                await self._give_up_late(behind, failing)
+                behind = [a for a in alerts if a.id not in sent]
+                await self._give_up_late(behind, failing, sent)
                 if given_up := self._given_up.pop(bot, []):
                     self._log_given_up(given_up, failing)
+                    await store.forget_bot_if_idle(self.db, bot)
                 break
         return requests
 
@@ -502,11 +553,16 @@ class NotificationApp:
         return await task_redactor(self.db, state.tenant, state.spec)
 
     async def _attempt(
-        self, bot: str, message: dict[str, Any], members: list[PendingAlert], token: int
+        self,
+        bot: str,
+        message: dict[str, Any],
+        members: list[PendingAlert],
+        token: int,
+        sent: set[int],
     ) -> _Failing | None:
         """Send one message and record its outcome; how the bot fails when it failed
         retryably (its alerts then wait for its backoff), else None."""
-        self._sent.update(a.id for a in members)
+        sent.update(a.id for a in members)
         first = members[0]
         secret: str | None = None
         if first.secret_ref:
@@ -531,13 +587,15 @@ class NotificationApp:
         await self._record(members, outcome, failing)
         return failing
 
-    async def _give_up_late(self, alerts: Sequence[PendingAlert], failing: _Failing) -> None:
+    async def _give_up_late(
+        self, alerts: Sequence[PendingAlert], failing: _Failing, sent: set[int]
+    ) -> None:
         """Of the alerts waiting behind one that found their bot failing, give up
         those past `retry_for_s` now, without a request each (the rest wait on)."""
         now = self.clock()
         late = [a for a in alerts if not self._retrying(a, now)]
         if late:
-            self._sent.update(a.id for a in late)
+            sent.update(a.id for a in late)
             await self._record(late, failing.outcome, failing, tried=False)
 
     def _retrying(self, row: PendingAlert, now: datetime) -> bool:

@@ -115,9 +115,13 @@ async def serve(ctx: ServiceContext, app: NotificationApp, broker: KafkaBroker) 
 
 async def deliver_forever(app: NotificationApp, poll_s: float) -> None:
     """The queue timer and a delivery pass every `poll_s` seconds."""
+
+    async def _step_on() -> None:  # a bot still sending delays no other bot's alerts
+        await app.step(wait=False)
+
     while True:
         try:  # an outage is waited out (backoff), then the pass runs
-            await retrying(app.step, component="notification delivery")
+            await retrying(_step_on, component="notification delivery")
         except Exception:  # a pass that failed otherwise is tried again next time
             log.exception("notification pass failed")
         await asyncio.sleep(poll_s)

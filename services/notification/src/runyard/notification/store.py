@@ -8,6 +8,7 @@ inbox transaction and the API on the gateway's pool.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from importlib import resources
@@ -195,6 +196,7 @@ async def claim_due(
     until: datetime,
     claimer: int | None = None,
     limit: int = 2000,
+    busy: Sequence[str] = (),
 ) -> list[PendingAlert]:
     """Take the pending alerts due at `now` until `until` for `claimer`, oldest first.
 
@@ -208,16 +210,19 @@ async def claim_due(
     A bot's alerts go in order, so they are taken by one instance at a time and
     only when the bot may be tried: rows of a bot that another instance's pass
     holds rows of, or that is backing off (`alert_bots.retry_at` after `now`), are
-    left. Claims of all instances go one at a time (an advisory lock), so two
-    passes never split one bot's alerts."""
+    left, and so are the bots in `busy` (the claimer is still sending to them: their
+    rows it holds stay held). Claims of all instances go one at a time (an advisory
+    lock), so two passes never split one bot's alerts."""
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(hashtext('alert_outbox:claim'))")
         await conn.execute(
             f"""UPDATE alert_outbox SET next_attempt_at = $1, claimed_by = NULL
                 WHERE status = 'pending' AND claimed_by IS NOT NULL AND next_attempt_at > $1
-                  AND (claimed_by = $2 OR NOT {held_sql("claimed_by")})""",
+                  AND (claimed_by = $2 OR NOT {held_sql("claimed_by")})
+                  AND NOT webhook_url = ANY($3::text[])""",
             now,
             claimer,
+            list(busy),
         )
         rows = await conn.fetch(
             """UPDATE alert_outbox SET next_attempt_at = $2, claimed_by = $4
@@ -230,12 +235,14 @@ async def claim_due(
                                      WHERE c.webhook_url = o.webhook_url
                                        AND c.status = 'pending' AND c.claimed_by IS NOT NULL
                                        AND c.claimed_by IS DISTINCT FROM $4)
+                     AND NOT o.webhook_url = ANY($5::text[])
                    ORDER BY o.created_at, o.id LIMIT $3 FOR UPDATE SKIP LOCKED)
                RETURNING *""",
             now,
             until,
             limit,
             claimer,
+            list(busy),
         )
     return sorted((_pending(r) for r in rows), key=lambda a: (a.created_at, a.id))
 
@@ -328,6 +335,17 @@ async def bot_failed(
 async def bot_answered(db: Db, webhook_url: str) -> None:
     """The bot answered (taken or refused for good): it is not backing off."""
     await db.execute("DELETE FROM alert_bots WHERE webhook_url = $1", webhook_url)
+
+
+async def forget_bot_if_idle(db: Db, webhook_url: str) -> None:
+    """Forget that the bot failed once no alert waits on it (all were given up): its
+    next alert is tried at once and counts its failures afresh."""
+    await db.execute(
+        """DELETE FROM alert_bots b WHERE b.webhook_url = $1
+           AND NOT EXISTS (SELECT 1 FROM alert_outbox o
+                           WHERE o.webhook_url = $1 AND o.status = 'pending')""",
+        webhook_url,
+    )
 
 
 async def failing_bots(db: Db) -> tuple[int, int]:
