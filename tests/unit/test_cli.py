@@ -442,3 +442,48 @@ def test_any_module_of_the_cli_may_be_imported_first(module: str) -> None:
         [sys.executable, "-c", f"import runyard.cli.{module}"], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
+
+
+async def test_stacks_json_of_a_task_without_reports_prints_the_empty_list(dsn: str) -> None:
+    """`runyard stacks ID --json` prints JSON also when the task has no report yet (as
+    `runyard ls --json` of no tasks): the API's answer, exit status 0; the text form
+    still says so with a hint and exits 1."""
+    from runyard.api.security import TokenAuthenticator
+    from runyard.api.service import service_app
+    from runyard.faulttolerance.app import FaultToleranceApp
+    from runyard.faulttolerance.http import faulttolerance_router
+    from runyard.faulttolerance.reports import StackReportStore
+    from runyard.stack.serve import migrate_service
+
+    from tests.integration.test_faulttolerance_service import (
+        Clock,
+        CommandsToDeployer,
+        Harness,
+        spec,
+    )
+    from tests.integration.test_gateway_routing import serving
+
+    await migrate_service("gateway", dsn, grants=False)  # the tokens table
+    store = await PostgresEventStore.connect(dsn, default_mapper())
+    try:
+        token = await create_token(store.pool, "acme", "alice", "member")
+        reports = StackReportStore(store.pool)
+        await reports.migrate()
+        clock = Clock()
+        ft = FaultToleranceApp(
+            store, reports=reports, deployer=CommandsToDeployer(store), clock=clock
+        )
+        await Harness(store, ft, clock, reports).launch("quiet", spec())
+        router = faulttolerance_router(ft, reports, TokenAuthenticator(store.pool))
+        face = service_app("faulttolerance", routers=[router])
+        async with serving("faulttolerance", face, {}) as url:
+            as_json = await cli(url, token, "stacks", "quiet", "--json")
+            assert as_json.exit_code == 0, as_json.output
+            assert json.loads(as_json.stdout) == {"task_id": "quiet", "reports": []}
+            text = await cli(url, token, "stacks", "quiet")
+            assert text.exit_code == 1 and "no stack report" in text.stderr
+            missing = await cli(url, token, "stacks", "nope", "--json")
+            assert missing.exit_code == 1 and missing.stdout == ""
+        await ft.drain()
+    finally:
+        await store.close()

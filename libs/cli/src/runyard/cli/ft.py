@@ -7,6 +7,9 @@
 slowdowns), then the fault-tolerance log lines. `stacks` prints the latest stack
 report of the task (or `--report`'s), `--capture` captures one now (the task
 must be running under `runyard up`); `--raw` adds every thread's full stack.
+With `--json` it prints the API's JSON: the report, or for a task without
+reports its empty list (`"reports": []`, exit status 0, as `runyard ls --json`
+of no tasks); refusals are printed and exit as every command's.
 """
 
 from __future__ import annotations
@@ -123,7 +126,11 @@ def stacks(
         body = call(url, token, "POST", f"/v1/tasks/{task_id}/stacks")
     else:
         if report is None:
-            reports = call(url, token, "GET", f"/v1/tasks/{task_id}/stacks")["reports"]
+            listed = call(url, token, "GET", f"/v1/tasks/{task_id}/stacks")
+            reports = listed["reports"]
+            if not reports and as_json:
+                show_json(listed)  # the API's answer, as every command's --json: no reports
+                return
             if not reports:
                 err.print(f"no stack report for task {markup(task_id)}")
                 err.print("hint: `runyard stacks ID --capture` while it runs")
