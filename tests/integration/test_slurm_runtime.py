@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shlex
 import shutil
+import stat
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -913,3 +916,61 @@ async def test_a_mount_path_through_a_folder_a_worker_can_change_is_refused_on_t
         assert "original" not in said
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+#: Puts a key in the user keyring by the raw system call (x86-64 and arm64 numbers);
+#: prints the answer and errno.
+KEYRING = """
+import ctypes, platform
+libc = ctypes.CDLL(None, use_errno=True)
+add_key = 248 if platform.machine() == "x86_64" else 217
+user = ctypes.c_int(-4)  # KEY_SPEC_USER_KEYRING
+got = libc.syscall(add_key, b"user", b"runyard-test-key", b"secret", 6, user)
+print("keyring", "ok" if got >= 0 else "refused", ctypes.get_errno())
+"""
+
+
+async def test_a_slurm_worker_is_sandboxed_as_a_local_one(h: Harness) -> None:
+    """On a node whose slurmd runs as root, a worker gets what a sandboxed local worker
+    gets: no kernel keyring (one uid for every task's workers), output files of its own
+    (`echo x > /dev/stderr` works), the device nodes of only the GPUs Slurm gave its step
+    (the others covered; test nodes where real ones are, /dev, named by `gpu_devices`),
+    and a /dev/shm of `worker_shm_bytes`."""
+    if h.runtime.worker_ids is None:
+        pytest.skip("workers are sandboxed only when the deployer and slurmd run as root")
+    if os.uname().machine not in ("x86_64", "aarch64"):
+        pytest.skip("the keyring filter knows x86-64 and arm64")
+    pattern = f"/dev/runyard-test-{uuid.uuid4().hex[:8]}-gpu{{gpu}}"
+    shm = 4 * 2**20
+    h.runtime.config = dataclasses.replace(
+        h.runtime.config, gpu_devices=pattern, worker_shm_bytes=shm
+    )
+    nodes = [Path(pattern.format(gpu=n)) for n in range(8)]  # the test cluster's 8
+    probe = "".join(
+        f'if [ -c {node} ] && head -c 1 {node} >/dev/null 2>&1; then echo "gpu{n}=yes";'
+        f' else echo "gpu{n}=no"; fi\n'
+        for n, node in enumerate(nodes)
+    )
+    command = (
+        f"{shlex.quote(sys.executable)} -c {shlex.quote(KEYRING)}\n"
+        "echo err > /dev/stderr || echo stderr=refused\n"
+        f"{probe}"
+        "echo \"shm=$(df -B1 --output=size /dev/shm | tail -1 | tr -d ' ')\"\n"
+        'echo "slurm=${SLURM_STEP_GPUS:-${SLURM_JOB_GPUS:-none}}"\n'
+    )
+    try:
+        for node in nodes:
+            os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 5))  # like /dev/zero
+            node.chmod(0o666)
+        await h.launch("sandbox", make_spec(command))
+        assert (await h.state("sandbox")).status == "succeeded", h.output("sandbox")
+    finally:
+        for node in nodes:
+            node.unlink(missing_ok=True)
+    out = h.output("sandbox")
+    given = next(x for x in out if x.startswith("0:slurm=")).removeprefix("0:slurm=")
+    assert given != "none", out  # the test cluster gives each job its GPUs
+    gpus = [f"0:gpu{n}={'yes' if str(n) in given.split(',') else 'no'}" for n in range(8)]
+    assert sorted(out) == sorted(
+        ["0:keyring refused 1", "0:err", *gpus, f"0:shm={shm}", f"0:slurm={given}"]
+    )

@@ -62,9 +62,12 @@ variable of the deployer (so neither do the workers). With `worker_namespaces`
 (a deployer and slurmd running as root, util-linux and setpriv on the nodes),
 each worker sees only its own processes, its volumes at their mount paths and,
 of the control plane's folders, only its own scratch (the local sandbox's view:
-`LocalRuntime._mount_script`), and its launch command runs as `worker_user`
-with no capabilities and `no_new_privs`; the wrapper stays root to write the
-exit status. Without them, workers run as the user the deployer submits as.
+`LocalRuntime._mount_script`), the device nodes of only the GPUs Slurm gave
+its step, a /dev/shm of its own (`worker_shm_bytes`), and its launch command
+runs as `worker_user` with no capabilities, `no_new_privs` and no kernel
+keyring; the wrapper stays root to write the exit status. Unlike the local
+runtime's, its folders have no disk of their own (`worker_disk_bytes`).
+Without them, workers run as the user the deployer submits as.
 Workers share the node's network namespace either way.
 """
 
@@ -79,6 +82,7 @@ import os
 import shlex
 import shutil
 import signal
+import sys
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -89,7 +93,11 @@ from typing import Any
 
 from runyard.contracts.stacks import ProcessStacks, WorkerStacks
 from runyard.deployer.runtime import (
+    _NO_KEYRINGS,
+    GPU_DEVICES,
     UNKNOWN_EXIT_CODE,
+    WORKER_DISK_BYTES,
+    WORKER_SHM_BYTES,
     Deployment,
     DeploymentKey,
     LocalRuntime,
@@ -97,6 +105,8 @@ from runyard.deployer.runtime import (
     OnExit,
     OnOutput,
     StageFailed,
+    _bytes_or_none,
+    _gpu_pattern,
     _image_dir,
     _load_offsets,
     _Local,
@@ -189,6 +199,9 @@ class SlurmRuntimeConfig(LocalRuntimeConfig):
             worker_namespaces=raw.get("worker_namespaces"),
             worker_user=str(raw.get("worker_user") or "runyard-worker"),
             hidden=(data_dir.absolute(), *(Path(str(p)) for p in raw.get("hide") or ())),
+            worker_disk_bytes=_bytes_or_none(raw, "worker_disk_bytes", WORKER_DISK_BYTES),
+            worker_shm_bytes=_bytes_or_none(raw, "worker_shm_bytes", WORKER_SHM_BYTES),
+            gpu_devices=_gpu_pattern(str(raw.get("gpu_devices") or GPU_DEVICES)),
         )
 
 
@@ -240,6 +253,19 @@ class SlurmRuntime(LocalRuntime):
         self.worker_ids = (
             _worker_user(config.worker_user, self.tools) if self.worker_namespaces else None
         )
+        if self.worker_ids is None:
+            log.warning(
+                "Slurm workers are NOT sandboxed (worker_namespaces is off: it needs a root"
+                " deployer and slurmd with util-linux): they run as the user the deployer"
+                " submits as, share its kernel keyring, see every folder it may, open every"
+                " GPU's device node of their node and share its /dev/shm"
+            )
+        elif config.worker_disk_bytes is not None:
+            log.warning(
+                "Slurm workers' system disks are NOT limited (worker_disk_bytes holds only"
+                " the local runtime's workers): a worker that writes without end fills the"
+                " disk of its scratch on the node"
+            )
 
     # -- Slurm client commands -------------------------------------------------------
 
@@ -725,6 +751,7 @@ class SlurmRuntime(LocalRuntime):
         ]
         if self.worker_ids is not None:
             lines.append("finish() { fail; }")
+            lines += self._node_lines(local, worker)
             lines.append(self._mount_script(local, worker, "slurm").rstrip("\n"))
             lines.append('exec "$@"')
             return "\n".join(lines) + "\n"
@@ -736,6 +763,39 @@ class SlurmRuntime(LocalRuntime):
         lines.append('exec "$@"')
         return "\n".join(lines) + "\n"
 
+    def _node_lines(self, local: _Local, worker: _Worker) -> list[str]:
+        """What the local runtime makes on its host for a sandboxed worker, made on the
+        worker's node, in its mount namespace, before its view (`_mount_script`) is set up.
+
+        The device nodes of the node's GPUs (`gpu_devices`) that Slurm did not give the
+        step (`SLURM_STEP_GPUS`, else `SLURM_JOB_GPUS`; the worker's placed GPUs where
+        Slurm names none) are covered by the deployment's `nodev`, a file nobody may
+        open. The deployment's `shm/` (bound over /dev/shm next) is a tmpfs of
+        `worker_shm_bytes`, the worker's own: it goes with the namespace."""
+        q = shlex.quote
+        t = self.tools
+        lines = []
+        if self.config.gpu_devices:
+            prefix, _, suffix = self.config.gpu_devices.partition("{gpu}")
+            placed = ",".join(str(g) for g in worker.placement.gpus)
+            cover = q(str(local.root / "nodev"))
+            lines += [
+                f'mine=",${{SLURM_STEP_GPUS:-${{SLURM_JOB_GPUS:-{placed}}}}},"',
+                f"for node in {q(prefix)}*{q(suffix)}; do",
+                f"  n=${{node#{q(prefix)}}}; n=${{n%{q(suffix)}}}",
+                # Character devices only (not a link: a mount follows it), by GPU index.
+                '  [[ $n =~ ^[0-9]+$ && -c $node && ! -L $node && $mine != *",$n,"* ]] || continue',
+                f'  {q(t.mount)} --bind {cover} "$node" || fail',
+                "done",
+            ]
+        if self.config.worker_shm_bytes is not None:
+            uid, gid, _ = self.worker_ids or (0, 0, "")
+            size = self.config.worker_shm_bytes
+            options = f"size={size},mode=0700,uid={uid},gid={gid},nosuid,nodev"
+            shm = q(str(local.root / "shm"))
+            lines.append(f"{q(t.mount)} -t tmpfs -o {options} runyard-shm {shm} || fail")
+        return lines
+
     def _wrapper(self) -> str:
         """The local runtime's wrapper: the status file, then the exit. With a worker user,
         the launch command's shell runs as that user with no capabilities and
@@ -744,13 +804,23 @@ class SlurmRuntime(LocalRuntime):
         q = shlex.quote
         t = self.tools
         user_shell = f'{q(t.bash)} -c \'. "$0" && exec {q(t.bash)} --login -c "$1"\' "$3" "$1"'
+        keyless = ""
         if self.worker_ids is not None:
             uid, gid, _ = self.worker_ids
+            # No kernel keyring (the local sandbox's seccomp filter, `_NO_KEYRINGS`): every
+            # task's workers share the worker user, so its user keyring too. It runs on
+            # Runyard's interpreter; a node without it at that path runs workers unfiltered.
+            keyless = '"${keyless[@]}" '
             user_shell = (
                 f"{q(t.setpriv)} --reuid={uid} --regid={gid} --clear-groups --inh-caps=-all "
-                f"--bounding-set=-all --no-new-privs -- {user_shell}"
+                f"--bounding-set=-all --no-new-privs -- {keyless}{user_shell}"
+            )
+            python = q(sys.executable)
+            keyless = (
+                f"keyless=(); [ -x {python} ] && keyless=({python} -I -S -c {q(_NO_KEYRINGS)})\n"
             )
         return (
+            f"{keyless}"
             'status_file="$2"\n'
             'finish() { printf "%s %s\\n" "$1" "$EPOCHREALTIME" > "$status_file.tmp" && '
             f'{q(t.mv or "mv")} -f "$status_file.tmp" "$status_file"; exit "$1"; }}\n'
@@ -810,6 +880,11 @@ class SlurmRuntime(LocalRuntime):
         for worker in local.workers.values():
             if not (worker.scratch / "run.sh").exists():
                 raise RuntimeError(f"worker {worker.index} has no environment (env_init)")
+        for worker in local.workers.values():
+            # The output files run.sh appends to, made here: with a worker user they are
+            # its own, so `echo x > /dev/stderr` works (`LocalRuntime._launch_files`).
+            for file in self._launch_files(worker)[1]:
+                file.close()
         await self._write_state(local, "starting")
         (local.root / "go").touch()
         now = time.time()
