@@ -168,6 +168,18 @@ async def test_sign_in_submit_watch_live_then_stage_chart_logs_and_rerun(
     await page.wait_for_selector(f'{row} [data-status="succeeded"]', timeout=WAIT_MS)
     assert await page.evaluate("window.runyardNotReloaded") is True
     await shot(page, "tasks")
+    # The search box: the short id the row shows lists the task, its whole id opens it.
+    short = (await page.locator(f"{row} .id").inner_text()).strip()
+    await page.fill("form.filters input[name=q]", short)
+    await page.click("form.filters button[type=submit]")
+    await page.wait_for_url(re.compile(r".*/console/tasks\?.*q="))
+    await page.wait_for_selector(row)
+    await page.fill("form.filters input[name=q]", f" {task_id.upper()} ")
+    await page.click("form.filters button[type=submit]")
+    await page.wait_for_url(f"**/console/tasks/{task_id}")
+    await page.wait_for_selector("#stage-chart")
+    await page.click("nav >> text=Tasks")
+    await page.wait_for_url("**/console/tasks")
     await tail.wait_for_selector("#log-lines >> text=done", timeout=WAIT_MS)
     assert await tail.evaluate("window.runyardNotReloaded") is True
     assert await tail.locator("#log-lines >> text=hello from the console").count() == 1
@@ -180,6 +192,10 @@ async def test_sign_in_submit_watch_live_then_stage_chart_logs_and_rerun(
     assert stages == 4
     await page.wait_for_selector("table.events >> text=TaskSubmitted")
     assert await page.locator("table.events >> text=user:e2e/carol").count() >= 1
+    when = page.locator("table.events time").first  # to the second, in UTC
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", await when.inner_text())
+    exact = await when.get_attribute("datetime")
+    assert exact and "T" in exact and await when.get_attribute("title") == exact
     await shot(page, "task")
     await page.click("#logs-link")
     await page.wait_for_selector("#log-lines >> text=hello from the console", timeout=WAIT_MS)

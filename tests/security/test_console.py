@@ -197,6 +197,26 @@ async def test_a_short_id_in_the_search_box_finds_the_task_for_its_tenant_only(
         assert mine.status_code == 200 and task_id not in mine.text
 
 
+async def test_times_read_to_the_second_in_utc_with_the_exact_value_kept(api: Api) -> None:
+    """The task page and its events show times as `2026-12-06 04:32:40 UTC`; the exact
+    value (microseconds, offset) is in the `<time>` element's datetime and title."""
+    task_id = await created_task(api)
+    stored = await api.gateway.db.fetchval(
+        "SELECT occurred_at FROM events WHERE stream_id = $1 ORDER BY stream_version LIMIT 1",
+        f"task-{task_id}",
+    )
+    shown = stored.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    async with sign_in(api, "alice") as client:
+        for path in (f"/console/tasks/{task_id}", f"/console/tasks/{task_id}/events"):
+            page = (await client.get(path)).text
+            exact = re.search(r'<time datetime="([^"]+)" title="\1">([^<]+)</time>', page)
+            assert exact is not None, path
+            assert exact.group(2) == shown, path
+            assert datetime.fromisoformat(exact.group(1)) == stored, path
+            text = re.sub(r"<[^>]*>", "", page)  # what a reader sees
+            assert not re.search(r"\d{4}-\d\d-\d\dT\d\d:\d\d", text), path
+
+
 async def test_changes_need_the_sessions_csrf_token_and_the_consoles_origin(api: Api) -> None:
     task_id = await created_task(api)
     async with sign_in(api, "alice") as client:

@@ -190,6 +190,10 @@ def test_stack_reports_and_alerts_render_escaped() -> None:
         frames=list(frames.items()),
     )
     assert "&lt;b&gt;2 of 3 workers" in html and "allreduce (dist.py:10)" in html
+    assert (
+        'captured <time datetime="2026-01-01T00:00:00+00:00" title="2026-01-01T00:00:00+00:00">'
+        "2026-01-01 00:00:00 UTC</time>" in html
+    )
     alerts = [
         {
             "type": "AlertDelivered",
@@ -290,3 +294,16 @@ def test_the_log_page_filters_by_run_and_attempt_and_keeps_them_in_its_links() -
     assert search["params"]["run"] == "2" and search["params"]["attempt"] == " 3 "
     unfiltered = _log_search_of({})
     assert unfiltered["api"] == {} and "attempt" not in unfiltered["params"]
+
+
+def test_times_are_shown_to_the_second_in_utc_with_the_exact_value_kept() -> None:
+    exact = "2026-12-06T04:32:40.582299+00:00"
+    shown = str(display.when(exact))
+    assert shown == f'<time datetime="{exact}" title="{exact}">2026-12-06 04:32:40 UTC</time>'
+    assert "2026-12-06 12:32:40" not in str(display.when("2026-12-06T12:32:40+08:00"))
+    assert ">2026-12-06 04:32:40 UTC<" in str(display.when("2026-12-06T12:32:40.5+08:00"))
+    assert ">2026-12-06 04:32:40 UTC<" in str(display.when("2026-12-06T04:32:40Z"))
+    moment = datetime(2026, 12, 6, 4, 32, 40, 582299, tzinfo=UTC)
+    assert ">2026-12-06 04:32:40 UTC<" in str(display.when(moment))
+    assert display.when(None) == display.when("") == "—"
+    assert str(display.when('<b>"soon"</b>')) == '<b>"soon"</b>'  # escaped by the page

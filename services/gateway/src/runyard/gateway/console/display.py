@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import re2
@@ -35,6 +35,23 @@ def duration(ms: float | None) -> str:
         return f"{minutes} m {seconds:02d} s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes:02d} m"
+
+
+def when(at: str | datetime | None) -> Markup | str:
+    """A time as every page shows it: `2026-12-06 04:32:40 UTC` (to the second, in
+    UTC) in a `<time>` element whose `datetime` and title keep the exact value; an em
+    dash for no value, and text that is not a time as it is (escaped)."""
+    if at is None or at == "":
+        return "—"
+    try:
+        moment = at if isinstance(at, datetime) else datetime.fromisoformat(str(at))
+    except ValueError:
+        return str(at)
+    exact = moment.isoformat() if isinstance(at, datetime) else str(at)
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC)
+    shown = moment.strftime("%Y-%m-%d %H:%M:%S") + " UTC"
+    return Markup('<time datetime="{0}" title="{0}">{1}</time>').format(exact, shown)
 
 
 def age(at: str | None, now: datetime) -> str:

@@ -80,6 +80,7 @@ _templates = Environment(
 _templates.globals.update(
     duration=display.duration, prefix=PREFIX, terminal=TERMINAL_STATUSES, statuses=STATUSES
 )
+_templates.filters["when"] = display.when
 
 
 @dataclass(frozen=True, slots=True)
