@@ -122,6 +122,13 @@ class Harness:
     def output(self, task_id: str) -> list[str]:
         return [f"{x.worker}:{x.line}" for x in self.lines if x.task_id == task_id]
 
+    async def until_output(self, task_id: str, line: str, within: float = WITHIN_S) -> None:
+        """Until `line` (`<worker>:<text>`) of the task's output has been published."""
+        deadline = asyncio.get_running_loop().time() + within
+        while line not in self.output(task_id):
+            assert asyncio.get_running_loop().time() < deadline, self.output(task_id)
+            await asyncio.sleep(0.05)
+
     def jobs(self) -> list[str]:
         """Every job Slurm holds now (squeue)."""
         return self.cluster.run("squeue", "-h", "-o", "%i %j %T").splitlines()
@@ -289,7 +296,7 @@ async def test_a_job_cancelled_outside_runyard_says_so_on_the_workers_stderr(h: 
     """An scancel from outside (or a time limit, a node lost) ends the worker with
     SIGTERM: its exit code alone (143) does not say who; a line on its stderr does."""
     await h.launch("scancelled", make_spec("echo up; sleep 300"), wait=False)
-    await h.wait_for("scancelled", "TaskRunning")
+    await h.until_output("scancelled", "0:up")  # the command runs (its shell gets the TERM)
     job = h.runtime.job_id(("scancelled", 1, 1))
     assert job is not None
     h.cluster.run("scancel", job)
