@@ -174,14 +174,22 @@ async def test_a_task_id_in_the_search_box_opens_the_task_for_its_tenant_only(ap
 async def test_a_short_id_in_the_search_box_finds_the_task_for_its_tenant_only(
     api: Api,
 ) -> None:
-    """The list shows a task's short id (8 characters); typed in the search box (6 or
-    more of them, up to the whole id), it finds the task. Another tenant's tasks are
-    never found, whatever of their id is typed."""
+    """The list shows a task's short id (its last 8 characters); typed in the search box
+    (6 or more hex digits of an id's start or end, up to the whole id), it finds the
+    task. The short id tells apart tasks of the same moment (their ids start alike).
+    Another tenant's tasks are never found, whatever of their id is typed."""
     task_id = await created_task(api)
     answer = await api.submit("carol")  # tenant t2, submitted in the same moment
     assert answer.status_code == 201, answer.text
     theirs = str(answer.json()["task_id"])
+    sibling = await created_task(api)  # alice's too, its id starting as task_id's
     async with sign_in(api, "alice") as client:
+        listed = (await client.get("/console/tasks")).text
+        assert f'<span class="id">{task_id[-8:]}</span>' in listed
+        for typed in (task_id[-8:], f" {task_id[-6:].upper()} "):
+            found = await client.get("/console/tasks", params={"q": typed})
+            assert found.status_code == 200 and task_id in found.text, typed
+            assert sibling not in found.text and theirs not in found.text, typed
         for typed in (task_id[:8], f" {task_id[:6].upper()} ", task_id[:23]):
             found = await client.get("/console/tasks", params={"q": typed})
             assert found.status_code == 200 and task_id in found.text, typed

@@ -359,7 +359,10 @@ _FILTERS = {
     "status": "status = ${n}",
     "name": "strpos(lower(name), lower(${n})) > 0",  # contains, as typed: no wildcards
     # The console's search box: a name, or the start of a task id (its short id).
-    "name_or_id": "(strpos(lower(name), lower(${n})) > 0 OR starts_with(task_id, lower(${n})))",
+    "name_or_id": (
+        "(strpos(lower(name), lower(${n})) > 0 OR starts_with(task_id, lower(${n}))"
+        " OR right(task_id, length(${n})) = lower(${n}))"
+    ),
     "tag": "tags @> ARRAY[${n}]::text[]",
     "pool": "pool = ${n}",
     "creator": "creator = ${n}",

@@ -499,8 +499,10 @@ def list_query(request: HttpRequest) -> dict[str, Any]:
             "status",
         )
     text = q.get("q") or None
-    # The start of a task id (the list's short id, 8 characters) finds its task too;
-    # the list is the tenant's, so another tenant's task is never found.
+    # The start or the end of a task id finds its task too (the list's short id is
+    # its last 8 characters: the start of a time-ordered id is the same for every
+    # task of the same minute); the list is the tenant's, so another tenant's task
+    # is never found.
     by_id = text is not None and SHORT_ID.fullmatch(text.strip()) is not None
     filters = {
         "status": q.get("status") or None,
