@@ -93,15 +93,17 @@ class Harness:
         for event in recorded:
             await self.app.handle(event)
 
-    async def launch(self, task_id: str, spec: TaskSpec, *, wait: bool = True) -> None:
-        """Submit and place the task (worker i on node n<i+1>, GPU 0), hand the placement over."""
+    async def launch(
+        self, task_id: str, spec: TaskSpec, *, wait: bool = True, gpus: tuple[int, ...] = (0,)
+    ) -> None:
+        """Submit and place the task (worker i on node n<i+1>, `gpus`), hand the placement over."""
         submitted = decide(
             None, Submit(task_id, "acme", "alice", spec), now=datetime.now(UTC), ids=lambda: "x"
         )
         await self.append(task_id, submitted)
         nodes = self.cluster.nodes
         workers = tuple(
-            WorkerPlacement(index=i, node=nodes[i % len(nodes)], gpus=(0,))
+            WorkerPlacement(index=i, node=nodes[i % len(nodes)], gpus=gpus)
             for i in range(spec.worker_count)
         )
         placed = TaskPlaced(run=1, attempt=1, pool="slurm", workers=workers)
@@ -281,6 +283,15 @@ async def test_pytorch_ddp_env_names_the_first_node_and_the_placed_gpus(h: Harne
     assert lines == [f"0:0 2 127.0.0.1 {port} 0 bar", f"1:1 2 127.0.0.1 {port} 0 bar"]
     # The env files (and the whole deployment folder) are gone with the task (R-22).
     assert not (h.runtime.config.scratch_root / "env").exists()
+
+
+async def test_a_slurm_worker_sees_the_gpus_slurm_gave_its_step(h: Harness) -> None:
+    """Slurm, not Runyard's placement, picks which GPUs of a node a job gets
+    (`--gres=gpu:<n>`): a worker placed on GPU 3 that Slurm gave GPU 0 (the first free)
+    runs with Slurm's CUDA_VISIBLE_DEVICES, the GPUs it may open, not the placement's."""
+    await h.launch("gres", make_spec('echo "gpus=$CUDA_VISIBLE_DEVICES"'), gpus=(3,))
+    assert (await h.state("gres")).status == "succeeded"
+    assert h.output("gres") == ["0:gpus=0"]
 
 
 async def test_failing_command_fails_with_its_exit_code(h: Harness) -> None:

@@ -803,7 +803,18 @@ class SlurmRuntime(LocalRuntime):
         write the status."""
         q = shlex.quote
         t = self.tools
-        user_shell = f'{q(t.bash)} -c \'. "$0" && exec {q(t.bash)} --login -c "$1"\' "$3" "$1"'
+        # Slurm, not the placement, picks which GPUs of a node the job gets: the step's
+        # CUDA_VISIBLE_DEVICES (Slurm's, set before the env file is read) wins over the
+        # placement's in the env file (the device nodes a worker may open are Slurm's).
+        keep_gpus = 'runyard_slurm_gpus="${CUDA_VISIBLE_DEVICES-}"; '
+        use_gpus = (
+            '{ [ -z "$runyard_slurm_gpus" ] ||'
+            ' export CUDA_VISIBLE_DEVICES="$runyard_slurm_gpus"; }'
+        )
+        user_shell = (
+            f"{q(t.bash)} -c '{keep_gpus}. \"$0\" && {use_gpus} && "
+            f"exec {q(t.bash)} --login -c \"$1\"' \"$3\" \"$1\""
+        )
         keyless = ""
         if self.worker_ids is not None:
             uid, gid, _ = self.worker_ids
