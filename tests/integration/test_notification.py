@@ -272,6 +272,14 @@ async def test_a_burst_of_100_failures_is_summarised_within_limits_and_nothing_l
             assert [type(a) for a in await h.alerts(task_id)] == [AlertDelivered]
 
 
+async def failed(h: Harness, ids: list[str], prefix: str = "") -> list[str]:
+    """Submit each task (named `prefix` + its id) and fail it: a `failed` alert each."""
+    for task_id in ids:
+        await h.submit(task_id, spec(prefix + task_id))
+        await h.command(task_id, Fail(task_id, "boom"))
+    return ids
+
+
 async def test_without_summaries_the_token_buckets_pace_a_burst(dsn: str) -> None:
     # Feishu's limits scaled down (2 per 0.5 s, 4 per 2 s): slow enough that a send,
     # even on a loaded machine, takes far less than a token's refill, so the burst
@@ -280,10 +288,7 @@ async def test_without_summaries_the_token_buckets_pace_a_burst(dsn: str) -> Non
     config = replace(FAST, burst_threshold=1000, limits=Limits(**limits))
     async with harness(dsn, config, **limits) as h:
         await h.tenant_subscription(h.fake.url("bot-plain"), "failed")
-        ids = [f"p-{i:02d}" for i in range(10)]
-        for task_id in ids:
-            await h.submit(task_id, spec(f"paced-{task_id}"))
-            await h.command(task_id, Fail(task_id, "boom"))
+        ids = await failed(h, [f"p-{i:02d}" for i in range(10)], "paced-")
 
         async def all_delivered() -> bool:
             return all([await _has_delivered(h, t) for t in ids])
@@ -299,10 +304,7 @@ async def test_two_instances_never_send_the_same_alert_twice(dsn: str) -> None:
     config = replace(FAST, burst_threshold=1000)
     async with harness(dsn, config, per_second=100, per_minute=1000) as h:
         await h.tenant_subscription(h.fake.url("bot-plain"), "failed")
-        ids = [f"d-{i:02d}" for i in range(12)]
-        for task_id in ids:
-            await h.submit(task_id, spec(f"dup-{task_id}"))
-            await h.command(task_id, Fail(task_id, "boom"))
+        ids = await failed(h, [f"d-{i:02d}" for i in range(12)], "dup-")
         first, second = h.app, await h.new_app(config)
 
         async def all_delivered() -> bool:
@@ -329,10 +331,7 @@ async def test_two_instances_together_keep_one_bots_limits(dsn: str) -> None:
     config = replace(FAST, burst_threshold=1000, limits=Limits(**limits))
     async with harness(dsn, config, **limits) as h:
         await h.tenant_subscription(h.fake.url("bot-plain"), "failed")
-        ids = [f"two-{i:02d}" for i in range(30)]
-        for task_id in ids:
-            await h.submit(task_id, spec(f"two-{task_id}"))
-            await h.command(task_id, Fail(task_id, "boom"))
+        ids = await failed(h, [f"two-{i:02d}" for i in range(30)], "two-")
         first, second = h.app, await h.new_app(config)
 
         async def all_delivered() -> bool:
