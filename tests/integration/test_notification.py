@@ -280,6 +280,17 @@ async def failed(h: Harness, ids: list[str], prefix: str = "") -> list[str]:
     return ids
 
 
+async def until_delivered(
+    h: Harness, ids: list[str], step: Callable[[], Awaitable[None]], poll_s: float, within_s: float
+) -> None:
+    """Run `step` every `poll_s` until every task of `ids` has its alert delivered."""
+    deadline = time.monotonic() + within_s
+    while not all([await _has_delivered(h, t) for t in ids]):
+        assert time.monotonic() < deadline, "timed out waiting for the notification service"
+        await step()
+        await asyncio.sleep(poll_s)
+
+
 async def test_without_summaries_the_token_buckets_pace_a_burst(dsn: str) -> None:
     # Feishu's limits scaled down (2 per 0.5 s, 4 per 2 s): slow enough that a send,
     # even on a loaded machine, takes far less than a token's refill, so the burst
@@ -307,14 +318,10 @@ async def test_two_instances_never_send_the_same_alert_twice(dsn: str) -> None:
         ids = await failed(h, [f"d-{i:02d}" for i in range(12)], "dup-")
         first, second = h.app, await h.new_app(config)
 
-        async def all_delivered() -> bool:
-            return all([await _has_delivered(h, t) for t in ids])
-
-        deadline = time.monotonic() + 20
-        while not await all_delivered():
-            assert time.monotonic() < deadline
+        async def together() -> None:
             await asyncio.gather(first.step(), second.step())
-            await asyncio.sleep(config.poll_s)
+
+        await until_delivered(h, ids, together, config.poll_s, within_s=20)
 
         titles = [r.title for r in h.fake.accepted()]
         assert sorted(titles) == sorted(f"dup-{t} · failed" for t in ids)
@@ -334,17 +341,13 @@ async def test_two_instances_together_keep_one_bots_limits(dsn: str) -> None:
         ids = await failed(h, [f"two-{i:02d}" for i in range(30)], "two-")
         first, second = h.app, await h.new_app(config)
 
-        async def all_delivered() -> bool:
-            return all([await _has_delivered(h, t) for t in ids])
-
-        deadline = time.monotonic() + 60
-        while not await all_delivered():
-            assert time.monotonic() < deadline, "timed out waiting for the notification service"
-            # One pass of each right after the other: the second takes what the first
-            # left for want of tokens, while the first's requests are in the window.
+        async def one_after_the_other() -> None:
+            # The second takes what the first left for want of tokens, while the
+            # first's requests are in the window.
             await first.step()
             await second.step()
-            await asyncio.sleep(config.poll_s)
+
+        await until_delivered(h, ids, one_after_the_other, config.poll_s, within_s=60)
 
         assert len(h.fake.accepted("bot-plain")) == 30
         assert h.fake.rate_limited() == 0
