@@ -748,9 +748,6 @@ class CheckedAssignor:
         self._joining: asyncio.Task[None] | None = None
 
     def metadata(self, topics: Iterable[str]) -> Any:
-        # Asked at every join: what an earlier join made is not this one's (another
-        # member may lead this one, and hand this instance its share).
-        self._made = None
         return self.inner.metadata(topics)
 
     def assign(self, cluster: Any, members: Mapping[str, Any]) -> dict[str, Any]:
