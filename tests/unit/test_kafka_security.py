@@ -26,7 +26,7 @@ def test_plaintext_by_default_adds_nothing() -> None:
     assert security.client_options() == {}
     assert security.faststream() is None
     settings = KafkaSettings(bootstrap="b:9092", security=security)
-    assert settings.client_options() == {"bootstrap_servers": "b:9092", "metadata_max_age_ms": 5000}
+    assert settings.client_options() == {"bootstrap_servers": "b:9092"}
 
 
 def test_settings_from_env_read_the_sasl_variables(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -36,7 +36,6 @@ def test_settings_from_env_read_the_sasl_variables(monkeypatch: pytest.MonkeyPat
     settings = KafkaSettings.from_env()
     assert settings.client_options() == {
         "bootstrap_servers": "kafka:9092",
-        "metadata_max_age_ms": 5000,
         "security_protocol": "SASL_PLAINTEXT",
         "ssl_context": None,
         "sasl_mechanism": "SCRAM-SHA-512",
