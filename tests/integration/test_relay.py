@@ -13,7 +13,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent
 from runyard.contracts.envelope import utcnow
@@ -256,51 +256,6 @@ async def test_broker_crash_mid_stream_loses_nothing(dsn: str, postgres_url: str
     finally:
         broker.stop()
         await store.close()
-
-
-@pytest.mark.slow
-async def test_a_group_holding_a_partition_of_a_topic_that_came_back_with_four_reads_all(
-    dsn: str,
-) -> None:
-    """The broker loses its memory and the group's topic comes back with more
-    partitions than it had (here created with 1 by an older client, then with 4).
-    The relay publishes to all four; the consumer learns of them from metadata it
-    asks for every few seconds, its group joins again, and although the embedded
-    broker hands the sole member its old assignment (partition 0), the consumer
-    sees that it differs from what it assigned itself, joins afresh and reads all."""
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-    from aiokafka.errors import TopicAlreadyExistsError
-
-    async def create(topic: str, partitions: int) -> None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap)
-        await admin.start()
-        try:
-            await admin.create_topics([NewTopic(topic, partitions, 1)])
-        finally:
-            await admin.close()
-
-    async with broker_of_its_own(dsn, "grown.") as (broker, kafka, store):
-        topic = kafka.topics.for_category("test")
-        await create(topic, 1)
-        async with running_consumer(dsn, kafka, name="grown") as (consumer, collector):
-            first = TopicPartition(topic, 0)
-            await wait_until(lambda: consumer.assignment() == {first})
-            member = consumer.member_id()
-            broker.kill()
-            # An outage past the group's session: the member is gone when it is back.
-            await asyncio.sleep(2 * kafka.session_timeout_ms / 1000)
-            broker.start()  # same port, empty memory
-            # The group joins the new broker with what it knew: one partition.
-            await wait_until(lambda: consumer.member_id() not in ("", member))
-            await wait_until(lambda: consumer.assignment() == {first})
-            with contextlib.suppress(TopicAlreadyExistsError):  # a client's metadata made it
-                await create(topic, 4)
-            async with running_relay(store, kafka):  # its client knows the four
-                for i in range(40):
-                    await store.append(f"test-{i % 10}", [happened(i)])
-                await wait_until(lambda: consumer.stats.processed >= 40, within=90)
-            assert len(consumer.assignment()) == 4
-    assert sorted(e.event.n for e in collector.seen) == list(range(40))  # type: ignore[attr-defined]
 
 
 @dataclass

@@ -53,10 +53,9 @@ from dataclasses import dataclass
 from functools import partial
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from runyard.contracts.loglines import LogRecord, MalformedLogRecord
 from runyard.eventstore.transient import retrying
-from runyard.messaging.consumer import CheckedAssignor, kafka_lag, read_again_if_lost
+from runyard.messaging.consumer import kafka_lag, read_again_if_lost
 from runyard.messaging.settings import KafkaSettings
 from runyard.telemetry.metrics import count_log_lines, track_lag
 
@@ -116,9 +115,6 @@ class LogBatchConsumer:
             group_id=self.group_id,
             enable_auto_commit=False,
             max_poll_records=self.max_records,
-            partition_assignment_strategy=(
-                CheckedAssignor(RoundRobinPartitionAssignor, self.name, lambda: self._consumer),
-            ),
             **self.kafka.consumer_options(),
         )
         self._consumer = consumer

@@ -37,16 +37,6 @@
   message comes to show the jump. Every `ENDS_CHECK_S` the consumer compares
   each partition's position with its end (what the last fetch said); a
   position past the end is read again from the start the same way.
-- Takes what its group's leader assigned: a consumer asks for metadata every
-  few seconds (`runyard.messaging.settings`), so a topic that came back from a
-  broker loss with more partitions than the group holds makes the group join
-  again. The embedded broker then keeps the group's previous assignment when
-  its members join again unchanged (one instance kept partition 0 of four,
-  and the events the relay published to the others were never read). The
-  leader's assignment is checked against what the broker hands back
-  (`CheckedAssignor`, also used by the logs and co-partitioned readers); when
-  they differ, the instance leaves the group and joins as a new member, which
-  the broker assigns afresh.
 - Scales out: N instances with one name form one consumer group and share the
   topics' partitions. A partition that moves to another instance in a
   rebalance is read again from its last committed offset; what the previous
@@ -70,9 +60,7 @@ from uuid import UUID
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
-from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import IllegalStateError
-from aiokafka.protocol.group import LeaveGroupRequest
 from faststream.kafka import KafkaBroker
 from faststream.kafka.annotations import KafkaMessage
 from faststream.middlewares import AckPolicy
@@ -218,9 +206,6 @@ class IdempotentConsumer:
             ack_policy=AckPolicy.MANUAL,
             decoder=_the_message,  # we decode ourselves, so a bad message can be dead-lettered
             listener=_WatchEnds(self),
-            partition_assignment_strategy=(
-                CheckedAssignor(RoundRobinPartitionAssignor, self.name, self._kafka_consumer),
-            ),
             **self.kafka.consumer_options(),
         )
         subscriber = self._subscriber
@@ -299,12 +284,6 @@ class IdempotentConsumer:
         """The partitions this instance holds now (none before the broker starts)."""
         consumer = self._kafka_consumer()
         return set(consumer.assignment()) if consumer is not None else set()
-
-    def member_id(self) -> str:
-        """This instance's id in its group ("" before it joined)."""
-        consumer = self._kafka_consumer()
-        coordinator = getattr(consumer, "_coordinator", None)
-        return str(getattr(coordinator, "member_id", "") or "")
 
     def _kafka_consumer(self) -> AIOKafkaConsumer | None:
         if self._reader is not None:
@@ -724,73 +703,6 @@ async def read_again_if_lost(
     return lost
 
 
-class CheckedAssignor:
-    """An aiokafka partition assignor (`inner`) that checks, on the group's leader,
-    that the assignment the broker hands back is the one the leader made.
-
-    A broker that keeps a group's previous assignment when its members join again
-    unchanged (the embedded one does; Apache Kafka rebalances when the leader
-    joins again) would leave the group on the partitions of its topics' old
-    metadata. When what came back differs, the client (`client()`) leaves the
-    group and joins as a new member, which the broker assigns anew."""
-
-    def __init__(
-        self, inner: Any, reader: str, client: Callable[[], AIOKafkaConsumer | None]
-    ) -> None:
-        self.inner = inner
-        self.reader = reader
-        self.client = client
-        self.name: str = inner.name
-        self.version: int = inner.version
-        #: What this instance, as the leader of the join under way, assigned itself.
-        self._made: set[TopicPartition] | None = None
-        #: A join as a new member under way (held: the loop keeps a weak reference).
-        self._joining: asyncio.Task[None] | None = None
-
-    def metadata(self, topics: Iterable[str]) -> Any:
-        return self.inner.metadata(topics)
-
-    def assign(self, cluster: Any, members: Mapping[str, Any]) -> dict[str, Any]:
-        assignments: dict[str, Any] = self.inner.assign(cluster, members)
-        consumer = self.client()
-        mine = assignments.get(consumer._coordinator.member_id) if consumer else None
-        self._made = set(mine.partitions()) if mine is not None else None
-        return assignments
-
-    def on_assignment(self, assignment: Any) -> None:
-        self.inner.on_assignment(assignment)
-        made, self._made = self._made, None
-        got = set(assignment.partitions())
-        consumer = self.client()
-        if made is None or made == got or consumer is None:
-            return
-        log.warning(
-            "%s: the broker handed back an older assignment (%s) than the group's leader"
-            " made (%s): leaving the group and joining it again",
-            self.reader,
-            _partitions_text(got),
-            _partitions_text(made),
-        )
-        self._joining = asyncio.get_running_loop().create_task(_join_again(self.reader, consumer))
-
-
-async def _join_again(reader: str, consumer: AIOKafkaConsumer) -> None:
-    """Leave the group (whatever its generation: the embedded broker's stays 0, for
-    which aiokafka sends no LeaveGroup) and join again as a new member."""
-    coordinator = consumer._coordinator
-    if coordinator is None:
-        return
-    try:
-        await coordinator._send_req(LeaveGroupRequest(coordinator.group_id, coordinator.member_id))
-    except Exception as exc:  # the session then ends by itself
-        log.info("%s: could not leave the group (%r)", reader, exc)
-    coordinator.reset_generation()
-
-
-def _partitions_text(partitions: Iterable[TopicPartition]) -> str:
-    return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(partitions)) or "none"
-
-
 class _WatchEnds(ConsumerRebalanceListener):  # type: ignore[misc]
     """Starts the consumer's check of positions past their end once its client has
     partitions (the client exists only while the broker runs)."""
@@ -839,7 +751,6 @@ def make_broker(kafka: KafkaSettings, **options: Any) -> KafkaBroker:
         log_level=logging.DEBUG,  # per-message access logs only when asked for
         enable_idempotence=False,
         request_timeout_ms=kafka.request_timeout_ms,
-        metadata_max_age_ms=kafka.metadata_max_age_ms,  # see runyard.messaging.settings
         middlewares=[KafkaTelemetryMiddleware()],
         **options,
     )

@@ -52,7 +52,6 @@ from runyard.eventstore.transient import retrying
 from runyard.messaging.batches import POLL_MS, Handler, commit_offsets, decode_lines
 from runyard.messaging.consumer import (
     COMMIT_EVERY_S,
-    CheckedAssignor,
     IdempotentConsumer,
     kafka_lag,
     read_again_if_lost,
@@ -114,9 +113,7 @@ class CoPartitionedConsumer:
             group_id=self.events.group_id,
             enable_auto_commit=False,
             max_poll_records=self.max_records,
-            partition_assignment_strategy=(
-                CheckedAssignor(RangePartitionAssignor, self.name, lambda: self._consumer),
-            ),
+            partition_assignment_strategy=(RangePartitionAssignor,),
             **self.kafka.consumer_options(),
         )
         consumer.subscribe([self.events_topic, self.lines_topic], listener=_Listener(self))

@@ -4,15 +4,6 @@ Measured on the embedded broker (see ARCHITECTURE.md): group joins wait half
 the session timeout, so a 3 s session with a 500 ms heartbeat keeps a
 rebalance at 2.5-5 s; consumer latency is bounded by fetch_max_wait_ms.
 
-A client learns a topic's partitions only from metadata it asks for, and aiokafka
-asks again only every `metadata_max_age_ms` (5 minutes by default) when nothing
-fails. A consumer group assigns what its leader's metadata names: after a broker
-that lost its memory came back with a topic the group joined before it existed,
-or with more partitions than it had (one auto-created by a client with another
-count), the group would read nothing of the new partitions for those minutes,
-while the relay already publishes there. So every client asks every 5 s: a
-metadata change makes the group join again and take every partition.
-
 Authentication comes from the environment (docker-compose.yml sets it):
 KAFKA_SECURITY_PROTOCOL (PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL),
 KAFKA_SASL_MECHANISM (SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN),
@@ -164,8 +155,6 @@ class KafkaSettings:
     heartbeat_interval_ms: int = 500
     fetch_max_wait_ms: int = 50
     request_timeout_ms: int = 10000
-    #: How often a client asks the broker for its topics' partitions (see the module).
-    metadata_max_age_ms: int = 5000
     security: KafkaSecurity = field(default_factory=KafkaSecurity)
 
     @classmethod
@@ -182,13 +171,8 @@ class KafkaSettings:
         return self if security == self.security else dataclasses.replace(self, security=security)
 
     def client_options(self) -> dict[str, Any]:
-        """`bootstrap_servers`, how often to ask for metadata and the security options
-        of an aiokafka client."""
-        return {
-            "bootstrap_servers": self.bootstrap,
-            "metadata_max_age_ms": self.metadata_max_age_ms,
-            **self.security.client_options(),
-        }
+        """`bootstrap_servers` and the security options of an aiokafka client."""
+        return {"bootstrap_servers": self.bootstrap, **self.security.client_options()}
 
     def consumer_options(self) -> dict[str, int | str | bool]:
         return {
