@@ -15,6 +15,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -722,9 +723,10 @@ async def test_pids_cgroups_a_crashed_deployer_left_are_swept_and_a_swept_one_ma
 ) -> None:
     """A deployer that crashed (or whose scratch went) leaves its deployments' empty pids
     cgroups: the next one removes them at start. One removed between a deployment's
-    allocation and its start (by another deployer's sweep) is made again by the worker's
-    wrapper, with its limit, and the worker runs in it."""
-    from runyard.deployer.runtime import Deployment
+    allocation and its start (by another deployer's sweep, once it is old) is made again
+    by the worker's wrapper, with its limit, and the worker runs in it. Groups made
+    just now are left: another deployer on the host may be about to start them."""
+    from runyard.deployer.runtime import PIDS_SWEEP_AGE_S, Deployment
 
     config = local_config(tmp_path, grace_s=1.0, worker_pids_max=50)
     runtime = LocalRuntime(config)
@@ -738,7 +740,12 @@ async def test_pids_cgroups_a_crashed_deployer_left_are_swept_and_a_swept_one_ma
         await step(deployment)
     group = runtime._pids_groups(runtime._get(deployment.key))[0]
     assert group.is_dir()
-    LocalRuntime(config)  # another deployer starts: both empty folders go
+    LocalRuntime(config)  # another deployer starts: groups made just now are kept
+    assert (stale / "w0").is_dir() and group.is_dir()
+    long_ago = time.time() - PIDS_SWEEP_AGE_S - 5
+    for folder in (stale / "w0", stale, group, group.parent):
+        os.utime(folder, (long_ago, long_ago))
+    LocalRuntime(config)  # and once they are old, both empty folders go
     assert not stale.exists() and not group.exists()
     lines: list[str] = []
     exits: list[int] = []

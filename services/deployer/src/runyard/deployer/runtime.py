@@ -2342,24 +2342,42 @@ def _pids_base(total: int | None) -> tuple[Path | None, str]:
 
 
 def _make_pids_groups(groups: Mapping[int, Path], limit: int) -> None:
-    """A pids cgroup per worker, with its limit (in a thread)."""
+    """A pids cgroup per worker, with its limit (in a thread). One another deployer's
+    sweep removed between its mkdir and its limit is made again."""
     for group in groups.values():
-        group.mkdir(parents=True, exist_ok=True)
-        if (group.parent / "cgroup.subtree_control").exists():  # v2: give its children pids
-            with contextlib.suppress(OSError):
-                (group.parent / "cgroup.subtree_control").write_text("+pids")
-        (group / "pids.max").write_text(str(limit))
+        for attempt in range(3):
+            try:
+                group.mkdir(parents=True, exist_ok=True)
+                if (group.parent / "cgroup.subtree_control").exists():  # v2: pids below
+                    with contextlib.suppress(OSError):
+                        (group.parent / "cgroup.subtree_control").write_text("+pids")
+                (group / "pids.max").write_text(str(limit))
+                break
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
 
 
-def _sweep_pids_groups(base: Path) -> None:
-    """Remove the deployments' pids cgroups no process is in (at start): those of
-    deployments a crashed deployer left, whose scratch may be gone. One of a deployment
-    not started yet goes too: its wrapper makes it again."""
+#: A deployment's pids cgroups younger than this are not swept at a deployer's start:
+#: they may be another live deployer's, made for a deployment about to start.
+PIDS_SWEEP_AGE_S = 120.0
+
+
+def _sweep_pids_groups(base: Path, now: float | None = None) -> None:
+    """Remove the deployments' pids cgroups no process is in and none was made in for
+    `PIDS_SWEEP_AGE_S` (at start): those of deployments a crashed deployer left, whose
+    scratch may be gone. One of a deployment that has not started yet for that long
+    goes too: its wrapper makes it again."""
+    now = time.time() if now is None else now
     with contextlib.suppress(OSError):
         for folder in base.glob("d-*"):
-            for group in [*folder.glob("w*"), folder]:
-                with contextlib.suppress(OSError):  # processes in it: kept
-                    group.rmdir()
+            with contextlib.suppress(OSError):
+                groups = [*folder.glob("w*"), folder]
+                if any(now - g.stat().st_mtime < PIDS_SWEEP_AGE_S for g in groups):
+                    continue  # a live deployment's, or just made
+                for group in groups:
+                    with contextlib.suppress(OSError):  # processes in it: kept
+                        group.rmdir()
 
 
 def _release_pids_groups(folder: Path) -> None:
