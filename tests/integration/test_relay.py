@@ -349,6 +349,59 @@ async def test_a_consumer_whose_offset_is_past_the_refilled_log_reads_it_from_it
     assert sorted(e.event.n for e in loss.first.seen) == list(range(before))  # type: ignore[attr-defined]
 
 
+async def test_a_jump_over_events_that_never_come_again_is_waited_for_once_then_passed(
+    dsn: str,
+    kafka: KafkaSettings,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A partition whose chain has a hole no relay will fill (its events were never
+    published again): the consumer reads the partition again from its start once,
+    waits `GAP_WAIT_S` for the missing events, then says they never came and takes
+    what followed them, each once. Never a loop of reading again."""
+    from runyard.messaging import codec
+    from runyard.messaging import consumer as consumer_module
+
+    monkeypatch.setattr(consumer_module, "GAP_WAIT_S", 1.5)
+    store = await PostgresEventStore.connect(dsn, sample_mapper())
+    stream = f"test-{uuid.uuid4().hex[:8]}"
+    await store.append(stream, [happened(n) for n in range(7)])
+    stored = [e for e in await store.all_reader(0).read_stored(100_000) if e.stream_id == stream]
+    topic = kafka.topics.for_category("test")
+    producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap)
+    await producer.start()
+
+    async def publish(event_numbers: list[int], prev: int | None) -> None:
+        for n in event_numbers:
+            key, value, headers = codec.encode_stored(stored[n])
+            if prev is not None:
+                headers.append(("prev", str(prev).encode()))
+            await producer.send_and_wait(topic, value, key=key, headers=headers, partition=0)
+            prev = stored[n].global_position
+
+    name = f"holey-{uuid.uuid4().hex[:6]}"
+    try:
+        async with running_consumer(dsn, kafka, name=name) as (consumer, collector):
+            await publish([0, 1, 2], prev=None)
+            await wait_until(lambda: consumer.stats.processed == 3)
+            # Events 3 and 4 never come: 5 names 4 as the one before it.
+            await publish([5, 6], prev=stored[4].global_position)
+            await wait_until(lambda: consumer.stats.processed == 5, within=30)
+            await asyncio.sleep(1.0)  # no reading again after the wait
+            assert consumer.stats.rewinds == 2  # for the jump, and after the wait
+            assert consumer.stats.given_up == 1
+            assert consumer.stats.processed == 5 and consumer.stats.dead_lettered == 0
+    finally:
+        await producer.stop()
+        await store.close()
+    assert [e.event.n for e in collector.seen] == [0, 1, 2, 5, 6]  # type: ignore[attr-defined]
+    lost = [r for r in caplog.records if "never came again" in r.getMessage()]
+    assert len(lost) == 1 and lost[0].levelname == "ERROR", caplog.text
+    assert f"between positions {stored[2].global_position} and {stored[4].global_position}" in (
+        lost[0].getMessage()
+    )
+
+
 async def test_a_relay_started_on_a_broker_that_lost_what_it_published_refills_it(
     dsn: str,
 ) -> None:

@@ -31,7 +31,10 @@
   rest of the batch in that partition is left for then. Past the jump, a
   message that still does not follow (one the relay sent before it noticed the
   loss; it comes again, in order) is left for when it does, for at most
-  `GAP_WAIT_S`; then the consumer goes on and says what never came.
+  `GAP_WAIT_S`; then the consumer says what never came and reads the partition
+  from its start once more, taking what was left out of order. A partition is
+  read again once per jump, never in a loop: a refilled log whose chain has a
+  hole no relay will fill costs one wait, not a stuck partition.
 - Never waits past the end either: when the refilled log stays shorter than
   the kept offset, the broker answers the client's fetches with nothing, so no
   message comes to show the jump. Every `ENDS_CHECK_S` the consumer compares
@@ -116,6 +119,8 @@ class ConsumerStats:
     rewinds: int = 0
     #: Messages left for later, as they did not follow what was handled.
     out_of_order: int = 0
+    #: Jumps whose missing events never came again within `GAP_WAIT_S`.
+    given_up: int = 0
 
 
 class IdempotentConsumer:
@@ -177,8 +182,12 @@ class IdempotentConsumer:
         #: (topic, partition) -> the highest position taken there (see `_in_order`).
         self._taken: Positions = {}
         #: (topic, partition) -> when it was read again from its start, until a
-        #: message follows what was handled.
+        #: message follows what was handled (and, after a jump, until the event the
+        #: jump's message followed is taken: `_awaited`).
         self._rewound_at: dict[tuple[str, int], float] = {}
+        #: (topic, partition) -> the position a jumping message said came before it
+        #: (`prev`), awaited since the partition was read again for it.
+        self._awaited: Positions = {}
         #: Partitions sought back since `take_sought`: their offsets must not be
         #: committed from the batch that saw the jump.
         self._sought: set[TopicPartition] = set()
@@ -260,6 +269,8 @@ class IdempotentConsumer:
                 log.debug("%s: could not compare positions with ends (%r)", self.name, exc)
                 continue
             self.read_again(lost)
+            for key in [key for key in self._awaited if self._overdue(key)]:
+                await self._give_up(key)  # also in a quiet partition: no message to wait for
 
     def read_again(self, partitions: Iterable[TopicPartition]) -> None:
         """Note `partitions` as sought back to their start by the client (their
@@ -269,6 +280,12 @@ class IdempotentConsumer:
             self._rewound_at[(tp.topic, tp.partition)] = now
             self._sought.add(tp)
             self.stats.rewinds += 1
+
+    def forget(self, partitions: Iterable[TopicPartition]) -> None:
+        """`partitions` went to another instance: a jump awaited there is its now."""
+        for tp in partitions:
+            self._rewound_at.pop((tp.topic, tp.partition), None)
+            self._awaited.pop((tp.topic, tp.partition), None)
 
     def take_sought(self) -> set[TopicPartition]:
         """The partitions read again from their start since the last call (their
@@ -425,18 +442,24 @@ class IdempotentConsumer:
                 # nothing of it can have been jumped over.
                 taken = prev if handled is None else handled
                 self._taken[key] = max(self._taken.get(key, -1), taken)
-            if prev is not None and prev > self._taken[key] and not self._gave_up(key, prev):
+            if prev is not None and prev > self._taken[key]:
                 if key not in self._rewound_at:
                     await self._read_again(key, prev)
+                    sought.add(key)
+                elif self._overdue(key):
+                    await self._give_up(key)
                     sought.add(key)
                 else:
                     self.stats.out_of_order += 1
                 continue
-            self._rewound_at.pop(key, None)
             position = global_position(record)
             if position is not None:
                 self._taken[key] = max(self._taken.get(key, -1), position)
                 positions[key] = max(positions.get(key, 0), position)
+            if self._taken.get(key, -1) >= self._awaited.get(key, -1):
+                # What was read again follows on (after a jump: the awaited event came).
+                self._rewound_at.pop(key, None)
+                self._awaited.pop(key, None)
             kept.append(record)
         return kept, positions
 
@@ -461,6 +484,10 @@ class IdempotentConsumer:
             self._taken[key],
             prev,
         )
+        self._awaited[key] = prev
+        await self._seek_to_start(key)
+
+    async def _seek_to_start(self, key: tuple[str, int]) -> None:
         tp = TopicPartition(*key)
         self.read_again([tp])
         consumer = self._kafka_consumer()
@@ -471,12 +498,22 @@ class IdempotentConsumer:
         except Exception as exc:  # revoked meanwhile: its next owner reads it
             log.info("%s: could not seek %s back (%r)", self.name, tp, exc)
 
-    def _gave_up(self, key: tuple[str, int], prev: int) -> bool:
-        """Whether the events missing before `prev` waited past `GAP_WAIT_S` (then they
-        are logged as lost and the partition goes on)."""
+    def _overdue(self, key: tuple[str, int]) -> bool:
+        """Whether the partition waited `GAP_WAIT_S` for the event a jump followed."""
         since = self._rewound_at.get(key)
-        if since is None or asyncio.get_running_loop().time() - since < GAP_WAIT_S:
-            return False
+        return (
+            key in self._awaited
+            and since is not None
+            and asyncio.get_running_loop().time() - since >= GAP_WAIT_S
+        )
+
+    async def _give_up(self, key: tuple[str, int]) -> None:
+        """The events a jump went over never came again (the partition was read from
+        its start, and `GAP_WAIT_S` passed): say so, count them as passed, and read
+        the partition from its start once more, so that what was left out of order
+        meanwhile is handled now (what was handled is skipped by the inbox). Once,
+        never in a loop: the next jump over what is taken now is a new one."""
+        awaited = self._awaited.pop(key)
         log.error(
             "%s: events of %s partition %d between positions %d and %d never came"
             " again; going on without them (the event store has them)",
@@ -484,9 +521,11 @@ class IdempotentConsumer:
             key[0],
             key[1],
             self._taken[key],
-            prev,
+            awaited,
         )
-        return True
+        self.stats.given_up += 1
+        self._taken[key] = max(self._taken[key], awaited)
+        await self._seek_to_start(key)
 
     async def flush_positions(self) -> bool:
         """Save the positions that batches of skipped events owe; called before offsets
@@ -711,7 +750,7 @@ class _WatchEnds(ConsumerRebalanceListener):  # type: ignore[misc]
         self.owner = owner
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        return None
+        self.owner.forget(revoked)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         self.owner.watch_ends()
