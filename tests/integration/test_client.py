@@ -26,6 +26,7 @@ from runyard.client import (
 )
 from runyard.contracts.http import Task
 from runyard.contracts.requests import RerunChanges
+from runyard.domain.errors import TASK_NOT_FOUND_HINT
 from runyard.gateway.app import Gateway
 from runyard.gateway.http import create_app
 from runyard.stack.ports import free_port
@@ -161,7 +162,8 @@ async def test_a_refusal_is_a_typed_error_with_the_api_body(
             await runyard.get_task("no-such-task")
     error = found.value
     assert (error.http_status, error.code) == (404, "task_not_found")
-    assert error.hint == "check the task id" and not error.retryable
+    assert error.field == "task_id" and error.hint == TASK_NOT_FOUND_HINT
+    assert not error.retryable
 
 
 async def test_a_read_is_sent_again_after_a_503_as_retry_after_says(

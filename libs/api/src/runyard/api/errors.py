@@ -38,6 +38,7 @@ from typing import Any
 import asyncpg
 from aiokafka.errors import KafkaError
 from asyncpg.exceptions import _base as asyncpg_base
+from runyard.domain.errors import TASK_NOT_FOUND_HINT
 from runyard.errors import (
     RETRY_AFTER_S,
     UNAVAILABLE_CODE,
@@ -164,4 +165,6 @@ def error_of(status: int, body: Mapping[str, Any]) -> GatewayError:
 
 def task_not_found(task_id: str) -> NotFound:
     """The answer for a task that does not exist or belongs to another tenant."""
-    return NotFound("task_not_found", f"task {task_id!r} does not exist", "check the task id")
+    return NotFound(
+        "task_not_found", f"task {task_id!r} does not exist", TASK_NOT_FOUND_HINT, "task_id"
+    )

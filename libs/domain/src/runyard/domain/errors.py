@@ -39,6 +39,10 @@ class DomainError(RunyardError):
         return f"{self.message} ({self.hint})" if self.hint else self.message
 
 
+#: What a user whose task id named no task (or another tenant's) can do next.
+TASK_NOT_FOUND_HINT = "check the task id; `runyard ls` lists your tenant's tasks"
+
+
 class TaskNotFound(DomainError):
     """No event exists for the task id."""
 
@@ -46,7 +50,7 @@ class TaskNotFound(DomainError):
 
     def __init__(self, task_id: str) -> None:
         message = f"task {task_id!r} does not exist"
-        super().__init__("task_not_found", message, "check the task id", "task_id")
+        super().__init__("task_not_found", message, TASK_NOT_FOUND_HINT, "task_id")
         self.task_id = task_id
 
 
