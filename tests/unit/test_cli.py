@@ -178,6 +178,29 @@ async def test_refusals_print_the_hint_with_exit_codes(served: tuple[str, str]) 
     assert (await cli(url, token, "show", "nope")).exit_code == 1
 
 
+async def test_with_json_a_refusal_is_the_apis_error_object_on_stdout(
+    served: tuple[str, str],
+) -> None:
+    """A script that asked for `--json` reads a refusal as JSON too, with the same
+    exit codes: the API's error object (code, field, message, hint)."""
+    url, token = served
+    missing = await cli(url, token, "show", "0" * 32, "--json")
+    assert missing.exit_code == 1, missing.output
+    error = json.loads(missing.stdout)
+    assert error["code"] == "task_not_found" and error["field"] == "task_id"
+    assert "runyard ls" in error["hint"] and "0" * 32 in error["message"]
+    assert "error" not in missing.stderr
+    denied = await cli(url, "wrong", "ls", "--json")
+    assert denied.exit_code == 3 and json.loads(denied.stdout)["code"].startswith("auth."), (
+        denied.output
+    )
+    away = await cli(f"http://127.0.0.1:{free_port()}", token, "ls", "--json")
+    assert away.exit_code == 4 and json.loads(away.stdout)["code"] == "client.unreachable"
+    assert "runyard up" in json.loads(away.stdout)["hint"]
+    plain = await cli(url, token, "show", "0" * 32)  # without --json: text on stderr
+    assert plain.stdout == "" and "task_not_found (task_id)" in plain.stderr
+
+
 async def test_ddp_warnings_pools_capacity_and_groups(served: tuple[str, str]) -> None:
     url, token = served
     ddp = await cli(url, token, "submit", "-f", str(REPO / "examples/ddp.yaml"), "--json")
@@ -483,7 +506,7 @@ async def test_stacks_json_of_a_task_without_reports_prints_the_empty_list(dsn: 
             text = await cli(url, token, "stacks", "quiet")
             assert text.exit_code == 1 and "no stack report" in text.stderr
             missing = await cli(url, token, "stacks", "nope", "--json")
-            assert missing.exit_code == 1 and missing.stdout == ""
+            assert missing.exit_code == 1 and json.loads(missing.stdout)["code"] == "task_not_found"
         await ft.drain()
     finally:
         await store.close()

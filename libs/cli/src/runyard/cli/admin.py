@@ -20,7 +20,7 @@ from types import ModuleType
 from typing import Annotated, Any
 
 import typer
-from runyard.cli.terminal import clean
+from runyard.cli.terminal import clean, remember_json
 from runyard.contracts.requests import TokenRequest
 
 admin_app = typer.Typer(
@@ -38,7 +38,9 @@ admin_app.add_typer(tokens_app, name="tokens")
 
 UrlOpt = Annotated[str | None, typer.Option("--url", help="Gateway URL (RUNYARD_URL).")]
 TokenOpt = Annotated[str | None, typer.Option("--token", help="Bearer token (RUNYARD_TOKEN).")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print the API's JSON.")]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print the API's JSON.", callback=remember_json)
+]
 Pool = Annotated[str, typer.Argument(help="Pool id.")]
 Node = Annotated[str, typer.Argument(help="Node name.")]
 

@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import Annotated, Any
 
 import typer
+from runyard.cli.terminal import remember_json
 
 alerts_app = typer.Typer(
     help="Feishu alert subscriptions of your tenant (task failed, hang, queued too long...).",
@@ -25,7 +26,9 @@ alerts_app = typer.Typer(
 
 UrlOpt = Annotated[str | None, typer.Option("--url", help="Gateway URL (RUNYARD_URL).")]
 TokenOpt = Annotated[str | None, typer.Option("--token", help="Bearer token (RUNYARD_TOKEN).")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print the API's JSON.")]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print the API's JSON.", callback=remember_json)
+]
 PATH = "/v1/alert-subscriptions"
 
 

@@ -23,7 +23,7 @@ from uuid import UUID
 import typer
 from runyard.cli.dsn import DsnOpt, stack_dsn
 from runyard.cli.main import app, err, out, show_json, table
-from runyard.cli.terminal import markup
+from runyard.cli.terminal import markup, remember_json
 
 BootstrapOpt = Annotated[
     str | None,
@@ -31,7 +31,7 @@ BootstrapOpt = Annotated[
         "--bootstrap", help="the broker (default KAFKA_BOOTSTRAP_SERVERS, or `runyard up`'s)"
     ),
 ]
-JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON.", callback=remember_json)]
 _COLUMNS = ["parked", "by", "event", "stream", "version", "position", "type", "size", "reason"]
 
 

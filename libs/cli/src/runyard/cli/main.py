@@ -35,7 +35,7 @@ from runyard.cli.admin import admin_app
 from runyard.cli.alerts import alerts_app
 from runyard.cli.detail import detail
 from runyard.cli.settings import SettingError, apply_settings, sets_nested
-from runyard.cli.terminal import clean, markup, print_json, render_table
+from runyard.cli.terminal import JSON_WANTED, clean, markup, print_json, remember_json, render_table
 from runyard.client import ApiError, Client, GatewayUnreachable, Retry
 from runyard.contracts.requests import RerunChanges
 
@@ -54,7 +54,9 @@ RETRY = Retry(attempts=3, backoff_s=0.5, max_wait_s=5.0)
 
 UrlOpt = Annotated[str | None, typer.Option("--url", help="Gateway URL (RUNYARD_URL).")]
 TokenOpt = Annotated[str | None, typer.Option("--token", help="Bearer token (RUNYARD_TOKEN).")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print the API's JSON.")]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print the API's JSON.", callback=remember_json)
+]
 
 #: `emoji=False`: a task named `:fire:` prints as such, not as an emoji.
 out = Console(soft_wrap=True, emoji=False)
@@ -106,8 +108,12 @@ def gateway(url: str | None, token: str | None) -> Iterator[Client]:
         with make_client(url, token) as http:
             yield Client(http=http, retry=RETRY)
     except GatewayUnreachable as exc:
-        err.print(f"[red]error:[/red] {markup(exc.message)}")
-        err.print("hint: start it with `runyard up`, or set --url / RUNYARD_URL")
+        hint = "start it with `runyard up`, or set --url / RUNYARD_URL"
+        if JSON_WANTED.get():
+            show_json({"code": exc.code, "field": "", "message": exc.message, "hint": hint})
+        else:
+            err.print(f"[red]error:[/red] {markup(exc.message)}")
+            err.print(f"hint: {hint}")
         raise typer.Exit(EXIT_UNREACHABLE) from exc
     except ApiError as exc:
         refused(exc)
@@ -121,12 +127,17 @@ def call(url: str | None, token: str | None, method: str, path: str, **kw: Any) 
 
 
 def refused(error: ApiError) -> NoReturn:
-    """Print a refusal (code, field, message, hint) and exit with its code."""
+    """Print a refusal (code, field, message, hint) and exit with its code; with
+    `--json`, the API's error object on standard output (for a script to read)."""
+    code = EXIT_AUTH if error.http_status in (401, 403) else EXIT_REFUSED
+    if JSON_WANTED.get():
+        show_json(error.error.model_dump(mode="json"))
+        raise typer.Exit(code)
     where = f" ({markup(error.field)})" if error.field else ""
     err.print(f"[red]error[/red] {markup(error.code)}{where}: {markup(error.message)}")
     if error.hint:
         err.print(f"hint: {markup(error.hint)}")
-    raise typer.Exit(EXIT_AUTH if error.http_status in (401, 403) else EXIT_REFUSED)
+    raise typer.Exit(code)
 
 
 def as_json_data(answer: BaseModel) -> dict[str, Any]:

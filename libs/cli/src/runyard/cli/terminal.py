@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 from rich.console import Console
@@ -116,6 +117,17 @@ def json_text(data: Any) -> str:
     on a terminal: C1, DEL, separators and bidi controls become `\\uXXXX` (valid JSON)."""
     text = json.dumps(data, indent=2, ensure_ascii=False)
     return _UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+#: Whether the command running was given `--json` (set as the option is read, by
+#: `remember_json`): its refusals are then JSON as well.
+JSON_WANTED: ContextVar[bool] = ContextVar("runyard_cli_json", default=False)
+
+
+def remember_json(value: bool) -> bool:
+    """The `--json` option's callback: notes for the command whether JSON was asked."""
+    JSON_WANTED.set(bool(value))
+    return value
 
 
 def print_json(console: Console, data: Any) -> None:
