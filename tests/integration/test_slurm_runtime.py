@@ -829,21 +829,33 @@ async def test_a_worker_whose_wrapper_is_killed_is_recorded_with_an_unknown_exit
 
 async def test_a_worker_runs_unprivileged_and_sees_only_its_own_scratch(h: Harness) -> None:
     """With worker namespaces (root), the launch command runs as the worker user with no
-    capabilities, and of the control plane's folders sees only its own scratch."""
+    capabilities, of the control plane's folders sees only its own scratch, and cannot
+    talk to Slurm (munge's socket is hidden: no credential, so no sbatch or squeue of
+    its own past Runyard's queue)."""
     if h.runtime.worker_ids is None:
         pytest.skip("workers run as the worker user only when the deployer runs as root")
     root = h.runtime.config.scratch_root
     root.mkdir(parents=True, exist_ok=True)
     (root / "other-task").mkdir(exist_ok=True)
+    munge = shutil.which("munge") or "/usr/bin/munge"
     command = (
         'echo "uid=$(id -u) $(grep CapEff /proc/self/status | tr -d "\\t")"; '
         f"test -e {root}/other-task && echo SEEN || echo hidden; "
-        'touch "$HOME/mine" "$TMPDIR/mine" mine && echo writes'
+        'touch "$HOME/mine" "$TMPDIR/mine" mine && echo writes; '
+        f"{munge} -n >/dev/null 2>&1 && echo munge-reached || echo munge-refused"
     )
+    # munge, as every Slurm client, asks the socket for a credential: it works here.
+    minted = await asyncio.create_subprocess_exec(munge, "-n", stdout=asyncio.subprocess.DEVNULL)
+    assert await minted.wait() == 0
     await h.launch("user", make_spec(command))
     assert (await h.state("user")).status == "succeeded", h.output("user")
     uid = h.runtime.worker_ids[0]
-    assert h.output("user") == [f"0:uid={uid} CapEff:0000000000000000", "0:hidden", "0:writes"]
+    assert h.output("user") == [
+        f"0:uid={uid} CapEff:0000000000000000",
+        "0:hidden",
+        "0:writes",
+        "0:munge-refused",
+    ]
 
 
 async def test_a_job_sbatch_submitted_but_reported_as_failed_is_cancelled(

@@ -37,6 +37,8 @@ pytestmark = [
 ]
 
 REPO = Path(__file__).resolve().parents[2]
+#: munge's socket, where Slurm is installed (the host's, hidden from workers).
+MUNGE_SOCKET = "/run/munge/munge.socket.2"
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +144,8 @@ async def test_a_task_cannot_read_control_plane_files_or_see_its_processes(
             'cat /proc/[0-9]*/cmdline 2>/dev/null | tr "\\0" " " | grep -q "py[t]est" '
             '&& echo "PROBE sees_test_runner=yes" || echo "PROBE sees_test_runner=no"',
             '[ "$(id -u)" != 0 ] && echo "PROBE unprivileged=yes" || echo "PROBE unprivileged=no"',
+            # munge mints a credential of the caller's uid, which Slurm takes for sbatch
+            f'[ -S {MUNGE_SOCKET} ] && echo "PROBE munge=yes" || echo "PROBE munge=no"',
         ],
     )
     assert found == {
@@ -155,6 +159,7 @@ async def test_a_task_cannot_read_control_plane_files_or_see_its_processes(
         "wrapper_environ": "no",
         "sees_test_runner": "no",
         "unprivileged": "yes",
+        "munge": "no",
     }
     # The token file is still there for the host: the sandbox hid it, nothing removed it.
     assert (data / "token").read_text().strip() == platform.token

@@ -1592,8 +1592,14 @@ class LocalRuntime:
         return {i: folder / f"w{i}" for i in local.workers}
 
     def _hidden_paths(self) -> list[Path]:
-        """The control-plane paths a sandboxed worker must not see."""
-        wanted = [self.config.scratch_root, self.config.volumes_root, *self.config.hidden]
+        """The control-plane paths a sandboxed worker must not see (`CREDENTIAL_PATHS`
+        too: each covered where it exists on the worker's machine, as every one)."""
+        wanted = [
+            self.config.scratch_root,
+            self.config.volumes_root,
+            *self.config.hidden,
+            *map(Path, CREDENTIAL_PATHS),
+        ]
         return sorted({p.resolve() for p in wanted})
 
     def _watch_all(self, local: _Local, on_output: OnOutput, on_exit: OnExit) -> None:
@@ -2307,6 +2313,12 @@ def _run(args: list[str]) -> None:
         message = done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"
         raise OSError(f"{Path(args[0]).name}: {message}")
 
+
+#: Services that hand out the control plane's credentials, hidden from sandboxed workers
+#: with the paths of `hide:`: munge's socket folder mints a credential of the caller's
+#: uid, with which Slurm takes `sbatch`, `scancel`, `scontrol` from any process of the
+#: worker user (every task's), past Runyard's queue and quotas.
+CREDENTIAL_PATHS = ("/run/munge", "/var/run/munge")
 
 #: The pids cgroup the sandboxed workers' own ones are made in, below the hierarchy's root.
 PIDS_BASE = "runyard-workers"
