@@ -21,3 +21,19 @@ def test_deploys_at_once_defaults_to_16_and_takes_a_setting(tmp_path: Path) -> N
 def test_deploys_at_once_below_one_is_refused_with_the_fix(tmp_path: Path, bad: object) -> None:
     with pytest.raises(ValueError, match=r"local\.deploys_at_once .*whole number >= 1"):
         _read({"deploys_at_once": bad}, tmp_path)
+
+
+def test_gpu_nodes_are_found_by_their_index_and_nothing_else(tmp_path: Path) -> None:
+    from runyard.deployer.runtime import gpu_nodes
+
+    for name in ("nvidia0", "nvidia1", "nvidia10", "nvidiactl", "nvidia-uvm", "nvidia-caps"):
+        (tmp_path / name).touch()
+    (tmp_path / "card3.node").touch()
+    (tmp_path / "card4").touch()
+    assert gpu_nodes(f"{tmp_path}/nvidia{{gpu}}") == {
+        0: tmp_path / "nvidia0",
+        1: tmp_path / "nvidia1",
+        10: tmp_path / "nvidia10",
+    }
+    assert gpu_nodes(f"{tmp_path}/card{{gpu}}.node") == {3: tmp_path / "card3.node"}
+    assert gpu_nodes(f"{tmp_path}/missing/nvidia{{gpu}}") == {}
