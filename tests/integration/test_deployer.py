@@ -258,6 +258,47 @@ async def test_stop_during_running_ends_every_process(h: Harness) -> None:
     assert not scratch.exists()
 
 
+async def test_the_sweep_acts_on_a_placement_and_a_stop_the_consumer_never_handed_over(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Events a consumer had to give up on (after a broker loss) never reach the
+    deployer's handler: the sweep finds them in the log, undelivered at two sweeps in
+    a row, and acts on them as the consumer would have, once. Events that were
+    handed over are left alone."""
+    from datetime import UTC, datetime
+
+    assert await h.app.sweep() == []  # the first marks the log's head
+    await h.launch("handed", make_spec("true"))  # placed, and handed over
+    spec = make_spec("sleep 60")
+    submitted = decide(None, Submit("lost", "acme", "alice", spec), now=datetime.now(UTC),
+                       ids=lambda: "x")  # fmt: skip
+    await h.append("lost", submitted)
+    worker = WorkerPlacement(index=0, node="n-0", gpus=(0,))
+    placed = TaskPlaced(run=1, attempt=1, pool="dev", workers=(worker,))
+    await h.append("lost", [placed])  # never handed over
+    assert await h.app.sweep() == []  # seen once: it may still be on its way
+    assert "DeployStageStarted" not in await h.types("lost")
+    assert await h.app.sweep() == ["lost"]
+    await h.wait_for("lost", "TaskRunning", within=10)
+    assert (await h.state("handed")).status == "succeeded"
+
+    state = await h.state("lost")
+    await h.append("lost", decide(state, RequestStop("lost"), now=state.submitted_at,
+                                  ids=lambda: "x"))  # fmt: skip
+    assert await h.app.sweep() == []
+    assert await h.app.sweep() == ["lost"]
+    await asyncio.wait_for(h.app.drain(), 8)
+    assert (await h.state("lost")).status == "stopped"
+    assert await h.app.sweep() == [] and await h.app.sweep() == []  # once
+    missed = [r.getMessage() for r in caplog.records if "never reached it" in r.getMessage()]
+    assert [m.split(" of task")[0] for m in missed] == [
+        "deployer: TaskPlaced",
+        "deployer: TaskStopRequested",
+    ], missed
+    types = await h.types("lost")
+    assert types.count("DeployStageStarted") == 4 and types.count("TaskStopped") == 1
+
+
 async def test_scratch_is_private_and_removed_after_the_task(h: Harness) -> None:
     command = 'echo "$HOME|$TMPDIR|$PWD"; echo data > local.txt'
     await h.launch("scratch", make_spec(command))

@@ -44,7 +44,11 @@ and appends `StacksCaptured` with the command's metadata (R-33).
 
 After a restart of the deployer, `reconcile` (called once before the
 consumer starts) compares what the log says with what the runtime holds; see
-its docstring and docs/deployer.md.
+its docstring and docs/deployer.md. While it runs, `sweep` (every `SWEEP_S`)
+reads the log on from where it last stopped and acts on a placement or a stop
+request the consumer never handed it (`SWEPT`), found undelivered at two
+sweeps in a row: an event a consumer had to give up on (after a broker loss,
+runyard.messaging.consumer) costs a delay, not a task.
 
 Every decision goes through `runyard.domain.task.decide` on the task's state
 folded from its stream, and is appended with the version it read; a
@@ -57,6 +61,7 @@ import asyncio
 import contextlib
 import errno
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -111,6 +116,7 @@ from runyard.eventstore import (
     AppendRequest,
     AppendResult,
     Decision,
+    PostgresAllReader,
     PostgresEventStore,
     StreamLocks,
     TaskCommands,
@@ -118,6 +124,11 @@ from runyard.eventstore import (
 )
 
 log = logging.getLogger("runyard.deployer")
+
+#: Seconds between anti-entropy sweeps (`DeployerApp.sweep`).
+SWEEP_S = 15.0
+#: Events the sweep reads from the log per query.
+SWEEP_BATCH = 1000
 
 #: What a masked creator-only value reads as in messages (as in API answers).
 MASK = "******"
@@ -183,6 +194,9 @@ REACTS_TO = frozenset(
         TaskFailed,
     )
 )
+#: The events the sweep makes sure were acted on: those that start or stop work
+#: (a missed one would leave a task placed, or running, for ever).
+SWEPT = frozenset(t.type_name() for t in (TaskPlaced, TaskStopRequested))
 
 
 class DeployerApp:
@@ -211,6 +225,13 @@ class DeployerApp:
         #: Restarts waiting out their delay, woken early by a stop.
         self._waiting: dict[str, asyncio.Event] = {}
         self._detached = False
+        #: The sweep (see the module): where it read the log to, the events of `SWEPT`
+        #: it found not handed over yet (task id, version, type), and the events
+        #: handed over (task id, version) with when, kept for three sweeps.
+        self.sweep_s = SWEEP_S
+        self._swept: PostgresAllReader | None = None
+        self._sighted: list[tuple[str, int, str]] = []
+        self._delivered: dict[tuple[str, int], float] = {}
 
     # -- reactions ---------------------------------------------------------------
 
@@ -219,6 +240,8 @@ class DeployerApp:
         if not event.stream_id.startswith("task-") or event.type not in REACTS_TO:
             return
         task_id = event.stream_id.removeprefix("task-")
+        if event.type in SWEPT:
+            self._delivered[(task_id, event.stream_version)] = time.monotonic()
         payload = event.event
         if isinstance(payload, TaskPlaced):
             self._spawn(self._on_placed(task_id, payload, event))
@@ -251,6 +274,58 @@ class DeployerApp:
             active = self._active.get(task_id)
             if active is not None and not active.stopping:
                 self._spawn(self._end(active))
+
+    # -- anti-entropy ----------------------------------------------------------------
+
+    async def sweep_forever(self) -> None:
+        """`sweep` every `sweep_s` until cancelled (an outage is waited out)."""
+        while True:
+            await asyncio.sleep(self.sweep_s)
+            await until_done(self.sweep, what="the deployer's sweep of the log")
+
+    async def sweep(self) -> list[str]:
+        """Act on what the consumer should have handed over and did not; the task ids.
+
+        Reads the log on from where the last sweep stopped (its first call only
+        marks the log's head: what came before, `reconcile` took over). An event of
+        `SWEPT` found at one sweep and still not handed over at the next (so not one
+        on its way through the broker) is read from its stream and handled as the
+        consumer would have: the reactions check the task's state, so one that was
+        acted on meanwhile does nothing. Logged as a warning: a healthy platform
+        never needs it. What it costs grows with what was appended since the last
+        sweep, not with the log."""
+        if self._swept is None:
+            self._swept = self.store.all_reader(await self.store.head_position())
+            return []
+        fresh: list[tuple[str, int, str]] = []
+        while True:
+            rows = await self._swept.read_rows(SWEEP_BATCH)
+            fresh += [
+                (row["stream_id"].removeprefix("task-"), row["stream_version"], row["event_type"])
+                for row in rows
+                if row["event_type"] in SWEPT and row["stream_id"].startswith("task-")
+            ]
+            if len(rows) < SWEEP_BATCH:
+                break
+        acted: list[str] = []
+        for task_id, version, kind in self._sighted:
+            if (task_id, version) in self._delivered:
+                continue
+            found = await self.store.read_stream(task_stream(task_id), version, 1)
+            if not found:
+                continue
+            log.warning(
+                "deployer: %s of task %s (version %d) never reached it; acting on it now",
+                kind,
+                task_id,
+                version,
+            )
+            await self.handle(found[0])
+            acted.append(task_id)
+        self._sighted = [s for s in fresh if (s[0], s[1]) not in self._delivered]
+        horizon = time.monotonic() - 3 * self.sweep_s
+        self._delivered = {k: at for k, at in self._delivered.items() if at >= horizon}
+        return acted
 
     # -- commands ------------------------------------------------------------------
 

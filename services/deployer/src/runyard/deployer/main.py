@@ -16,6 +16,8 @@ The producer is connected first; then, before the consumer starts,
 `DeployerApp.reconcile` takes over what an earlier
 deployer process left (workers still running, exits nobody recorded,
 deployments cut mid-stage, placements nobody deployed); see docs/deployer.md.
+Then every `deployer_sweep_s` (15 s) `DeployerApp.sweep` acts on a placement or
+a stop request the consumer never handed over.
 `runtime.yaml`'s `deployer:` section may cap restart delays
 (`max_restart_delay_s`, for development stacks).
 
@@ -256,6 +258,7 @@ async def run(ctx: ServiceContext) -> None:
         on_output=publish,
         max_restart_delay_s=float(cap) if cap is not None else None,
     )
+    app.sweep_s = float(ctx.settings.get("deployer_sweep_s", app.sweep_s))
     stored = LogServiceLines(ctx.endpoints, credential.service_token(ctx.settings, ctx.data_dir))
     agent = ctx.settings.get("deployer_node_agent")
     group = f"{COMMANDS_GROUP}.{agent}" if agent else COMMANDS_GROUP
@@ -274,6 +277,7 @@ async def run(ctx: ServiceContext) -> None:
     )
     commands: asyncio.Task[None] | None = None
     keeping: asyncio.Task[None] | None = None
+    sweeping: asyncio.Task[None] | None = None
     ends = LogsTopicEnds(ctx.kafka)
     keeper = OutputKeeper(runtime, stored, republish, watch=watch, probe=ends)
     try:
@@ -318,13 +322,17 @@ async def run(ctx: ServiceContext) -> None:
         )
         commands = asyncio.create_task(follow_commands(app, ctx.kafka, group))
         keeping = asyncio.create_task(keeper.run())
-        await asyncio.wait([http, commands, keeping], return_when=asyncio.FIRST_COMPLETED)
-        for done in (http, commands, keeping):
+        sweeping = asyncio.create_task(app.sweep_forever())
+        running = [http, commands, keeping, sweeping]
+        await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+        for done in running:
             if done.done():
                 done.result()  # a server or consumer that ended is an error of the service
-        raise RuntimeError("the deployer's HTTP face, command consumer or output keeper ended")
+        raise RuntimeError(
+            "the deployer's HTTP face, command consumer, output keeper or sweep ended"
+        )
     finally:
-        for task in (keeping, commands, http):
+        for task in (sweeping, keeping, commands, http):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):
