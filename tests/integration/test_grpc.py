@@ -796,7 +796,7 @@ async def test_expected_codes(both: Both) -> None:
     cases = [
         (await via.get("nobody", both.seed_task), "UNAUTHENTICATED", "auth.missing_token", ""),
         (await via.ls("forged"), "UNAUTHENTICATED", "auth.invalid_token", ""),
-        (await via.get("carol", both.seed_task), "NOT_FOUND", "task_not_found", ""),
+        (await via.get("carol", both.seed_task), "NOT_FOUND", "task_not_found", "task_id"),
         (
             await via.create("alice", {**BASE, "image": "nope:1"}),
             "INVALID_ARGUMENT",
