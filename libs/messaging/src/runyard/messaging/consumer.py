@@ -269,8 +269,9 @@ class IdempotentConsumer:
                 log.debug("%s: could not compare positions with ends (%r)", self.name, exc)
                 continue
             self.read_again(lost)
-            for key in [key for key in self._awaited if self._overdue(key)]:
-                await self._give_up(key)  # also in a quiet partition: no message to wait for
+            for key in list(self._awaited):  # also in a quiet partition: no message comes
+                if self._overdue(key):  # (a batch may have taken it since the list was made)
+                    await self._give_up(key)
 
     def read_again(self, partitions: Iterable[TopicPartition]) -> None:
         """Note `partitions` as sought back to their start by the client (their
@@ -513,7 +514,9 @@ class IdempotentConsumer:
         the partition from its start once more, so that what was left out of order
         meanwhile is handled now (what was handled is skipped by the inbox). Once,
         never in a loop: the next jump over what is taken now is a new one."""
-        awaited = self._awaited.pop(key)
+        awaited = self._awaited.pop(key, None)
+        if awaited is None:
+            return  # the awaited event came meanwhile
         log.error(
             "%s: events of %s partition %d between positions %d and %d never came"
             " again; going on without them (the event store has them)",
