@@ -226,11 +226,13 @@ class DeployerApp:
         self._waiting: dict[str, asyncio.Event] = {}
         self._detached = False
         #: The sweep (see the module): where it read the log to, the events of `SWEPT`
-        #: it found not handed over yet (task id, version, type), and the events
-        #: handed over (task id, version) with when, kept for three sweeps.
+        #: it found not handed over yet (task id, version, type) at the last sweep and
+        #: in this one so far (kept when a sweep fails midway, an outage), and the
+        #: events handed over (task id, version) with when, kept for three sweeps.
         self.sweep_s = SWEEP_S
         self._swept: PostgresAllReader | None = None
         self._sighted: list[tuple[str, int, str]] = []
+        self._fresh: list[tuple[str, int, str]] = []
         self._delivered: dict[tuple[str, int], float] = {}
 
     # -- reactions ---------------------------------------------------------------
@@ -297,10 +299,9 @@ class DeployerApp:
         if self._swept is None:
             self._swept = self.store.all_reader(await self.store.head_position())
             return []
-        fresh: list[tuple[str, int, str]] = []
         while True:
             rows = await self._swept.read_rows(SWEEP_BATCH)
-            fresh += [
+            self._fresh += [
                 (row["stream_id"].removeprefix("task-"), row["stream_version"], row["event_type"])
                 for row in rows
                 if row["event_type"] in SWEPT and row["stream_id"].startswith("task-")
@@ -322,7 +323,8 @@ class DeployerApp:
             )
             await self.handle(found[0])
             acted.append(task_id)
-        self._sighted = [s for s in fresh if (s[0], s[1]) not in self._delivered]
+        self._sighted = [s for s in self._fresh if (s[0], s[1]) not in self._delivered]
+        self._fresh = []
         horizon = time.monotonic() - 3 * self.sweep_s
         self._delivered = {k: at for k, at in self._delivered.items() if at >= horizon}
         return acted
