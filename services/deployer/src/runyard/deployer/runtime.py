@@ -2375,12 +2375,12 @@ def _make_pids_groups(groups: Mapping[int, Path], limit: int) -> None:
 PIDS_SWEEP_AGE_S = 120.0
 
 
-def _sweep_pids_groups(base: Path, now: float | None = None) -> None:
+def _sweep_pids_groups(base: Path) -> None:
     """Remove the deployments' pids cgroups no process is in and none was made in for
     `PIDS_SWEEP_AGE_S` (at start): those of deployments a crashed deployer left, whose
     scratch may be gone. One of a deployment that has not started yet for that long
     goes too: its wrapper makes it again."""
-    now = time.time() if now is None else now
+    now = time.time()
     with contextlib.suppress(OSError):
         for folder in base.glob("d-*"):
             with contextlib.suppress(OSError):
