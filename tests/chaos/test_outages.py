@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import shutil
 import signal
@@ -54,16 +55,21 @@ async def wait_until(
     within: float = 60.0,
     state: Callable[[], str] = lambda: "",
 ) -> None:
-    """Wait for `condition`; past `within` s (below pytest's timeout, so that the
-    failure says where it stood) fail with `state()` and every task's stack."""
+    """Wait for `condition` (its value, or what it returns awaited); past `within` s
+    (below pytest's timeout, so that the failure says where it stood) fail with
+    `state()` and every task's stack."""
     deadline = asyncio.get_running_loop().time() + within
-    while not condition():
+    while not await _value(condition()):
         if asyncio.get_running_loop().time() > deadline:
             for task in asyncio.all_tasks():
                 with contextlib.suppress(Exception):  # frames of compiled code
                     task.print_stack(limit=8)
             raise AssertionError(f"condition not met in {within:.0f} s: {state()}")
         await asyncio.sleep(0.05)
+
+
+async def _value(result: object) -> object:
+    return await result if inspect.isawaitable(result) else result
 
 
 async def handled(pool: asyncpg.Pool) -> list[int]:
@@ -211,10 +217,10 @@ async def test_a_database_outage_is_waited_out_and_costs_no_event(
             # Counted in the handled table, not by the consumer: a batch whose commit
             # the database made just before it went down, with the answer lost, is
             # handled again and found done (a duplicate for the consumer's stats).
-            deadline = time.monotonic() + 60
-            while len(await handled(consumer_pool)) < total:
-                assert time.monotonic() < deadline, state()
-                await asyncio.sleep(0.1)
+            async def all_handled() -> bool:
+                return len(await handled(consumer_pool)) >= total
+
+            await wait_until(all_handled, state=state)
             await wait_until(lambda: relay.stats.published == total, state=state)
             await wait_until(lambda: "relay" not in HEALTH.down, state=state)
             assert sorted(await handled(consumer_pool)) == list(range(total))  # each once
