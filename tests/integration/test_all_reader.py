@@ -74,3 +74,39 @@ async def test_contiguous_batches_are_read_whole(dsn: str) -> None:
     assert [e.stream_version for e in (*first, *rest)] == list(range(1, 26))
     assert await reader.read(100) == []
     await store.close()
+
+
+async def test_heads_reads_where_and_what_up_to_the_head_and_waits_at_a_gap(dsn: str) -> None:
+    store = await PostgresEventStore.connect(dsn, sample_mapper())
+    reader = store.all_reader(await store.head_position())
+    written = await store.append("test-heads", [happened(i) for i in range(7)])
+    async with store.pool.acquire() as slow:
+        transaction = slow.transaction()
+        await transaction.start()
+        held = await store.append_in(slow, "test-heads-held", [happened(7)])  # not committed
+        after = await store.append("test-heads", [happened(8)])
+
+        batches = [rows async for rows in reader.heads(3)]
+        ours = [
+            (r["stream_id"], r["stream_version"], r["global_position"], r["event_type"])
+            for rows in batches
+            for r in rows
+            if r["stream_id"].startswith("test-heads")
+        ]
+        assert ours == [
+            ("test-heads", v, p, "Happened") for v, p in enumerate(written.positions, start=1)
+        ], "read in batches up to the held position, and no further"
+        assert all(len(rows) == 3 for rows in batches[:-1])
+        assert set(batches[0][0].keys()) == {
+            "stream_id",
+            "stream_version",
+            "global_position",
+            "occurred_at",
+            "event_type",
+        }, "no payload or metadata"
+        await transaction.commit()
+
+    rest = [r["global_position"] async for rows in reader.heads(3) for r in rows]
+    assert rest == [held.positions[0], after.positions[0]]
+    assert [rows async for rows in reader.heads(3)] == []
+    await store.close()

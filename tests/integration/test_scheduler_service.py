@@ -469,6 +469,38 @@ async def test_the_sweep_acts_on_an_event_that_never_reached_the_scheduler(dsn: 
         assert await h.app.sweep() == []  # nothing more to do
 
 
+async def test_a_sweep_cut_short_by_an_outage_keeps_what_it_had_read(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep reads the log on from where it stopped: a batch it read before the
+    database went away must still be compared at the next sweep, not skipped."""
+    monkeypatch.setattr("runyard.scheduler.app.SWEEP_BATCH", 2)
+    async with harness(dsn) as h:
+        assert await h.app.sweep() == []
+        await h.submit("lost", spec("8gpu"), deliver=False)
+        for n in range(3):
+            await h.submit(f"other{n}", spec("1gpu"))
+        reader = h.app._swept
+        assert reader is not None
+        read, reads = reader._read, 0
+
+        async def cut(*args: object) -> object:
+            nonlocal reads
+            reads += 1
+            if reads == 2:  # the first batch (with "lost") was read; the next fails
+                raise ConnectionResetError("the database went away")
+            return await read(*args)
+
+        monkeypatch.setattr(reader, "_read", cut)
+        with pytest.raises(ConnectionResetError):
+            await h.app.sweep()
+        h.clock.now += timedelta(seconds=30)
+        assert await h.app.sweep() == []  # first sighting: it may be on its way
+        h.clock.now += timedelta(seconds=30)
+        assert await h.app.sweep() == ["lost"]
+        assert await h.types("lost") == ["TaskSubmitted", "TaskPlaced"]
+
+
 async def test_an_event_the_consumer_brings_late_is_not_acted_on_twice(dsn: str) -> None:
     async with harness(dsn) as h:
         await h.submit("late", spec("8gpu"), deliver=False)

@@ -83,6 +83,10 @@ SELECT {EVENT_COLUMNS},
        (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint) AS xmax
 FROM events WHERE global_position > $1 ORDER BY global_position LIMIT $2
 """
+#: What `PostgresAllReader.heads` reads of a row: where and what, not the payload.
+HEAD_COLUMNS = "stream_id, stream_version, global_position, occurred_at, event_type"
+_READ_HEADS = _READ_ALL.replace(EVENT_COLUMNS, HEAD_COLUMNS)
+_READ_HEADS_BOUNDED = _READ_ALL_BOUNDED.replace(EVENT_COLUMNS, HEAD_COLUMNS)
 
 _CONNECTION_ERRORS = (
     asyncpg.exceptions.ConnectionDoesNotExistError,
@@ -409,13 +413,31 @@ class PostgresAllReader(AllReader):
         return [StoredEvent.from_row(row) for row in await self.read_rows(limit)]
 
     async def read_rows(self, limit: int) -> list[asyncpg.Record]:
+        """The next rows, whole (`EVENT_COLUMNS`), gap-safe."""
+        return await self._read(limit, _READ_ALL, _READ_ALL_BOUNDED)
+
+    async def heads(self, batch: int) -> AsyncIterator[list[asyncpg.Record]]:
+        """The rows from here up to the log's head, gap-safe, in batches of `batch`
+        until a short one; of each only `HEAD_COLUMNS` (no payload, no metadata).
+
+        For sweeps that look for events of some types since they last looked: each
+        batch is yielded as read, so one cut short (an outage) keeps what came
+        before it, and the position stays at the last row yielded."""
+        while True:
+            rows = await self._read(batch, _READ_HEADS, _READ_HEADS_BOUNDED)
+            if rows:
+                yield rows
+            if len(rows) < batch:
+                return
+
+    async def _read(self, limit: int, query: str, bounded: str) -> list[asyncpg.Record]:
         async with self.store._connection() as conn:
-            rows: list[asyncpg.Record] = await conn.fetch(_READ_ALL, self.position, limit)
+            rows: list[asyncpg.Record] = await conn.fetch(query, self.position, limit)
             if rows and not _contiguous(rows, self.position):
                 # A position is missing: read again, with the snapshot bounds that say
                 # whether it can still appear (the rows may differ by now; only this
                 # second read's rows and bounds are used).
-                rows = await conn.fetch(_READ_ALL_BOUNDED, self.position, limit)
+                rows = await conn.fetch(bounded, self.position, limit)
         if not rows:
             return []
         if _contiguous(rows, self.position):

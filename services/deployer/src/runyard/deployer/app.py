@@ -299,15 +299,12 @@ class DeployerApp:
         if self._swept is None:
             self._swept = self.store.all_reader(await self.store.head_position())
             return []
-        while True:
-            rows = await self._swept.read_rows(SWEEP_BATCH)
+        async for rows in self._swept.heads(SWEEP_BATCH):
             self._fresh += [
                 (row["stream_id"].removeprefix("task-"), row["stream_version"], row["event_type"])
                 for row in rows
                 if row["event_type"] in SWEPT and row["stream_id"].startswith("task-")
             ]
-            if len(rows) < SWEEP_BATCH:
-                break
         acted: list[str] = []
         for task_id, version, kind in self._sighted:
             if (task_id, version) in self._delivered:

@@ -313,11 +313,14 @@ class SchedulerApp:
         self.defer_planning = False
         self._replan: set[str] = set()
         #: Anti-entropy (`sweep`): how often, when last, the log read so far (from the
-        #: start of the term), and the events found not folded then.
+        #: start of the term), the events found not folded then, and those read by
+        #: this sweep so far (kept when a sweep fails midway, an outage: the log is
+        #: read on from where it stopped).
         self.sweep_s = sweep_s
         self._swept_at: datetime | None = None
         self._swept: PostgresAllReader | None = None
         self._unseen: set[_Sighting] = set()
+        self._fresh: list[_Sighting] = []
 
     # -- start -------------------------------------------------------------------
 
@@ -342,6 +345,7 @@ class SchedulerApp:
             # swept too; what it reads again of those positions is folded already.
             head = await self.store.head_position()
             self._swept = self.store.all_reader(max(0, head - SWEEP_BATCH))
+            self._fresh = []
             await self._load_tasks()
             now = self.clock()
             for task in list(self.tasks.values()):
@@ -854,6 +858,7 @@ class SchedulerApp:
                 acted.append(task_id)
         # What was read again whole is folded up to now: not sighted again.
         self._unseen = {s for s in unseen if s.task_id not in missed}
+        self._fresh = []
         for task_id in list(self.tasks):
             if task_id in self.tasks and task_id not in missed:
                 pool_id = await self._retrying(partial(self._reconcile, task_id, now), [])
@@ -874,10 +879,8 @@ class SchedulerApp:
         if self._swept is None:  # memory built without `rebuild`: nothing to compare yet
             self._swept = self.store.all_reader(await self.store.head_position())
             return []
-        sightings = list(self._unseen)
-        while True:
-            rows = await self._swept.read_rows(SWEEP_BATCH)
-            sightings.extend(
+        async for rows in self._swept.heads(SWEEP_BATCH):
+            self._fresh.extend(
                 _Sighting(
                     row["stream_id"].removeprefix("task-"),
                     row["stream_version"],
@@ -887,8 +890,7 @@ class SchedulerApp:
                 for row in rows
                 if row["stream_id"].startswith("task-") and row["event_type"] not in IGNORED
             )
-            if len(rows) < SWEEP_BATCH:
-                break
+        sightings = [*self._unseen, *self._fresh]
         return [sighting for sighting in sightings if not self._folded(sighting)]
 
     def _folded(self, sighting: _Sighting) -> bool:
