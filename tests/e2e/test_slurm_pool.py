@@ -299,7 +299,9 @@ async def test_a_deployer_killed_while_slurm_jobs_run_adopts_them_and_records_th
         restart=True,
     ) as platform:
         assert platform.supervisor is not None
-        wait = "while [ ! -e release ]; do sleep 0.1; done; "
+        # The release file: in the worker's scratch folder, beside its home (its working
+        # folder is on its system disk, which the host does not see).
+        wait = 'while [ ! -e "$(dirname "$HOME")/release" ]; do sleep 0.1; done; '
         failing = (await platform.submit(pool=POOL, command=wait + "exit 3"))["task_id"]
         passing = (await platform.submit(pool=POOL, command=wait + "echo fine"))["task_id"]
         for task_id in (failing, passing):
@@ -317,8 +319,8 @@ async def test_a_deployer_killed_while_slurm_jobs_run_adopts_them_and_records_th
         await wait_ready(platform.ctx.endpoints, ["deployer"], within_s=60)
         assert {t: jobs_of(slurm_cluster, t) for t in jobs} == jobs  # still running
         for task_id in jobs:
-            work = platform.ctx.data_dir / "slurm" / POOL / task_id / "run1-a1" / "w0" / "work"
-            (work / "release").touch()
+            scratch = platform.ctx.data_dir / "slurm" / POOL / task_id / "run1-a1" / "w0"
+            (scratch / "release").touch()
 
         done = await platform.wait_status(failing, "failed", within=90)
         await platform.wait_status(passing, "succeeded", within=90)

@@ -15,6 +15,7 @@ import os
 import shlex
 import shutil
 import stat
+import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -163,14 +164,17 @@ async def h(dsn: str, tmp_path: Path, slurm_cluster: SlurmCluster) -> AsyncItera
         await store.close()
 
 
-#: A file the test makes to let a worker go on, relative to the worker's working
-#: directory: all a sandboxed worker sees of the host's folders (`work_file`).
+#: A file the test makes to let a worker go on, in the worker's scratch folder (the
+#: folder of its $HOME): all a sandboxed worker sees of the host's folders, and not on
+#: its system disk, which the host does not see (`release_file`).
 RELEASE = {"name": "RELEASE", "value": "release"}
+#: Until the release file is there (bash).
+WAIT_FOR_RELEASE = 'while [ ! -e "$(dirname "$HOME")/$RELEASE" ]; do sleep 0.1; done'
 
 
-def work_file(runtime: SlurmRuntime, task_id: str, worker: int, name: str = "release") -> Path:
-    """A file in the working directory of a worker of attempt 1 of run 1, on the host."""
-    return runtime.config.scratch_root / task_id / "run1-a1" / f"w{worker}" / "work" / name
+def release_file(runtime: SlurmRuntime, task_id: str, worker: int) -> Path:
+    """The release file of a worker of attempt 1 of run 1, on the host."""
+    return runtime.config.scratch_root / task_id / "run1-a1" / f"w{worker}" / "release"
 
 
 def task_processes(task_id: str) -> list[int]:
@@ -222,7 +226,8 @@ dist.all_reduce(value)
 print(f"rank {rank} of {world} on {os.environ['SLURMD_NODENAME']}: sum {value.item():.0f}")
 assert value.item() == world * (world + 1) / 2
 dist.destroy_process_group()
-while not os.path.exists(os.environ["RELEASE"]):  # the test reads the lines meanwhile
+release = os.path.join(os.path.dirname(os.environ["HOME"]), os.environ["RELEASE"])
+while not os.path.exists(release):  # the test reads the lines meanwhile
     time.sleep(0.1)
 """
 
@@ -264,7 +269,7 @@ async def test_pytorch_ddp_gloo_all_reduce_on_two_nodes_with_lines_while_running
     # Both lines arrived while the workers still run (they wait for the release file).
     assert (await h.state("ddp")).status == "running"
     for worker in (0, 1):
-        work_file(h.runtime, "ddp", worker).touch()
+        release_file(h.runtime, "ddp", worker).touch()
     await asyncio.wait_for(h.app.drain(), WITHIN_S)
     assert (await h.state("ddp")).status == "succeeded"
     seqs = [x.seq for x in h.lines if x.task_id == "ddp" and x.stream == "stdout"]
@@ -465,7 +470,7 @@ def second_deployer(h: Harness) -> tuple[DeployerApp, SlurmRuntime]:
 async def test_a_restarted_deployer_adopts_the_running_job_and_records_the_exit(
     h: Harness,
 ) -> None:
-    command = 'echo before; while [ ! -e "$RELEASE" ]; do sleep 0.1; done; echo after; exit 4'
+    command = f"echo before; {WAIT_FOR_RELEASE}; echo after; exit 4"
     spec = make_spec(command, env=(RELEASE,))
     await h.launch("crash", spec, wait=False)
     await h.wait_for("crash", "TaskRunning")
@@ -480,7 +485,7 @@ async def test_a_restarted_deployer_adopts_the_running_job_and_records_the_exit(
     try:
         assert await app2.reconcile() == ["crash"]
         assert runtime2.job_id(("crash", 1, 1)) == job  # adopted, not submitted again
-        work_file(runtime2, "crash", 0).touch()
+        release_file(runtime2, "crash", 0).touch()
         await asyncio.wait_for(app2.drain(), WITHIN_S)
     finally:
         await asyncio.wait_for(app2.close(), 60)
@@ -750,7 +755,7 @@ async def test_a_restarted_deployer_with_a_runtime_per_pool_adopts_the_slurm_job
         "local": {"images": {"python": sys.prefix}, "namespaces": False},
         "pools": {"slurm": {"runtime": "slurm", "slurm_conf": str(slurm_cluster.conf)}},
     }
-    command = 'echo up; while [ ! -e "$RELEASE" ]; do sleep 0.1; done; exit 5'
+    command = f"echo up; {WAIT_FOR_RELEASE}; exit 5"
     spec = make_spec(command, env=(RELEASE,))
     store = await PostgresEventStore.connect(dsn, default_mapper())
     lines: list[OutputLine] = []
@@ -782,7 +787,7 @@ async def test_a_restarted_deployer_with_a_runtime_per_pool_adopts_the_slurm_job
         slurm2 = runtime2.by_pool["slurm"]
         assert isinstance(slurm2, SlurmRuntime)
         assert slurm2.job_id(("pooled", 1, 1)) == job
-        work_file(slurm2, "pooled", 0).touch()
+        release_file(slurm2, "pooled", 0).touch()
         await asyncio.wait_for(app2.drain(), WITHIN_S)
         failed = [e.event for e in await h.events("pooled") if isinstance(e.event, TaskFailed)]
         assert len(failed) == 1 and failed[0].exit_code == 5
@@ -1004,3 +1009,52 @@ async def test_a_slurm_worker_is_sandboxed_as_a_local_one(h: Harness) -> None:
     assert sorted(out) == sorted(
         ["0:keyring refused 1", "0:err", *gpus, f"0:shm={shm}", f"0:slurm={given}"]
     )
+
+
+def loops_of(folder: Path) -> list[str]:
+    """The loop devices whose file lies in `folder` (losetup: `/dev/loopN: []: (<file>)`)."""
+    losetup = shutil.which("losetup") or "/usr/sbin/losetup"
+    out = subprocess.run([losetup, "-a"], capture_output=True, text=True, check=False).stdout
+    return [line for line in out.splitlines() if f"({folder}/" in line]
+
+
+async def test_a_slurm_worker_cannot_write_past_its_system_disk(h: Harness) -> None:
+    """R-13 on a Slurm node: a sandboxed worker's home, /tmp and working folder lie on a
+    system disk of its own (`worker_disk_bytes`), made on its node in its namespace:
+    writing past it fails in the worker, the scratch's file system gets none of what it
+    wrote, and the disk (its loop device) goes with the worker."""
+    if h.runtime.disk_bytes is None:
+        pytest.skip("system disks need a root deployer and slurmd, loop devices and mkfs.ext4")
+    disk = 16 * 2**20
+    h.runtime.disk_bytes = disk
+    h.runtime.config = dataclasses.replace(h.runtime.config, worker_disk_bytes=disk)
+    command = (
+        'try() { if head -c "$2" /dev/zero > "$1" 2>/dev/null; then echo "$3=yes";'
+        ' else echo "$3=no"; fi; }\n'
+        'try "$HOME/small" 1M small_disk\n'
+        'try "$HOME/big" 64M big_disk\n'
+        'for where in "$HOME" /tmp /var/tmp "$PWD"; do\n'
+        '  echo "size=$(df -B1 --output=size "$where" | tail -1 | tr -d " ")"\n'
+        "done\n"
+        f"echo ready\n{WAIT_FOR_RELEASE}\n"
+    )
+    await h.launch("disk", make_spec(command, env=(RELEASE,)), wait=False)
+    await h.until_output("disk", "0:ready")
+    root = h.runtime.config.scratch_root / "disk" / "run1-a1"
+    assert loops_of(root), "the worker's disk is a loop device of a file of its deployment"
+    assert not os.path.ismount(root / "w0" / "disk"), "mounted in the worker's namespace only"
+    out = h.output("disk")
+    sizes = {line for line in out if line.startswith("0:size=")}
+    assert len(sizes) == 1, out  # home, /tmp, /var/tmp and the working folder: one disk
+    assert 0 < int(sizes.pop().removeprefix("0:size=")) <= disk
+    assert out[:2] == ["0:small_disk=yes", "0:big_disk=no"], out
+    home = root / "w0" / "disk" / "home"  # what the deployer left there: not the disk
+    assert not (home / "small").exists() and not (home / "big").exists()
+    assert list(root.glob("w0.disk*")) == [], "the disk's file is unlinked once mounted"
+    release_file(h.runtime, "disk", 0).touch()
+    await asyncio.wait_for(h.app.drain(), WITHIN_S)
+    assert (await h.state("disk")).status == "succeeded", h.output("disk")
+    deadline = asyncio.get_running_loop().time() + 10
+    while loops_of(root):
+        assert asyncio.get_running_loop().time() < deadline, loops_of(root)
+        await asyncio.sleep(0.1)

@@ -2182,6 +2182,8 @@ class _Tools:
     readlink: str = ""
     #: e2fsprogs' `mkfs.ext4`: the workers' system disks (optional: none without it).
     mkfs: str = ""
+    #: coreutils' `rm`: a Slurm worker's disk file, unlinked once mounted.
+    rm: str = ""
 
     @classmethod
     def find(cls) -> _Tools:
@@ -2191,6 +2193,7 @@ class _Tools:
         found["bash"] = found["bash"] or "bash"
         found["stat"] = found["stat"] or "stat"
         found["readlink"] = found["readlink"] or "readlink"
+        found["rm"] = found["rm"] or "rm"
         return cls(**found)
 
     def missing(self) -> list[str]:

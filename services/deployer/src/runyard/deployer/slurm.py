@@ -65,8 +65,9 @@ of the control plane's folders, only its own scratch (the local sandbox's view:
 `LocalRuntime._mount_script`), the device nodes of only the GPUs Slurm gave
 its step, a /dev/shm of its own (`worker_shm_bytes`), and its launch command
 runs as `worker_user` with no capabilities, `no_new_privs` and no kernel
-keyring; the wrapper stays root to write the exit status. Unlike the local
-runtime's, its folders have no disk of their own (`worker_disk_bytes`).
+keyring; the wrapper stays root to write the exit status. Its home, tmp and
+working folder lie on a system disk of its own (`worker_disk_bytes`), made on
+its node in its namespace (`_node_lines`).
 Without them, workers run as the user the deployer submits as.
 Workers share the node's network namespace either way.
 """
@@ -106,6 +107,7 @@ from runyard.deployer.runtime import (
     OnOutput,
     StageFailed,
     _bytes_or_none,
+    _disks_unavailable,
     _gpu_pattern,
     _image_dir,
     _load_offsets,
@@ -261,11 +263,16 @@ class SlurmRuntime(LocalRuntime):
                 " GPU's device node of their node and share its /dev/shm"
             )
         elif config.worker_disk_bytes is not None:
-            log.warning(
-                "Slurm workers' system disks are NOT limited (worker_disk_bytes holds only"
-                " the local runtime's workers): a worker that writes without end fills the"
-                " disk of its scratch on the node"
-            )
+            why_no_disk = _disks_unavailable(self.tools)
+            if why_no_disk is None:
+                #: Each worker's system disk (R-13), made on its node (`_node_lines`).
+                self.disk_bytes = config.worker_disk_bytes
+            else:
+                log.warning(
+                    "Slurm workers' system disks are NOT limited (%s): a worker that writes"
+                    " without end fills the file system of its scratch",
+                    why_no_disk,
+                )
 
     # -- Slurm client commands -------------------------------------------------------
 
@@ -763,6 +770,17 @@ class SlurmRuntime(LocalRuntime):
         lines.append('exec "$@"')
         return "\n".join(lines) + "\n"
 
+    def _make_scratch(self, local: _Local, state: dict[str, Any]) -> None:
+        """The local runtime's folders; with a system disk, its home, tmp and work made
+        in `disk/` (linked at their usual places), from which the node makes the disk."""
+        super()._make_scratch(local, state)
+        if self.disk_bytes is None:
+            return
+        for worker in local.workers.values():
+            for sub in ("home", "tmp", "work"):
+                (worker.scratch / "disk" / sub).mkdir(exist_ok=True)
+                self._give(worker.scratch / "disk" / sub)
+
     def _node_lines(self, local: _Local, worker: _Worker) -> list[str]:
         """What the local runtime makes on its host for a sandboxed worker, made on the
         worker's node, in its mount namespace, before its view (`_mount_script`) is set up.
@@ -771,7 +789,15 @@ class SlurmRuntime(LocalRuntime):
         step (`SLURM_STEP_GPUS`, else `SLURM_JOB_GPUS`; the worker's placed GPUs where
         Slurm names none) are covered by the deployment's `nodev`, a file nobody may
         open. The deployment's `shm/` (bound over /dev/shm next) is a tmpfs of
-        `worker_shm_bytes`, the worker's own: it goes with the namespace."""
+        `worker_shm_bytes`, the worker's own: it goes with the namespace.
+
+        The worker's system disk (`worker_disk_bytes`): an ext4 file system made from
+        what its `disk/` holds (its home, tmp and work as the deployer left them: the
+        volumes' links), in a sparse file of the deployment's folder named for this
+        step, mounted over `disk/` and unlinked at once: what the worker writes there
+        takes no more than the disk's size, and the disk goes when the namespace does
+        (the loop device with it). The env check's step gets a disk of its own; what the
+        host writes in those folders afterwards, the worker does not see."""
         q = shlex.quote
         t = self.tools
         lines = []
@@ -794,6 +820,22 @@ class SlurmRuntime(LocalRuntime):
             options = f"size={size},mode=0700,uid={uid},gid={gid},nosuid,nodev"
             shm = q(str(local.root / "shm"))
             lines.append(f"{q(t.mount)} -t tmpfs -o {options} runyard-shm {shm} || fail")
+        if self.disk_bytes is not None:
+            disk = q(str(worker.scratch / "disk"))
+            image = q(str(local.root / f"{worker.scratch.name}.disk")) + '".$$"'
+            features = "lazy_itable_init=1,nodiscard,root_owner=0:0"
+            mkfs = (
+                f"{q(t.mkfs)} -q -F -m 0 -O ^has_journal -E {features} -d {disk}"
+                f" {image} {self.disk_bytes // 1024}k"
+            )
+            options = "loop,nosuid,nodev,noinit_itable,discard"
+            lines += [
+                f"made=$({mkfs} 2>&1) || {{ printf 'runyard: the system disk could not be"
+                ' made: %s\\n\' "$made" >&2; fail; }',
+                f"{q(t.mount)} -t ext4 -o {options} {image} {disk} || {{ {q(t.rm)} -f {image};"
+                " fail; }",
+                f"{q(t.rm)} -f {image}",
+            ]
         return lines
 
     def _wrapper(self) -> str:
@@ -808,12 +850,11 @@ class SlurmRuntime(LocalRuntime):
         # placement's in the env file (the device nodes a worker may open are Slurm's).
         keep_gpus = 'runyard_slurm_gpus="${CUDA_VISIBLE_DEVICES-}"; '
         use_gpus = (
-            '{ [ -z "$runyard_slurm_gpus" ] ||'
-            ' export CUDA_VISIBLE_DEVICES="$runyard_slurm_gpus"; }'
+            '{ [ -z "$runyard_slurm_gpus" ] || export CUDA_VISIBLE_DEVICES="$runyard_slurm_gpus"; }'
         )
         user_shell = (
-            f"{q(t.bash)} -c '{keep_gpus}. \"$0\" && {use_gpus} && "
-            f"exec {q(t.bash)} --login -c \"$1\"' \"$3\" \"$1\""
+            f'{q(t.bash)} -c \'{keep_gpus}. "$0" && {use_gpus} && '
+            f'exec {q(t.bash)} --login -c "$1"\' "$3" "$1"'
         )
         keyless = ""
         if self.worker_ids is not None:
