@@ -560,9 +560,7 @@ async def test_a_runtime_exception_at_start_fails_the_task_and_frees_its_gpus(
         await store.close()
 
 
-async def test_only_so_many_deployments_run_their_stages_at_once(
-    dsn: str, tmp_path: Path
-) -> None:
+async def test_only_so_many_deployments_run_their_stages_at_once(dsn: str, tmp_path: Path) -> None:
     """`deploys_at_once=1`: three placements handed over together deploy one after
     the other (no stage of one between the first and last stage of another), and a
     task stopped while waiting its turn ends without running a stage."""
@@ -932,9 +930,7 @@ async def test_a_folder_of_the_host_anyone_may_write_to_is_the_workers_own(
             await store.close()
             pytest.skip("sandboxed workers need a root deployer with util-linux")
         assert shared in runtime.shared_dirs
-        command = (
-            f"echo mine > {shared}/note && cat {shared}/note && cat $TMPDIR/note"
-        )
+        command = f"echo mine > {shared}/note && cat {shared}/note && cat $TMPDIR/note"
         async with running_harness(store, runtime) as h:
             await h.launch("shared", make_spec(command))
             assert (await h.state("shared")).status == "succeeded", h.output("shared")
@@ -966,7 +962,7 @@ async def test_tasks_cannot_share_the_kernel_keyring_of_their_one_uid(h: Harness
     if not h.runtime.namespaces:
         pytest.skip("sandboxed workers need a root deployer with util-linux")
     if os.uname().machine not in ("x86_64", "aarch64"):
-        pytest.skip("the keyring filter knows x86-64 and arm64")
+        pytest.skip("the worker's filter knows x86-64 and arm64")
     python = f"{shlex.quote(sys.executable)} -c {shlex.quote(KEYRING)}"
     await h.launch("keyput", make_spec(f"{python} put"))
     await h.launch("keyget", make_spec(f"{python} get"))
@@ -974,12 +970,58 @@ async def test_tasks_cannot_share_the_kernel_keyring_of_their_one_uid(h: Harness
     assert h.output("keyget") == ["0:get refused 1"]
 
 
+#: A user namespace asked for the ways a program can (the call, util-linux, a clone with
+#: the flag), then what must still work: threads and child processes.
+USERNS = """
+import ctypes, os, subprocess, threading
+libc = ctypes.CDLL(None, use_errno=True)
+def said(rc): return "ok" if rc >= 0 else os.strerror(ctypes.get_errno())
+print("unshare", said(libc.unshare(0x10000000)))  # CLONE_NEWUSER
+print("clone", said(libc.syscall({clone}, 0x10000000 | 17, None, None, None, None)))
+print("util-linux", subprocess.run(["unshare", "-U", "true"], capture_output=True).returncode)
+t = threading.Thread(target=print, args=("thread",))
+t.start(); t.join()
+print(subprocess.run(["echo", "child"], capture_output=True, text=True).stdout.strip())
+"""
+
+
+def userns_probe() -> str:
+    """The launch command that runs `USERNS` on this machine's architecture."""
+    clone = 56 if os.uname().machine == "x86_64" else 220
+    return f"{shlex.quote(sys.executable)} -c {shlex.quote(USERNS.format(clone=clone))}"
+
+
+#: What `USERNS` prints in a sandboxed worker.
+NO_USERNS = [
+    "unshare Operation not permitted",
+    "clone Operation not permitted",
+    "util-linux 1",
+    "thread",
+    "child",
+]
+
+
+async def test_a_sandboxed_worker_cannot_make_a_user_namespace(h: Harness) -> None:
+    """In a user namespace of its own an unprivileged process holds every capability over
+    what it makes there (network, mounts, netfilter): the kernel surface most container
+    escapes went through. A sandboxed worker is refused one, however it asks; threads
+    and child processes still start (clone3 answers ENOSYS, and the C library falls
+    back to clone)."""
+    if not h.runtime.namespaces:
+        pytest.skip("sandboxed workers need a root deployer with util-linux")
+    if os.uname().machine not in ("x86_64", "aarch64"):
+        pytest.skip("the worker's filter knows x86-64 and arm64")
+    await h.launch("userns", make_spec(userns_probe()))
+    assert (await h.state("userns")).status == "succeeded", h.output("userns")
+    assert h.output("userns") == [f"0:{line}" for line in NO_USERNS]
+
+
 async def test_a_worker_may_write_to_dev_stdout_and_dev_stderr(h: Harness) -> None:
     """`echo x > /dev/stderr` opens the worker's output file again (/proc/self/fd/2): in
     the sandbox it is the worker user's, so the command works as it does anywhere."""
     command = (
         "echo out > /dev/stdout && echo err > /dev/stderr"
-        f" && {shlex.quote(sys.executable)} -c 'open(\"/dev/stdout\", \"a\").write(\"py\\n\")'"
+        f' && {shlex.quote(sys.executable)} -c \'open("/dev/stdout", "a").write("py\\n")\''
     )
     await h.launch("devout", make_spec(command))
     assert (await h.state("devout")).status == "succeeded", h.output("devout")

@@ -44,6 +44,8 @@ from runyard.domain.task import RequestStop, Submit, decide, fold
 from runyard.eventstore import PostgresEventStore
 from runyard.stack.slurm import SlurmCluster
 
+from tests.integration.test_deployer import NO_USERNS, userns_probe
+
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 
 #: Generous: two cores shared with other work; Slurm polls and schedules in between.
@@ -967,14 +969,15 @@ print("keyring", "ok" if got >= 0 else "refused", ctypes.get_errno())
 
 async def test_a_slurm_worker_is_sandboxed_as_a_local_one(h: Harness) -> None:
     """On a node whose slurmd runs as root, a worker gets what a sandboxed local worker
-    gets: no kernel keyring (one uid for every task's workers), output files of its own
+    gets: no kernel keyring (one uid for every task's workers) and no user namespace,
+    output files of its own
     (`echo x > /dev/stderr` works), the device nodes of only the GPUs Slurm gave its step
     (the others covered; test nodes where real ones are, /dev, named by `gpu_devices`),
     and a /dev/shm of `worker_shm_bytes`."""
     if h.runtime.worker_ids is None:
         pytest.skip("workers are sandboxed only when the deployer and slurmd run as root")
     if os.uname().machine not in ("x86_64", "aarch64"):
-        pytest.skip("the keyring filter knows x86-64 and arm64")
+        pytest.skip("the worker's filter knows x86-64 and arm64")
     pattern = f"/dev/runyard-test-{uuid.uuid4().hex[:8]}-gpu{{gpu}}"
     shm = 4 * 2**20
     h.runtime.config = dataclasses.replace(
@@ -988,6 +991,7 @@ async def test_a_slurm_worker_is_sandboxed_as_a_local_one(h: Harness) -> None:
     )
     command = (
         f"{shlex.quote(sys.executable)} -c {shlex.quote(KEYRING)}\n"
+        f"{userns_probe()}\n"
         "echo err > /dev/stderr || echo stderr=refused\n"
         f"{probe}"
         "echo \"shm=$(df -B1 --output=size /dev/shm | tail -1 | tr -d ' ')\"\n"
@@ -1007,7 +1011,14 @@ async def test_a_slurm_worker_is_sandboxed_as_a_local_one(h: Harness) -> None:
     assert given != "none", out  # the test cluster gives each job its GPUs
     gpus = [f"0:gpu{n}={'yes' if str(n) in given.split(',') else 'no'}" for n in range(8)]
     assert sorted(out) == sorted(
-        ["0:keyring refused 1", "0:err", *gpus, f"0:shm={shm}", f"0:slurm={given}"]
+        [
+            "0:keyring refused 1",
+            *(f"0:{line}" for line in NO_USERNS),
+            "0:err",
+            *gpus,
+            f"0:shm={shm}",
+            f"0:slurm={given}",
+        ]
     )
 
 

@@ -51,14 +51,15 @@ running `bash --login -c "<launch command>"`:
   host's is unreachable), as an unprivileged user (`local.worker_user`,
   default `runyard-worker`, created as a system user when missing) with no
   capabilities and `no_new_privs`, its `/proc` read-only (so it cannot lower its
-  `oom_score_adj` where root lacks CAP_SYS_RESOURCE), no kernel keyring (a seccomp
-  filter: `_NO_KEYRINGS`). An empty tmpfs covers the control plane's
-  paths (scratch and volume roots, the data dir, `local.hide`); the worker's
-  own scratch, the image and Runyard's interpreter are bound back at their
-  paths (see `_mount_script`). The processes that run as root before the
-  privilege drop get no user variable; the worker's shell sources them from a
-  file. Without the sandbox (the fallback) workers run as the deployer's user
-  in its namespaces, and a warning says what is then not isolated;
+  `oom_score_adj` where root lacks CAP_SYS_RESOURCE), no kernel keyring and no
+  user namespace of its own (a seccomp filter: `_WORKER_FILTER`). An empty
+  tmpfs covers the control plane's paths (scratch and volume roots, the data
+  dir, `local.hide`); the worker's own scratch, the image and Runyard's
+  interpreter are bound back at their paths (see `_mount_script`). The
+  processes that run as root before the privilege drop get no user variable;
+  the worker's shell sources them from a file. Without the sandbox (the
+  fallback) workers run as the deployer's user in its namespaces, and a warning
+  says what is then not isolated;
 - images: a local catalogue maps an image name to a directory whose `bin/`
   goes first on PATH (a virtualenv is such a directory). `bash --login` reads
   /etc/profile, which may reset PATH, so the worker's private HOME gets a
@@ -612,33 +613,49 @@ _DETACH = """runyard_detach() {{
 
 
 #: Run (Runyard's interpreter, -I -S) between the privilege drop and a sandboxed worker's
-#: shell: refuses the worker the kernel's keyrings (add_key, request_key, keyctl: EPERM)
-#: by a seccomp filter, then execs its arguments. Every task's workers run as one uid,
-#: and a uid's user keyring is one for all its processes: what one task put there
-#: (a Kerberos ticket cache, a token) any other could read, and two could talk through
-#: it. The filter knows x86-64 (with x32 and i386) and arm64 (with arm); elsewhere it
-#: lets every call through. `no_new_privs` (setpriv) lets an unprivileged process set it.
-_NO_KEYRINGS = """
+#: shell: a seccomp filter, then exec of its arguments. It refuses the worker
+#: - the kernel's keyrings (add_key, request_key, keyctl: EPERM). Every task's workers
+#:   run as one uid, and a uid's user keyring is one for all its processes: what one task
+#:   put there (a Kerberos ticket cache, a token) any other could read, and two could
+#:   talk through it;
+#: - a user namespace of its own (unshare or clone with CLONE_NEWUSER: EPERM; clone3,
+#:   whose flags a filter cannot read: ENOSYS, on which the C library falls back to
+#:   clone, as under Docker's default profile). In one, an unprivileged process holds
+#:   every capability over what it makes there (network, mounts, netfilter), which opens
+#:   the parts of the kernel that most container escapes went through.
+#: The filter knows x86-64 (with x32 and i386) and arm64 (with arm); elsewhere it lets
+#: every call through. `no_new_privs` (setpriv) lets an unprivileged process set it.
+_WORKER_FILTER = """
 import ctypes, os, struct, sys
-ARCHES = ((0xC000003E, (248, 249, 250), 0xBFFFFFFF), (0x40000003, (286, 287, 288), 0),
-          (0xC00000B7, (217, 218, 219), 0), (0x40000028, (309, 310, 311), 0))
-LD, JEQ, AND, RET = 0x20, 0x15, 0x54, 0x06
-ALLOW, DENY = 0x7FFF0000, 0x00050000 | 1
-blocks = []
-for arch, calls, mask in ARCHES:
-    body = [[LD, 0, 0, 0]] + ([[AND, 0, 0, mask]] if mask else []) + [[JEQ, 0, 0, n] for n in calls]
-    blocks.append([[LD, 0, 0, 4], [JEQ, 0, len(body) + 1, arch], *body, [RET, 0, 0, ALLOW]])
-prog = [i for block in blocks for i in block] + [[RET, 0, 0, ALLOW], [RET, 0, 0, DENY]]
-for n, (code, jt, jf, k) in enumerate(prog):
-    if code == JEQ and k in (c for _, calls, _ in ARCHES for c in calls):
-        prog[n][1] = len(prog) - 1 - (n + 1)
+# audit arch, call number mask, add_key, request_key, keyctl, unshare, clone, clone3
+ARCHES = ((0xC000003E, 0xBFFFFFFF, (248, 249, 250), 272, 56, 435),
+          (0x40000003, 0, (286, 287, 288), 310, 120, 435),
+          (0xC00000B7, 0, (217, 218, 219), 97, 220, 435),
+          (0x40000028, 0, (309, 310, 311), 337, 120, 435))
+LD, JEQ, JSET, AND, RET = 0x20, 0x15, 0x45, 0x54, 0x06
+ALLOW, EPERM, ENOSYS, NEWUSER = 0x7FFF0000, 0x00050001, 0x00050026, 0x10000000
+prog, jumps = [], []
+for arch, mask, keys, unshare, clone, clone3 in ARCHES:
+    body = [[LD, 0, 0, 0]] + ([[AND, 0, 0, mask]] if mask else [])
+    calls = [(n, "deny") for n in keys] + [(clone3, "nosys"), (unshare, "flags"), (clone, "flags")]
+    for n, to in calls:
+        jumps.append((len(prog) + 2 + len(body), to))
+        body.append([JEQ, 0, 0, n])
+    prog += [[LD, 0, 0, 4], [JEQ, 0, len(body) + 1, arch], *body, [RET, 0, 0, ALLOW]]
+prog.append([RET, 0, 0, ALLOW])  # an architecture not named above
+tail = {"flags": len(prog), "deny": len(prog) + 3, "nosys": len(prog) + 4}
+prog += [[LD, 0, 0, 16], [JSET, 1, 0, NEWUSER], [RET, 0, 0, ALLOW], [RET, 0, 0, EPERM],
+         [RET, 0, 0, ENOSYS]]
+for n, to in jumps:
+    prog[n][1] = tail[to] - (n + 1)
 raw = b"".join(struct.pack("HBBI", *i) for i in prog)
 buf = ctypes.create_string_buffer(raw)
 fprog = struct.pack("HxxxxxxP", len(prog), ctypes.addressof(buf))
 fbuf = ctypes.create_string_buffer(fprog)
 libc = ctypes.CDLL(None, use_errno=True)
 if libc.prctl(22, 2, ctypes.c_void_p(ctypes.addressof(fbuf)), 0, 0) != 0:
-    sys.exit(f"runyard: the keyring filter could not be set: {os.strerror(ctypes.get_errno())}")
+    why = os.strerror(ctypes.get_errno())
+    sys.exit(f"runyard: the worker's seccomp filter could not be set: {why}")
 os.execv(sys.argv[1], sys.argv[1:])
 """
 
@@ -1431,9 +1448,10 @@ class LocalRuntime:
             # The kernel's first choice when memory runs out, before the control plane
             # (Postgres, the services): set as root, so the worker cannot lower it.
             setup = f"{{ echo 1000 > /proc/self/oom_score_adj; }} 2>/dev/null\n{setup}"
-            # The launch command's shell starts behind a seccomp filter (`_NO_KEYRINGS`):
-            # every task's workers share one uid, so its user keyring too.
-            keyless = f"{q(sys.executable)} -I -S -c {q(_NO_KEYRINGS)}"
+            # The launch command's shell starts behind a seccomp filter (`_WORKER_FILTER`):
+            # no keyring (every task's workers share one uid, so its user keyring too),
+            # no user namespace.
+            keyless = f"{q(sys.executable)} -I -S -c {q(_WORKER_FILTER)}"
             user_shell = (
                 f"{q(t.setpriv)} --reuid={uid} --regid={gid} --clear-groups --inh-caps=-all "
                 f"--bounding-set=-all --no-new-privs -- {keyless} {user_shell}"

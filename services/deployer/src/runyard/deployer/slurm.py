@@ -94,7 +94,7 @@ from typing import Any
 
 from runyard.contracts.stacks import ProcessStacks, WorkerStacks
 from runyard.deployer.runtime import (
-    _NO_KEYRINGS,
+    _WORKER_FILTER,
     GPU_DEVICES,
     UNKNOWN_EXIT_CODE,
     WORKER_DISK_BYTES,
@@ -859,8 +859,9 @@ class SlurmRuntime(LocalRuntime):
         keyless = ""
         if self.worker_ids is not None:
             uid, gid, _ = self.worker_ids
-            # No kernel keyring (the local sandbox's seccomp filter, `_NO_KEYRINGS`): every
-            # task's workers share the worker user, so its user keyring too. It runs on
+            # No kernel keyring (every task's workers share the worker user, so its user
+            # keyring too), no user namespace: the local sandbox's seccomp filter
+            # (`_WORKER_FILTER`). It runs on
             # Runyard's interpreter; a node without it at that path runs workers unfiltered.
             keyless = '"${keyless[@]}" '
             user_shell = (
@@ -869,7 +870,7 @@ class SlurmRuntime(LocalRuntime):
             )
             python = q(sys.executable)
             keyless = (
-                f"keyless=(); [ -x {python} ] && keyless=({python} -I -S -c {q(_NO_KEYRINGS)})\n"
+                f"keyless=(); [ -x {python} ] && keyless=({python} -I -S -c {q(_WORKER_FILTER)})\n"
             )
         return (
             f"{keyless}"
