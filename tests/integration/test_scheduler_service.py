@@ -221,6 +221,8 @@ async def test_placement_writes_workers_allocated_and_task_placed_together(dsn: 
         assert isinstance(allocated.event, WorkersAllocated)
         assert allocated.event.task_id == "t1"
         assert [w.gpus for w in allocated.event.workers] == [w.gpus for w in placed.workers]
+        # Each worker with the CPUs and memory of its spec, for the deployer.
+        assert [(w.cpus, w.memory_gib) for w in placed.workers] == [(48, 400)] * 2
         # One transaction: the two events got neighbouring global positions.
         assert abs(allocated.global_position - task[1].global_position) == 1
         view = await read_pool_view(h.store.pool, "dev-a100")

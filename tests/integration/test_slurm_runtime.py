@@ -97,16 +97,23 @@ class Harness:
             await self.app.handle(event)
 
     async def launch(
-        self, task_id: str, spec: TaskSpec, *, wait: bool = True, gpus: tuple[int, ...] = (0,)
+        self,
+        task_id: str,
+        spec: TaskSpec,
+        *,
+        wait: bool = True,
+        gpus: tuple[int, ...] = (0,),
+        **resources: int,
     ) -> None:
-        """Submit and place the task (worker i on node n<i+1>, `gpus`), hand the placement over."""
+        """Submit and place the task (worker i on node n<i+1>, `gpus`, `resources`: cpus and
+        memory_gib), hand the placement over."""
         submitted = decide(
             None, Submit(task_id, "acme", "alice", spec), now=datetime.now(UTC), ids=lambda: "x"
         )
         await self.append(task_id, submitted)
         nodes = self.cluster.nodes
         workers = tuple(
-            WorkerPlacement(index=i, node=nodes[i % len(nodes)], gpus=gpus)
+            WorkerPlacement(index=i, node=nodes[i % len(nodes)], gpus=gpus, **resources)
             for i in range(spec.worker_count)
         )
         placed = TaskPlaced(run=1, attempt=1, pool="slurm", workers=workers)
@@ -1069,3 +1076,29 @@ async def test_a_slurm_worker_cannot_write_past_its_system_disk(h: Harness) -> N
     while loops_of(root):
         assert asyncio.get_running_loop().time() < deadline, loops_of(root)
         await asyncio.sleep(0.1)
+
+
+async def test_a_worker_gets_the_cpus_and_memory_of_its_spec_from_slurm(h: Harness) -> None:
+    """R-02 on Slurm: the job asks for the CPUs and memory of the workers' specs as the
+    placement records them (per node, what its workers add up to), and each worker's
+    step for its own (a step gets one CPU by default, whatever the job holds)."""
+    command = (
+        'echo "cpus=${SLURM_CPUS_PER_TASK:-none} mem=${SLURM_MEM_PER_NODE:-none}"\n'
+        f"{WAIT_FOR_RELEASE}"
+    )
+    await h.launch(
+        "sized", make_spec(command, workers=3, env=(RELEASE,)), wait=False, cpus=5, memory_gib=3
+    )
+    for n in range(3):
+        await h.until_output("sized", f"{n}:cpus=5 mem=6144")
+    # Each step has its spec's CPUs; the job's memory is per node: 6 GiB, what n1's two
+    # workers add up to (each step's own 3 GiB is its srun's `--mem`).
+    root = h.runtime.config.scratch_root / "sized" / "run1-a1"
+    job = h.cluster.run("scontrol", "show", "job", "-o", h.runtime._jobs[("sized", 1, 1)])
+    assert " NumCPUs=20 " in job and " MinMemoryNode=6G " in job, job  # 10 CPUs a node
+    script = (root / "job.sh").read_text()
+    assert script.count("--cpus-per-task=5 --mem=3G") == 3, script
+    for n in range(3):
+        release_file(h.runtime, "sized", n).touch()
+    await asyncio.wait_for(h.app.drain(), WITHIN_S)
+    assert (await h.state("sized")).status == "succeeded", h.output("sized")

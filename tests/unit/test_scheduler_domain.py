@@ -66,6 +66,7 @@ from runyard.scheduler.domain import (
     startable_workers,
     timed_out,
     with_place,
+    worker_resources,
 )
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -238,6 +239,21 @@ def test_custom_count_20_is_two_8_gpu_workers_and_one_4_gpu_worker() -> None:
     placement = place(pool, request_for(pool, "t1", spec))
     assert [len(w.gpus) for w in placement.workers] == [8, 8, 4]
     assert len(placement.nodes) == 3
+
+
+def test_a_worker_gets_the_cpus_and_memory_of_its_spec() -> None:
+    """R-02: a named spec's; a custom count's worker those of the spec with its GPUs, else
+    the largest spec's per GPU (rounded up); none where the pool defines no spec."""
+    pool = make_pool(1)
+    named = TaskSpec(name="n", pool="pool-a", image="img", command="x", worker_spec="2gpu")
+    assert worker_resources(pool, named, 2) == (16, 128)
+    custom = TaskSpec(name="c", pool="pool-a", image="img", command="x", custom_gpus=11)
+    assert worker_resources(pool, custom, 8) == (64, 512)
+    assert worker_resources(pool, custom, 3) == (24, 192)
+    pool.specs = {"8gpu": WorkerSpec(name="8gpu", gpus=8, cpus=30, memory_gib=100)}
+    assert worker_resources(pool, custom, 3) == (12, 38)  # 11.25 and 37.5, rounded up
+    pool.specs = {}
+    assert worker_resources(pool, custom, 3) is None
 
 
 def test_custom_count_maximum_is_the_largest_count_that_starts_now() -> None:

@@ -89,11 +89,17 @@ class SubmissionWarning(_Frozen):
 
 
 class WorkerPlacement(_Frozen):
-    """Where one worker runs: its index (rank), its node and the GPU indexes it holds there."""
+    """Where one worker runs: its index (rank), its node and the GPU indexes it holds
+    there, with the CPUs and memory its worker spec gives it (R-02)."""
 
     index: WorkerIndex
     node: Text
     gpus: tuple[int, ...] = Field(min_length=1)
+    cpus: int | None = Field(default=None, ge=1)
+    """CPUs of the worker's spec (a custom GPU count: see docs/scheduler.md); absent in
+    placements recorded before it was."""
+    memory_gib: int | None = Field(default=None, ge=1)
+    """Memory of the worker's spec, in GiB; absent as `cpus`."""
 
 
 class _TaskEvent(Event):

@@ -5,7 +5,8 @@
 cluster here), one `slurmctld` and one `slurmd` per node. All nodes are this
 host (`NodeHostname=localhost NodeAddr=127.0.0.1`), each slurmd on a port of
 its own; GPUs are generic resources whose device files are symlinks to
-/dev/null (Slurm drops GPUs without a device file). The partition
+/dev/null (Slurm drops GPUs without a device file), and each node is said to
+have the CPUs and memory of a GPU node (`cpus_per_node`, `memory_mib_per_node`). The partition
 oversubscribes (`OverSubscribe=FORCE`) so many small jobs share few cores, and
 the scheduler runs at every submission (`SchedulerParameters` below) so a job
 runs about a second after `sbatch`.
@@ -91,7 +92,11 @@ class SlurmCluster:
     root: Path
     nodes: Sequence[str] = ("n1", "n2")
     gpus_per_node: int = 8
-    cpus_per_node: int = 2
+    #: What each node is said to have (`SlurmdParameters=config_overrides`: slurmd takes
+    #: slurm.conf's word for it), so that jobs asking for a pool spec's CPUs and memory
+    #: (12 CPUs and 120 GiB a GPU in the example pools) fit on this host's nodes.
+    cpus_per_node: int = 96
+    memory_mib_per_node: int = 1024 * 1024
     partition: str = "gpu"
     #: Seconds `start` waits for every node to be idle.
     start_timeout_s: float = 60.0
@@ -145,6 +150,7 @@ class SlurmCluster:
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core",
             "ReturnToService=2",
+            "SlurmdParameters=config_overrides",
             "KillWait=5",
             "MinJobAge=2",
             "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,"
@@ -160,7 +166,8 @@ class SlurmCluster:
         for name, port in zip(self.nodes, node_ports, strict=True):
             lines.append(
                 f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} "
-                f"CPUs={self.cpus_per_node} Gres=gpu:{self.gpus_per_node} State=UNKNOWN"
+                f"CPUs={self.cpus_per_node} RealMemory={self.memory_mib_per_node} "
+                f"Gres=gpu:{self.gpus_per_node} State=UNKNOWN"
             )
         lines.append(
             f"PartitionName={self.partition} Nodes={','.join(self.nodes)} Default=YES "

@@ -93,6 +93,7 @@ from pathlib import Path
 from typing import Any
 
 from runyard.contracts.stacks import ProcessStacks, WorkerStacks
+from runyard.contracts.task_events import WorkerPlacement
 from runyard.deployer.runtime import (
     _WORKER_FILTER,
     GPU_DEVICES,
@@ -485,9 +486,13 @@ class SlurmRuntime(LocalRuntime):
     def _sbatch_args(self, local: _Local) -> list[str]:
         d = local.deployment
         nodes = list(dict.fromkeys(w.node for w in d.workers))
-        gpus: dict[str, int] = {}
+        gpus: Counter[str] = Counter()
+        cpus: Counter[str] = Counter()
+        memory: Counter[str] = Counter()
         for w in d.workers:
-            gpus[w.node] = gpus.get(w.node, 0) + len(w.gpus)
+            gpus[w.node] += len(w.gpus)
+            cpus[w.node] += w.cpus or 0
+            memory[w.node] += w.memory_gib or 0
         args = [
             "--parsable",
             f"--job-name={_job_name(local)}",
@@ -495,6 +500,14 @@ class SlurmRuntime(LocalRuntime):
             "--ntasks-per-node=1",
             f"--nodelist={','.join(nodes)}",
             f"--gres=gpu:{max(gpus.values())}",
+        ]
+        # The CPUs and memory of the workers' specs (a placement recorded before they
+        # were in it: Slurm's defaults), per node as the GPUs: what its workers add up to.
+        if all(w.cpus for w in d.workers):
+            args.append(f"--cpus-per-task={max(cpus.values())}")
+        if all(w.memory_gib for w in d.workers):
+            args.append(f"--mem={max(memory.values())}G")
+        args += [
             f"--output={local.root / 'job.log'}",
             f"--chdir={local.root}",
             "--export=ALL",
@@ -535,6 +548,7 @@ class SlurmRuntime(LocalRuntime):
                 f"-w{worker.placement.node}",
                 f"--job-name=runyard-w{worker.index}",
                 "--input=none",
+                *_step_resources(worker.placement),
                 self.tools.bash,
                 str(worker.scratch / "run.sh"),
             ]
@@ -1284,6 +1298,17 @@ class _Pace:
     async def nap(self) -> None:
         await asyncio.sleep(self.nap_s)
         self.nap_s = min(self.nap_s * 1.5, self.most_s)
+
+
+def _step_resources(placement: WorkerPlacement) -> list[str]:
+    """A worker's step options for the CPUs and memory of its spec (a step gets one CPU
+    by default, whatever the job holds)."""
+    options = []
+    if placement.cpus:
+        options.append(f"--cpus-per-task={placement.cpus}")
+    if placement.memory_gib:
+        options.append(f"--mem={placement.memory_gib}G")
+    return options
 
 
 def _job_name(local: _Local) -> str:

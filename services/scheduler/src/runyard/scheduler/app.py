@@ -56,7 +56,7 @@ from typing import Any, TypeVar
 import asyncpg
 from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent
 from runyard.contracts.pool_events import GPUS_PER_NODE
-from runyard.contracts.spec import SpotOptions
+from runyard.contracts.spec import SpotOptions, TaskSpec
 from runyard.contracts.task_events import (
     TaskRerunRequested,
     TaskRescheduleRequested,
@@ -109,6 +109,7 @@ from runyard.scheduler.domain import (
     release,
     request_for,
     timed_out,
+    worker_resources,
 )
 from runyard.scheduler.errors import AppendRefused, ConflictPersisted, UnknownPool
 from runyard.scheduler.views import (
@@ -665,7 +666,10 @@ class SchedulerApp:
             return
         placement = _for_task(moved.placement, state)
         decision.pool_events.extend([moved.release, placement.event()])
-        commands = [*self._release_cmds(state), _place_command(runtime.pool_id, placement)]
+        commands = [
+            *self._release_cmds(state),
+            _place_command(runtime.state, state.spec, placement),
+        ]
         decision.add_task(task_id, self._decide(state, commands, now))
         await self._commit(decision, now)
         runtime.exclude.pop(task_id, None)
@@ -721,7 +725,7 @@ class SchedulerApp:
                 runtime.dequeue(placement.task_id)
                 continue
             placement = _for_task(placement, state)
-            command = _place_command(runtime.pool_id, placement)
+            command = _place_command(runtime.state, state.spec, placement)
             try:
                 events = decide(state, command, now=now, ids=_no_ids)
             except DomainError as exc:
@@ -1248,8 +1252,12 @@ def _for_task(placement: Placement, state: TaskState) -> Placement:
     return replace(placement, run=state.run, attempt=next_attempt(state))
 
 
-def _place_command(pool_id: str, placement: Placement) -> Place:
-    workers = tuple(
-        WorkerPlacement(index=w.index, node=w.node, gpus=w.gpus) for w in placement.workers
-    )
-    return Place(placement.task_id, pool_id, workers)
+def _place_command(pool: PoolState, spec: TaskSpec, placement: Placement) -> Place:
+    """The task's command for `placement`: each worker with its node, GPUs, CPUs and memory."""
+    workers = []
+    for w in placement.workers:
+        cpus, memory = worker_resources(pool, spec, len(w.gpus)) or (None, None)
+        workers.append(
+            WorkerPlacement(index=w.index, node=w.node, gpus=w.gpus, cpus=cpus, memory_gib=memory)
+        )
+    return Place(placement.task_id, pool.pool_id, tuple(workers))

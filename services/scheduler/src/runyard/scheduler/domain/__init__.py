@@ -55,6 +55,7 @@ from runyard.scheduler.domain.placement import (
     check_request,
     place,
     request_for,
+    worker_resources,
 )
 from runyard.scheduler.domain.pool import (
     Allocation,
@@ -149,4 +150,5 @@ __all__ = [
     "startable_workers",
     "timed_out",
     "with_place",
+    "worker_resources",
 ]

@@ -111,6 +111,22 @@ def request_for(
     )
 
 
+def worker_resources(pool: PoolState, spec: TaskSpec, gpus: int) -> tuple[int, int] | None:
+    """The CPUs and memory (GiB) of a worker of `spec` with `gpus` GPUs (R-02): those of
+    its worker spec; for a custom GPU count (R-04), those of the pool's spec with that
+    many GPUs, else the largest spec's per GPU times `gpus` (rounded up). None when the
+    pool defines no spec."""
+    if spec.custom_gpus is None and (named := pool.specs.get(spec.worker_spec or "")):
+        return named.cpus, named.memory_gib
+    same = [s for s in pool.specs.values() if s.gpus == gpus]
+    if same:
+        return same[0].cpus, same[0].memory_gib
+    if not pool.specs:
+        return None
+    big = max(pool.specs.values(), key=lambda s: s.gpus)
+    return -(-big.cpus * gpus // big.gpus), -(-big.memory_gib * gpus // big.gpus)
+
+
 def check_rdma(network: str, worker_gpus: tuple[int, ...]) -> None:
     """R-09: raise RdmaNotAllowed unless the network is RoCE/IB and every worker has 8 GPUs."""
     if network not in RDMA_NETWORKS or any(g != 8 for g in worker_gpus):
