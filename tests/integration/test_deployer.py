@@ -971,7 +971,7 @@ async def test_tasks_cannot_share_the_kernel_keyring_of_their_one_uid(h: Harness
 
 
 #: A user namespace asked for the ways a program can (the call, util-linux, a clone with
-#: the flag), then what must still work: threads and child processes.
+#: the flag), an io_uring, then what must still work: threads and child processes.
 USERNS = """
 import ctypes, os, subprocess, threading
 libc = ctypes.CDLL(None, use_errno=True)
@@ -979,6 +979,7 @@ def said(rc): return "ok" if rc >= 0 else os.strerror(ctypes.get_errno())
 print("unshare", said(libc.unshare(0x10000000)))  # CLONE_NEWUSER
 print("clone", said(libc.syscall({clone}, 0x10000000 | 17, None, None, None, None)))
 print("util-linux", subprocess.run(["unshare", "-U", "true"], capture_output=True).returncode)
+print("io_uring", said(libc.syscall(425, 1, ctypes.create_string_buffer(120))))
 t = threading.Thread(target=print, args=("thread",))
 t.start(); t.join()
 print(subprocess.run(["echo", "child"], capture_output=True, text=True).stdout.strip())
@@ -996,17 +997,20 @@ NO_USERNS = [
     "unshare Operation not permitted",
     "clone Operation not permitted",
     "util-linux 1",
+    "io_uring Operation not permitted",
     "thread",
     "child",
 ]
 
 
-async def test_a_sandboxed_worker_cannot_make_a_user_namespace(h: Harness) -> None:
+async def test_a_sandboxed_worker_cannot_make_a_user_namespace_or_an_io_uring(
+    h: Harness,
+) -> None:
     """In a user namespace of its own an unprivileged process holds every capability over
     what it makes there (network, mounts, netfilter): the kernel surface most container
-    escapes went through. A sandboxed worker is refused one, however it asks; threads
-    and child processes still start (clone3 answers ENOSYS, and the C library falls
-    back to clone)."""
+    escapes went through; io_uring is the other. A sandboxed worker is refused both,
+    however it asks; threads and child processes still start (clone3 answers ENOSYS,
+    and the C library falls back to clone)."""
     if not h.runtime.namespaces:
         pytest.skip("sandboxed workers need a root deployer with util-linux")
     if os.uname().machine not in ("x86_64", "aarch64"):

@@ -622,7 +622,10 @@ _DETACH = """runyard_detach() {{
 #:   whose flags a filter cannot read: ENOSYS, on which the C library falls back to
 #:   clone, as under Docker's default profile). In one, an unprivileged process holds
 #:   every capability over what it makes there (network, mounts, netfilter), which opens
-#:   the parts of the kernel that most container escapes went through.
+#:   the parts of the kernel that most container escapes went through;
+#: - io_uring (its three calls: EPERM), a second way into the kernel that many of the
+#:   last years' privilege escalations used, off in Docker's and containerd's default
+#:   profiles and on Google's servers; programs fall back to plain reads and writes.
 #: The filter knows x86-64 (with x32 and i386) and arm64 (with arm); elsewhere it lets
 #: every call through. `no_new_privs` (setpriv) lets an unprivileged process set it.
 _WORKER_FILTER = """
@@ -637,7 +640,9 @@ ALLOW, EPERM, ENOSYS, NEWUSER = 0x7FFF0000, 0x00050001, 0x00050026, 0x10000000
 prog, jumps = [], []
 for arch, mask, keys, unshare, clone, clone3 in ARCHES:
     body = [[LD, 0, 0, 0]] + ([[AND, 0, 0, mask]] if mask else [])
-    calls = [(n, "deny") for n in keys] + [(clone3, "nosys"), (unshare, "flags"), (clone, "flags")]
+    denied = (*keys, 425, 426, 427)  # and io_uring_setup, io_uring_enter, io_uring_register
+    calls = [(n, "deny") for n in denied] + [(clone3, "nosys")]
+    calls += [(unshare, "flags"), (clone, "flags")]
     for n, to in calls:
         jumps.append((len(prog) + 2 + len(body), to))
         body.append([JEQ, 0, 0, n])
