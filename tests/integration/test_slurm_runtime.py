@@ -302,10 +302,17 @@ async def test_pytorch_ddp_env_names_the_first_node_and_the_placed_gpus(h: Harne
 async def test_a_slurm_worker_sees_the_gpus_slurm_gave_its_step(h: Harness) -> None:
     """Slurm, not Runyard's placement, picks which GPUs of a node a job gets
     (`--gres=gpu:<n>`): a worker placed on GPU 3 that Slurm gave GPU 0 (the first free)
-    runs with Slurm's CUDA_VISIBLE_DEVICES, the GPUs it may open, not the placement's."""
+    runs with Slurm's CUDA_VISIBLE_DEVICES, the GPUs it may open, not the placement's;
+    its `WorkerStarted` records the GPUs it got, for whoever reads the log later."""
     await h.launch("gres", make_spec('echo "gpus=$CUDA_VISIBLE_DEVICES"'), gpus=(3,))
     assert (await h.state("gres")).status == "succeeded"
     assert h.output("gres") == ["0:gpus=0"]
+    started = [e.event for e in await h.events("gres") if isinstance(e.event, WorkerStarted)]
+    assert [w.gpus for w in started] == [(0,)]
+    # Where Slurm gives the placement's own GPUs, the event says nothing more.
+    await h.launch("same", make_spec("true"), gpus=(0,))
+    started = [e.event for e in await h.events("same") if isinstance(e.event, WorkerStarted)]
+    assert [w.gpus for w in started] == [None]
 
 
 async def test_failing_command_fails_with_its_exit_code(h: Harness) -> None:

@@ -11,6 +11,7 @@ from runyard.contracts.task_events import (
     TaskRestartScheduled,
     WorkerExited,
     WorkerPlacement,
+    WorkerStarted,
 )
 
 
@@ -27,6 +28,13 @@ def test_what_where_and_why_come_first() -> None:
     assert detail(data(failed)) == "stage=image_pull reason=no such image"
     exited = WorkerExited(run=1, attempt=1, worker=3, exit_code=137)
     assert detail(data(exited)) == "worker=3 exit_code=137"  # 0 would show too
+
+
+def test_a_start_names_the_gpus_the_worker_got_where_they_are_not_the_placements() -> None:
+    started = WorkerStarted(run=1, attempt=1, worker=1, node="n1", gpus=(2, 5))
+    assert detail(data(started)) == "worker=1 node=n1 gpus=2,5"
+    started = WorkerStarted(run=1, attempt=1, worker=1, node="n1")
+    assert detail(data(started)) == "worker=1 node=n1"
 
 
 def test_attempts_after_the_first_are_named_first() -> None:

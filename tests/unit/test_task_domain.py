@@ -367,6 +367,17 @@ def test_workers_cannot_start_while_a_stage_runs() -> None:
     story.refuse(StartWorker(TASK, 1, 1, 0), InvalidCommand)
 
 
+def test_a_start_records_the_gpus_a_worker_got_where_they_are_not_the_placements() -> None:
+    story = Story().queue().place()
+    placed = story.state.workers[0].gpus
+    other = tuple(g + 1 for g in placed)
+    (started,) = story.do(StartWorker(TASK, 1, 1, 0, gpus=other))
+    assert isinstance(started, WorkerStarted) and started.gpus == other
+    (started, *_) = story.do(StartWorker(TASK, 1, 1, 1, gpus=story.state.workers[1].gpus))
+    assert isinstance(started, WorkerStarted) and started.gpus is None
+    assert story.state.workers[0].gpus == placed  # the placement's, as the pool holds
+
+
 # --- env check ----------------------------------------------------------------
 
 

@@ -21,6 +21,7 @@ DETAIL_KEYS = (
     "role",
     "requeue_count",
     "node",
+    "gpus",
     "faulty_nodes",
     "removed",
     "added",

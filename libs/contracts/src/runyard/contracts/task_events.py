@@ -376,6 +376,10 @@ class WorkerStarted(_TaskEvent):
     attempt: Attempt
     worker: WorkerIndex
     node: Text
+    gpus: tuple[int, ...] | None = None
+    """The GPU indexes the worker got on its node where its runtime picks them and they
+    are not the placement's (Slurm gives a job any free GPUs of the count asked for:
+    `SLURM_STEP_GPUS`); absent: the placement's (`TaskPlaced`)."""
 
 
 class WorkerExited(_TaskEvent):

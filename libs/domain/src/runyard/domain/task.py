@@ -728,12 +728,14 @@ class FinishEnvCheck:
 
 @dataclass(frozen=True, slots=True)
 class StartWorker:
-    """A worker's launch command started."""
+    """A worker's launch command started (`gpus`: the GPUs its runtime gave it, where
+    they are not the placement's)."""
 
     task_id: str
     run: int
     attempt: int
     worker: int
+    gpus: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -1279,7 +1281,10 @@ def _start_worker(s: TaskState, c: StartWorker, ctx: _Context) -> list[Event]:
     worker = _worker(s, c.worker, action)
     if worker.started:
         raise InvalidCommand(s.task_id, action, f"worker {c.worker} already started")
-    started = WorkerStarted(run=s.run, attempt=s.attempt, worker=c.worker, node=worker.node)
+    gpus = c.gpus if c.gpus is not None and c.gpus != worker.gpus else None
+    started = WorkerStarted(
+        run=s.run, attempt=s.attempt, worker=c.worker, node=worker.node, gpus=gpus
+    )
     if all(w.started for w in s.workers if w.index != c.worker):
         return [started, TaskRunning(run=s.run, attempt=s.attempt)]
     return [started]

@@ -480,6 +480,12 @@ class DeployerApp:
             if self._active.get(task_id) is active:
                 del self._active[task_id]
 
+    def _given_gpus(self, key: DeploymentKey) -> dict[int, tuple[int, ...]]:
+        """The GPUs the runtime gave each started worker where it picks them (Slurm), by
+        worker index; recorded in `WorkerStarted` where they are not the placement's."""
+        given_gpus = getattr(self.runtime, "given_gpus", None)
+        return given_gpus(key) if given_gpus is not None else {}
+
     async def _adopt(self, active: _Active, state: TaskState, meta: Metadata) -> None:
         """Watch workers an earlier deployer started; record starts the log missed."""
         d = active.deployment
@@ -489,8 +495,9 @@ class DeployerApp:
         times = start_times(d.key) if start_times is not None else {}
         now = self.clock()
         try:
+            given = self._given_gpus(d.key)
             for i in sorted(unrecorded, key=lambda i: times.get(i, now)):
-                start = StartWorker(d.task_id, d.run, d.attempt, i)
+                start = StartWorker(d.task_id, d.run, d.attempt, i, gpus=given.get(i))
                 await self._decide(d.task_id, [start], meta, at=times.get(i))
         except DomainError as exc:
             log.info("adopted workers of %s not recorded: %s", d.task_id, exc)
@@ -548,7 +555,11 @@ class DeployerApp:
             await self._decide_quietly(d.task_id, [Fail(d.task_id, reason)], meta)
             return
         try:
-            commands = [StartWorker(d.task_id, d.run, d.attempt, w.index) for w in d.workers]
+            given = self._given_gpus(d.key)
+            commands = [
+                StartWorker(d.task_id, d.run, d.attempt, w.index, gpus=given.get(w.index))
+                for w in d.workers
+            ]
             await self._decide(d.task_id, commands, meta, at=started_at)
         except DomainError as exc:  # stopped meanwhile: the stop ends them
             log.info("workers of %s started but not recorded: %s", d.task_id, exc)

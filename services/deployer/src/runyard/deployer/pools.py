@@ -166,6 +166,10 @@ class PoolRuntimes:
         start_times = self._optional(self.at(key), "start_times")
         return dict(start_times(key)) if start_times else {}
 
+    def given_gpus(self, key: DeploymentKey) -> dict[int, tuple[int, ...]]:
+        given_gpus = self._optional(self.at(key), "given_gpus")
+        return dict(given_gpus(key)) if given_gpus else {}
+
     async def start_env_check(
         self, deployment: Deployment, on_output: OnOutput, *, port: int
     ) -> dict[int, int]:

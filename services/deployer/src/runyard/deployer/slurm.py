@@ -729,6 +729,9 @@ class SlurmRuntime(LocalRuntime):
         return (
             "#!/bin/bash\n"
             f"exec </dev/null >>{q(str(w / 'stdout.log'))} 2>>{q(str(w / 'stderr.log'))}\n"
+            # The GPUs Slurm gave the step (`given_gpus`), before the pid that says it runs.
+            f'echo "${{SLURM_STEP_GPUS:-${{SLURM_JOB_GPUS:-}}}}" > {q(str(w / "gpus.tmp"))} && '
+            f"mv -f {q(str(w / 'gpus.tmp'))} {q(str(w / 'gpus'))}\n"
             # The wrapper keeps this pid (exec): the stacks are those of its descendants.
             f"echo $$ > {q(str(w / 'pid.tmp'))} && mv -f {q(str(w / 'pid.tmp'))} "
             f"{q(str(w / 'pid'))}\n"
@@ -965,6 +968,18 @@ class SlurmRuntime(LocalRuntime):
             raise
         self._watch_all(local, on_output, on_exit)
         return self.pids(deployment.key)
+
+    def given_gpus(self, key: DeploymentKey) -> dict[int, tuple[int, ...]]:
+        """The GPU indexes Slurm gave each started worker's step on its node, by worker
+        index (as its run.sh found them: `SLURM_STEP_GPUS`, else `SLURM_JOB_GPUS`); a
+        worker whose step named none is left out."""
+        local = self._deps.get(key)
+        given: dict[int, tuple[int, ...]] = {}
+        for index, worker in local.workers.items() if local else ():
+            found = _read(worker.scratch / "gpus").strip()
+            if found and all(part.isdigit() for part in found.split(",")):
+                given[index] = tuple(int(part) for part in found.split(","))
+        return given
 
     async def _until_spawned(self, local: _Local, job: str, timeout_s: float = 120.0) -> None:
         """Wait until each worker's wrapper has written its pid (or already exited)."""
