@@ -37,3 +37,15 @@ def test_gpu_nodes_are_found_by_their_index_and_nothing_else(tmp_path: Path) -> 
     }
     assert gpu_nodes(f"{tmp_path}/card{{gpu}}.node") == {3: tmp_path / "card3.node"}
     assert gpu_nodes(f"{tmp_path}/missing/nvidia{{gpu}}") == {}
+
+
+def test_workers_run_at_nice_10_unless_set(tmp_path: Path) -> None:
+    assert _read({}, tmp_path).worker_nice == 10
+    assert _read({"worker_nice": 0}, tmp_path).worker_nice == 0
+    assert _read({"worker_nice": 19}, tmp_path).worker_nice == 19
+
+
+@pytest.mark.parametrize("bad", [-1, 20, "low", True, 1.5])
+def test_a_nice_value_outside_0_to_19_is_refused_with_the_fix(tmp_path: Path, bad: object) -> None:
+    with pytest.raises(ValueError, match=r"worker_nice is .*whole number from 0 .* to 19"):
+        _read({"worker_nice": bad}, tmp_path)

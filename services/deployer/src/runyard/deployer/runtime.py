@@ -167,6 +167,8 @@ WORKER_PIDS_MAX = 16_384
 WORKER_DISK_BYTES = 50 * 2**30
 #: A sandboxed worker's share of its deployment's /dev/shm (`worker_shm_bytes`).
 WORKER_SHM_BYTES = 8 * 2**30
+#: The nice value a sandboxed worker runs at (`LocalRuntimeConfig.worker_nice`).
+WORKER_NICE = 10
 #: Where the GPUs' device nodes are, `{gpu}` standing for a GPU's index (its minor
 #: number): `LocalRuntimeConfig.gpu_devices`.
 GPU_DEVICES = "/dev/nvidia{gpu}"
@@ -349,6 +351,9 @@ class LocalRuntimeConfig:
     #: The GPUs' device nodes, `{gpu}` standing for a GPU's index: a sandboxed worker
     #: can open its own GPUs' only (the others are covered by an unreadable file).
     gpu_devices: str = GPU_DEVICES
+    #: The nice value sandboxed workers run at (0-19): the control plane on the same
+    #: host comes first when the CPUs are short; idle CPUs are the workers' all the same.
+    worker_nice: int = WORKER_NICE
 
     @classmethod
     def from_mapping(
@@ -382,7 +387,19 @@ class LocalRuntimeConfig:
             worker_disk_bytes=_bytes_or_none(raw, "worker_disk_bytes", WORKER_DISK_BYTES),
             worker_shm_bytes=_bytes_or_none(raw, "worker_shm_bytes", WORKER_SHM_BYTES),
             gpu_devices=_gpu_pattern(str(raw.get("gpu_devices") or GPU_DEVICES)),
+            worker_nice=worker_nice(raw),
         )
+
+
+def worker_nice(raw: Mapping[str, Any]) -> int:
+    """`worker_nice` of a runtime's settings: a whole number from 0 to 19."""
+    value = raw.get("worker_nice", WORKER_NICE)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 19:
+        raise ValueError(
+            f"runtime.yaml: worker_nice is {value!r}: use a whole number from 0 (as the"
+            " control plane) to 19 (the last to get a CPU)"
+        )
+    return value
 
 
 def output_limits(raw: Mapping[str, Any]) -> tuple[int, int]:
@@ -628,6 +645,8 @@ _DETACH = """runyard_detach() {{
 #:   profiles and on Google's servers; programs fall back to plain reads and writes.
 #: The filter knows x86-64 (with x32 and i386) and arm64 (with arm); elsewhere it lets
 #: every call through. `no_new_privs` (setpriv) lets an unprivileged process set it.
+#: Its first argument is the nice value the worker runs at (`worker_nice`), the rest
+#: what it execs.
 _WORKER_FILTER = """
 import ctypes, os, struct, sys
 # audit arch, call number mask, add_key, request_key, keyctl, unshare, clone, clone3
@@ -661,7 +680,8 @@ libc = ctypes.CDLL(None, use_errno=True)
 if libc.prctl(22, 2, ctypes.c_void_p(ctypes.addressof(fbuf)), 0, 0) != 0:
     why = os.strerror(ctypes.get_errno())
     sys.exit(f"runyard: the worker's seccomp filter could not be set: {why}")
-os.execv(sys.argv[1], sys.argv[1:])
+os.nice(int(sys.argv[1]))
+os.execv(sys.argv[2], sys.argv[2:])
 """
 
 
@@ -908,7 +928,7 @@ class LocalRuntime:
                 )
             else:
                 self.disk_bytes = config.worker_disk_bytes
-            self.pids_base, why = _pids_base(config.workers_pids_max)
+            self.pids_base, why = _pids_base(config.workers_pids_max, config.worker_nice)
             if self.pids_base is not None:
                 _sweep_pids_groups(self.pids_base)
             else:
@@ -1456,7 +1476,8 @@ class LocalRuntime:
             # The launch command's shell starts behind a seccomp filter (`_WORKER_FILTER`):
             # no keyring (every task's workers share one uid, so its user keyring too),
             # no user namespace.
-            keyless = f"{q(sys.executable)} -I -S -c {q(_WORKER_FILTER)}"
+            nice = self.config.worker_nice
+            keyless = f"{q(sys.executable)} -I -S -c {q(_WORKER_FILTER)} {nice}"
             user_shell = (
                 f"{q(t.setpriv)} --reuid={uid} --regid={gid} --clear-groups --inh-caps=-all "
                 f"--bounding-set=-all --no-new-privs -- {keyless} {user_shell}"
@@ -2350,12 +2371,14 @@ CREDENTIAL_PATHS = ("/run/munge", "/var/run/munge")
 PIDS_BASE = "runyard-workers"
 
 
-def _pids_base(total: int | None) -> tuple[Path | None, str]:
+def _pids_base(total: int | None, nice: int = 0) -> tuple[Path | None, str]:
     """The pids cgroup every worker's own one goes in, its limit set to `total` (None:
     three quarters of kernel.pid_max); or None and why there is none.
 
     cgroup v1: the `pids` hierarchy; v2: the unified one, `+pids` given to the folders
-    below its root (which holds no process of its own there, as v2 asks)."""
+    below its root (which holds no process of its own there, as v2 asks). On v2 the
+    workers' CPU share against the rest of the host is that group's, not their nice
+    value's: its `cpu.weight.nice` is set to `nice` where the cpu controller is on."""
     v1 = Path("/sys/fs/cgroup/pids")
     unified = Path("/sys/fs/cgroup")
     try:
@@ -2374,6 +2397,9 @@ def _pids_base(total: int | None) -> tuple[Path | None, str]:
                 if "pids" not in (folder / "cgroup.subtree_control").read_text().split():
                     (folder / "cgroup.subtree_control").write_text("+pids")
         (base / "pids.max").write_text(str(total))
+        if v2 and "cpu" in (hierarchy / "cgroup.subtree_control").read_text().split():
+            with contextlib.suppress(OSError):
+                (base / "cpu.weight.nice").write_text(str(nice))
     except (OSError, ValueError) as exc:
         return None, f"the pids cgroup could not be set up: {exc}"
     return base, ""

@@ -118,6 +118,7 @@ from runyard.deployer.runtime import (
     _Worker,
     _worker_user,
     output_limits,
+    worker_nice,
 )
 from runyard.deployer.stacks import parse_dump, py_spy_binary
 
@@ -204,6 +205,7 @@ class SlurmRuntimeConfig(LocalRuntimeConfig):
             hidden=(data_dir.absolute(), *(Path(str(p)) for p in raw.get("hide") or ())),
             worker_disk_bytes=_bytes_or_none(raw, "worker_disk_bytes", WORKER_DISK_BYTES),
             worker_shm_bytes=_bytes_or_none(raw, "worker_shm_bytes", WORKER_SHM_BYTES),
+            worker_nice=worker_nice(raw),
             gpu_devices=_gpu_pattern(str(raw.get("gpu_devices") or GPU_DEVICES)),
         )
 
@@ -877,17 +879,19 @@ class SlurmRuntime(LocalRuntime):
         if self.worker_ids is not None:
             uid, gid, _ = self.worker_ids
             # No kernel keyring (every task's workers share the worker user, so its user
-            # keyring too), no user namespace: the local sandbox's seccomp filter
-            # (`_WORKER_FILTER`). It runs on
-            # Runyard's interpreter; a node without it at that path runs workers unfiltered.
+            # keyring too), no user namespace, no io_uring, at `worker_nice`: the local
+            # sandbox's seccomp filter (`_WORKER_FILTER`). It runs on Runyard's
+            # interpreter; a node without it at that path runs workers unfiltered.
             keyless = '"${keyless[@]}" '
             user_shell = (
                 f"{q(t.setpriv)} --reuid={uid} --regid={gid} --clear-groups --inh-caps=-all "
                 f"--bounding-set=-all --no-new-privs -- {keyless}{user_shell}"
             )
             python = q(sys.executable)
+            nice = self.config.worker_nice
             keyless = (
-                f"keyless=(); [ -x {python} ] && keyless=({python} -I -S -c {q(_WORKER_FILTER)})\n"
+                f"keyless=(); [ -x {python} ] && "
+                f"keyless=({python} -I -S -c {q(_WORKER_FILTER)} {nice})\n"
             )
         return (
             f"{keyless}"
