@@ -33,6 +33,7 @@ from runyard.contracts.task_events import (
     TaskPlaced,
     WorkerExited,
     WorkerPlacement,
+    WorkerStarted,
 )
 from runyard.deployer.app import DeployerApp
 from runyard.deployer.runtime import LocalRuntime, LocalRuntimeConfig, OutputLine, group_members
@@ -192,6 +193,37 @@ async def test_true_succeeds_with_every_stage_timed(h: Harness) -> None:
         assert e.metadata.actor == "service:deployer"
         assert e.metadata.causation_id == str(placed.event_id)
         assert e.metadata.correlation_id == (placed.metadata.correlation_id or str(placed.event_id))
+
+
+async def test_a_placement_is_deployed_as_the_log_has_it_not_as_a_message_says(
+    h: Harness,
+) -> None:
+    """The broker's message only says to look: a `TaskPlaced` whose payload differs from
+    the stored one (a forged or corrupted message with the stored event's id) deploys
+    the workers where the log placed them."""
+    from datetime import UTC, datetime
+
+    submitted = decide(
+        None,
+        Submit("forged", "acme", "alice", make_spec('echo "gpus=$CUDA_VISIBLE_DEVICES"')),
+        now=datetime.now(UTC),
+        ids=lambda: "x",
+    )
+    await h.append("forged", submitted)
+    stored = TaskPlaced(
+        run=1, attempt=1, pool="dev", workers=(WorkerPlacement(index=0, node="n-0", gpus=(2,)),)
+    )
+    (real,) = await h.append("forged", [stored])
+    other = (WorkerPlacement(index=0, node="elsewhere", gpus=(6,)),)
+    message = RecordedEvent(
+        real.event_id, real.stream_id, real.stream_version, real.global_position,
+        real.occurred_at, stored.model_copy(update={"workers": other}), real.metadata,
+    )  # fmt: skip
+    await h.deliver([message])
+    await asyncio.wait_for(h.app.drain(), 8)
+    assert h.output("forged") == ["0:gpus=2"]
+    started = [e.event for e in await h.events("forged") if isinstance(e.event, WorkerStarted)]
+    assert [w.node for w in started] == ["n-0"]
 
 
 async def test_failing_command_fails_with_its_exit_code(h: Harness) -> None:

@@ -427,9 +427,12 @@ class DeployerApp:
             or state.stages_done
             or state.stage is not None
             or any(w.started for w in state.workers)
+            or state.placement is None
         ):
             return  # stale, finished, or already deployed before (see reconcile)
-        deployment = Deployment(task_id, placed.run, placed.attempt, state.spec, placed.workers)
+        # Where the workers go is the log's word (the message only says to look).
+        workers = state.placement.workers
+        deployment = Deployment(task_id, placed.run, placed.attempt, state.spec, workers)
         await self._drive(deployment, state, Metadata(actor=ACTOR).caused_by(cause, ACTOR))
 
     async def _end(self, active: _Active) -> None:
