@@ -82,8 +82,8 @@ class Harness:
         for event in recorded:
             await self.app.handle(event)
 
-    async def launch(self, task_id: str, task_spec: TaskSpec, *, wait: bool = True) -> None:
-        """Submit and place the task (GPU i for worker i), and hand the placement over."""
+    async def submit(self, task_id: str, task_spec: TaskSpec) -> None:
+        """Append the task's submission (nothing handed over)."""
         from datetime import UTC, datetime
 
         submitted = decide(
@@ -93,6 +93,10 @@ class Harness:
             ids=lambda: "x",
         )
         await self.append(task_id, submitted)
+
+    async def launch(self, task_id: str, task_spec: TaskSpec, *, wait: bool = True) -> None:
+        """Submit and place the task (GPU i for worker i), and hand the placement over."""
+        await self.submit(task_id, task_spec)
         workers = tuple(
             WorkerPlacement(index=i, node=f"n-{i}", gpus=(i,))
             for i in range(task_spec.worker_count)
@@ -201,15 +205,7 @@ async def test_a_placement_is_deployed_as_the_log_has_it_not_as_a_message_says(
     """The broker's message only says to look: a `TaskPlaced` whose payload differs from
     the stored one (a forged or corrupted message with the stored event's id) deploys
     the workers where the log placed them."""
-    from datetime import UTC, datetime
-
-    submitted = decide(
-        None,
-        Submit("forged", "acme", "alice", make_spec('echo "gpus=$CUDA_VISIBLE_DEVICES"')),
-        now=datetime.now(UTC),
-        ids=lambda: "x",
-    )
-    await h.append("forged", submitted)
+    await h.submit("forged", make_spec('echo "gpus=$CUDA_VISIBLE_DEVICES"'))
     stored = TaskPlaced(
         run=1, attempt=1, pool="dev", workers=(WorkerPlacement(index=0, node="n-0", gpus=(2,)),)
     )
