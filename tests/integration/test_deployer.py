@@ -286,6 +286,47 @@ async def test_stop_during_running_ends_every_process(h: Harness) -> None:
     assert not scratch.exists()
 
 
+async def test_a_stop_or_preemption_the_log_does_not_hold_ends_no_worker(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What ends workers is acted on only once the log is seen to hold it: messages that
+    are not the log's (a forged id, or the stored id with another payload) end
+    nothing; the stored stop then does."""
+    import uuid
+    from datetime import UTC, datetime
+
+    from runyard.contracts.task_events import TaskPreempted, TaskStopRequested
+
+    await h.launch("kept", make_spec("sleep 60"), wait=False)
+    await h.wait_for("kept", "TaskRunning")
+    pids = h.runtime.pids(("kept", 1, 1))
+    version = len(await h.events("kept"))
+    meta = Metadata(actor="service:test")
+    forged: list[RecordedEvent[Event]] = [
+        RecordedEvent(uuid.uuid4(), "task-kept", version + 1, 10**9, datetime.now(UTC),
+                      TaskStopRequested(reason="forged", stopped_by="mallory"), meta),
+        RecordedEvent(uuid.uuid4(), "task-kept", version + 1, 10**9, datetime.now(UTC),
+                      TaskPreempted(run=1, reason="forged"), meta),
+    ]  # fmt: skip
+    await h.deliver(forged)
+    state = await h.state("kept")
+    (stored,) = await h.append(
+        "kept", decide(state, RequestStop("kept"), now=state.submitted_at, ids=lambda: "x")[:1]
+    )
+    altered = RecordedEvent(
+        stored.event_id, stored.stream_id, stored.stream_version, stored.global_position,
+        stored.occurred_at, TaskPreempted(run=1, reason="forged"), meta,
+    )  # fmt: skip
+    await h.deliver([altered])
+    await asyncio.sleep(0.5)
+    assert all(alive(-pid) for pid in pids.values()), "a message the log lacks ended a worker"
+    assert caplog.text.count("that the log does not hold was ignored") == 3
+    await h.deliver([stored])
+    await asyncio.wait_for(h.app.drain(), 8)
+    assert (await h.state("kept")).status == "stopped"
+    assert not any(alive(-pid) for pid in pids.values())
+
+
 async def test_the_sweep_acts_on_a_placement_and_a_stop_the_consumer_never_handed_over(
     h: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:

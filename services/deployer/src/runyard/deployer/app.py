@@ -255,9 +255,9 @@ class DeployerApp:
         elif isinstance(payload, TaskRestartScheduled):
             self._spawn(self._on_restart(task_id, payload, event))
         elif isinstance(payload, TaskRescheduleRequested):
-            self._spawn(self._on_reschedule(task_id, payload))
+            self._spawn(self._on_reschedule(task_id, payload, event))
         elif isinstance(payload, TaskPreempted):
-            self._spawn(self._on_preempted(task_id, payload))
+            self._spawn(self._on_preempted(task_id, payload, event))
         elif isinstance(payload, EnvCheckStarted):
             active = self._active.get(task_id)
             if active is not None and active.deployment.key == (
@@ -275,7 +275,7 @@ class DeployerApp:
             # still run: they end with their run (a worker's own exit already did)
             active = self._active.get(task_id)
             if active is not None and not active.stopping:
-                self._spawn(self._end(active))
+                self._spawn(self._end_if_recorded(active, event))
 
     # -- anti-entropy ----------------------------------------------------------------
 
@@ -770,7 +770,9 @@ class DeployerApp:
         )
         await self._drive(deployment, state, Metadata(actor=ACTOR).caused_by(cause, ACTOR))
 
-    async def _on_reschedule(self, task_id: str, reschedule: TaskRescheduleRequested) -> None:
+    async def _on_reschedule(
+        self, task_id: str, reschedule: TaskRescheduleRequested, cause: RecordedEvent[Event]
+    ) -> None:
         """The attempt's workers leave their (faulty) nodes; the scheduler places them again.
 
         Their exits are recorded (`WorkerExited` of the withdrawn attempt); the last one
@@ -778,14 +780,40 @@ class DeployerApp:
         """
         active = self._active.get(task_id)
         if active is not None and active.deployment.attempt <= reschedule.attempt:
-            await self._end(active)
+            await self._end_if_recorded(active, cause)
 
-    async def _on_preempted(self, task_id: str, preempted: TaskPreempted) -> None:
+    async def _on_preempted(
+        self, task_id: str, preempted: TaskPreempted, cause: RecordedEvent[Event]
+    ) -> None:
         """Spot capacity was reclaimed: the run's workers end now, and their exits are
         recorded; the task's GPUs count as free only after the last of them."""
         active = self._active.get(task_id)
         if active is not None and active.deployment.run == preempted.run:
+            await self._end_if_recorded(active, cause)
+
+    async def _end_if_recorded(self, active: _Active, cause: RecordedEvent[Event]) -> None:
+        """`_end` the deployment, if the log holds `cause` as delivered."""
+        if await self._recorded(cause):
             await self._end(active)
+
+    async def _recorded(self, event: RecordedEvent[Event]) -> bool:
+        """Whether the log holds `event` as the broker delivered it (id and payload at its
+        stream and version; a store outage is waited out). What ends workers is acted
+        on only then: a corrupted or forged message ends nothing (logged)."""
+
+        async def read() -> list[RecordedEvent[Event]]:
+            return await self.store.read_stream(event.stream_id, event.stream_version, 1)
+
+        found = await until_done(read, what=f"reading {event.stream_id}")
+        if found and found[0].event_id == event.event_id and found[0].event == event.event:
+            return True
+        log.warning(
+            "%s: a %s message (version %d) that the log does not hold was ignored",
+            event.stream_id,
+            event.type,
+            event.stream_version,
+        )
+        return False
 
     # -- reconciliation after a restart ----------------------------------------------------
 
@@ -957,6 +985,8 @@ class DeployerApp:
     # -- stop ------------------------------------------------------------------------
 
     async def _on_stop(self, task_id: str, cause: RecordedEvent[Event]) -> None:
+        if not await self._recorded(cause):
+            return
         meta = Metadata(actor=ACTOR).caused_by(cause, ACTOR)
         active = self._active.get(task_id)
         if active is not None:
