@@ -169,7 +169,9 @@ class Client:
     def get_group(self, group_id: str, *, tenant: str | None = None) -> wire.Group:
         return self.send(calls.get_group(group_id, tenant=tenant))
 
-    def list_groups(self, *, limit: int | None = None, tenant: str | None = None) -> wire.GroupPage:
+    def list_groups(
+        self, *, limit: int | None = None, tenant: str | None = None
+    ) -> wire.GroupPage:
         return self.send(calls.list_groups(limit=limit, tenant=tenant))
 
     def stop_group(self, group_id: str) -> wire.Group:
