@@ -234,6 +234,42 @@ async def test_a_failed_task_alerts_once_with_a_signed_card(dsn: str) -> None:
         assert events[-1].metadata.correlation_id == "corr-t-1"
 
 
+async def test_a_message_the_log_does_not_hold_sends_no_alert(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An alert goes out only for an event the log holds as delivered: a forged message
+    (a new id), or the stored event's id with another payload, sends nothing, and what
+    it would have folded into the kept task is not what the real alert reads."""
+    import uuid
+
+    from runyard.contracts.task_events import TaskFailed
+
+    async with harness(dsn) as h:
+        sub = await signed_task_subscription(h, "failed")
+        await h.submit("t-f", spec("real-name", sub))
+        version = len(await h.store.read_stream("task-t-f"))
+        meta = Metadata(actor="service:test", correlation_id="corr-t-f")
+        forged = TaskFailed(run=1, attempt=1, reason="forged: send money to mallory")
+        await h.deliver(
+            [RecordedEvent(uuid.uuid4(), "task-t-f", version + 1, 10**9, utc_now(), forged, meta)]
+        )
+        (stored,) = await h.command("t-f", Fail("t-f", "worker 0 exited with status 1"))
+        altered = RecordedEvent(
+            stored.event_id, stored.stream_id, stored.stream_version, stored.global_position,
+            stored.occurred_at, forged, stored.metadata,
+        )  # fmt: skip
+        await h.deliver([altered])
+        await h.run_until(lambda: _has_delivered(h, "t-f"))
+        await h.run_for(0.5)
+        assert len(h.fake.received) == 1
+        assert "status 1" in h.fake.received[0].text and "mallory" not in h.fake.received[0].text
+        assert caplog.text.count("that the log does not hold sent no alert") == 2
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
 async def test_a_task_without_interest_sends_nothing(dsn: str) -> None:
     async with harness(dsn) as h:
         sub = await signed_task_subscription(h, "hang")

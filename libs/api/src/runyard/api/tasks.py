@@ -57,6 +57,11 @@ class KeptTasks(Generic[V]):
         """The JSON bytes of a kept task's spec (0 when not kept)."""
         return self._sizes.get(task_id, 0)
 
+    def forget(self, task_id: str) -> None:
+        """Keep nothing of the task (it is read again from the log when next asked)."""
+        if self._values.pop(task_id, None) is not None:
+            self._bytes -= self._sizes.pop(task_id, 0)
+
     def keep(self, task_id: str, value: V) -> None:
         """Keep `value` as the newest; the oldest go while there are too many."""
         kept = self._values.get(task_id)

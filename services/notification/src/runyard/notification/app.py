@@ -251,6 +251,8 @@ class NotificationApp:
         if not event.stream_id.startswith("task-") or payload.type_name() not in EVENT_TYPES:
             return
         kind = alert_kind(payload)
+        if kind is not None and not await self._recorded(event):
+            return
         state = await self._state_at(event)
         db: Db = conn if conn is not None else self.db
         cause = Cause(str(event.event_id), event.metadata.correlation_id or str(event.event_id))
@@ -260,6 +262,24 @@ class NotificationApp:
             facts = (await task_redactor(db, state.tenant, state.spec)).facts(facts)
             label = f"{kind}: {payload.type_name()} of run {state.run}"
             await self._raise(db, state, facts, label, str(event.event_id), cause)
+
+    async def _recorded(self, event: RecordedEvent[Event]) -> bool:
+        """Whether the log holds `event` as the broker delivered it (id and payload at its
+        stream and version). An alert goes out only then, about the task as the log has
+        it: what was kept of the task is read again, since a message folded on earlier
+        (to save a read) may not have been the log's. One read or two per alert."""
+        found = await self.store.read_stream(event.stream_id, event.stream_version, 1)
+        if found and found[0].event_id == event.event_id and found[0].event == event.event:
+            if self._tasks is not None:
+                self._tasks.states.forget(event.stream_id.removeprefix("task-"))
+            return True
+        log.warning(
+            "%s: a %s message (version %d) that the log does not hold sent no alert",
+            event.stream_id,
+            event.type,
+            event.stream_version,
+        )
+        return False
 
     async def _state_at(self, event: RecordedEvent[Event]) -> TaskState:
         """The task as of `event` (later events are not looked at, so a replay agrees),
