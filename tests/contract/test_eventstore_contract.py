@@ -55,6 +55,27 @@ async def test_read_stream_from_a_version(store: EventStore) -> None:
     assert [e.stream_version for e in tail] == [4, 5]
 
 
+async def test_holds_an_event_only_as_stored(store: EventStore) -> None:
+    import uuid
+
+    from runyard.contracts import RecordedEvent
+
+    await store.append("test-1", [happened(i) for i in range(3)])
+    stored = (await store.read_stream("test-1", from_version=2, limit=1))[0]
+    assert await store.holds(stored)
+
+    def like(event_id: uuid.UUID, version: int, n: int) -> RecordedEvent[Happened]:
+        return RecordedEvent(
+            event_id, "test-1", version, stored.global_position, stored.occurred_at,
+            Happened(n=n), stored.metadata,
+        )  # fmt: skip
+
+    assert await store.holds(like(stored.event_id, 2, 1))  # the stored payload, rebuilt
+    assert not await store.holds(like(stored.event_id, 2, 99))  # another payload
+    assert not await store.holds(like(uuid.uuid4(), 2, 1))  # another id
+    assert not await store.holds(like(stored.event_id, 4, 1))  # past the stream's end
+
+
 async def test_read_stream_a_page_at_a_time(store: EventStore) -> None:
     await store.append("test-1", [happened(i) for i in range(5)])
     page = await store.read_stream("test-1", from_version=2, limit=2)

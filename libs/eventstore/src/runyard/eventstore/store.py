@@ -83,6 +83,12 @@ class EventStore(abc.ABC):
     async def head_position(self) -> int:
         """The highest global position stored so far (0 when empty)."""
 
+    async def holds(self, event: RecordedEvent[Event]) -> bool:
+        """Whether the log holds `event` as given: its id and payload at its stream and
+        version. For a reaction that must not act on a message's word alone (one read)."""
+        found = await self.read_stream(event.stream_id, event.stream_version, 1)
+        return bool(found) and found[0].event_id == event.event_id and found[0].event == event.event
+
     async def subscribe_all(
         self, after: int = 0, *, batch_size: int = 500, poll_interval: float = 0.005
     ) -> AsyncIterator[RecordedEvent[Event]]:

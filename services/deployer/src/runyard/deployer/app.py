@@ -65,6 +65,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent
@@ -800,12 +801,7 @@ class DeployerApp:
         """Whether the log holds `event` as the broker delivered it (id and payload at its
         stream and version; a store outage is waited out). What ends workers is acted
         on only then: a corrupted or forged message ends nothing (logged)."""
-
-        async def read() -> list[RecordedEvent[Event]]:
-            return await self.store.read_stream(event.stream_id, event.stream_version, 1)
-
-        found = await until_done(read, what=f"reading {event.stream_id}")
-        if found and found[0].event_id == event.event_id and found[0].event == event.event:
+        if await until_done(partial(self.store.holds, event), what=f"reading {event.stream_id}"):
             return True
         log.warning(
             "%s: a %s message (version %d) that the log does not hold was ignored",

@@ -268,8 +268,7 @@ class NotificationApp:
         stream and version). An alert goes out only then, about the task as the log has
         it: what was kept of the task is read again, since a message folded on earlier
         (to save a read) may not have been the log's. One read or two per alert."""
-        found = await self.store.read_stream(event.stream_id, event.stream_version, 1)
-        if found and found[0].event_id == event.event_id and found[0].event == event.event:
+        if await self.store.holds(event):
             if self._tasks is not None:
                 self._tasks.states.forget(event.stream_id.removeprefix("task-"))
             return True
