@@ -1475,7 +1475,7 @@ class LocalRuntime:
             setup = f"{{ echo 1000 > /proc/self/oom_score_adj; }} 2>/dev/null\n{setup}"
             # The launch command's shell starts behind a seccomp filter (`_WORKER_FILTER`):
             # no keyring (every task's workers share one uid, so its user keyring too),
-            # no user namespace.
+            # no user namespace, no io_uring; at `worker_nice`.
             nice = self.config.worker_nice
             keyless = f"{q(sys.executable)} -I -S -c {q(_WORKER_FILTER)} {nice}"
             user_shell = (
