@@ -54,6 +54,9 @@ class Recording:
     async def read_stream(self, stream: str, *args: Any) -> Any:
         raise Touched(stream)
 
+    async def holds(self, event: RecordedEvent[Event]) -> Any:
+        raise Touched(event.stream_id)
+
 
 def recorded(event: Event, stream: str = "task-t-1") -> RecordedEvent[Event]:
     return RecordedEvent(
