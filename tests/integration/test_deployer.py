@@ -94,11 +94,14 @@ class Harness:
         )
         await self.append(task_id, submitted)
 
-    async def launch(self, task_id: str, task_spec: TaskSpec, *, wait: bool = True) -> None:
-        """Submit and place the task (GPU i for worker i), and hand the placement over."""
+    async def launch(
+        self, task_id: str, task_spec: TaskSpec, *, wait: bool = True, **resources: int
+    ) -> None:
+        """Submit and place the task (GPU i for worker i; each worker's `cpus` and
+        `memory_gib` when given), and hand the placement over."""
         await self.submit(task_id, task_spec)
         workers = tuple(
-            WorkerPlacement(index=i, node=f"n-{i}", gpus=(i,))
+            WorkerPlacement(index=i, node=f"n-{i}", gpus=(i,), **resources)
             for i in range(task_spec.worker_count)
         )
         placed = TaskPlaced(run=1, attempt=1, pool="dev", workers=workers)
@@ -789,6 +792,87 @@ async def test_a_sandboxed_worker_is_the_first_the_kernel_ends_when_memory_runs_
     assert h.output("oom") == ["0:1000", "0:kept", "0:1000", "0:Nam"]
 
 
+#: Takes the mebibytes its first argument names (written, so resident), 64 at a time.
+TAKE_MEMORY = """
+import sys
+held = [bytearray(b"x") * (64 << 20) for _ in range(int(sys.argv[1]) // 64)]
+print("held", len(held) * 64, flush=True)
+"""
+
+
+def limits_of_memory_and_cpus(runtime: LocalRuntime) -> bool:
+    """Whether this deployer holds sandboxed workers to their memory and CPUs (a root
+    deployer with a writable cgroup file system)."""
+    return runtime.namespaces and runtime.memory_base is not None
+
+
+async def test_a_worker_is_held_to_its_placements_memory_and_told_why_it_ended(
+    h: Harness,
+) -> None:
+    """A worker that takes more memory than its placement gives it (its spec's) has its
+    largest process ended by the kernel at that limit, and its stderr says why; a
+    worker of another task, beside it, within the same limit runs to its end."""
+    if not limits_of_memory_and_cpus(h.runtime):
+        pytest.skip("memory limits need a root deployer with a writable cgroup file system")
+    take = f"{shlex.quote(sys.executable)} -c {shlex.quote(TAKE_MEMORY)}"
+    await h.launch("modest", make_spec(f"{take} 768"), wait=False, memory_gib=1)
+    await h.launch("hungry", make_spec(f"{take} 1536"), wait=False, memory_gib=1)
+    await asyncio.wait_for(h.app.drain(), 30)
+    for task_id, code in (("modest", 0), ("hungry", 137)):
+        events = [e.event for e in await h.events(task_id)]
+        [exited] = [e for e in events if isinstance(e, WorkerExited)]
+        assert exited.exit_code == code, (task_id, h.output(task_id))
+    assert h.output("modest") == ["0:held 768"]
+    [note] = h.output("hungry")
+    assert note.startswith("0:runyard: out of memory: the kernel ended 1 process(es)"), note
+    assert "limit of 1 GiB" in note, note
+
+
+#: The files of a worker's cgroups its CPU and memory limits are in (v1 and v2).
+LIMIT_FILES = (
+    *("cpu.max", "cpu.cfs_quota_us", "cpu.cfs_period_us"),
+    *("memory.max", "memory.limit_in_bytes"),
+)
+
+
+def limits_in(groups: list[Path]) -> dict[str, list[str]]:
+    """What `LIMIT_FILES` of a worker's cgroups hold."""
+    files = {
+        n: (g / n).read_text().split() for g in groups for n in LIMIT_FILES if (g / n).exists()
+    }
+    if "cpu.cfs_quota_us" in files:  # v1, as v2 writes it: quota and period
+        files["cpu.max"] = files.pop("cpu.cfs_quota_us") + files.pop("cpu.cfs_period_us")
+    if "memory.limit_in_bytes" in files:
+        files["memory.max"] = files.pop("memory.limit_in_bytes")
+    return files
+
+
+async def test_a_worker_runs_within_its_placements_cpus(h: Harness) -> None:
+    """Each worker's cgroups hold a CPU quota of its placement's CPUs (per 100 ms)
+    and its memory limit while it runs; none without them (an older placement); the
+    groups go with the deployment."""
+    if not limits_of_memory_and_cpus(h.runtime):
+        pytest.skip("CPU limits need a root deployer with a writable cgroup file system")
+    await h.launch("quota", make_spec("sleep 30", workers=2), wait=False, cpus=3, memory_gib=2)
+    await h.launch("plain", make_spec("sleep 30"), wait=False)
+    await h.wait_for("quota", "TaskRunning", within=20)
+    await h.wait_for("plain", "TaskRunning", within=20)
+    groups = h.runtime._worker_groups(h.runtime._get(("quota", 1, 1)))
+    [plain] = h.runtime._worker_groups(h.runtime._get(("plain", 1, 1))).values()
+    if "cpu.max" not in limits_in(plain):
+        pytest.skip("no cpu controller to write: the memory limit alone is tested")
+    for paths in groups.values():
+        assert limits_in(paths) == {"cpu.max": ["300000", "100000"], "memory.max": [str(2 << 30)]}
+    quota, memory = limits_in(plain)["cpu.max"][0], limits_in(plain)["memory.max"][0]
+    assert quota in ("max", "-1") and (memory == "max" or int(memory) > 1 << 50), limits_in(plain)
+    for task_id in ("quota", "plain"):
+        state = await h.state(task_id)
+        stop = decide(state, RequestStop(task_id), now=state.submitted_at, ids=lambda: "x")
+        await h.deliver(await h.append(task_id, stop))
+    await asyncio.wait_for(h.app.drain(), 15)
+    assert not any(p.exists() for paths in [*groups.values(), plain] for p in paths)
+
+
 #: A launcher that starts its rank in a session of its own, as torchrun does, and a rank
 #: that outlives a SIGTERM (busy in a collective): it prints its pid and waits.
 STUBBORN_RANK = """
@@ -847,19 +931,20 @@ async def test_pids_cgroups_a_crashed_deployer_left_are_swept_and_a_swept_one_ma
         pytest.skip("sandboxed workers with a pids cgroup need a root deployer")
     stale = runtime.pids_base / f"d-stale-{os.urandom(4).hex()}"
     (stale / "w0").mkdir(parents=True)
-    workers = (WorkerPlacement(index=0, node="n", gpus=(0,)),)
+    workers = (WorkerPlacement(index=0, node="n", gpus=(0,), cpus=1, memory_gib=1),)
     deployment = Deployment("swept", 1, 1, make_spec("grep pids /proc/self/cgroup"), workers)
     for step in (runtime.allocate, runtime.pull_image, runtime.mount_storage, runtime.init_env):
         await step(deployment)
     group = runtime._pids_groups(runtime._get(deployment.key))[0]
-    assert group.is_dir()
+    [groups] = runtime._worker_groups(runtime._get(deployment.key)).values()
+    assert group.is_dir() and group in groups
     LocalRuntime(config)  # another deployer starts: groups made just now are kept
-    assert (stale / "w0").is_dir() and group.is_dir()
+    assert (stale / "w0").is_dir() and all(g.is_dir() for g in groups)
     long_ago = time.time() - PIDS_SWEEP_AGE_S - 5
-    for folder in (stale / "w0", stale, group, group.parent):
+    for folder in (stale / "w0", stale, *groups, *(g.parent for g in groups)):
         os.utime(folder, (long_ago, long_ago))
     LocalRuntime(config)  # and once they are old, both empty folders go
-    assert not stale.exists() and not group.exists()
+    assert not stale.exists() and not any(g.exists() for g in groups)
     lines: list[str] = []
     exits: list[int] = []
 
@@ -876,6 +961,10 @@ async def test_pids_cgroups_a_crashed_deployer_left_are_swept_and_a_swept_one_ma
         where = f"/{group.relative_to(runtime.pids_base.parent)}"
         assert len(lines) == 1 and lines[0].endswith(f":pids:{where}"), lines
         assert (group / "pids.max").read_text().strip() == "50"
+        if limits_of_memory_and_cpus(runtime):  # made again with its memory and CPUs too
+            files = limits_in(groups)
+            assert files["memory.max"] == [str(1 << 30)], files
+            assert files.get("cpu.max", ["100000"])[0] == "100000", files
     finally:
         await runtime.cleanup(deployment.key)
     assert not group.exists()

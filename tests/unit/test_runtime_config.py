@@ -49,3 +49,16 @@ def test_workers_run_at_nice_10_unless_set(tmp_path: Path) -> None:
 def test_a_nice_value_outside_0_to_19_is_refused_with_the_fix(tmp_path: Path, bad: object) -> None:
     with pytest.raises(ValueError, match=r"worker_nice is .*whole number from 0 .* to 19"):
         _read({"worker_nice": bad}, tmp_path)
+
+
+def test_workers_are_held_to_their_specs_cpus_and_memory_unless_turned_off(
+    tmp_path: Path,
+) -> None:
+    assert _read({}, tmp_path).worker_limits is True
+    assert _read({"worker_limits": False}, tmp_path).worker_limits is False
+
+
+@pytest.mark.parametrize("bad", ["no", 0, None])
+def test_worker_limits_other_than_true_or_false_is_refused(tmp_path: Path, bad: object) -> None:
+    with pytest.raises(ValueError, match=r"worker_limits is .*: use true or false"):
+        _read({"worker_limits": bad}, tmp_path)

@@ -354,6 +354,10 @@ class LocalRuntimeConfig:
     #: The nice value sandboxed workers run at (0-19): the control plane on the same
     #: host comes first when the CPUs are short; idle CPUs are the workers' all the same.
     worker_nice: int = WORKER_NICE
+    #: Hold each sandboxed worker to the CPUs and memory its placement gives it (its
+    #: spec's): a cgroup of its own with a CPU quota and a memory limit, past which the
+    #: kernel ends its largest process, not another task's. False: no such limit.
+    worker_limits: bool = True
 
     @classmethod
     def from_mapping(
@@ -388,7 +392,15 @@ class LocalRuntimeConfig:
             worker_shm_bytes=_bytes_or_none(raw, "worker_shm_bytes", WORKER_SHM_BYTES),
             gpu_devices=_gpu_pattern(str(raw.get("gpu_devices") or GPU_DEVICES)),
             worker_nice=worker_nice(raw),
+            worker_limits=_flag(raw, "worker_limits", True),
         )
+
+
+def _flag(raw: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = raw.get(name, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"runtime.yaml: {name} is {value!r}: use true or false")
+    return value
 
 
 def worker_nice(raw: Mapping[str, Any]) -> int:
@@ -913,6 +925,11 @@ class LocalRuntime:
         self.worker_ids: tuple[int, int, str] | None = None
         #: The pids cgroup every sandboxed worker's own one lies in (None: no limit).
         self.pids_base: Path | None = None
+        #: cgroup v1: the memory and cpu hierarchies' groups every sandboxed worker's own
+        #: ones lie in (v2: the pids base's groups hold those limits too).
+        self.limit_bases: tuple[Path, ...] = ()
+        #: The base whose worker groups hold the memory limit (None: not limited).
+        self.memory_base: Path | None = None
         if self.namespaces:
             self.worker_ids = _worker_user(config.worker_user, self.tools)
             self.shm_bytes = config.worker_shm_bytes
@@ -929,15 +946,24 @@ class LocalRuntime:
             else:
                 self.disk_bytes = config.worker_disk_bytes
             self.pids_base, why = _pids_base(config.workers_pids_max, config.worker_nice)
-            if self.pids_base is not None:
-                _sweep_pids_groups(self.pids_base)
-            else:
+            if self.pids_base is None:
                 log.warning(
                     "sandboxed workers' processes are NOT limited (%s): a worker that forks"
                     " without end can take every pid of this machine, the control plane's"
                     " next process included",
                     why,
                 )
+            if config.worker_limits:
+                self.limit_bases, self.memory_base, why = _limit_bases(self.pids_base)
+                if self.memory_base is None:
+                    log.warning(
+                        "sandboxed workers' memory and CPUs are NOT limited to their"
+                        " specs' (%s): one worker can take the memory and CPUs of every"
+                        " other task's workers on this machine",
+                        why,
+                    )
+            for base in self._group_bases():
+                _sweep_groups(base)
         else:
             log.warning(
                 "workers are NOT sandboxed (%s): they run as this deployer's user, in its "
@@ -978,13 +1004,15 @@ class LocalRuntime:
                 raise StageFailed(
                     f"the deployment's network namespace could not be created: {exc}"
                 ) from exc
-            if self.pids_base is not None:
-                groups = self._pids_groups(local)
+            if self._group_bases():
+                groups = self._worker_groups(local)
+                files = {i: self._group_files(w.placement) for i, w in local.workers.items()}
                 try:
-                    await asyncio.to_thread(_make_pids_groups, groups, self.config.worker_pids_max)
+                    await asyncio.to_thread(_make_groups, groups, files)
                 except OSError as exc:
                     raise StageFailed(
-                        f"the workers' process limit (pids cgroup) could not be set: {exc}"
+                        "the workers' limits of processes, memory or CPUs (their cgroups)"
+                        f" could not be set: {exc}"
                     ) from exc
             try:
                 await self._files(local, self._make_disks, local)
@@ -1461,15 +1489,13 @@ class LocalRuntime:
             uid, gid, _ = self.worker_ids
             tag = Path(status_file or worker.status_file).name
             setup = self._mount_script(local, worker, tag)
-            if self.pids_base is not None:
+            if self._group_bases():
                 # Before anything forks: the wrapper (and so all it starts) joins the
-                # worker's pids cgroup; `echo` is a builtin, no process of its own.
-                # A group swept away meanwhile (`_sweep_pids_groups`) is made again.
-                group = self._pids_groups(local)[worker.index]
-                cg, limit = q(str(group)), self.config.worker_pids_max
-                join = f"echo 0 > {cg}/cgroup.procs"
-                again = f"{q(self.tools.mkdir)} -p {cg} && echo {limit} > {cg}/pids.max && {join}"
-                setup = f"{{ {join}; }} 2>/dev/null || {{ {again}; }} || finish 112\n{setup}"
+                # worker's cgroups; `echo` is a builtin, no process of its own.
+                # A group swept away meanwhile (`_sweep_groups`) is made again.
+                groups = self._worker_groups(local)[worker.index]
+                join = _join_groups(groups, self._group_files(worker.placement), t.mkdir)
+                setup = f"{join} || finish 112\n{setup}"
             # The kernel's first choice when memory runs out, before the control plane
             # (Postgres, the services): set as root, so the worker cannot lower it.
             setup = f"{{ echo 1000 > /proc/self/oom_score_adj; }} 2>/dev/null\n{setup}"
@@ -1494,7 +1520,9 @@ class LocalRuntime:
             # The wrapper's own messages ("Terminated") are not the worker's output.
             "exec 3>&2 2>/dev/null\n"
             f"{user_shell} 2>&3 3>&-\n"
-            "finish $?\n"
+            "code=$?\n"
+            f"{self._oom_note(local, worker)}"
+            'finish "$code"\n'
         )
         args = [t.bash, "-c", wrapper, "runyard-worker", command or local.deployment.spec.command]
         args += [str(status_file or worker.status_file), str(env_file)]
@@ -1634,6 +1662,67 @@ class LocalRuntime:
         """Each worker's pids cgroup (`w<i>` in the deployment's folder)."""
         folder = self._pids_folder(local.root)
         return {i: folder / f"w{i}" for i in local.workers}
+
+    def _group_bases(self) -> list[Path]:
+        """Where the workers' cgroups lie: the pids base first, then cgroup v1's
+        memory and cpu ones."""
+        return [*([self.pids_base] if self.pids_base is not None else []), *self.limit_bases]
+
+    def _group_folders(self, root: Path) -> list[Path]:
+        """A deployment's folder in each of `_group_bases` (its name `_pids_folder`'s)."""
+        name = "d-" + hashlib.sha256(str(root).encode()).hexdigest()[:20]
+        return [base / name for base in self._group_bases()]
+
+    def _worker_groups(self, local: _Local) -> dict[int, list[Path]]:
+        """Each worker's cgroups (`w<i>` in each of the deployment's folders)."""
+        folders = self._group_folders(local.root)
+        return {i: [folder / f"w{i}" for folder in folders] for i in local.workers}
+
+    def _group_files(self, placement: WorkerPlacement) -> dict[str, str]:
+        """The limits of one worker's cgroups, by file (those its groups lack are not
+        written: each v1 hierarchy has its own): its processes, and where
+        `worker_limits` holds, the memory and CPUs of its placement. Swap is no way
+        around the memory limit."""
+        files = {"pids.max": str(self.config.worker_pids_max)}
+        if self.memory_base is None:
+            return files
+        if placement.memory_gib:
+            limit = str(placement.memory_gib * 2**30)
+            files |= {
+                "memory.limit_in_bytes": limit,
+                "memory.memsw.limit_in_bytes": limit,
+                "memory.max": limit,
+                "memory.swap.max": "0",
+            }
+        if placement.cpus:
+            quota = placement.cpus * CPU_PERIOD_US
+            files |= {
+                "cpu.cfs_period_us": str(CPU_PERIOD_US),
+                "cpu.cfs_quota_us": str(quota),
+                "cpu.max": f"{quota} {CPU_PERIOD_US}",
+            }
+        return files
+
+    def _oom_note(self, local: _Local, worker: _Worker) -> str:
+        """The wrapper's lines that say, on the worker's stderr, that the kernel ended
+        processes of it at its memory limit (the OOM kills its memory cgroup counts:
+        v1 `memory.oom_control`, v2 `memory.events`); the exit status is kept."""
+        if self.memory_base is None or not worker.placement.memory_gib:
+            return ""
+        name = self._group_folders(local.root)[self._group_bases().index(self.memory_base)]
+        group = shlex.quote(str(name / f"w{worker.index}"))
+        note = (
+            "runyard: out of memory: the kernel ended $n process(es) of this worker at its"
+            f" limit of {worker.placement.memory_gib} GiB (its spec's memory); choose a"
+            " spec with more memory, or have the worker use less"
+        )
+        return (
+            f"for f in {group}/memory.oom_control {group}/memory.events; do\n"
+            '  [ -e "$f" ] && while read -r k n; do\n'
+            f'    [ "$k" = oom_kill ] && [ "$n" != 0 ] && printf "%s\\n" "{note}" >&3\n'
+            '  done < "$f"\n'
+            "done\n"
+        )
 
     def _hidden_paths(self) -> list[Path]:
         """The control-plane paths a sandboxed worker must not see (`CREDENTIAL_PATHS`
@@ -1961,8 +2050,8 @@ class LocalRuntime:
             with contextlib.suppress(BaseException):
                 await local.pump
         await asyncio.to_thread(_release_namespaces, local.root, self.tools)
-        if self.pids_base is not None:
-            await asyncio.to_thread(_release_pids_groups, self._pids_folder(local.root))
+        for folder in self._group_folders(local.root):
+            await asyncio.to_thread(_release_groups, folder)
         lines = {
             (w.index, s): n
             for w in local.workers.values()
@@ -2109,8 +2198,8 @@ class LocalRuntime:
         for pgid in groups:
             await _until_gone(pgid)
         await asyncio.to_thread(_release_namespaces, root, self.tools)
-        if self.pids_base is not None:
-            await asyncio.to_thread(_release_pids_groups, self._pids_folder(root))
+        for folder in self._group_folders(root):
+            await asyncio.to_thread(_release_groups, folder)
         await self._salvage(key, root)
 
     async def _salvage(self, key: DeploymentKey, root: Path) -> None:
@@ -2367,8 +2456,13 @@ def _run(args: list[str]) -> None:
 #: worker user (every task's), past Runyard's queue and quotas.
 CREDENTIAL_PATHS = ("/run/munge", "/var/run/munge")
 
-#: The pids cgroup the sandboxed workers' own ones are made in, below the hierarchy's root.
+#: The pids cgroup the sandboxed workers' own ones are made in, below the hierarchy's root
+#: (and cgroup v1's memory and cpu ones, below this process's own group there).
 PIDS_BASE = "runyard-workers"
+#: The cgroup controllers a sandboxed worker's own group is limited by.
+WORKER_CONTROLLERS = ("pids", "memory", "cpu")
+#: The period of a worker's CPU quota (its placement's CPUs times this, per period).
+CPU_PERIOD_US = 100_000
 
 
 def _pids_base(total: int | None, nice: int = 0) -> tuple[Path | None, str]:
@@ -2396,6 +2490,7 @@ def _pids_base(total: int | None, nice: int = 0) -> tuple[Path | None, str]:
             for folder in (hierarchy, base):
                 if "pids" not in (folder / "cgroup.subtree_control").read_text().split():
                     (folder / "cgroup.subtree_control").write_text("+pids")
+                _enable_controllers(folder)  # memory and cpu too, where there are
         (base / "pids.max").write_text(str(total))
         if v2 and "cpu" in (hierarchy / "cgroup.subtree_control").read_text().split():
             with contextlib.suppress(OSError):
@@ -2405,21 +2500,89 @@ def _pids_base(total: int | None, nice: int = 0) -> tuple[Path | None, str]:
     return base, ""
 
 
-def _make_pids_groups(groups: Mapping[int, Path], limit: int) -> None:
-    """A pids cgroup per worker, with its limit (in a thread). One another deployer's
-    sweep removed between its mkdir and its limit is made again."""
-    for group in groups.values():
-        for attempt in range(3):
-            try:
-                group.mkdir(parents=True, exist_ok=True)
-                if (group.parent / "cgroup.subtree_control").exists():  # v2: pids below
-                    with contextlib.suppress(OSError):
-                        (group.parent / "cgroup.subtree_control").write_text("+pids")
-                (group / "pids.max").write_text(str(limit))
-                break
-            except FileNotFoundError:
-                if attempt == 2:
-                    raise
+def _limit_bases(pids_base: Path | None) -> tuple[tuple[Path, ...], Path | None, str]:
+    """Where the workers' memory and CPU limits go: (v1 bases, the memory one, "") or
+    ((), None, why not): none without a memory controller, no CPU quota without a cpu one.
+
+    cgroup v1: a `runyard-workers` group in the memory and the cpu hierarchy, below
+    this process's own group in each (a container's limit holds its workers too).
+    v2: the pids base's groups hold them, where its memory and cpu controllers are on."""
+    root = Path("/sys/fs/cgroup")
+    own: dict[str, str] = {}
+    try:
+        if not (root / "memory" / "cgroup.procs").exists():
+            if pids_base is None or not (pids_base / "cgroup.subtree_control").exists():
+                return (), None, "no cgroup v1 memory hierarchy, nor a v2 pids group for it"
+            if "memory" not in (pids_base / "cgroup.subtree_control").read_text().split():
+                return (), None, f"no cgroup v2 memory controller below {pids_base}"
+            return (), pids_base, ""  # and the CPUs where the cpu controller is on there
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            own |= dict.fromkeys(controllers.split(","), path)
+        bases = []
+        for controller in ("memory", "cpu"):  # no CPU limit without a cpu hierarchy
+            hierarchy = root / controller
+            if not (hierarchy / "cgroup.procs").exists():
+                continue
+            base = hierarchy / own.get(controller, "/").lstrip("/") / PIDS_BASE
+            base.mkdir(exist_ok=True)
+            bases.append(base)
+    except (OSError, ValueError) as exc:
+        return (), None, f"the memory or cpu cgroup could not be set up: {exc}"
+    return tuple(bases), bases[0], ""
+
+
+def _make_groups(groups: Mapping[int, list[Path]], files: Mapping[int, Mapping[str, str]]) -> None:
+    """Each worker's cgroups, with its limits (in a thread): of `files[i]`, what a group
+    has. One another deployer's sweep removed between its mkdir and its limits is made
+    again."""
+    for index, paths in groups.items():
+        for group in paths:
+            for attempt in range(3):
+                try:
+                    group.mkdir(parents=True, exist_ok=True)
+                    _enable_controllers(group.parent)
+                    for name, value in files[index].items():
+                        if (group / name).exists():
+                            (group / name).write_text(value)
+                    break
+                except FileNotFoundError:
+                    if attempt == 2:
+                        raise
+
+
+def _enable_controllers(folder: Path) -> None:
+    """cgroup v2: the controllers the workers' groups need, given to those below
+    `folder` (each that `folder` has; v1 has no such file)."""
+    control = folder / "cgroup.subtree_control"
+    if not control.exists():
+        return
+    have = (folder / "cgroup.controllers").read_text().split()
+    on = control.read_text().split()
+    for controller in WORKER_CONTROLLERS:
+        if controller in have and controller not in on:
+            with contextlib.suppress(OSError):
+                control.write_text(f"+{controller}")
+
+
+def _join_groups(groups: list[Path], files: Mapping[str, str], mkdir: str) -> str:
+    """The wrapper's shell that puts itself in a worker's cgroups, or when one is gone
+    (swept), makes them again with their limits first (as `_make_groups` does)."""
+    q = shlex.quote
+    join = " && ".join(f"echo 0 > {q(str(g))}/cgroup.procs" for g in groups)
+    again = [f"{q(mkdir)} -p {' '.join(q(str(g)) for g in groups)}"]
+    controllers = " ".join(WORKER_CONTROLLERS)
+    for parent in sorted({q(str(g.parent)) for g in groups}):
+        control = f"{parent}/cgroup.subtree_control"
+        again.append(
+            f"{{ [ ! -e {control} ] || for c in {controllers}; do echo +$c > {control};"
+            " done 2>/dev/null; :; }"
+        )
+    for g in groups:
+        for name, value in files.items():
+            path = f"{q(str(g))}/{name}"
+            again.append(f"{{ [ ! -e {path} ] || echo {q(value)} > {path}; }}")
+    return f"{{ {join}; }} 2>/dev/null || {{ {' && '.join([*again, join])}; }}"
 
 
 #: A deployment's pids cgroups younger than this are not swept at a deployer's start:
@@ -2427,7 +2590,7 @@ def _make_pids_groups(groups: Mapping[int, Path], limit: int) -> None:
 PIDS_SWEEP_AGE_S = 120.0
 
 
-def _sweep_pids_groups(base: Path) -> None:
+def _sweep_groups(base: Path) -> None:
     """Remove the deployments' pids cgroups no process is in and none was made in for
     `PIDS_SWEEP_AGE_S` (at start): those of deployments a crashed deployer left, whose
     scratch may be gone. One of a deployment that has not started yet for that long
@@ -2444,7 +2607,7 @@ def _sweep_pids_groups(base: Path) -> None:
                         group.rmdir()
 
 
-def _release_pids_groups(folder: Path) -> None:
+def _release_groups(folder: Path) -> None:
     """Remove a deployment's pids cgroups once their last process is gone (in a thread;
     the kernel refuses while one still exits, so a few tries)."""
     try:

@@ -230,6 +230,7 @@ class SlurmRuntime(LocalRuntime):
         self.namespaces = False
         self.worker_ids = None
         self.pids_base = None  # the nodes' pids are Slurm's (its cgroup plugin)
+        self.limit_bases, self.memory_base = (), None  # so are memory and CPUs (sbatch)
         self._jobs: dict[DeploymentKey, str] = {}
         self._killed: set[DeploymentKey] = set()
         self._states: dict[str, tuple[float, tuple[str, str] | None]] = {}
