@@ -148,6 +148,33 @@ CASES: dict[str, tuple[list[tuple[int, str]], int, str, str]] = {
         "platform",
         "platform.resources",
     ),
+    "a worker past its spec's memory": (
+        [
+            (0, "epoch 0 step 5 loss=5.0"),
+            (
+                0,
+                "runyard: out of memory: the kernel ended 1 process(es) of this worker at its"
+                " limit of 120 GiB (its spec's memory); choose a spec with more memory, or"
+                " have the worker use less",
+            ),
+        ],
+        1,
+        "training_code",
+        "training.host_memory",
+    ),
+    "a Slurm step past its memory": (
+        [
+            (1, "epoch 0 step 5 loss=5.0"),
+            (
+                1,
+                "slurmstepd: error: Detected 1 oom_kill event in StepId=41.1. Some of the"
+                " step tasks have been OOM Killed.",
+            ),
+        ],
+        1,
+        "training_code",
+        "training.host_memory",
+    ),
     "working directory": (
         [(0, "bash: line 1: cd: /workspace/proj: No such file or directory")],
         0,

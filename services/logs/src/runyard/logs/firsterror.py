@@ -177,6 +177,13 @@ RULES: tuple[Rule, ...] = (
         "the model or batch does not fit in GPU memory: lower the batch size or shard",
     ),
     _rule(
+        "training.host_memory",
+        "training_code",
+        r"^runyard: out of memory: |Detected \d+ oom[-_]kill events?",
+        "the worker took more host memory than its spec gives it: choose a spec with more"
+        " memory, or have the code take less (fewer DataLoader workers, smaller caches)",
+    ),
+    _rule(
         "platform.nccl",
         "platform",
         r"Watchdog caught collective operation timeout|NCCL (error|WARN)|ncclSystemError|"
