@@ -1656,7 +1656,7 @@ class LocalRuntime:
         """The folder of a deployment's pids cgroups, named after its scratch folder
         (unique on this host, the same for a deployer that adopts the deployment)."""
         assert self.pids_base is not None
-        return self.pids_base / ("d-" + hashlib.sha256(str(root).encode()).hexdigest()[:20])
+        return self.pids_base / _group_name(root)
 
     def _pids_groups(self, local: _Local) -> dict[int, Path]:
         """Each worker's pids cgroup (`w<i>` in the deployment's folder)."""
@@ -1669,9 +1669,8 @@ class LocalRuntime:
         return [*([self.pids_base] if self.pids_base is not None else []), *self.limit_bases]
 
     def _group_folders(self, root: Path) -> list[Path]:
-        """A deployment's folder in each of `_group_bases` (its name `_pids_folder`'s)."""
-        name = "d-" + hashlib.sha256(str(root).encode()).hexdigest()[:20]
-        return [base / name for base in self._group_bases()]
+        """A deployment's folder in each of `_group_bases`."""
+        return [base / _group_name(root) for base in self._group_bases()]
 
     def _worker_groups(self, local: _Local) -> dict[int, list[Path]]:
         """Each worker's cgroups (`w<i>` in each of the deployment's folders)."""
@@ -2500,6 +2499,12 @@ def _pids_base(total: int | None, nice: int = 0) -> tuple[Path | None, str]:
     return base, ""
 
 
+def _group_name(root: Path) -> str:
+    """The name of a deployment's folder of cgroups, after its scratch folder (unique on
+    this host, the same for a deployer that adopts the deployment)."""
+    return "d-" + hashlib.sha256(str(root).encode()).hexdigest()[:20]
+
+
 def _limit_bases(pids_base: Path | None) -> tuple[tuple[Path, ...], Path | None, str]:
     """Where the workers' memory and CPU limits go: (v1 bases, the memory one, "") or
     ((), None, why not): none without a memory controller, no CPU quota without a cpu one.
@@ -2591,8 +2596,8 @@ PIDS_SWEEP_AGE_S = 120.0
 
 
 def _sweep_groups(base: Path) -> None:
-    """Remove the deployments' pids cgroups no process is in and none was made in for
-    `PIDS_SWEEP_AGE_S` (at start): those of deployments a crashed deployer left, whose
+    """Remove the deployments' cgroups in `base` no process is in and none was made in
+    for `PIDS_SWEEP_AGE_S` (at start): those of deployments a crashed deployer left, whose
     scratch may be gone. One of a deployment that has not started yet for that long
     goes too: its wrapper makes it again."""
     now = time.time()
@@ -2608,8 +2613,8 @@ def _sweep_groups(base: Path) -> None:
 
 
 def _release_groups(folder: Path) -> None:
-    """Remove a deployment's pids cgroups once their last process is gone (in a thread;
-    the kernel refuses while one still exits, so a few tries)."""
+    """Remove a deployment's cgroups in one base once their last process is gone (in a
+    thread; the kernel refuses while one still exits, so a few tries)."""
     try:
         groups = [p for p in folder.iterdir() if p.is_dir()]
     except FileNotFoundError:
