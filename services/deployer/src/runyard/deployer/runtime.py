@@ -2570,6 +2570,14 @@ def _enable_controllers(folder: Path) -> None:
                 control.write_text(f"+{controller}")
 
 
+def _hierarchy(group: Path) -> str | None:
+    """The controller of the cgroup v1 hierarchy `group` lies in (None: v2's unified one)."""
+    parts = (
+        group.relative_to("/sys/fs/cgroup").parts if group.is_relative_to("/sys/fs/cgroup") else ()
+    )
+    return parts[0] if parts and parts[0] in WORKER_CONTROLLERS else None
+
+
 def _join_groups(groups: list[Path], files: Mapping[str, str], mkdir: str) -> str:
     """The wrapper's shell that puts itself in a worker's cgroups, or when one is gone
     (swept), makes them again with their limits first (as `_make_groups` does)."""
@@ -2585,8 +2593,9 @@ def _join_groups(groups: list[Path], files: Mapping[str, str], mkdir: str) -> st
         )
     for g in groups:
         for name, value in files.items():
-            path = f"{q(str(g))}/{name}"
-            again.append(f"{{ [ ! -e {path} ] || echo {q(value)} > {path}; }}")
+            if _hierarchy(g) in (None, name.split(".")[0]):  # v1: its controller's files
+                path = f"{q(str(g))}/{name}"
+                again.append(f"{{ [ ! -e {path} ] || echo {q(value)} > {path}; }}")
     return f"{{ {join}; }} 2>/dev/null || {{ {' && '.join([*again, join])}; }}"
 
 
