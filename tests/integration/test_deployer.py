@@ -775,7 +775,7 @@ async def test_a_worker_that_forks_without_end_is_held_to_its_process_limit(
 async def test_a_sandboxed_worker_is_the_first_the_kernel_ends_when_memory_runs_out(
     h: Harness,
 ) -> None:
-    """No memory limit holds a worker; under memory pressure the kernel's OOM killer
+    """Whatever its own limit, under the host's memory pressure the kernel's OOM killer
     must end a worker's process, not Postgres or a service of the control plane: every
     process of the worker has oom_score_adj 1000, set as root, which it cannot lower:
     the kernel keeps that floor only where root has CAP_SYS_RESOURCE (some VMs and
