@@ -261,6 +261,58 @@ async def test_a_regex_that_runs_too_long_is_stopped_in_postgres_and_refused(
     assert await logs.lines(regex="^a+$") == ["a" * 401]  # other searches still answer
 
 
+#: Postgres backends running a search of the lines (a regular expression).
+SEARCHING = (
+    "SELECT pid FROM pg_stat_activity WHERE state = 'active'"
+    " AND query LIKE '%line ~%' AND pid <> pg_backend_pid()"
+)
+
+
+async def test_a_tenant_running_slow_searches_stalls_no_other_tenant(
+    logs: LogsApi, dsn: str
+) -> None:
+    """A member sends six searches at once that would each keep Postgres busy for
+    minutes: one runs, the others wait their tenant's turn (`search_wait_s`) and are
+    refused with 429 `logs.busy`; meanwhile another tenant's search and the first
+    tenant's plain pages are answered: one tenant's searches never hold every
+    connection of the log service (before, they held all four here)."""
+    long_line = [(8.0, 0, "stdout", "a" * 801)]  # odd: no split matches, minutes
+    assert await logs.store.ingest(records(logs.task_id, long_line)) == 1
+    created = await logs.post("/v1/tasks", who="carol", json=BASE)
+    assert created.status_code == 201, created.text
+    theirs = created.json()["task_id"]
+    assert await logs.store.ingest(records(theirs, CORPUS)) == len(CORPUS)
+    logs.store.search_wait_s = 0.5
+    path = f"/v1/tasks/{logs.task_id}/logs"
+    slow = [asyncio.ensure_future(logs.get(path, regex=SLOW_REGEX)) for _ in range(6)]
+    conn = await asyncpg.connect(dsn)
+    try:
+        async with asyncio.timeout(20):
+            while not await conn.fetch(SEARCHING):  # noqa: ASYNC110 (another process's)
+                await asyncio.sleep(0.05)
+            refused = []
+            for answer in asyncio.as_completed(slow):  # all but the one running
+                refused.append(await answer)
+                if len(refused) == 5:
+                    break
+        assert [a.status_code for a in refused] == [429] * 5, [a.text for a in refused]
+        body = refused[0].json()
+        assert body["code"] == "logs.busy" and refused[0].headers["retry-after"] == "2"
+        assert "your tenant's searches (1 at once)" in body["message"], body
+        async with asyncio.timeout(20):
+            other = await logs.get(f"/v1/tasks/{theirs}/logs", who="carol", regex="epoch [0-9]")
+            assert other.status_code == 200, other.text
+            assert await logs.lines(limit=2) == [line_text(0), line_text(1)]
+        assert [ln["line"] for ln in other.json()["lines"]] == [line_text(i) for i in (2, 3, 6)]
+        assert len(await conn.fetch(SEARCHING)) == 1, "one of the six held its slot all along"
+    finally:
+        await conn.execute(f"SELECT pg_cancel_backend(pid) FROM ({SEARCHING}) s")
+        await conn.close()
+        answers = await asyncio.gather(*slow)
+    assert sum(a.json()["code"] == "logs.query_too_slow" for a in answers) == 1
+    assert await logs.lines(regex="^a+$") == ["a" * 801]  # its slot is given back
+
+
 async def test_punctuation_only_words_are_a_400(logs: LogsApi) -> None:
     answer = await logs.get(f"/v1/tasks/{logs.task_id}/logs", words="--- ::")
     assert answer.status_code == 400

@@ -27,6 +27,7 @@ MEANING: dict[int, str] = {
     409: "the state does not allow it now, or it changed meanwhile",
     413: f"the request body is over {MAX_BODY_BYTES} bytes",
     422: "the request was understood but cannot be carried out as asked",
+    429: "the caller's (or everyone's) share of this work at once is in use: send it again",
     503: "a database, the broker or another service cannot be reached now: send it again",
 }
 ALWAYS = (400, 401, 503)
@@ -72,7 +73,7 @@ def refusals(*statuses: int) -> dict[int | str, dict[str, Any]]:
     declared: dict[int | str, dict[str, Any]] = {}
     for status in sorted({*ALWAYS, *statuses}):
         declared[status] = {"model": Error, "description": MEANING[status]}
-        if status == 503:
+        if status in (429, 503):
             declared[status]["headers"] = RETRY_AFTER
     return declared
 

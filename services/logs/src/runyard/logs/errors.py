@@ -6,7 +6,8 @@ with its status, code, field and hint, wherever it is raised.
 RunyardError
 └── LogError             code, field, message, hint
     ├── InvalidQuery     a filter or search the service cannot run (HTTP 400)
-    └── ExportNotFound   no such export for this user (HTTP 404)
+    ├── ExportNotFound   no such export for this user (HTTP 404)
+    └── LogBusy          the searches that may run at once are running (HTTP 429)
 """
 
 from __future__ import annotations
@@ -31,3 +32,21 @@ class ExportNotFound(LogError):
     """The export does not exist, or belongs to another user."""
 
     http_status = 404
+
+
+class LogBusy(LogError):
+    """Searches of the caller's tenant (or of all tenants) that may run at once are
+    running, and none ended in time (`runyard.logs.slots`): send it again shortly."""
+
+    http_status = 429
+    retryable = True
+    retry_after_s = 2
+
+    def __init__(self, message: str) -> None:
+        super().__init__(
+            "logs.busy",
+            message,
+            "send it again in a few seconds; a search narrowed to a worker, a run or a"
+            " time range, or of words or a phrase rather than a regular expression,"
+            " ends sooner",
+        )

@@ -137,8 +137,10 @@ class Exports:
             self.owner,
         )
         await self._prune(tenant, user)
+        # In the background its searches wait their tenant's turn as long as it takes.
         task = asyncio.create_task(
-            self._run(export_id, query, path, fmt), name=f"export-{export_id}"
+            self._run(export_id, replace(query, patient=True), path, fmt),
+            name=f"export-{export_id}",
         )
         self._running.add(task)
         task.add_done_callback(self._running.discard)

@@ -42,7 +42,7 @@ import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -137,7 +137,7 @@ class LogApi:
     ) -> dict[str, Any]:
         """One page of lines: `{lines, next_cursor, tail_cursor}`."""
         await self.task(caller, task_id)
-        query = where.query(task_id, order=order, limit=limit, cursor=cursor)
+        query = where.query(task_id, order=order, limit=limit, cursor=cursor, asker=caller.tenant)
         return (await self.store.page(query)).to_json()
 
     async def follow(
@@ -156,9 +156,12 @@ class LogApi:
         `tail_cursor` resumes the tail after it. The caller and the query are
         checked before the first item (a refusal is an error, not a stream)."""
         await self.task(caller, task_id)
-        query = where.query(task_id, order="oldest", limit=limit, cursor=cursor)
+        query = where.query(
+            task_id, order="oldest", limit=limit, cursor=cursor, asker=caller.tenant
+        )
         first = await self.store.page(query)
-        return self._pages(caller, task_id, query, first)
+        # Once streaming, each page waits its tenant's turn as long as it takes.
+        return self._pages(caller, task_id, replace(query, patient=True), first)
 
     async def _pages(
         self, caller: Principal, task_id: str, query: LogQuery, page: Any
@@ -186,7 +189,7 @@ class LogApi:
         """The earliest error line across workers, with context and its likely layer."""
         check_int32("run", run)
         task = await self.task(caller, task_id)
-        found = await self.store.first_error(task_id, run)
+        found = await self.store.first_error(task_id, run, asker=caller.tenant)
         body: dict[str, Any] = {"task_id": task_id, "status": task.status}
         return {**body, "found": found is not None, **(found.to_json() if found else {})}
 
@@ -220,7 +223,7 @@ class LogApi:
     ) -> dict[str, Any]:
         """Start a background export: no filters = the last 30 days, else the matches."""
         await self.task(caller, task_id)
-        query = where.query(task_id)
+        query = where.query(task_id, asker=caller.tenant)
         return await self.exports.start(caller.tenant, caller.user, query, fmt)
 
     async def list_exports(self, caller: Principal) -> list[dict[str, Any]]:
@@ -353,7 +356,9 @@ def logs_router(api: LogApi, authenticator: Authenticator) -> APIRouter:
     router = APIRouter(tags=["logs"], route_class=AnswerRoute)
     Caller = Annotated[Principal, caller_dependency(authenticator)]
 
-    @router.get("/v1/tasks/{task_id}/logs", response_model=wire.LogPage, responses=refusals(404))
+    @router.get(
+        "/v1/tasks/{task_id}/logs", response_model=wire.LogPage, responses=refusals(404, 429)
+    )
     async def task_logs(
         caller: Caller,
         task_id: str,
@@ -379,10 +384,11 @@ def logs_router(api: LogApi, authenticator: Authenticator) -> APIRouter:
         "/v1/tasks/{task_id}/logs/follow",
         response_class=StreamingResponse,
         responses={
+            **refusals(404, 429),
             200: {
                 "content": {NDJSON: {"schema": {"type": "string"}}},
                 "description": "one page of lines per line (each as GET /logs answers it)",
-            }
+            },
         },
     )
     async def follow_logs(
@@ -445,7 +451,7 @@ def logs_router(api: LogApi, authenticator: Authenticator) -> APIRouter:
     @router.get(
         "/v1/tasks/{task_id}/first-error",
         response_model=wire.FirstError,
-        responses=refusals(404),
+        responses=refusals(404, 429),
     )
     async def first_error(caller: Caller, task_id: str, run: int | None = None) -> dict[str, Any]:
         """The earliest error line across workers, with context and its likely layer."""
@@ -455,7 +461,7 @@ def logs_router(api: LogApi, authenticator: Authenticator) -> APIRouter:
         "/v1/tasks/{task_id}/logs/exports",
         status_code=202,
         response_model=wire.LogExport,
-        responses=refusals(404, 409),
+        responses=refusals(404, 409, 429),
     )
     async def start_export(
         caller: Caller,

@@ -26,6 +26,7 @@ from runyard.contracts.rpc import credential
 from runyard.eventstore import PostgresEventStore
 from runyard.logs.http import LogApi, internal_router, logs_router
 from runyard.logs.ingest import LogIngester
+from runyard.logs.slots import SEARCH_WAIT_S, SEARCHES_AT_ONCE, SEARCHES_PER_TENANT, SearchSlots
 from runyard.logs.store import DEFAULT_PARTS, DEFAULT_RETENTION_DAYS, QUERY_TIMEOUT_S, LogStore
 from runyard.stack.context import ServiceContext
 
@@ -66,10 +67,20 @@ async def run(ctx: ServiceContext) -> None:
     config = {**ctx.config("logs.yaml"), **ctx.settings.get("logs", {})}
     retention = int(config.get("retention_days", DEFAULT_RETENTION_DAYS))
     parts = max(1, int(config.get("ingest_parts", DEFAULT_PARTS)))
-    # the parts of a batch, and the log routes' reads beside them
-    pool = await asyncpg.create_pool(ctx.dsn, min_size=1, max_size=parts + 4)
-    timeout_s = float(config.get("query_timeout_s", QUERY_TIMEOUT_S))
-    store = LogStore(pool, retention_days=retention, parts=parts, query_timeout_s=timeout_s)
+    searches = SearchSlots(
+        int(config.get("searches_at_once", SEARCHES_AT_ONCE)),
+        int(config.get("searches_per_tenant", SEARCHES_PER_TENANT)),
+    )
+    # the parts of a batch, the searches at once, and the log routes' other reads
+    pool = await asyncpg.create_pool(ctx.dsn, min_size=1, max_size=parts + searches.total + 2)
+    store = LogStore(
+        pool,
+        retention_days=retention,
+        parts=parts,
+        query_timeout_s=float(config.get("query_timeout_s", QUERY_TIMEOUT_S)),
+        searches=searches,
+        search_wait_s=float(config.get("search_wait_s", SEARCH_WAIT_S)),
+    )
     api = LogApi(PostgresEventStore(pool, ctx.mapper), store, ctx.data_dir / "exports")
     try:
         await store.migrate()

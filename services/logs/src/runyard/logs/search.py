@@ -90,6 +90,12 @@ class LogQuery:
     cursor: str | None = None
     #: Extra lower bound on time (exports without filters: the last 30 days).
     not_before: datetime | None = field(default=None, repr=False)
+    #: The tenant whose search this is, for its share of the searches run at once
+    #: (`runyard.logs.slots`); None: the platform's own read, not counted.
+    asker: str | None = field(default=None, repr=False, compare=False)
+    #: Whether the search waits for a slot as long as it takes (a background export,
+    #: a live tail's later pages) rather than `search_wait_s`.
+    patient: bool = field(default=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_int32("run", self.run)
@@ -122,6 +128,11 @@ class LogQuery:
             raise InvalidQuery("logs.empty_search", "phrase is empty", "leave it out", "phrase")
         if self.regex is not None and not self.regex:
             raise InvalidQuery("logs.empty_search", "regex is empty", "leave it out", "regex")
+
+    @property
+    def searches(self) -> bool:
+        """Whether it searches the lines' text (words, a phrase, a regular expression)."""
+        return self.words is not None or self.phrase is not None or self.regex is not None
 
     @property
     def has_filters(self) -> bool:

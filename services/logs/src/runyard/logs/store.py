@@ -37,6 +37,7 @@ from runyard.logs.search import (
     count_sql,
     page_sql,
 )
+from runyard.logs.slots import SEARCH_WAIT_S, SearchSlots
 
 DEFAULT_RETENTION_DAYS = 30
 _PARTITION = re.compile(r"^log_lines_p(\d{8})$")
@@ -229,8 +230,14 @@ class LogStore:
         retention_days: int = DEFAULT_RETENTION_DAYS,
         parts: int = DEFAULT_PARTS,
         query_timeout_s: float = QUERY_TIMEOUT_S,
+        searches: SearchSlots | None = None,
+        search_wait_s: float = SEARCH_WAIT_S,
     ):
         self.pool = pool
+        #: The searches that run at once, per tenant and in all (`_fetch`), and how
+        #: long one asked through the API waits for its turn.
+        self.searches = searches or SearchSlots()
+        self.search_wait_s = search_wait_s
         #: How long one query of a search, count, export or follow page may run in
         #: Postgres before it is cancelled there (`_fetch`).
         self.query_timeout_s = query_timeout_s
@@ -351,10 +358,7 @@ class LogStore:
         """The numbers in [start, below) of `stream` with no stored line, as ranges
         [lo, hi), and whether there were more than `MAX_MISSING_RANGES` of them (the
         list then holds the first ones)."""
-        rows = await self._fetch(
-            _STORED_RANGES,
-            [*stream.key(), start, below],
-        )
+        rows = await self._timed(_STORED_RANGES, [*stream.key(), start, below])
         gaps: list[tuple[int, int]] = []
         at = start
         for row in rows:
@@ -370,14 +374,14 @@ class LogStore:
     async def page(self, query: LogQuery) -> LogPage:
         """One page of matching lines and the cursor of the next (None: no more)."""
         sql, args = page_sql(query, await self._words(query))
-        rows = await self._fetch(sql, args)
+        rows = await self._fetch(sql, args, query)
         lines = [LogLine(**dict(r)) for r in rows[: query.limit]]
         last = lines[-1].position.encode() if lines else query.cursor
         return LogPage(lines, last if len(rows) > query.limit else None, last)
 
     async def count(self, query: LogQuery) -> int:
         sql, args = count_sql(query, await self._words(query))
-        return int((await self._fetch(sql, args))[0][0])
+        return int((await self._fetch(sql, args, query))[0][0])
 
     async def scan(self, query: LogQuery, batch: int = 1000) -> AsyncIterator[list[LogLine]]:
         """Every matching line, page by page."""
@@ -394,11 +398,12 @@ class LogStore:
         return None if value is None else int(value)
 
     async def first_error(
-        self, task_id: str, run: int | None = None, *, before: int = 5
+        self, task_id: str, run: int | None = None, *, before: int = 5, asker: str | None = None
     ) -> FirstError | None:
         """The first error of a run (the latest by default), across workers: the failing
         worker's final traceback, else the earliest error line that is not a warning,
-        else the earliest warning (the rules: `runyard.logs.firsterror`)."""
+        else the earliest warning (the rules: `runyard.logs.firsterror`). Its search of
+        error lines is `asker`'s (a tenant's share of the searches at once)."""
         if run is None and (run := await self.latest_run(task_id)) is None:
             return None
         rows = await self.pool.fetch(_TRACEBACKS, task_id, run, MAX_TRACEBACKS)
@@ -412,7 +417,9 @@ class LogStore:
         if chosen is not None:
             return await self._explain(heads[(chosen.at, chosen.id)], before)
         warning: LogLine | None = None
-        query = LogQuery(task_id, run=run, regex=firsterror.SQL_CANDIDATE, ignore_case=True)
+        query = LogQuery(
+            task_id, run=run, regex=firsterror.SQL_CANDIDATE, ignore_case=True, asker=asker
+        )
         async for lines in self.scan(query, batch=500):
             for line in lines:
                 if not firsterror.is_error(line.line):
@@ -476,12 +483,19 @@ class LogStore:
         check_words(query, words)
         return words
 
-    async def _fetch(self, sql: str, args: list[Any]) -> list[asyncpg.Record]:
+    async def _fetch(self, sql: str, args: list[Any], query: LogQuery) -> list[asyncpg.Record]:
         """Run a query of the lines; one that runs past `query_timeout_s` is cancelled
         in Postgres (asyncpg's timeout sends the cancel) and refused: a regular
         expression Postgres takes minutes on (back-references on a long line) must not
         hold a database process, and the CPU every tenant's work shares, after its
-        asker gave up."""
+        asker gave up. A tenant's search waits for a slot of `searches` first."""
+        if query.asker is None or not query.searches:
+            return await self._timed(sql, args)
+        wait_s = None if query.patient else self.search_wait_s
+        async with self.searches.taken(query.asker, wait_s):
+            return await self._timed(sql, args)
+
+    async def _timed(self, sql: str, args: list[Any]) -> list[asyncpg.Record]:
         try:
             return list(await self.pool.fetch(sql, *args, timeout=self.query_timeout_s))
         except (TimeoutError, asyncpg.QueryCanceledError) as exc:
