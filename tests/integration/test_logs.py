@@ -4,6 +4,7 @@ exports, retention, and redelivery through the real broker."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from runyard.logs import LogIngester, LogQuery, LogStore
 from runyard.logs.exports import KEEP
 from runyard.logs.http import LogApi
 from runyard.logs.search import WORDS_SQL
+from runyard.logs.slots import OpenFollows
 from runyard.messaging import KafkaSettings
 
 from tests.integration.test_gateway import BASE, config_dir
@@ -62,6 +64,8 @@ class LogsApi:
     task_id: str
     app: Any
     api: LogApi
+    #: The log service's own address (a real port: its streams, unbuffered).
+    url: str
 
     async def get(self, path: str, who: str = "alice", **params: Any) -> httpx.Response:
         headers = {"Authorization": f"Bearer {self.tokens[who]}"}
@@ -113,7 +117,7 @@ async def logs(dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Asy
         task_id = created.json()["task_id"]
         store = service.store
         assert await store.ingest(records(task_id, CORPUS)) == len(CORPUS)
-        yield LogsApi(gateway, client, tokens, store, task_id, app, service.api)
+        yield LogsApi(gateway, client, tokens, store, task_id, app, service.api, service.url)
     await app.state.owners.aclose()
     await gateway.close()
 
@@ -311,6 +315,48 @@ async def test_a_tenant_running_slow_searches_stalls_no_other_tenant(
         answers = await asyncio.gather(*slow)
     assert sum(a.json()["code"] == "logs.query_too_slow" for a in answers) == 1
     assert await logs.lines(regex="^a+$") == ["a" * 801]  # its slot is given back
+
+
+async def test_a_tenant_keeps_at_most_its_live_tails_open(logs: LogsApi) -> None:
+    """Live tails of one tenant open at once are bounded (`follows_per_tenant`): one
+    more is refused with 429 `logs.busy` before any stream starts, another tenant
+    still follows its own task, and a tail its reader closed is counted closed, so
+    the tenant may open one again."""
+    logs.api.follows = OpenFollows(per_tenant=2)
+    created = await logs.post("/v1/tasks", who="carol", json=BASE)
+    theirs = created.json()["task_id"]
+    assert await logs.store.ingest(records(theirs, CORPUS[:1])) == 1
+    ours = f"/v1/tasks/{logs.task_id}/logs/follow"
+    everything = [line_text(i) for i in range(len(CORPUS))]
+
+    readers: list[AsyncIterator[str]] = []  # kept: a reader dropped closes its stream
+
+    async def first_page(stack: contextlib.AsyncExitStack, path: str, who: str) -> list[str]:
+        headers = {"Authorization": f"Bearer {logs.tokens[who]}"}
+        answer = await stack.enter_async_context(http.stream("GET", path, headers=headers))
+        assert answer.status_code == 200, await answer.aread()
+        readers.append(answer.aiter_lines())
+        page = json.loads(await anext(readers[-1]))
+        return [ln["line"] for ln in page["lines"]]
+
+    async with httpx.AsyncClient(base_url=logs.url) as http, asyncio.timeout(30):
+        async with contextlib.AsyncExitStack() as second:
+            async with contextlib.AsyncExitStack() as first:
+                assert await first_page(first, ours, "alice") == everything
+                assert await first_page(second, ours, "alice") == everything
+                refused = await logs.get(ours, who="bob")
+                assert refused.status_code == 429, refused.text
+                assert refused.json()["code"] == "logs.busy", refused.text
+                assert "2 live tails open" in refused.json()["message"]
+                async with contextlib.AsyncExitStack() as other:  # another tenant's own
+                    theirs_path = f"/v1/tasks/{theirs}/logs/follow"
+                    assert await first_page(other, theirs_path, "carol") == [line_text(0)]
+            while logs.api.follows.open["t1"] > 1:  # noqa: ASYNC110 (the server sees it go)
+                await asyncio.sleep(0.02)
+            async with contextlib.AsyncExitStack() as again:
+                assert await first_page(again, ours, "bob") == everything
+        while logs.api.follows.open:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
 
 
 async def test_punctuation_only_words_are_a_400(logs: LogsApi) -> None:

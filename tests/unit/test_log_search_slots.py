@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 from runyard.logs.errors import LogBusy
-from runyard.logs.slots import SearchSlots
+from runyard.logs.slots import OpenFollows, SearchSlots
 
 
 async def test_a_tenant_runs_its_share_and_waits_for_more_while_others_run() -> None:
@@ -55,3 +55,17 @@ def test_a_busy_answer_asks_to_come_back_and_is_resource_exhausted_over_grpc() -
     assert busy.headers == {"Retry-After": "2"} and busy.retryable
     assert busy.grpc_status == "RESOURCE_EXHAUSTED"
     assert busy.to_dict()["hint"].startswith("send it again in a few seconds")
+
+
+def test_a_tenant_opens_its_live_tails_up_to_its_limit_and_again_once_one_closes() -> None:
+    follows = OpenFollows(per_tenant=2)
+    first, second = follows.take("t1"), follows.take("t1")
+    with pytest.raises(LogBusy, match="2 live tails open"):
+        follows.take("t1")
+    follows.take("t2")()  # another tenant's: its own count
+    first()
+    first()  # counted closed once, however often
+    assert follows.open == {"t1": 1}
+    follows.take("t1")()
+    second()
+    assert follows.open == {}

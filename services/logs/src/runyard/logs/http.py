@@ -41,7 +41,8 @@ its support bundle read, through the same routes as every client.
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator
+import weakref
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from pathlib import Path
@@ -62,6 +63,7 @@ from runyard.domain import TaskState, is_terminal
 from runyard.eventstore import EventStore
 from runyard.logs.exports import Exports
 from runyard.logs.search import MAX_LIMIT, LogQuery, check_int32
+from runyard.logs.slots import OpenFollows
 from runyard.logs.store import LogStore, WorkerStream
 
 #: How often a live tail (`follow`) looks for new lines.
@@ -108,8 +110,11 @@ class LogApi:
         export_dir: Path,
         *,
         follow_poll_s: float = FOLLOW_POLL_S,
+        follows: OpenFollows | None = None,
     ) -> None:
         self.events = events
+        #: The live tails open now, per tenant (`follow`).
+        self.follows = follows or OpenFollows()
         self.tasks = TaskStates(events)
         self.store = store
         self.exports = Exports(store, export_dir)
@@ -159,11 +164,27 @@ class LogApi:
         query = where.query(
             task_id, order="oldest", limit=limit, cursor=cursor, asker=caller.tenant
         )
-        first = await self.store.page(query)
+        close = self.follows.take(caller.tenant)
+        try:
+            first = await self.store.page(query)
+        except BaseException:
+            close()
+            raise
         # Once streaming, each page waits its tenant's turn as long as it takes.
-        return self._pages(caller, task_id, replace(query, patient=True), first)
+        pages = self._pages(caller, task_id, replace(query, patient=True), first, close)
+        weakref.finalize(pages, close)  # a stream never started still counts closed
+        return pages
 
     async def _pages(
+        self, caller: Principal, task_id: str, query: LogQuery, page: Any, close: Callable[[], None]
+    ) -> AsyncIterator[dict[str, Any]]:
+        try:
+            async for item in self._tail(caller, task_id, query, page):
+                yield item
+        finally:
+            close()
+
+    async def _tail(
         self, caller: Principal, task_id: str, query: LogQuery, page: Any
     ) -> AsyncIterator[dict[str, Any]]:
         while True:

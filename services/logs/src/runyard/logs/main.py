@@ -26,7 +26,14 @@ from runyard.contracts.rpc import credential
 from runyard.eventstore import PostgresEventStore
 from runyard.logs.http import LogApi, internal_router, logs_router
 from runyard.logs.ingest import LogIngester
-from runyard.logs.slots import SEARCH_WAIT_S, SEARCHES_AT_ONCE, SEARCHES_PER_TENANT, SearchSlots
+from runyard.logs.slots import (
+    FOLLOWS_PER_TENANT,
+    SEARCH_WAIT_S,
+    SEARCHES_AT_ONCE,
+    SEARCHES_PER_TENANT,
+    OpenFollows,
+    SearchSlots,
+)
 from runyard.logs.store import DEFAULT_PARTS, DEFAULT_RETENTION_DAYS, QUERY_TIMEOUT_S, LogStore
 from runyard.stack.context import ServiceContext
 
@@ -81,7 +88,9 @@ async def run(ctx: ServiceContext) -> None:
         searches=searches,
         search_wait_s=float(config.get("search_wait_s", SEARCH_WAIT_S)),
     )
-    api = LogApi(PostgresEventStore(pool, ctx.mapper), store, ctx.data_dir / "exports")
+    follows = OpenFollows(int(config.get("follows_per_tenant", FOLLOWS_PER_TENANT)))
+    events = PostgresEventStore(pool, ctx.mapper)
+    api = LogApi(events, store, ctx.data_dir / "exports", follows=follows)
     try:
         await store.migrate()
         await store.maintain(datetime.now(UTC))

@@ -1,4 +1,5 @@
-"""Searches of the log lines at once, shared fairly between tenants.
+"""Searches of the log lines at once, shared fairly between tenants, and the live
+tails a tenant keeps open.
 
 A search (words, a phrase or a regular expression) can keep Postgres busy for
 up to the query limit (`LogStore.query_timeout_s`) on a large task: a few of
@@ -11,13 +12,19 @@ waiting searches never stand in others' way. One that waits longer than its
 patience is refused with `LogBusy` (429, Retry-After); the platform's own
 background reads (an export, a live tail's later pages) wait as long as it
 takes.
+
+A live tail (`follow`) looks for new lines twice a second for as long as it is
+open: `OpenFollows` lets a tenant keep at most `per_tenant` open at once, so
+that a script opening thousands cannot keep Postgres and the gateway busy for
+everyone; one more is refused with `LogBusy`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
 
 from runyard.logs.errors import LogBusy
 
@@ -28,6 +35,8 @@ SEARCHES_PER_TENANT = 1
 #: Seconds a search asked through the API waits for a slot before it is refused
 #: (`search_wait_s`).
 SEARCH_WAIT_S = 5.0
+#: Live tails of one tenant open at once (`follows_per_tenant`).
+FOLLOWS_PER_TENANT = 32
 
 
 class SearchSlots:
@@ -66,3 +75,32 @@ class SearchSlots:
             users[0] -= 1
             if users[0] == 0:
                 del self._tenants[tenant]
+
+
+class OpenFollows:
+    """The live tails each tenant has open: at most `per_tenant` at once."""
+
+    def __init__(self, per_tenant: int = FOLLOWS_PER_TENANT) -> None:
+        self.per_tenant = max(1, per_tenant)
+        self.open: Counter[str] = Counter()
+
+    def take(self, tenant: str) -> Callable[[], None]:
+        """Count one more open tail of `tenant` (`LogBusy` past its limit); the function
+        returned counts it closed, once however often it is called."""
+        if self.open[tenant] >= self.per_tenant:
+            raise LogBusy(
+                f"your tenant has {self.per_tenant} live tails open, the most it may;"
+                " close one (a `runyard logs -f` or a console page following a task)"
+            )
+        self.open[tenant] += 1
+        closed = False
+
+        def close() -> None:
+            nonlocal closed
+            if not closed:
+                closed = True
+                self.open[tenant] -= 1
+                if not self.open[tenant]:
+                    del self.open[tenant]
+
+        return close
