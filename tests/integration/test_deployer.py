@@ -82,24 +82,30 @@ class Harness:
         for event in recorded:
             await self.app.handle(event)
 
-    async def submit(self, task_id: str, task_spec: TaskSpec) -> None:
+    async def submit(self, task_id: str, task_spec: TaskSpec, tenant: str = "acme") -> None:
         """Append the task's submission (nothing handed over)."""
         from datetime import UTC, datetime
 
         submitted = decide(
             None,
-            Submit(task_id, "acme", "alice", task_spec),
+            Submit(task_id, tenant, "alice", task_spec),
             now=datetime.now(UTC),
             ids=lambda: "x",
         )
         await self.append(task_id, submitted)
 
     async def launch(
-        self, task_id: str, task_spec: TaskSpec, *, wait: bool = True, **resources: int
+        self,
+        task_id: str,
+        task_spec: TaskSpec,
+        *,
+        wait: bool = True,
+        tenant: str = "acme",
+        **resources: int,
     ) -> None:
         """Submit and place the task (GPU i for worker i; each worker's `cpus` and
         `memory_gib` when given), and hand the placement over."""
-        await self.submit(task_id, task_spec)
+        await self.submit(task_id, task_spec, tenant)
         workers = tuple(
             WorkerPlacement(index=i, node=f"n-{i}", gpus=(i,), **resources)
             for i in range(task_spec.worker_count)
@@ -646,10 +652,10 @@ async def test_only_so_many_deployments_run_their_stages_at_once(dsn: str, tmp_p
     runtime = LocalRuntime(config)
     app = DeployerApp(store, runtime, stop_grace_s=1.0)
     h = Harness(store, app, runtime)
-    turn = runtime.stage_slots(None)  # type: ignore[arg-type]  # one for every deployment
-    assert turn is not None
+    turns = runtime.stage_slots(None)  # type: ignore[arg-type]  # one for every deployment
+    assert turns is not None
     try:
-        async with turn:  # the test's turn first: every placement waits
+        async with turns.turn("test"):  # the test's turn first: every placement waits
             for task_id in ("one", "two", "three"):
                 await h.launch(task_id, make_spec("true"), wait=False)
             await asyncio.sleep(0.3)
@@ -673,6 +679,47 @@ async def test_only_so_many_deployments_run_their_stages_at_once(dsn: str, tmp_p
         with contextlib.suppress(Exception):
             await asyncio.wait_for(app.close(), 5)
         await store.close()
+
+
+async def test_a_tenants_burst_of_placements_keeps_no_other_tenant_waiting_behind_it(
+    dsn: str, tmp_path: Path
+) -> None:
+    """`deploys_at_once=1` and four placements of one tenant handed over before one of
+    another: the other tenant's task deploys second, not after the whole burst (the
+    machine's turns go round the tenants)."""
+    store = await PostgresEventStore.connect(dsn, default_mapper())
+    runtime = LocalRuntime(local_config(tmp_path, deploys_at_once=1))
+    app = DeployerApp(store, runtime, stop_grace_s=1.0)
+    h = Harness(store, app, runtime)
+    turns = runtime.stage_slots(None)  # type: ignore[arg-type]  # one for every deployment
+    assert turns is not None
+    burst = [f"burst-{i}" for i in range(4)]
+    try:
+        async with turns.turn("test"):  # every placement waits behind the test's turn
+            for task_id in burst:
+                await h.launch(task_id, make_spec("true"), wait=False, tenant="bursty")
+            await waiting(turns, 4)  # the whole burst is in the queue first
+            await h.launch("lone", make_spec("true"), wait=False, tenant="other")
+            await waiting(turns, 5)
+        await asyncio.wait_for(app.drain(), 60)
+        firsts = {}
+        for task_id in [*burst, "lone"]:
+            assert (await h.state(task_id)).status == "succeeded", task_id
+            events = await h.events(task_id)
+            firsts[task_id] = next(e for e in events if e.type == "DeployStageStarted")
+        order = sorted(firsts, key=lambda t: firsts[t].global_position)
+        assert order[1] == "lone", order  # first come, first served: it would be last
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(app.close(), 5)
+        await store.close()
+
+
+async def waiting(turns: Any, count: int) -> None:
+    """Until `count` deployments wait for a turn."""
+    async with asyncio.timeout(20):
+        while turns.waiting() < count:  # noqa: ASYNC110 (the deployer's own)
+            await asyncio.sleep(0.02)
 
 
 def _stop(task_id: str, state: Any) -> list[Event]:

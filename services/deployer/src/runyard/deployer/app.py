@@ -531,8 +531,9 @@ class DeployerApp:
             "env_init": init_env,
         }
         slots = getattr(self.runtime, "stage_slots", None)
-        slot = slots(d) if slots is not None else None
-        async with slot or contextlib.nullcontext():
+        turns = slots(d) if slots is not None else None
+        # This machine's turns are shared by tenants: another's burst is no queue to wait in.
+        async with turns.turn(state.tenant) if turns is not None else contextlib.nullcontext():
             if not await self._stages(active, state, steps, meta):
                 return
         if not active.may_start.is_set():

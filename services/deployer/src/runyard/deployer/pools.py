@@ -18,7 +18,6 @@ never finds (and ends) what another started.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import Mapping
 from datetime import datetime
@@ -37,6 +36,7 @@ from runyard.deployer.runtime import (
     Runtime,
 )
 from runyard.deployer.slurm import SlurmRuntime, SlurmRuntimeConfig
+from runyard.deployer.turns import FairTurns
 
 #: The runtimes a pool may name in runtime.yaml (`pools.<id>.runtime`).
 RUNTIMES = ("local", "slurm")
@@ -116,7 +116,7 @@ class PoolRuntimes:
 
     # -- the Runtime protocol ------------------------------------------------------------
 
-    def stage_slots(self, deployment: Deployment) -> asyncio.Semaphore | None:
+    def stage_slots(self, deployment: Deployment) -> FairTurns | None:
         slots = self._optional(self.of(deployment), "stage_slots")
         return slots(deployment) if slots is not None else None
 

@@ -150,6 +150,7 @@ from runyard.deployer import outputs
 from runyard.deployer.outputs import KeptOutput, LineSplitter, Marks, OutputStream, Stream
 from runyard.deployer.retry import until_done
 from runyard.deployer.stacks import capture_group
+from runyard.deployer.turns import FairTurns
 
 log = logging.getLogger("runyard.deployer.runtime")
 T = TypeVar("T")
@@ -332,7 +333,8 @@ class LocalRuntimeConfig:
     #: every line (`runyard.deployer.outputs`); otherwise cleanup removes them at once.
     keep_output: bool = False
     #: Deployments whose deploy stages run at once; the others wait their turn, so a
-    #: burst of placements finishes one by one rather than all slowly together.
+    #: burst of placements finishes one by one rather than all slowly together. Turns
+    #: go round the tenants waiting (`FairTurns`): no tenant's burst is a queue to others.
     deploys_at_once: int = 16
     #: Processes and threads one sandboxed worker may have at once (a pids cgroup of
     #: its own): a fork bomb fails its own forks, not the host's.
@@ -906,7 +908,7 @@ class LocalRuntime:
 
     def __init__(self, config: LocalRuntimeConfig) -> None:
         self.config = config
-        self._stage_slots = asyncio.Semaphore(config.deploys_at_once)
+        self._stage_slots = FairTurns(config.deploys_at_once)
         self._deps: dict[DeploymentKey, _Local] = {}
         self._kept: dict[DeploymentKey, KeptOutput] | None = None
         self.dropped_lines = 0
@@ -979,9 +981,9 @@ class LocalRuntime:
 
     # -- stages ------------------------------------------------------------------
 
-    def stage_slots(self, deployment: Deployment) -> asyncio.Semaphore | None:
+    def stage_slots(self, deployment: Deployment) -> FairTurns | None:
         """What a deployment's stages take a turn of (`deploys_at_once`): they are this
-        machine's own work, so only so many run at once."""
+        machine's own work, so only so many run at once, shared fairly by tenants."""
         return self._stage_slots
 
     async def allocate(self, deployment: Deployment) -> None:

@@ -121,6 +121,7 @@ from runyard.deployer.runtime import (
     worker_nice,
 )
 from runyard.deployer.stacks import parse_dump, py_spy_binary
+from runyard.deployer.turns import FairTurns
 
 log = logging.getLogger("runyard.deployer.slurm")
 
@@ -381,7 +382,7 @@ class SlurmRuntime(LocalRuntime):
 
     # -- stages ------------------------------------------------------------------------
 
-    def stage_slots(self, deployment: Deployment) -> asyncio.Semaphore | None:
+    def stage_slots(self, deployment: Deployment) -> FairTurns | None:
         """None: a Slurm job waits in the cluster's queue during `allocate`, and must
         not hold back the pools whose stages are this machine's work."""
         return None
