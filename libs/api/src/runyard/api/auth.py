@@ -454,6 +454,25 @@ async def authenticate(conn: asyncpg.Connection | asyncpg.Pool, token: str | Non
            FROM api_tokens WHERE token_sha256 = $1""",
         token_hash(token),
     )
+    _refuse_unless_valid(row)
+    role = normalise_role(row["role"])
+    return Principal(row["tenant"], row["user_name"], role, row["token_id"])
+
+
+async def authenticate_again(conn: asyncpg.Connection | asyncpg.Pool, caller: Principal) -> None:
+    """Refuse, as `authenticate` would now, a caller whose token was revoked or has
+    expired since: a long answer (a watch) asks as it goes, not only as it starts."""
+    if not caller.token_id:
+        return
+    row = await conn.fetchrow(
+        """SELECT revoked_at IS NOT NULL AS revoked, expires_at <= now() AS expired
+           FROM api_tokens WHERE token_id = $1""",
+        caller.token_id,
+    )
+    _refuse_unless_valid(row)
+
+
+def _refuse_unless_valid(row: asyncpg.Record | None) -> None:
     if row is None:
         raise Unauthenticated("auth.invalid_token", "unknown token", "ask an admin for a token")
     if row["revoked"]:
@@ -464,8 +483,6 @@ async def authenticate(conn: asyncpg.Connection | asyncpg.Pool, token: str | Non
         raise Unauthenticated(
             "auth.token_expired", "this token has expired", "ask an admin for a new token"
         )
-    role = normalise_role(row["role"])
-    return Principal(row["tenant"], row["user_name"], role, row["token_id"])
 
 
 # --- runyard up ---------------------------------------------------------------------

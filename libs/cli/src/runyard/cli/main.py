@@ -37,6 +37,7 @@ from runyard.cli.detail import detail
 from runyard.cli.settings import SettingError, apply_settings, sets_nested
 from runyard.cli.terminal import JSON_WANTED, clean, markup, print_json, remember_json, render_table
 from runyard.client import ApiError, Client, GatewayUnreachable, Retry
+from runyard.contracts.http import Error
 from runyard.contracts.requests import RerunChanges
 
 app = typer.Typer(help="Runyard: submit and follow GPU training tasks.", no_args_is_help=True)
@@ -570,13 +571,19 @@ def events(
 def watch(
     task_id: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
 ) -> None:
-    """Follow a task live until it ends."""
+    """Follow a task live until it ends (or until your token is revoked or expires)."""
     with (
         gateway(url, token) as api,
         api.stream("GET", f"/v1/tasks/{task_id}/watch") as answer,
     ):
+        kind = ""
         for line in answer.iter_lines():
-            if line.startswith("data: ") and line != "data: {}":
+            if line.startswith("event: "):
+                kind = line[7:]
+            elif kind == "error" and line.startswith("data: "):
+                body = json.loads(line[6:])
+                raise ApiError(body.pop("status", 400), Error.model_validate(body))
+            elif line.startswith("data: ") and line != "data: {}":
                 event = json.loads(line[6:])
                 if as_json:
                     out.print(json.dumps(event), markup=False, highlight=False)
