@@ -14,7 +14,7 @@ import httpx
 import pytest
 import uvicorn
 from runyard.api.auth import create_token
-from runyard.cli.main import app, config_dir, print_task, token_files
+from runyard.cli.main import DEFAULT_URL, app, config_dir, make_client, print_task, token_files
 from runyard.contracts import Event, Metadata, NewEvent, default_mapper
 from runyard.contracts.task_events import DEPLOY_STAGES, TaskPlaced, WorkerPlacement
 from runyard.domain.task import (
@@ -510,3 +510,17 @@ async def test_stacks_json_of_a_task_without_reports_prints_the_empty_list(dsn: 
         await ft.drain()
     finally:
         await store.close()
+
+
+async def test_an_unreachable_gateway_is_named_and_an_empty_url_is_the_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A mistyped URL shows in the error; `RUNYARD_URL=` (set, empty) is the default
+    gateway, not a URL without a scheme."""
+    away = f"http://127.0.0.1:{free_port()}"
+    refused = await cli(away, "a-token", "ls")
+    assert refused.exit_code == 4
+    assert f"cannot reach the gateway at {away}: ConnectError" in refused.stderr
+    monkeypatch.setenv("RUNYARD_URL", "")
+    with make_client(None, "a-token") as http:
+        assert str(http.base_url).rstrip("/") == DEFAULT_URL

@@ -97,7 +97,7 @@ def resolve_token(token: str | None) -> str | None:
 def make_client(url: str | None, token: str | None) -> httpx.Client:
     """An HTTP client for the gateway (tests replace this)."""
     headers = {"Authorization": f"Bearer {t}"} if (t := resolve_token(token)) else {}
-    base = url or os.environ.get("RUNYARD_URL", DEFAULT_URL)
+    base = url or os.environ.get("RUNYARD_URL") or DEFAULT_URL  # set but empty: the default
     return httpx.Client(base_url=base, headers=headers, timeout=30)
 
 

@@ -35,9 +35,10 @@ class GatewayUnreachable(ClientError):
     code = "client.unreachable"
     retryable = True
 
-    def __init__(self, reason: str, *, sent: bool) -> None:
+    def __init__(self, reason: str, *, sent: bool, url: str = "") -> None:
+        at = f" at {url}" if url else ""
         super().__init__(
-            f"cannot reach the gateway: {reason}",
+            f"cannot reach the gateway{at}: {reason}",
             hint="start it with `runyard up`, or check the URL (RUNYARD_URL)",
         )
         #: Whether the request may have reached the gateway (then only an idempotent
