@@ -305,6 +305,19 @@ def _instant(text: object) -> datetime:
     return when
 
 
+def bearer_of(headers: Sequence[str]) -> str | None:
+    """The token of a request's `Authorization` headers (HTTP headers, gRPC metadata):
+    one at most, since servers and proxies differ on which of two they would read."""
+    if len(headers) > 1:
+        raise Unauthenticated(
+            "auth.malformed_header",
+            f"the request has {len(headers)} Authorization headers: send exactly one,"
+            " `Bearer <token>`",
+            BEARER_HINT,
+        )
+    return bearer_token(headers[0] if headers else None)
+
+
 def bearer_token(header: str | None) -> str | None:
     """The token of an `Authorization` header (None when absent); anything but the
     exact form `Bearer <token>` is refused, so one spelling means one thing."""
