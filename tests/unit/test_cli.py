@@ -524,3 +524,24 @@ async def test_an_unreachable_gateway_is_named_and_an_empty_url_is_the_default(
     monkeypatch.setenv("RUNYARD_URL", "")
     with make_client(None, "a-token") as http:
         assert str(http.base_url).rstrip("/") == DEFAULT_URL
+
+
+async def test_an_id_pasted_with_a_hash_or_a_query_is_that_id_not_another_route(
+    served: tuple[str, str],
+) -> None:
+    """`ID#` or `ID?run=1` (from a link, a chat) is sent as one path segment: each command
+    says that task does not exist, none reads another route's answer as its own."""
+    url, token = served
+    submitted = await cli(url, token, "submit", "-f", str(REPO / "examples/hello.yaml"), "--json")
+    task_id = json.loads(submitted.stdout)["task_id"]
+    for odd in (f"{task_id}#", f"{task_id}?run=1"):
+        for args in (
+            ["logs", odd],
+            ["trace", odd],
+            ["diff", odd, "--from", "1", "--to", "1"],
+            ["show", odd, "--at", "1"],
+            ["watch", odd],
+        ):
+            result = await cli(url, token, *args)
+            assert result.exit_code == 1, (args, result.output)
+            assert f"task '{odd}' does not exist" in result.stderr, (args, result.output)

@@ -25,6 +25,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
+from urllib.parse import quote
 
 import httpx
 import typer
@@ -125,6 +126,12 @@ def call(url: str | None, token: str | None, method: str, path: str, **kw: Any) 
     message and hint and exits."""
     with gateway(url, token) as api:
         return api.request(method, path, **kw)
+
+
+def segment(value: str) -> str:
+    """`value` (an id the user typed) as one segment of a path: a `?`, `#` or `%` in it is
+    sent as itself, never as a query, a fragment or another route."""
+    return quote(value, safe="")
 
 
 def refused(error: ApiError) -> NoReturn:
@@ -476,7 +483,7 @@ def show(
     with gateway(url, token) as api:
         task = as_json_data(api.get_task(task_id))
         if task.get("status") in ("failed", "abnormal"):
-            task["first_error"] = api.request("GET", f"/v1/tasks/{task_id}/first-error")
+            task["first_error"] = api.request("GET", f"/v1/tasks/{segment(task_id)}/first-error")
     if as_json:
         show_json(task)
         return
@@ -574,7 +581,7 @@ def watch(
     """Follow a task live until it ends (or until your token is revoked or expires)."""
     with (
         gateway(url, token) as api,
-        api.stream("GET", f"/v1/tasks/{task_id}/watch") as answer,
+        api.stream("GET", f"/v1/tasks/{segment(task_id)}/watch") as answer,
     ):
         kind = ""
         for line in answer.iter_lines():
