@@ -12,9 +12,11 @@ from typing import Any
 import httpx
 import pytest
 from runyard.api.auth import create_token
+from runyard.eventstore import apply_migrations
 from runyard.gateway.app import Gateway
 from runyard.gateway.http import create_app
 from runyard.gateway.projection import all_rows
+from runyard.stack.serve import service_migrations
 
 REPO = Path(__file__).resolve().parents[2]
 POOLS_YAML = """
@@ -394,3 +396,21 @@ async def test_pools_capacity_and_openapi(api: Api) -> None:
     assert (missing.status_code, missing.json()["code"]) == (404, "pool.not_found")
     spec = (await api.http.get("/openapi.json")).json()
     assert "/v1/tasks/{task_id}/rerun" in spec["paths"]
+
+
+async def test_pools_are_listed_by_id_whatever_order_the_scheduler_stored_them(
+    api: Api,
+) -> None:
+    """The scheduler rewrites a pool's view row on every change: the list (the CLI's
+    `runyard pools`, the console's pages and submit form) keeps one order, by id."""
+    async with api.gateway.db.acquire() as conn:
+        await apply_migrations(conn, service_migrations("scheduler"))
+    for pool_id, zone in (("pool-b", "cn-north-1"), ("pool-a", "cn-east-1")):
+        view = {"zone": zone, "resource_type": "subscription", "nodes": 1, "specs": {"8gpu": 8}}
+        await api.gateway.db.execute(
+            "INSERT INTO scheduler_pool_views (pool_id, version, view) VALUES ($1, 1, $2)",
+            pool_id,
+            json.dumps(view),
+        )
+    answer = await api.call("alice", "GET", "/v1/pools")
+    assert [p["pool_id"] for p in answer.json()] == ["pool-a", "pool-b"], answer.text
