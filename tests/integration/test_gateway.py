@@ -414,3 +414,15 @@ async def test_pools_are_listed_by_id_whatever_order_the_scheduler_stored_them(
         )
     answer = await api.call("alice", "GET", "/v1/pools")
     assert [p["pool_id"] for p in answer.json()] == ["pool-a", "pool-b"], answer.text
+
+
+async def test_a_path_no_route_takes_is_named_and_an_empty_id_said_so(api: Api) -> None:
+    """`POST /v1/tasks//stop` (a script's empty id) is refused naming the request and the
+    empty part, as gRPC refuses an empty `task_id`; not a bare `Not Found`."""
+    empty = await api.call("alice", "POST", "/v1/tasks//stop")
+    assert (empty.status_code, empty.json()["code"]) == (404, "route.not_found")
+    assert empty.json()["message"] == "no route takes POST /v1/tasks//stop"
+    assert "a part of the path is empty" in empty.json()["hint"]
+    typo = await api.call("alice", "GET", "/v1/taks")
+    assert typo.json()["message"] == "no route takes GET /v1/taks"
+    assert typo.json()["hint"] == "see /openapi.json for the routes"
