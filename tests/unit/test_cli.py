@@ -545,3 +545,9 @@ async def test_an_id_pasted_with_a_hash_or_a_query_is_that_id_not_another_route(
             result = await cli(url, token, *args)
             assert result.exit_code == 1, (args, result.output)
             assert f"task '{odd}' does not exist" in result.stderr, (args, result.output)
+
+
+async def test_a_gateway_url_that_is_no_url_is_a_usage_error_not_a_traceback() -> None:
+    refused = await cli("http://[::1", "a-token", "ls")
+    assert refused.exit_code == 2, refused.output
+    assert "the gateway URL 'http://[::1' is not a URL" in refused.stderr

@@ -109,6 +109,13 @@ def gateway(url: str | None, token: str | None) -> Iterator[Client]:
     try:
         with make_client(url, token) as http:
             yield Client(http=http, retry=RETRY)
+    except httpx.InvalidURL as exc:
+        given = url or os.environ.get("RUNYARD_URL", "")
+        err.print(
+            f"[red]error:[/red] the gateway URL {markup(repr(given))} is not a URL: {markup(exc)}"
+        )
+        err.print("hint: give one as http://HOST:PORT with --url or RUNYARD_URL")
+        raise typer.Exit(2) from exc
     except GatewayUnreachable as exc:
         hint = "start it with `runyard up`, or set --url / RUNYARD_URL"
         if JSON_WANTED.get():
