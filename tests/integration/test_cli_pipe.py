@@ -8,9 +8,11 @@ import json
 import os
 import shlex
 import sys
+from asyncio.subprocess import PIPE
 from pathlib import Path
 
 import pytest
+from runyard.api.auth import authenticate, create_token, mark_revoked
 from runyard.cli.detail import detail
 
 from tests.unit.test_cli import NO_CONFIG, REPO, Served, cli
@@ -99,3 +101,33 @@ async def test_list_into_a_pipe_is_one_line_per_task(served_gateway: Served) -> 
     assert all(len(line.split("\t")) == 7 for line in lines)
     paged = await piped(served_gateway, "ls --limit 1")  # `more: --cursor` goes to stderr
     assert paged == lines[:2]
+
+
+async def test_a_watch_ends_saying_so_once_its_token_is_revoked(served_gateway: Served) -> None:
+    """`runyard watch` of a task that goes on: its token revoked once the watch has shown
+    the first event, the watch ends (exit 3) with the refusal the next request gets."""
+    url, gateway = served_gateway.url, served_gateway.gateway
+    submitted = await cli(
+        url, served_gateway.token, "submit", "-f", str(REPO / "examples/hello.yaml")
+    )
+    task_id = submitted.stdout.split()[0]
+    token = await create_token(gateway.db, "t1", "alice", "member")
+    principal = await authenticate(gateway.db, token)
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    env |= {"RUNYARD_URL": url, "RUNYARD_TOKEN": token, "XDG_CONFIG_HOME": NO_CONFIG}
+    watch = await asyncio.create_subprocess_exec(
+        str(RUNYARD), "watch", task_id, stdout=PIPE, stderr=PIPE, env=env
+    )
+    assert watch.stdout is not None and watch.stderr is not None
+    try:
+        async with asyncio.timeout(60):
+            assert "TaskSubmitted" in (await watch.stdout.readline()).decode()
+            async with gateway.db.acquire() as conn:
+                assert await mark_revoked(conn, principal.token_id, "user:t1/admin") is not None
+            stderr = (await watch.stderr.read()).decode()
+            assert await watch.wait() == 3, stderr
+    finally:
+        if watch.returncode is None:  # still watching: the gateway waits for it to stop
+            watch.kill()
+            await watch.wait()
+    assert "error auth.token_revoked: this token was revoked" in stderr

@@ -17,6 +17,7 @@ import pytest
 import uvicorn
 from runyard.api.auth import create_token
 from runyard.client import (
+    ApiError,
     AsyncClient,
     Client,
     GatewayUnreachable,
@@ -197,6 +198,42 @@ async def test_a_create_is_not_sent_again_after_a_503(served: tuple[str, str, Ou
 def create_with_sync(url: str, token: str, waits: list[float]) -> Task:
     with Client(url, token, sleep=waits.append) as runyard:
         return runyard.create_task(BASE)
+
+
+async def moved(scope: Scope, receive: Any, send: Any) -> None:
+    """A proxy in front of a gateway that moved to https."""
+    location = f"https://gateway.example.com{scope['path']}".encode()
+    await send({"type": "http.response.start", "status": 301, "headers": [(b"location", location)]})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def test_a_redirect_is_a_refusal_saying_what_to_change(
+    served: tuple[str, str, Outage],
+) -> None:
+    """A gateway URL that moved, or an empty id (`/v1/tasks/`, which the gateway redirects
+    to the list), is an `ApiError` naming where it points, not an answer read as a model."""
+    url, token, _ = served
+    async with serving(moved) as proxy, AsyncClient(proxy, token) as runyard:
+        with pytest.raises(ApiError) as elsewhere:
+            await runyard.list_tasks()
+        with pytest.raises(ApiError) as streamed:
+            async with runyard.stream("GET", "/v1/tasks/t/watch"):
+                pass
+    for error in (elsewhere.value, streamed.value):
+        assert (error.http_status, error.code) == (301, "client.redirected")
+        assert (
+            error.hint
+            == "set the gateway's URL (--url, RUNYARD_URL) to https://gateway.example.com"
+        )
+    with pytest.raises(ApiError) as empty:
+        await asyncio.to_thread(get_with_sync, url, token, "")
+    assert (empty.value.code, empty.value.http_status) == ("client.redirected", 307)
+    assert "an empty one" in empty.value.hint
+
+
+def get_with_sync(url: str, token: str, task_id: str) -> Task:
+    with Client(url, token) as runyard:
+        return runyard.get_task(task_id)
 
 
 async def test_a_refused_connection_is_tried_again_then_raised() -> None:

@@ -12,9 +12,11 @@ from typing import Any
 import httpx
 import pytest
 from runyard.api.auth import create_token
+from runyard.eventstore import apply_migrations
 from runyard.gateway.app import Gateway
 from runyard.gateway.http import create_app
 from runyard.gateway.projection import all_rows
+from runyard.stack.serve import service_migrations
 
 REPO = Path(__file__).resolve().parents[2]
 POOLS_YAML = """
@@ -394,3 +396,33 @@ async def test_pools_capacity_and_openapi(api: Api) -> None:
     assert (missing.status_code, missing.json()["code"]) == (404, "pool.not_found")
     spec = (await api.http.get("/openapi.json")).json()
     assert "/v1/tasks/{task_id}/rerun" in spec["paths"]
+
+
+async def test_pools_are_listed_by_id_whatever_order_the_scheduler_stored_them(
+    api: Api,
+) -> None:
+    """The scheduler rewrites a pool's view row on every change: the list (the CLI's
+    `runyard pools`, the console's pages and submit form) keeps one order, by id."""
+    async with api.gateway.db.acquire() as conn:
+        await apply_migrations(conn, service_migrations("scheduler"))
+    for pool_id, zone in (("pool-b", "cn-north-1"), ("pool-a", "cn-east-1")):
+        view = {"zone": zone, "resource_type": "subscription", "nodes": 1, "specs": {"8gpu": 8}}
+        await api.gateway.db.execute(
+            "INSERT INTO scheduler_pool_views (pool_id, version, view) VALUES ($1, 1, $2)",
+            pool_id,
+            json.dumps(view),
+        )
+    answer = await api.call("alice", "GET", "/v1/pools")
+    assert [p["pool_id"] for p in answer.json()] == ["pool-a", "pool-b"], answer.text
+
+
+async def test_a_path_no_route_takes_is_named_and_an_empty_id_said_so(api: Api) -> None:
+    """`POST /v1/tasks//stop` (a script's empty id) is refused naming the request and the
+    empty part, as gRPC refuses an empty `task_id`; not a bare `Not Found`."""
+    empty = await api.call("alice", "POST", "/v1/tasks//stop")
+    assert (empty.status_code, empty.json()["code"]) == (404, "route.not_found")
+    assert empty.json()["message"] == "no route takes POST /v1/tasks//stop"
+    assert "a part of the path is empty" in empty.json()["hint"]
+    typo = await api.call("alice", "GET", "/v1/taks")
+    assert typo.json()["message"] == "no route takes GET /v1/taks"
+    assert typo.json()["hint"] == "see /openapi.json for the routes"

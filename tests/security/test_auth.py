@@ -331,6 +331,22 @@ async def test_bearer_parsing_is_strict(world: World, header: str) -> None:
     assert exact.status_code == 200
 
 
+async def test_two_authorization_headers_are_refused_over_http_and_grpc(world: World) -> None:
+    """Servers and proxies differ on which of two headers they read (HTTP read the first,
+    gRPC the last): a request with two is no one's, in either order."""
+    token = world.tokens["ta_alice"]
+    for pair in ((f"Bearer {token}", "Bearer other"), ("Bearer other", f"Bearer {token}")):
+        headers = [("Authorization", value) for value in pair]
+        answer = await world.http.get("/v1/tasks", headers=headers)
+        assert (answer.status_code, answer.json()["code"]) == (401, "auth.malformed_header")
+        assert "2 Authorization headers" in answer.json()["message"]
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            metadata = tuple(("authorization", value) for value in pair)
+            await world.stub.ListTasks(pb.ListTasksRequest(), metadata=metadata)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "2 Authorization headers" in str(refused.value.details())
+
+
 async def test_openapi_declares_the_bearer_scheme_on_every_protected_route(world: World) -> None:
     doc = (await world.http.get("/openapi.json")).json()
     assert doc["components"]["securitySchemes"]["HTTPBearer"] == {

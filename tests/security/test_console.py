@@ -329,6 +329,31 @@ async def test_submit_form_shows_the_rules_code_field_and_hint(api: Api) -> None
         assert accepted.headers["location"].startswith("/console/tasks/")
 
 
+def chosen(page: str, name: str) -> str:
+    """What a browser sends for the form's `<select name=...>`: the option marked
+    selected, else the first."""
+    select = re.split(rf'<select[^>]* name="{name}"', page, maxsplit=1)[1].split("</select>")[0]
+    if picked := re.search(r'<option value="([^"]*)" selected', select):
+        return html.unescape(picked.group(1))
+    return html.unescape(re.findall(r'<option value="([^"]*)"', select)[0])
+
+
+async def test_the_submit_form_as_it_opens_is_not_refused_for_its_pool(api: Api) -> None:
+    """A spot pool listed first: the new form chooses a pool of the spec's default
+    resource type (subscription) and that type, not a spot pool beside `subscription`."""
+    pools = api.gateway.config_dir / "pools.yaml"
+    lines = test_gateway.POOLS_YAML.strip().splitlines()
+    pools.write_text("\n".join([lines[0], *lines[-2:], *lines[1:-2]]))
+    async with sign_in(api, "alice") as client:
+        page = (await client.get("/console/submit")).text
+        assert page.index("pool-spot (cn-north-1, spot;") < page.index("pool-a (")
+        form = {n: chosen(page, n) for n in ("pool", "resource_type", "framework", "image")}
+        assert (form["pool"], form["resource_type"]) == ("pool-a", "subscription")
+        form.update(name="first", worker_spec="1gpu", command="echo hi", csrf=await csrf_of(client))
+        accepted = await client.post("/console/submit", data=form)
+        assert accepted.status_code == 303, accepted.text
+
+
 async def test_a_session_is_shared_by_every_gateway_over_the_database_until_signed_out(
     api: Api, dsn: str, tmp_path: Path
 ) -> None:

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import uvicorn
 from runyard.api.auth import create_token
-from runyard.cli.main import app, config_dir, print_task, token_files
+from runyard.cli.main import DEFAULT_URL, app, config_dir, make_client, print_task, token_files
 from runyard.contracts import Event, Metadata, NewEvent, default_mapper
 from runyard.contracts.task_events import DEPLOY_STAGES, TaskPlaced, WorkerPlacement
 from runyard.domain.task import (
@@ -510,3 +510,44 @@ async def test_stacks_json_of_a_task_without_reports_prints_the_empty_list(dsn: 
         await ft.drain()
     finally:
         await store.close()
+
+
+async def test_an_unreachable_gateway_is_named_and_an_empty_url_is_the_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A mistyped URL shows in the error; `RUNYARD_URL=` (set, empty) is the default
+    gateway, not a URL without a scheme."""
+    away = f"http://127.0.0.1:{free_port()}"
+    refused = await cli(away, "a-token", "ls")
+    assert refused.exit_code == 4
+    assert f"cannot reach the gateway at {away}: ConnectError" in refused.stderr
+    monkeypatch.setenv("RUNYARD_URL", "")
+    with make_client(None, "a-token") as http:
+        assert str(http.base_url).rstrip("/") == DEFAULT_URL
+
+
+async def test_an_id_pasted_with_a_hash_or_a_query_is_that_id_not_another_route(
+    served: tuple[str, str],
+) -> None:
+    """`ID#` or `ID?run=1` (from a link, a chat) is sent as one path segment: each command
+    says that task does not exist, none reads another route's answer as its own."""
+    url, token = served
+    submitted = await cli(url, token, "submit", "-f", str(REPO / "examples/hello.yaml"), "--json")
+    task_id = json.loads(submitted.stdout)["task_id"]
+    for odd in (f"{task_id}#", f"{task_id}?run=1"):
+        for args in (
+            ["logs", odd],
+            ["trace", odd],
+            ["diff", odd, "--from", "1", "--to", "1"],
+            ["show", odd, "--at", "1"],
+            ["watch", odd],
+        ):
+            result = await cli(url, token, *args)
+            assert result.exit_code == 1, (args, result.output)
+            assert f"task '{odd}' does not exist" in result.stderr, (args, result.output)
+
+
+async def test_a_gateway_url_that_is_no_url_is_a_usage_error_not_a_traceback() -> None:
+    refused = await cli("http://[::1", "a-token", "ls")
+    assert refused.exit_code == 2, refused.output
+    assert "the gateway URL 'http://[::1' is not a URL" in refused.stderr

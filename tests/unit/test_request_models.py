@@ -80,6 +80,17 @@ def test_an_env_in_neither_form_is_refused_showing_both(env: Any, field: str) ->
         assert '"env": "A=1;B=2"' in answer["hint"], answer
 
 
+@pytest.mark.parametrize("field", ["tags", "creator_only", "output_dirs"])
+def test_a_word_where_a_list_goes_is_asked_for_as_a_list(field: str) -> None:
+    """`tags: exp1` in a task file: a list is asked for in the words of YAML and JSON,
+    not as pydantic's "a valid tuple"."""
+    for model in (TaskSubmission, SpecOverrides):
+        answer = refused(model, {**BASE, field: "exp1"})
+        assert (answer["code"], answer["field"]) == ("spec.invalid", field), answer
+        assert answer["message"] == f"{field}: should be a list", answer
+        assert "[a, b]" in answer["hint"] and "tuple" not in str(answer), answer
+
+
 def test_an_unknown_field_is_answered_with_the_names_of_the_object_holding_it() -> None:
     nested = refused(TaskSubmission, {**BASE, "fault_tolerance": {"hang_timout_s": 60}})
     assert nested["field"] == "fault_tolerance.hang_timout_s"

@@ -305,6 +305,19 @@ def _instant(text: object) -> datetime:
     return when
 
 
+def bearer_of(headers: Sequence[str]) -> str | None:
+    """The token of a request's `Authorization` headers (HTTP headers, gRPC metadata):
+    one at most, since servers and proxies differ on which of two they would read."""
+    if len(headers) > 1:
+        raise Unauthenticated(
+            "auth.malformed_header",
+            f"the request has {len(headers)} Authorization headers: send exactly one,"
+            " `Bearer <token>`",
+            BEARER_HINT,
+        )
+    return bearer_token(headers[0] if headers else None)
+
+
 def bearer_token(header: str | None) -> str | None:
     """The token of an `Authorization` header (None when absent); anything but the
     exact form `Bearer <token>` is refused, so one spelling means one thing."""
@@ -454,6 +467,25 @@ async def authenticate(conn: asyncpg.Connection | asyncpg.Pool, token: str | Non
            FROM api_tokens WHERE token_sha256 = $1""",
         token_hash(token),
     )
+    _refuse_unless_valid(row)
+    role = normalise_role(row["role"])
+    return Principal(row["tenant"], row["user_name"], role, row["token_id"])
+
+
+async def authenticate_again(conn: asyncpg.Connection | asyncpg.Pool, caller: Principal) -> None:
+    """Refuse, as `authenticate` would now, a caller whose token was revoked or has
+    expired since: a long answer (a watch) asks as it goes, not only as it starts."""
+    if not caller.token_id:
+        return
+    row = await conn.fetchrow(
+        """SELECT revoked_at IS NOT NULL AS revoked, expires_at <= now() AS expired
+           FROM api_tokens WHERE token_id = $1""",
+        caller.token_id,
+    )
+    _refuse_unless_valid(row)
+
+
+def _refuse_unless_valid(row: asyncpg.Record | None) -> None:
     if row is None:
         raise Unauthenticated("auth.invalid_token", "unknown token", "ask an admin for a token")
     if row["revoked"]:
@@ -464,8 +496,6 @@ async def authenticate(conn: asyncpg.Connection | asyncpg.Pool, token: str | Non
         raise Unauthenticated(
             "auth.token_expired", "this token has expired", "ask an admin for a new token"
         )
-    role = normalise_role(row["role"])
-    return Principal(row["tenant"], row["user_name"], role, row["token_id"])
 
 
 # --- runyard up ---------------------------------------------------------------------

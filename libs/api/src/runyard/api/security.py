@@ -19,7 +19,7 @@ import asyncpg
 from fastapi import Depends
 from fastapi import Request as HttpRequest
 from fastapi.security import HTTPBearer
-from runyard.api.auth import BEARER_HINT, Principal, authenticate, bearer_token
+from runyard.api.auth import BEARER_HINT, Principal, authenticate, bearer_of
 
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
@@ -32,7 +32,7 @@ class StrictBearer(HTTPBearer):
         super().__init__(scheme_name="HTTPBearer", description=BEARER_HINT, auto_error=False)
 
     async def __call__(self, request: HttpRequest) -> str | None:  # type: ignore[override]
-        return bearer_token(request.headers.get("authorization"))
+        return bearer_of(request.headers.getlist("authorization"))
 
 
 class Authenticator(Protocol):

@@ -138,13 +138,16 @@ def install_error_handlers(app: FastAPI) -> None:
         app.add_exception_handler(kind, typed)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: HttpRequest, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: HttpRequest, exc: StarletteHTTPException) -> JSONResponse:
         # FastAPI's own refusals (a body it cannot parse; an unknown route or method)
         # in the same shape as every other error.
         code, field, hint = HTTP_ERRORS.get(
             exc.status_code, ("request.refused", "", "see /openapi.json")
         )
-        body = {"code": code, "field": field, "message": str(exc.detail), "hint": hint}
+        message = str(exc.detail)
+        if code == "route.not_found":
+            message, hint = _no_route(request, hint)
+        body = {"code": code, "field": field, "message": message, "hint": hint}
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
@@ -192,6 +195,16 @@ def _body_model(request: HttpRequest) -> type[RequestBody] | None:
 def _in_body(error: Mapping[str, Any]) -> bool:
     """A validation error of the body's content (not of JSON that did not parse)."""
     return tuple(error["loc"][:1]) == ("body",) and error.get("type") != "json_invalid"
+
+
+def _no_route(request: HttpRequest, hint: str) -> tuple[str, str]:
+    """The request no route takes, named (its path cut at 200 characters); a path with an
+    empty part (an id left empty: `/v1/tasks//stop`) says so, as gRPC names an empty id."""
+    path = request.url.path
+    shown = path if len(path) <= 200 else f"{path[:200]}..."
+    if "//" in path:
+        hint = "a part of the path is empty: give the id that goes there (see /openapi.json)"
+    return f"no route takes {request.method} {shown}", hint
 
 
 HTTP_ERRORS = {

@@ -52,6 +52,11 @@ def _cli() -> ModuleType:
     return main
 
 
+def _segment(value: str) -> str:
+    segment: str = _cli().segment(value)
+    return segment
+
+
 def _admin_call(
     url: str | None, token: str | None, method: str, path: str, as_json: bool, **kw: Any
 ) -> None:
@@ -100,7 +105,7 @@ def node_add(
 ) -> None:
     """Add a healthy node with every GPU free."""
     body = {"node": node, "gpus": gpus}
-    _admin_call(url, token, "POST", f"{pool}/nodes", as_json, json=body)
+    _admin_call(url, token, "POST", f"{_segment(pool)}/nodes", as_json, json=body)
 
 
 @node_app.command("remove")
@@ -108,7 +113,7 @@ def node_remove(
     pool: Pool, node: Node, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
 ) -> None:
     """Remove an idle node (refused while workers run on it)."""
-    _admin_call(url, token, "DELETE", f"{pool}/nodes/{node}", as_json)
+    _admin_call(url, token, "DELETE", f"{_segment(pool)}/nodes/{_segment(node)}", as_json)
 
 
 @node_app.command("cordon")
@@ -116,7 +121,7 @@ def node_cordon(
     pool: Pool, node: Node, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
 ) -> None:
     """No new workers go to the node; running ones stay."""
-    _admin_call(url, token, "POST", f"{pool}/nodes/{node}/cordon", as_json)
+    _admin_call(url, token, "POST", f"{_segment(pool)}/nodes/{_segment(node)}/cordon", as_json)
 
 
 @node_app.command("uncordon")
@@ -124,7 +129,7 @@ def node_uncordon(
     pool: Pool, node: Node, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
 ) -> None:
     """The node takes new workers again."""
-    _admin_call(url, token, "POST", f"{pool}/nodes/{node}/uncordon", as_json)
+    _admin_call(url, token, "POST", f"{_segment(pool)}/nodes/{_segment(node)}/uncordon", as_json)
 
 
 @node_app.command("fault")
@@ -140,7 +145,9 @@ def node_fault(
 ) -> None:
     """Mark a node faulty: nothing new goes there, its tasks get rescheduled (fault injection)."""
     body = {"reason": reason}
-    _admin_call(url, token, "POST", f"{pool}/nodes/{node}/fault", as_json, json=body)
+    _admin_call(
+        url, token, "POST", f"{_segment(pool)}/nodes/{_segment(node)}/fault", as_json, json=body
+    )
 
 
 @node_app.command("heal")
@@ -148,7 +155,7 @@ def node_heal(
     pool: Pool, node: Node, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
 ) -> None:
     """Mark a repaired node healthy again."""
-    _admin_call(url, token, "POST", f"{pool}/nodes/{node}/heal", as_json)
+    _admin_call(url, token, "POST", f"{_segment(pool)}/nodes/{_segment(node)}/heal", as_json)
 
 
 # --- spot capacity -------------------------------------------------------------------
@@ -183,7 +190,7 @@ def spot(
         body["remove"] = remove
     else:
         body.update(add=names, gpus_per_node=gpus)
-    _admin_call(url, token, "POST", f"{pool}/spot-capacity", as_json, json=body)
+    _admin_call(url, token, "POST", f"{_segment(pool)}/spot-capacity", as_json, json=body)
 
 
 # --- tokens ---------------------------------------------------------------------------
@@ -265,7 +272,7 @@ def tokens_revoke(
 ) -> None:
     """Revoke a token: refused from its next request on."""
     cli = _cli()
-    result = cli.call(url, token, "DELETE", f"/v1/admin/tokens/{token_id}")
+    result = cli.call(url, token, "DELETE", f"/v1/admin/tokens/{cli.segment(token_id)}")
     if as_json:
         cli.show_json(result)
         return

@@ -104,7 +104,7 @@ def remove(
 ) -> None:
     """Delete a subscription and its stored secret."""
     cli = _cli()
-    cli.call(url, token, "DELETE", f"{PATH}/{subscription_id}")
+    cli.call(url, token, "DELETE", f"{PATH}/{cli.segment(subscription_id)}")
     cli.out.print(f"deleted {subscription_id}")
 
 

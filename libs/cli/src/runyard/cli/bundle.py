@@ -29,6 +29,7 @@ from runyard.cli.main import (
     err,
     gateway,
     out,
+    segment,
     show_json,
 )
 from runyard.cli.terminal import markup
@@ -48,7 +49,7 @@ def download(url: str | None, token: str | None, task_id: str, target: Path) -> 
     timeout = httpx.Timeout(30.0, read=READ_TIMEOUT_S)
     with gateway(url, token) as api:
         try:
-            path = f"/v1/tasks/{task_id}/bundle"
+            path = f"/v1/tasks/{segment(task_id)}/bundle"
             with api.stream("GET", path, http_timeout=timeout) as answer:
                 return save(answer, target)
         except GatewayUnreachable as exc:  # a body cut short too (`save`)

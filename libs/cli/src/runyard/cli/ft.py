@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.text import Text
-from runyard.cli.main import JsonOpt, TokenOpt, UrlOpt, app, call, err, out, show_json
+from runyard.cli.main import JsonOpt, TokenOpt, UrlOpt, app, call, err, out, segment, show_json
 from runyard.cli.terminal import clean, markup
 
 LEVEL_STYLE = {"error": "red", "warning": "yellow", "info": "green"}
@@ -50,7 +50,7 @@ def ft_log(
     as_json: JsonOpt = False,
 ) -> None:
     """A task's fault-tolerance log: env check, restarts, reschedules, hangs, slowdowns."""
-    body = call(url, token, "GET", f"/v1/tasks/{task_id}/ft-log")
+    body = call(url, token, "GET", f"/v1/tasks/{segment(task_id)}/ft-log")
     if as_json:
         show_json(body)
     else:
@@ -123,10 +123,10 @@ def stacks(
 ) -> None:
     """Stacks of a task's workers (py-spy): the latest report, one by id, or a new capture."""
     if capture:
-        body = call(url, token, "POST", f"/v1/tasks/{task_id}/stacks")
+        body = call(url, token, "POST", f"/v1/tasks/{segment(task_id)}/stacks")
     else:
         if report is None:
-            listed = call(url, token, "GET", f"/v1/tasks/{task_id}/stacks")
+            listed = call(url, token, "GET", f"/v1/tasks/{segment(task_id)}/stacks")
             reports = listed["reports"]
             if not reports and as_json:
                 show_json(listed)  # the API's answer, as every command's --json: no reports
@@ -144,7 +144,7 @@ def stacks(
                     out.print(clean(line), markup=False, highlight=False, soft_wrap=True)
                 out.print()
             report = reports[-1]["report_id"]
-        body = call(url, token, "GET", f"/v1/tasks/{task_id}/stacks/{report}")
+        body = call(url, token, "GET", f"/v1/tasks/{segment(task_id)}/stacks/{segment(report)}")
     if as_json:
         show_json(body)
     else:

@@ -40,6 +40,7 @@ from runyard.cli.main import (
     gateway,
     given,
     out,
+    segment,
     show_json,
 )
 from runyard.cli.terminal import clean, clean_output, markup
@@ -125,14 +126,14 @@ def logs(
         params["ignore_case"] = "true"
     if first_error:
         return print_first_error(
-            call(url, token, "GET", f"/v1/tasks/{task_id}/first-error"), as_json
+            call(url, token, "GET", f"/v1/tasks/{segment(task_id)}/first-error"), as_json
         )
     if export is not None:
         return run_export(task_id, params, export, fmt, url, token, as_json)
     params |= {"limit": limit, "order": "newest" if newest and not follow else "oldest"}
     if cursor:
         params["cursor"] = cursor
-    page = call(url, token, "GET", f"/v1/tasks/{task_id}/logs", params=params)
+    page = call(url, token, "GET", f"/v1/tasks/{segment(task_id)}/logs", params=params)
     emit(page["lines"], as_json, raw)
     if follow:
         tail(task_id, params, page, url, token, as_json, raw)
@@ -153,7 +154,7 @@ def tail(
     try:
         while True:
             if page["next_cursor"] is None:
-                task = call(url, token, "GET", f"/v1/tasks/{task_id}")
+                task = call(url, token, "GET", f"/v1/tasks/{segment(task_id)}")
                 if task.get("status") in ENDED:
                     page = fetch(task_id, params, page, url, token)
                     emit(page["lines"], as_json, raw)  # what arrived before the end
@@ -169,7 +170,7 @@ def fetch(
     task_id: str, params: dict[str, Any], page: dict[str, Any], url: str | None, token: str | None
 ) -> Any:
     after = {**params, **({"cursor": page["tail_cursor"]} if page["tail_cursor"] else {})}
-    return call(url, token, "GET", f"/v1/tasks/{task_id}/logs", params=after)
+    return call(url, token, "GET", f"/v1/tasks/{segment(task_id)}/logs", params=after)
 
 
 def print_first_error(found: dict[str, Any], as_json: bool) -> None:
@@ -209,7 +210,12 @@ def run_export(
     first: one that cannot be written costs no export)."""
     check_target(target)
     started = call(
-        url, token, "POST", f"/v1/tasks/{task_id}/logs/exports", params=params, json={"format": fmt}
+        url,
+        token,
+        "POST",
+        f"/v1/tasks/{segment(task_id)}/logs/exports",
+        params=params,
+        json={"format": fmt},
     )
     export_id = started["export_id"]
     state = started
@@ -218,7 +224,7 @@ def run_export(
             done, total = markup(state["lines_done"]), markup(state["lines_total"] or "?")
             err.print(f"export {markup(export_id)}: {done}/{total}")
         time.sleep(0.5)
-        state = call(url, token, "GET", f"/v1/exports/{export_id}")
+        state = call(url, token, "GET", f"/v1/exports/{segment(export_id)}")
     if state["state"] != "done":
         err.print(
             f"[red]error:[/red] export {markup(export_id)} {markup(state['state'])}:"
@@ -227,7 +233,7 @@ def run_export(
         raise typer.Exit(1)
     with gateway(url, token) as api:
         try:
-            with api.stream("GET", f"/v1/exports/{export_id}/file") as answer:
+            with api.stream("GET", f"/v1/exports/{segment(export_id)}/file") as answer:
                 save(answer, target)
         except GatewayUnreachable as exc:  # a body cut short too (`save`)
             err.print(f"[red]error:[/red] the export did not arrive whole: {markup(exc.message)}")

@@ -25,6 +25,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
+from urllib.parse import quote
 
 import httpx
 import typer
@@ -37,6 +38,7 @@ from runyard.cli.detail import detail
 from runyard.cli.settings import SettingError, apply_settings, sets_nested
 from runyard.cli.terminal import JSON_WANTED, clean, markup, print_json, remember_json, render_table
 from runyard.client import ApiError, Client, GatewayUnreachable, Retry
+from runyard.contracts.http import Error
 from runyard.contracts.requests import RerunChanges
 
 app = typer.Typer(help="Runyard: submit and follow GPU training tasks.", no_args_is_help=True)
@@ -96,7 +98,7 @@ def resolve_token(token: str | None) -> str | None:
 def make_client(url: str | None, token: str | None) -> httpx.Client:
     """An HTTP client for the gateway (tests replace this)."""
     headers = {"Authorization": f"Bearer {t}"} if (t := resolve_token(token)) else {}
-    base = url or os.environ.get("RUNYARD_URL", DEFAULT_URL)
+    base = url or os.environ.get("RUNYARD_URL") or DEFAULT_URL  # set but empty: the default
     return httpx.Client(base_url=base, headers=headers, timeout=30)
 
 
@@ -107,6 +109,13 @@ def gateway(url: str | None, token: str | None) -> Iterator[Client]:
     try:
         with make_client(url, token) as http:
             yield Client(http=http, retry=RETRY)
+    except httpx.InvalidURL as exc:
+        given = url or os.environ.get("RUNYARD_URL", "")
+        err.print(
+            f"[red]error:[/red] the gateway URL {markup(repr(given))} is not a URL: {markup(exc)}"
+        )
+        err.print("hint: give one as http://HOST:PORT with --url or RUNYARD_URL")
+        raise typer.Exit(2) from exc
     except GatewayUnreachable as exc:
         hint = "start it with `runyard up`, or set --url / RUNYARD_URL"
         if JSON_WANTED.get():
@@ -124,6 +133,12 @@ def call(url: str | None, token: str | None, method: str, path: str, **kw: Any) 
     message and hint and exits."""
     with gateway(url, token) as api:
         return api.request(method, path, **kw)
+
+
+def segment(value: str) -> str:
+    """`value` (an id the user typed) as one segment of a path: a `?`, `#` or `%` in it is
+    sent as itself, never as a query, a fragment or another route."""
+    return quote(value, safe="")
 
 
 def refused(error: ApiError) -> NoReturn:
@@ -475,7 +490,7 @@ def show(
     with gateway(url, token) as api:
         task = as_json_data(api.get_task(task_id))
         if task.get("status") in ("failed", "abnormal"):
-            task["first_error"] = api.request("GET", f"/v1/tasks/{task_id}/first-error")
+            task["first_error"] = api.request("GET", f"/v1/tasks/{segment(task_id)}/first-error")
     if as_json:
         show_json(task)
         return
@@ -570,13 +585,19 @@ def events(
 def watch(
     task_id: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
 ) -> None:
-    """Follow a task live until it ends."""
+    """Follow a task live until it ends (or until your token is revoked or expires)."""
     with (
         gateway(url, token) as api,
-        api.stream("GET", f"/v1/tasks/{task_id}/watch") as answer,
+        api.stream("GET", f"/v1/tasks/{segment(task_id)}/watch") as answer,
     ):
+        kind = ""
         for line in answer.iter_lines():
-            if line.startswith("data: ") and line != "data: {}":
+            if line.startswith("event: "):
+                kind = line[7:]
+            elif kind == "error" and line.startswith("data: "):
+                body = json.loads(line[6:])
+                raise ApiError(body.pop("status", 400), Error.model_validate(body))
+            elif line.startswith("data: ") and line != "data: {}":
                 event = json.loads(line[6:])
                 if as_json:
                     out.print(json.dumps(event), markup=False, highlight=False)

@@ -28,6 +28,7 @@ from runyard.cli.main import (
     given,
     out,
     print_task,
+    segment,
     show_json,
     table,
 )
@@ -53,7 +54,7 @@ def as_of_line(as_of: dict[str, Any]) -> str:
 def show_at(task_id: str, at: str, url: str | None, token: str | None, as_json: bool) -> None:
     """`runyard show ID --at POINT`: the task as a fold of its stream up to POINT."""
     params = {"at": replay_point(at)}
-    answer = call(url, token, "GET", f"/v1/tasks/{task_id}/replay", params=params)
+    answer = call(url, token, "GET", f"/v1/tasks/{segment(task_id)}/replay", params=params)
     if as_json:
         return show_json(answer)
     out.print(as_of_line(answer["as_of"]))
@@ -116,7 +117,7 @@ def diff(
     (`| grep counters`).
     """
     params = {"from": replay_point(start), "to": replay_point(end)}
-    answer = call(url, token, "GET", f"/v1/tasks/{task_id}/replay/diff", params=params)
+    answer = call(url, token, "GET", f"/v1/tasks/{segment(task_id)}/replay/diff", params=params)
     if as_json:
         return show_json(answer)
     out.print(f"from {as_of_line(answer['from'])}")

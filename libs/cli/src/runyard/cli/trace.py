@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from runyard.cli.main import JsonOpt, TokenOpt, UrlOpt, app, call, gateway, out, show_json
+from runyard.cli.main import JsonOpt, TokenOpt, UrlOpt, app, call, gateway, out, segment, show_json
 from runyard.cli.terminal import markup
 from runyard.client import NotFound
 
@@ -45,7 +45,7 @@ def trace(
     is sre or platform_admin.
     """
     params = {"limit": limit} if limit is not None else {}
-    event_path = f"/v1/events/{ref}/trace"
+    event_path = f"/v1/events/{segment(ref)}/trace"
     if event:
         answer = call(url, token, "GET", event_path, params=params)
     else:
@@ -61,7 +61,7 @@ def _task_or_event(
     """The task's trace; on a 404 for no task, the event's (task and event ids look alike)."""
     with gateway(url, token) as api:
         try:
-            return api.request("GET", f"/v1/tasks/{ref}/trace", params=params)
+            return api.request("GET", f"/v1/tasks/{segment(ref)}/trace", params=params)
         except NotFound as no_task:
             try:
                 return api.request("GET", event_path, params=params)

@@ -98,7 +98,7 @@ class AsyncClient:
             async with self.http.stream(
                 method, path, params=params, timeout=http_timeout
             ) as answer:
-                if answer.status_code >= 400:
+                if answer.status_code >= 300:
                     await answer.aread()
                     raise refusal(answer)
                 yield answer
@@ -124,7 +124,7 @@ class AsyncClient:
             )
         except httpx.TransportError as exc:
             raise unreachable(exc) from exc
-        if answer.status_code >= 400:
+        if answer.status_code >= 300:
             raise refusal(answer)
         return answer
 

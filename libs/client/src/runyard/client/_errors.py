@@ -13,7 +13,9 @@
             ├── PayloadTooLarge       413
             └── Unavailable           503 (retryable; `retry_after_s` from Retry-After)
 
-Any other refusal status is an `ApiError` of that status.
+Any other refusal status is an `ApiError` of that status; so is a redirect (3xx), which
+the API never answers (`client.redirected`: a gateway URL that moved, as from http to
+https behind a proxy, or a path with an empty id, `/v1/tasks/`).
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ class GatewayUnreachable(ClientError):
     code = "client.unreachable"
     retryable = True
 
-    def __init__(self, reason: str, *, sent: bool) -> None:
+    def __init__(self, reason: str, *, sent: bool, url: str = "") -> None:
+        at = f" at {url}" if url else ""
         super().__init__(
-            f"cannot reach the gateway: {reason}",
+            f"cannot reach the gateway{at}: {reason}",
             hint="start it with `runyard up`, or check the URL (RUNYARD_URL)",
         )
         #: Whether the request may have reached the gateway (then only an idempotent
@@ -96,7 +99,10 @@ _OF_STATUS: dict[int, type[ApiError]] = {
 
 
 def refusal(answer: httpx.Response) -> ApiError:
-    """The error of a refusal (status 400 and above), from its body when it has one."""
+    """The error of a refusal (status 400 and above), from its body when it has one, or of
+    a redirect (3xx)."""
+    if answer.status_code < 400:
+        return ApiError(answer.status_code, redirected(answer))
     try:
         error = Error.model_validate(answer.json())
     except ValueError:
@@ -104,6 +110,24 @@ def refusal(answer: httpx.Response) -> ApiError:
         error = Error(code=f"http.{answer.status_code}", message=text or answer.reason_phrase)
     kind = _OF_STATUS.get(answer.status_code, ApiError)
     return kind(answer.status_code, error, retry_after(answer))
+
+
+def redirected(answer: httpx.Response) -> Error:
+    """Where a redirect points, and what to change: the gateway's URL when it points to
+    another origin, else the ids of the request (an empty one is another route)."""
+    asked = answer.request.url
+    target = asked.join(answer.headers.get("location", ""))
+    origin = f"{target.scheme}://{target.netloc.decode()}"
+    if (target.scheme, target.netloc) != (asked.scheme, asked.netloc):
+        hint = f"set the gateway's URL (--url, RUNYARD_URL) to {origin}"
+    else:
+        hint = "check the ids given: an empty one asks for another route"
+    return Error(
+        code="client.redirected",
+        message=f"{asked.path} was answered {answer.status_code} {answer.reason_phrase},"
+        f" to {target}: the gateway's API never redirects",
+        hint=hint,
+    )
 
 
 def retry_after(answer: httpx.Response) -> int | None:

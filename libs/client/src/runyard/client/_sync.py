@@ -96,7 +96,7 @@ class Client:
         the stream lasts. Not retried: a stream may have been partly consumed."""
         try:
             with self.http.stream(method, path, params=params, timeout=http_timeout) as answer:
-                if answer.status_code >= 400:
+                if answer.status_code >= 300:
                     answer.read()
                     raise refusal(answer)
                 yield answer
@@ -120,7 +120,7 @@ class Client:
             answer = self.http.request(call.method, call.path, params=call.params, json=call.json)
         except httpx.TransportError as exc:
             raise unreachable(exc) from exc
-        if answer.status_code >= 400:
+        if answer.status_code >= 300:
             raise refusal(answer)
         return answer
 

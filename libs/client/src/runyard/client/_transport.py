@@ -25,8 +25,15 @@ def headers(token: str | None) -> dict[str, str]:
 
 
 def unreachable(error: httpx.TransportError) -> GatewayUnreachable:
+    """The failure, naming the gateway it was sent to (a mistyped URL shows)."""
     reason = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-    return GatewayUnreachable(reason, sent=not isinstance(error, NOT_SENT))
+    try:
+        asked = error.request.url
+    except RuntimeError:  # no request: nothing to name
+        url = ""
+    else:
+        url = f"{asked.scheme}://{asked.netloc.decode()}" if asked.netloc else str(asked)
+    return GatewayUnreachable(reason, sent=not isinstance(error, NOT_SENT), url=url)
 
 
 __all__ = ["DEFAULT_TIMEOUT_S", "DEFAULT_URL", "base_url", "headers", "unreachable"]

@@ -131,6 +131,13 @@ class RequestBody(BaseModel):
                 f"{field}: {what}",
                 'send "env": "A=1;B=2" or "env": [{"name": "A", "value": "1"}]',
             )
+        if kind in _LIST_KINDS:  # pydantic would say "a valid tuple", a word of Python
+            return _refused(
+                cls.invalid_code,
+                field,
+                f"{field}: should be a list",
+                f"send {field} as a list: [a, b] (JSON or YAML), or one `- a` a line (YAML)",
+            )
         return _refused(
             cls.invalid_code, field, f"{field}: {msg}", f"fix {field} (see {cls.__name__})"
         )
@@ -138,6 +145,10 @@ class RequestBody(BaseModel):
     def as_json(self) -> dict[str, Any]:
         """The body as JSON data with only the fields that were sent."""
         return self.model_dump(mode="json", exclude_unset=True)
+
+
+#: Pydantic's error types of a value that is not the list a field takes.
+_LIST_KINDS = frozenset({"tuple_type", "list_type", "set_type", "frozen_set_type"})
 
 
 def _unknown_hint(model: type[BaseModel], loc: tuple[Any, ...]) -> str:

@@ -111,6 +111,22 @@ class SpotOptions(_Frozen):
     max_requeues: int = Field(default=3, ge=0, le=100)
 
 
+#: What a subscription's `alerts` may name, the notification service's alert kinds
+#: (`queued` also as `queued:<seconds>`, its own threshold).
+ALERT_KINDS = (
+    "failed",
+    "abnormal",
+    "queued",
+    "hang",
+    "slowdown",
+    "restarted",
+    "rescheduled",
+    "requeued",
+    "succeeded",
+    "stopped",
+)
+
+
 class AlertSubscription(_Frozen):
     """A per-task Feishu subscription; the signing secret lives in the secret store."""
 

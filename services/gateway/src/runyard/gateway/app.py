@@ -76,6 +76,8 @@ HIDDEN_TASK = "(another tenant)"
 _AUTHORIZATION: ContextVar[str | None] = ContextVar("authorization", default=None)
 #: Decisions on a task made again when its stream moved on meanwhile (then 409).
 CONFLICT_RETRIES = 5
+#: Polls of a watch between two checks of its caller's token (5 s at 0.5 s a poll).
+WATCH_AUTH_EVERY = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,15 +327,21 @@ class Gateway:
     async def watch(
         self, caller: Principal, task_id: str, poll_interval: float = 0.5
     ) -> AsyncIterator[dict[str, Any]]:
-        """The task's events, then each new one, until the task has ended."""
+        """The task's events, then each new one, until the task has ended; ended with
+        `Unauthenticated` once the caller's token is revoked or has expired (checked every
+        `WATCH_AUTH_EVERY` polls), as the next request would be."""
         state, events = await self._load(caller, task_id)
         is_creator = _is_creator(caller, state)
+        polls = 0
         while True:
             for recorded in events:
                 yield event_view(recorded, is_creator)
             if is_terminal(state.status):
                 return
             await asyncio.sleep(poll_interval)
+            polls += 1
+            if polls % WATCH_AUTH_EVERY == 0:
+                await auth.authenticate_again(self.db, caller)
             events = await self.store.read_stream(_stream(task_id), state.version + 1)
             state = _evolve_all(state, events)
 

@@ -33,7 +33,7 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from pydantic import Field, TypeAdapter, ValidationError
-from runyard.api.auth import Principal, bearer_token
+from runyard.api.auth import Principal, bearer_of
 from runyard.api.errors import BadRequest
 from runyard.api.grpc_errors import abort
 from runyard.api.inputs import (
@@ -598,9 +598,8 @@ class TasksService(pb_grpc.TasksServicer):
 
 def _token(context: grpc.aio.ServicerContext) -> str | None:
     """The bearer token of the `authorization` metadata (None: none or malformed)."""
-    metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ())}
-    header = metadata.get("authorization")
-    return bearer_token(str(header) if header else None)
+    metadata = context.invocation_metadata() or ()
+    return bearer_of([str(v) for k, v in metadata if k.lower() == "authorization"])
 
 
 def _task_path(task_id: str, tail: str) -> str:

@@ -34,7 +34,7 @@ from runyard.api.security import caller_dependency
 from runyard.api.service import install_error_handlers
 from runyard.contracts import http as wire
 from runyard.contracts import requests as bodies
-from runyard.errors import RETRY_AFTER_S
+from runyard.errors import RETRY_AFTER_S, RunyardError
 from runyard.eventstore import HEALTH, is_transient
 from runyard.gateway.app import Gateway, Request
 from runyard.gateway.audit import audit_router
@@ -54,7 +54,8 @@ TENANT_QUERY = "another tenant (sre and platform_admin only); default: your own"
 #: The answer of a watch: server-sent events, each `event: <type>` and `data: <TaskEvent>`.
 SSE_ANSWER: dict[str, Any] = {
     "description": "server-sent events: each event of the task (data: a TaskEvent as JSON),"
-    " then `event: end` when the task has ended",
+    " then `event: end` when the task has ended, or `event: error` (data: the Error and its"
+    " HTTP `status`) when the caller's token was revoked or expired meanwhile",
     "content": {"text/event-stream": {"schema": {"type": "string"}}},
 }
 #: From a task's answer to what may be done with it next (OpenAPI links).
@@ -290,9 +291,17 @@ def _task_routes(app: FastAPI, gw: Gateway) -> None:
 
 
 async def _sse(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
+    """The events, then `end`; a refusal once the stream has begun (the caller's token
+    revoked or expired meanwhile) is its last event, `error`: the one error body and the
+    HTTP `status` it would have been answered with."""
     yield f"event: {first['type']}\ndata: {json.dumps(first)}\n\n"
-    async for event in rest:
-        yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
+    try:
+        async for event in rest:
+            yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
+    except RunyardError as exc:
+        refusal = {**exc.to_dict(), "status": exc.http_status}
+        yield f"event: error\ndata: {json.dumps(refusal)}\n\n"
+        return
     yield "event: end\ndata: {}\n\n"
 
 

@@ -44,7 +44,9 @@ async def _scheduler_views(conn: asyncpg.Pool | asyncpg.Connection) -> dict[str,
     if not exists:
         return {}
     pools: dict[str, PoolInfo] = {}
-    for row in await conn.fetch("SELECT pool_id, view FROM scheduler_pool_views"):
+    # By id: the scheduler rewrites a row on each change, which moves it in the table.
+    rows = await conn.fetch("SELECT pool_id, view FROM scheduler_pool_views ORDER BY pool_id")
+    for row in rows:
         raw = row["view"] if isinstance(row["view"], dict) else json.loads(row["view"])
         info = _pool_info({"id": row["pool_id"], **raw}, "scheduler")
         if info is not None:

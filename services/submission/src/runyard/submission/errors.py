@@ -44,6 +44,7 @@ class ErrorCode(StrEnum):
     SPOT_OPTIONS_NOT_SPOT = "spot.options_not_spot"
     FAULT_TOLERANCE_INVALID_PATTERN = "fault_tolerance.invalid_pattern"
     ALERT_INVALID_WEBHOOK = "alert.invalid_webhook"
+    ALERT_UNKNOWN_KIND = "alert.unknown_kind"
     IMAGE_NOT_FOUND = "image.not_found"
     IMAGE_SERVICE_MISSING = "image.service_missing"
     IMAGE_WRONG_ZONE = "image.wrong_zone"

@@ -13,12 +13,13 @@ launch command warnings (R-14) in `runyard.domain.launch_command`.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Callable
 from urllib.parse import urlparse
 
 import re2
 from runyard.contracts.resources import TRAINING_SERVICE, Catalogue, PoolView
-from runyard.contracts.spec import FaultToleranceOptions, TaskSpec, is_masked_webhook
+from runyard.contracts.spec import ALERT_KINDS, FaultToleranceOptions, TaskSpec, is_masked_webhook
 from runyard.domain.launch_command import command_warnings
 from runyard.submission.env import check_env
 from runyard.submission.errors import ErrorCode, ImageError, RdmaError, SpecError
@@ -283,6 +284,34 @@ def check_other_fields(spec: TaskSpec, webhooks: WebhookRule | None = None) -> N
     _check_resume_pattern(spec.fault_tolerance.resume_pattern)
     for i, alert in enumerate(spec.alerts):
         _check_webhook(alert.webhook_url, f"alerts[{i}].webhook_url", webhooks)
+        _check_alert_kinds(alert.alerts, f"alerts[{i}].alerts")
+
+
+def _check_alert_kinds(alerts: tuple[str, ...], field: str) -> None:
+    """Every alert names a kind the notification service sends (a kind it does not know
+    would never be sent: the task's owner would wait for an alert that never comes)."""
+    for alert in alerts:
+        kind, colon, seconds = alert.partition(":")
+        if kind in ALERT_KINDS and (not colon or (kind == "queued" and _seconds(seconds))):
+            continue
+        close = difflib.get_close_matches(kind, ALERT_KINDS, n=1)
+        raise SpecError(
+            ErrorCode.ALERT_UNKNOWN_KIND,
+            field,
+            f"alert {alert!r} is not one Runyard sends"
+            + (f": did you mean {close[0]}?" if close else ""),
+            f"one of {', '.join(ALERT_KINDS)}; `queued:<seconds>` sets its own threshold,"
+            " e.g. [failed, queued:1800]",
+        )
+
+
+def _seconds(text: str) -> bool:
+    """A positive, finite number of seconds (`queued:1800`)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return False
+    return math.isfinite(value) and value > 0
 
 
 def _check_resume_pattern(pattern: str | None) -> None:

@@ -39,7 +39,7 @@ from runyard.api.errors import BadRequest, PermissionDenied, Unauthenticated, ta
 from runyard.api.inputs import parse_body
 from runyard.contracts.envelope import utcnow
 from runyard.contracts.requests import RerunChanges, TaskSubmission
-from runyard.contracts.spec import Framework, ResourceType
+from runyard.contracts.spec import Framework, ResourceType, TaskSpec
 from runyard.domain import TERMINAL_STATUSES, TaskStatus, fold
 from runyard.errors import RunyardError
 from runyard.gateway.app import Gateway, Request
@@ -398,7 +398,7 @@ class Console:
             "submit.html",
             who,
             status=status,
-            form=form,
+            form=_with_pool_chosen(form, pools),
             error=error,
             pools=pools,
             images=images,
@@ -599,6 +599,18 @@ def _spec_of(form: Mapping[str, str]) -> dict[str, Any]:
         if items:
             spec[key] = items
     return spec
+
+
+def _with_pool_chosen(form: Mapping[str, str], pools: list[dict[str, Any]]) -> Mapping[str, str]:
+    """`form`, or a new one (no pool chosen) with a pool and a resource type that agree:
+    the first pool of the spec's default resource type, else the first pool, and that
+    pool's type; so the form as it opens is never refused `pool.resource_type_mismatch`."""
+    if form.get("pool") or not pools:
+        return form
+    default = TaskSpec.model_fields["resource_type"].default
+    pool = next((p for p in pools if p["resource_type"] == default), pools[0])
+    chosen = {"pool": pool["pool_id"], "resource_type": pool["resource_type"]}
+    return {**form, **chosen}
 
 
 def _form_of(spec: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
