@@ -24,12 +24,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from runyard.contracts import Event, Metadata, RecordedEvent
 from runyard.contracts.registry import all_event_models
-from runyard.contracts.spec import TaskSpec
+from runyard.contracts.spec import ALERT_KINDS, TaskSpec
 from runyard.domain import fold
 from runyard.messaging import KafkaSettings
 from runyard.notification.app import EVENT_TYPES, QUEUE_EVENTS, NotificationApp
 from runyard.notification.main import make_consumer
-from runyard.notification.rules import ALERT_EVENTS, ALERT_KINDS, alert_kind
+from runyard.notification.rules import ALERT_EVENTS, alert_kind
 from runyard.notification.store import Cause
 from runyard.stack.context import ServiceContext
 

@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 from runyard.contracts.resources import Catalogue, Image, PoolView, PublicData, Volume
 from runyard.contracts.spec import (
-    ALERT_KINDS,
     MASK,
     MAX_GROUP_SIZE,
     EnvVar,
@@ -18,7 +17,6 @@ from runyard.contracts.spec import (
     mask_spec,
 )
 from runyard.domain.launch_command import command_warnings
-from runyard.notification import rules as notification_rules
 from runyard.submission.changes import (
     check_group,
     clone_spec,
@@ -973,7 +971,3 @@ def test_an_alert_kind_runyard_never_sends_is_refused(alerts: tuple[str, ...], s
     spec = make_spec(alerts=(ok, {"webhook_url": "https://open.feishu.cn/x", "alerts": alerts}))
     error = refusal(SpecError, lambda: check(spec), "alert.unknown_kind", "alerts[1].alerts")
     assert said in error.message and "queued:<seconds>" in error.hint
-
-
-def test_the_alert_kinds_of_a_spec_are_those_the_notification_service_sends() -> None:
-    assert ALERT_KINDS == notification_rules.ALERT_KINDS

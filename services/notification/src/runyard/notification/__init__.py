@@ -10,10 +10,11 @@ delivery and audit), `subscriptions` (the API's use cases), `rebuild`
 docs/notifications.md.
 """
 
+from runyard.contracts.spec import ALERT_KINDS
 from runyard.notification.app import NotificationApp, NotificationConfig
 from runyard.notification.feishu import AlertFacts
 from runyard.notification.ratelimit import Limits, SharedLimiter
-from runyard.notification.rules import ALERT_KINDS, Subscription
+from runyard.notification.rules import Subscription
 
 __all__ = [
     "ALERT_KINDS",

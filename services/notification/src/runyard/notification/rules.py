@@ -26,7 +26,7 @@ from datetime import datetime
 from typing import Final
 
 from runyard.contracts import Event
-from runyard.contracts.spec import TaskSpec
+from runyard.contracts.spec import ALERT_KINDS, TaskSpec
 from runyard.contracts.task_events import (
     HangDetected,
     SlowdownDetected,
@@ -40,18 +40,6 @@ from runyard.contracts.task_events import (
 )
 from runyard.domain import TaskState
 
-ALERT_KINDS: Final = (
-    "failed",
-    "abnormal",
-    "queued",
-    "hang",
-    "slowdown",
-    "restarted",
-    "rescheduled",
-    "requeued",
-    "succeeded",
-    "stopped",
-)
 #: What a tenant subscription wants when it does not say.
 DEFAULT_ALERTS: Final = ("failed", "abnormal", "queued", "hang", "slowdown", "restarted", "stopped")
 
