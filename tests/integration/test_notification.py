@@ -25,9 +25,19 @@ import pytest
 from runyard.api.service import service_app
 from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent, default_mapper
 from runyard.contracts.spec import AlertSubscription, EnvVar, TaskSpec
-from runyard.contracts.task_events import AlertDelivered, AlertFailed
+from runyard.contracts.task_events import AlertDelivered, AlertFailed, WorkerPlacement
 from runyard.contracts.webhooks import WebhookPolicy
-from runyard.domain import Command, Fail, MarkAbnormal, Queue, Submit, decide, fold
+from runyard.domain import (
+    Command,
+    Fail,
+    MarkAbnormal,
+    Place,
+    Preempt,
+    Queue,
+    Submit,
+    decide,
+    fold,
+)
 from runyard.eventstore import PostgresEventStore
 from runyard.logs import LogStore
 from runyard.messaging import KafkaSettings
@@ -832,6 +842,21 @@ async def test_a_repeat_of_the_same_alert_in_a_run_is_suppressed(dsn: str) -> No
         assert len(h.fake.accepted()) == 1
         statuses = [r["status"] for r in await tables.outbox(h.store.pool, "t-8")]
         assert statuses == ["delivered", "suppressed"]
+
+
+async def test_a_requeued_tasks_card_says_why_it_was_preempted(dsn: str) -> None:
+    """The reader of a `requeued` card learns why the task lost its GPUs, not only
+    that it did."""
+    async with harness(dsn) as h:
+        sub = await signed_task_subscription(h, "requeued")
+        await h.submit("t-12", spec("spotty", sub).model_copy(update={"resource_type": "spot"}))
+        workers = tuple(WorkerPlacement(index=i, node="n-0", gpus=(i,)) for i in range(2))
+        await h.command("t-12", Place("t-12", "pool-a", workers))
+        await h.command("t-12", Preempt("t-12", "spot capacity reclaimed: zone drained"))
+        await h.run_until(lambda: _has_delivered(h, "t-12"))
+        [card] = h.fake.accepted()
+        assert card.title == "spotty · queued · requeued after preemption"
+        assert "preempted (spot capacity reclaimed: zone drained) and requeued" in card.text
 
 
 # --- queued too long ---------------------------------------------------------------------

@@ -583,6 +583,7 @@ def _preempted(s: TaskState, e: TaskPreempted, at: datetime) -> TaskState:
         queue=None,
         queued_at=at,
         preemptions=s.preemptions + 1,
+        last_failure_reason=e.reason,
         **_still_live(s),
     )
 

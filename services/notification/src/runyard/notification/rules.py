@@ -179,7 +179,8 @@ def reason(event: Event, state: TaskState) -> str:
         nodes = ", ".join(event.faulty_nodes)
         return event.reason + (f" (faulty: {nodes})" if nodes else "")
     if isinstance(event, TaskRequeued):
-        return f"preempted and requeued ({event.requeue_count} so far this run)"
+        why = f" ({state.last_failure_reason})" if state.last_failure_reason else ""
+        return f"preempted{why} and requeued ({event.requeue_count} so far this run)"
     if isinstance(event, TaskSucceeded):
         return "every worker exited 0"
     if isinstance(event, TaskStopped):
