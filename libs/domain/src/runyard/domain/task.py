@@ -1457,6 +1457,11 @@ def _record(s: TaskState, c: Record, ctx: _Context) -> list[Event]:
         _require_current(s, event.run, s.attempt)
         if s.status in ("new", "queued"):
             raise InvalidCommand(s.task_id, "record SlowdownDetected for", "it has not run")
+    elif isinstance(event, ResumeObserved | ResumeNotObserved):
+        # an attempt's resume is judged on its lines, which may come after a restart
+        # began the next attempt of the run
+        if event.run != s.run or event.attempt > s.attempt:
+            raise StaleAttempt(s.task_id, event.run, event.attempt, (s.run, s.attempt))
     else:
         _require_current(s, event.run, event.attempt)
     return [event]
