@@ -34,6 +34,7 @@ from runyard.domain import (
     Place,
     Preempt,
     Queue,
+    RequestStop,
     Submit,
     decide,
     fold,
@@ -857,6 +858,18 @@ async def test_a_requeued_tasks_card_says_why_it_was_preempted(dsn: str) -> None
         [card] = h.fake.accepted()
         assert card.title == "spotty · queued · requeued after preemption"
         assert "preempted (spot capacity reclaimed: zone drained) and requeued" in card.text
+
+
+async def test_a_stopped_tasks_card_says_who_stopped_it(dsn: str) -> None:
+    """A bot read by a team: the card of a stop names who asked, and in what role."""
+    async with harness(dsn) as h:
+        sub = await signed_task_subscription(h, "stopped")
+        await h.submit("t-13", spec("halted", sub))
+        await h.command("t-13", RequestStop("t-13", by="bob", role="member"))
+        await h.run_until(lambda: _has_delivered(h, "t-13"))
+        [card] = h.fake.accepted()
+        assert card.title == "halted · stopped"
+        assert "stopped by bob (member)" in card.text
 
 
 # --- queued too long ---------------------------------------------------------------------

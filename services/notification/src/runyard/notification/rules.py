@@ -184,7 +184,8 @@ def reason(event: Event, state: TaskState) -> str:
     if isinstance(event, TaskSucceeded):
         return "every worker exited 0"
     if isinstance(event, TaskStopped):
-        return "stopped at a person's request"
+        # who asked, as the task's page says it ("stopped by bob (member)")
+        return state.stop_reason or "stopped at a person's request"
     return state.last_failure_reason or event.type_name()
 
 
