@@ -24,17 +24,26 @@ from typing import Any
 import pytest
 from runyard.api.service import service_app
 from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent, default_mapper
-from runyard.contracts.spec import AlertSubscription, EnvVar, TaskSpec
-from runyard.contracts.task_events import AlertDelivered, AlertFailed, WorkerPlacement
+from runyard.contracts.spec import AlertSubscription, EnvVar, FaultToleranceOptions, TaskSpec
+from runyard.contracts.task_events import (
+    DEPLOY_STAGES,
+    AlertDelivered,
+    AlertFailed,
+    WorkerPlacement,
+)
 from runyard.contracts.webhooks import WebhookPolicy
 from runyard.domain import (
     Command,
+    CompleteStage,
+    ExitWorker,
     Fail,
     MarkAbnormal,
     Place,
     Preempt,
     Queue,
     RequestStop,
+    StartStage,
+    StartWorker,
     Submit,
     decide,
     fold,
@@ -870,6 +879,27 @@ async def test_a_stopped_tasks_card_says_who_stopped_it(dsn: str) -> None:
         [card] = h.fake.accepted()
         assert card.title == "halted · stopped"
         assert "stopped by bob (member)" in card.text
+
+
+async def test_a_restarted_tasks_card_says_what_the_attempt_died_of(dsn: str) -> None:
+    """A `restarted` card after a crash names the worker and its exit code, as the
+    `failed` card of a task without restarts does, not only 'failure'."""
+    async with harness(dsn) as h:
+        sub = await signed_task_subscription(h, "restarted")
+        options = FaultToleranceOptions(auto_restart=True, max_restarts=2)
+        await h.submit("t-14", spec("crashy", sub).model_copy(update={"fault_tolerance": options}))
+        workers = tuple(WorkerPlacement(index=i, node="n-0", gpus=(i,)) for i in range(2))
+        await h.command("t-14", Place("t-14", "pool-a", workers))
+        for stage in DEPLOY_STAGES:
+            await h.command("t-14", StartStage("t-14", stage))
+            await h.command("t-14", CompleteStage("t-14", stage))
+        for worker in range(2):
+            await h.command("t-14", StartWorker("t-14", 1, 1, worker))
+        await h.command("t-14", ExitWorker("t-14", 1, 1, 1, 3))
+        await h.run_until(lambda: _has_delivered(h, "t-14"))
+        [card] = h.fake.accepted()
+        assert card.title == "crashy · restarting · restart scheduled"
+        assert "failure (worker 1 exited with code 3): attempt 2 starts in" in card.text
 
 
 # --- queued too long ---------------------------------------------------------------------

@@ -548,12 +548,19 @@ def _stopped(s: TaskState, e: TaskStopped, at: datetime) -> TaskState:
 @_applies(TaskRestartScheduled)
 def _restart_scheduled(s: TaskState, e: TaskRestartScheduled, at: datetime) -> TaskState:
     restarted = _new_attempt(s, e.attempt, s.placement)
+    failed = [w for w in s.workers if w.exit_code not in (None, 0)]
     return _replace(
         restarted,
         status="restarting",
         restarts=s.restarts + 1,
         # after a reschedule the workers have no placement: the scheduler's fills this attempt
         attempt_unplaced=s.placement is None,
+        # what the attempt died of, in TaskFailed's words (the workers start afresh)
+        last_failure_reason=(
+            f"worker {failed[0].index} exited with code {failed[0].exit_code}"
+            if e.reason == "failure" and failed
+            else s.last_failure_reason
+        ),
     )
 
 

@@ -174,7 +174,10 @@ def reason(event: Event, state: TaskState) -> str:
     if isinstance(event, SlowdownDetected):
         return event.message
     if isinstance(event, TaskRestartScheduled):
-        return f"{event.reason}: attempt {event.attempt} starts in {event.delay_s:.0f} s"
+        cause: str = event.reason
+        if cause == "failure" and state.last_failure_reason:
+            cause = f"failure ({state.last_failure_reason})"
+        return f"{cause}: attempt {event.attempt} starts in {event.delay_s:.0f} s"
     if isinstance(event, TaskRescheduleRequested):
         nodes = ", ".join(event.faulty_nodes)
         return event.reason + (f" (faulty: {nodes})" if nodes else "")
