@@ -562,6 +562,35 @@ async def test_run_ending_before_any_resume_line_warns(h: Harness) -> None:
     assert "short" not in h.app._watches
 
 
+async def test_every_restarted_attempt_gets_its_resume_verdict(h: Harness) -> None:
+    """R-32 after each restart, not only the last: attempt 2 crashes before the
+    resume wait is over and its load line comes after the restart (lines travel apart
+    from events): observed; attempt 3 crashes without one: not observed, once late
+    lines had their time."""
+    task_spec = spec(auto_restart=True, max_restarts=3)
+    await h.launch("loop", task_spec)
+    await h.act("loop", ExitWorker("loop", 1, 1, 0, 1))
+    await h.launch("loop", task_spec, attempt=2)
+    await h.act("loop", ExitWorker("loop", 1, 2, 0, 1))
+    await h.lines("loop", 0, [" loading checkpoint from /ckpt at iteration 40"], attempt=2)
+    (resume,) = await h.payloads("loop", ResumeObserved)
+    assert (resume.attempt, resume.step) == (2, 40)
+    await h.launch("loop", task_spec, attempt=3)
+    await h.lines("loop", 0, ["epoch 0 step 1 loss 9.1"], attempt=3)
+    await h.act("loop", ExitWorker("loop", 1, 3, 0, 1))
+    assert await h.payloads("loop", ResumeNotObserved) == [], "its lines may still come"
+    h.clock.advance(h.app.late_lines_s + 1)
+    await h.tick("loop")
+    await h.tick("loop")
+    (missing,) = await h.payloads("loop", ResumeNotObserved)
+    assert missing.attempt == 3
+    ft = await read_fault_tolerance_log(h.store, "loop")
+    assert [line.kind for line in ft.lines if line.kind.startswith("resume")] == [
+        "resume",
+        "resume",
+    ], [(line.kind, line.text) for line in ft.lines]
+
+
 async def test_a_checkpoint_line_that_comes_after_the_run_ended_still_counts(
     h: Harness,
 ) -> None:

@@ -24,10 +24,30 @@ from typing import Any
 import pytest
 from runyard.api.service import service_app
 from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent, default_mapper
-from runyard.contracts.spec import AlertSubscription, EnvVar, TaskSpec
-from runyard.contracts.task_events import AlertDelivered, AlertFailed
+from runyard.contracts.spec import AlertSubscription, EnvVar, FaultToleranceOptions, TaskSpec
+from runyard.contracts.task_events import (
+    DEPLOY_STAGES,
+    AlertDelivered,
+    AlertFailed,
+    WorkerPlacement,
+)
 from runyard.contracts.webhooks import WebhookPolicy
-from runyard.domain import Command, Fail, MarkAbnormal, Queue, Submit, decide, fold
+from runyard.domain import (
+    Command,
+    CompleteStage,
+    ExitWorker,
+    Fail,
+    MarkAbnormal,
+    Place,
+    Preempt,
+    Queue,
+    RequestStop,
+    StartStage,
+    StartWorker,
+    Submit,
+    decide,
+    fold,
+)
 from runyard.eventstore import PostgresEventStore
 from runyard.logs import LogStore
 from runyard.messaging import KafkaSettings
@@ -832,6 +852,54 @@ async def test_a_repeat_of_the_same_alert_in_a_run_is_suppressed(dsn: str) -> No
         assert len(h.fake.accepted()) == 1
         statuses = [r["status"] for r in await tables.outbox(h.store.pool, "t-8")]
         assert statuses == ["delivered", "suppressed"]
+
+
+async def test_a_requeued_tasks_card_says_why_it_was_preempted(dsn: str) -> None:
+    """The reader of a `requeued` card learns why the task lost its GPUs, not only
+    that it did."""
+    async with harness(dsn) as h:
+        sub = await signed_task_subscription(h, "requeued")
+        await h.submit("t-12", spec("spotty", sub).model_copy(update={"resource_type": "spot"}))
+        workers = tuple(WorkerPlacement(index=i, node="n-0", gpus=(i,)) for i in range(2))
+        await h.command("t-12", Place("t-12", "pool-a", workers))
+        await h.command("t-12", Preempt("t-12", "spot capacity reclaimed: zone drained"))
+        await h.run_until(lambda: _has_delivered(h, "t-12"))
+        [card] = h.fake.accepted()
+        assert card.title == "spotty · queued · requeued after preemption"
+        assert "preempted (spot capacity reclaimed: zone drained) and requeued" in card.text
+
+
+async def test_a_stopped_tasks_card_says_who_stopped_it(dsn: str) -> None:
+    """A bot read by a team: the card of a stop names who asked, and in what role."""
+    async with harness(dsn) as h:
+        sub = await signed_task_subscription(h, "stopped")
+        await h.submit("t-13", spec("halted", sub))
+        await h.command("t-13", RequestStop("t-13", by="bob", role="member"))
+        await h.run_until(lambda: _has_delivered(h, "t-13"))
+        [card] = h.fake.accepted()
+        assert card.title == "halted · stopped"
+        assert "stopped by bob (member)" in card.text
+
+
+async def test_a_restarted_tasks_card_says_what_the_attempt_died_of(dsn: str) -> None:
+    """A `restarted` card after a crash names the worker and its exit code, as the
+    `failed` card of a task without restarts does, not only 'failure'."""
+    async with harness(dsn) as h:
+        sub = await signed_task_subscription(h, "restarted")
+        options = FaultToleranceOptions(auto_restart=True, max_restarts=2)
+        await h.submit("t-14", spec("crashy", sub).model_copy(update={"fault_tolerance": options}))
+        workers = tuple(WorkerPlacement(index=i, node="n-0", gpus=(i,)) for i in range(2))
+        await h.command("t-14", Place("t-14", "pool-a", workers))
+        for stage in DEPLOY_STAGES:
+            await h.command("t-14", StartStage("t-14", stage))
+            await h.command("t-14", CompleteStage("t-14", stage))
+        for worker in range(2):
+            await h.command("t-14", StartWorker("t-14", 1, 1, worker))
+        await h.command("t-14", ExitWorker("t-14", 1, 1, 1, 3))
+        await h.run_until(lambda: _has_delivered(h, "t-14"))
+        [card] = h.fake.accepted()
+        assert card.title == "crashy · restarting · restart scheduled"
+        assert "failure (worker 1 exited with code 3): attempt 2 starts in" in card.text
 
 
 # --- queued too long ---------------------------------------------------------------------

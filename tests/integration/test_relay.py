@@ -10,6 +10,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import asyncpg
 import pytest
@@ -606,3 +607,101 @@ async def test_an_idle_relay_publishes_the_next_event_when_postgres_tells_it(
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await store.close()
+
+
+
+
+class LateCloseProxy:
+    """A TCP proxy to Postgres that passes the server's close on to the client
+    `hold_s` late. A client reads the server's last words ("terminating connection due
+    to administrator command": a stop, a restart, a terminated session) at once and
+    the close that follows them later, as it does whenever the two come in separate
+    reads, here for long enough to be sure it acts in between."""
+
+    def __init__(self, dsn: str, hold_s: float = 1.0) -> None:
+        self.upstream = urlsplit(dsn)
+        self.hold_s = hold_s
+        self.opened = self.ended = 0
+        self._server: asyncio.Server | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def start(self, application_name: str) -> str:
+        """The DSN through the proxy, its sessions named `application_name`."""
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        netloc = f"{self.upstream.netloc.rpartition('@')[0]}@127.0.0.1:{port}"
+        query = f"application_name={application_name}"
+        return self.upstream._replace(netloc=netloc, query=query).geturl()
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for writer in self._writers:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        host, port = unquote(self.upstream.hostname or ""), self.upstream.port or 5432
+        if host.startswith("/"):  # the embedded server's socket: its peer auth is ours
+            return await asyncio.open_unix_connection(f"{host}/.s.PGSQL.{port}")
+        return await asyncio.open_connection(host, port)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await self._connect()
+        self._writers += [writer, up_writer]
+        self.opened += 1
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+
+        async def client_side() -> None:
+            await pipe(reader, up_writer)
+            up_writer.close()
+
+        async def server_side() -> None:
+            await pipe(up_reader, writer)
+            self.ended += 1
+            await asyncio.sleep(self.hold_s)
+            writer.close()
+
+        await asyncio.gather(client_side(), server_side())
+
+
+async def test_sessions_the_server_ended_are_waited_out(dsn: str, kafka: KafkaSettings) -> None:
+    """Postgres stopping or restarting (fast shutdown) ends every session with words of
+    its own before closing it; a pooled connection that has read them and not yet its
+    close is unusable (asyncpg: 'another operation (2) is in progress'). The relay waits
+    that out like any outage and goes on with new connections; it does not stop."""
+    proxy = LateCloseProxy(dsn)
+    store = await PostgresEventStore.connect(await proxy.start("held"), sample_mapper())
+    writer = await PostgresEventStore.connect(dsn, sample_mapper())
+    relay = OutboxRelay(store, kafka, broker_check_interval=0.2)
+    task: asyncio.Task[None] | None = None
+    try:
+        await writer.append("test-1", [happened(0)])
+        ended = await writer.pool.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE application_name = 'held'"
+        )
+        assert ended == proxy.opened == 1
+        await wait_until(lambda: proxy.ended == 1, within=20)
+        await asyncio.sleep(0.05)  # the pooled connection reads what the proxy passed on
+        task = asyncio.create_task(relay.run())
+        await wait_until(lambda: relay.stats.published == 1 or task.done(), within=30)
+        assert not task.done(), f"the relay stopped: {task.exception()!r}"
+        await writer.append("test-1", [happened(1)])
+        await wait_until(lambda: relay.stats.published == 2, within=30)
+    finally:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await store.close()
+        await writer.close()
+        await proxy.close()

@@ -548,12 +548,19 @@ def _stopped(s: TaskState, e: TaskStopped, at: datetime) -> TaskState:
 @_applies(TaskRestartScheduled)
 def _restart_scheduled(s: TaskState, e: TaskRestartScheduled, at: datetime) -> TaskState:
     restarted = _new_attempt(s, e.attempt, s.placement)
+    failed = [w for w in s.workers if w.exit_code not in (None, 0)]
     return _replace(
         restarted,
         status="restarting",
         restarts=s.restarts + 1,
         # after a reschedule the workers have no placement: the scheduler's fills this attempt
         attempt_unplaced=s.placement is None,
+        # what the attempt died of, in TaskFailed's words (the workers start afresh)
+        last_failure_reason=(
+            f"worker {failed[0].index} exited with code {failed[0].exit_code}"
+            if e.reason == "failure" and failed
+            else s.last_failure_reason
+        ),
     )
 
 
@@ -583,6 +590,7 @@ def _preempted(s: TaskState, e: TaskPreempted, at: datetime) -> TaskState:
         queue=None,
         queued_at=at,
         preemptions=s.preemptions + 1,
+        last_failure_reason=e.reason,
         **_still_live(s),
     )
 
@@ -1456,6 +1464,11 @@ def _record(s: TaskState, c: Record, ctx: _Context) -> list[Event]:
         _require_current(s, event.run, s.attempt)
         if s.status in ("new", "queued"):
             raise InvalidCommand(s.task_id, "record SlowdownDetected for", "it has not run")
+    elif isinstance(event, ResumeObserved | ResumeNotObserved):
+        # an attempt's resume is judged on its lines, which may come after a restart
+        # began the next attempt of the run
+        if event.run != s.run or event.attempt > s.attempt:
+            raise StaleAttempt(s.task_id, event.run, event.attempt, (s.run, s.attempt))
     else:
         _require_current(s, event.run, event.attempt)
     return [event]

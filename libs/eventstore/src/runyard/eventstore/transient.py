@@ -69,6 +69,10 @@ _NETWORK_ERRNOS = frozenset(
 )
 #: asyncpg's interface errors are mostly misuse; these texts are a dead connection.
 _DEAD_CONNECTION_TEXTS = ("connection is closed", "connection was closed", "terminating connection")
+#: asyncpg's protocol state of a connection that read an error it did not ask for: the
+#: server's "terminating connection" (a stop, a restart, a terminated session) read
+#: before the close that follows it. Nothing more will come on it.
+_UNASKED_ERROR_TEXT = "another operation (2) is in progress"
 
 
 async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
@@ -108,6 +112,8 @@ def is_transient(error: BaseException) -> bool:
     if isinstance(error, asyncpg.InterfaceError):
         text = str(error).lower()
         return any(t in text for t in _DEAD_CONNECTION_TEXTS)
+    if isinstance(error, asyncpg.InternalClientError) and _UNASKED_ERROR_TEXT in str(error):
+        return True
     cause = error.__cause__ or error.__context__
     return cause is not None and cause is not error and is_transient(cause)
 

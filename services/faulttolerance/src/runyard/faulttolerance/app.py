@@ -31,9 +31,10 @@ Reactions:
 - resume (R-32): in an attempt that follows one that ran, the first
   checkpoint-load line gives `ResumeObserved` (step, path); none within
   `resume_wait_s` after the attempt started running, or before the run
-  ended, gives `ResumeNotObserved`. Lines travel apart from events: lines of
-  the attempt that come before its TaskRunning is known are kept and replayed
-  then, and a run that ended waits `late_lines_s` for late lines.
+  ended or the next attempt began, gives `ResumeNotObserved`. Lines travel
+  apart from events: lines of the attempt that come before its TaskRunning is
+  known are kept and replayed then, and an attempt that ended (its run, or a
+  restart) waits `late_lines_s` for late lines.
 - slowdown (R-34): with `slowdown_detection` on, step times from the lines of
   the first worker of each attempt that reports them; every window over the
   threshold gives `SlowdownDetected` with the R-34 line. Every line of the run
@@ -284,6 +285,8 @@ class FaultToleranceApp:
         self.ids = ids
         self.resume_wait_s = resume_wait_s
         self._watches: dict[str, _Watch] = {}
+        #: The attempt a restart replaced, while its resume is still awaited (late lines).
+        self._replaced: dict[str, _Watch] = {}
         #: Tasks found finished, oldest first (the last FINISHED_KEPT): a line of one
         #: needs no read of its stream. One that fell out is read again, found
         #: finished again, and kept again.
@@ -358,6 +361,7 @@ class FaultToleranceApp:
             watch = _Watch(task_id, state.run, state.attempt, state)
             self._watches[task_id] = watch
         elif watch.attempt != state.attempt:
+            await self._replace(watch, cause)
             watch.attempt = state.attempt
             watch.hang, watch.env_check = None, None
             watch.resume = watch.resume_deadline = watch.resume_since = None
@@ -406,6 +410,28 @@ class FaultToleranceApp:
                 await self._resume(watch, line)
         if watch.resume is None:
             self._forget(watch)
+
+    async def _replace(self, watch: _Watch, cause: RecordedEvent[Event] | None) -> None:
+        """A new attempt replaces the watched one: a resume it still awaited is decided
+        `late_lines_s` later (or at its own deadline), as at the end of a run."""
+        earlier = self._replaced.pop(watch.task_id, None)
+        if earlier is not None:  # restarted again meanwhile: its wait is over
+            await self._end_resume_watch(earlier, earlier.state, cause)
+        if watch.resume is None or watch.resume_since is None:
+            return
+        now = cause.occurred_at if cause is not None else self.clock()
+        grace = now + timedelta(seconds=self.late_lines_s)
+        deadline = watch.resume_deadline
+        self._replaced[watch.task_id] = _Watch(
+            watch.task_id,
+            watch.run,
+            watch.attempt,
+            watch.state,
+            resume=watch.resume,
+            resume_since=watch.resume_since,
+            resume_deadline=min(deadline, grace) if deadline is not None else grace,
+            closed=True,
+        )
 
     def _forget(self, watch: _Watch) -> None:
         if self._watches.get(watch.task_id) is watch:
@@ -479,6 +505,7 @@ class FaultToleranceApp:
             self._states.pop(task_id, None)
         for task_id in dropped:
             self._watches.pop(task_id, None)
+            self._replaced.pop(task_id, None)
             self._slow.pop(task_id, None)
             self._ended.pop(task_id, None)
         for task_id in [t for t in self._finished if tasks(t)]:
@@ -492,6 +519,11 @@ class FaultToleranceApp:
     async def on_log(self, line: LogRecord) -> None:
         """One worker output line of the logs topic."""
         sample = await self._step_time(line)
+        replaced = self._replaced.get(line.task_id)
+        if replaced is not None and (line.run, line.attempt) == (replaced.run, replaced.attempt):
+            if replaced.resume is not None:  # a late line of the attempt a restart replaced
+                await self._resume(replaced, line)
+            return
         watch = await self._watch_for(line.task_id)
         if watch is None:
             return
@@ -661,6 +693,12 @@ class FaultToleranceApp:
     async def tick(self) -> None:
         """Check hang timers and resume deadlines (call about once a second)."""
         now = self.clock()
+        for task_id, replaced in list(self._replaced.items()):
+            if replaced.resume is None:
+                del self._replaced[task_id]
+            elif replaced.resume_deadline is not None and now >= replaced.resume_deadline:
+                del self._replaced[task_id]
+                await self._end_resume_watch(replaced, replaced.state, None)
         for watch in list(self._watches.values()):
             check = watch.env_check
             if check is not None and not check.done and now >= check.deadline:

@@ -162,16 +162,21 @@ def reason(event: Event, state: TaskState) -> str:
     if isinstance(event, SlowdownDetected):
         return event.message
     if isinstance(event, TaskRestartScheduled):
-        return f"{event.reason}: attempt {event.attempt} starts in {event.delay_s:.0f} s"
+        cause: str = event.reason
+        if cause == "failure" and state.last_failure_reason:
+            cause = f"failure ({state.last_failure_reason})"
+        return f"{cause}: attempt {event.attempt} starts in {event.delay_s:.0f} s"
     if isinstance(event, TaskRescheduleRequested):
         nodes = ", ".join(event.faulty_nodes)
         return event.reason + (f" (faulty: {nodes})" if nodes else "")
     if isinstance(event, TaskRequeued):
-        return f"preempted and requeued ({event.requeue_count} so far this run)"
+        why = f" ({state.last_failure_reason})" if state.last_failure_reason else ""
+        return f"preempted{why} and requeued ({event.requeue_count} so far this run)"
     if isinstance(event, TaskSucceeded):
         return "every worker exited 0"
     if isinstance(event, TaskStopped):
-        return "stopped at a person's request"
+        # who asked, as the task's page says it ("stopped by bob (member)")
+        return state.stop_reason or "stopped at a person's request"
     return state.last_failure_reason or event.type_name()
 
 
