@@ -296,6 +296,29 @@ def shared_dir(world: World, runtime: LocalRuntime, mount_path: str) -> str:
     return mount_path if runtime.namespaces else mount_path.lstrip("/")
 
 
+async def test_a_deployer_stopped_to_be_replaced_leaves_its_workers_to_the_next(
+    world: World,
+) -> None:
+    """A deployer stopped with `keep_workers_on_stop` (an upgrade) touches no worker:
+    the next one adopts the running worker and records its own exit, and the task
+    succeeds (a plain stop would have ended it with exit 143 and failed the task)."""
+    app1, runtime1 = world.deployer()
+    placed = await world.submit_and_place("upgrade", make_spec("sleep 2; echo done"))
+    for event in placed:
+        await app1.handle(event)
+    await world.until("upgrade", lambda s: s.status == "running")
+    (pid,) = runtime1.pids(("upgrade", 1, 1)).values()
+    await app1.close(keep_workers=True)
+    assert alive_group(pid)
+    assert (await world.state("upgrade")).status == "running"
+
+    app2, runtime2 = world.deployer()
+    assert await app2.reconcile() == ["upgrade"]
+    assert runtime2.pids(("upgrade", 1, 1)) == {0: pid}  # adopted, not started again
+    await asyncio.wait_for(app2.drain(), 10)
+    assert (await world.state("upgrade")).status == "succeeded"
+
+
 async def test_auto_restart_runs_a_new_attempt_of_the_same_run(world: World) -> None:
     app, runtime = world.deployer()
     mount = f"/mnt/runyard-test-{uuid.uuid4().hex[:8]}"

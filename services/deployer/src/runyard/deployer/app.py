@@ -364,15 +364,21 @@ class DeployerApp:
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
 
-    async def close(self, *, record_within_s: float = 10.0) -> None:
+    async def close(self, *, record_within_s: float = 10.0, keep_workers: bool = False) -> None:
         """Stop every deployment this deployer drives (service shutdown).
 
         The workers are ended and their exits recorded as usual. What cannot be recorded
         within `record_within_s` (the store is away) is left exactly as a crash leaves
         it: exit statuses and output stay in the workers' scratch, and the next
         deployer's `reconcile` records them. Shutdown never removes the scratch of a
-        worker whose exit is not in the log.
+        worker whose exit is not in the log. With `keep_workers` (a deployer stopped
+        to be replaced: an upgrade, a rollout) no worker is touched: everything is left
+        as a crash leaves it, and the next deployer adopts the workers and records
+        their exits, so a stop costs no task.
         """
+        if keep_workers:
+            self.detach()
+            return
         for active in list(self._active.values()):
             active.stopping = True
             await self.runtime.stop(active.deployment.key, self.stop_grace_s)

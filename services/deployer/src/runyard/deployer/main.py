@@ -251,6 +251,11 @@ async def run(ctx: ServiceContext) -> None:
 
     publish = Publish()
 
+    keep_workers = options.get("keep_workers_on_stop", False)
+    if not isinstance(keep_workers, bool):
+        raise ValueError(
+            f"runtime.yaml: deployer.keep_workers_on_stop is {keep_workers!r}: use true or false"
+        )
     cap = options.get("max_restart_delay_s")
     app = DeployerApp(
         store,
@@ -338,7 +343,7 @@ async def run(ctx: ServiceContext) -> None:
                 with contextlib.suppress(BaseException):
                     await task
         with contextlib.suppress(Exception):
-            await app.close()
+            await app.close(keep_workers=keep_workers)
         with contextlib.suppress(Exception):
             await broker.stop()
         with contextlib.suppress(Exception):
