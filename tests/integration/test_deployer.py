@@ -920,28 +920,36 @@ def limits_in(groups: list[Path]) -> dict[str, list[str]]:
 
 async def test_a_worker_runs_within_its_placements_cpus(h: Harness) -> None:
     """Each worker's cgroups hold a CPU quota of its placement's CPUs (per 100 ms)
-    and its memory limit while it runs; none without them (an older placement); the
-    groups go with the deployment."""
+    and its memory limit while it runs; none without them (an older placement), and
+    none where they cannot bind (more CPUs and memory than the host has: no group is
+    made for them); the groups go with the deployment."""
     if not limits_of_memory_and_cpus(h.runtime):
         pytest.skip("CPU limits need a root deployer with a writable cgroup file system")
     await h.launch("quota", make_spec("sleep 30", workers=2), wait=False, cpus=3, memory_gib=2)
     await h.launch("plain", make_spec("sleep 30"), wait=False)
-    await h.wait_for("quota", "TaskRunning", within=20)
-    await h.wait_for("plain", "TaskRunning", within=20)
+    await h.launch("roomy", make_spec("sleep 30"), wait=False, cpus=10**6, memory_gib=2**30)
+    for task_id in ("quota", "plain", "roomy"):
+        await h.wait_for(task_id, "TaskRunning", within=20)
     groups = h.runtime._worker_groups(h.runtime._get(("quota", 1, 1)))
-    [plain] = h.runtime._worker_groups(h.runtime._get(("plain", 1, 1))).values()
-    if "cpu.max" not in limits_in(plain):
+    if "cpu.max" not in limits_in(groups[0]):
         pytest.skip("no cpu controller to write: the memory limit alone is tested")
     for paths in groups.values():
         assert limits_in(paths) == {"cpu.max": ["300000", "100000"], "memory.max": [str(2 << 30)]}
-    quota, memory = limits_in(plain)["cpu.max"][0], limits_in(plain)["memory.max"][0]
-    assert quota in ("max", "-1") and (memory == "max" or int(memory) > 1 << 50), limits_in(plain)
-    for task_id in ("quota", "plain"):
+    unlimited = []
+    for task_id in ("plain", "roomy"):
+        [paths] = h.runtime._worker_groups(h.runtime._get((task_id, 1, 1))).values()
+        unlimited.append(paths)
+        if h.runtime.limit_bases:  # cgroup v1: no memory or cpu group made for it
+            assert h.runtime.pids_base is not None
+            assert len(paths) == 1 and paths[0].is_relative_to(h.runtime.pids_base), paths
+        for value, *_ in limits_in(paths).values():  # v2: the pids group's own files
+            assert value in ("max", "-1") or int(value) > 1 << 50, (task_id, limits_in(paths))
+    for task_id in ("quota", "plain", "roomy"):
         state = await h.state(task_id)
         stop = decide(state, RequestStop(task_id), now=state.submitted_at, ids=lambda: "x")
         await h.deliver(await h.append(task_id, stop))
     await asyncio.wait_for(h.app.drain(), 15)
-    assert not any(p.exists() for paths in [*groups.values(), plain] for p in paths)
+    assert not any(p.exists() for paths in [*groups.values(), *unlimited] for p in paths)
 
 
 #: A launcher that starts its rank in a session of its own, as torchrun does, and a rank
