@@ -810,7 +810,7 @@ async def test_a_worker_that_forks_without_end_is_held_to_its_process_limit(
     async with running_harness(store, runtime) as h:
         await h.launch("forks", make_spec(command, workers=2), wait=False)
         await h.wait_for("forks", "TaskRunning")
-        folder = runtime._pids_folder(config.scratch_root / "forks" / "run1-a1")
+        folder = runtime._group_folders(config.scratch_root / "forks" / "run1-a1")[0]  # pids
         assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == ["w0", "w1"]
         await asyncio.wait_for(h.app.drain(), 30)
         assert (await h.state("forks")).status == "succeeded", h.output("forks")
@@ -1014,9 +1014,9 @@ async def test_pids_cgroups_a_crashed_deployer_left_are_swept_and_a_swept_one_ma
     deployment = Deployment("swept", 1, 1, make_spec("grep pids /proc/self/cgroup"), workers)
     for step in (runtime.allocate, runtime.pull_image, runtime.mount_storage, runtime.init_env):
         await step(deployment)
-    group = runtime._pids_groups(runtime._get(deployment.key))[0]
     [groups] = runtime._worker_groups(runtime._get(deployment.key)).values()
-    assert group.is_dir() and group in groups
+    group = groups[0]  # the pids one
+    assert group.is_dir() and group.is_relative_to(runtime.pids_base)
     LocalRuntime(config)  # another deployer starts: groups made just now are kept
     assert (stale / "w0").is_dir() and all(g.is_dir() for g in groups)
     long_ago = time.time() - PIDS_SWEEP_AGE_S - 5

@@ -1657,17 +1657,6 @@ class LocalRuntime:
             prelude += _DETACH.format(umount=q(self.tools.umount))
         return prelude + "".join(f"{line} || finish 112\n" for line in lines)
 
-    def _pids_folder(self, root: Path) -> Path:
-        """The folder of a deployment's pids cgroups, named after its scratch folder
-        (unique on this host, the same for a deployer that adopts the deployment)."""
-        assert self.pids_base is not None
-        return self.pids_base / _group_name(root)
-
-    def _pids_groups(self, local: _Local) -> dict[int, Path]:
-        """Each worker's pids cgroup (`w<i>` in the deployment's folder)."""
-        folder = self._pids_folder(local.root)
-        return {i: folder / f"w{i}" for i in local.workers}
-
     def _group_bases(self) -> list[Path]:
         """Where the workers' cgroups lie: the pids base first, then cgroup v1's
         memory and cpu ones."""
@@ -1681,7 +1670,7 @@ class LocalRuntime:
         """Each worker's cgroups (`w<i>` in each of the deployment's folders; on cgroup
         v1 the memory and cpu ones only where its limits can bind: `_binds`)."""
         folders = self._group_folders(local.root)
-        own = folders[: 1 if self.pids_base is not None else 0]
+        own = folders[: 1 if self.pids_base is not None else 0]  # the pids one
         return {
             i: [folder / f"w{i}" for folder in (folders if self._binds(w.placement) else own)]
             for i, w in local.workers.items()
