@@ -57,7 +57,7 @@ from runyard.deployer.keeper import BrokerWatch, LogServiceLines, OutputKeeper
 from runyard.deployer.masking import SecretMasks
 from runyard.deployer.pools import PoolRuntimes, build_runtimes
 from runyard.deployer.retry import until_done
-from runyard.deployer.runtime import LocalRuntime, OutputLine
+from runyard.deployer.runtime import LocalRuntime, OutputLine, flag
 from runyard.eventstore import PostgresEventStore
 from runyard.messaging import KafkaSettings
 from runyard.messaging.consumer import IdempotentConsumer, make_broker, read_again_if_lost
@@ -251,11 +251,7 @@ async def run(ctx: ServiceContext) -> None:
 
     publish = Publish()
 
-    keep_workers = options.get("keep_workers_on_stop", False)
-    if not isinstance(keep_workers, bool):
-        raise ValueError(
-            f"runtime.yaml: deployer.keep_workers_on_stop is {keep_workers!r}: use true or false"
-        )
+    keep_workers = flag(options, "keep_workers_on_stop", False, section="deployer")
     cap = options.get("max_restart_delay_s")
     app = DeployerApp(
         store,

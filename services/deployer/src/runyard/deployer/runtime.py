@@ -394,14 +394,15 @@ class LocalRuntimeConfig:
             worker_shm_bytes=_bytes_or_none(raw, "worker_shm_bytes", WORKER_SHM_BYTES),
             gpu_devices=_gpu_pattern(str(raw.get("gpu_devices") or GPU_DEVICES)),
             worker_nice=worker_nice(raw),
-            worker_limits=_flag(raw, "worker_limits", True),
+            worker_limits=flag(raw, "worker_limits", True, section="local"),
         )
 
 
-def _flag(raw: Mapping[str, Any], name: str, default: bool) -> bool:
+def flag(raw: Mapping[str, Any], name: str, default: bool, *, section: str) -> bool:
+    """A true-or-false setting of runtime.yaml's `section` (anything else refused)."""
     value = raw.get(name, default)
     if not isinstance(value, bool):
-        raise ValueError(f"runtime.yaml: {name} is {value!r}: use true or false")
+        raise ValueError(f"runtime.yaml: {section}.{name} is {value!r}: use true or false")
     return value
 
 
