@@ -141,6 +141,36 @@ async def test_tenant_admin_cannot_read_another_tenants_creator_only_secret(worl
     assert other.status_code == 404
 
 
+async def test_tenant_admin_cannot_mint_a_user_someone_else_made(world: World) -> None:
+    """A token for a user name is that user: an admin of alice's own tenant minting
+    `alice` would read her creator-only values. It mints only itself, new users and
+    users it made; a platform admin mints for anyone."""
+    task_id = await _submit(world, "ta_alice", env="API_KEY=s3cret", creator_only=["API_KEY"])
+    stored = await world.gateway.db.fetchval("SELECT count(*) FROM api_tokens")
+    for role in ("member", "tenant_admin", "service"):
+        taken = await world.mint("ta_admin", tenant="ta", user="alice", role=role)
+        assert (taken.status_code, taken.json()["code"]) == (403, "auth.user_not_yours"), role
+        assert "system" in taken.json()["message"] and "platform admin" in taken.json()["hint"]
+    assert await world.gateway.db.fetchval("SELECT count(*) FROM api_tokens") == stored
+    # Itself, a new user, and that user again (a rotation): its own to mint.
+    for user in ("anna", "carol", "carol"):
+        made = await world.mint("ta_admin", tenant="ta", user=user, role="member")
+        assert made.status_code == 201, (user, made.text)
+    # Another admin of the same tenant did not make carol.
+    world.tokens["ta_admin2"] = await create_token(world.gateway.db, "ta", "ada", "tenant_admin")
+    denied = await world.mint("ta_admin2", tenant="ta", user="carol", role="member")
+    assert (denied.status_code, denied.json()["code"]) == (403, "auth.user_not_yours")
+    # A platform admin may, and that token is alice: the creator.
+    granted = await world.mint("root", tenant="ta", user="alice", role="member")
+    assert granted.status_code == 201, granted.text
+    world.tokens["ta_alice2"] = granted.json()["token"]
+    seen = await world.call("ta_alice2", "GET", f"/v1/tasks/{task_id}")
+    assert "s3cret" in seen.text
+    # ... after which anna still may not.
+    again = await world.mint("ta_admin", tenant="ta", user="alice", role="member")
+    assert again.status_code == 403
+
+
 async def test_tenant_admin_lists_and_revokes_only_its_tenant(world: World) -> None:
     ta_items = (await world.call("ta_admin", "GET", "/v1/admin/tokens")).json()["items"]
     assert {t["tenant"] for t in ta_items} == {"ta"} and len(ta_items) == 2

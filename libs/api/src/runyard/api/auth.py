@@ -407,6 +407,36 @@ async def create_token(
     return token
 
 
+async def require_own_user(
+    conn: asyncpg.Connection, caller: Principal, tenant: str, user: str
+) -> None:
+    """Refuse a tenant admin a token for a user of its tenant someone else made: such a
+    token would be that user, creator-only values included. A tenant admin mints for
+    itself, for a new user name, or for a user all of whose tokens it minted itself;
+    a platform admin for anyone. Call in the transaction that stores the token: the
+    lock keeps two admins from making the same new user at once."""
+    if caller.is_platform_admin or (tenant, user) == (caller.tenant, caller.user):
+        return
+    await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", f"api_tokens/{tenant}/{user}")
+    others = await conn.fetchval(
+        """SELECT string_agg(DISTINCT created_by, ', ' ORDER BY created_by) FROM api_tokens
+           WHERE tenant = $1 AND user_name = $2 AND created_by <> $3""",
+        tenant,
+        user,
+        caller.actor,
+    )
+    if others:
+        raise PermissionDenied(
+            "auth.user_not_yours",
+            f"user {user!r} of tenant {tenant!r} has tokens minted by {others}: a tenant admin"
+            " mints tokens only for new users, itself, or users it made, since a token for"
+            f" {user!r} would act as {user!r} (creator-only values included)",
+            f"ask a platform admin to mint it (`runyard admin tokens create {tenant} {user}`),"
+            " or choose a user name not taken",
+            "user",
+        )
+
+
 async def list_tokens(
     conn: asyncpg.Connection | asyncpg.Pool, tenant: str | None, include_revoked: bool
 ) -> list[TokenInfo]:

@@ -176,7 +176,8 @@ class Gateway:
     async def create_token(self, req: Request, request: bodies.TokenRequest) -> dict[str, Any]:
         """Tenant or platform admin: a token for {tenant, user, role}, with an optional
         `ttl` or `expires_at` and `description`; the token is in the answer, only there.
-        A tenant admin mints only for its own tenant, and never platform_admin or sre."""
+        A tenant admin mints only for its own tenant, never platform_admin or sre, and
+        never for a user someone else made (`auth.require_own_user`)."""
         caller = req.principal
         caller.require_token_admin()
         tenant, user, role = request.tenant, request.user, request.role
@@ -185,6 +186,7 @@ class Gateway:
         now = self.clock()
         expires = auth.token_expiry(now, request.ttl, request.expires_at)
         async with self.store.transaction() as conn:
+            await auth.require_own_user(conn, caller, tenant, user)
             token, info = await auth.insert_token(
                 conn, tenant, user, role, expires, description=description, created_by=caller.actor
             )
