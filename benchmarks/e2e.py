@@ -60,6 +60,7 @@ import math
 import os
 import pstats
 import shutil
+import signal
 import statistics
 import tempfile
 import time
@@ -79,6 +80,7 @@ from runyard.eventstore import PostgresEventStore
 from runyard.messaging import KafkaSettings, Topics
 from runyard.stack.context import ServiceContext
 from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres
+from runyard.stack.mounts import unmount_deployments_under
 from runyard.stack.ports import free_port
 from runyard.stack.serve import SERVICE_NAMES, load_runner
 from runyard.stack.slurm import SlurmCluster, slurm_missing
@@ -763,7 +765,8 @@ def main() -> None:
     idle = args.idle if args.idle is not None else (10 if args.quick else 20)
     if args.runtime == "slurm" and (why := slurm_missing()):
         raise SystemExit(f"--runtime slurm: {why}")
-    home = Path(tempfile.mkdtemp(prefix="runyard-bench-e2e-home-"))
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout`: tear down
+    home = make_home()
     profiler = cProfile.Profile() if args.profile else None
     vs_slurm = "na"
     try:
@@ -806,6 +809,7 @@ def main() -> None:
                 )
                 vs_slurm = f"{rate / sbatch_rate:.2f}"
     finally:
+        unmount_deployments_under([home])  # what deployments cut off by the stop left
         if not args.keep:
             shutil.rmtree(home, ignore_errors=True)
     if profiler is not None:
@@ -825,6 +829,26 @@ def main() -> None:
         f" cpu_ms_per_task={result.cpu_ms_per_task:.0f}"
         f" idle_cores={result.idle_cores:.2f} layout={args.layout}"
     )
+
+
+#: A run's home is this prefix, the run's process id and a random part.
+HOME_PREFIX = "runyard-bench-e2e-home-"
+
+
+def make_home() -> Path:
+    """This run's home, once the mounts of runs that are gone are detached.
+
+    A run killed mid-burst (SIGKILL, a lost terminal) leaves its deployments' mounts
+    (namespace files, /dev/shm, system disks): every mount namespace made afterwards on
+    the host copies them, and each worker's sandbox detaches them one by one, so a
+    later run would measure them.
+    """
+    for old in Path(tempfile.gettempdir()).glob(f"{HOME_PREFIX}*"):
+        pid = old.name.removeprefix(HOME_PREFIX).split("-")[0]
+        gone = pid.isdigit() and not Path(f"/proc/{pid}").exists()
+        if gone and (found := unmount_deployments_under([old])):
+            print(f"  detached {found} mounts an earlier run left in {old}", flush=True)
+    return Path(tempfile.mkdtemp(prefix=f"{HOME_PREFIX}{os.getpid()}-"))
 
 
 @contextlib.contextmanager

@@ -27,6 +27,7 @@ import asyncpg
 import pytest
 from runyard.messaging import KafkaSettings, Topics, ensure_topics
 from runyard.stack.embedded import EmbeddedKafka, EmbeddedPostgres
+from runyard.stack.mounts import unmount_deployments_under
 from runyard.stack.slurm import SlurmCluster, slurm_missing
 
 # The tests that print set the width they want (COLUMNS for the command). An inherited
@@ -182,39 +183,9 @@ def quick_groups(kafka: KafkaSettings) -> KafkaSettings:
 
 
 # --- namespace files left mounted ----------------------------------------------------
-# A sandboxed deployment keeps its network and IPC namespaces alive by bind mounts on
-# two files in its scratch folder, and mounts its /dev/shm (a tmpfs) and each worker's
-# system disk (a loop-mounted ext4) there. A deployer that a test closes while a
-# deployment is still there leaves them (as a crashed one would, for its successor to
-# adopt), and a mounted file cannot be deleted: pytest's removal of old temporary
-# folders would fail.
-
-#: What a sandboxed deployment mounts in its folder (its mount's source, or file system).
-_DEPLOYMENT_MOUNTS = (" - nsfs ", " - tmpfs runyard-shm ", " - ext4 /dev/loop")
-
-
-def _nsfs_mounts_under(roots: list[Path]) -> list[str]:
-    try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return []
-    found = []
-    for line in lines:
-        fields = line.split()
-        if not any(kind in line for kind in _DEPLOYMENT_MOUNTS) or len(fields) < 5:
-            continue
-        where = fields[4].replace("\\040", " ")
-        if any(Path(where).is_relative_to(root) for root in roots):
-            found.append(where)
-    return found
-
-
-def _unmount_namespace_files(roots: list[Path]) -> None:
-    umount = shutil.which("umount")
-    if umount is None or os.geteuid() != 0:
-        return
-    for where in _nsfs_mounts_under(roots):
-        os.spawnv(os.P_WAIT, umount, [umount, "-l", where])
+# A deployer that a test closes while a deployment is still there leaves its mounts (as
+# a crashed one would, for its successor to adopt), and a mounted file cannot be
+# deleted: pytest's removal of old temporary folders would fail.
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -225,13 +196,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         doomed += user_root.glob("garbage-*")
         numbered = [p for p in user_root.glob("pytest-*") if p.name[7:].isdigit()]
         doomed += sorted(numbered, key=lambda p: int(p.name[7:]))[:-2]
-    _unmount_namespace_files(doomed)
+    unmount_deployments_under(doomed)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     factory = getattr(session.config, "_tmp_path_factory", None)
     if factory is not None:
-        _unmount_namespace_files([factory.getbasetemp()])
+        unmount_deployments_under([factory.getbasetemp()])
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

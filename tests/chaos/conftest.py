@@ -37,11 +37,11 @@ import httpx
 import pytest
 import yaml
 from runyard.stack.embedded import EmbeddedPostgres
+from runyard.stack.mounts import unmount_deployments_under
 from runyard.stack.ports import free_port
 from runyard.stack.up import DEFAULT_PORTS
 
 from tests.chaos.harness import processes_matching
-from tests.conftest import _unmount_namespace_files
 from tests.feishu_fake import FeishuFake
 
 REPO = Path(__file__).resolve().parents[2]
@@ -274,7 +274,7 @@ async def chaos_stack(
                 kept = tmp_path_factory.getbasetemp() / f"{request.node.name}.platform.log"
                 shutil.copy(stack.log_path, kept)
                 print(f"{stack.log_tail(8000)}\n--- the whole platform output: {kept}")
-            _unmount_namespace_files([root])  # what a deployer left for its successor
+            unmount_deployments_under([root])  # what a deployer left for its successor
             shutil.rmtree(root, ignore_errors=True)
 
 
