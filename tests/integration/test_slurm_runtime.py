@@ -14,6 +14,7 @@ import dataclasses
 import os
 import shlex
 import shutil
+import socket
 import stat
 import subprocess
 import sys
@@ -103,17 +104,21 @@ class Harness:
         *,
         wait: bool = True,
         gpus: tuple[int, ...] = (0,),
+        one_node: bool = False,
         **resources: int,
     ) -> None:
         """Submit and place the task (worker i on node n<i+1>, `gpus`, `resources`: cpus and
-        memory_gib), hand the placement over."""
+        memory_gib; with `one_node`, every worker on n1, worker i with GPU i), hand the
+        placement over."""
         submitted = decide(
             None, Submit(task_id, "acme", "alice", spec), now=datetime.now(UTC), ids=lambda: "x"
         )
         await self.append(task_id, submitted)
         nodes = self.cluster.nodes
         workers = tuple(
-            WorkerPlacement(index=i, node=nodes[i % len(nodes)], gpus=gpus, **resources)
+            WorkerPlacement(index=i, node=nodes[0], gpus=(i,), **resources)
+            if one_node
+            else WorkerPlacement(index=i, node=nodes[i % len(nodes)], gpus=gpus, **resources)
             for i in range(spec.worker_count)
         )
         placed = TaskPlaced(run=1, attempt=1, pool="slurm", workers=workers)
@@ -204,6 +209,26 @@ def task_processes(task_id: str) -> list[int]:
         if f"RUNYARD_TASK_ID={task_id}".encode() in env:
             found.append(int(entry))
     return found
+
+
+def job_processes(task_id: str) -> list[int]:
+    """Live processes of the task's Slurm jobs on the host (batch script, steps, the
+    holder of a one-node deployment's network): `SLURM_JOB_NAME` in their environment."""
+    name = f"SLURM_JOB_NAME=runyard-{task_id}-r".encode()
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError), open(f"/proc/{entry}/environ", "rb") as f:
+            if any(v.startswith(name) for v in f.read().split(b"\0")):
+                found.append(int(entry))
+    return found
+
+
+async def until_no_job_process(task_id: str) -> None:
+    """Until `job_processes` finds none, within `WITHIN_S`."""
+    deadline = asyncio.get_running_loop().time() + WITHIN_S
+    while left := job_processes(task_id):
+        assert asyncio.get_running_loop().time() < deadline, left
+        await asyncio.sleep(0.1)
 
 
 async def test_true_succeeds_with_every_stage_timed(h: Harness) -> None:
@@ -297,6 +322,57 @@ async def test_pytorch_ddp_env_names_the_first_node_and_the_placed_gpus(h: Harne
     assert lines == [f"0:0 2 127.0.0.1 {port} 0 bar", f"1:1 2 127.0.0.1 {port} 0 bar"]
     # The env files (and the whole deployment folder) are gone with the task (R-22).
     assert not (h.runtime.config.scratch_root / "env").exists()
+
+
+#: Worker 0 listens on the loopback, worker 1 connects to it (DDP's rendezvous); each
+#: tries the node's loopback port in argv[1], where the control plane listens.
+REACH = """
+import os, socket, sys, time
+rank = int(os.environ["RUNYARD_WORKER_INDEX"])
+if rank == 0:
+    server = socket.create_server(("127.0.0.1", 29411))
+    server.settimeout(60)
+    peer, _ = server.accept()
+    print("peer", peer.recv(16).decode())
+else:
+    for _ in range(600):
+        try:
+            with socket.create_connection(("127.0.0.1", 29411), timeout=1) as c:
+                c.sendall(b"hello")
+            break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        print("peer unreachable")
+try:
+    socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=3).close()
+    print("node", "reached")
+except OSError as exc:
+    print("node", type(exc).__name__)
+"""
+
+
+async def test_workers_on_one_node_share_a_loopback_but_not_the_nodes(h: Harness) -> None:
+    """Sandboxed workers all on one node are in a network of their own, as local ones:
+    they reach each other on 127.0.0.1, and not what listens on the node's loopback
+    (the control plane: Postgres, the broker, the gateway). Workers on several nodes
+    stay in the nodes' network (the gloo test above)."""
+    if h.runtime.worker_ids is None:
+        pytest.skip("workers are sandboxed only when the deployer and slurmd run as root")
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        command = f"python - {port} <<'EOF'\n{REACH}\nEOF"
+        spec = make_spec(command, workers=2, framework="pytorch_ddp")
+        await h.launch("net", spec, one_node=True)
+        assert (await h.state("net")).status == "succeeded", h.output("net")
+    assert sorted(h.output("net")) == [
+        "0:node ConnectionRefusedError",
+        "0:peer hello",
+        "1:node ConnectionRefusedError",
+    ]
+    # The deployment's folder is gone, its holder's pid file with it; no holder is left.
+    assert not (h.runtime.config.scratch_root / "net").exists()
+    await until_no_job_process("net")
 
 
 async def test_a_slurm_worker_sees_the_gpus_slurm_gave_its_step(h: Harness) -> None:
@@ -931,6 +1007,7 @@ async def test_a_job_whose_deployment_folder_is_gone_ends_instead_of_waiting_for
     while [j for j in h.jobs() if "runyard-gone-" in j and "COMPLET" not in j]:
         assert asyncio.get_running_loop().time() < deadline, h.jobs()
         await asyncio.sleep(0.2)
+    await until_no_job_process("gone")  # the holder of its network too
 
 
 async def test_a_mount_path_through_a_folder_a_worker_can_change_is_refused_on_the_node(

@@ -19,8 +19,10 @@ it like this:
                     util-linux), and linked at the mount path relative to the
                     working directory
     init_env        the same variables as the local runtime (`worker_env`), with
-                    MASTER_ADDR = the address Slurm gives the first worker's node;
-                    written to one env file per worker, never on a command line
+                    MASTER_ADDR = the address Slurm gives the first worker's node
+                    (127.0.0.1 for a deployment on one node with worker
+                    namespaces: its own loopback); written to one env file per
+                    worker, never on a command line
     start_workers   the gate opens: the batch script runs
                     `srun --overlap -N1 -n1 -w <node> <worker's run.sh>` per worker
 
@@ -69,7 +71,12 @@ keyring; the wrapper stays root to write the exit status. Its home, tmp and
 working folder lie on a system disk of its own (`worker_disk_bytes`), made on
 its node in its namespace (`_node_lines`).
 Without them, workers run as the user the deployer submits as.
-Workers share the node's network namespace either way.
+With them, the workers of a deployment placed on one node share a network and an
+IPC namespace of their own, as local workers do (a loopback, nothing else; held by
+a process the batch script starts, `_network_holder`): what listens on the node,
+the control plane where it runs there, is out of their reach. Workers on several
+nodes, and any without worker namespaces, share the node's network namespace
+(NCCL and gloo between nodes need it).
 """
 
 from __future__ import annotations
@@ -117,6 +124,7 @@ from runyard.deployer.runtime import (
     _Tools,
     _Worker,
     _worker_user,
+    loopback_up,
     output_limits,
     worker_nice,
 )
@@ -537,12 +545,18 @@ class SlurmRuntime(LocalRuntime):
             'mv -f "$1.tmp" "$1"; }',
             f'{_REPORTS_MARK} "$SLURM_JOB_NODELIST"',
             *self._image_check(local),
+            *self._network_holder(local),
             # A sleep of bash's own (no process per look at the gate).
             "exec {nap}<> <(:)",
             # A folder gone (the deployment cleaned up without this job): nothing to wait for.
             'while [ ! -e go ]; do [ -e job.sh ] || exit 0; read -t 0.02 -u "$nap" || :; done',
-            "exec {nap}<&-",
         ]
+        if self._own_network(local):  # the steps join the holder's namespaces (run.sh)
+            lines.append(
+                'while [ ! -e netns ] && kill -0 "$holder" 2>/dev/null;'
+                ' do read -t 0.02 -u "$nap" || :; done'
+            )
+        lines += ["exec {nap}<&-", "steps=()"]
         for worker in local.workers.values():
             step = [
                 self.bin["srun"],
@@ -556,9 +570,41 @@ class SlurmRuntime(LocalRuntime):
                 self.tools.bash,
                 str(worker.scratch / "run.sh"),
             ]
-            lines.append(shlex.join(step) + " &")
-        lines.append("wait")
+            lines.append(shlex.join(step) + " & steps+=($!)")
+        lines.append('wait "${steps[@]}"')
         return "\n".join(lines) + "\n"
+
+    def _own_network(self, local: _Local) -> bool:
+        """Whether the deployment's workers get a network and an IPC namespace of their
+        own, as local workers do (a loopback shared by them, nothing else: not the
+        node's, where the control plane may listen): sandboxed workers all on one node.
+        Workers on several nodes stay in the nodes' network: NCCL and gloo between
+        nodes need it."""
+        nodes = {w.node for w in local.deployment.workers}
+        return self.worker_ids is not None and len(nodes) == 1
+
+    def _network_holder(self, local: _Local) -> list[str]:
+        """The batch script's lines that start the process holding the deployment's
+        network and IPC namespaces (`_own_network`), its `lo` up; it writes its pid to
+        `netns` and waits until the script ends it as it exits."""
+        if not self._own_network(local):
+            return []
+        q = shlex.quote
+        t = self.tools
+        inside = (
+            f"{shlex.join(loopback_up(t))} || exit 1; "
+            f"echo $$ > netns.tmp && {q(t.mv or 'mv')} -f netns.tmp netns || exit 1; "
+            'exec {nap}<> <(:); read -u "$nap"'
+        )
+        return [
+            "rm -f netns",
+            f"{q(t.unshare)} --net --ipc -- {q(t.bash)} -c {q(inside)} &",
+            "holder=$!",
+            # However the script ends (a folder gone, a TERM): the holder with it; once
+            # the script is gone Slurm's process tracking may not find it.
+            """trap 'kill "$holder" 2>/dev/null' EXIT""",
+            "trap 'exit 143' TERM",
+        ]
 
     def _image_check(self, local: _Local) -> list[str]:
         """The batch script's lines that report `image`: `ok`, `missing <nodes>` (no
@@ -698,7 +744,7 @@ class SlurmRuntime(LocalRuntime):
     async def init_env(self, deployment: Deployment) -> None:
         await super().init_env(deployment)
         local = self._get(deployment.key)
-        if deployment.spec.framework == "pytorch_ddp":
+        if deployment.spec.framework == "pytorch_ddp" and not self._own_network(local):
             first = min(local.workers.values(), key=lambda w: w.index).placement.node
             address = await self.node_address(first)
             for worker in local.workers.values():
@@ -730,9 +776,24 @@ class SlurmRuntime(LocalRuntime):
         q = shlex.quote
         w = worker.scratch
         entry = shlex.join(self._entry(local, worker, worker.status_file))
+        joined = ""
+        if self._own_network(local):  # the namespaces of the batch script's holder
+            status = q(str(worker.status_file))
+            joined = (
+                f'holder=$(cat {q(str(local.root / "netns"))} 2>/dev/null) && [ -n "$holder" ]'
+                " || { echo \"runyard: the deployment's network namespace is missing on"
+                ' $SLURMD_NODENAME (its batch script could not make it)" >&2;'
+                f' printf "%s %s\\n" 112 "$EPOCHREALTIME" > {status}.tmp &&'
+                f" {q(self.tools.mv or 'mv')} -f {status}.tmp {status}; exit 112; }}\n"
+            )
+            entry = (
+                f'{q(self.tools.nsenter)} --net=/proc/"$holder"/ns/net'
+                f' --ipc=/proc/"$holder"/ns/ipc -- {entry}'
+            )
         return (
             "#!/bin/bash\n"
             f"exec </dev/null >>{q(str(w / 'stdout.log'))} 2>>{q(str(w / 'stderr.log'))}\n"
+            f"{joined}"
             # The GPUs Slurm gave the step (`given_gpus`), before the pid that says it runs.
             f'echo "${{SLURM_STEP_GPUS:-${{SLURM_JOB_GPUS:-}}}}" > {q(str(w / "gpus.tmp"))} && '
             f"mv -f {q(str(w / 'gpus.tmp'))} {q(str(w / 'gpus'))}\n"
