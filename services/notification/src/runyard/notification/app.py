@@ -251,17 +251,25 @@ class NotificationApp:
         if not event.stream_id.startswith("task-") or payload.type_name() not in EVENT_TYPES:
             return
         kind = alert_kind(payload)
-        if kind is not None and not await self._recorded(event):
-            return
         state = await self._state_at(event)
         db: Db = conn if conn is not None else self.db
+        wanted: list[Subscription] = []
+        if kind is not None and (wanted := await self._wanted(db, state, kind)):
+            # Someone is to be told: only of an event the log holds, about the task as
+            # the log has it (and so to whom the log's task says).
+            if not await self._recorded(event):
+                return
+            state = await self._state_at(event)
+            wanted = await self._wanted(db, state, kind)
         cause = Cause(str(event.event_id), event.metadata.correlation_id or str(event.event_id))
         await self._track_queue(db, state, cause)
-        if kind is not None:
+        if kind is not None and wanted:
             facts = self._facts(state, kind, reason(payload, state))
             facts = (await task_redactor(db, state.tenant, state.spec)).facts(facts)
             label = f"{kind}: {payload.type_name()} of run {state.run}"
-            await self._raise(db, state, facts, label, str(event.event_id), cause)
+            key = str(event.event_id)
+            for sub in wanted:
+                await self._add(db, sub, facts, label, f"{sub.id}|{key}", cause)
 
     async def _recorded(self, event: RecordedEvent[Event]) -> bool:
         """Whether the log holds `event` as the broker delivered it (id and payload at its
@@ -306,18 +314,10 @@ class NotificationApp:
     ) -> list[Subscription]:
         return [*own, *await store.tenant_subscriptions(db, tenant)]
 
-    async def _raise(
-        self,
-        db: Db,
-        state: TaskState,
-        facts: AlertFacts,
-        label: str,
-        key: str,
-        cause: Cause,
-    ) -> None:
+    async def _wanted(self, db: Db, state: TaskState, kind: str) -> list[Subscription]:
+        """The subscriptions an alert of `kind` about the task goes to, one per bot."""
         own = task_subscriptions(state.task_id, state.tenant, state.spec)
-        for sub in one_per_bot(await self._subscriptions(db, state.tenant, own), facts.kind):
-            await self._add(db, sub, facts, label, f"{sub.id}|{key}", cause)
+        return one_per_bot(await self._subscriptions(db, state.tenant, own), kind)
 
     async def _add(
         self,
