@@ -375,6 +375,79 @@ async def test_workers_on_one_node_share_a_loopback_but_not_the_nodes(h: Harness
     await until_no_job_process("net")
 
 
+async def test_a_worker_whose_network_could_not_be_made_fails_saying_so(h: Harness) -> None:
+    """The batch script's holder cannot bring its loopback up (here `ip` fails): the
+    worker does not run in the node's network instead; it fails with 112 and why."""
+    if h.runtime.worker_ids is None:
+        pytest.skip("workers are sandboxed only when the deployer and slurmd run as root")
+    h.runtime.tools = dataclasses.replace(h.runtime.tools, ip=shutil.which("false") or "false")
+    await h.launch("nonet", make_spec("echo ran"))
+    failed = (await h.events("nonet"))[-1].event
+    assert isinstance(failed, TaskFailed) and failed.exit_code == 112, failed
+    said = [x.line for x in h.lines if x.task_id == "nonet"]
+    assert "ran" not in said
+    assert any("network namespace is missing on n1" in line for line in said), said
+
+
+async def test_the_env_check_of_workers_on_one_node_runs_in_their_network(
+    h: Harness, tmp_path: Path
+) -> None:
+    """The env check runs in the workers' environment, so a task's code can run in it
+    (here a `sitecustomize` on a volume, through PYTHONPATH): it is in the deployment's
+    network too, where its all-reduce finds its peer and the node's listeners are out of
+    reach."""
+    from runyard.deployer.runtime import Deployment, free_port
+
+    if h.runtime.worker_ids is None:
+        pytest.skip("workers are sandboxed only when the deployer and slurmd run as root")
+    tools = f"/mnt/runyard-test-{tmp_path.name}"
+    seed = h.runtime.config.volumes_root / "fs" / "tools"
+    seed.mkdir(parents=True)
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        (seed / "sitecustomize.py").write_text(
+            "import socket\n"
+            "try:\n"
+            f"    socket.create_connection(('127.0.0.1', {port}), timeout=3).close()\n"
+            "    print('site node reached', flush=True)\n"
+            "except OSError as exc:\n"
+            "    print('site node', type(exc).__name__, flush=True)\n"
+        )
+        spec = make_spec(
+            "true",
+            workers=2,
+            framework="pytorch_ddp",
+            env=({"name": "PYTHONPATH", "value": tools},),
+            mounts=({"file_system": "fs", "volume": "tools", "mount_path": tools},),
+        )
+        workers = tuple(WorkerPlacement(index=i, node="n1", gpus=(i,)) for i in range(2))
+        deployment = Deployment("checknet", 1, 1, spec, workers)
+        runtime = h.runtime
+        lines: list[OutputLine] = []
+
+        async def collect(line: OutputLine) -> None:
+            lines.append(line)
+
+        try:
+            for step in (
+                runtime.allocate,
+                runtime.pull_image,
+                runtime.mount_storage,
+                runtime.init_env,
+            ):
+                await step(deployment)
+            await runtime.start_env_check(deployment, collect, port=free_port(0))
+            codes = await asyncio.wait_for(runtime.wait_env_check(deployment.key), WITHIN_S)
+            assert codes == {0: 0, 1: 0}, [x.line for x in lines]
+        finally:
+            await runtime.cleanup(deployment.key)
+            shutil.rmtree(tools, ignore_errors=True)
+    for worker in (0, 1):
+        said = [x.line for x in lines if x.worker == worker and x.stream == "stdout"]
+        assert "site node ConnectionRefusedError" in said, said
+        assert any(s.startswith("Bootcheck Finished") for s in said), said
+
+
 async def test_a_slurm_worker_sees_the_gpus_slurm_gave_its_step(h: Harness) -> None:
     """Slurm, not Runyard's placement, picks which GPUs of a node a job gets
     (`--gres=gpu:<n>`): a worker placed on GPU 3 that Slurm gave GPU 0 (the first free)

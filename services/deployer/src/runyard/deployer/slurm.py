@@ -154,6 +154,24 @@ _CHECK_STEP = "runyard-env-check"
 _REPORTS = ("started", "image")
 #: The line of a batch script that reports (`_batch_script`); an older deployer's has none.
 _REPORTS_MARK = "report started"
+#: What each step of a deployment with a network of its own runs before the rest (its
+#: arguments: the holder's pid file, the worker's status file, then the rest): it waits
+#: for the batch script's holder (10 s at most: the env check's step may start as it
+#: does), enters its network and IPC namespaces and runs the rest; without one, the
+#: worker's status is 112, the reason on its stderr.
+_JOIN_NETWORK = r"""netns=$1 status=$2; shift 2
+exec {nap}<> <(:)
+for _ in {1..500}; do [ -s "$netns" ] && break; read -t 0.02 -u "$nap" || :; done
+exec {nap}<&-
+holder=$(cat "$netns" 2>/dev/null)
+if [ -z "$holder" ] || [ ! -e "/proc/$holder/ns/net" ]; then
+  echo "runyard: the deployment's network namespace is missing on $SLURMD_NODENAME" \
+    "(its batch script could not make it)" >&2
+  printf '%s %s\n' 112 "$EPOCHREALTIME" > "$status.tmp" && MV -f "$status.tmp" "$status"
+  exit 112
+fi
+exec NSENTER --net="/proc/$holder/ns/net" --ipc="/proc/$holder/ns/ipc" -- "$@"
+"""
 #: How long a job Slurm says is RUNNING may take to start its batch script.
 _SCRIPT_WITHIN_S = 60.0
 #: How long the nodes' addresses Slurm gave are used before it is asked again.
@@ -543,20 +561,16 @@ class SlurmRuntime(LocalRuntime):
             f"cd {q(str(root))} || exit 1",
             'report() { printf "%s %s\\n" "$SLURM_JOB_ID" "$2" > "$1.tmp" && '
             'mv -f "$1.tmp" "$1"; }',
+            *self._network_holder(local),
             f'{_REPORTS_MARK} "$SLURM_JOB_NODELIST"',
             *self._image_check(local),
-            *self._network_holder(local),
             # A sleep of bash's own (no process per look at the gate).
             "exec {nap}<> <(:)",
             # A folder gone (the deployment cleaned up without this job): nothing to wait for.
             'while [ ! -e go ]; do [ -e job.sh ] || exit 0; read -t 0.02 -u "$nap" || :; done',
+            "exec {nap}<&-",
+            "steps=()",
         ]
-        if self._own_network(local):  # the steps join the holder's namespaces (run.sh)
-            lines.append(
-                'while [ ! -e netns ] && kill -0 "$holder" 2>/dev/null;'
-                ' do read -t 0.02 -u "$nap" || :; done'
-            )
-        lines += ["exec {nap}<&-", "steps=()"]
         for worker in local.workers.values():
             step = [
                 self.bin["srun"],
@@ -582,6 +596,16 @@ class SlurmRuntime(LocalRuntime):
         nodes need it."""
         nodes = {w.node for w in local.deployment.workers}
         return self.worker_ids is not None and len(nodes) == 1
+
+    def _join_network(self, local: _Local, status_file: Path) -> list[str]:
+        """What a step of a deployment with a network of its own (`_own_network`) runs
+        first: `_JOIN_NETWORK`, which enters the holder's namespaces (none: nothing)."""
+        if not self._own_network(local):
+            return []
+        script = _JOIN_NETWORK.replace("NSENTER", shlex.quote(self.tools.nsenter))
+        script = script.replace("MV", shlex.quote(self.tools.mv or "mv"))
+        netns = str(local.root / "netns")
+        return [self.tools.bash, "-c", script, "runyard-join", netns, str(status_file)]
 
     def _network_holder(self, local: _Local) -> list[str]:
         """The batch script's lines that start the process holding the deployment's
@@ -775,25 +799,11 @@ class SlurmRuntime(LocalRuntime):
         the launch command in the wrapper."""
         q = shlex.quote
         w = worker.scratch
-        entry = shlex.join(self._entry(local, worker, worker.status_file))
-        joined = ""
-        if self._own_network(local):  # the namespaces of the batch script's holder
-            status = q(str(worker.status_file))
-            joined = (
-                f'holder=$(cat {q(str(local.root / "netns"))} 2>/dev/null) && [ -n "$holder" ]'
-                " || { echo \"runyard: the deployment's network namespace is missing on"
-                ' $SLURMD_NODENAME (its batch script could not make it)" >&2;'
-                f' printf "%s %s\\n" 112 "$EPOCHREALTIME" > {status}.tmp &&'
-                f" {q(self.tools.mv or 'mv')} -f {status}.tmp {status}; exit 112; }}\n"
-            )
-            entry = (
-                f'{q(self.tools.nsenter)} --net=/proc/"$holder"/ns/net'
-                f' --ipc=/proc/"$holder"/ns/ipc -- {entry}'
-            )
+        status = worker.status_file
+        entry = shlex.join(self._join_network(local, status) + self._entry(local, worker, status))
         return (
             "#!/bin/bash\n"
             f"exec </dev/null >>{q(str(w / 'stdout.log'))} 2>>{q(str(w / 'stderr.log'))}\n"
-            f"{joined}"
             # The GPUs Slurm gave the step (`given_gpus`), before the pid that says it runs.
             f'echo "${{SLURM_STEP_GPUS:-${{SLURM_JOB_GPUS:-}}}}" > {q(str(w / "gpus.tmp"))} && '
             f"mv -f {q(str(w / 'gpus.tmp'))} {q(str(w / 'gpus'))}\n"
@@ -980,7 +990,8 @@ class SlurmRuntime(LocalRuntime):
         """A step on the worker's node running `command` in the wrapper (the env check)."""
         status = status_file or worker.status_file
         step = self._step(local, [worker.placement.node], f"--job-name={_CHECK_STEP}")
-        step += ["--input=none", *self._entry(local, worker, status)]
+        step += ["--input=none", *self._join_network(local, status)]
+        step += self._entry(local, worker, status)
         step += [self.tools.bash, "-c", self._wrapper(), "runyard-worker"]
         step += [command or local.deployment.spec.command]
         step += [str(status), str(env_file)]
