@@ -36,6 +36,8 @@ from runyard.cli.when import parse_when
 PAGE = 500
 #: How often a long export or import reports progress on stderr.
 PROGRESS_EVERY = 10_000
+
+
 def _query(types: list[str], **values: str | int | None) -> dict[str, Any]:
     params: dict[str, Any] = {k: v for k, v in values.items() if v is not None}
     if types:
