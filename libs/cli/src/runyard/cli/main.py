@@ -505,7 +505,13 @@ def show(
 def stop(
     task_id: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
 ) -> None:
-    """Stop a task."""
+    """Stop a task, queued or running: it ends `stopped` once its workers have ended.
+
+    Stop a task, then follow it until it has ended:
+    runyard stop ID && runyard watch ID
+
+    Stop every task of a group: runyard group stop GROUP
+    """
     with gateway(url, token) as api:
         task = as_json_data(api.stop_task(task_id))
     show_json(task) if as_json else print_task(task)
@@ -674,7 +680,12 @@ def images(
 def capacity(
     pool_id: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
 ) -> None:
-    """What a pool can launch now: count per worker spec, custom-count maximum."""
+    """What a pool can launch now: count per worker spec, custom-count maximum.
+
+    Workers of each spec dev-a100 can launch now: runyard capacity dev-a100
+
+    The pools, with their worker specs: runyard pools
+    """
     with gateway(url, token) as api:
         cap = as_json_data(api.pool_capacity(pool_id))
     if as_json:
