@@ -193,3 +193,23 @@ async def test_show_of_a_failed_task_prints_its_first_error(served: Served, dsn:
     assert "ModuleNotFoundError: No module named 'apex'" in shown.stdout
     as_json = await cli(served.url, served.token, "show", served.task_id, "--json")
     assert json.loads(as_json.stdout)["first_error"]["found"] is True
+
+
+async def test_a_search_that_matches_nothing_says_so_on_stderr(served: Served) -> None:
+    """Nothing on stdout (a pipe gets no line), the reason on stderr, exit 0 as `ls` of
+    an empty list; the options are named as they were typed."""
+    none = await cli(
+        served.url, served.token, "logs", served.task_id, "--grep", "no such words",
+        "--worker", "1", "--since", "2d",
+    )  # fmt: skip
+    assert none.exit_code == 0, none.output
+    assert none.stdout == ""
+    typed = "--worker 1 --since 2d --grep 'no such words'"
+    named = f"no line matches {typed} in the logs of {served.task_id}"
+    assert " ".join(none.stderr.split()) == named, none.stderr
+    as_json = await cli(
+        served.url, served.token, "logs", served.task_id, "--phrase", "x" * 9, "--json"
+    )
+    assert as_json.exit_code == 0 and as_json.stdout == "", as_json.output
+    found = await cli(served.url, served.token, "logs", served.task_id, "--grep", "loss")
+    assert found.exit_code == 0 and found.stderr == "", found.output
