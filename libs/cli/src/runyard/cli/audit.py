@@ -28,7 +28,7 @@ from typing import IO, Annotated, Any
 import typer
 from runyard.cli.detail import detail
 from runyard.cli.dsn import DsnOpt, stack_dsn
-from runyard.cli.main import JsonOpt, TokenOpt, UrlOpt, app, call, err, show_json, table
+from runyard.cli.main import JsonOpt, TokenOpt, UrlOpt, app, call, err, more, show_json, table
 from runyard.cli.terminal import markup
 from runyard.cli.when import parse_when
 
@@ -123,7 +123,7 @@ def audit(
         ],
     )
     if next_cursor:
-        err.print(f"next page: --cursor {markup(next_cursor)}")
+        more(next_cursor, "next page")
 
 
 def _fetch(

@@ -40,6 +40,7 @@ from runyard.cli.main import (
     err,
     gateway,
     given,
+    more,
     out,
     segment,
     show_json,
@@ -150,7 +151,7 @@ def logs(
         ] + (["-i"] if ignore_case else [])  # fmt: skip
         err.print(nothing_found(task_id, chosen, cursor))
     if page["next_cursor"]:
-        err.print(f"more: --cursor {markup(page['next_cursor'])}")
+        more(page["next_cursor"])
 
 
 def nothing_found(task_id: str, chosen: list[str], cursor: str | None) -> str:

@@ -172,6 +172,13 @@ def rerun_changes(**values: Any) -> RerunChanges:
     return changes
 
 
+def more(cursor: str, words: str = "more") -> None:
+    """The next page's cursor, on standard error (not a line of the answer), after all of
+    standard output has been written: on one pipe (`2>&1 | cat`) it is a line of its own."""
+    out.file.flush()  # every line on stdout ends with a newline; written before this one
+    err.print(f"{words}: --cursor {markup(cursor)}")
+
+
 def show_json(data: Any) -> None:
     print_json(out, data)
 
@@ -458,7 +465,7 @@ def list_tasks(
         ],
     )
     if page["next_cursor"]:
-        err.print(f"more: --cursor {markup(page['next_cursor'])}")  # not a row of the table
+        more(page["next_cursor"])  # not a row of the table
 
 
 AtOpt = Annotated[
