@@ -551,3 +551,47 @@ async def test_a_gateway_url_that_is_no_url_is_a_usage_error_not_a_traceback() -
     refused = await cli("http://[::1", "a-token", "ls")
     assert refused.exit_code == 2, refused.output
     assert "the gateway URL 'http://[::1' is not a URL" in refused.stderr
+
+
+async def test_yes_no_on_off_of_a_task_file_and_a_set_are_text_where_text_goes(
+    served: tuple[str, str], tmp_path: Path
+) -> None:
+    """YAML 1.1 read `value: no` as false and `010` as 8: the gateway refused the env
+    value and the tag ("Input should be a valid string"). They are text now; a boolean
+    field given `off` or `yes` still gets its boolean, a key `on:` is named as such."""
+    url, token = served
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        (REPO / "examples/hello.yaml").read_text()
+        + "env:\n  - {name: DEBUG, value: no}\n  - {name: MODE, value: 010}\n"
+        + "  - {name: AT, value: 1:30}\n"
+        + "description: off\nrdma: off\nfault_tolerance: {auto_restart: yes, env_check: On}\n"
+    )
+    spec.write_text(spec.read_text().replace("tags: [example]", "tags: [example, on, No]"))
+    submitted = await cli(url, token, "submit", "-f", str(spec), "--json")
+    assert submitted.exit_code == 0, submitted.output
+    task = json.loads(submitted.stdout)["spec"]
+    env = {v["name"]: v["value"] for v in task["env"]}
+    assert env == {"DEBUG": "no", "MODE": "010", "AT": "1:30"}
+    assert task["tags"] == ["example", "on", "No"] and task["description"] == "off"
+    assert task["rdma"] is False
+    assert task["fault_tolerance"]["auto_restart"] is task["fault_tolerance"]["env_check"] is True
+
+    sets = [
+        "--set",
+        "description=no",
+        "--set",
+        "tags=[yes, off]",
+        "--set",
+        "fault_tolerance.env_check=false",
+    ]
+    changed = await cli(url, token, "submit", "-f", str(spec), *sets, "--json")
+    assert changed.exit_code == 0, changed.output
+    task = json.loads(changed.stdout)["spec"]
+    assert (task["description"], task["tags"]) == ("no", ["yes", "off"])
+    assert task["fault_tolerance"]["env_check"] is False
+
+    spec.write_text(spec.read_text() + "on: push\n")
+    refused = await cli(url, token, "submit", "-f", str(spec))
+    assert refused.exit_code == 1, refused.output
+    assert "spec.unknown_field (on)" in refused.stderr, refused.stderr

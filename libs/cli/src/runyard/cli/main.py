@@ -37,6 +37,7 @@ from runyard.cli.alerts import alerts_app
 from runyard.cli.detail import detail
 from runyard.cli.settings import SettingError, apply_settings, sets_nested
 from runyard.cli.terminal import JSON_WANTED, clean, markup, print_json, remember_json, render_table
+from runyard.cli.yamlcore import CoreLoader
 from runyard.client import ApiError, Client, GatewayUnreachable, Retry
 from runyard.contracts.http import Error
 from runyard.contracts.requests import RerunChanges
@@ -188,9 +189,11 @@ def table(title: str, columns: list[str], rows: Iterator[list[Any]] | list[list[
     render_table(out, title, columns, rows)
 
 
-class _TaskFileLoader(yaml.SafeLoader):  # type: ignore[misc]
-    """`yaml.safe_load`'s loader, refusing a key given twice in one mapping (YAML
-    would keep the last silently: a second `command:` would run, the first not).
+class _TaskFileLoader(CoreLoader):
+    """A safe loader with YAML 1.2's booleans and numbers (`yes`, `no`, `on`, `off`,
+    `010`, `1:30` are text: `runyard.cli.yamlcore`), refusing a key given twice in one
+    mapping (YAML would keep the last silently: a second `command:` would run, the
+    first not).
     Keys a merge (`<<: *base`) brings may still be given again: that is what a merge
     is for."""
 
