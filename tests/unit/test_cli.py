@@ -547,6 +547,35 @@ async def test_an_id_pasted_with_a_hash_or_a_query_is_that_id_not_another_route(
             assert f"task '{odd}' does not exist" in result.stderr, (args, result.output)
 
 
+async def test_an_id_with_a_percent_or_dots_is_that_id_and_one_with_a_slash_is_refused(
+    served: tuple[str, str],
+) -> None:
+    """`a%2Fb` is sent as itself (`a%252Fb`), to the gateway and through it to the log
+    service, which read it as that id (it reached the log service as `a/b`, another
+    route); `.` and `..` are ids too, not the path's dot segments (`show .` read the task
+    list as a task: a traceback). A `/` cannot be sent in a path (the gateway reads
+    `%2F` as one): refused before anything is sent, exit 2, not another route's answer."""
+    url, token = served
+    submitted = await cli(url, token, "submit", "-f", str(REPO / "examples/hello.yaml"), "--json")
+    task_id = json.loads(submitted.stdout)["task_id"]
+    commands = (
+        ["show"], ["events"], ["stop"], ["logs"], ["logs", "--first-error"], ["trace"],
+        ["watch"], ["show", "--at", "1"], ["rerun"], ["clone"],
+    )  # fmt: skip
+    for odd in ("a%2Fb", f"{task_id}%2Fevents", "%2e%2e", "a%25b", ".", ".."):
+        for command, *options in commands:
+            result = await cli(url, token, command, odd, *options)
+            assert result.exit_code == 1, (command, odd, result.output)
+            assert f"task '{odd}' does not exist" in result.stderr, (command, odd, result.output)
+    for odd in (f"{task_id}/events", "a/b", f"x/../{task_id}"):
+        for command, *options in (*commands, ["group", "show"], ["capacity"]):
+            args = [command, *options[:1], odd, *options[1:]] if command == "group" else None
+            result = await cli(url, token, *(args or [command, odd, *options]))
+            assert result.exit_code == 2, (command, odd, result.output)
+            said = " ".join(result.stderr.split())
+            assert f"error client.invalid_id: '{odd}' is no id: an id has no '/'" in said, said
+
+
 async def test_a_gateway_url_that_is_no_url_is_a_usage_error_not_a_traceback() -> None:
     refused = await cli("http://[::1", "a-token", "ls")
     assert refused.exit_code == 2, refused.output

@@ -25,7 +25,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
-from urllib.parse import quote
 
 import httpx
 import typer
@@ -38,7 +37,8 @@ from runyard.cli.detail import detail
 from runyard.cli.settings import SettingError, apply_settings, sets_nested
 from runyard.cli.terminal import JSON_WANTED, clean, markup, print_json, remember_json, render_table
 from runyard.cli.yamlcore import CoreLoader
-from runyard.client import ApiError, Client, GatewayUnreachable, Retry
+from runyard.client import ApiError, Client, GatewayUnreachable, InvalidId, Retry
+from runyard.client import segment as path_segment
 from runyard.contracts.http import Error
 from runyard.contracts.requests import RerunChanges
 
@@ -127,6 +127,8 @@ def gateway(url: str | None, token: str | None) -> Iterator[Client]:
         raise typer.Exit(EXIT_UNREACHABLE) from exc
     except ApiError as exc:
         refused(exc)
+    except InvalidId as exc:
+        invalid_id(exc)
 
 
 def call(url: str | None, token: str | None, method: str, path: str, **kw: Any) -> Any:
@@ -137,9 +139,23 @@ def call(url: str | None, token: str | None, method: str, path: str, **kw: Any) 
 
 
 def segment(value: str) -> str:
-    """`value` (an id the user typed) as one segment of a path: a `?`, `#` or `%` in it is
-    sent as itself, never as a query, a fragment or another route."""
-    return quote(value, safe="")
+    """`value` (an id the user typed) as one segment of a path (`runyard.client.segment`):
+    a `?`, `#`, `%`, `.` or `..` is sent as itself, never as a query, a fragment or
+    another route; an id with a `/` is refused, exit status 2, nothing sent."""
+    try:
+        return path_segment(value)
+    except InvalidId as exc:
+        invalid_id(exc)
+
+
+def invalid_id(error: InvalidId) -> NoReturn:
+    """An id no path can carry: a usage error (exit 2), with `--json` as the API's error."""
+    if JSON_WANTED.get():
+        show_json({"code": error.code, "field": "", "message": error.message, "hint": error.hint})
+    else:
+        err.print(f"[red]error[/red] {markup(error.code)}: {markup(error.message)}")
+        err.print(f"hint: {markup(error.hint)}")
+    raise typer.Exit(2) from error
 
 
 def refused(error: ApiError) -> NoReturn:

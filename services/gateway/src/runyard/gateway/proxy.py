@@ -310,7 +310,10 @@ def answer_headers(answer: httpx.Response) -> dict[str, str]:
 
 async def forward(owners: Owners, route: Route, request: HttpRequest) -> StreamingResponse:
     """Send `request` unchanged to the owner of `route`; stream its answer back."""
-    target = request.url.path
+    # The path as sent, still percent-encoded: decoded (`request.url.path`), an id
+    # `a%2Fb` sent as `a%252Fb` would reach the owner as `a/b`, another route.
+    raw = request.scope.get("raw_path")
+    target = raw.decode("latin-1") if raw else request.url.path
     query = request.url.query
     answer = await owners.send(
         route.owner,
