@@ -255,7 +255,10 @@ class Owners:
         finally:
             await answer.aclose()
         if answer.status_code >= 400:
-            raise owner_error(answer.status_code, data)
+            error = owner_error(answer.status_code, data)
+            if (wait := answer.headers.get("retry-after", "").strip()).isdigit():
+                error.retry_after_s = int(wait)  # as the owner said (`logs.busy`: 429)
+            raise error
         return json.loads(data) if data else None
 
     async def lines(
