@@ -35,7 +35,7 @@ from tests.unit.test_cli import REPO, cli
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 #: How long the page may take to show what it should (Chromium on a loaded machine).
-WAIT_MS = 30_000
+WAIT_MS = 60_000
 
 
 @dataclass
