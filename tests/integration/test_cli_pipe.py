@@ -30,9 +30,12 @@ async def piped(served: Served, command: str) -> list[str]:
     return stdout.splitlines()
 
 
-async def run_piped(served: Served, command: str) -> tuple[int, str, str]:
+async def run_piped(
+    served: Served, command: str, env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
     """`runyard COMMAND | cat`, its stderr a pipe too: exit status, stdout, stderr."""
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    given = env or {}
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")} | given
     env |= {"RUNYARD_URL": served.url, "RUNYARD_TOKEN": served.token}
     env |= {"XDG_CONFIG_HOME": NO_CONFIG, "TERM": "xterm-256color"}
     shell = await asyncio.create_subprocess_shell(
@@ -131,3 +134,66 @@ async def test_a_watch_ends_saying_so_once_its_token_is_revoked(served_gateway: 
             watch.kill()
             await watch.wait()
     assert "error auth.token_revoked: this token was revoked" in stderr
+
+
+async def on_a_terminal(served: Served, command: list[str], columns: int) -> str:
+    """`runyard COMMAND` with its stdout a terminal (a pseudo-terminal) `columns` wide:
+    what it shows, colours and styles taken out."""
+    import pty
+    import re
+
+    leader, follower = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k not in ("LINES", "FORCE_COLOR")}
+    env |= {"RUNYARD_URL": served.url, "RUNYARD_TOKEN": served.token}
+    env |= {"XDG_CONFIG_HOME": NO_CONFIG, "TERM": "xterm-256color", "COLUMNS": str(columns)}
+    shown = await asyncio.create_subprocess_exec(
+        str(RUNYARD), *command, stdout=follower, stderr=PIPE, env=env
+    )
+    os.close(follower)
+    read = bytearray()
+    try:
+        async with asyncio.timeout(60):
+            while chunk := await asyncio.to_thread(_read_some, leader):
+                read += chunk
+            _, stderr = await shown.communicate()
+    finally:
+        os.close(leader)
+    assert shown.returncode == 0, stderr
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", read.decode()).replace("\r\n", "\n")
+
+
+def _read_some(fd: int) -> bytes:
+    try:
+        return os.read(fd, 65536)
+    except OSError:  # EIO: the command has ended and closed its terminal
+        return b""
+
+
+async def test_a_list_on_an_80_column_terminal_keeps_each_task_id_whole(
+    served_gateway: Served,
+) -> None:
+    """The other columns fold to fit 80 columns; an id is never cut or folded, so it can
+    be selected and pasted whole. Into a pipe nothing is cut, whatever COLUMNS says."""
+    url, token = served_gateway.url, served_gateway.token
+    ids = []
+    for name in ("a-rather-long-task-name-for-the-list", "short"):
+        submitted = await cli(
+            url, token, "submit", "-f", str(REPO / "examples/hello.yaml"), "--set",
+            f"name={name}", "--json",
+        )  # fmt: skip
+        assert submitted.exit_code == 0, submitted.output
+        ids.append(json.loads(submitted.stdout)["task_id"])
+    shown = await on_a_terminal(served_gateway, ["ls"], columns=80)
+    lines = shown.splitlines()
+    assert all(len(line) <= 80 for line in lines), shown
+    for task_id in ids:
+        assert any(task_id in line for line in lines), (task_id, shown)
+    assert "a-rather-long-task-name-for-the-list" not in shown, "the name folds instead"
+
+    code, stdout, stderr = await run_piped(served_gateway, "ls", env={"COLUMNS": "80"})
+    assert code == 0, stderr
+    rows = stdout.splitlines()[1:]
+    assert [row.split("\t")[:2] for row in rows] == [
+        [ids[1], "short"],
+        [ids[0], "a-rather-long-task-name-for-the-list"],
+    ]

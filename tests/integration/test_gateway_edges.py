@@ -76,3 +76,33 @@ async def test_numbers_out_of_the_databases_range_are_a_400(api: Api) -> None:
             answer.text
         )
         assert answer.json()["field"] == "run" and "2147483647" in answer.json()["hint"]
+
+
+async def test_a_filter_given_twice_is_a_400_naming_it_not_its_last_value(api: Api) -> None:
+    """`?status=running&status=failed` was read as `status=failed` alone, silently. A
+    parameter of one value given twice is refused naming it; one that takes a list (the
+    audit's `type`, a log search's `worker`) may still repeat."""
+    task_id = (await api.submit()).json()["task_id"]
+    for params in (
+        [("status", "running"), ("status", "failed")],
+        [("status", "new"), ("name", "x"), ("status", "new")],
+        [("limit", "1"), ("limit", "2")],
+    ):
+        twice = params[0][0]
+        answer = await api.call("alice", "GET", "/v1/tasks", params=params)
+        assert answer.status_code == 400, answer.text
+        error = answer.json()
+        assert (error["code"], error["field"]) == ("request.invalid", twice), error
+        assert error["message"].startswith(f"{twice} is given 2 times"), error
+    listed = await api.call("alice", "GET", "/v1/tasks", params=[("status", "new"), ("name", "")])
+    assert listed.status_code == 200, listed.text
+    assert [t["task_id"] for t in listed.json()["items"]] == [task_id]
+    grouped = await api.call("alice", "GET", "/v1/groups", params=[("limit", "1"), ("limit", "1")])
+    assert grouped.status_code == 400 and grouped.json()["field"] == "limit", grouped.text
+
+    types = [("type", "TaskSubmitted"), ("type", "TaskQueued")]
+    audited = await api.call("admin", "GET", "/v1/audit/events", params=types)
+    assert audited.status_code == 200, audited.text
+    logs = f"/v1/tasks/{task_id}/logs"
+    searched = await api.call("alice", "GET", logs, params=[("worker", "0"), ("worker", "1")])
+    assert searched.status_code == 200, searched.text

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shlex
+from asyncio.subprocess import PIPE
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -16,9 +19,10 @@ from runyard.gateway.app import Gateway
 from runyard.gateway.http import create_app
 from runyard.logs import LogStore
 
+from tests.integration.test_cli_pipe import RUNYARD
 from tests.integration.test_gateway_routing import log_service, serving
 from tests.log_records import log_record
-from tests.unit.test_cli import REPO, cli
+from tests.unit.test_cli import NO_CONFIG, REPO, cli
 
 pytestmark = pytest.mark.integration
 
@@ -193,3 +197,51 @@ async def test_show_of_a_failed_task_prints_its_first_error(served: Served, dsn:
     assert "ModuleNotFoundError: No module named 'apex'" in shown.stdout
     as_json = await cli(served.url, served.token, "show", served.task_id, "--json")
     assert json.loads(as_json.stdout)["first_error"]["found"] is True
+
+
+async def test_a_search_that_matches_nothing_says_so_on_stderr(served: Served) -> None:
+    """Nothing on stdout (a pipe gets no line), the reason on stderr, exit 0 as `ls` of
+    an empty list; the options are named as they were typed."""
+    none = await cli(
+        served.url, served.token, "logs", served.task_id, "--grep", "no such words",
+        "--worker", "1", "--since", "2d",
+    )  # fmt: skip
+    assert none.exit_code == 0, none.output
+    assert none.stdout == ""
+    typed = "--worker 1 --since 2d --grep 'no such words'"
+    named = f"no line matches {typed} in the logs of {served.task_id}"
+    assert " ".join(none.stderr.split()) == named, none.stderr
+    as_json = await cli(
+        served.url, served.token, "logs", served.task_id, "--phrase", "x" * 9, "--json"
+    )
+    assert as_json.exit_code == 0 and as_json.stdout == "", as_json.output
+    found = await cli(served.url, served.token, "logs", served.task_id, "--grep", "loss")
+    assert found.exit_code == 0 and found.stderr == "", found.output
+
+
+@pytest.mark.parametrize("mode", ["", "--raw", "--json"])
+async def test_the_more_hint_is_a_line_of_its_own_when_both_streams_share_a_pipe(
+    served: Served, mode: str
+) -> None:
+    """`runyard logs ID --limit 2 2>&1 | cat`: the two lines whole, then the hint on its
+    own line (stdout flushed, its last line ended, before stderr is written)."""
+    # As a user's shell: stdout block-buffered (no PYTHONUNBUFFERED), no terminal width.
+    unset = ("COLUMNS", "LINES", "PYTHONUNBUFFERED")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env |= {"RUNYARD_URL": served.url, "RUNYARD_TOKEN": served.token}
+    env |= {"XDG_CONFIG_HOME": NO_CONFIG}
+    command = f"{shlex.quote(str(RUNYARD))} logs {served.task_id} --limit 2 {mode} 2>&1 | cat"
+    shell = await asyncio.create_subprocess_shell(
+        f"set -o pipefail; {command}", stdout=PIPE, stderr=PIPE, env=env, executable="/bin/bash"
+    )
+    stdout, stderr = await shell.communicate()
+    assert shell.returncode == 0, stderr
+    lines = stdout.decode().split("\n")
+    assert lines[-1] == "", "the output ends with a newline"
+    first, second, hint = lines[:-1]
+    texts = [LINES[0][2], LINES[1][2]]
+    if mode == "--json":
+        assert [json.loads(first)["line"], json.loads(second)["line"]] == texts
+    else:
+        assert [first.split(" | ", 1)[1], second.split(" | ", 1)[1]] == texts
+    assert hint.startswith("more: --cursor ") and " " not in hint.removeprefix("more: --cursor ")

@@ -547,7 +547,80 @@ async def test_an_id_pasted_with_a_hash_or_a_query_is_that_id_not_another_route(
             assert f"task '{odd}' does not exist" in result.stderr, (args, result.output)
 
 
+async def test_an_id_with_a_percent_or_dots_is_that_id_and_one_with_a_slash_is_refused(
+    served: tuple[str, str],
+) -> None:
+    """`a%2Fb` is sent as itself (`a%252Fb`), to the gateway and through it to the log
+    service, which read it as that id (it reached the log service as `a/b`, another
+    route); `.` and `..` are ids too, not the path's dot segments (`show .` read the task
+    list as a task: a traceback). A `/` cannot be sent in a path (the gateway reads
+    `%2F` as one): refused before anything is sent, exit 2, not another route's answer."""
+    url, token = served
+    submitted = await cli(url, token, "submit", "-f", str(REPO / "examples/hello.yaml"), "--json")
+    task_id = json.loads(submitted.stdout)["task_id"]
+    commands = (
+        ["show"], ["events"], ["stop"], ["logs"], ["logs", "--first-error"], ["trace"],
+        ["watch"], ["show", "--at", "1"], ["rerun"], ["clone"],
+    )  # fmt: skip
+    for odd in ("a%2Fb", f"{task_id}%2Fevents", "%2e%2e", "a%25b", ".", ".."):
+        for command, *options in commands:
+            result = await cli(url, token, command, odd, *options)
+            assert result.exit_code == 1, (command, odd, result.output)
+            assert f"task '{odd}' does not exist" in result.stderr, (command, odd, result.output)
+    for odd in (f"{task_id}/events", "a/b", f"x/../{task_id}"):
+        for command, *options in (*commands, ["group", "show"], ["capacity"]):
+            args = [command, *options[:1], odd, *options[1:]] if command == "group" else None
+            result = await cli(url, token, *(args or [command, odd, *options]))
+            assert result.exit_code == 2, (command, odd, result.output)
+            said = " ".join(result.stderr.split())
+            assert f"error client.invalid_id: '{odd}' is no id: an id has no '/'" in said, said
+
+
 async def test_a_gateway_url_that_is_no_url_is_a_usage_error_not_a_traceback() -> None:
     refused = await cli("http://[::1", "a-token", "ls")
     assert refused.exit_code == 2, refused.output
     assert "the gateway URL 'http://[::1' is not a URL" in refused.stderr
+
+
+async def test_yes_no_on_off_of_a_task_file_and_a_set_are_text_where_text_goes(
+    served: tuple[str, str], tmp_path: Path
+) -> None:
+    """YAML 1.1 read `value: no` as false and `010` as 8: the gateway refused the env
+    value and the tag ("Input should be a valid string"). They are text now; a boolean
+    field given `off` or `yes` still gets its boolean, a key `on:` is named as such."""
+    url, token = served
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        (REPO / "examples/hello.yaml").read_text()
+        + "env:\n  - {name: DEBUG, value: no}\n  - {name: MODE, value: 010}\n"
+        + "  - {name: AT, value: 1:30}\n"
+        + "description: off\nrdma: off\nfault_tolerance: {auto_restart: yes, env_check: On}\n"
+    )
+    spec.write_text(spec.read_text().replace("tags: [example]", "tags: [example, on, No]"))
+    submitted = await cli(url, token, "submit", "-f", str(spec), "--json")
+    assert submitted.exit_code == 0, submitted.output
+    task = json.loads(submitted.stdout)["spec"]
+    env = {v["name"]: v["value"] for v in task["env"]}
+    assert env == {"DEBUG": "no", "MODE": "010", "AT": "1:30"}
+    assert task["tags"] == ["example", "on", "No"] and task["description"] == "off"
+    assert task["rdma"] is False
+    assert task["fault_tolerance"]["auto_restart"] is task["fault_tolerance"]["env_check"] is True
+
+    sets = [
+        "--set",
+        "description=no",
+        "--set",
+        "tags=[yes, off]",
+        "--set",
+        "fault_tolerance.env_check=false",
+    ]
+    changed = await cli(url, token, "submit", "-f", str(spec), *sets, "--json")
+    assert changed.exit_code == 0, changed.output
+    task = json.loads(changed.stdout)["spec"]
+    assert (task["description"], task["tags"]) == ("no", ["yes", "off"])
+    assert task["fault_tolerance"]["env_check"] is False
+
+    spec.write_text(spec.read_text() + "on: push\n")
+    refused = await cli(url, token, "submit", "-f", str(spec))
+    assert refused.exit_code == 1, refused.output
+    assert "spec.unknown_field (on)" in refused.stderr, refused.stderr

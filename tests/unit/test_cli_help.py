@@ -6,6 +6,7 @@ import inspect
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
 import typer
 from runyard.cli.main import app
 
@@ -70,3 +71,20 @@ def test_bracketed_text_of_a_help_is_printed() -> None:
         printed = " ".join(shown.stdout.split())
         for words in wanted:
             assert " ".join(words.split()) in printed, (name, words)
+
+
+@pytest.mark.parametrize(
+    ("command", "example"),
+    [
+        ("stop", "runyard stop ID && runyard watch ID"),
+        ("stop", "runyard group stop GROUP"),
+        ("capacity", "runyard capacity dev-a100"),
+    ],
+)
+def test_stop_and_capacity_help_show_examples(command: str, example: str) -> None:
+    """As `runyard audit --help` and `runyard whatif --help`: what to type, whole."""
+    from typer.testing import CliRunner
+
+    shown = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    assert example in shown.stdout, shown.stdout

@@ -28,7 +28,7 @@ from typing import IO, Annotated, Any
 import typer
 from runyard.cli.detail import detail
 from runyard.cli.dsn import DsnOpt, stack_dsn
-from runyard.cli.main import JsonOpt, TokenOpt, UrlOpt, app, call, err, show_json, table
+from runyard.cli.main import JsonOpt, TokenOpt, UrlOpt, app, call, err, more, show_json, table
 from runyard.cli.terminal import markup
 from runyard.cli.when import parse_when
 
@@ -36,6 +36,8 @@ from runyard.cli.when import parse_when
 PAGE = 500
 #: How often a long export or import reports progress on stderr.
 PROGRESS_EVERY = 10_000
+
+
 def _query(types: list[str], **values: str | int | None) -> dict[str, Any]:
     params: dict[str, Any] = {k: v for k, v in values.items() if v is not None}
     if types:
@@ -121,7 +123,7 @@ def audit(
         ],
     )
     if next_cursor:
-        err.print(f"next page: --cursor {markup(next_cursor)}")
+        more(next_cursor, "next page")
 
 
 def _fetch(

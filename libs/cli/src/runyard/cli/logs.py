@@ -22,6 +22,7 @@ unchanged. Exports are always unchanged.
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -39,6 +40,7 @@ from runyard.cli.main import (
     err,
     gateway,
     given,
+    more,
     out,
     segment,
     show_json,
@@ -137,8 +139,29 @@ def logs(
     emit(page["lines"], as_json, raw)
     if follow:
         tail(task_id, params, page, url, token, as_json, raw)
-    elif page["next_cursor"]:
-        err.print(f"more: --cursor {markup(page['next_cursor'])}")
+        return
+    if not page["lines"] and not as_json:  # an empty answer, as `ls` of none: exit 0
+        chosen = [f"--worker {w}" for w in worker or []] + [
+            f"{option} {shlex.quote(str(value))}"
+            for option, value in (
+                ("--run", run), ("--attempt", attempt), ("--since", since), ("--until", until),
+                ("--grep", grep), ("--phrase", phrase), ("--regex", regex),
+            )
+            if value is not None
+        ] + (["-i"] if ignore_case else [])  # fmt: skip
+        err.print(nothing_found(task_id, chosen, cursor))
+    if page["next_cursor"]:
+        more(page["next_cursor"])
+
+
+def nothing_found(task_id: str, chosen: list[str], cursor: str | None) -> str:
+    """What an empty page means, for standard error (stdout stays empty for a pipe):
+    no line matches the options `chosen` (as typed), no more after the cursor, or none yet."""
+    if chosen:
+        return f"no line matches {markup(' '.join(chosen))} in the logs of {markup(task_id)}"
+    if cursor:
+        return f"no more lines in the logs of {markup(task_id)} after this cursor"
+    return f"no lines in the logs of {markup(task_id)} yet"
 
 
 def tail(

@@ -25,7 +25,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
-from urllib.parse import quote
 
 import httpx
 import typer
@@ -37,7 +36,9 @@ from runyard.cli.alerts import alerts_app
 from runyard.cli.detail import detail
 from runyard.cli.settings import SettingError, apply_settings, sets_nested
 from runyard.cli.terminal import JSON_WANTED, clean, markup, print_json, remember_json, render_table
-from runyard.client import ApiError, Client, GatewayUnreachable, Retry
+from runyard.cli.yamlcore import CoreLoader
+from runyard.client import ApiError, Client, GatewayUnreachable, InvalidId, Retry
+from runyard.client import segment as path_segment
 from runyard.contracts.http import Error
 from runyard.contracts.requests import RerunChanges
 
@@ -126,6 +127,8 @@ def gateway(url: str | None, token: str | None) -> Iterator[Client]:
         raise typer.Exit(EXIT_UNREACHABLE) from exc
     except ApiError as exc:
         refused(exc)
+    except InvalidId as exc:
+        invalid_id(exc)
 
 
 def call(url: str | None, token: str | None, method: str, path: str, **kw: Any) -> Any:
@@ -136,9 +139,23 @@ def call(url: str | None, token: str | None, method: str, path: str, **kw: Any) 
 
 
 def segment(value: str) -> str:
-    """`value` (an id the user typed) as one segment of a path: a `?`, `#` or `%` in it is
-    sent as itself, never as a query, a fragment or another route."""
-    return quote(value, safe="")
+    """`value` (an id the user typed) as one segment of a path (`runyard.client.segment`):
+    a `?`, `#`, `%`, `.` or `..` is sent as itself, never as a query, a fragment or
+    another route; an id with a `/` is refused, exit status 2, nothing sent."""
+    try:
+        return path_segment(value)
+    except InvalidId as exc:
+        invalid_id(exc)
+
+
+def invalid_id(error: InvalidId) -> NoReturn:
+    """An id no path can carry: a usage error (exit 2), with `--json` as the API's error."""
+    if JSON_WANTED.get():
+        show_json({"code": error.code, "field": "", "message": error.message, "hint": error.hint})
+    else:
+        err.print(f"[red]error[/red] {markup(error.code)}: {markup(error.message)}")
+        err.print(f"hint: {markup(error.hint)}")
+    raise typer.Exit(2) from error
 
 
 def refused(error: ApiError) -> NoReturn:
@@ -172,6 +189,13 @@ def rerun_changes(**values: Any) -> RerunChanges:
     return changes
 
 
+def more(cursor: str, words: str = "more") -> None:
+    """The next page's cursor, on standard error (not a line of the answer), after all of
+    standard output has been written: on one pipe (`2>&1 | cat`) it is a line of its own."""
+    out.file.flush()  # every line on stdout ends with a newline; written before this one
+    err.print(f"{words}: --cursor {markup(cursor)}")
+
+
 def show_json(data: Any) -> None:
     print_json(out, data)
 
@@ -181,9 +205,11 @@ def table(title: str, columns: list[str], rows: Iterator[list[Any]] | list[list[
     render_table(out, title, columns, rows)
 
 
-class _TaskFileLoader(yaml.SafeLoader):  # type: ignore[misc]
-    """`yaml.safe_load`'s loader, refusing a key given twice in one mapping (YAML
-    would keep the last silently: a second `command:` would run, the first not).
+class _TaskFileLoader(CoreLoader):
+    """A safe loader with YAML 1.2's booleans and numbers (`yes`, `no`, `on`, `off`,
+    `010`, `1:30` are text: `runyard.cli.yamlcore`), refusing a key given twice in one
+    mapping (YAML would keep the last silently: a second `command:` would run, the
+    first not).
     Keys a merge (`<<: *base`) brings may still be given again: that is what a merge
     is for."""
 
@@ -458,7 +484,7 @@ def list_tasks(
         ],
     )
     if page["next_cursor"]:
-        err.print(f"more: --cursor {markup(page['next_cursor'])}")  # not a row of the table
+        more(page["next_cursor"])  # not a row of the table
 
 
 AtOpt = Annotated[
@@ -505,7 +531,13 @@ def show(
 def stop(
     task_id: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
 ) -> None:
-    """Stop a task."""
+    """Stop a task, queued or running: it ends `stopped` once its workers have ended.
+
+    Stop a task, then follow it until it has ended:
+    runyard stop ID && runyard watch ID
+
+    Stop every task of a group: runyard group stop GROUP
+    """
     with gateway(url, token) as api:
         task = as_json_data(api.stop_task(task_id))
     show_json(task) if as_json else print_task(task)
@@ -674,7 +706,12 @@ def images(
 def capacity(
     pool_id: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
 ) -> None:
-    """What a pool can launch now: count per worker spec, custom-count maximum."""
+    """What a pool can launch now: count per worker spec, custom-count maximum.
+
+    Workers of each spec dev-a100 can launch now: runyard capacity dev-a100
+
+    The pools, with their worker specs: runyard pools
+    """
     with gateway(url, token) as api:
         cap = as_json_data(api.pool_capacity(pool_id))
     if as_json:

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
+from runyard.cli.yamlcore import load
 
 __all__ = ["SettingError", "apply_settings", "sets_nested"]
 
@@ -111,9 +112,10 @@ def _parse(setting: str) -> tuple[list[str], Any]:
 
 
 def _value(raw: str) -> Any:
-    """A number, a boolean, null, or a flow list or mapping as YAML; else the text."""
+    """A number, a boolean (`true`, `false`), null, or a flow list or mapping as YAML
+    (1.2: `no`, `off` are text, `runyard.cli.yamlcore`); else the text."""
     try:
-        value = yaml.safe_load(raw)
+        value = load(raw)
     except yaml.YAMLError:
         return raw
     stripped = raw.strip()

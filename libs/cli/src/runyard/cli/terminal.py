@@ -84,6 +84,11 @@ def markup(value: object) -> str:
     return escape_markup(clean(value))
 
 
+#: Columns of ids, by their header: never cut or folded on a terminal (the other
+#: columns are narrowed instead), so an id can be selected and pasted whole.
+ID_COLUMNS = frozenset({"id", "task", "group", "correlation id"})
+
+
 def render_table(
     console: Console, title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]
 ) -> None:
@@ -92,7 +97,8 @@ def render_table(
     The plain form separates columns with a tab and never cuts, folds or pads a
     value, so every row is one whole line for grep, cut or awk -F'\\t'. Every
     cell is `clean`ed (a cell cannot hold a tab or a newline) and never read as
-    markup.
+    markup. On a terminal, the values of `ID_COLUMNS` stay whole on one line; the
+    other columns fold to fit its width.
     """
     cells = [[clean(v) for v in row] for row in rows]
     if not console.is_terminal:  # written as is: rich would expand the tabs to spaces
@@ -101,8 +107,12 @@ def render_table(
         console.file.flush()
         return
     grid = Table(title=title)
-    for column in columns:
-        grid.add_column(column, overflow="fold")
+    for at, column in enumerate(columns):
+        if column in ID_COLUMNS:  # at its full width, on one line, whatever the terminal's
+            longest = max((len(row[at]) for row in cells if at < len(row)), default=0)
+            grid.add_column(column, no_wrap=True, overflow="ignore", min_width=longest)
+        else:
+            grid.add_column(column, overflow="fold")
     for row in cells:
         grid.add_row(*[Text(cell) for cell in row])
     console.print(grid)

@@ -18,13 +18,14 @@ deletes, stops).
 """
 
 from runyard.client._async import AsyncClient
-from runyard.client._calls import Call
+from runyard.client._calls import Call, segment
 from runyard.client._errors import (
     ApiError,
     BadRequest,
     ClientError,
     Conflict,
     GatewayUnreachable,
+    InvalidId,
     NotFound,
     PayloadTooLarge,
     PermissionDenied,
@@ -45,6 +46,7 @@ __all__ = [
     "ClientError",
     "Conflict",
     "GatewayUnreachable",
+    "InvalidId",
     "NotFound",
     "PayloadTooLarge",
     "PermissionDenied",
@@ -52,4 +54,5 @@ __all__ = [
     "Unauthenticated",
     "Unavailable",
     "refusal",
+    "segment",
 ]

@@ -9,6 +9,7 @@ from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
 from pydantic import BaseModel, TypeAdapter
+from runyard.client._errors import InvalidId
 from runyard.client._retry import IDEMPOTENT_METHODS
 from runyard.contracts import http as wire
 
@@ -56,7 +57,15 @@ def call(
     return Call(method, path, read, idempotent=idempotent, **kw)
 
 
-def _id(value: str) -> str:
+def segment(value: str) -> str:
+    """`value` (an id) as one segment of a URL path: percent-encoded whole (a `%`, `?` or
+    `#` is sent as itself), and `.` or `..` as `%2E`, `%2E%2E` (not the path's dot
+    segments, which would name another route). An id holding a `/` raises `InvalidId`:
+    the gateway decodes `%2F` before it routes, so no encoding keeps it one segment."""
+    if "/" in value:
+        raise InvalidId(value)
+    if value in (".", ".."):
+        return value.replace(".", "%2E")
     return quote(value, safe="")
 
 
@@ -75,7 +84,7 @@ def create_task(spec: Body) -> Call[wire.Task]:
 
 
 def get_task(task_id: str) -> Call[wire.Task]:
-    return call("GET", f"/v1/tasks/{_id(task_id)}", _TASK)
+    return call("GET", f"/v1/tasks/{segment(task_id)}", _TASK)
 
 
 def list_tasks(
@@ -105,19 +114,19 @@ def list_tasks(
 def stop_task(task_id: str) -> Call[wire.Task]:
     # A stop asked twice stops the task once (the second ask of a task that has ended
     # by then is a 409, which the caller may take as done).
-    return call("POST", f"/v1/tasks/{_id(task_id)}/stop", _TASK, idempotent=True)
+    return call("POST", f"/v1/tasks/{segment(task_id)}/stop", _TASK, idempotent=True)
 
 
 def rerun_task(task_id: str, changes: Body | None = None) -> Call[wire.Task]:
-    return call("POST", f"/v1/tasks/{_id(task_id)}/rerun", _TASK, body=changes or {})
+    return call("POST", f"/v1/tasks/{segment(task_id)}/rerun", _TASK, body=changes or {})
 
 
 def clone_task(task_id: str, overrides: Body | None = None) -> Call[wire.Task]:
-    return call("POST", f"/v1/tasks/{_id(task_id)}/clone", _TASK, body=overrides or {})
+    return call("POST", f"/v1/tasks/{segment(task_id)}/clone", _TASK, body=overrides or {})
 
 
 def task_events(task_id: str) -> Call[list[wire.TaskEvent]]:
-    return call("GET", f"/v1/tasks/{_id(task_id)}/events", reader(list[wire.TaskEvent]))
+    return call("GET", f"/v1/tasks/{segment(task_id)}/events", reader(list[wire.TaskEvent]))
 
 
 # --- groups ---------------------------------------------------------------------------
@@ -129,7 +138,7 @@ def create_group(group: Body) -> Call[wire.Group]:
 
 def get_group(group_id: str, *, tenant: str | None = None) -> Call[wire.Group]:
     """The caller's tenant's group (`tenant`: another's, for sre and platform_admin)."""
-    return call("GET", f"/v1/groups/{_id(group_id)}", _GROUP, params=_given(tenant=tenant))
+    return call("GET", f"/v1/groups/{segment(group_id)}", _GROUP, params=_given(tenant=tenant))
 
 
 def list_groups(*, limit: int | None = None, tenant: str | None = None) -> Call[wire.GroupPage]:
@@ -139,11 +148,11 @@ def list_groups(*, limit: int | None = None, tenant: str | None = None) -> Call[
 
 
 def stop_group(group_id: str) -> Call[wire.Group]:
-    return call("POST", f"/v1/groups/{_id(group_id)}/stop", _GROUP, idempotent=True)
+    return call("POST", f"/v1/groups/{segment(group_id)}/stop", _GROUP, idempotent=True)
 
 
 def rerun_group(group_id: str, changes: Body | None = None) -> Call[wire.Group]:
-    return call("POST", f"/v1/groups/{_id(group_id)}/rerun", _GROUP, body=changes or {})
+    return call("POST", f"/v1/groups/{segment(group_id)}/rerun", _GROUP, body=changes or {})
 
 
 # --- pools and catalogue --------------------------------------------------------------
@@ -154,7 +163,7 @@ def pools() -> Call[list[wire.Pool]]:
 
 
 def pool_capacity(pool_id: str) -> Call[wire.PoolCapacity]:
-    return call("GET", f"/v1/pools/{_id(pool_id)}/capacity", reader(wire.PoolCapacity))
+    return call("GET", f"/v1/pools/{segment(pool_id)}/capacity", reader(wire.PoolCapacity))
 
 
 def catalogue() -> Call[wire.Catalogue]:
@@ -167,21 +176,21 @@ def catalogue() -> Call[wire.Catalogue]:
 def task_logs(task_id: str, **query: Any) -> Call[wire.LogPage]:
     """`query`: worker (a list), run, since, until, words, phrase, regex, ignore_case,
     order, limit, cursor."""
-    path = f"/v1/tasks/{_id(task_id)}/logs"
+    path = f"/v1/tasks/{segment(task_id)}/logs"
     return call("GET", path, reader(wire.LogPage), params=_given(**query))
 
 
 def first_error(task_id: str, run: int | None = None) -> Call[wire.FirstError]:
-    path = f"/v1/tasks/{_id(task_id)}/first-error"
+    path = f"/v1/tasks/{segment(task_id)}/first-error"
     return call("GET", path, reader(wire.FirstError), params=_given(run=run))
 
 
 def ft_log(task_id: str) -> Call[wire.FaultToleranceLog]:
-    return call("GET", f"/v1/tasks/{_id(task_id)}/ft-log", reader(wire.FaultToleranceLog))
+    return call("GET", f"/v1/tasks/{segment(task_id)}/ft-log", reader(wire.FaultToleranceLog))
 
 
 def task_trace(task_id: str, limit: int | None = None) -> Call[wire.Trace]:
-    path = f"/v1/tasks/{_id(task_id)}/trace"
+    path = f"/v1/tasks/{segment(task_id)}/trace"
     return call("GET", path, reader(wire.Trace), params=_given(limit=limit))
 
 
@@ -206,7 +215,7 @@ def list_tokens(
 
 
 def revoke_token(token_id: str) -> Call[wire.TokenInfo]:
-    return call("DELETE", f"/v1/admin/tokens/{_id(token_id)}", reader(wire.TokenInfo))
+    return call("DELETE", f"/v1/admin/tokens/{segment(token_id)}", reader(wire.TokenInfo))
 
 
 def alert_subscriptions() -> Call[wire.AlertSubscriptions]:
@@ -219,5 +228,5 @@ def subscribe_alerts(subscription: Body) -> Call[wire.AlertSubscription]:
 
 
 def unsubscribe_alerts(subscription_id: str) -> Call[wire.Deleted]:
-    path = f"/v1/alert-subscriptions/{_id(subscription_id)}"
+    path = f"/v1/alert-subscriptions/{segment(subscription_id)}"
     return call("DELETE", path, reader(wire.Deleted))

@@ -46,6 +46,21 @@ class GatewayUnreachable(ClientError):
         self.sent = sent
 
 
+class InvalidId(ClientError):
+    """An id that cannot be one segment of a URL path: it holds a `/`, which the gateway
+    reads as a separator even sent as `%2F` (another route would answer). Nothing is sent."""
+
+    code = "client.invalid_id"
+
+    def __init__(self, value: str) -> None:
+        super().__init__(
+            f"{value!r} is no id: an id has no '/', the gateway would read it as another route",
+            hint="check the id: `runyard ls` lists your tenant's tasks,"
+            " `runyard group ls` its groups",
+        )
+        self.value = value
+
+
 class ApiError(ClientError):
     """The gateway's refusal: its HTTP `status` and the `Error` body it answered."""
 
@@ -142,6 +157,7 @@ __all__ = [
     "ClientError",
     "Conflict",
     "GatewayUnreachable",
+    "InvalidId",
     "NotFound",
     "PayloadTooLarge",
     "PermissionDenied",

@@ -15,13 +15,15 @@ the routed routes included, is generated from the models; it is served at
 import json
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Annotated, Any
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from fastapi import Body, Depends, FastAPI, Header, Query
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from runyard.api.auth import Principal
+from runyard.api.errors import BadRequest
 from runyard.api.inputs import (
     MAX_BODY_BYTES,
     BodyLimit,
@@ -143,11 +145,56 @@ def _readiness_route(app: FastAPI, gw: Gateway) -> None:
 
 async def _no_nul_in_url(request: HttpRequest) -> None:
     """Path and query parameters the store cannot hold (NUL, a lone surrogate) or over
-    `MAX_PARAM` characters are a 400 naming them, on every route."""
+    `MAX_PARAM` characters are a 400 naming them, on every route; so is a query
+    parameter of one value given more than once (`_one_value_each`)."""
     for params in (request.path_params, request.query_params):
         reject_unstorable(dict(params))
         for name, value in params.items():
             check_param(name, str(value))
+    _one_value_each(request)
+
+
+def _one_value_each(request: HttpRequest) -> None:
+    """A query parameter an API route takes one value of, given twice
+    (`?status=running&status=failed`), is a 400 naming it: it was read as its last
+    value alone, silently. Parameters that take a list (`type` of the audit) may
+    repeat; a routed owner's route (`runyard.gateway.proxy`) checks its own."""
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    if dependant is None or not request.url.path.startswith("/v1/"):
+        return
+    single = _single_query_names(dependant)
+    for name in dict.fromkeys(request.query_params.keys()):
+        given = request.query_params.getlist(name)
+        if name in single and len(given) > 1:
+            raise BadRequest(
+                "request.invalid",
+                f"{name} is given {len(given)} times; it takes one value",
+                f"give {name} once; for several, one request for each",
+                name,
+            )
+
+
+def _single_query_names(dependant: Any) -> set[str]:
+    """The query parameters of a route (its dependencies' too) that take one value."""
+    names = {
+        field.alias
+        for field in dependant.query_params
+        if not _takes_many(field.field_info.annotation)
+    }
+    for inner in dependant.dependencies:
+        names |= _single_query_names(inner)
+    return names
+
+
+def _takes_many(annotation: Any) -> bool:
+    """Whether a parameter's type is a list (or a set, a tuple), alone or in a union."""
+    origin = get_origin(annotation)
+    if origin in (list, set, frozenset, tuple, Sequence):
+        return True
+    if origin is Annotated:
+        return _takes_many(get_args(annotation)[0])
+    return origin in (Union, UnionType) and any(_takes_many(a) for a in get_args(annotation))
 
 
 def _principal_dependency(gateway: Gateway) -> Any:

@@ -255,7 +255,10 @@ class Owners:
         finally:
             await answer.aclose()
         if answer.status_code >= 400:
-            raise owner_error(answer.status_code, data)
+            error = owner_error(answer.status_code, data)
+            if (wait := answer.headers.get("retry-after", "").strip()).isdigit():
+                error.retry_after_s = int(wait)  # as the owner said (`logs.busy`: 429)
+            raise error
         return json.loads(data) if data else None
 
     async def lines(
@@ -310,7 +313,10 @@ def answer_headers(answer: httpx.Response) -> dict[str, str]:
 
 async def forward(owners: Owners, route: Route, request: HttpRequest) -> StreamingResponse:
     """Send `request` unchanged to the owner of `route`; stream its answer back."""
-    target = request.url.path
+    # The path as sent, still percent-encoded: decoded (`request.url.path`), an id
+    # `a%2Fb` sent as `a%252Fb` would reach the owner as `a/b`, another route.
+    raw = request.scope.get("raw_path")
+    target = raw.decode("latin-1") if raw else request.url.path
     query = request.url.query
     answer = await owners.send(
         route.owner,

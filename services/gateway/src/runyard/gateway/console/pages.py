@@ -307,6 +307,10 @@ class Console:
             page = await self._log_service(who, task_id, "logs", params)
         except BadRequest as exc:
             return render("error_box.html", who, error=exc)
+        except RunyardError as exc:
+            if exc.code != "logs.busy":
+                raise
+            return log_busy(request, who, exc, follow=search["follow"])
         pattern = display.search_pattern(search["mode"], search["q"], search["ignore_case"])
         lines = [{**line, "html": display.marked(line["line"], pattern)} for line in page["lines"]]
         resume = page["next_cursor"] or page["tail_cursor"] or cursor
@@ -436,6 +440,26 @@ def render(name: str, who: SignedIn | None, *, status: int = 200, **context: Any
         who=who.principal if who else None, csrf=who.session.csrf if who else "", **context
     )
     return HTMLResponse(html, status_code=status, headers={"Cache-Control": "no-store"})
+
+
+#: Seconds to wait when the log service said busy without a Retry-After.
+LOG_BUSY_WAIT_S = 2
+
+
+def log_busy(
+    request: HttpRequest, who: SignedIn, exc: RunyardError, *, follow: bool
+) -> HTMLResponse:
+    """The log service refused a search for now (429 `logs.busy`: the searches that may
+    run at once are running): a message in the log box, the page kept, and the same
+    page of lines asked again, by a button (followed: by itself, once the wait is over)."""
+    return render(
+        "log_busy.html",
+        who,
+        seconds=exc.retry_after_s or LOG_BUSY_WAIT_S,
+        whose="your tenant" if exc.message.startswith("your tenant's") else "all tenants",
+        retry_url=request.url.path + (f"?{request.url.query}" if request.url.query else ""),
+        follow=follow,
+    )
 
 
 def error_page(exc: RunyardError, who: SignedIn | None) -> HTMLResponse:
