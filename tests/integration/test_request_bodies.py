@@ -54,6 +54,15 @@ CASES: list[tuple[str, str, Any, str, str]] = [
         "spec.invalid",
         "template.pool",
     ),
+    *(
+        ("alice", "/v1/groups", {"template": BASE, "items": [{}], "group_id": g}, code, "group_id")
+        for g, code in [
+            ("team/exp1", "request.invalid"),
+            ("..", "request.invalid"),
+            ("a b", "request.invalid"),
+            ("x%2Fy", "request.invalid"),
+        ]
+    ),
     ("admin", "/v1/admin/tokens", {**TOKEN, "role": "owner"}, "auth.invalid_role", "role"),
     ("admin", "/v1/admin/tokens", {**TOKEN, "ttl": 1.5}, "auth.invalid_expiry", "ttl"),
     ("admin", "/v1/admin/tokens", {"user": "dana"}, "auth.invalid_name", "tenant"),

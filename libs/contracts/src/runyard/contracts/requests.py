@@ -313,18 +313,29 @@ class RerunChanges(_Rerun):  # type: ignore[misc,valid-type]
         return refusal
 
 
+#: A group id given in a request: it is one segment of the group's URLs
+#: (`/v1/groups/<id>`), so no `/`, `%`, `?`, `#`, space or control character.
+GROUP_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]*$"
+
+
 class TaskGroupRequest(RequestBody):
     """`POST /v1/groups`: one task per item, each the template with the item's overrides."""
 
     template: TaskSubmission
     items: list[SpecOverrides] = Field(min_length=1, max_length=MAX_GROUP_SIZE)
     group_id: str | None = Field(
-        default=None, max_length=MAX_ID, description="left out: a generated id"
+        default=None,
+        max_length=MAX_ID,
+        pattern=GROUP_ID_PATTERN,
+        description="left out: a generated id; else letters, digits and . _ : @ + = -,"
+        " starting with a letter or digit (one segment of a URL path)",
     )
 
     field_refusals: ClassVar[Mapping[str, FieldRefusal]] = {
         "group_id": FieldRefusal(
-            "request.invalid", "leave group_id out to get a generated one, or send a short name"
+            "request.invalid",
+            "leave group_id out to get a generated one, or send a short name of letters,"
+            " digits and . _ : @ + = - that starts with a letter or digit, e.g. sweep-lr-1",
         ),
     }
 
