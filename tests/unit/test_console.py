@@ -249,6 +249,14 @@ def test_a_clone_keeps_every_field_but_creator_only_variables() -> None:
         with pytest.raises(BadRequest) as refused:
             clone.parse_spec(bad)
         assert refused.value.code == "console.spec_yaml"
+    # Typed into the textarea as into a task file: YAML 1.1's yes/no/on/off and 010
+    # are text (an env value, a tag), as the CLI reads them.
+    typed = "name: off\ntags: [on, 'x']\nenv:\n- {name: DEBUG, value: no}\n- {name: N, value: 010}"
+    assert clone.parse_spec(typed) == {
+        "name": "off",
+        "tags": ["on", "x"],
+        "env": [{"name": "DEBUG", "value": "no"}, {"name": "N", "value": "010"}],
+    }
 
 
 def test_whatif_form_becomes_the_apis_body() -> None:

@@ -36,11 +36,11 @@ from runyard.cli.alerts import alerts_app
 from runyard.cli.detail import detail
 from runyard.cli.settings import SettingError, apply_settings, sets_nested
 from runyard.cli.terminal import JSON_WANTED, clean, markup, print_json, remember_json, render_table
-from runyard.cli.yamlcore import CoreLoader
 from runyard.client import ApiError, Client, GatewayUnreachable, InvalidId, Retry
 from runyard.client import segment as path_segment
 from runyard.contracts.http import Error
 from runyard.contracts.requests import RerunChanges
+from runyard.contracts.yamlcore import CoreLoader
 
 app = typer.Typer(help="Runyard: submit and follow GPU training tasks.", no_args_is_help=True)
 group_app = typer.Typer(help="Task groups: many tasks from one template.", no_args_is_help=True)
@@ -207,7 +207,7 @@ def table(title: str, columns: list[str], rows: Iterator[list[Any]] | list[list[
 
 class _TaskFileLoader(CoreLoader):
     """A safe loader with YAML 1.2's booleans and numbers (`yes`, `no`, `on`, `off`,
-    `010`, `1:30` are text: `runyard.cli.yamlcore`), refusing a key given twice in one
+    `010`, `1:30` are text: `runyard.contracts.yamlcore`), refusing a key given twice in one
     mapping (YAML would keep the last silently: a second `command:` would run, the
     first not).
     Keys a merge (`<<: *base`) brings may still be given again: that is what a merge

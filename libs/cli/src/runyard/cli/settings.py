@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
-from runyard.cli.yamlcore import load
+from runyard.contracts.yamlcore import load
 
 __all__ = ["SettingError", "apply_settings", "sets_nested"]
 
@@ -113,7 +113,7 @@ def _parse(setting: str) -> tuple[list[str], Any]:
 
 def _value(raw: str) -> Any:
     """A number, a boolean (`true`, `false`), null, or a flow list or mapping as YAML
-    (1.2: `no`, `off` are text, `runyard.cli.yamlcore`); else the text."""
+    (1.2: `no`, `off` are text, `runyard.contracts.yamlcore`); else the text."""
     try:
         value = load(raw)
     except yaml.YAMLError:

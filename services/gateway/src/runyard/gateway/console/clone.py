@@ -20,6 +20,7 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import RedirectResponse, Response
 from runyard.api.errors import BadRequest
 from runyard.api.inputs import parse_body
+from runyard.contracts import yamlcore
 from runyard.contracts.requests import TaskSubmission
 from runyard.errors import RunyardError
 from runyard.gateway.console.pages import PREFIX, Console, SignedIn, render
@@ -41,9 +42,10 @@ def spec_text(spec: Mapping[str, Any]) -> str:
 
 
 def parse_spec(text: str) -> dict[str, Any]:
-    """The spec of the textarea: a YAML (or JSON) mapping; 400 `console.spec_yaml` else."""
+    """The spec of the textarea: a YAML (or JSON) mapping, read as a task file is
+    (`runyard.contracts.yamlcore`: `value: no` is text); 400 `console.spec_yaml` else."""
     try:
-        loaded = yaml.safe_load(text)
+        loaded = yamlcore.load(text)
     except yaml.YAMLError as exc:
         raise BadRequest(
             "console.spec_yaml",
