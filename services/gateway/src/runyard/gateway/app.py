@@ -61,6 +61,7 @@ from runyard.eventstore import (
     load_migrations,
 )
 from runyard.gateway import projection
+from runyard.gateway.limits import GatewayLimits
 from runyard.gateway.pools import PoolInfo, capacity, describe, load_pools
 from runyard.gateway.projection import TaskListProjector
 from runyard.gateway.scheduler_client import queue_entries
@@ -117,6 +118,7 @@ class Gateway:
         http: httpx.AsyncClient | None = None,
         clock: Callable[[], datetime] = utcnow,
         new_id: Callable[[], str] = lambda: str(new_event_id()),
+        limits: GatewayLimits | None = None,
     ) -> None:
         self.store = store
         self.config_dir = config_dir
@@ -128,6 +130,11 @@ class Gateway:
         self.projector = TaskListProjector(store)
         self.clock = clock
         self.new_id = new_id
+        #: Each tenant's share of the gateway (gateway.yaml; `runyard.gateway.limits`).
+        self.limits = limits or GatewayLimits()
+        #: The long-lived streams each tenant has open (watches, live tails, the
+        #: console's live list): the edges take one before a stream starts.
+        self.streams = self.limits.open_streams()
 
     @classmethod
     async def connect(
@@ -139,6 +146,7 @@ class Gateway:
         submission: SubmissionClient | None = None,
         endpoints: Mapping[str, str] | None = None,
         http: httpx.AsyncClient | None = None,
+        limits: GatewayLimits | None = None,
     ) -> Gateway:
         """Open the store and apply the gateway's migrations.
 
@@ -146,14 +154,15 @@ class Gateway:
         `submission`: the submission service's client (default: at
         `endpoints["submission-grpc"]`, with the credential of
         `runyard.contracts.rpc.credential`); `http`: the client of the other
-        services' HTTP APIs (default: a new one, closed with the gateway)."""
+        services' HTTP APIs (default: a new one, closed with the gateway); `limits`:
+        each tenant's share (default: `GatewayLimits()`)."""
         store = await PostgresEventStore.connect(dsn, mapper or default_mapper())
         async with store.pool.acquire() as conn:
             await apply_migrations(conn, gateway_migrations())
         if endpoints is None:
             endpoints = {str(k): str(v) for k, v in _json_env("RUNYARD_ENDPOINTS").items()}
         submission = submission or submission_client(endpoints)
-        return cls(store, config_dir, submission, endpoints=endpoints, http=http)
+        return cls(store, config_dir, submission, endpoints=endpoints, http=http, limits=limits)
 
     async def close(self) -> None:
         await self.submission.close()

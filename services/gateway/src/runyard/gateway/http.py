@@ -40,6 +40,7 @@ from runyard.gateway.app import Gateway, Request
 from runyard.gateway.audit import audit_router
 from runyard.gateway.bundle import bundle_router
 from runyard.gateway.console import install_console
+from runyard.gateway.limits import CountedStream
 from runyard.gateway.proxy import Owners, install_openapi, install_routes
 from runyard.gateway.rebuild import rebuild_router
 from runyard.gateway.replay import replay_router
@@ -103,6 +104,7 @@ def create_app(gateway: Gateway, owners: Owners | Mapping[str, str] | None = Non
         _principal_dependency(gateway),
         authenticate_reads=caller_dependency(gateway, reads_only=True),
         operator=caller_dependency(gateway, operator=True),
+        streams=gateway.streams,
     )
     app.include_router(bundle_router(gateway, owners))
     app.include_router(replay_router(gateway))
@@ -281,13 +283,18 @@ def _task_routes(app: FastAPI, gw: Gateway) -> None:
         "/v1/tasks/{task_id}/watch",
         tags=["tasks"],
         response_class=StreamingResponse,
-        responses={**refusals(404), 200: SSE_ANSWER},
+        responses={**refusals(404, 429), 200: SSE_ANSWER},
     )
     async def watch_task(caller: Caller, task_id: str) -> StreamingResponse:
         """Server-sent events: the task's events, then new ones until it ends."""
-        stream = gw.watch(caller, task_id)
-        first = await anext(stream)  # 404 before the stream starts
-        return StreamingResponse(_sse(first, stream), media_type="text/event-stream")
+        close = gw.streams.take(caller.tenant)  # 429 past the tenant's open streams
+        try:
+            stream = gw.watch(caller, task_id)
+            first = await anext(stream)  # 404 before the stream starts
+        except BaseException:
+            close()
+            raise
+        return CountedStream(_sse(first, stream), close, media_type="text/event-stream")
 
 
 async def _sse(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
