@@ -275,7 +275,9 @@ class Owners:
         self, owner: str, path: str, *, token: str | None, params: Any = None
     ) -> AsyncGenerator[Any, None]:
         """The JSON items of an owner's NDJSON stream, each as it comes (the call is
-        made, and a refusal raised, before the first item)."""
+        made, and a refusal raised, before the first item); a refusal that ended the
+        stream once begun, its last item `{error, status}` (a token revoked meanwhile),
+        is raised as the gateway's error of that status."""
         answer = await self.send(
             owner, "GET", path, params=params, headers=caller_headers(token), stream=True
         )
@@ -291,7 +293,10 @@ async def _json_lines(owner: str, answer: httpx.Response) -> AsyncGenerator[Any,
     try:
         async for line in answer.aiter_lines():
             if line.strip():
-                yield json.loads(line)
+                item = json.loads(line)
+                if isinstance(item, dict) and isinstance(item.get("error"), dict):
+                    raise error_of(int(item.get("status") or 400), item["error"])
+                yield item
     except httpx.TransportError as exc:
         raise unreachable(owner, f"the stream broke ({type(exc).__name__})") from exc
     finally:
