@@ -194,7 +194,7 @@ def _task_routes(app: FastAPI, gw: Gateway) -> None:
         status_code=201,
         tags=["tasks"],
         response_model=wire.Task,
-        responses={**refusals(403, 413), 201: {"links": TASK_LINKS}},
+        responses={**refusals(403, 413, 429), 201: {"links": TASK_LINKS}},
     )
     async def create_task(req: Sent, spec: bodies.TaskSubmission) -> dict[str, Any]:
         """Submit a task spec; answers the task with its warnings."""
@@ -250,7 +250,7 @@ def _task_routes(app: FastAPI, gw: Gateway) -> None:
         operation_id="rerunTask",
         tags=["tasks"],
         response_model=wire.Task,
-        responses=refusals(403, 404, 409, 413),
+        responses=refusals(403, 404, 409, 413, 429),
     )
     async def rerun_task(req: Sent, task_id: str, changes: Changes) -> dict[str, Any]:
         """Rerun a finished task; body: changes of command, worker spec/count, image."""
@@ -262,7 +262,7 @@ def _task_routes(app: FastAPI, gw: Gateway) -> None:
         status_code=201,
         tags=["tasks"],
         response_model=wire.Task,
-        responses={**refusals(403, 404, 413), 201: {"links": TASK_LINKS}},
+        responses={**refusals(403, 404, 413, 429), 201: {"links": TASK_LINKS}},
     )
     async def clone_task(req: Sent, task_id: str, overrides: Overrides) -> dict[str, Any]:
         """A new task from this one's spec; body: any field overrides, the pool too."""
@@ -322,7 +322,7 @@ def _group_routes(app: FastAPI, gw: Gateway) -> None:
         status_code=201,
         tags=["groups"],
         response_model=wire.Group,
-        responses=refusals(403, 413),
+        responses=refusals(403, 413, 429),
     )
     async def create_group(req: Sent, group: bodies.TaskGroupRequest) -> dict[str, Any]:
         """A task group: body {template: spec, items: [overrides, ...]}; all tasks or none."""
@@ -366,7 +366,7 @@ def _group_routes(app: FastAPI, gw: Gateway) -> None:
         "/v1/groups/{group_id}/rerun",
         tags=["groups"],
         response_model=wire.Group,
-        responses=refusals(403, 404, 409, 413),
+        responses=refusals(403, 404, 409, 413, 429),
     )
     async def rerun_group(req: Sent, group_id: str, changes: Changes) -> dict[str, Any]:
         """Rerun every finished task of the group; body: allowed changes for each (optional)."""
