@@ -32,7 +32,7 @@ from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from runyard.api.auth import create_token
+from runyard.api.auth import authenticate, create_token, mark_revoked
 from runyard.api.inputs import MAX_BODY_BYTES
 from runyard.api.service import serve_service
 from runyard.contracts import default_mapper
@@ -101,14 +101,26 @@ SERVICE_TOKEN = "runyard-tests-service-credential"
 
 @asynccontextmanager
 async def log_service(
-    dsn: str, export_dir: Path, endpoints: dict[str, str], *, follow_poll_s: float = 0.05
+    dsn: str,
+    export_dir: Path,
+    endpoints: dict[str, str],
+    *,
+    follow_poll_s: float = 0.05,
+    follow_auth_every_s: float = 0.5,
 ) -> AsyncIterator[LogService]:
-    """The log service's HTTP face on a real port (its tables migrated, as at its start)."""
+    """The log service's HTTP face on a real port (its tables migrated, as at its start);
+    a live tail looks its token up again every `follow_auth_every_s`."""
     pool = await asyncpg.create_pool(dsn, min_size=1, max_size=4)
     store = LogStore(pool)
     await store.migrate()
     events = PostgresEventStore(pool, default_mapper())
-    api = LogApi(events, store, export_dir, follow_poll_s=follow_poll_s)
+    api = LogApi(
+        events,
+        store,
+        export_dir,
+        follow_poll_s=follow_poll_s,
+        follow_auth_every_s=follow_auth_every_s,
+    )
     await api.recover()
     app = logs_app(api, pool, SERVICE_TOKEN)
     calls = count_requests(app)
@@ -299,6 +311,47 @@ async def test_follow_streams_lines_through_the_gateway(stack: Stack) -> None:
             if rest.strip():
                 pages.append(json.loads(rest))
     assert [ln["line"] for page in pages for ln in page["lines"]] == ["first line", "second line"]
+
+
+async def test_a_follow_ends_with_the_refusal_once_its_token_is_revoked(stack: Stack) -> None:
+    """A live tail of a task that goes on, over HTTP through the gateway and over gRPC
+    `FollowLogs`: its token revoked once the first page came, the tail looks the token
+    up again as it goes and ends with the refusal the next request would get (HTTP: a
+    last line `{error, status}`; gRPC: `UNAUTHENTICATED`), and is counted closed."""
+    await ingest(stack.logs.store, stack.task_id, "first line")
+    path = f"/v1/tasks/{stack.task_id}/logs/follow"
+    over_http = await create_token(stack.gateway.db, "t1", "dave", "member")
+    over_grpc = await create_token(stack.gateway.db, "t1", "erin", "member")
+    metadata = (("authorization", f"Bearer {over_grpc}"),)
+    async with (
+        grpc.aio.insecure_channel(f"127.0.0.1:{stack.grpc_port}") as channel,
+        stack.http.stream("GET", path, headers=auth(over_http)) as answer,
+        asyncio.timeout(30),
+    ):
+        assert answer.status_code == 200
+        lines = answer.aiter_lines()
+        first = json.loads(await anext(lines))
+        assert [ln["line"] for ln in first["lines"]] == ["first line"]
+        follow = pb_grpc.TasksStub(channel).FollowLogs(
+            pb.FollowLogsRequest(task_id=stack.task_id), metadata=metadata
+        )
+        assert [ln.line for ln in (await follow.read()).lines] == ["first line"]
+        for token in (over_http, over_grpc):
+            principal = await authenticate(stack.gateway.db, token)
+            async with stack.gateway.db.acquire() as conn:
+                assert await mark_revoked(conn, principal.token_id, "user:t1/admin")
+        rest = [json.loads(line) async for line in lines if line.strip()]
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            while await follow.read() is not grpc.aio.EOF:
+                pass
+    assert rest[-1]["status"] == 401, rest
+    assert rest[-1]["error"]["code"] == "auth.token_revoked", rest
+    assert rest[-1]["error"]["hint"] == "ask an admin for a new token"
+    assert ended.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert ended.value.details() == "this token was revoked"
+    async with asyncio.timeout(30):
+        while stack.logs.api.follows.open or stack.gateway.streams.open:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
 
 
 async def test_grpc_follow_and_search_call_the_log_service(stack: Stack) -> None:

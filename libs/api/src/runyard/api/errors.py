@@ -15,6 +15,9 @@ hint}`. The errors here are the API's own, for refusals of the request itself:
         ├── NotFound              404 (task_not_found, group.not_found, pool.not_found)
         ├── Conflict              409 (the state does not allow it: group.nothing_to_rerun)
         ├── PayloadTooLarge       413 (request.too_large: a body over the limit)
+        ├── TooBusy               429 (streams.too_many, submission.busy: the caller's
+        │                              tenant has its share of this at once; retryable,
+        │                              answered with Retry-After)
         └── Unavailable           503 (service.unavailable: the database, the broker or
                                        another service cannot be reached now; retryable,
                                        answered with Retry-After)
@@ -94,6 +97,15 @@ class PayloadTooLarge(GatewayError):
     http_status = 413
 
 
+class TooBusy(GatewayError):
+    """The caller's tenant uses its share of this work at once (open streams, submissions
+    in flight: `runyard.api.slots`); send it again shortly."""
+
+    http_status = 429
+    retryable = True
+    retry_after_s = 2
+
+
 class Unavailable(GatewayError):
     """The database, the broker or another service cannot be reached now; send the
     request again later."""
@@ -125,6 +137,7 @@ _OF_STATUS: dict[int, type[GatewayError]] = {
         NotFound,
         Conflict,
         PayloadTooLarge,
+        TooBusy,
         Unavailable,
     )
 }

@@ -19,6 +19,7 @@ import asyncio
 import json
 import os
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -61,6 +62,7 @@ from runyard.eventstore import (
     load_migrations,
 )
 from runyard.gateway import projection
+from runyard.gateway.limits import GatewayLimits
 from runyard.gateway.pools import PoolInfo, capacity, describe, load_pools
 from runyard.gateway.projection import TaskListProjector
 from runyard.gateway.scheduler_client import queue_entries
@@ -117,6 +119,7 @@ class Gateway:
         http: httpx.AsyncClient | None = None,
         clock: Callable[[], datetime] = utcnow,
         new_id: Callable[[], str] = lambda: str(new_event_id()),
+        limits: GatewayLimits | None = None,
     ) -> None:
         self.store = store
         self.config_dir = config_dir
@@ -128,6 +131,13 @@ class Gateway:
         self.projector = TaskListProjector(store)
         self.clock = clock
         self.new_id = new_id
+        #: Each tenant's share of the gateway (gateway.yaml; `runyard.gateway.limits`).
+        self.limits = limits or GatewayLimits()
+        #: The long-lived streams each tenant has open (watches, live tails, the
+        #: console's live list): the edges take one before a stream starts.
+        self.streams = self.limits.open_streams()
+        #: The requests each tenant has in flight to the submission service.
+        self.submissions = self.limits.submission_slots()
 
     @classmethod
     async def connect(
@@ -139,6 +149,7 @@ class Gateway:
         submission: SubmissionClient | None = None,
         endpoints: Mapping[str, str] | None = None,
         http: httpx.AsyncClient | None = None,
+        limits: GatewayLimits | None = None,
     ) -> Gateway:
         """Open the store and apply the gateway's migrations.
 
@@ -146,14 +157,15 @@ class Gateway:
         `submission`: the submission service's client (default: at
         `endpoints["submission-grpc"]`, with the credential of
         `runyard.contracts.rpc.credential`); `http`: the client of the other
-        services' HTTP APIs (default: a new one, closed with the gateway)."""
+        services' HTTP APIs (default: a new one, closed with the gateway); `limits`:
+        each tenant's share (default: `GatewayLimits()`)."""
         store = await PostgresEventStore.connect(dsn, mapper or default_mapper())
         async with store.pool.acquire() as conn:
             await apply_migrations(conn, gateway_migrations())
         if endpoints is None:
             endpoints = {str(k): str(v) for k, v in _json_env("RUNYARD_ENDPOINTS").items()}
         submission = submission or submission_client(endpoints)
-        return cls(store, config_dir, submission, endpoints=endpoints, http=http)
+        return cls(store, config_dir, submission, endpoints=endpoints, http=http, limits=limits)
 
     async def close(self) -> None:
         await self.submission.close()
@@ -239,8 +251,9 @@ class Gateway:
         """Submit a spec: the submission service checks it against the rules and
         appends it; the answer is the new task, with its warnings."""
         req.principal.require_write()
-        accepted = await self.submission.submit_task(req, spec.as_json())
-        return await self.get_task(req.principal, accepted.task_id)
+        async with self._submitting(req):
+            accepted = await self.submission.submit_task(req, spec.as_json())
+            return await self.get_task(req.principal, accepted.task_id)
 
     async def get_task(self, caller: Principal, task_id: str) -> dict[str, Any]:
         """A task's detail, as the caller may see it."""
@@ -310,16 +323,18 @@ class Gateway:
     ) -> dict[str, Any]:
         """Run a finished task again, with only the changes a rerun allows (R-16)."""
         req.principal.require_write()
-        await self.submission.rerun_task(req, task_id, changes.as_json())
-        return await self.get_task(req.principal, task_id)
+        async with self._submitting(req):
+            await self.submission.rerun_task(req, task_id, changes.as_json())
+            return await self.get_task(req.principal, task_id)
 
     async def clone_task(
         self, req: Request, task_id: str, overrides: bodies.SpecOverrides
     ) -> dict[str, Any]:
         """A new task from this task's spec, any field overridden (R-16)."""
         req.principal.require_write()
-        accepted = await self.submission.clone_task(req, task_id, overrides.as_json())
-        return await self.get_task(req.principal, accepted.task_id)
+        async with self._submitting(req):
+            accepted = await self.submission.clone_task(req, task_id, overrides.as_json())
+            return await self.get_task(req.principal, accepted.task_id)
 
     async def task_events(self, caller: Principal, task_id: str) -> list[dict[str, Any]]:
         """The task's audit timeline: every event with actor and correlation id."""
@@ -406,10 +421,11 @@ class Gateway:
     async def create_group(self, req: Request, group: bodies.TaskGroupRequest) -> dict[str, Any]:
         """R-17: one task per item, each the template with the item's overrides; all or none."""
         req.principal.require_write()
-        # The submission service keeps a group (its group_id sent again) within
-        # MAX_GROUP_SIZE, in the transaction that appends its new tasks.
-        accepted = await self.submission.submit_group(req, group.as_json())
-        return await self.get_group(req.principal, accepted.group_id)
+        async with self._submitting(req):
+            # The submission service keeps a group (its group_id sent again) within
+            # MAX_GROUP_SIZE, in the transaction that appends its new tasks.
+            accepted = await self.submission.submit_group(req, group.as_json())
+            return await self.get_group(req.principal, accepted.group_id)
 
     async def get_group(
         self, caller: Principal, group_id: str, tenant: str | None = None
@@ -490,10 +506,11 @@ class Gateway:
         The submission service checks every rerun first, then writes all in one
         transaction, so either every finished task runs again or none does.
         """
-        group = await self._group_to_change(req.principal, group_id)
-        task_ids = [row["task_id"] for row in group["tasks"]]
-        await self.submission.rerun_group(req, group_id, task_ids, changes.as_json())
-        return await self.get_group(req.principal, group_id)
+        async with self._submitting(req):
+            group = await self._group_to_change(req.principal, group_id)
+            task_ids = [row["task_id"] for row in group["tasks"]]
+            await self.submission.rerun_group(req, group_id, task_ids, changes.as_json())
+            return await self.get_group(req.principal, group_id)
 
     # --- catalogue (admin) ----------------------------------------------------
 
@@ -520,6 +537,11 @@ class Gateway:
         return await self.submission.catalogue(caller)
 
     # --- internals ------------------------------------------------------------
+
+    def _submitting(self, req: Request) -> AbstractAsyncContextManager[None]:
+        """One of the caller's tenant's submissions in flight (`submissions_per_tenant`):
+        past them it waits its turn, then is refused with 429 `submission.busy`."""
+        return self.submissions.taken(req.principal.tenant)
 
     async def _load(
         self, caller: Principal, task_id: str, *, write: bool = False

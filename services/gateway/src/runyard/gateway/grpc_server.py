@@ -288,8 +288,12 @@ class TasksService(pb_grpc.TasksServicer):
         try:
             check_fields(request)
             caller = await self._caller(context)
-            async for event in self.gw.watch(caller, _id("task_id", request.task_id)):
-                yield convert.event_message(event)
+            close = self.gw.streams.take(caller.tenant)  # past the tenant's open streams
+            try:
+                async for event in self.gw.watch(caller, _id("task_id", request.task_id)):
+                    yield convert.event_message(event)
+            finally:
+                close()  # ended, refused, or the client went away (cancelled)
         except Exception as exc:
             await abort(context, exc, "gateway")
 
@@ -406,17 +410,21 @@ class TasksService(pb_grpc.TasksServicer):
     ) -> AsyncIterator[pb.FollowLogsResponse]:
         try:
             check_fields(request)
-            await self._caller(context)
+            caller = await self._caller(context)
             params = convert.log_params(request.filter) | {"limit": request.limit or LOG_PAGE}
             if request.cursor:
                 params["cursor"] = request.cursor
             path = _task_path(request.task_id, "logs/follow")
-            pages = await self.owners.lines("logs", path, token=_token(context), params=params)
-            # closed here, not when collected: a client that goes away mid-stream gives
-            # the connection to the log service back at once
-            async with contextlib.aclosing(pages) as stream:
-                async for page in stream:
-                    yield convert.follow_page_message(page)
+            close = self.gw.streams.take(caller.tenant)  # past the tenant's open streams
+            try:
+                pages = await self.owners.lines("logs", path, token=_token(context), params=params)
+                # closed here, not when collected: a client that goes away mid-stream
+                # gives the connection to the log service back at once
+                async with contextlib.aclosing(pages) as stream:
+                    async for page in stream:
+                        yield convert.follow_page_message(page)
+            finally:
+                close()
         except Exception as exc:
             await abort(context, exc, "gateway")
 

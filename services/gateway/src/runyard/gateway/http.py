@@ -42,6 +42,7 @@ from runyard.gateway.app import Gateway, Request
 from runyard.gateway.audit import audit_router
 from runyard.gateway.bundle import bundle_router
 from runyard.gateway.console import install_console
+from runyard.gateway.limits import CountedStream
 from runyard.gateway.proxy import Owners, install_openapi, install_routes
 from runyard.gateway.rebuild import rebuild_router
 from runyard.gateway.replay import replay_router
@@ -105,6 +106,7 @@ def create_app(gateway: Gateway, owners: Owners | Mapping[str, str] | None = Non
         _principal_dependency(gateway),
         authenticate_reads=caller_dependency(gateway, reads_only=True),
         operator=caller_dependency(gateway, operator=True),
+        streams=gateway.streams,
     )
     app.include_router(bundle_router(gateway, owners))
     app.include_router(replay_router(gateway))
@@ -239,7 +241,7 @@ def _task_routes(app: FastAPI, gw: Gateway) -> None:
         status_code=201,
         tags=["tasks"],
         response_model=wire.Task,
-        responses={**refusals(403, 413), 201: {"links": TASK_LINKS}},
+        responses={**refusals(403, 413, 429), 201: {"links": TASK_LINKS}},
     )
     async def create_task(req: Sent, spec: bodies.TaskSubmission) -> dict[str, Any]:
         """Submit a task spec; answers the task with its warnings."""
@@ -295,7 +297,7 @@ def _task_routes(app: FastAPI, gw: Gateway) -> None:
         operation_id="rerunTask",
         tags=["tasks"],
         response_model=wire.Task,
-        responses=refusals(403, 404, 409, 413),
+        responses=refusals(403, 404, 409, 413, 429),
     )
     async def rerun_task(req: Sent, task_id: str, changes: Changes) -> dict[str, Any]:
         """Rerun a finished task; body: changes of command, worker spec/count, image."""
@@ -307,7 +309,7 @@ def _task_routes(app: FastAPI, gw: Gateway) -> None:
         status_code=201,
         tags=["tasks"],
         response_model=wire.Task,
-        responses={**refusals(403, 404, 413), 201: {"links": TASK_LINKS}},
+        responses={**refusals(403, 404, 413, 429), 201: {"links": TASK_LINKS}},
     )
     async def clone_task(req: Sent, task_id: str, overrides: Overrides) -> dict[str, Any]:
         """A new task from this one's spec; body: any field overrides, the pool too."""
@@ -328,13 +330,18 @@ def _task_routes(app: FastAPI, gw: Gateway) -> None:
         "/v1/tasks/{task_id}/watch",
         tags=["tasks"],
         response_class=StreamingResponse,
-        responses={**refusals(404), 200: SSE_ANSWER},
+        responses={**refusals(404, 429), 200: SSE_ANSWER},
     )
     async def watch_task(caller: Caller, task_id: str) -> StreamingResponse:
         """Server-sent events: the task's events, then new ones until it ends."""
-        stream = gw.watch(caller, task_id)
-        first = await anext(stream)  # 404 before the stream starts
-        return StreamingResponse(_sse(first, stream), media_type="text/event-stream")
+        close = gw.streams.take(caller.tenant)  # 429 past the tenant's open streams
+        try:
+            stream = gw.watch(caller, task_id)
+            first = await anext(stream)  # 404 before the stream starts
+        except BaseException:
+            close()
+            raise
+        return CountedStream(_sse(first, stream), close, media_type="text/event-stream")
 
 
 async def _sse(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
@@ -362,7 +369,7 @@ def _group_routes(app: FastAPI, gw: Gateway) -> None:
         status_code=201,
         tags=["groups"],
         response_model=wire.Group,
-        responses=refusals(403, 413),
+        responses=refusals(403, 413, 429),
     )
     async def create_group(req: Sent, group: bodies.TaskGroupRequest) -> dict[str, Any]:
         """A task group: body {template: spec, items: [overrides, ...]}; all tasks or none."""
@@ -406,7 +413,7 @@ def _group_routes(app: FastAPI, gw: Gateway) -> None:
         "/v1/groups/{group_id}/rerun",
         tags=["groups"],
         response_model=wire.Group,
-        responses=refusals(403, 404, 409, 413),
+        responses=refusals(403, 404, 409, 413, 429),
     )
     async def rerun_group(req: Sent, group_id: str, changes: Changes) -> dict[str, Any]:
         """Rerun every finished task of the group; body: allowed changes for each (optional)."""

@@ -1,7 +1,9 @@
 """The gateway service: the HTTP API (uvicorn), the gRPC API and the task list projector.
 
 `run(ctx)` serves until cancelled. Settings: `http_host` (127.0.0.1),
-`http_port` (8080), `grpc_host` (127.0.0.1), `grpc_port` (50051). Submissions
+`http_port` (8080), `grpc_host` (127.0.0.1), `grpc_port` (50051). Each tenant's
+share of the gateway is gateway.yaml's in the config folder, its keys overridden
+by the settings' `gateway` mapping (`runyard.gateway.limits`). Submissions
 go to the submission service at `ctx.endpoints["submission-grpc"]` (read at
 each call) with the platform's service credential
 (`runyard.contracts.rpc.credential`); queue places come from the scheduler's
@@ -18,6 +20,7 @@ from runyard.contracts.rpc import credential
 from runyard.gateway.app import Gateway
 from runyard.gateway.grpc_server import start_server
 from runyard.gateway.http import create_app
+from runyard.gateway.limits import GatewayLimits
 from runyard.gateway.proxy import Owners
 from runyard.gateway.submission_client import SubmissionClient
 from runyard.stack.context import ServiceContext
@@ -27,8 +30,16 @@ async def run(ctx: ServiceContext) -> None:
     """Serve the HTTP API and keep the task list projected, until cancelled."""
     token = credential.service_token(ctx.settings, ctx.data_dir)
     submission = SubmissionClient(ctx.endpoints, token)
+    limits = GatewayLimits.from_config(
+        {**ctx.config("gateway.yaml"), **ctx.settings.get("gateway", {})}
+    )
     gateway = await Gateway.connect(
-        ctx.dsn, ctx.config_dir, ctx.mapper, submission=submission, endpoints=ctx.endpoints
+        ctx.dsn,
+        ctx.config_dir,
+        ctx.mapper,
+        submission=submission,
+        endpoints=ctx.endpoints,
+        limits=limits,
     )
     owners = Owners(ctx.endpoints)  # the services whose routes the gateway routes to them
     app = create_app(gateway, owners)

@@ -10,7 +10,10 @@ gateway's span, same trace) to the owner's base URL, looked up in
 `endpoints[<owner>]` at each request (in one process the owners publish their
 URLs after the gateway has started), and streams the answer back as it comes
 (status, headers, body: a log follow stream or an export download is never
-held whole). The owner authorises the request again with the same token.
+held whole). The owner authorises the request again with the same token. A
+live stream (a log follow) is one of the caller's tenant's open streams at the
+gateway (`runyard.gateway.limits`): past them it is refused before the owner is
+called, and it counts until its answer ends, however it ends.
 Bodies over the gateway's limit are refused by its `BodyLimit` before they
 get here.
 
@@ -45,8 +48,11 @@ import httpx
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, StreamingResponse
+from runyard.api.auth import Principal
 from runyard.api.errors import GatewayError, Unavailable, error_of
 from runyard.api.responses import refusals
+from runyard.api.slots import OpenStreams
+from runyard.gateway.limits import CountedStream
 from runyard.telemetry import current_trace_context
 
 #: How each owner is named in a hint.
@@ -92,11 +98,14 @@ class Route:
     reads: bool = False
     #: For operators only (sre, platform_admin), whatever the method (read-model rebuilds).
     operator: bool = False
+    #: A live stream that lasts as long as its reader keeps it (a log follow): counted
+    #: among the caller's tenant's open streams (`Gateway.streams`).
+    live: bool = False
 
 
 ROUTES: tuple[Route, ...] = (
     Route("/v1/tasks/{task_id}/logs", ("GET",), "logs"),
-    Route("/v1/tasks/{task_id}/logs/follow", ("GET",), "logs", stream=True),
+    Route("/v1/tasks/{task_id}/logs/follow", ("GET",), "logs", stream=True, live=True),
     Route("/v1/tasks/{task_id}/logs/tails", ("GET",), "logs"),
     Route("/v1/tasks/{task_id}/logs/tails/{worker}", ("GET",), "logs"),
     Route("/v1/tasks/{task_id}/first-error", ("GET",), "logs"),
@@ -133,6 +142,10 @@ ROUTES: tuple[Route, ...] = (
         operator=True,
     ),
 )
+
+
+def _open() -> None:
+    """The `close` of an answer that is not counted among the open streams."""
 
 
 def unreachable(owner: str, reason: str) -> Unavailable:
@@ -265,7 +278,9 @@ class Owners:
         self, owner: str, path: str, *, token: str | None, params: Any = None
     ) -> AsyncGenerator[Any, None]:
         """The JSON items of an owner's NDJSON stream, each as it comes (the call is
-        made, and a refusal raised, before the first item)."""
+        made, and a refusal raised, before the first item); a refusal that ended the
+        stream once begun, its last item `{error, status}` (a token revoked meanwhile),
+        is raised as the gateway's error of that status."""
         answer = await self.send(
             owner, "GET", path, params=params, headers=caller_headers(token), stream=True
         )
@@ -281,7 +296,10 @@ async def _json_lines(owner: str, answer: httpx.Response) -> AsyncGenerator[Any,
     try:
         async for line in answer.aiter_lines():
             if line.strip():
-                yield json.loads(line)
+                item = json.loads(line)
+                if isinstance(item, dict) and isinstance(item.get("error"), dict):
+                    raise error_of(int(item.get("status") or 400), item["error"])
+                yield item
     except httpx.TransportError as exc:
         raise unreachable(owner, f"the stream broke ({type(exc).__name__})") from exc
     finally:
@@ -311,31 +329,44 @@ def answer_headers(answer: httpx.Response) -> dict[str, str]:
     return {k: v for k, v in answer.headers.items() if k.lower() not in drop}
 
 
-async def forward(owners: Owners, route: Route, request: HttpRequest) -> StreamingResponse:
-    """Send `request` unchanged to the owner of `route`; stream its answer back."""
+async def forward(
+    owners: Owners, route: Route, request: HttpRequest, close: Callable[[], None] = _open
+) -> StreamingResponse:
+    """Send `request` unchanged to the owner of `route`; stream its answer back. `close`:
+    what counts the stream closed once its answer has ended (`OpenStreams.take`)."""
     # The path as sent, still percent-encoded: decoded (`request.url.path`), an id
     # `a%2Fb` sent as `a%252Fb` would reach the owner as `a/b`, another route.
     raw = request.scope.get("raw_path")
     target = raw.decode("latin-1") if raw else request.url.path
     query = request.url.query
-    answer = await owners.send(
-        route.owner,
-        request.method,
-        target + (f"?{query}" if query else ""),
-        headers=forwarded_headers(request),
-        content=await request.body(),
-        stream=route.stream,
-    )
-    return OwnerAnswer(answer, route.owner)
+    try:
+        answer = await owners.send(
+            route.owner,
+            request.method,
+            target + (f"?{query}" if query else ""),
+            headers=forwarded_headers(request),
+            content=await request.body(),
+            stream=route.stream,
+        )
+    except BaseException:
+        close()
+        raise
+    return OwnerAnswer(answer, route.owner, close)
 
 
-class OwnerAnswer(StreamingResponse):
+class OwnerAnswer(CountedStream):
     """An owner's answer streamed back as it comes. The owner's response is closed when
-    this one ends, however it ends: sent whole, cut short, or the client gone."""
+    this one ends, however it ends: sent whole, cut short, or the client gone (and then
+    `close` is called: a live stream counted closed)."""
 
-    def __init__(self, answer: httpx.Response, owner: str) -> None:
+    def __init__(
+        self, answer: httpx.Response, owner: str, close: Callable[[], None] = _open
+    ) -> None:
         super().__init__(
-            _raw(owner, answer), status_code=answer.status_code, headers=answer_headers(answer)
+            _raw(owner, answer),
+            close,
+            status_code=answer.status_code,
+            headers=answer_headers(answer),
         )
         self.answer = answer
 
@@ -365,23 +396,29 @@ def install_routes(
     *,
     authenticate_reads: Any = None,
     operator: Any = None,
+    streams: OpenStreams | None = None,
 ) -> None:
     """Route each of `routes` to its owner once the caller is authenticated
     (`authenticate`: the gateway's `caller_dependency`; `authenticate_reads`, if given,
     for the routes that only read whatever their method; `operator`, its operator
-    variant, for the operator routes). `install_openapi` adds their description to
-    the document."""
+    variant, for the operator routes). A live route's stream is counted among its
+    caller's tenant's `streams` (429 past the limit, before the owner is called).
+    `install_openapi` adds their description to the document."""
     for route in routes:
         check = authenticate
         if route.operator and operator is not None:
             check = operator
         elif route.reads and authenticate_reads is not None:
             check = authenticate_reads
+        if route.live and streams is not None:
+            handler, dependencies = _live_handler(owners, route, streams, check), []
+        else:
+            handler, dependencies = _handler(owners, route), [check]
         app.add_api_route(
             route.path,
-            _handler(owners, route),
+            handler,
             methods=list(route.methods),
-            dependencies=[check],
+            dependencies=dependencies,
             include_in_schema=False,
             name=f"{route.owner}:{route.path}",
         )
@@ -390,6 +427,19 @@ def install_routes(
 def _handler(owners: Owners, route: Route) -> Callable[..., Any]:
     async def routed(request: HttpRequest) -> StreamingResponse:
         return await forward(owners, route, request)
+
+    routed.__doc__ = f"Routed to {SERVICE_NAMES.get(route.owner, route.owner)}."
+    return routed
+
+
+def _live_handler(
+    owners: Owners, route: Route, streams: OpenStreams, check: Any
+) -> Callable[..., Any]:
+    """A routed live stream: the caller's (`check`) tenant takes one of its open streams
+    first, counted closed once the answer has ended."""
+
+    async def routed(request: HttpRequest, caller: Principal = check) -> StreamingResponse:
+        return await forward(owners, route, request, streams.take(caller.tenant))
 
     routed.__doc__ = f"Routed to {SERVICE_NAMES.get(route.owner, route.owner)}."
     return routed

@@ -9,7 +9,9 @@ are answered by the edge every service's app has, as the usual
 `{code, field, message, hint}`.
 
     GET  /v1/tasks/{id}/logs                   lines: filters, search, order, cursor
-    GET  /v1/tasks/{id}/logs/follow            live tail: one page per line (NDJSON)
+    GET  /v1/tasks/{id}/logs/follow            live tail: one page per line (NDJSON);
+                                               a token revoked or expired meanwhile
+                                               ends it with a last line `{error, status}`
     GET  /v1/tasks/{id}/logs/tails             each worker's tail of one attempt: sizes
     GET  /v1/tasks/{id}/logs/tails/{worker}    the last lines of one worker of one attempt
     GET  /v1/tasks/{id}/first-error            the earliest error line, its context, its layer
@@ -41,6 +43,7 @@ its support bundle read, through the same routes as every client.
 import asyncio
 import json
 import os
+import time
 import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, fields, replace
@@ -51,7 +54,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Body, Depends, Header, Query
 from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
-from runyard.api.auth import Principal
+from runyard.api.auth import Principal, authenticate_again
 from runyard.api.errors import BadRequest, Unauthenticated
 from runyard.api.responses import AnswerRoute, refusals
 from runyard.api.security import Authenticator, caller_dependency
@@ -60,6 +63,7 @@ from runyard.contracts import http as wire
 from runyard.contracts.requests import LogExportRequest
 from runyard.contracts.rpc import credential
 from runyard.domain import TaskState, is_terminal
+from runyard.errors import RunyardError
 from runyard.eventstore import EventStore
 from runyard.logs.exports import Exports
 from runyard.logs.search import MAX_LIMIT, LogQuery, check_int32
@@ -68,6 +72,9 @@ from runyard.logs.store import LogStore, WorkerStream
 
 #: How often a live tail (`follow`) looks for new lines.
 FOLLOW_POLL_S = 0.5
+#: How often a live tail looks its caller's token up again (as the gateway's watch):
+#: revoked or expired meanwhile, the tail ends with the refusal.
+FOLLOW_AUTH_EVERY_S = 5.0
 #: Media type of the follow stream: one JSON page per line.
 NDJSON = "application/x-ndjson"
 
@@ -111,6 +118,7 @@ class LogApi:
         *,
         follow_poll_s: float = FOLLOW_POLL_S,
         follows: OpenFollows | None = None,
+        follow_auth_every_s: float = FOLLOW_AUTH_EVERY_S,
     ) -> None:
         self.events = events
         #: The live tails open now, per tenant (`follow`).
@@ -119,6 +127,7 @@ class LogApi:
         self.store = store
         self.exports = Exports(store, export_dir)
         self.follow_poll_s = follow_poll_s
+        self.follow_auth_every_s = follow_auth_every_s
 
     async def recover(self) -> None:
         """Mark failed the exports an earlier process left running (at start)."""
@@ -159,7 +168,10 @@ class LogApi:
         has ended and the lines stored before its end are given. Each item is a
         page `{lines, next_cursor, tail_cursor}` (empty pages are not given);
         `tail_cursor` resumes the tail after it. The caller and the query are
-        checked before the first item (a refusal is an error, not a stream)."""
+        checked before the first item (a refusal is an error, not a stream); the
+        caller's token is looked up again every `follow_auth_every_s` as it goes,
+        and the tail ends with `Unauthenticated` once it was revoked or has expired
+        (as the next request would be)."""
         await self.task(caller, task_id)
         query = where.query(
             task_id, order="oldest", limit=limit, cursor=cursor, asker=caller.tenant
@@ -187,9 +199,13 @@ class LogApi:
     async def _tail(
         self, caller: Principal, task_id: str, query: LogQuery, page: Any
     ) -> AsyncIterator[dict[str, Any]]:
+        checked = time.monotonic()
         while True:
             if page.lines:
                 yield page.to_json()
+            if time.monotonic() - checked >= self.follow_auth_every_s:
+                await authenticate_again(self.store.pool, caller)  # revoked: it ends here
+                checked = time.monotonic()
             if page.next_cursor is None:
                 task = await self.task(caller, task_id)
                 if is_terminal(task.status):
@@ -408,7 +424,9 @@ def logs_router(api: LogApi, authenticator: Authenticator) -> APIRouter:
             **refusals(404, 429),
             200: {
                 "content": {NDJSON: {"schema": {"type": "string"}}},
-                "description": "one page of lines per line (each as GET /logs answers it)",
+                "description": "one page of lines per line (each as GET /logs answers it);"
+                " once the caller's token is revoked or has expired, a last line"
+                " `{error, status}` (the refusal's body and its HTTP status)",
             },
         },
     )
@@ -525,8 +543,14 @@ def logs_router(api: LogApi, authenticator: Authenticator) -> APIRouter:
 
 
 async def _ndjson(pages: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
-    async for page in pages:
-        yield json.dumps(page) + "\n"
+    """The pages, a line each; a refusal once the stream has begun (the caller's token
+    revoked or expired meanwhile) is its last line, `{"error": <the error body>,
+    "status": <its HTTP status>}`."""
+    try:
+        async for page in pages:
+            yield json.dumps(page) + "\n"
+    except RunyardError as exc:
+        yield json.dumps({"error": exc.to_dict(), "status": exc.http_status}) + "\n"
 
 
 def check_bounds(**values: tuple[int, int, int]) -> None:

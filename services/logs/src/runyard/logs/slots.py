@@ -16,16 +16,17 @@ takes.
 A live tail (`follow`) looks for new lines twice a second for as long as it is
 open: `OpenFollows` lets a tenant keep at most `per_tenant` open at once, so
 that a script opening thousands cannot keep Postgres and the gateway busy for
-everyone; one more is refused with `LogBusy`.
+everyone; one more is refused with `LogBusy` (the count is the shared
+`runyard.api.slots.OpenStreams`, as the gateway counts its streams).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
+from runyard.api.slots import OpenStreams
 from runyard.logs.errors import LogBusy
 
 #: Searches that run at once, of all tenants (`searches_at_once` in logs.yaml).
@@ -77,30 +78,16 @@ class SearchSlots:
                 del self._tenants[tenant]
 
 
-class OpenFollows:
-    """The live tails each tenant has open: at most `per_tenant` at once."""
+class OpenFollows(OpenStreams):
+    """The live tails each tenant has open: at most `per_tenant` at once (one more is
+    `LogBusy`); the count is `runyard.api.slots.OpenStreams`, the gateway's too."""
 
     def __init__(self, per_tenant: int = FOLLOWS_PER_TENANT) -> None:
-        self.per_tenant = max(1, per_tenant)
-        self.open: Counter[str] = Counter()
+        super().__init__(per_tenant, _too_many_follows)
 
-    def take(self, tenant: str) -> Callable[[], None]:
-        """Count one more open tail of `tenant` (`LogBusy` past its limit); the function
-        returned counts it closed, once however often it is called."""
-        if self.open[tenant] >= self.per_tenant:
-            raise LogBusy(
-                f"your tenant has {self.per_tenant} live tails open, the most it may;"
-                " close one (a `runyard logs -f` or a console page following a task)"
-            )
-        self.open[tenant] += 1
-        closed = False
 
-        def close() -> None:
-            nonlocal closed
-            if not closed:
-                closed = True
-                self.open[tenant] -= 1
-                if not self.open[tenant]:
-                    del self.open[tenant]
-
-        return close
+def _too_many_follows(per_tenant: int) -> LogBusy:
+    return LogBusy(
+        f"your tenant has {per_tenant} live tails open, the most it may;"
+        " close one (a `runyard logs -f` or a console page following a task)"
+    )

@@ -13,6 +13,9 @@ the page as the list does (one keyset query on the task list) and sends
 A stream lasts `MAX_S` at most; the browser reconnects by itself. While the
 stream is not open (no `EventSource`, a proxy that buffers, a reconnect) the
 rows poll every 2 s as before, so the page stays live either way (ADR 0006).
+Each stream is one of its tenant's open streams at the gateway
+(`streams_per_tenant`, `runyard.gateway.limits`): past them it is refused (429)
+and the page polls.
 """
 
 from __future__ import annotations
@@ -24,11 +27,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request as HttpRequest
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from runyard.api.errors import Unauthenticated
 from runyard.contracts.envelope import utcnow
 from runyard.gateway.console import display
 from runyard.gateway.console.pages import PAGE_SIZE, Console, SignedIn, list_query, template
+from runyard.gateway.limits import CountedStream
 
 TICK_S = 1.0
 HEARTBEAT_S = 15.0
@@ -41,8 +45,11 @@ AUTH_EVERY = 10
 async def task_stream(console: Console, request: HttpRequest, who: SignedIn) -> Response:
     """The changed rows of the newest page of the list, as server-sent events."""
     query = list_query(request)
-    return StreamingResponse(
+    # one of the tenant's open streams (429 past them: the rows poll every 2 s instead)
+    close = console.gw.streams.take(who.principal.tenant)
+    return CountedStream(
         _changes(console, request, who, query),
+        close,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
