@@ -103,6 +103,7 @@ async def test_a_tenant_keeps_at_most_its_streams_open_and_others_keep_theirs(
                     assert "4 streams open" in (refused.value.details() or "")
                 live = await console.get("/console/tasks/stream")
                 assert live.status_code == 429, live.text
+                assert live.headers["retry-after"] == "2"
                 assert stack.gateway.streams.open["t1"] == 4, "a refusal holds none"
 
                 # another tenant, at the same time: its own share

@@ -463,8 +463,11 @@ def log_busy(
 
 
 def error_page(exc: RunyardError, who: SignedIn | None) -> HTMLResponse:
-    """A refusal as a page with its status, code, message and hint."""
-    return render("error.html", who, status=exc.http_status, error=exc)
+    """A refusal as a page with its status, code, message and hint (and its Retry-After,
+    as the API answers it)."""
+    page = render("error.html", who, status=exc.http_status, error=exc)
+    page.headers.update(exc.headers)
+    return page
 
 
 def sign_in_url(request: HttpRequest) -> str:
