@@ -26,7 +26,8 @@ class Client:
 
     `url`: the gateway (default RUNYARD_URL, else http://127.0.0.1:8080); `token`: the
     bearer token (default RUNYARD_TOKEN); `http`: an `httpx.Client` to send with
-    instead (its base URL and headers are used as they are)."""
+    instead (its base URL and headers are used as they are); `on_retry`: called with the
+    error and the seconds about to be waited before a call is sent again (to show it)."""
 
     def __init__(
         self,
@@ -37,6 +38,7 @@ class Client:
         timeout: float = DEFAULT_TIMEOUT_S,
         http: httpx.Client | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        on_retry: Callable[[ClientError, float], None] | None = None,
     ) -> None:
         self.retry = retry or Retry()
         self._owned = http is None
@@ -44,6 +46,7 @@ class Client:
             base_url=base_url(url), headers=headers(token), timeout=timeout
         )
         self._sleep = sleep
+        self._on_retry = on_retry
 
     def close(self) -> None:
         if self._owned:
@@ -112,6 +115,8 @@ class Client:
                 wait = self.retry.wait_s(error, attempt=attempt, idempotent=call.idempotent)
                 if wait is None:
                     raise
+                if self._on_retry is not None:
+                    self._on_retry(error, wait)
             self._sleep(wait)
             attempt += 1
 
