@@ -34,6 +34,7 @@ from rich.console import Console
 from runyard.cli.admin import admin_app
 from runyard.cli.alerts import alerts_app
 from runyard.cli.detail import detail
+from runyard.cli.envtext import EnvTextLoader
 from runyard.cli.settings import SettingError, apply_settings, sets_nested
 from runyard.cli.terminal import JSON_WANTED, clean, markup, print_json, remember_json, render_table
 from runyard.client import (
@@ -48,7 +49,6 @@ from runyard.client import (
 from runyard.client import segment as path_segment
 from runyard.contracts.http import Error
 from runyard.contracts.requests import RerunChanges
-from runyard.contracts.yamlcore import CoreLoader
 
 app = typer.Typer(help="Runyard: submit and follow GPU training tasks.", no_args_is_help=True)
 group_app = typer.Typer(help="Task groups: many tasks from one template.", no_args_is_help=True)
@@ -222,11 +222,12 @@ def table(title: str, columns: list[str], rows: Iterator[list[Any]] | list[list[
     render_table(out, title, columns, rows)
 
 
-class _TaskFileLoader(CoreLoader):
+class _TaskFileLoader(EnvTextLoader):
     """A safe loader with YAML 1.2's booleans and numbers (`yes`, `no`, `on`, `off`,
-    `010`, `1:30` are text: `runyard.contracts.yamlcore`), refusing a key given twice in one
-    mapping (YAML would keep the last silently: a second `command:` would run, the
-    first not).
+    `010`, `1:30` are text: `runyard.contracts.yamlcore`), an env variable's value
+    written as a number or boolean read as text (`runyard.cli.envtext`), refusing a key
+    given twice in one mapping (YAML would keep the last silently: a second `command:`
+    would run, the first not).
     Keys a merge (`<<: *base`) brings may still be given again: that is what a merge
     is for."""
 
