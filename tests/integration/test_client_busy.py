@@ -153,3 +153,31 @@ async def test_runyard_says_it_waits_and_prints_the_refusal_once_retries_run_out
     lines = refused.stderr.splitlines()
     assert lines.count("the gateway is busy (submission.busy): retrying in 1 s") == 2
     assert lines[-2:] == ["error submission.busy: submission.busy now", "hint: send it again"]
+
+
+async def test_a_stream_refused_before_it_starts_is_opened_again(scripted: Scripted) -> None:
+    """`streams.too_many` is answered before the stream starts: the stream is opened
+    again after Retry-After, and yields the answer that came."""
+    event = Response("event: end\ndata: {}\n\n", media_type="text/event-stream")
+    scripted.answers = [busy("streams.too_many"), event]
+    waits: list[float] = []
+    told: list[tuple[str, float]] = []
+
+    def watch() -> list[str]:
+        with (
+            blocking(scripted, Retry(), waits, told) as runyard,
+            runyard.stream("GET", "/v1/tasks/t-1/watch") as answer,
+        ):
+            return list(answer.iter_lines())
+
+    assert (await asyncio.to_thread(watch))[:2] == ["event: end", "data: {}"]
+    assert waits == [2.0] and told == [("streams.too_many", 2.0)]
+    assert scripted.seen == ["GET /v1/tasks/t-1/watch"] * 2
+
+    scripted.answers = [busy("streams.too_many"), event]
+    async with (
+        AsyncClient(scripted.url, "t", sleep=lambda _: asyncio.sleep(0)) as runyard,
+        runyard.stream("GET", "/v1/tasks/t-1/watch") as answer,
+    ):
+        assert [line async for line in answer.aiter_lines()][:1] == ["event: end"]
+    assert len(scripted.seen) == 4
