@@ -11,6 +11,7 @@ import sys
 from asyncio.subprocess import PIPE
 from pathlib import Path
 
+import httpx
 import pytest
 from runyard.api.auth import authenticate, create_token, mark_revoked
 from runyard.cli.detail import detail
@@ -197,3 +198,28 @@ async def test_a_list_on_an_80_column_terminal_keeps_each_task_id_whole(
         [ids[1], "short"],
         [ids[0], "a-rather-long-task-name-for-the-list"],
     ]
+
+
+async def test_a_watch_past_the_tenants_streams_waits_then_says_how_many_are_open(
+    served_gateway: Served,
+) -> None:
+    """`runyard watch` while the tenant has all its streams open at the gateway
+    (`streams_per_tenant`, 1 here): each wait is said, then the refusal (how many are
+    open, close one) and exit 1, no traceback."""
+    url, token, gateway = served_gateway.url, served_gateway.token, served_gateway.gateway
+    submitted = await cli(url, token, "submit", "-f", str(REPO / "examples/hello.yaml"))
+    task_id = submitted.stdout.split()[0]
+    gateway.streams.per_tenant = 1
+    auth = {"Authorization": f"Bearer {token}"}
+    async with (
+        httpx.AsyncClient(base_url=url, headers=auth) as http,
+        http.stream("GET", f"/v1/tasks/{task_id}/watch") as held,
+    ):
+        assert held.status_code == 200
+        watched = await cli(url, token, "watch", task_id)
+    assert watched.exit_code == 1, watched.output
+    assert watched.exception is None or isinstance(watched.exception, SystemExit)
+    lines = watched.stderr.splitlines()
+    assert lines.count("the gateway is busy (streams.too_many): retrying in 2 s") == 2
+    assert lines[-2].startswith("error streams.too_many: your tenant has 1 streams open")
+    assert lines[-1].startswith("hint: close one (a `runyard watch`")

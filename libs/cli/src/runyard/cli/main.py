@@ -34,13 +34,21 @@ from rich.console import Console
 from runyard.cli.admin import admin_app
 from runyard.cli.alerts import alerts_app
 from runyard.cli.detail import detail
+from runyard.cli.envtext import EnvTextLoader
 from runyard.cli.settings import SettingError, apply_settings, sets_nested
 from runyard.cli.terminal import JSON_WANTED, clean, markup, print_json, remember_json, render_table
-from runyard.client import ApiError, Client, GatewayUnreachable, InvalidId, Retry
+from runyard.client import (
+    ApiError,
+    Client,
+    ClientError,
+    GatewayUnreachable,
+    InvalidId,
+    Retry,
+    TooBusy,
+)
 from runyard.client import segment as path_segment
 from runyard.contracts.http import Error
 from runyard.contracts.requests import RerunChanges
-from runyard.contracts.yamlcore import CoreLoader
 
 app = typer.Typer(help="Runyard: submit and follow GPU training tasks.", no_args_is_help=True)
 group_app = typer.Typer(help="Task groups: many tasks from one template.", no_args_is_help=True)
@@ -52,7 +60,8 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 #: The dev token `runyard up` writes, relative to the current folder.
 TOKEN_FILE = Path(".runyard/token")
 EXIT_REFUSED, EXIT_AUTH, EXIT_UNREACHABLE = 1, 3, 4
-#: A command waits out a short outage (a 503, a gateway restarting), not a long one.
+#: A command waits out a short outage (a 503, a gateway restarting) or a busy gateway (a
+#: 429 refused before acting: `submission.busy`, `logs.busy`), not a long one.
 RETRY = Retry(attempts=3, backoff_s=0.5, max_wait_s=5.0)
 
 UrlOpt = Annotated[str | None, typer.Option("--url", help="Gateway URL (RUNYARD_URL).")]
@@ -109,7 +118,7 @@ def gateway(url: str | None, token: str | None) -> Iterator[Client]:
     a refusal prints its message and hint and exits, as does an unreachable gateway."""
     try:
         with make_client(url, token) as http:
-            yield Client(http=http, retry=RETRY)
+            yield Client(http=http, retry=RETRY, on_retry=waiting)
     except httpx.InvalidURL as exc:
         given = url or os.environ.get("RUNYARD_URL", "")
         err.print(
@@ -129,6 +138,14 @@ def gateway(url: str | None, token: str | None) -> Iterator[Client]:
         refused(exc)
     except InvalidId as exc:
         invalid_id(exc)
+
+
+def waiting(error: ClientError, wait_s: float) -> None:
+    """Say on standard error that a refused call is sent again, and when (a busy gateway,
+    429; an outage, 503), so a command that waits shows why."""
+    if isinstance(error, ApiError):
+        state = "busy" if isinstance(error, TooBusy) else "unavailable"
+        err.print(f"the gateway is {state} ({markup(error.code)}): retrying in {wait_s:g} s")
 
 
 def call(url: str | None, token: str | None, method: str, path: str, **kw: Any) -> Any:
@@ -205,11 +222,12 @@ def table(title: str, columns: list[str], rows: Iterator[list[Any]] | list[list[
     render_table(out, title, columns, rows)
 
 
-class _TaskFileLoader(CoreLoader):
+class _TaskFileLoader(EnvTextLoader):
     """A safe loader with YAML 1.2's booleans and numbers (`yes`, `no`, `on`, `off`,
-    `010`, `1:30` are text: `runyard.contracts.yamlcore`), refusing a key given twice in one
-    mapping (YAML would keep the last silently: a second `command:` would run, the
-    first not).
+    `010`, `1:30` are text: `runyard.contracts.yamlcore`), an env variable's value
+    written as a number or boolean read as text (`runyard.cli.envtext`), refusing a key
+    given twice in one mapping (YAML would keep the last silently: a second `command:`
+    would run, the first not).
     Keys a merge (`<<: *base`) brings may still be given again: that is what a merge
     is for."""
 

@@ -9,7 +9,8 @@ fields of that object are kept (from the file, or from the cloned task's spec).
 The value is read as YAML when it is a number, `true`/`false`, `null`, or a
 flow list or mapping (`[a, b]`, `{x: 1}`); anything else is text as given, so
 `--set command=echo a: b` sets that command. A list (`env`, `tags`, ...) is set
-whole (`--set 'env=A=1;B=2'`); a path into one is refused. The gateway checks the
+whole (`--set 'env=A=1;B=2'`, `--set 'env=[{name: A, value: 3}]'`, its values text);
+a path into one is refused. The gateway checks the
 result as it checks any spec, and names a field it does not know.
 """
 
@@ -20,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
+from runyard.cli.envtext import load_env
 from runyard.contracts.yamlcore import load
 
 __all__ = ["SettingError", "apply_settings", "sets_nested"]
@@ -108,14 +110,16 @@ def _parse(setting: str) -> tuple[list[str], Any]:
             f"--set {_clip(setting)}: a path of {len(path)} fields, at most {MAX_DEPTH}",
             "name the field by its path from the spec's top",
         )
-    return [part.strip() for part in path], _value(raw)
+    fields = [part.strip() for part in path]
+    return fields, _value(raw, env=fields == ["env"])
 
 
-def _value(raw: str) -> Any:
+def _value(raw: str, *, env: bool = False) -> Any:
     """A number, a boolean (`true`, `false`), null, or a flow list or mapping as YAML
-    (1.2: `no`, `off` are text, `runyard.contracts.yamlcore`); else the text."""
+    (1.2: `no`, `off` are text, `runyard.contracts.yamlcore`); else the text. `env`: the
+    values of an env list are text (`value: 3` is "3", `runyard.cli.envtext`)."""
     try:
-        value = load(raw)
+        value = load_env(raw) if env else load(raw)
     except yaml.YAMLError:
         return raw
     stripped = raw.strip()

@@ -13,8 +13,9 @@ A body is a mapping, or one of the API's request models (`runyard.contracts.requ
 the fields that were set. A refusal raises `ApiError` (its `status`, and the `Error`
 body: code, message, hint, field), a connection that fails `GatewayUnreachable`.
 Failures that may pass are sent again (`Retry`): any call whose connection could not
-be made; a 503 or a broken connection only for calls that may be sent twice (reads,
-deletes, stops).
+be made; a 429 with Retry-After whose code says nothing was done (`submission.busy`,
+`streams.too_many`, `logs.busy`), whatever the call; a 503 or a broken connection only
+for calls that may be sent twice (reads, deletes, stops).
 """
 
 from runyard.client._async import AsyncClient
@@ -29,15 +30,17 @@ from runyard.client._errors import (
     NotFound,
     PayloadTooLarge,
     PermissionDenied,
+    TooBusy,
     Unauthenticated,
     Unavailable,
     refusal,
 )
-from runyard.client._retry import NO_RETRY, Retry
+from runyard.client._retry import NO_RETRY, REFUSED_BEFORE_ACTING, Retry
 from runyard.client._sync import Client
 
 __all__ = [
     "NO_RETRY",
+    "REFUSED_BEFORE_ACTING",
     "ApiError",
     "AsyncClient",
     "BadRequest",
@@ -51,6 +54,7 @@ __all__ = [
     "PayloadTooLarge",
     "PermissionDenied",
     "Retry",
+    "TooBusy",
     "Unauthenticated",
     "Unavailable",
     "refusal",

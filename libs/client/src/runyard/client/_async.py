@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -12,7 +12,7 @@ import httpx
 from runyard.client import _calls as calls
 from runyard.client._calls import Body, Call
 from runyard.client._errors import ClientError, refusal
-from runyard.client._retry import Retry
+from runyard.client._retry import IDEMPOTENT_METHODS, Retry
 from runyard.client._transport import DEFAULT_TIMEOUT_S, base_url, headers, unreachable
 from runyard.contracts import http as wire
 
@@ -26,7 +26,8 @@ class AsyncClient:
 
     `url`: the gateway (default RUNYARD_URL, else http://127.0.0.1:8080); `token`: the
     bearer token (default RUNYARD_TOKEN); `http`: an `httpx.AsyncClient` to send with
-    instead (its base URL and headers are used as they are)."""
+    instead (its base URL and headers are used as they are); `on_retry`: called with the
+    error and the seconds about to be waited before a call is sent again (to show it)."""
 
     def __init__(
         self,
@@ -37,6 +38,7 @@ class AsyncClient:
         timeout: float = DEFAULT_TIMEOUT_S,
         http: httpx.AsyncClient | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        on_retry: Callable[[ClientError, float], None] | None = None,
     ) -> None:
         self.retry = retry or Retry()
         self._owned = http is None
@@ -44,6 +46,7 @@ class AsyncClient:
             base_url=base_url(url), headers=headers(token), timeout=timeout
         )
         self._sleep = sleep
+        self._on_retry = on_retry
 
     async def aclose(self) -> None:
         if self._owned:
@@ -93,17 +96,38 @@ class AsyncClient:
     ) -> AsyncIterator[httpx.Response]:
         """A streamed answer (a watch, a log follow, a download), its body not read yet;
         a refusal is raised before anything is yielded. `http_timeout`: None waits as long as
-        the stream lasts. Not retried: a stream may have been partly consumed."""
-        try:
-            async with self.http.stream(
-                method, path, params=params, timeout=http_timeout
-            ) as answer:
-                if answer.status_code >= 300:
+        the stream lasts. A failure before the stream starts is retried as any call is (a
+        429 `streams.too_many`, refused before it starts; a 503 of a GET); once it has
+        started, never: it may have been partly consumed."""
+        idempotent = method.upper() in IDEMPOTENT_METHODS
+        async with AsyncExitStack() as opened:
+            attempt = 1
+            while True:
+                try:
+                    answer = await opened.enter_async_context(
+                        self.http.stream(method, path, params=params, timeout=http_timeout)
+                    )
+                    if answer.status_code < 300:
+                        break
                     await answer.aread()
                     raise refusal(answer)
+                except httpx.TransportError as exc:
+                    error: ClientError = unreachable(exc)
+                    cause: BaseException = exc
+                except ClientError as exc:
+                    error = cause = exc
+                await opened.aclose()  # the refused answer's connection
+                wait = self.retry.wait_s(error, attempt=attempt, idempotent=idempotent)
+                if wait is None:
+                    raise error from (None if cause is error else cause)
+                if self._on_retry is not None:
+                    self._on_retry(error, wait)
+                await self._sleep(wait)
+                attempt += 1
+            try:
                 yield answer
-        except httpx.TransportError as exc:
-            raise unreachable(exc) from exc
+            except httpx.TransportError as exc:
+                raise unreachable(exc) from exc
 
     async def _send(self, call: Call[Any]) -> httpx.Response:
         attempt = 1
@@ -114,6 +138,8 @@ class AsyncClient:
                 wait = self.retry.wait_s(error, attempt=attempt, idempotent=call.idempotent)
                 if wait is None:
                     raise
+                if self._on_retry is not None:
+                    self._on_retry(error, wait)
             await self._sleep(wait)
             attempt += 1
 

@@ -11,6 +11,7 @@
             ├── NotFound              404
             ├── Conflict              409
             ├── PayloadTooLarge       413
+            ├── TooBusy               429 (retryable; `retry_after_s` from Retry-After)
             └── Unavailable           503 (retryable; `retry_after_s` from Retry-After)
 
 Any other refusal status is an `ApiError` of that status; so is a redirect (3xx), which
@@ -96,6 +97,13 @@ class PayloadTooLarge(ApiError):
     """413: the request body is over the gateway's limit."""
 
 
+class TooBusy(ApiError):
+    """429: the caller's tenant uses its share of something at once (its submissions in
+    flight, its streams open, its log searches); send it again after `retry_after_s`."""
+
+    retryable = True
+
+
 class Unavailable(ApiError):
     """503: the gateway or a service behind it cannot answer now; send it again later."""
 
@@ -109,6 +117,7 @@ _OF_STATUS: dict[int, type[ApiError]] = {
     404: NotFound,
     409: Conflict,
     413: PayloadTooLarge,
+    429: TooBusy,
     503: Unavailable,
 }
 
@@ -161,6 +170,7 @@ __all__ = [
     "NotFound",
     "PayloadTooLarge",
     "PermissionDenied",
+    "TooBusy",
     "Unauthenticated",
     "Unavailable",
     "refusal",
