@@ -181,3 +181,32 @@ async def test_a_stream_refused_before_it_starts_is_opened_again(scripted: Scrip
     ):
         assert [line async for line in answer.aiter_lines()][:1] == ["event: end"]
     assert len(scripted.seen) == 4
+
+
+async def test_a_follow_waits_out_a_busy_log_service_instead_of_ending(
+    scripted: Scripted,
+) -> None:
+    """`runyard logs --follow --grep` asks for the next page again and again; the log
+    service busy with the tenant's other searches for longer than the client retries
+    (429 `logs.busy` three times) is waited out, and the follow goes on to the task's
+    end."""
+    line = {"at": "2026-12-06T10:00:00+00:00", "run": 1, "attempt": 1, "worker": 0}
+    line |= {"stream": "stdout", "line": "loss=0.5"}
+
+    def page(lines: list[dict[str, Any]], cursor: str) -> Response:
+        return JSONResponse({"lines": lines, "next_cursor": None, "tail_cursor": cursor})
+
+    scripted.answers = [
+        page([], "c1"),
+        JSONResponse({**TASK, "status": "running"}),
+        *[busy("logs.busy", retry_after="1")] * 3,
+        page([line], "c2"),
+        JSONResponse({**TASK, "status": "succeeded"}),
+        page([], "c2"),
+    ]
+    done: Any = await cli(scripted.url, "t", "logs", "t-1", "--follow", "--grep", "loss")
+    assert done.exit_code == 0, done.output
+    assert "loss=0.5" in done.stdout
+    waits = done.stderr.splitlines().count("the gateway is busy (logs.busy): retrying in 1 s")
+    assert waits == 3, done.stderr
+    assert scripted.answers == [] and scripted.seen.count("GET /v1/tasks/t-1/logs") == 6

@@ -44,10 +44,11 @@ from runyard.cli.main import (
     out,
     segment,
     show_json,
+    waiting,
 )
 from runyard.cli.terminal import clean, clean_output, markup
 from runyard.cli.when import parse_when
-from runyard.client import GatewayUnreachable
+from runyard.client import GatewayUnreachable, TooBusy
 
 POLL_S = 1.0
 
@@ -179,21 +180,38 @@ def tail(
             if page["next_cursor"] is None:
                 task = call(url, token, "GET", f"/v1/tasks/{segment(task_id)}")
                 if task.get("status") in ENDED:
-                    page = fetch(task_id, params, page, url, token)
+                    page = follow_page(task_id, params, page, url, token)
                     emit(page["lines"], as_json, raw)  # what arrived before the end
                     return
                 time.sleep(POLL_S)
-            page = fetch(task_id, params, page, url, token)
+            page = follow_page(task_id, params, page, url, token)
             emit(page["lines"], as_json, raw)
     except KeyboardInterrupt:
         return
 
 
-def fetch(
+def follow_page(
     task_id: str, params: dict[str, Any], page: dict[str, Any], url: str | None, token: str | None
 ) -> Any:
-    after = {**params, **({"cursor": page["tail_cursor"]} if page["tail_cursor"] else {})}
-    return call(url, token, "GET", f"/v1/tasks/{segment(task_id)}/logs", params=after)
+    """The page after `page`, for a follow: a search the log service is too busy for
+    (429 `logs.busy`, once the client's own retries are spent) is waited out and asked
+    again, for as long as the follow goes on, instead of ending it; any other refusal
+    ends it as `call` does."""
+    while True:
+        with gateway(url, token) as api:
+            try:
+                path = f"/v1/tasks/{segment(task_id)}/logs"
+                return api.request("GET", path, params=_after(params, page))
+            except TooBusy as exc:
+                busy = exc
+        wait = busy.retry_after_s or POLL_S
+        waiting(busy, wait)
+        time.sleep(wait)
+
+
+def _after(params: dict[str, Any], page: dict[str, Any]) -> dict[str, Any]:
+    """`params` from where `page` ended (its tail cursor)."""
+    return {**params, **({"cursor": page["tail_cursor"]} if page["tail_cursor"] else {})}
 
 
 def print_first_error(found: dict[str, Any], as_json: bool) -> None:
