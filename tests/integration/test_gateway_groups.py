@@ -5,14 +5,17 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 
 import asyncpg
 import httpx
 import pytest
 import uvicorn
+from runyard.api import auth
 from runyard.api.auth import Principal, create_token
 from runyard.cli.main import app as cli_app
+from runyard.contracts import Metadata
 from runyard.contracts.resources import Catalogue
 from runyard.contracts.spec import MAX_GROUP_SIZE
 from runyard.eventstore import apply_migrations
@@ -280,3 +283,36 @@ async def test_cli_reads_a_group_of_another_tenant_with_tenant(
         assert own.exit_code == 1 and "group.not_found" in own.stderr, own.output
     refused = await cli(url, token, "group", "show", group_id, "--tenant", "ops")
     assert refused.exit_code == 3 and "auth.other_tenant" in refused.stderr, refused.output
+
+
+async def test_a_group_made_while_another_write_is_in_flight_is_answered_whole(
+    api: Api,
+) -> None:
+    """The task list reads the log in order and stops before a write still in flight
+    (any tenant's: a large group takes seconds), so a group made meanwhile was
+    answered 404 group.not_found though it was made. Its answer now waits for its
+    tasks in the list, and comes whole once the earlier write has ended."""
+    store = api.gateway.store
+    conn = await store.pool.acquire()
+    in_flight = conn.transaction()
+    await in_flight.start()
+    try:
+        now = await conn.fetchval("SELECT now()")
+        _, info = await auth.insert_token(conn, "t2", "someone", "member", now + timedelta(days=1))
+        await auth.record_token_issued(store, conn, info, Metadata(actor="test"), now)
+        body = {"template": BASE, "items": [{}, {}, {}], "group_id": "meanwhile"}
+        made = asyncio.ensure_future(api.call("alice", "POST", "/v1/groups", json=body))
+        async with asyncio.timeout(60):
+            while not await api.gateway.db.fetchval(  # noqa: ASYNC110
+                "SELECT count(*) FROM task_groups WHERE group_id = 'meanwhile'"
+            ):
+                await asyncio.sleep(0.02)
+        # written, but behind the write in flight: the answer waits for it
+        done, _ = await asyncio.wait({made}, timeout=5)
+        assert not done, made.result().text
+    finally:
+        await in_flight.rollback()
+        await store.pool.release(conn)
+    answer = await made
+    assert answer.status_code == 201, answer.text
+    assert len(answer.json()["tasks"]) == 3, answer.text

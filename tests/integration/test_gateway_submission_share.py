@@ -86,3 +86,46 @@ async def test_a_tenants_flood_of_submissions_waits_behind_itself(
     answers: list[httpx.Response] = await asyncio.gather(*flood, waiting)
     assert [a.status_code for a in answers] == [201, 201, 201], [a.text for a in answers]
     assert slots.busy("t1") == 0 and slots._tenants == {}
+
+
+async def test_a_tenants_submissions_never_take_every_connection_of_the_submission_service(
+    stack: Stack,  # noqa: F811  (the fixture)
+    dsn: str,
+) -> None:
+    """The gateway lets a tenant have 16 submissions in flight, the submission service
+    has 10 connections: each of the tenant's calls held one for its whole transaction
+    (here waiting for its group's row, as behind a large group), so another tenant's
+    submission waited for them all. Now at most 4 of one tenant's calls hold one; the
+    rest wait their turn behind their own, and another tenant's goes through."""
+    alice = stack.auth("alice")
+    grouped = {"template": BASE, "items": [{"name": "first"}], "group_id": "g1"}
+    first = await stack.http.post("/v1/groups", json=grouped, headers=alice)
+    assert first.status_code == 201, first.text
+    held = await asyncpg.connect(dsn)
+    holding = held.transaction()
+    await holding.start()
+    try:
+        await held.execute("UPDATE task_groups SET tasks = tasks WHERE group_id = 'g1'")
+        more = {"template": BASE, "items": [{"name": "more"}], "group_id": "g1"}
+        flood = [
+            asyncio.ensure_future(
+                stack.http.post("/v1/groups", json=more, headers=alice, timeout=120)
+            )
+            for _ in range(stack.gateway.submissions.per_tenant)
+        ]
+        async with asyncio.timeout(60):
+            while stack.gateway.submissions.busy("t1") < len(flood):  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+            while await stack.gateway.db.fetchval(LOCKED) < 4:  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+        theirs = await stack.http.post(
+            "/v1/tasks", json=BASE, headers=stack.auth("carol"), timeout=30
+        )
+        assert theirs.status_code == 201, theirs.text
+        assert await stack.gateway.db.fetchval(LOCKED) == 4, "4 of t1's calls hold one"
+        assert not any(f.done() for f in flood)
+    finally:
+        await holding.rollback()
+        await held.close()
+    answers: list[httpx.Response] = await asyncio.gather(*flood)
+    assert {a.status_code for a in answers} == {201}, [a.text for a in answers]

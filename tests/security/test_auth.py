@@ -171,6 +171,47 @@ async def test_tenant_admin_cannot_mint_a_user_someone_else_made(world: World) -
     assert again.status_code == 403
 
 
+async def test_a_name_a_tenant_admin_minted_first_is_not_minted_again_by_a_platform_admin(
+    world: World,
+) -> None:
+    """A tenant admin mints `dave` before dave has a token (a new name is its to mint);
+    a platform admin then minting `dave` for the real dave would make the tenant
+    admin's token dave, creator-only values included. It is a 409 naming who holds
+    tokens of dave, until they are revoked; users the platform made, a platform admin
+    made and the user made itself stay a platform admin's to mint."""
+    squatted = await world.mint("ta_admin", tenant="ta", user="dave", role="member")
+    assert squatted.status_code == 201, squatted.text
+    world.tokens["squat"] = squatted.json()["token"]
+    stored = await world.gateway.db.fetchval("SELECT count(*) FROM api_tokens")
+    refused = await world.mint("root", tenant="ta", user="dave", role="member")
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["code"] == "auth.user_held", refused.text
+    assert "user:ta/anna" in refused.json()["message"] and "revoke" in refused.json()["hint"]
+    assert await world.gateway.db.fetchval("SELECT count(*) FROM api_tokens") == stored
+    # once its tokens are revoked they act as nobody: the platform admin mints dave
+    revoked = await world.call(
+        "ta_admin", "DELETE", f"/v1/admin/tokens/{squatted.json()['token_id']}"
+    )
+    assert revoked.status_code == 200, revoked.text
+    granted = await world.mint("root", tenant="ta", user="dave", role="member")
+    assert granted.status_code == 201, granted.text
+    world.tokens["dave"] = granted.json()["token"]
+    task_id = await _submit(world, "dave", env="API_KEY=s3cret", creator_only=["API_KEY"])
+    assert (await world.call("squat", "GET", f"/v1/tasks/{task_id}")).status_code == 401
+    # made by the platform (alice), by a platform admin (dave now), by the user itself
+    for user in ("alice", "dave"):
+        again = await world.mint("root", tenant="ta", user=user, role="member")
+        assert again.status_code == 201, (user, again.text)
+    world.tokens["ta_erin"] = (
+        await world.mint("ta_admin", tenant="ta", user="erin", role="tenant_admin")
+    ).json()["token"]
+    own = await world.mint("ta_erin", tenant="ta", user="erin", role="tenant_admin")
+    assert own.status_code == 201, own.text
+    held = await world.mint("root", tenant="ta", user="erin", role="member")
+    assert held.status_code == 409 and "user:ta/anna" in held.json()["message"], held.text
+    assert "user:ta/erin" not in held.json()["message"], held.text
+
+
 async def test_tenant_admin_lists_and_revokes_only_its_tenant(world: World) -> None:
     ta_items = (await world.call("ta_admin", "GET", "/v1/admin/tokens")).json()["items"]
     assert {t["tenant"] for t in ta_items} == {"ta"} and len(ta_items) == 2

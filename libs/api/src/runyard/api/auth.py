@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 import asyncpg
-from runyard.api.errors import BadRequest, PermissionDenied, Unauthenticated
+from runyard.api.errors import BadRequest, Conflict, PermissionDenied, Unauthenticated
 from runyard.contracts import Metadata, NewEvent, default_mapper, requests
 from runyard.contracts.admin_events import TokenIssued
 from runyard.contracts.http import Role
@@ -412,12 +412,18 @@ async def require_own_user(
 ) -> None:
     """Refuse a tenant admin a token for a user of its tenant someone else made: such a
     token would be that user, creator-only values included. A tenant admin mints for
-    itself, for a new user name, or for a user all of whose tokens it minted itself;
-    a platform admin for anyone. Call in the transaction that stores the token: the
-    lock keeps two admins from making the same new user at once."""
-    if caller.is_platform_admin or (tenant, user) == (caller.tenant, caller.user):
+    itself, for a new user name, or for a user all of whose tokens it minted itself.
+    A platform admin mints for anyone but a user a tenant admin holds an active token
+    of: a tenant admin could mint a name before its person has one (`dave`, the next
+    hire), and its token would then be the person the platform admin mints for.
+    Call in the transaction that stores the token: the lock keeps two admins from
+    making the same new user at once."""
+    if (tenant, user) == (caller.tenant, caller.user):
         return
     await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", f"api_tokens/{tenant}/{user}")
+    if caller.is_platform_admin:
+        await _refuse_tenant_admins_user(conn, tenant, user)
+        return
     others = await conn.fetchval(
         """SELECT string_agg(DISTINCT created_by, ', ' ORDER BY created_by) FROM api_tokens
            WHERE tenant = $1 AND user_name = $2 AND created_by <> $3""",
@@ -433,6 +439,34 @@ async def require_own_user(
             f" {user!r} would act as {user!r} (creator-only values included)",
             f"ask a platform admin to mint it (`runyard admin tokens create {tenant} {user}`),"
             " or choose a user name not taken",
+            "user",
+        )
+
+
+async def _refuse_tenant_admins_user(conn: asyncpg.Connection, tenant: str, user: str) -> None:
+    """Refuse a platform admin a token for a user with an active token that a tenant admin
+    minted (someone neither a platform admin, the platform, nor the user itself)."""
+    holders = await conn.fetchval(
+        """SELECT string_agg(DISTINCT t.created_by, ', ' ORDER BY t.created_by)
+           FROM api_tokens t
+           WHERE t.tenant = $1 AND t.user_name = $2 AND t.revoked_at IS NULL
+             AND t.expires_at > now() AND t.created_by LIKE 'user:%'
+             AND t.created_by <> 'user:' || $1 || '/' || $2
+             AND NOT EXISTS (
+                 SELECT 1 FROM api_tokens p
+                 WHERE p.role IN ('platform_admin', 'admin')
+                   AND t.created_by = 'user:' || p.tenant || '/' || p.user_name)""",
+        tenant,
+        user,
+    )
+    if holders:
+        raise Conflict(
+            "auth.user_held",
+            f"user {user!r} of tenant {tenant!r} has active tokens minted by {holders}: whoever"
+            f" holds them acts as {user!r}, so a token for {user!r} would share its tasks and"
+            " creator-only values with them",
+            f"revoke those tokens first (`runyard admin tokens list --tenant {tenant}`, then"
+            " `runyard admin tokens revoke ID`), or choose a user name not taken",
             "user",
         )
 

@@ -16,6 +16,7 @@ task domain on the task's stream and appended with the version read
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -80,6 +81,9 @@ _AUTHORIZATION: ContextVar[str | None] = ContextVar("authorization", default=Non
 CONFLICT_RETRIES = 5
 #: Polls of a watch between two checks of its caller's token (5 s at 0.5 s a poll).
 WATCH_AUTH_EVERY = 10
+#: Seconds a new group's answer waits for its tasks in the task list (the submission
+#: service gives a call 60 s, so a write begun before them has ended by then).
+GROUP_LISTED_WAIT_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -425,7 +429,28 @@ class Gateway:
             # The submission service keeps a group (its group_id sent again) within
             # MAX_GROUP_SIZE, in the transaction that appends its new tasks.
             accepted = await self.submission.submit_group(req, group.as_json())
+            await self._listed(accepted.task_ids)
             return await self.get_group(req.principal, accepted.group_id)
+
+    async def _listed(self, task_ids: Sequence[str]) -> None:
+        """Wait until the task list holds `task_ids` (new tasks), at most
+        GROUP_LISTED_WAIT_S. The list reads the log in order, so it stops before a
+        write still in flight (any tenant's: a large group takes seconds) and holds
+        the tasks appended after it only once it has ended: the group's answer, read
+        from the list, would have been a 404 for a group just made."""
+        wanted = list(set(task_ids))
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(GROUP_LISTED_WAIT_S):
+                while True:
+                    await self.projector.catch_up()
+                    listed = await self.db.fetchval(
+                        f"SELECT count(*) FROM {self.projector.table}"
+                        " WHERE task_id = ANY($1::text[])",
+                        wanted,
+                    )
+                    if listed >= len(wanted):
+                        return
+                    await asyncio.sleep(0.05)
 
     async def get_group(
         self, caller: Principal, group_id: str, tenant: str | None = None

@@ -495,7 +495,7 @@ def _admin_routes(app: FastAPI, gw: Gateway) -> None:
         status_code=201,
         tags=["admin"],
         response_model=wire.IssuedToken,
-        responses=refusals(403, 413),
+        responses=refusals(403, 409, 413),
     )
     async def create_token(req: TokenAdmin, request: bodies.TokenRequest) -> dict[str, Any]:
         """Tenant or platform admin: a token for {tenant, user, role, ttl?, expires_at?,

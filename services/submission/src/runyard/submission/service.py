@@ -17,6 +17,13 @@ creator-only values sealed into the `secrets` table in the same transaction
 A call's writes are recorded with its call id in `submission_calls`, in the
 same transaction: the gateway's retry of a call whose answer it lost is
 answered as the first was, and writes nothing twice.
+
+Each call's transaction holds one of the store's connections (10) for as long as
+it takes (a group of 1000 tasks, or one waiting for its group's row): at most
+`WRITES_PER_TENANT` of one tenant's calls hold one at once, the others wait their
+turn (at most `WRITE_WAIT_S`, then 429 `submission.busy`), so that one tenant's
+flood, from every gateway together, never takes every connection and stops the
+other tenants' submissions.
 """
 
 from __future__ import annotations
@@ -36,8 +43,9 @@ import asyncpg
 import yaml
 from pydantic import ValidationError
 from runyard.api.auth import Principal
-from runyard.api.errors import BadRequest, Conflict, PermissionDenied, task_not_found
+from runyard.api.errors import BadRequest, Conflict, PermissionDenied, TooBusy, task_not_found
 from runyard.api.inputs import group_id_of
+from runyard.api.slots import TenantSlots
 from runyard.contracts import Event, EventMapper, Metadata, NewEvent, RecordedEvent, default_mapper
 from runyard.contracts.admin_events import CatalogueEntrySet
 from runyard.contracts.envelope import new_event_id, utcnow
@@ -77,6 +85,12 @@ from runyard.submission.errors import ErrorCode, GroupItemError, SpecError
 from runyard.submission.pools import pool_views
 from runyard.submission.rules import check_spec
 from runyard.submission.warnings import SubmissionWarning
+
+#: One tenant's write transactions at once, of the store's 10 connections.
+WRITES_PER_TENANT = 4
+#: Seconds one more of a tenant's calls waits for its turn before it is refused (the
+#: gateway gives a call 60 s).
+WRITE_WAIT_S = 30.0
 
 #: Decisions on a task made again when its stream moved on meanwhile (then 409).
 CONFLICT_RETRIES = 5
@@ -173,6 +187,8 @@ class Submissions:
         self.file_catalogue = load_catalogue(config_dir)
         self.clock = clock
         self.new_id = new_id
+        #: Each tenant's transactions at once (`WRITES_PER_TENANT`).
+        self.writes = TenantSlots(WRITES_PER_TENANT, WRITE_WAIT_S, _writes_busy)
 
     @classmethod
     async def connect(
@@ -374,8 +390,9 @@ class Submissions:
 
     @asynccontextmanager
     async def _writing(self, call: Call, submitted: Submitted) -> AsyncIterator[asyncpg.Connection]:
-        """A transaction for a call's writes that records its answer with them."""
-        async with self.store.transaction() as conn:
+        """A transaction for a call's writes that records its answer with them, once one
+        of the caller's tenant's write slots is free."""
+        async with self.writes.taken(call.principal.tenant), self.store.transaction() as conn:
             yield conn
             if call.call_id:
                 await conn.execute(
@@ -540,6 +557,16 @@ async def _make_room(conn: asyncpg.Connection, tenant: str, group_id: str, addin
             f" {total}, over the {MAX_GROUP_SIZE} a group may hold",
             "leave group_id out (or give a new one) to make a group of these items",
         )
+
+
+def _writes_busy(per_tenant: int, wait_s: float) -> TooBusy:
+    return TooBusy(
+        "submission.busy",
+        f"your tenant has {per_tenant} submissions being written at the submission service,"
+        f" the most it may at once, and none ended within {wait_s:g} s",
+        f"send it again in a few seconds; keep at most {per_tenant} large submissions"
+        " (task groups) in flight",
+    )
 
 
 def _is_creator(caller: Principal, state: TaskState) -> bool:
