@@ -17,6 +17,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -208,6 +209,45 @@ async def test_service_roles_change_no_schema_nor_history(stack: Stack) -> None:
     conn_dsn = stack.dsn.rpartition("/")[0] + "/postgres"
     with pytest.raises(asyncpg.InsufficientPrivilegeError):
         await asyncpg.connect(conn_dsn)
+
+
+#: Started by root in groups of its own (`os.setgroups`), an embedded Postgres prints
+#: its server's user, group and supplementary groups, then stops.
+_GROUPS_PROBE = """
+import os, sys
+from pathlib import Path
+from runyard.stack.embedded import EmbeddedPostgres
+os.setgroups([0, 4])
+pg = EmbeddedPostgres(Path(sys.argv[1]))
+pg.start()
+try:
+    status = Path(f"/proc/{pg.postmaster_pid()}/status").read_text().splitlines()
+    print(*(line for line in status if line.startswith(("Uid", "Gid", "Groups"))), sep="\\n")
+finally:
+    pg.stop()
+"""
+
+
+def test_the_server_runs_as_its_own_user_in_no_other_group() -> None:
+    """The embedded Postgres started by root runs as its system user with none of the
+    starter's supplementary groups (root's 0 would let it read what that group may)."""
+    if os.geteuid() != 0:
+        pytest.skip("the server changes user only when started by root")
+    home = Path(tempfile.mkdtemp(prefix="runyard-test-groups-"))  # reachable by its user
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _GROUPS_PROBE, str(home / "pg")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    assert done.returncode == 0, done.stderr
+    status = dict(line.split(":", 1) for line in done.stdout.splitlines())
+    assert status["Uid"].split()[0] != "0" and status["Gid"].split()[0] != "0", status
+    assert status["Groups"].split() == [], status
 
 
 def test_passwords_are_readable_by_their_owner_only(stack: Stack) -> None:

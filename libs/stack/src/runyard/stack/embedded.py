@@ -34,6 +34,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 from runyard.stack.ports import free_port
@@ -303,6 +304,17 @@ class EmbeddedPostgres:
 
     def _run(self, run_as: dict[str, int], exe: str, *args: str) -> None:
         command = [str(_pg_bin() / exe), *args]
+        as_user: dict[str, Any] = {}
+        path = f"{os.environ.get('PATH', '')}:/usr/bin:/bin"
+        if run_as and (setpriv := shutil.which("setpriv", path=path)):
+            # The user changed by a program, not by this process between fork and exec:
+            # Python forks the whole process for `user=`, and in one with gRPC's threads
+            # the fork runs gRPC's fork handlers, which can crash the child (SIGSEGV)
+            # before it runs anything. Root's supplementary groups are dropped too.
+            uid, gid = str(run_as["user"]), str(run_as["group"])
+            command = [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", *command]
+        elif run_as:
+            as_user = {"user": run_as["user"], "group": run_as["group"], "extra_groups": []}
         result = subprocess.run(
             command,
             capture_output=True,
@@ -310,8 +322,7 @@ class EmbeddedPostgres:
             timeout=60,
             check=False,
             cwd="/",
-            user=run_as.get("user"),
-            group=run_as.get("group"),
+            **as_user,
         )
         if result.returncode != 0:
             log = self.data_dir / "server.log"
