@@ -158,12 +158,15 @@ _REPORTS_MARK = "report started"
 #: arguments: the holder's pid file, the worker's status file, then the rest): it waits
 #: for the batch script's holder (10 s at most: the env check's step may start as it
 #: does), enters its network and IPC namespaces and runs the rest; without one, the
-#: worker's status is 112, the reason on its stderr.
-_JOIN_NETWORK = r"""netns=$1 status=$2; shift 2
-exec {nap}<> <(:)
-for _ in {1..500}; do [ -s "$netns" ] && break; read -t 0.02 -u "$nap" || :; done
-exec {nap}<&-
-holder=$(cat "$netns" 2>/dev/null)
+#: worker's status is 112, the reason on its stderr. Builtins but for `nsenter` (and a
+#: sleep's pipe when the holder is not there yet).
+_JOIN_NETWORK = r"""netns=$1 status=$2 holder= nap=; shift 2
+for _ in {1..500}; do
+  [ -s "$netns" ] && read -r holder < "$netns" && [ -n "$holder" ] && break
+  [ -n "$nap" ] || exec {nap}<> <(:)
+  read -t 0.02 -u "$nap" || :
+done
+[ -z "$nap" ] || exec {nap}<&-
 if [ -z "$holder" ] || [ ! -e "/proc/$holder/ns/net" ]; then
   echo "runyard: the deployment's network namespace is missing on $SLURMD_NODENAME" \
     "(its batch script could not make it)" >&2
