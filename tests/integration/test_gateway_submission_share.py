@@ -5,6 +5,9 @@ gateway, the gateway served by uvicorn and gRPC, as in production."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import asyncpg
 import grpc
@@ -26,6 +29,35 @@ LOCKED = (
 )
 
 
+#: A submission to alice's group `g1` (made by `group_row_held`): it waits for the row.
+MORE = {"template": BASE, "items": [{"name": "more"}], "group_id": "g1"}
+
+
+@asynccontextmanager
+async def group_row_held(stack: Stack, dsn: str) -> AsyncIterator[None]:  # noqa: F811
+    """Alice's group `g1` made, then its row held by an open transaction of our own
+    while the block runs: every submission to it waits in the submission service,
+    holding its slot and its connection, as behind a large group."""
+    grouped = {"template": BASE, "items": [{"name": "first"}], "group_id": "g1"}
+    first = await stack.http.post("/v1/groups", json=grouped, headers=stack.auth("alice"))
+    assert first.status_code == 201, first.text
+    held = await asyncpg.connect(dsn)
+    holding = held.transaction()
+    await holding.start()
+    try:
+        await held.execute("UPDATE task_groups SET tasks = tasks WHERE group_id = 'g1'")
+        yield
+    finally:
+        await holding.rollback()
+        await held.close()
+
+
+def send_more(stack: Stack, **kw: Any) -> asyncio.Future[httpx.Response]:  # noqa: F811
+    return asyncio.ensure_future(
+        stack.http.post("/v1/groups", json=MORE, headers=stack.auth("alice"), **kw)
+    )
+
+
 async def test_a_tenants_flood_of_submissions_waits_behind_itself(
     stack: Stack,  # noqa: F811  (the fixture)
     dsn: str,
@@ -37,20 +69,9 @@ async def test_a_tenants_flood_of_submissions_waits_behind_itself(
     slots = stack.gateway.submissions
     slots.per_tenant, slots.wait_s = 2, 0.3
     alice = stack.auth("alice")
-    grouped = {"template": BASE, "items": [{"name": "first"}], "group_id": "g1"}
-    first = await stack.http.post("/v1/groups", json=grouped, headers=alice)
-    assert first.status_code == 201, first.text
-    held = await asyncpg.connect(dsn)
-    holding = held.transaction()
-    await holding.start()
-    try:
+    async with group_row_held(stack, dsn):
         # Two submissions to the group wait in the submission service for its row.
-        await held.execute("UPDATE task_groups SET tasks = tasks WHERE group_id = 'g1'")
-        more = {"template": BASE, "items": [{"name": "more"}], "group_id": "g1"}
-        flood = [
-            asyncio.ensure_future(stack.http.post("/v1/groups", json=more, headers=alice))
-            for _ in range(2)
-        ]
+        flood = [send_more(stack) for _ in range(2)]
         async with asyncio.timeout(30):
             while await stack.gateway.db.fetchval(LOCKED) < 2:  # noqa: ASYNC110
                 await asyncio.sleep(0.02)
@@ -80,9 +101,6 @@ async def test_a_tenants_flood_of_submissions_waits_behind_itself(
             while slots.busy("t1") < 3:  # noqa: ASYNC110
                 await asyncio.sleep(0.02)
         assert not waiting.done()
-    finally:
-        await holding.rollback()
-        await held.close()
     answers: list[httpx.Response] = await asyncio.gather(*flood, waiting)
     assert [a.status_code for a in answers] == [201, 201, 201], [a.text for a in answers]
     assert slots.busy("t1") == 0 and slots._tenants == {}
@@ -97,22 +115,8 @@ async def test_a_tenants_submissions_never_take_every_connection_of_the_submissi
     (here waiting for its group's row, as behind a large group), so another tenant's
     submission waited for them all. Now at most 4 of one tenant's calls hold one; the
     rest wait their turn behind their own, and another tenant's goes through."""
-    alice = stack.auth("alice")
-    grouped = {"template": BASE, "items": [{"name": "first"}], "group_id": "g1"}
-    first = await stack.http.post("/v1/groups", json=grouped, headers=alice)
-    assert first.status_code == 201, first.text
-    held = await asyncpg.connect(dsn)
-    holding = held.transaction()
-    await holding.start()
-    try:
-        await held.execute("UPDATE task_groups SET tasks = tasks WHERE group_id = 'g1'")
-        more = {"template": BASE, "items": [{"name": "more"}], "group_id": "g1"}
-        flood = [
-            asyncio.ensure_future(
-                stack.http.post("/v1/groups", json=more, headers=alice, timeout=120)
-            )
-            for _ in range(stack.gateway.submissions.per_tenant)
-        ]
+    async with group_row_held(stack, dsn):
+        flood = [send_more(stack, timeout=120) for _ in range(stack.gateway.submissions.per_tenant)]
         async with asyncio.timeout(60):
             while stack.gateway.submissions.busy("t1") < len(flood):  # noqa: ASYNC110
                 await asyncio.sleep(0.02)
@@ -124,8 +128,5 @@ async def test_a_tenants_submissions_never_take_every_connection_of_the_submissi
         assert theirs.status_code == 201, theirs.text
         assert await stack.gateway.db.fetchval(LOCKED) == 4, "4 of t1's calls hold one"
         assert not any(f.done() for f in flood)
-    finally:
-        await holding.rollback()
-        await held.close()
     answers: list[httpx.Response] = await asyncio.gather(*flood)
     assert {a.status_code for a in answers} == {201}, [a.text for a in answers]
