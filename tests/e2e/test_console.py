@@ -17,6 +17,7 @@ import asyncio
 import os
 import re
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,13 @@ async def platform(
 
 @pytest.fixture(scope="module")
 async def browser() -> AsyncIterator[Any]:
+    async with chromium() as launched:
+        yield launched
+
+
+@asynccontextmanager
+async def chromium() -> AsyncIterator[Any]:
+    """Debian's Chromium, headless, driven by Playwright; closed on the way out."""
     async with async_api.async_playwright() as pw:
         launched = await pw.chromium.launch(
             executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS

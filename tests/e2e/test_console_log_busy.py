@@ -27,7 +27,7 @@ from runyard.logs import LogStore
 from runyard.logs.errors import LogBusy
 from runyard.stack.ports import free_port
 
-from tests.e2e.test_console import CHROMIUM, CHROMIUM_ARGS, async_api, shot, signed_in
+from tests.e2e.test_console import chromium, shot, signed_in
 from tests.integration.test_gateway_routing import log_service
 from tests.log_records import log_record
 from tests.unit.test_cli import REPO, cli
@@ -83,14 +83,8 @@ async def stack(dsn: str) -> AsyncIterator[Stack]:
 
 @pytest.fixture
 async def browser() -> AsyncIterator[Any]:
-    async with async_api.async_playwright() as pw:
-        launched = await pw.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
-        )
-        try:
-            yield launched
-        finally:
-            await launched.close()
+    async with chromium() as launched:
+        yield launched
 
 
 async def test_a_busy_log_service_is_a_message_in_the_log_box_and_the_page_stays(

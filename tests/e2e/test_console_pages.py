@@ -30,11 +30,9 @@ from tests.conftest import fresh_database
 from tests.e2e import conftest as e2e
 from tests.e2e.conftest import LAYOUT, Platform, running_platform
 from tests.e2e.test_console import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
     WAIT_MS,
-    async_api,
     base_url,
+    chromium,
     shot,
     signed_in,
 )
@@ -99,14 +97,8 @@ async def stack(
 
 @pytest.fixture(scope="module")
 async def browser() -> AsyncIterator[Any]:
-    async with async_api.async_playwright() as pw:
-        launched = await pw.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
-        )
-        try:
-            yield launched
-        finally:
-            await launched.close()
+    async with chromium() as launched:
+        yield launched
 
 
 async def submit_as(platform: Platform, token: str, **spec: Any) -> str:
