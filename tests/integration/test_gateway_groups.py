@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from datetime import timedelta
 from pathlib import Path
 
@@ -285,13 +286,10 @@ async def test_cli_reads_a_group_of_another_tenant_with_tenant(
     assert refused.exit_code == 3 and "auth.other_tenant" in refused.stderr, refused.output
 
 
-async def test_a_group_made_while_another_write_is_in_flight_is_answered_whole(
-    api: Api,
-) -> None:
-    """The task list reads the log in order and stops before a write still in flight
-    (any tenant's: a large group takes seconds), so a group made meanwhile was
-    answered 404 group.not_found though it was made. Its answer now waits for its
-    tasks in the list, and comes whole once the earlier write has ended."""
+@contextlib.asynccontextmanager
+async def write_in_flight(api: Api) -> AsyncIterator[None]:
+    """Another tenant's write appended but not committed (a token issued: any event
+    takes a position) for as long as the block runs: the task list stops before it."""
     store = api.gateway.store
     conn = await store.pool.acquire()
     in_flight = conn.transaction()
@@ -300,19 +298,49 @@ async def test_a_group_made_while_another_write_is_in_flight_is_answered_whole(
         now = await conn.fetchval("SELECT now()")
         _, info = await auth.insert_token(conn, "t2", "someone", "member", now + timedelta(days=1))
         await auth.record_token_issued(store, conn, info, Metadata(actor="test"), now)
-        body = {"template": BASE, "items": [{}, {}, {}], "group_id": "meanwhile"}
-        made = asyncio.ensure_future(api.call("alice", "POST", "/v1/groups", json=body))
-        async with asyncio.timeout(60):
-            while not await api.gateway.db.fetchval(  # noqa: ASYNC110
-                "SELECT count(*) FROM task_groups WHERE group_id = 'meanwhile'"
-            ):
-                await asyncio.sleep(0.02)
-        # written, but behind the write in flight: the answer waits for it
-        done, _ = await asyncio.wait({made}, timeout=5)
-        assert not done, made.result().text
+        yield
     finally:
         await in_flight.rollback()
         await store.pool.release(conn)
-    answer = await made
+
+
+async def answered_after_the_write(api: Api, call: Awaitable[httpx.Response]) -> httpx.Response:
+    """`call`'s answer, seen to wait for the write in flight (it comes once that ends)."""
+    async with write_in_flight(api):
+        answer = asyncio.ensure_future(call)
+        # the change is written at once, but the list holds it only after the write
+        # in flight: the answer waits for it
+        done, _ = await asyncio.wait({answer}, timeout=5)
+        assert not done, answer.result().text
+    return await answer
+
+
+async def test_a_group_made_while_another_write_is_in_flight_is_answered_whole(
+    api: Api,
+) -> None:
+    """The task list reads the log in order and stops before a write still in flight
+    (any tenant's: a large group takes seconds), so a group made meanwhile was
+    answered 404 group.not_found though it was made. Its answer now waits for its
+    tasks in the list, and comes whole once the earlier write has ended."""
+    body = {"template": BASE, "items": [{}, {}, {}], "group_id": "meanwhile"}
+    answer = await answered_after_the_write(api, api.call("alice", "POST", "/v1/groups", json=body))
     assert answer.status_code == 201, answer.text
     assert len(answer.json()["tasks"]) == 3, answer.text
+
+
+async def test_group_stop_and_rerun_during_another_write_answer_what_they_did(api: Api) -> None:
+    """A group's stop and rerun answer from the task list too: during another write
+    they showed the statuses from before (tasks still queued after the stop, the old
+    run after the rerun). They now wait until the list holds what they wrote."""
+    body = {"template": BASE, "items": [{}, {}], "group_id": "changed-meanwhile"}
+    made = await api.call("alice", "POST", "/v1/groups", json=body)
+    assert made.status_code == 201, made.text
+    assert set(made.json()["status_counts"]) <= {"new", "queued"}, made.text
+    path = "/v1/groups/changed-meanwhile"
+    stopped = await answered_after_the_write(api, api.call("alice", "POST", f"{path}/stop"))
+    assert stopped.status_code == 200, stopped.text
+    assert stopped.json()["status_counts"] == {"stopped": 2}, stopped.text
+    rerun = await answered_after_the_write(api, api.call("alice", "POST", f"{path}/rerun"))
+    assert rerun.status_code == 200, rerun.text
+    assert rerun.json()["status_counts"] == {"new": 2}, rerun.text
+    assert [t["run"] for t in rerun.json()["tasks"]] == [2, 2], rerun.text

@@ -433,22 +433,31 @@ class Gateway:
             return await self.get_group(req.principal, accepted.group_id)
 
     async def _listed(self, task_ids: Sequence[str]) -> None:
-        """Wait until the task list holds `task_ids` (new tasks), at most
-        GROUP_LISTED_WAIT_S. The list reads the log in order, so it stops before a
-        write still in flight (any tenant's: a large group takes seconds) and holds
-        the tasks appended after it only once it has ended: the group's answer, read
-        from the list, would have been a 404 for a group just made."""
-        wanted = list(set(task_ids))
+        """Wait until the task list holds `task_ids` as their streams are now (new
+        tasks, or tasks just stopped or rerun), at most GROUP_LISTED_WAIT_S. The list
+        reads the log in order, so it stops before a write still in flight (any
+        tenant's: a large group takes seconds) and holds what was appended after it
+        only once it has ended: a group's answer, read from the list, would have been a
+        404 for a group just made, or the statuses from before a stop or a rerun."""
+        streams = [_stream(task_id) for task_id in set(task_ids)]
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(GROUP_LISTED_WAIT_S):
+                wanted = await self.db.fetch(
+                    "SELECT stream_id, version FROM streams WHERE stream_id = ANY($1::text[])",
+                    streams,
+                )
+                ids = [r["stream_id"].removeprefix("task-") for r in wanted]
+                versions = [r["version"] for r in wanted]
                 while True:
                     await self.projector.catch_up()
                     listed = await self.db.fetchval(
-                        f"SELECT count(*) FROM {self.projector.table}"
-                        " WHERE task_id = ANY($1::text[])",
-                        wanted,
+                        f"SELECT count(*) FROM {self.projector.table} t"
+                        " JOIN unnest($1::text[], $2::bigint[]) AS w(task_id, version)"
+                        " ON t.task_id = w.task_id AND t.version >= w.version",
+                        ids,
+                        versions,
                     )
-                    if listed >= len(wanted):
+                    if listed >= len(ids):
                         return
                     await asyncio.sleep(0.05)
 
@@ -484,6 +493,7 @@ class Gateway:
             if not is_terminal(state.status):
                 stop = _stop(req.principal, state.task_id, group_id)
                 await self._decide_and_append(req, recorded, stop)
+        await self._listed([row["task_id"] for row in group["tasks"]])
         return await self.get_group(req.principal, group_id)
 
     async def _group_to_change(self, caller: Principal, group_id: str) -> dict[str, Any]:
@@ -535,6 +545,7 @@ class Gateway:
             group = await self._group_to_change(req.principal, group_id)
             task_ids = [row["task_id"] for row in group["tasks"]]
             await self.submission.rerun_group(req, group_id, task_ids, changes.as_json())
+            await self._listed(task_ids)
             return await self.get_group(req.principal, group_id)
 
     # --- catalogue (admin) ----------------------------------------------------
