@@ -352,27 +352,79 @@ except OSError as exc:
 """
 
 
-async def test_workers_on_one_node_share_a_loopback_but_not_the_nodes(h: Harness) -> None:
-    """Sandboxed workers all on one node are in a network of their own, as local ones:
-    they reach each other on 127.0.0.1, and not what listens on the node's loopback
-    (the control plane: Postgres, the broker, the gateway). Workers on several nodes
-    stay in the nodes' network (the gloo test above)."""
+@pytest.mark.parametrize("one_node", [True, False], ids=["one-node", "two-nodes-one-host"])
+async def test_workers_on_one_host_share_a_loopback_but_not_the_nodes(
+    h: Harness, one_node: bool
+) -> None:
+    """Sandboxed workers all on one node, or on nodes that are one host (this cluster's
+    n1 and n2: one NodeHostName and NodeAddr), are in a network of their own, as local
+    ones: they reach each other on 127.0.0.1, and not what listens on the host's
+    loopback (the control plane: Postgres, the broker, the gateway). Workers on several
+    hosts stay in the nodes' network."""
     if h.runtime.worker_ids is None:
         pytest.skip("workers are sandboxed only when the deployer and slurmd run as root")
     with socket.create_server(("127.0.0.1", 0)) as listener:
         port = listener.getsockname()[1]
         command = f"python - {port} <<'EOF'\n{REACH}\nEOF"
         spec = make_spec(command, workers=2, framework="pytorch_ddp")
-        await h.launch("net", spec, one_node=True)
+        await h.launch("net", spec, one_node=one_node)
         assert (await h.state("net")).status == "succeeded", h.output("net")
     assert sorted(h.output("net")) == [
         "0:node ConnectionRefusedError",
         "0:peer hello",
         "1:node ConnectionRefusedError",
     ]
+    placed = {w.node for w in (await h.state("net")).workers}
+    assert placed == ({"n1"} if one_node else {"n1", "n2"}), placed
     # The deployment's folder is gone, its holder's pid file with it; no holder is left.
     assert not (h.runtime.config.scratch_root / "net").exists()
     await until_no_job_process("net")
+
+
+async def test_workers_of_a_job_found_after_a_restart_keep_its_network(h: Harness) -> None:
+    """Whether a deployment's workers have a network of their own is decided when its
+    batch script is written (here two nodes of one host: yes). A deployer that takes
+    the job over after a restart reads it from that script, so the workers it starts
+    join the holder the script made instead of running in the nodes' network."""
+    from runyard.deployer.runtime import Deployment
+
+    if h.runtime.worker_ids is None:
+        pytest.skip("workers are sandboxed only when the deployer and slurmd run as root")
+    workers = tuple(WorkerPlacement(index=i, node=f"n{i + 1}", gpus=(0,)) for i in range(2))
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        spec = make_spec(f"python - {port} <<'EOF'\n{REACH}\nEOF", workers=2)
+        deployment = Deployment("renet", 1, 1, spec, workers)
+        await h.runtime.allocate(deployment)
+        h.runtime.detach()
+        runtime2 = SlurmRuntime(h.runtime.config)
+        lines: list[OutputLine] = []
+
+        async def collect(line: OutputLine) -> None:
+            lines.append(line)
+
+        async def exited(key: object, worker: int, code: int, at: datetime) -> None:
+            pass  # `wait` answers the codes
+
+        try:
+            for step in (
+                runtime2.allocate,
+                runtime2.pull_image,
+                runtime2.mount_storage,
+                runtime2.init_env,
+            ):
+                await step(deployment)
+            await runtime2.start_workers(deployment, collect, exited)
+            codes = await asyncio.wait_for(runtime2.wait(deployment.key), WITHIN_S)
+            assert codes == {0: 0, 1: 0}, [x.line for x in lines]
+        finally:
+            await runtime2.cleanup(deployment.key)
+    said = sorted(f"{x.worker}:{x.line}" for x in lines if x.stream == "stdout")
+    assert said == [
+        "0:node ConnectionRefusedError",
+        "0:peer hello",
+        "1:node ConnectionRefusedError",
+    ]
 
 
 async def test_a_worker_whose_network_could_not_be_made_fails_saying_so(h: Harness) -> None:

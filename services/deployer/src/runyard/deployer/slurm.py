@@ -20,7 +20,7 @@ it like this:
                     working directory
     init_env        the same variables as the local runtime (`worker_env`), with
                     MASTER_ADDR = the address Slurm gives the first worker's node
-                    (127.0.0.1 for a deployment on one node with worker
+                    (127.0.0.1 for a deployment on one host with worker
                     namespaces: its own loopback); written to one env file per
                     worker, never on a command line
     start_workers   the gate opens: the batch script runs
@@ -71,12 +71,12 @@ keyring; the wrapper stays root to write the exit status. Its home, tmp and
 working folder lie on a system disk of its own (`worker_disk_bytes`), made on
 its node in its namespace (`_node_lines`).
 Without them, workers run as the user the deployer submits as.
-With them, the workers of a deployment placed on one node share a network and an
-IPC namespace of their own, as local workers do (a loopback, nothing else; held by
-a process the batch script starts, `_network_holder`): what listens on the node,
-the control plane where it runs there, is out of their reach. Workers on several
-nodes, and any without worker namespaces, share the node's network namespace
-(NCCL and gloo between nodes need it).
+With them, the workers of a deployment placed on one node, or on nodes that are one
+host, share a network and an IPC namespace of their own, as local workers do (a
+loopback, nothing else; held by a process the batch script starts, `_network_holder`):
+what listens on the host, the control plane where it runs there, is out of their
+reach. Workers on several hosts, and any without worker namespaces, share the node's
+network namespace (NCCL and gloo between hosts need it).
 """
 
 from __future__ import annotations
@@ -175,6 +175,9 @@ if [ -z "$holder" ] || [ ! -e "/proc/$holder/ns/net" ]; then
 fi
 exec NSENTER --net="/proc/$holder/ns/net" --ipc="/proc/$holder/ns/ipc" -- "$@"
 """
+#: Marks the batch script's line that starts the holder of the workers' own network
+#: (`_network_holder`): a deployer that finds the job after a restart reads it there.
+_HOLDER_MARK = "# runyard network holder"
 #: How long a job Slurm says is RUNNING may take to start its batch script.
 _SCRIPT_WITHIN_S = 60.0
 #: How long the nodes' addresses Slurm gave are used before it is asked again.
@@ -264,7 +267,10 @@ class SlurmRuntime(LocalRuntime):
         self._jobs: dict[DeploymentKey, str] = {}
         self._killed: set[DeploymentKey] = set()
         self._states: dict[str, tuple[float, tuple[str, str] | None]] = {}
-        self._addresses: dict[str, tuple[float, str]] = {}
+        #: Each node's (when asked, NodeAddr, NodeHostName), from `scontrol show node`.
+        self._addresses: dict[str, tuple[float, str, str]] = {}
+        #: Whether each deployment's workers have a network of their own (`_own_network`).
+        self._own_networks: dict[DeploymentKey, bool] = {}
         self._asking = asyncio.Lock()
         self._state_error: tuple[float, SlurmError] | None = None
         #: Slurm client commands run, by program (scontrol: with what it shows); what a
@@ -432,6 +438,7 @@ class SlurmRuntime(LocalRuntime):
         if job is None:
             for name in ("go", *_REPORTS):  # an earlier job's, which is over
                 (local.root / name).unlink(missing_ok=True)
+            self._own_networks[key] = await self._may_share_a_network(local)
             script = local.root / "job.sh"
             script.write_text(self._batch_script(local))
             try:
@@ -594,11 +601,28 @@ class SlurmRuntime(LocalRuntime):
     def _own_network(self, local: _Local) -> bool:
         """Whether the deployment's workers get a network and an IPC namespace of their
         own, as local workers do (a loopback shared by them, nothing else: not the
-        node's, where the control plane may listen): sandboxed workers all on one node.
-        Workers on several nodes stay in the nodes' network: NCCL and gloo between
-        nodes need it."""
-        nodes = {w.node for w in local.deployment.workers}
-        return self.worker_ids is not None and len(nodes) == 1
+        node's, where the control plane may listen), as decided when its batch script
+        was written (`_may_share_a_network`); a job an earlier deployer submitted says
+        it by its script."""
+        known = self._own_networks.get(local.deployment.key)
+        if known is None:
+            known = _HOLDER_MARK in _read(local.root / "job.sh")
+            self._own_networks[local.deployment.key] = known
+        return known
+
+    async def _may_share_a_network(self, local: _Local) -> bool:
+        """Whether sandboxed workers can have one network of their own: all on one node,
+        or on nodes that are one host (Slurm's NodeHostName and NodeAddr the same for
+        each, as in a cluster of several slurmd on one machine), where every step can
+        enter the namespaces the batch script's holder keeps. Workers on several hosts
+        stay in the nodes' network: NCCL and gloo between hosts need it."""
+        if self.worker_ids is None:
+            return False
+        nodes = list(dict.fromkeys(w.node for w in local.deployment.workers))
+        if len(nodes) == 1:
+            return True
+        hosts = {await self._node_host(node) for node in nodes}
+        return len(hosts) == 1
 
     def _join_network(self, local: _Local, status_file: Path) -> list[str]:
         """What a step of a deployment with a network of its own (`_own_network`) runs
@@ -625,7 +649,7 @@ class SlurmRuntime(LocalRuntime):
         )
         return [
             "rm -f netns",
-            f"{q(t.unshare)} --net --ipc -- {q(t.bash)} -c {q(inside)} &",
+            f"{q(t.unshare)} --net --ipc -- {q(t.bash)} -c {q(inside)} & {_HOLDER_MARK}",
             "holder=$!",
             # However the script ends (a folder gone, a TERM): the holder with it; once
             # the script is gone Slurm's process tracking may not find it.
@@ -785,17 +809,26 @@ class SlurmRuntime(LocalRuntime):
     async def node_address(self, node: str) -> str:
         """The address Slurm knows a node by (NodeAddr); every node's is asked at once
         and kept for `_ADDRESSES_FOR_S` (an unknown node asks again)."""
+        return (await self._node_seen(node))[1]
+
+    async def _node_host(self, node: str) -> tuple[str, str]:
+        """The host a node runs on, as Slurm knows it: (NodeHostName, NodeAddr)."""
+        _, address, host = await self._node_seen(node)
+        return host, address
+
+    async def _node_seen(self, node: str) -> tuple[float, str, str]:
         seen = self._addresses.get(node)
         if seen is not None and time.monotonic() - seen[0] < _ADDRESSES_FOR_S:
-            return seen[1]
+            return seen
         out = await self._slurm(self.bin["scontrol"], "show", "node", "-o")
         now = time.monotonic()
         for line in out.splitlines():
             fields = _fields(line)
             if "NodeName" in fields:
                 name = fields["NodeName"]
-                self._addresses[name] = (now, fields.get("NodeAddr") or name)
-        return self._addresses.get(node, (now, node))[1]
+                address = fields.get("NodeAddr") or name
+                self._addresses[name] = (now, address, fields.get("NodeHostName") or name)
+        return self._addresses.get(node, (now, node, node))
 
     def _run_script(self, local: _Local, worker: _Worker) -> str:
         """The worker's step: output to its files, its volumes bound (when it can), then
@@ -1208,6 +1241,7 @@ class SlurmRuntime(LocalRuntime):
                 await self._cancel(job, key)
         await super().cleanup(key)
         self._jobs.pop(key, None)
+        self._own_networks.pop(key, None)
         self._killed.discard(key)
         if job is not None:
             self._states.pop(job, None)
