@@ -223,6 +223,68 @@ async def test_task_page_fault_tolerance_alerts_runs_rerun_with_changes_clone_an
     await context.close()
 
 
+SWEEP = """
+template:
+  name: console-sweep
+  pool: dev-a100
+  worker_spec: 1gpu
+  image: bash-only
+  command: sleep 60
+items:
+  - {name: console-sweep-a}
+  - {name: console-sweep-b}
+"""
+
+
+async def test_a_group_is_made_stopped_and_rerun_in_the_console(
+    stack: dict[str, Any], browser: Any
+) -> None:
+    """A sweep run by someone who never opens a terminal: the group made from YAML on
+    the console's form, its tasks stopped together and run again together."""
+    platform: Platform = stack["platform"]
+    context, page = await signed_in(browser, base_url(platform), stack["tokens"]["carol"])
+    await page.goto("/console/tasks")
+    await page.click("nav >> text=Groups")
+    await page.click("#new-group-link")
+    assert "template:" in await page.input_value("#group-text")  # an example to start from
+    await shot(page, "group-new")
+    await page.fill("#group-text", SWEEP)
+    await page.click("#group-submit")
+    await page.wait_for_url(re.compile(r".*/console/groups/[^/]+$"))
+    group_id = page.url.rsplit("/", 1)[1]
+    tasks = page.locator("#group-tasks tr[data-task-id]")
+    assert await tasks.count() == 2
+    task_ids = [await tasks.nth(i).get_attribute("data-task-id") for i in range(2)]
+    for task_id in task_ids:
+        assert task_id is not None
+        await platform.wait_status(task_id, "running")
+    await shot(page, "group")
+    page.on("dialog", lambda dialog: asyncio.ensure_future(dialog.accept()))
+    await page.click("#group-stop-button")
+    for task_id in task_ids:
+        assert task_id is not None
+        await platform.wait_status(task_id, "stopped")
+    # the page redraws itself: once both have ended, the rerun button is there
+    await page.wait_for_selector("#group-rerun-button", timeout=WAIT_MS)
+    assert "stopped 2" in await page.locator("#group-counts").inner_text()
+    await page.click("#group-rerun-button")
+    await page.wait_for_url(f"**/console/groups/{group_id}")
+    for task_id in task_ids:
+        assert task_id is not None
+        await platform.wait_for(task_id, lambda t: t["run"] == 2 and t["status"] == "running")
+    await page.goto("/console/groups")
+    assert group_id in await page.locator("#groups").inner_text()
+    await page.click(f"#groups >> text={group_id}")
+    await page.click("#group-stop-button")  # the second run ends with the test
+    await page.wait_for_selector("#group-rerun-button", timeout=WAIT_MS)
+    await context.close()
+    # Another tenant: no such group.
+    context, page = await signed_in(browser, base_url(platform), stack["tokens"]["erin"])
+    answer = await context.request.get(f"/console/groups/{group_id}")
+    assert answer.status == 404
+    await context.close()
+
+
 async def test_submit_form_warns_about_the_launch_command_while_it_is_typed(
     stack: dict[str, Any], browser: Any
 ) -> None:

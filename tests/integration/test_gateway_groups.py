@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import html
 import json
 from collections.abc import AsyncIterator, Awaitable
 from datetime import timedelta
@@ -344,3 +345,81 @@ async def test_group_stop_and_rerun_during_another_write_answer_what_they_did(ap
     assert rerun.status_code == 200, rerun.text
     assert rerun.json()["status_counts"] == {"new": 2}, rerun.text
     assert [t["run"] for t in rerun.json()["tasks"]] == [2, 2], rerun.text
+
+
+def _csrf(page: httpx.Response) -> str:
+    return page.text.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+
+
+async def test_the_console_makes_lists_stops_and_reruns_a_group(api: Api) -> None:
+    """Someone who never opens a terminal runs a sweep in the console: makes a group from
+    the example the page opens with (a refused item named, nothing written), finds it
+    in the list, stops it and reruns it; another tenant finds nothing, an sre reads it
+    and changes nothing; every change needs the session's CSRF token."""
+    sam = await create_token(api.gateway.db, "t9", "sam", "sre")
+    transport = api.http._transport
+    async with (
+        httpx.AsyncClient(transport=transport, base_url="http://gw") as alice,
+        httpx.AsyncClient(transport=transport, base_url="http://gw") as carol,
+        httpx.AsyncClient(transport=transport, base_url="http://gw") as sre,
+    ):
+        for client, token in (
+            (alice, api.tokens["alice"]),
+            (carol, api.tokens["carol"]),
+            (sre, sam),
+        ):
+            signed = await client.post("/console/sign-in", data={"token": token})
+            assert signed.status_code == 303, signed.text
+        listed = await alice.get("/console/groups")
+        assert listed.status_code == 200 and "No task group yet" in listed.text
+        form = await alice.get("/console/new-group")
+        assert form.status_code == 200, form.text
+        example = html.unescape(form.text.split('name="group"', 1)[1].split(">", 1)[1])
+        example = example.split("</textarea>", 1)[0]
+        assert "pool: pool-a" in example and "sweep-lr-0.01" in example, example
+        csrf = _csrf(form)
+        assert (await alice.post("/console/new-group", data={"group": example})).status_code == 403
+        before = await api.event_count()
+        bad = example.replace("- name: sweep-lr-0.01", "- name: sweep-lr-0.01\n  worker_spec: 3gpu")
+        refused = await alice.post("/console/new-group", data={"group": bad, "csrf": csrf})
+        assert refused.status_code == 400, refused.text
+        assert "spec.unknown" in refused.text and "In item 1 of" in refused.text, refused.text
+        assert "3gpu" in refused.text  # the text is kept as typed
+        not_yaml = await alice.post("/console/new-group", data={"group": "a: [", "csrf": csrf})
+        assert not_yaml.status_code == 400 and "console.group_yaml" in not_yaml.text
+        assert await api.event_count() == before
+        made = await alice.post("/console/new-group", data={"group": example, "csrf": csrf})
+        assert made.status_code == 303, made.text
+        url = made.headers["location"]
+        group_id = url.rsplit("/", 1)[1]
+        page = await alice.get(url)
+        assert page.status_code == 200, page.text
+        assert "sweep-lr-0.1" in page.text and "sweep-lr-0.01" in page.text
+        assert 'id="group-stop-button"' in page.text
+        assert 'id="group-rerun-button"' not in page.text  # nothing has ended
+        assert group_id in (await alice.get("/console/groups")).text
+        # another tenant: no such group; an sre: read only
+        assert (await carol.get(url)).status_code == 404
+        assert group_id not in (await carol.get("/console/groups")).text
+        as_sre = await sre.get(f"{url}?tenant=t1")
+        assert as_sre.status_code == 200 and "sweep-lr-0.01" in as_sre.text
+        assert "group-stop-button" not in as_sre.text
+        assert group_id in (await sre.get("/console/groups?tenant=t1")).text
+        sre_stop = await sre.post(f"{url}/stop", data={"csrf": _csrf(as_sre)})
+        assert sre_stop.status_code == 403, sre_stop.text
+        # nothing has finished yet: a rerun is refused on the group's page
+        early = await alice.post(f"{url}/rerun", data={"csrf": csrf})
+        assert early.status_code == 409 and "group.nothing_to_rerun" in early.text
+        assert (await alice.post(f"{url}/stop")).status_code == 403  # no CSRF token
+        stopped = await alice.post(f"{url}/stop", data={"csrf": csrf})
+        assert (stopped.status_code, stopped.headers["location"]) == (303, url)
+        page = await alice.get(url)
+        assert 'data-status="stopped">stopped</span> 2' in page.text, page.text
+        assert 'id="group-rerun-button"' in page.text and "group-stop-button" not in page.text
+        rerun = await alice.post(f"{url}/rerun", data={"csrf": csrf})
+        assert rerun.status_code == 303, rerun.text
+        group = (await api.call("alice", "GET", f"/v1/groups/{group_id}")).json()
+        assert sorted(t["run"] for t in group["tasks"]) == [2, 2], group
+        # a task of the group links to it
+        task_page = await alice.get(f"/console/tasks/{group['tasks'][0]['task_id']}")
+        assert f'href="/console/groups/{group_id}" id="group-link"' in task_page.text

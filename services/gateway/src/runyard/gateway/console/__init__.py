@@ -18,6 +18,7 @@ from runyard.gateway.app import Gateway
 from runyard.gateway.console import (
     alerts_page,
     clone,
+    groups_page,
     lint,
     live,
     pools_page,
@@ -83,6 +84,7 @@ def install_console(app: FastAPI, gateway: Gateway, owners: Owners) -> Console:
         *sre.PAGES,
         *sre_replay.PAGES,
         *alerts_page.PAGES,
+        *groups_page.PAGES,
         *live.PAGES,
     )
     app.include_router(console_router(console, more))

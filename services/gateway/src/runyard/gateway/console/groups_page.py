@@ -1,0 +1,199 @@
+"""Task groups (R-17) for people who never open a terminal (`runyard group ...`,
+`/v1/groups`):
+
+- `/groups`: the tenant's groups, newest first (id, tasks, a count per status, when
+  made and last changed); sre and platform_admin may read another tenant's
+  (`?tenant=`);
+- `/new-group`: a group as YAML or JSON (`template:` a task spec, `items:` each
+  task's overrides, `group_id:` optional), prefilled with an example on a pool of
+  the platform; submitted through the use case of `POST /v1/groups` (every task or
+  none); a refusal shows its code, field (and item) and hint above the text, which
+  is kept as typed;
+- `/groups/{id}`: the group's tasks as the task list shows them, and a count per
+  status, redrawn every 2 s (`?live=1`: that part alone); **Stop the group** (its
+  tasks that have not ended) and **Rerun the group** (its finished tasks, all or
+  none), each confirmed and sent with the session's CSRF token, as
+  `runyard group stop|rerun` send them.
+
+What a token may see and do is what it may through the API: another tenant's group
+is a 404 to a member, read-only to sre and platform_admin.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import yaml
+from fastapi import Request as HttpRequest
+from fastapi.responses import RedirectResponse, Response
+from runyard.api.errors import BadRequest
+from runyard.api.inputs import parse_body
+from runyard.contracts import yamlcore
+from runyard.contracts.envelope import utcnow
+from runyard.contracts.requests import RerunChanges, TaskGroupRequest
+from runyard.contracts.spec import MAX_GROUP_SIZE
+from runyard.domain.task import TERMINAL_STATUSES
+from runyard.errors import RunyardError
+from runyard.gateway.console import display
+from runyard.gateway.console.pages import PREFIX, Console, SignedIn, render
+
+#: Groups listed on `/groups` (the newest).
+GROUPS_LISTED = 50
+
+
+async def groups(console: Console, request: HttpRequest, who: SignedIn) -> Response:
+    """The tenant's groups, newest first (`?tenant=`: another's, for sre and admins)."""
+    tenant = request.query_params.get("tenant", "").strip() or None
+    listed = await console.gw.list_groups(who.principal, GROUPS_LISTED, tenant)
+    return render("groups.html", who, groups=listed["items"], tenant=tenant or "")
+
+
+async def group(console: Console, request: HttpRequest, who: SignedIn) -> Response:
+    """One group: its tasks and a count per status (404 for a group the caller may not
+    read); the stop and rerun buttons for those who may change it."""
+    tenant = request.query_params.get("tenant", "").strip() or None
+    live = request.query_params.get("live") == "1"
+    return await _group_page(console, who, request.path_params["group_id"], tenant, live=live)
+
+
+async def stop(console: Console, request: HttpRequest, who: SignedIn) -> Response:
+    """Stop every task of the group that has not ended."""
+    group_id = request.path_params["group_id"]
+    await console.form(request, who)
+    await console.gw.stop_group(who.request(), group_id)
+    return RedirectResponse(_group_url(group_id), status_code=303)
+
+
+async def rerun(console: Console, request: HttpRequest, who: SignedIn) -> Response:
+    """Rerun every finished task of the group (all or none); a refusal (nothing has
+    finished yet) shows on the group's page."""
+    group_id = request.path_params["group_id"]
+    await console.form(request, who)
+    try:
+        await console.gw.rerun_group(who.request(), group_id, RerunChanges())
+    except RunyardError as exc:
+        return await _group_page(console, who, group_id, None, error=exc)
+    return RedirectResponse(_group_url(group_id), status_code=303)
+
+
+async def new_group_form(console: Console, request: HttpRequest, who: SignedIn) -> Response:
+    """The form for a new group, prefilled with an example on one of the pools."""
+    text = await _example(console, who)
+    return render("group_new.html", who, text=text, error=None, max_items=MAX_GROUP_SIZE)
+
+
+async def create(console: Console, request: HttpRequest, who: SignedIn) -> Response:
+    """Make the group (every task or none); a refusal shown above the text, kept."""
+    form = await console.form(request, who)
+    text = form.get("group", "")
+    try:
+        body = parse_body(TaskGroupRequest, parse_group(text))
+        made = await console.gw.create_group(who.request(), body)
+    except RunyardError as exc:
+        return render(
+            "group_new.html",
+            who,
+            status=exc.http_status,
+            text=text,
+            error=exc,
+            max_items=MAX_GROUP_SIZE,
+        )
+    return RedirectResponse(_group_url(made["group_id"]), status_code=303)
+
+
+def parse_group(text: str) -> dict[str, Any]:
+    """The group of the textarea: a YAML (or JSON) mapping read as a group file is
+    (`runyard.contracts.yamlcore`); 400 `console.group_yaml` else."""
+    try:
+        loaded = yamlcore.load(text)
+    except yaml.YAMLError as exc:
+        raise BadRequest(
+            "console.group_yaml",
+            f"the group is not YAML: {exc}",
+            "fix the line it names (YAML or JSON: a mapping with template: and items:)",
+            "group",
+        ) from exc
+    if not isinstance(loaded, dict):
+        raise BadRequest(
+            "console.group_yaml",
+            "the group must be a mapping with `template:` (a task spec) and `items:`"
+            " (the overrides of each task)",
+            "start from the example the page opened with",
+            "group",
+        )
+    return loaded
+
+
+async def _group_page(
+    console: Console,
+    who: SignedIn,
+    group_id: str,
+    tenant: str | None,
+    *,
+    error: RunyardError | None = None,
+    live: bool = False,
+) -> Response:
+    """The group's page (`live`: only its part that refreshes every 2 s)."""
+    found = await console.gw.get_group(who.principal, group_id, tenant)
+    now = utcnow()
+    tasks = found["tasks"]
+    for row in tasks:
+        row["age"] = display.age(row["created_at"], now)
+    owner = tasks[0]["tenant"] if tasks else who.principal.tenant
+    return render(
+        "group_live.html" if live else "group.html",
+        who,
+        status=error.http_status if error is not None else 200,
+        live_url=_group_url(group_id, tenant, live=True),
+        group=found,
+        tasks=tasks,
+        may_change=who.principal.role != "sre" and owner == who.principal.tenant,
+        running=sum(n for s, n in found["status_counts"].items() if s not in TERMINAL_STATUSES),
+        ended=sum(n for s, n in found["status_counts"].items() if s in TERMINAL_STATUSES),
+        error=error,
+    )
+
+
+async def _example(console: Console, who: SignedIn) -> str:
+    """A group to start from: two tasks on the first pool of the default resource
+    type (else the first pool), its smallest worker spec, the catalogue's first image."""
+    pools = await console.gw.pools(who.principal)
+    pool = next((p for p in pools if p.get("resource_type") == "subscription"), None)
+    pool = pool or (pools[0] if pools else {})
+    specs = sorted((pool.get("specs") or {}).items(), key=lambda s: s[1])
+    images = (await console.gw.catalogue_view(who.principal)).get("images", [])
+    template: dict[str, Any] = {
+        "name": "sweep",
+        "pool": pool.get("pool_id", "your-pool"),
+        "resource_type": pool.get("resource_type", "subscription"),
+        "worker_spec": specs[0][0] if specs else "1gpu",
+        "image": images[0]["name"] if images else "your-image",
+        "command": "python train.py --lr 0.1",
+        "tags": ["sweep"],
+    }
+    example = {
+        "template": template,
+        "items": [
+            {"name": "sweep-lr-0.1"},
+            {"name": "sweep-lr-0.01", "command": "python train.py --lr 0.01"},
+        ],
+    }
+    text: str = yaml.safe_dump(example, sort_keys=False, allow_unicode=True, width=100)
+    return text
+
+
+def _group_url(group_id: str, tenant: str | None = None, *, live: bool = False) -> str:
+    params = {**({"tenant": tenant} if tenant else {}), **({"live": "1"} if live else {})}
+    query = f"?{urlencode(params)}" if params else ""
+    return f"{PREFIX}/groups/{quote(group_id, safe='')}{query}"
+
+
+PAGES = (
+    ("GET", "/groups", groups),
+    ("GET", "/new-group", new_group_form),
+    ("POST", "/new-group", create),
+    ("GET", "/groups/{group_id}", group),
+    ("POST", "/groups/{group_id}/stop", stop),
+    ("POST", "/groups/{group_id}/rerun", rerun),
+)
