@@ -2,7 +2,8 @@
 the whole module (started once: the tests here share it, each with tasks of its own).
 
 The task page's fault tolerance, alerts, runs, rerun with changes, clone and
-trace; launch-command warnings while the submit form is filled in; pools with
+trace; a task group made, stopped and rerun together; launch-command warnings
+while the submit form is filled in; pools with
 their node grid, queue and admin node actions; the SRE event tail and health;
 the task list live by server-sent events, and polling when there are none.
 Every page: another tenant sees nothing of it, POSTs need the CSRF token, axe
@@ -282,6 +283,40 @@ async def test_a_group_is_made_stopped_and_rerun_in_the_console(
     context, page = await signed_in(browser, base_url(platform), stack["tokens"]["erin"])
     answer = await context.request.get(f"/console/groups/{group_id}")
     assert answer.status == 404
+    await context.close()
+
+
+async def test_an_admin_makes_and_revokes_a_token_in_the_console(
+    stack: dict[str, Any], browser: Any
+) -> None:
+    """The tokens page in a browser: a token made for a new colleague is shown once and
+    signs in; revoked from its row (confirmed), it signs in no more."""
+    platform: Platform = stack["platform"]
+    base = base_url(platform)
+    context, page = await signed_in(browser, base, platform.token)
+    await page.goto("/console/tasks")
+    await page.click("nav >> text=Tokens")
+    await page.fill("#t-user", "dora")
+    await page.fill("#t-description", "dora's notebook")
+    await page.click("#make-token-button")
+    token = (await page.locator("#new-token").inner_text()).strip()
+    assert token.startswith("ry_")
+    await shot(page, "token-made")
+    dora, _ = await signed_in(browser, base, token)
+    assert (await dora.request.get("/console/tasks")).status == 200
+    await dora.close()
+    await page.goto("/console/tokens")
+    assert token not in await page.content()
+    await shot(page, "tokens")
+    page.on("dialog", lambda dialog: asyncio.ensure_future(dialog.accept()))
+    row = page.locator('#tokens tr[data-state="active"]', has_text="dora's notebook")
+    await row.locator("button").click()
+    await page.wait_for_url("**/console/tokens")
+    assert await row.count() == 0
+    refused = await browser.new_context(base_url=base)
+    answer = await refused.request.post("/console/sign-in", form={"token": token})
+    assert answer.status == 401 and "auth.token_revoked" in await answer.text()
+    await refused.close()
     await context.close()
 
 

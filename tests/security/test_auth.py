@@ -535,3 +535,81 @@ async def test_cli_admin_tokens_create_list_revoke(world: World) -> None:
     finally:
         server.should_exit = True
         await serving
+
+
+async def test_the_console_makes_lists_and_revokes_tokens_as_the_api_does(world: World) -> None:
+    """A tenant admin who never opens a terminal brings a colleague in and out from the
+    console: the new token shown once (never in the list), the API's minting rules
+    (another tenant, a higher role, a user someone else made: refused on the page, the
+    form kept), a revoked token refused at once; members get a 403, every change
+    needs the session's CSRF token, another tenant's admin sees none of it."""
+
+    async def signed_in(client: httpx.AsyncClient, token: str) -> str:
+        signed = await client.post("/console/sign-in", data={"token": token})
+        assert signed.status_code == 303, signed.text
+        page = await client.get("/console/tokens")
+        return (
+            page.text.split('name="csrf" value="', 1)[1].split('"', 1)[0] if page.is_success else ""
+        )
+
+    transport = world.http._transport
+    async with (
+        httpx.AsyncClient(transport=transport, base_url="http://gw") as anna,
+        httpx.AsyncClient(transport=transport, base_url="http://gw") as boris,
+        httpx.AsyncClient(transport=transport, base_url="http://gw") as alice,
+    ):
+        csrf = await signed_in(anna, world.tokens["ta_admin"])
+        await signed_in(boris, world.tokens["tb_admin"])
+        await signed_in(alice, world.tokens["ta_alice"])
+        page = await anna.get("/console/tokens")
+        assert page.status_code == 200 and 'data-token-id="' in page.text
+        assert '<option value="platform_admin"' not in page.text  # not its to grant
+        member = await alice.get("/console/tokens")
+        assert member.status_code == 403 and "auth.admin_only" in member.text
+        form = {"user": "carl", "role": "member", "ttl": "12h", "description": "carl's laptop"}
+        assert (await anna.post("/console/tokens", data=form)).status_code == 403  # no CSRF
+        made = await anna.post("/console/tokens", data={**form, "csrf": csrf})
+        assert made.status_code == 201, made.text
+        token = made.text.split('<code id="new-token">', 1)[1].split("</code>", 1)[0]
+        assert token.startswith("ry_")
+        assert (
+            await world.http.get("/v1/tasks", headers={"Authorization": f"Bearer {token}"})
+        ).is_success
+        listed = (await anna.get("/console/tokens")).text
+        assert "carl&#39;s laptop" in listed and token not in listed
+        [carl] = [
+            t
+            for t in (await world.call("ta_admin", "GET", "/v1/admin/tokens")).json()["items"]
+            if t["user"] == "carl"
+        ]
+        assert carl["created_by"] == "user:ta/anna" and carl["tenant"] == "ta"
+        # the API's rules, on the page, the form kept
+        for refused_form, code in (
+            ({"user": "zed", "role": "platform_admin"}, "auth.role_not_grantable"),
+            ({"user": "alice", "role": "member"}, "auth.user_not_yours"),
+            ({"user": "no spaces", "role": "member"}, "auth.invalid_name"),
+        ):
+            refused = await anna.post("/console/tokens", data={**refused_form, "csrf": csrf})
+            assert refused.status_code in (400, 403) and code in refused.text, (code, refused.text)
+            assert f'value="{refused_form["user"]}"' in refused.text
+        # another tenant's admin: neither sees nor revokes it
+        assert carl["token_id"] not in (await boris.get("/console/tokens")).text
+        boris_csrf = (
+            (await boris.get("/console/tokens"))
+            .text.split('name="csrf" value="', 1)[1]
+            .split('"', 1)[0]
+        )
+        theirs = await boris.post(
+            f"/console/tokens/{carl['token_id']}/revoke", data={"csrf": boris_csrf}
+        )
+        assert theirs.status_code == 404
+        revoke = f"/console/tokens/{carl['token_id']}/revoke"
+        assert (await anna.post(revoke)).status_code == 403  # no CSRF
+        revoked = await anna.post(revoke, data={"csrf": csrf})
+        assert (revoked.status_code, revoked.headers["location"]) == (303, "/console/tokens")
+        assert (
+            await world.http.get("/v1/tasks", headers={"Authorization": f"Bearer {token}"})
+        ).status_code == 401
+        assert carl["token_id"] not in (await anna.get("/console/tokens")).text
+        shown = (await anna.get("/console/tokens?revoked=1")).text
+        assert f'data-token-id="{carl["token_id"]}" data-state="revoked"' in shown

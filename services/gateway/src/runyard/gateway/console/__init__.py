@@ -25,6 +25,7 @@ from runyard.gateway.console import (
     sre,
     sre_replay,
     task_pages,
+    tokens_page,
 )
 from runyard.gateway.console.pages import PREFIX, Console, console_router
 from runyard.gateway.console.sessions import PostgresSessions
@@ -85,6 +86,7 @@ def install_console(app: FastAPI, gateway: Gateway, owners: Owners) -> Console:
         *sre_replay.PAGES,
         *alerts_page.PAGES,
         *groups_page.PAGES,
+        *tokens_page.PAGES,
         *live.PAGES,
     )
     app.include_router(console_router(console, more))
