@@ -175,9 +175,9 @@ if [ -z "$holder" ] || [ ! -e "/proc/$holder/ns/net" ]; then
 fi
 exec NSENTER --net="/proc/$holder/ns/net" --ipc="/proc/$holder/ns/ipc" -- "$@"
 """
-#: Marks the batch script's line that starts the holder of the workers' own network
+#: The first line of a batch script's holder of the workers' own network
 #: (`_network_holder`): a deployer that finds the job after a restart reads it there.
-_HOLDER_MARK = "# runyard network holder"
+_HOLDER_MARK = "rm -f netns"
 #: How long a job Slurm says is RUNNING may take to start its batch script.
 _SCRIPT_WITHIN_S = 60.0
 #: How long the nodes' addresses Slurm gave are used before it is asked again.
@@ -438,7 +438,12 @@ class SlurmRuntime(LocalRuntime):
         if job is None:
             for name in ("go", *_REPORTS):  # an earlier job's, which is over
                 (local.root / name).unlink(missing_ok=True)
-            self._own_networks[key] = await self._may_share_a_network(local)
+            try:
+                self._own_networks[key] = await self._may_share_a_network(local)
+            except SlurmError as exc:
+                raise StageFailed(
+                    f"Slurm does not say which hosts the nodes are on: {exc.message}"
+                ) from exc
             script = local.root / "job.sh"
             script.write_text(self._batch_script(local))
             try:
@@ -606,7 +611,7 @@ class SlurmRuntime(LocalRuntime):
         it by its script."""
         known = self._own_networks.get(local.deployment.key)
         if known is None:
-            known = _HOLDER_MARK in _read(local.root / "job.sh")
+            known = _HOLDER_MARK in _read(local.root / "job.sh").splitlines()
             self._own_networks[local.deployment.key] = known
         return known
 
@@ -648,8 +653,8 @@ class SlurmRuntime(LocalRuntime):
             'exec {nap}<> <(:); read -u "$nap"'
         )
         return [
-            "rm -f netns",
-            f"{q(t.unshare)} --net --ipc -- {q(t.bash)} -c {q(inside)} & {_HOLDER_MARK}",
+            _HOLDER_MARK,
+            f"{q(t.unshare)} --net --ipc -- {q(t.bash)} -c {q(inside)} &",
             "holder=$!",
             # However the script ends (a folder gone, a TERM): the holder with it; once
             # the script is gone Slurm's process tracking may not find it.
