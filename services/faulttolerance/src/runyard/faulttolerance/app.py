@@ -243,6 +243,9 @@ class _Watch:
     resume: ResumeMatcher | None = None
     resume_deadline: datetime | None = None
     resume_since: datetime | None = None
+    #: When the attempt awaiting its resume ended (its run over, or replaced): what
+    #: comes after is the wait for its late lines, not time it ran without a resume.
+    resume_ended: datetime | None = None
     env_check: _EnvCheck | None = None
     hang_handling: bool = False
     #: Lines of this attempt that came before it was known to run (replayed then).
@@ -365,6 +368,7 @@ class FaultToleranceApp:
             watch.attempt = state.attempt
             watch.hang, watch.env_check = None, None
             watch.resume = watch.resume_deadline = watch.resume_since = None
+            watch.resume_ended = None
             watch.early, watch.started, watch.closed = [], False, False
         watch.state = state
         options = state.spec.fault_tolerance
@@ -401,6 +405,7 @@ class FaultToleranceApp:
             return
         watch.closed = True
         now = cause.occurred_at if cause is not None else self.clock()
+        watch.resume_ended = now
         grace = now + timedelta(seconds=self.late_lines_s)
         deadline = watch.resume_deadline
         watch.resume_deadline = min(deadline, grace) if deadline is not None else grace
@@ -429,6 +434,7 @@ class FaultToleranceApp:
             watch.state,
             resume=watch.resume,
             resume_since=watch.resume_since,
+            resume_ended=now,
             resume_deadline=min(deadline, grace) if deadline is not None else grace,
             closed=True,
         )
@@ -443,7 +449,12 @@ class FaultToleranceApp:
         if watch.resume is None or watch.resume_since is None:
             return
         now = cause.occurred_at if cause is not None else self.clock()
-        waited = max(0.0, (now - watch.resume_since).total_seconds())
+        # How long the attempt ran without one: to its end, or to the end of the wait
+        # (the wait for its late lines, or a timer's lateness, not counted).
+        until = min(now, watch.resume_since + timedelta(seconds=self.resume_wait_s))
+        if watch.resume_ended is not None:
+            until = min(until, watch.resume_ended)
+        waited = max(0.0, (until - watch.resume_since).total_seconds())
         watch.resume = None
         event = ResumeNotObserved(run=watch.run, attempt=watch.attempt, waited_s=waited)
         why = self._meta(cause) if cause is not None else self._because(watch)
