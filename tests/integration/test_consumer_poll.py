@@ -204,3 +204,37 @@ async def test_a_co_partitioned_consumer_commits_polls_together_and_all_once_qui
         await pool.close()
     assert len(lines) >= 6
     assert len(commits) < len(lines), (len(commits), len(lines))
+
+
+async def test_a_handler_cancelled_as_its_broker_stops_is_no_error(
+    dsn: str, kafka: KafkaSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A consumer stopped while its handler waits (an outage waited out when a
+    scheduler's term ends, a service asked to stop): the handler is cancelled, which
+    is the stop doing its work, not an error with a traceback in the service's log."""
+    waiting = asyncio.Event()
+
+    async def waits(event: Any, conn: asyncpg.Connection) -> None:
+        waiting.set()
+        await asyncio.Event().wait()  # as long as the outage lasts
+
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+    store = await PostgresEventStore.connect(dsn, sample_mapper())
+    broker = make_broker(kafka)
+    consumer = IdempotentConsumer(
+        "cancelled", pool=pool, mapper=sample_mapper(), handler=waits, kafka=kafka
+    )
+    consumer.subscribe(broker, kafka.topics.for_category("test"))
+    try:
+        await broker.start()
+        await store.append("test-cancelled", [happened(1)])
+        async with running_relay(store, kafka):
+            await asyncio.wait_for(waiting.wait(), 60)
+        with caplog.at_level(logging.DEBUG, logger="runyard.messaging.broker"):
+            await broker.stop()
+    finally:
+        await store.close()
+        await pool.close()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [], [(r.name, r.getMessage()) for r in errors]
+    assert any("CancelledError" in r.getMessage() for r in caplog.records), "it is still said"

@@ -777,19 +777,38 @@ async def _the_message(message: Any) -> Any:
     return message
 
 
+class _CancelledIsNoError(logging.Filter):
+    """FastStream logs a handler that ends by cancellation as an ERROR with its
+    traceback; a handler is cancelled when its subscriber stops (a service asked to
+    stop, a scheduler's term ending while an outage is waited out): the stop doing
+    its work. Such a line is kept at DEBUG, without the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, asyncio.CancelledError):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+_broker_log = logging.getLogger("runyard.messaging.broker")
+_broker_log.addFilter(_CancelledIsNoError())
+
+
 def make_broker(kafka: KafkaSettings, **options: Any) -> KafkaBroker:
     """A FastStream broker on `kafka.bootstrap`, with tracing middleware.
 
     It logs through `runyard.messaging.broker`, so its lines take the process's
     format and level (`RUNYARD_LOG_LEVEL`, WARNING by default) instead of
     FastStream's own colored INFO lines (a partition assignment, each stopped
-    subscriber task)."""
+    subscriber task); a handler cancelled by its subscriber's stop is not an error
+    there (`_CancelledIsNoError`)."""
     from faststream.kafka.opentelemetry import KafkaTelemetryMiddleware
 
     return KafkaBroker(
         kafka.bootstrap,
         security=kafka.security.faststream(),  # SASL/TLS when the environment asks
-        logger=logging.getLogger("runyard.messaging.broker"),
+        logger=_broker_log,
         log_level=logging.DEBUG,  # per-message access logs only when asked for
         enable_idempotence=False,
         request_timeout_ms=kafka.request_timeout_ms,
