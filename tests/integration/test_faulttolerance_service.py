@@ -18,6 +18,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -678,6 +679,28 @@ async def test_a_node_marked_faulty_reschedules_its_tasks(h: Harness) -> None:
     (moved,) = await h.payloads("busy", TaskRescheduleRequested)
     assert moved.faulty_nodes == ("n-1",) and "GPU 3 fell off the bus" in moved.reason
     assert fold(await h.events("busy")).status == "restarting"
+
+
+async def test_a_node_mark_the_log_does_not_hold_moves_nothing(h: Harness) -> None:
+    """A node's fault or recovery is acted on only as the log holds it: a message
+    that says another node is faulty (a forged or corrupted copy of a stored mark),
+    or a mark that was never stored, reschedules no task."""
+    await h.launch("safe", spec(workers=2))
+    fault = NodeMarkedFaulty(node="n-9", reason="a real fault elsewhere")
+    await h.store.append("pool-dev", [NewEvent(fault, Metadata(actor="user:admin"), h.clock())], 0)
+    (real,) = await h.store.read_stream("pool-dev")
+    forged = NodeMarkedFaulty(node="n-1", reason="forged")
+    for event_id, version in ((real.event_id, real.stream_version), (uuid.uuid4(), 2)):
+        message = RecordedEvent(
+            event_id, real.stream_id, version, real.global_position + 1,
+            real.occurred_at, forged, real.metadata,
+        )  # fmt: skip
+        await h.app.handle(message)
+    assert await h.payloads("safe", TaskRescheduleRequested) == []
+    assert "n-1" not in h.app._faulty
+    # the stored mark is acted on (no task on n-9: nothing to move)
+    await h.app.handle(real)
+    assert "n-9" in h.app._faulty
 
 
 async def test_a_fault_seen_before_the_tasks_placement_still_moves_it(h: Harness) -> None:

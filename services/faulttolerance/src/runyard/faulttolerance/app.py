@@ -312,6 +312,10 @@ class FaultToleranceApp:
     async def handle(self, event: RecordedEvent[Event], conn: Any = None) -> None:
         """React to one task or pool event (the IdempotentConsumer's handler)."""
         payload = event.event
+        if isinstance(payload, (NodeMarkedFaulty, NodeMarkedHealthy)) and not await self._held(
+            event
+        ):
+            return
         if isinstance(payload, NodeMarkedFaulty):
             self._faulty[payload.node] = (payload, event)
             await self._on_node_faulty(payload, event)
@@ -340,6 +344,20 @@ class FaultToleranceApp:
             and (payload.run, payload.attempt) == (state.run, state.attempt)
         ):
             await self._decide_quietly(task_id, [StartEnvCheck(task_id)], meta)
+
+    async def _held(self, event: RecordedEvent[Event]) -> bool:
+        """Whether the log holds `event` as the broker delivered it (id and payload at
+        its stream and version). A node's mark moves every task on the node: it is acted
+        on only then, so a forged or corrupted message moves nothing (logged)."""
+        if await self.store.holds(event):
+            return True
+        log.warning(
+            "%s: a %s message (version %d) that the log does not hold was ignored",
+            event.stream_id,
+            event.type,
+            event.stream_version,
+        )
+        return False
 
     async def _sync(
         self, task_id: str, state: TaskState, cause: RecordedEvent[Event] | None
