@@ -44,6 +44,7 @@ from runyard.contracts.task_events import (
     TaskRescheduleRequested,
     TaskRestartScheduled,
     TaskRunning,
+    TaskSucceeded,
     WorkerPlacement,
 )
 from runyard.deployer.app import DeployerApp
@@ -701,6 +702,25 @@ async def test_a_node_mark_the_log_does_not_hold_moves_nothing(h: Harness) -> No
     # the stored mark is acted on (no task on n-9: nothing to move)
     await h.app.handle(real)
     assert "n-9" in h.app._faulty
+
+
+async def test_a_task_event_the_log_does_not_hold_does_not_end_its_watch(h: Harness) -> None:
+    """The service folds a delivered task event on what it kept without reading the
+    stream again, and never reads that version again: a forged `TaskSucceeded` of the
+    next version folded so would have ended the watch of a task that still runs (no
+    hang detection, no resume verdict). One that ends the watch is folded only as the
+    log holds it."""
+    await h.launch("watched", spec(hang_timeout_s=10))
+    real = (await h.events("watched"))[-1]
+    forged = RecordedEvent(
+        uuid.uuid4(), real.stream_id, real.stream_version + 1, real.global_position + 1,
+        real.occurred_at, TaskSucceeded(run=1, attempt=1), real.metadata,
+    )  # fmt: skip
+    await h.app.handle(forged)
+    assert "watched" in h.app._watches and h.app._watches["watched"].hang is not None
+    h.clock.advance(11)
+    await h.tick("watched")
+    assert len(await h.payloads("watched", HangDetected)) == 1  # still watched
 
 
 async def test_a_fault_seen_before_the_tasks_placement_still_moves_it(h: Harness) -> None:

@@ -900,6 +900,8 @@ class FaultToleranceApp:
             return known
         if delivered is not None and delivered.stream_version == folded + 1:
             state = evolve(known, delivered)
+            if _ends_the_watch(known, state) and not await self._held(delivered):
+                return known  # a message the log does not hold ends nothing
         else:
             for recorded in await self.store.read_stream(task_stream(task_id), folded + 1):
                 state = evolve(state, recorded)
@@ -941,6 +943,15 @@ class FaultToleranceApp:
             return await decide_and_append(
                 self.store, task_stream(task_id), decision, attempts=MAX_CONFLICT_RETRIES
             )
+
+
+def _ends_the_watch(before: TaskState | None, after: TaskState) -> bool:
+    """Whether a delivered event folded without a read ends what the service watches of
+    the task (the run finished, or another attempt or run began): it is folded so only
+    as the log holds it, since a later event of that version is not read again."""
+    if before is None:
+        return after.finished
+    return after.finished or (after.run, after.attempt) != (before.run, before.attempt)
 
 
 def _is_at(where: tuple[int, int, str], state: TaskState | None) -> bool:
