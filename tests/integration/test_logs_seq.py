@@ -193,3 +193,12 @@ async def test_a_line_stored_before_is_found_by_the_identity_the_store_works_out
     again = [old.model_copy(update={"at": AT + timedelta(minutes=5), "seq": s}) for s in (41, 42)]
     assert await store.ingest(again) == 1
     assert [ln.seq for ln in (await store.page(LogQuery("t-seq-ü"))).lines] == [41, 42]
+
+
+async def test_numbered_and_unnumbered_lines_of_one_stream_in_one_batch(store: LogStore) -> None:
+    # an older publisher's lines (no number) beside numbered ones, in one insert
+    plain = [log_record(AT, "t-mixed", f"plain {i}") for i in range(3)]
+    batch = plain + [log_record(AT, "t-mixed", "n", seq=s) for s in range(3)]
+    assert await store.ingest(batch) == 6
+    assert await store.ingest(batch) == 0  # redelivered: every line is known by its identity
+    assert await store.count(LogQuery("t-mixed")) == 6
