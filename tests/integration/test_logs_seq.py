@@ -173,3 +173,32 @@ async def test_a_batch_written_in_parts_keeps_each_stream_whole_and_in_order(dsn
             assert seqs == sorted(seqs) and len(seqs) == (40 if s == "stdout" else 10)
     finally:
         await pool.close()
+
+
+async def test_a_line_stored_before_is_found_by_the_identity_the_store_works_out(
+    store: LogStore,
+) -> None:
+    # A row as stored by earlier versions: its `dedupe` is the record's own identity
+    # (`LogRecord.dedupe`, the MD5 of the stream's fields and the number).
+    old = log_record(AT, "t-seq-ü", "loss=1.0", run=2, attempt=3, worker=7, stream="stderr", seq=41)
+    async with store.pool.acquire() as conn:
+        await store.ensure_partitions([AT.date()])
+        await conn.execute(
+            "INSERT INTO log_lines (at, task_id, run, attempt, worker, stream, seq, dedupe, line)"
+            " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            old.at, old.task_id, old.run, old.attempt, old.worker, old.stream, old.seq,
+            old.dedupe, old.line,
+        )  # fmt: skip
+    # the same line read again later (a new deployer), beside the next ones of its stream
+    again = [old.model_copy(update={"at": AT + timedelta(minutes=5), "seq": s}) for s in (41, 42)]
+    assert await store.ingest(again) == 1
+    assert [ln.seq for ln in (await store.page(LogQuery("t-seq-ü"))).lines] == [41, 42]
+
+
+async def test_numbered_and_unnumbered_lines_of_one_stream_in_one_batch(store: LogStore) -> None:
+    # an older publisher's lines (no number) beside numbered ones, in one insert
+    plain = [log_record(AT, "t-mixed", f"plain {i}") for i in range(3)]
+    batch = plain + [log_record(AT, "t-mixed", "n", seq=s) for s in range(3)]
+    assert await store.ingest(batch) == 6
+    assert await store.ingest(batch) == 0  # redelivered: every line is known by its identity
+    assert await store.count(LogQuery("t-mixed")) == 6

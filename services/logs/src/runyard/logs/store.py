@@ -16,13 +16,15 @@ days a batch touches; retention drops whole partitions.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
-from collections.abc import AsyncIterator, Iterable, Sequence
+import uuid
+from collections.abc import AsyncIterator, Iterable, Sequence, Sized
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 from runyard.contracts.loglines import LogRecord
@@ -56,14 +58,17 @@ KEPT_WORD_SPLITS, KEPT_WORDS_CHARS = 256, 1024
 #: How far apart in time a numbered line and its repeat may be stored (a deployer
 #: reads a worker's file again after a restart: seconds to hours later).
 REPEAT_WINDOW = timedelta(days=2)
+#: Each line's own fields are arrays ($1-$5: its stream's number in $6-$10, time,
+#: seq, identity, text); its stream's fields are given once per stream ($6-$10).
 _INSERT = """
 INSERT INTO log_lines (at, task_id, run, attempt, worker, stream, seq, dedupe, line)
-SELECT r.* FROM unnest($1::timestamptz[], $2::text[], $3::int[], $4::int[], $5::int[],
-                       $6::text[], $7::bigint[], $8::uuid[], $9::text[])
-    AS r(at, task_id, run, attempt, worker, stream, seq, dedupe, line)
+SELECT r.at, ($6::text[])[r.s], ($7::int[])[r.s], ($8::int[])[r.s], ($9::int[])[r.s],
+       ($10::text[])[r.s], r.seq, r.dedupe, r.line
+FROM unnest($1::int[], $2::timestamptz[], $3::bigint[], $4::uuid[], $5::text[])
+    AS r(s, at, seq, dedupe, line)
 WHERE r.seq IS NULL OR NOT EXISTS (
     SELECT 1 FROM log_lines l
-    WHERE l.dedupe = r.dedupe AND l.at BETWEEN r.at - $10::interval AND r.at + $10::interval
+    WHERE l.dedupe = r.dedupe AND l.at BETWEEN r.at - $11::interval AND r.at + $11::interval
 )
 ON CONFLICT DO NOTHING
 """
@@ -112,16 +117,91 @@ ORDER BY h.at, h.id
 """
 
 
+_G = TypeVar("_G", bound=Sized)
+#: A worker stream's fields: task, run, attempt, worker, stream.
+StreamKey = tuple[str, int, int, int, str]
+
+
+def _streams(records: Iterable[LogRecord]) -> dict[StreamKey, list[LogRecord]]:
+    """`records` by worker stream, each in its order."""
+    streams: dict[StreamKey, list[LogRecord]] = {}
+    for r in records:
+        key = (r.task_id, r.run, r.attempt, r.worker, r.stream)
+        lines = streams.get(key)
+        if lines is None:
+            streams[key] = [r]
+        else:
+            lines.append(r)
+    return streams
+
+
+def _balanced(groups: Iterable[_G], parts: int) -> list[list[_G]]:
+    """`groups` in at most `parts` parts of about the same number of items (the largest
+    groups first, each into the smallest part)."""
+    ordered = sorted(groups, key=len, reverse=True)
+    split: list[list[_G]] = [[] for _ in range(min(parts, len(ordered)))]
+    sizes = [0] * len(split)
+    for group in ordered:
+        smallest = sizes.index(min(sizes))
+        split[smallest].append(group)
+        sizes[smallest] += len(group)
+    return split
+
+
 def _split(records: Sequence[LogRecord], parts: int) -> list[list[LogRecord]]:
     """`records` in at most `parts` parts of about the same size, each worker stream
     whole in one part (the largest streams first, each into the smallest part)."""
-    streams: dict[tuple[str, int, int, int, str], list[LogRecord]] = {}
-    for r in records:
-        streams.setdefault((r.task_id, r.run, r.attempt, r.worker, r.stream), []).append(r)
-    split: list[list[LogRecord]] = [[] for _ in range(min(parts, len(streams)))]
-    for lines in sorted(streams.values(), key=len, reverse=True):
-        min(split, key=len).extend(lines)
-    return split
+    return [
+        [r for lines in part for r in lines]
+        for part in _balanced(_streams(records).values(), parts)
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class _StreamLines:
+    """The lines of one worker stream in a batch, each with its identity under
+    redelivery (the store's `dedupe`), as asyncpg takes a uuid."""
+
+    key: StreamKey
+    records: list[LogRecord]
+    identities: list[uuid.UUID | str]
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    @classmethod
+    def of(cls, key: StreamKey, records: Iterable[LogRecord]) -> _StreamLines:
+        """`records` of the stream `key` with their identities, the repeats of a
+        numbered line dropped (the first is kept).
+
+        A numbered line's identity is `LogRecord.dedupe`: the MD5 of the stream's
+        fields and the number. The stream's part is hashed once and the hash state
+        copied for each number: the same value (rows stored before dedupe against
+        it) at a fifth of the time of hashing each line's key whole. An unnumbered
+        line's is the record's own (the hash of its message)."""
+        kept: list[LogRecord] = []
+        identities: list[uuid.UUID | str] = []
+        seen: set[int] = set()
+        stream: Any = None
+        for r in records:
+            if r.seq is None:
+                kept.append(r)
+                identities.append(r.dedupe)
+                continue
+            if r.seq in seen:
+                continue
+            seen.add(r.seq)
+            if stream is None:
+                task_id, run, attempt, worker, name = key
+                stream = hashlib.md5(
+                    f"{task_id}\x1f{run}\x1f{attempt}\x1f{worker}\x1f{name}\x1f#".encode(),
+                    usedforsecurity=False,
+                )
+            h = stream.copy()
+            h.update(b"%d" % r.seq)
+            kept.append(r)
+            identities.append(h.hexdigest())
+        return cls(key, kept, identities)
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,19 +391,20 @@ class LogStore:
         """Store a batch; return how many lines were new (redelivered ones are skipped).
         Lines already past retention are dropped."""
         cutoff = self.cutoff(now or datetime.now(UTC))
-        keep, numbered = [], set()
-        for r in records:
-            if r.at < cutoff or (r.seq is not None and r.dedupe in numbered):
-                continue  # past retention, or a repeat of a line earlier in the batch
-            if r.seq is not None:
-                numbered.add(r.dedupe)
-            keep.append(r)
-        if not keep:
+        streams = [
+            _StreamLines.of(key, lines)
+            for key, lines in _streams(r for r in records if r.at >= cutoff).items()
+        ]
+        if not streams:
             return 0
-        await self.ensure_partitions(r.at.astimezone(UTC).date() for r in keep)
-        parts = _split(keep, self.parts)
+        ats = [r.at for lines in streams for r in lines.records]
+        days = {min(ats).astimezone(UTC).date(), max(ats).astimezone(UTC).date()}
+        if len(days) > 1:  # not all of one day (seldom): the days the lines are of
+            days = {at.astimezone(UTC).date() for at in ats}
+        await self.ensure_partitions(days)
+        parts = _balanced(streams, self.parts)
         if len(parts) == 1:
-            return await self._insert(keep)
+            return await self._insert(parts[0])
         # Not a TaskGroup: on Python 3.11 a failed child leaves a cancellation counted
         # on the caller's task (the batch that then waits out the outage).
         inserts = [asyncio.ensure_future(self._insert(part)) for part in parts]
@@ -336,18 +417,25 @@ class LogStore:
             raise
         return sum(stored)
 
-    async def _insert(self, keep: Sequence[LogRecord]) -> int:
+    async def _insert(self, part: Sequence[_StreamLines]) -> int:
+        """One insert of whole worker streams: each line's own fields as arrays, and
+        its stream's fields once per stream (a line has its stream's number)."""
+        numbers: list[int] = []
+        for n, lines in enumerate(part, 1):
+            numbers += [n] * len(lines.records)
+        records = [r for lines in part for r in lines.records]
         result = await self.pool.execute(
             _INSERT,
-            [r.at for r in keep],
-            [r.task_id for r in keep],
-            [r.run for r in keep],
-            [r.attempt for r in keep],
-            [r.worker for r in keep],
-            [r.stream for r in keep],
-            [r.seq for r in keep],
-            [r.dedupe for r in keep],
-            [r.line for r in keep],
+            numbers,
+            [r.at for r in records],
+            [r.seq for r in records],
+            [i for lines in part for i in lines.identities],
+            [r.line for r in records],
+            [lines.key[0] for lines in part],
+            [lines.key[1] for lines in part],
+            [lines.key[2] for lines in part],
+            [lines.key[3] for lines in part],
+            [lines.key[4] for lines in part],
             REPEAT_WINDOW,
         )
         return int(result.rsplit(" ", 1)[-1])
