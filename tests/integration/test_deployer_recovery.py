@@ -420,10 +420,15 @@ async def test_a_deployer_restarted_after_a_task_restart_records_the_old_workers
     await asyncio.wait_for(app2.drain(), 8)
     assert not alive_group(pid)
     assert (state.status, state.attempt, state.held_live) == ("succeeded", 2, ())
-    events = [e.event for e in await world.events("hung")]
-    exits, first = old_exits_then_new_attempt(events)
+    recorded = await world.events("hung")
+    exits, first = old_exits_then_new_attempt([e.event for e in recorded])
     assert [(w, code) for w, code, _ in exits] == [(0, 143)]  # `sleep` ended by SIGTERM
     assert exits[0][2] < first
+    # its cause is the restart, in the task's correlation
+    (restart,) = [e for e in recorded if isinstance(e.event, TaskRestartScheduled)]
+    meta = recorded[exits[0][2]].metadata
+    assert meta.causation_id == str(restart.event_id)
+    assert meta.correlation_id == (restart.metadata.correlation_id or str(restart.event_id))
 
 
 async def test_a_reschedule_ends_the_old_attempt_and_deploys_the_new_one(world: World) -> None:

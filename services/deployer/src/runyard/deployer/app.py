@@ -923,13 +923,16 @@ class DeployerApp:
         """
         taken: set[DeploymentKey] = set()
         adopt = getattr(self.runtime, "adopt", None)
-        for task_id, (state, _) in tasks.items():
+        for task_id, (state, cause) in tasks.items():
             held = state.held
             if not state.held_live or held is None:
                 continue
             run, attempt = state.held_live_of
             key = (task_id, run, attempt)
+            # caused by the task's last placement or restart, in its correlation (R-62)
             meta = Metadata(actor=ACTOR)
+            if cause is not None:
+                meta = meta.caused_by(cause, ACTOR)
             if key in found and adopt is not None and task_id not in self._active:
                 d = Deployment(task_id, run, attempt, state.spec, held.workers)
                 active = _Active(d, stopping=True, meta=meta)
