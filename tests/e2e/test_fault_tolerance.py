@@ -177,6 +177,50 @@ async def test_a_crash_restarts_once_and_resumes_from_the_checkpoint(
     )
 
 
+async def test_a_restart_shows_when_the_replaced_attempts_workers_ended(
+    ft_platform: Platform,
+) -> None:
+    """Worker 0 crashes while worker 1 of that attempt still runs: `runyard events`
+    shows worker 1's exit as attempt 1's, after the restart and before attempt 2 is
+    deployed on the same GPUs; attempt 2 succeeds, and the GPUs are released once,
+    after every exit."""
+    command = (
+        'if [ "$RUNYARD_ATTEMPT" = 1 ]; then '
+        'if [ "$RUNYARD_WORKER_INDEX" = 0 ]; then exit 3; fi; sleep 60; fi; echo done'
+    )
+    created = await ft_platform.submit(
+        name="peers",
+        command=command,
+        worker_count=2,
+        framework="pytorch_ddp",
+        fault_tolerance={"auto_restart": True, "max_restarts": 1},
+    )
+    task_id = created["task_id"]
+    await ft_platform.wait_status(task_id, "succeeded", within=40)
+    await wait_events(ft_platform, task_id, lambda es: bool(of(es, "ResourcesReleased")), 15)
+    url, token = str(ft_platform.http.base_url).rstrip("/"), ft_platform.token
+    shown = await cli(url, token, "events", task_id, "--json")
+    assert shown.exit_code == 0, shown.output
+    timeline = json.loads(shown.stdout)
+    types = [e["type"] for e in timeline]
+    exits = [(i, e["data"]) for i, e in enumerate(timeline) if e["type"] == "WorkerExited"]
+    old = [(d["worker"], d["exit_code"]) for _, d in exits if d["attempt"] == 1]
+    assert old[0] == (0, 3) and [worker for worker, _ in old] == [0, 1], old
+    new = sorted((d["worker"], d["exit_code"]) for _, d in exits if d["attempt"] == 2)
+    assert new == [(0, 0), (1, 0)]
+    last_old = max(i for i, d in exits if d["attempt"] == 1)
+    redeployed = next(
+        i
+        for i, e in enumerate(timeline)
+        if e["type"] == "DeployStageStarted" and e["data"]["attempt"] == 2
+    )
+    assert types.index("TaskRestartScheduled") < last_old < redeployed
+    assert types.count("ResourcesReleased") == 1
+    assert types.index("ResourcesReleased") > max(i for i, _ in exits)
+    table = await cli(url, token, "events", task_id)
+    assert table.exit_code == 0, table.output
+
+
 async def test_a_restart_that_loads_no_checkpoint_is_a_warning(ft_platform: Platform) -> None:
     mark = uuid.uuid4().hex[:12]
     created = await ft_platform.submit(

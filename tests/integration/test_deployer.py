@@ -12,12 +12,15 @@ import contextlib
 import os
 import shlex
 import shutil
+import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -293,6 +296,56 @@ async def test_stop_during_running_ends_every_process(h: Harness) -> None:
     assert (await h.state("stopme")).status == "stopped"
     assert not any(alive(-pid) for pid in pids.values()), "a worker process is left"
     assert not scratch.exists()
+
+
+async def test_a_worker_signalled_again_and_again_as_it_ends_keeps_its_exit_status(
+    h: Harness,
+) -> None:
+    """A stop's SIGTERM may reach a worker more than once (two stops of one attempt: a
+    restart while a failing worker's peers are being ended). Its wrapper still writes
+    the exit status it exits with: a deployer that adopts the worker after a crash has
+    nothing else to learn it from."""
+    statuses: dict[int, str | None] = {}
+    record = h.app._on_exit
+
+    async def on_exit(
+        key: tuple[str, int, int], worker: int, exit_code: int, exited_at: datetime | None = None
+    ) -> None:
+        scratch = h.runtime.scratch_dir(key, worker)
+        status = scratch / "exit_status" if scratch is not None else None
+        statuses[worker] = status.read_text() if status and status.exists() else None
+        await record(key, worker, exit_code, exited_at)
+
+    h.app._on_exit = on_exit  # type: ignore[method-assign]
+    await h.launch("signalled", make_spec("echo up; sleep 60"), wait=False)
+    await h.wait_for("signalled", "TaskRunning")
+    for _ in range(1000):  # the launch command runs (past the sandbox's mounts)
+        if h.output("signalled"):
+            break
+        await asyncio.sleep(0.02)
+    assert h.output("signalled") == ["0:up"]
+    (pid,) = h.runtime.pids(("signalled", 1, 1)).values()
+    done = threading.Event()
+
+    def signal_until_gone() -> None:
+        while not done.is_set():
+            try:
+                os.killpg(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                return
+
+    signaller = threading.Thread(target=signal_until_gone)
+    signaller.start()
+    try:
+        await h.wait_for("signalled", "TaskFailed", within=20)
+    finally:
+        done.set()
+        signaller.join()
+    await asyncio.wait_for(h.app.drain(), 8)
+    (exited,) = [e.event for e in await h.events("signalled") if isinstance(e.event, WorkerExited)]
+    written = statuses[0]
+    assert written is not None, "the wrapper was killed before its exit status was written"
+    assert int(written.split()[0]) == exited.exit_code
 
 
 async def test_a_stop_or_preemption_the_log_does_not_hold_ends_no_worker(

@@ -537,3 +537,73 @@ async def test_the_peers_of_a_failed_worker_hold_their_gpus_until_their_exits_ar
     assert peer[0].global_position < released[0].global_position
     (placed,) = [e for e in await world.events("second") if isinstance(e.event, TaskPlaced)]
     assert placed.global_position > peer[0].global_position
+
+
+async def test_a_restart_in_place_records_the_old_peers_exit_and_keeps_the_gpus(
+    world: World,
+) -> None:
+    """Worker 0 fails and auto restart redeploys the same placement; worker 1 of
+    attempt 1 takes a while to stop. Its exit is recorded as attempt 1's (it decides
+    nothing) before attempt 2 is deployed on the same GPUs; the GPUs stay the task's
+    through the restart (the next task, queued for them, is placed only once the
+    restarted task has succeeded and released them), and are released once."""
+    from runyard.scheduler.app import SchedulerApp
+
+    scheduler = SchedulerApp(world.store, one_pool(2, "subscription"))
+    await scheduler.start()
+    app, runtime = world.deployer()
+    app.max_restart_delay_s = 0.2
+    # worker 1 installs its TERM trap, then lets worker 0 fail (a file on a shared volume)
+    where, mount, _ = world.control(runtime)
+    fails_once = (
+        'if [ "$RUNYARD_ATTEMPT" = 1 ]; then '
+        'if [ "$RUNYARD_WORKER_INDEX" = 0 ]; then '
+        f"while [ ! -e {where}/go ]; do sleep 0.02; done; exit 1; fi; "
+        f'trap "sleep 0.5; exit 9" TERM; touch {where}/go; echo up; sleep 60 & wait; fi; '
+        "echo done"
+    )
+    restarting = spec(
+        fails_once,
+        workers=2,
+        pool="subscription",
+        mounts=(mount,),
+        fault_tolerance={"auto_restart": True, "max_restarts": 1},
+    )
+    pumping = asyncio.create_task(pump(world, scheduler, app))
+    try:
+        await world.submit("first", restarting)
+        await world.until("first", lambda s: s.status == "running")
+        old = list(runtime.pids(("first", 1, 1)).values())
+        await world.submit("second", spec("echo second", workers=2, pool="subscription"))
+        await world.until("second", lambda s: s.status == "queued")
+        state = await world.until("first", lambda s: s.finished)
+        assert not any(group_members(p) for p in old)
+        await world.until("second", lambda s: s.finished)
+        await asyncio.wait_for(app.drain(), 10)
+    finally:
+        pumping.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await pumping
+    assert (state.status, state.attempt, state.restarts, state.held_live) == (
+        "succeeded",
+        2,
+        1,
+        (),
+    )
+    events = await world.events("first")
+    kinds = [e.type for e in events]
+    old_exits = [e for e in exits(events) if e.event.attempt == 1]  # type: ignore[attr-defined]
+    assert [(e.event.worker, e.event.exit_code) for e in old_exits] == [(0, 1), (1, 9)]  # type: ignore[attr-defined]
+    restart = kinds.index("TaskRestartScheduled")
+    redeployed = next(
+        i
+        for i, e in enumerate(events)
+        if e.type == "DeployStageStarted" and e.event.attempt == 2  # type: ignore[attr-defined]
+    )
+    assert restart < events.index(old_exits[1]) < redeployed
+    assert kinds.count("TaskSucceeded") == 1 and kinds.count("TaskFailed") == 0
+    (released,) = [e for e in events if isinstance(e.event, ResourcesReleased)]
+    assert released.global_position > max(e.global_position for e in exits(events))
+    (placed,) = [e for e in await world.events("second") if isinstance(e.event, TaskPlaced)]
+    assert placed.global_position > released.global_position
+    assert not scheduler.pools["subscription"].state.allocations

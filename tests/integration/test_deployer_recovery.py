@@ -22,8 +22,11 @@ import pytest
 from runyard.contracts import Event, Metadata, NewEvent, RecordedEvent, default_mapper
 from runyard.contracts.spec import TaskSpec
 from runyard.contracts.task_events import (
+    DeployStageStarted,
     TaskFailed,
     TaskPlaced,
+    TaskRestartScheduled,
+    TaskSucceeded,
     WorkerExited,
     WorkerPlacement,
     WorkerStarted,
@@ -41,6 +44,7 @@ from runyard.domain.task import (
     Place,
     ReleaseResources,
     RequestReschedule,
+    ScheduleRestart,
     StartStage,
     Submit,
     TaskState,
@@ -344,6 +348,87 @@ async def test_auto_restart_runs_a_new_attempt_of_the_same_run(world: World) -> 
     assert world.output("again") == ["attempt 1 run again-run1", "attempt 2 run again-run1"]
     with contextlib.suppress(OSError):
         os.rmdir(mount)
+
+
+def old_exits_then_new_attempt(events: list[Event]) -> tuple[list[tuple[int, int, int]], int]:
+    """The exits of attempt 1 as (worker, code, place in the log), and the place of the
+    first event of attempt 2's deployment."""
+    exits = [
+        (e.worker, e.exit_code, i)
+        for i, e in enumerate(events)
+        if isinstance(e, WorkerExited) and e.attempt == 1
+    ]
+    first = next(
+        i for i, e in enumerate(events) if isinstance(e, DeployStageStarted) and e.attempt == 2
+    )
+    return exits, first
+
+
+async def test_a_restart_records_the_exits_of_the_old_attempts_workers_before_the_new_starts(
+    world: World,
+) -> None:
+    """Worker 0 fails and auto restart redeploys the same placement: worker 1 of
+    attempt 1, still running, is ended and its exit recorded as attempt 1's (it decides
+    nothing), before attempt 2 is deployed on the same GPUs; attempt 2 succeeds."""
+    app, _ = world.deployer()
+    command = (
+        'if [ "$RUNYARD_ATTEMPT" = 1 ]; then '
+        'if [ "$RUNYARD_WORKER_INDEX" = 0 ]; then exit 5; fi; sleep 30; fi; echo done'
+    )
+    spec = make_spec(command, workers=2, fault_tolerance={"auto_restart": True, "max_restarts": 1})
+    async with pumping(world, app):
+        await world.submit_and_place("peers", spec)
+        state = await world.until("peers", finished, within=20)
+        await asyncio.wait_for(app.drain(), 8)
+    assert (state.status, state.attempt, state.restarts) == ("succeeded", 2, 1)
+    assert state.held_live == ()
+    events = [e.event for e in await world.events("peers")]
+    restart = next(i for i, e in enumerate(events) if isinstance(e, TaskRestartScheduled))
+    exits, first = old_exits_then_new_attempt(events)
+    assert [(w, code) for w, code, _ in exits] == [(0, 5), (1, 143)]
+    assert restart < exits[1][2] < first  # ended after the restart, before attempt 2
+    later = [
+        (e.attempt, e.worker, e.exit_code) for e in events[first:] if isinstance(e, WorkerExited)
+    ]
+    assert sorted(later) == [(2, 0, 0), (2, 1, 0)]
+    assert sum(isinstance(e, TaskSucceeded) for e in events) == 1
+
+
+async def test_a_deployer_restarted_after_a_task_restart_records_the_old_workers_exits(
+    world: World,
+) -> None:
+    """The task restarts (a hang) while no deployer runs: the next deployer ends the
+    replaced attempt's worker, records its exit as attempt 1's, then deploys attempt 2
+    on the same placement."""
+    app1, runtime1 = world.deployer()
+    command = 'echo up; if [ "$RUNYARD_ATTEMPT" = 1 ]; then sleep 30; fi; echo done'
+    spec = make_spec(command, fault_tolerance={"auto_restart": True, "max_restarts": 1})
+    for event in await world.submit_and_place("hung", spec):
+        await app1.handle(event)
+    await world.until("hung", lambda s: s.status == "running")
+    for _ in range(400):  # the launch command runs (past the sandbox's mounts)
+        if world.output("hung"):
+            break
+        await asyncio.sleep(0.02)
+    (pid,) = runtime1.pids(("hung", 1, 1)).values()
+    app1.detach()
+    await world.do("hung", ScheduleRestart("hung", "hang", delay_s=0))
+    assert (await world.state("hung")).held_live == (0,)
+    app2, _ = world.deployer()
+    await app2.reconcile()
+    state = await world.until("hung", finished, within=30)
+    await asyncio.wait_for(app2.drain(), 8)
+    assert not alive_group(pid)
+    assert (state.status, state.attempt, state.held_live) == ("succeeded", 2, ())
+    recorded = await world.events("hung")
+    exits, first = old_exits_then_new_attempt([e.event for e in recorded])
+    assert [(w, code) for w, code, _ in exits] == [(0, 143)]  # `sleep` ended by SIGTERM
+    assert exits[0][2] < first
+    # its cause is the restart, in the task's correlation (R-62)
+    (restart,) = [e for e in recorded if isinstance(e.event, TaskRestartScheduled)]
+    meta = recorded[exits[0][2]].metadata
+    assert meta.causation_id == str(restart.event_id)
+    assert meta.correlation_id == (restart.metadata.correlation_id or str(restart.event_id))
 
 
 async def test_a_reschedule_ends_the_old_attempt_and_deploys_the_new_one(world: World) -> None:

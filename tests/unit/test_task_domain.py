@@ -518,13 +518,74 @@ def test_a_failing_worker_with_auto_restart_restarts_in_place() -> None:
     assert (s.status, s.attempt, s.restarts) == ("restarting", 2, 1)
     assert s.placement is not None and s.placement.attempt == 1
     assert not any(w.started or w.exited for w in s.workers)
-    story.refuse(ExitWorker(TASK, 1, 1, 1, 0), StaleAttempt)  # the old attempt's worker
+    assert (s.held_live, s.held_live_of) == ((1,), (1, 1))  # worker 1 is being ended
+    story.refuse(ExitWorker(TASK, 1, 1, 0, 1), StaleAttempt)  # already recorded
+    # the old attempt's worker, ended by the deployer: its exit is its attempt's
+    assert story.do(ExitWorker(TASK, 1, 1, 1, 143)) == [
+        WorkerExited(run=1, attempt=1, worker=1, exit_code=143)
+    ]
+    s = story.state
+    assert (s.status, s.attempt, s.restarts, s.held_live) == ("restarting", 2, 1, ())
+    assert not any(w.started or w.exited for w in s.workers)
+    story.refuse(ExitWorker(TASK, 1, 1, 1, 143), StaleAttempt)  # recorded once
     story.start_all()
     assert story.status() == "running"
     assert types_of(story.exit(1, 1)) == (
         WorkerExited,
         TaskFailed,
     )  # limit reached
+
+
+@pytest.mark.parametrize("code", [0, 1, 143])
+def test_an_exit_of_a_restarted_attempts_worker_decides_nothing(code: int) -> None:
+    story = Story(make_spec(workers=3, auto_restart=True, max_restarts=1)).running()
+    story.exit(2, 7)
+    story.do(ExitWorker(TASK, 1, 1, 0, code))
+    s = story.state
+    assert (s.status, s.attempt, s.restarts, s.held_live) == ("restarting", 2, 1, (1,))
+    assert s.last_failure_reason == "worker 2 exited with code 7"
+    assert s.held == s.placement  # the same placement: its GPUs are the new attempt's
+    story.refuse(ReleaseResources(TASK, "x"), InvalidCommand)
+    story.start_all()
+    # even once the new attempt runs (the deployer waits for the exits first), a late
+    # exit is the old attempt's: the new attempt's workers, status and outcome stay
+    before = story.state
+    assert story.do(ExitWorker(TASK, 1, 1, 1, code)) == [
+        WorkerExited(run=1, attempt=1, worker=1, exit_code=code)
+    ]
+    after = story.state
+    assert (after.status, after.workers, after.restarts) == ("running", before.workers, 1)
+    assert after.held_live == ()
+    for worker in range(3):
+        story.exit(worker, 0)
+    assert (story.status(), story.state.attempt) == ("succeeded", 2)
+
+
+def test_a_hang_restart_keeps_every_started_worker_until_its_exit_is_recorded() -> None:
+    story = Story(make_spec(workers=2, auto_restart=True)).running()
+    story.do(ScheduleRestart(TASK, "hang"))
+    assert (story.state.held_live, story.state.held_live_of) == ((0, 1), (1, 1))
+    # a reschedule of the new attempt (nothing of it started) keeps them listed
+    story.do(RequestReschedule(TASK, "GPU dropped", ("node-1",)))
+    s = story.state
+    assert (s.held_live, s.held_live_of, s.attempt) == ((0, 1), (1, 1), 3)
+    story.refuse(ReleaseResources(TASK, "reschedule"), InvalidCommand)
+    for worker in (0, 1):
+        assert types_of(story.do(ExitWorker(TASK, 1, 1, worker, 143))) == (WorkerExited,)
+    assert story.state.held_live == () and story.status() == "restarting"
+    story.do(ReleaseResources(TASK, "reschedule"))
+
+
+def test_a_stop_while_restarting_holds_the_gpus_until_the_old_exits_are_recorded() -> None:
+    story = Story(make_spec(workers=2, auto_restart=True)).running()
+    story.exit(0, 1)
+    story.do(RequestStop(TASK))
+    story.do(ConfirmStop(TASK))
+    assert story.status() == "stopped" and story.state.held_live == (1,)
+    story.refuse(ReleaseResources(TASK, "task stopped"), InvalidCommand)
+    assert types_of(story.do(ExitWorker(TASK, 1, 1, 1, 143))) == (WorkerExited,)
+    assert story.status() == "stopped"
+    story.do(ReleaseResources(TASK, "task stopped"))
 
 
 def test_restart_backoff_doubles_up_to_five_minutes() -> None:
@@ -933,6 +994,12 @@ def _exit_worker(s: TaskState, rnd: random.Random) -> Command:
     return ExitWorker(TASK, s.run, s.attempt, _worker_index(s, rnd), code)
 
 
+def _withdrawn_exit(s: TaskState, rnd: random.Random) -> Command:
+    """The exit of a worker of an attempt that is over, which the deployer ends."""
+    worker = rnd.choice(s.held_live) if s.held_live else _worker_index(s, rnd)
+    return ExitWorker(TASK, *s.held_live_of, worker, rnd.choice([0, 1, 143]))
+
+
 def _observation(s: TaskState, rnd: random.Random) -> Command:
     run, attempt = s.run, max(s.attempt, 1)
     events: list[Observation] = [
@@ -971,6 +1038,7 @@ WEIGHTED: list[tuple[Builder, int]] = [
     (lambda s, r: FinishEnvCheck(TASK), 3),
     (_start_worker, 12),
     (_exit_worker, 10),
+    (_withdrawn_exit, 4),
     (lambda s, r: Fail(TASK, "platform error"), 1),
     (lambda s, r: RequestStop(TASK), 1),
     (lambda s, r: ConfirmStop(TASK), 2),
@@ -1056,7 +1124,20 @@ def test_state_invariants_hold_after_any_walk(spec: TaskSpec, data: st.DataObjec
     events = walk(spec, data)
     state: TaskState | None = None
     for event in events:
-        state = evolve(state, event)
+        before, state = state, evolve(state, event)
+        exited = event[0]
+        if (
+            isinstance(exited, WorkerExited)
+            and before is not None
+            and (exited.run, exited.attempt) != (before.run, before.attempt)
+        ):
+            # a late exit of an attempt that is over decides nothing for the current one
+            assert (state.status, state.attempt, state.workers) == (
+                before.status,
+                before.attempt,
+                before.workers,
+            )
+            assert exited.worker in before.held_live
         assert is_terminal(state.status) == (state.finished_at is not None)
         if state.status == "succeeded":
             assert state.workers and all(w.exit_code == 0 for w in state.workers)

@@ -387,7 +387,10 @@ class WorkerExited(_TaskEvent):
 
     When: the runtime saw the process end. The same append carries what
     follows from it: `TaskSucceeded` when every worker has exited 0, and for a
-    non-zero status `TaskRestartScheduled` or `TaskFailed`.
+    non-zero status `TaskRestartScheduled` or `TaskFailed`. A worker of an
+    attempt that is over (restarted, preempted, rescheduled, or its run
+    failed), ended by the deployer, is recorded with that attempt's number;
+    such an exit decides nothing.
     """
 
     emitted_by = "deployer"

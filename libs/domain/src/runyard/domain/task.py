@@ -208,9 +208,10 @@ class TaskState:
     #: The placement whose GPUs are still allocated, until ResourcesReleased.
     held: Placement | None = None
     #: Workers of the held placement that started and have not exited although their
-    #: attempt is over (preempted, rescheduled, or the run failed): its GPUs stay held
-    #: until the deployer has ended them and recorded their exits (`WorkerExited` of
-    #: that attempt).
+    #: attempt is over (restarted, preempted, rescheduled, or the run failed): its GPUs
+    #: stay held until the deployer has ended them and recorded their exits
+    #: (`WorkerExited` of that attempt). After a restart in place the new attempt has
+    #: the same placement: the deployer starts it once these exits are recorded.
     held_live: tuple[int, ...] = ()
     #: (run, attempt) of the workers in `held_live`.
     held_live_of: tuple[int, int] = (0, 0)
@@ -505,8 +506,8 @@ def _worker_exited(s: TaskState, e: WorkerExited, at: datetime) -> TaskState:
 
 
 def _withdrawn(s: TaskState, run: int, attempt: int) -> bool:
-    """Whether (run, attempt) is an attempt that is over (preempted, rescheduled, or
-    its run failed) with workers whose exits are not recorded yet."""
+    """Whether (run, attempt) is an attempt that is over (restarted, preempted,
+    rescheduled, or its run failed) with workers whose exits are not recorded yet."""
     return bool(s.held_live) and (run, attempt) == s.held_live_of
 
 
@@ -553,6 +554,9 @@ def _restart_scheduled(s: TaskState, e: TaskRestartScheduled, at: datetime) -> T
         restarted,
         status="restarting",
         restarts=s.restarts + 1,
+        # the replaced attempt's peers (of a failing worker) or every worker (a hang)
+        # are still being ended: their exits are recorded as that attempt's
+        **_still_live(s),
         # after a reschedule the workers have no placement: the scheduler's fills this attempt
         attempt_unplaced=s.placement is None,
         # what the attempt died of, in TaskFailed's words (the workers start afresh)
@@ -1311,8 +1315,9 @@ def _require_env_check_passed(s: TaskState, action: str) -> None:
 def _exit_worker(s: TaskState, c: ExitWorker, ctx: _Context) -> list[Event]:
     action = f"record the exit of worker {c.worker} of"
     if _withdrawn(s, c.run, c.attempt) and c.worker in s.held_live:
-        # a worker of a preempted, rescheduled or failed attempt, ended by the deployer:
-        # its exit decides nothing (the attempt is over); the last one frees its GPUs
+        # a worker of a restarted, preempted, rescheduled or failed attempt, ended by the
+        # deployer: its exit decides nothing (the attempt is over); the last one frees
+        # its GPUs (or, after a restart in place, lets the new attempt have them)
         return [WorkerExited(run=c.run, attempt=c.attempt, worker=c.worker, exit_code=c.exit_code)]
     _require_status(s, action, PLACED_STATUSES)
     _require_current(s, c.run, c.attempt)

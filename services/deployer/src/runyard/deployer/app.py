@@ -20,9 +20,12 @@ work and returns at once, so a long deployment never holds the consumer):
 - `TaskStopRequested`: no new stage starts, every process group is ended
   (SIGTERM, SIGKILL after the grace period), then `TaskStopped` (R-23).
 - `TaskRestartScheduled` (a new attempt of the same run, R-32): the old
-  attempt's workers are ended if any are left, and after `delay_s` (counted
-  from the event's time, capped by `max_restart_delay_s` when set) the same
-  placement is deployed again as the new attempt: stages, then workers.
+  attempt's workers are ended if any are left, their exits recorded as
+  `WorkerExited` of the old attempt (it decides nothing), and after `delay_s`
+  (counted from the event's time, capped by `max_restart_delay_s` when set)
+  the same placement is deployed again as the new attempt: stages, then
+  workers. Never before those exits are in the log: the new attempt waits for
+  the old deployment's driver, which returns once every exit is recorded.
 - `TaskRescheduleRequested` (with its `TaskRestartScheduled`, reason
   `hardware_fault`, whose attempt has no placement): the attempt's workers are
   ended (they leave the faulty nodes) and nothing is redeployed; the
@@ -747,7 +750,8 @@ class DeployerApp:
         if active is not None:
             if active.deployment.attempt >= restart.attempt:
                 return  # a redelivery: this attempt is being deployed
-            await self._end(active)  # the failed attempt: its peers go first
+            # the replaced attempt: its workers go, and their exits are recorded, first
+            await self._end(active)
         delay = restart.delay_s
         if self.max_restart_delay_s is not None:
             delay = min(delay, self.max_restart_delay_s)
@@ -838,9 +842,10 @@ class DeployerApp:
           which fails (or, with auto restart, restarts) the attempt;
         - a restart waiting out its delay is scheduled for the rest of it;
         - a stop that was asked for is carried out;
-        - an attempt that is over (preempted, rescheduled, failed) with workers whose
-          exits are not recorded (`held_live`) is retired: its workers found on disk
-          are ended and their exits recorded (`_retire_withdrawn`).
+        - an attempt that is over (restarted, preempted, rescheduled, failed) with
+          workers whose exits are not recorded (`held_live`) is retired: its workers
+          found on disk are ended and their exits recorded (`_retire_withdrawn`); a
+          restart in place deploys its new attempt once that is done.
 
         Workers of attempts the log has moved past (or of finished or stopping tasks)
         are ended and their scratch removed.
@@ -908,8 +913,8 @@ class DeployerApp:
     ) -> set[DeploymentKey]:
         """End the workers of attempts that are over and record their exits.
 
-        An attempt that is over (preempted, rescheduled, or its run failed) whose
-        workers have no recorded exit (`held_live`) keeps its GPUs until they are
+        An attempt that is over (restarted, preempted, rescheduled, or its run failed)
+        whose workers have no recorded exit (`held_live`) keeps its GPUs until they are
         recorded. Found on disk: its workers are followed (their
         output too), ended, and each exit recorded with the status its wrapper wrote.
         Not on disk (the machine restarted): they are gone, recorded as
@@ -918,13 +923,16 @@ class DeployerApp:
         """
         taken: set[DeploymentKey] = set()
         adopt = getattr(self.runtime, "adopt", None)
-        for task_id, (state, _) in tasks.items():
+        for task_id, (state, cause) in tasks.items():
             held = state.held
             if not state.held_live or held is None:
                 continue
             run, attempt = state.held_live_of
             key = (task_id, run, attempt)
+            # caused by the task's last placement or restart, in its correlation (R-62)
             meta = Metadata(actor=ACTOR)
+            if cause is not None:
+                meta = meta.caused_by(cause, ACTOR)
             if key in found and adopt is not None and task_id not in self._active:
                 d = Deployment(task_id, run, attempt, state.spec, held.workers)
                 active = _Active(d, stopping=True, meta=meta)

@@ -1518,8 +1518,12 @@ class LocalRuntime:
             # Every way out writes the status and the time it was known (bash's
             # EPOCHREALTIME): a deployer that reads it later records the exit at the
             # time it happened, also for a worker stopped while its mounts were set up.
+            # The stop signals are ignored while it is written, by `mv` too (a signal
+            # ignored stays so across exec): a SIGTERM sent again (two stops of one
+            # attempt) must not kill `mv` halfway, leaving no status to read.
             'status_file="$2"\n'
-            'finish() { printf "%s %s\\n" "$1" "$EPOCHREALTIME" > "$status_file.tmp" && '
+            "finish() { trap '' TERM INT HUP; "
+            'printf "%s %s\\n" "$1" "$EPOCHREALTIME" > "$status_file.tmp" && '
             f'{q(t.mv)} -f "$status_file.tmp" "$status_file"; exit "$1"; }}\n'
             "trap : TERM INT HUP\n"
             f"{setup}cd {q(str(worker.scratch / 'work'))} || finish 111\n"

@@ -235,7 +235,8 @@ class _Decision:
 #: it committed). The consumer skips them before any database work; a later
 #: event the scheduler does need finds its state a few versions behind and
 #: reloads the stream (`_sync_task`). `WorkerExited` is not among them: the exits
-#: of a preempted or rescheduled attempt's workers free its GPUs (`held_live`).
+#: of the workers of an attempt that is over (preempted, rescheduled, restarted, or
+#: its run failed) free its GPUs (`held_live`).
 IGNORED = frozenset(
     {
         "DeployStageStarted",
@@ -566,9 +567,10 @@ class SchedulerApp:
         if state is None:
             return None
         if state.held_live:
-            # A withdrawn (preempted or rescheduled) attempt's workers still run: nothing
-            # of it is released, moved or placed again until the deployer has recorded
-            # their exits; the last WorkerExited brings the task back here.
+            # An attempt that is over (preempted, rescheduled, restarted, failed) still has
+            # running workers: nothing of the task is released, moved or placed again
+            # until the deployer has recorded their exits; the last WorkerExited brings
+            # the task back here. (A restart in place keeps its placement and allocation.)
             return None
         runtime = self.pools[state.spec.pool]
         if state.finished:
