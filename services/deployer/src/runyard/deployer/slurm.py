@@ -1010,7 +1010,10 @@ class SlurmRuntime(LocalRuntime):
         return (
             f"{keyless}"
             'status_file="$2"\n'
-            'finish() { printf "%s %s\\n" "$1" "$EPOCHREALTIME" > "$status_file.tmp" && '
+            # The stop signals are ignored while the status is written, by `mv` too, as
+            # in the local wrapper: a TERM sent again must not leave no status to read.
+            "finish() { trap '' TERM INT HUP; "
+            'printf "%s %s\\n" "$1" "$EPOCHREALTIME" > "$status_file.tmp" && '
             f'{q(t.mv or "mv")} -f "$status_file.tmp" "$status_file"; exit "$1"; }}\n'
             "trap : TERM INT HUP\n"
             'cd "$(dirname "$2")/work" || finish 111\n'
