@@ -219,6 +219,10 @@ async def test_a_restart_shows_when_the_replaced_attempts_workers_ended(
     assert types.index("ResourcesReleased") > max(i for i, _ in exits)
     table = await cli(url, token, "events", task_id)
     assert table.exit_code == 0, table.output
+    # the table names the attempt of every event of a restarted history, so the old
+    # attempt's exit after the restart is not read as the new one's
+    assert "attempt=1 worker=1 exit_code=" in table.stdout, table.stdout
+    assert "attempt=2 worker=1 exit_code=0" in table.stdout, table.stdout
 
 
 async def test_a_restart_that_loads_no_checkpoint_is_a_warning(ft_platform: Platform) -> None:

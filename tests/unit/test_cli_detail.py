@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runyard.cli.detail import detail
+from runyard.cli.detail import detail, has_restarts
 from runyard.contracts.task_events import (
     DeployStageFailed,
     ResumeObserved,
@@ -56,3 +56,14 @@ def test_workers_given_as_indexes_are_no_nodes() -> None:
     # StacksCaptured names its workers by index: no node to show, and no error.
     captured = StacksCaptured(run=1, attempt=1, workers=(0, 1), report_id="r", summary="s")
     assert detail(data(captured)) == ""
+
+
+def test_in_a_restarted_history_the_first_attempt_is_named_too() -> None:
+    """After a restart the old attempt's workers' exits come after the new attempt's
+    events: in such a history every event names its attempt."""
+    first = WorkerExited(run=1, attempt=1, worker=1, exit_code=143)
+    restart = TaskRestartScheduled(run=1, attempt=2, reason="failure", delay_s=10)
+    history: list[dict[str, object]] = [{"data": data(first)}, {"data": data(restart)}, {}]
+    assert has_restarts(history) and not has_restarts(history[:1] + history[2:])
+    assert detail(data(first), restarted=True) == "attempt=1 worker=1 exit_code=143"
+    assert detail(data(first)) == "worker=1 exit_code=143"

@@ -33,7 +33,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from runyard.cli.admin import admin_app
 from runyard.cli.alerts import alerts_app
-from runyard.cli.detail import detail
+from runyard.cli.detail import detail, has_restarts
 from runyard.cli.envtext import EnvTextLoader
 from runyard.cli.settings import SettingError, apply_settings, sets_nested
 from runyard.cli.terminal import JSON_WANTED, clean, markup, print_json, remember_json, render_table
@@ -614,6 +614,7 @@ def events(
         timeline = [as_json_data(event) for event in api.task_events(task_id)]
     if as_json:
         return show_json(timeline)
+    restarted = has_restarts(timeline)
     table(
         f"events of {task_id}",
         ["#", "time", "type", "actor", "correlation id", "detail"],
@@ -624,7 +625,7 @@ def events(
                 e["type"],
                 e["actor"],
                 e["correlation_id"],
-                detail(e.get("data") or {}),
+                detail(e.get("data") or {}, restarted=restarted),
             ]
             for e in timeline
         ],
@@ -640,7 +641,7 @@ def watch(
         gateway(url, token) as api,
         api.stream("GET", f"/v1/tasks/{segment(task_id)}/watch") as answer,
     ):
-        kind = ""
+        kind, restarted = "", False
         for line in answer.iter_lines():
             if line.startswith("event: "):
                 kind = line[7:]
@@ -653,7 +654,8 @@ def watch(
                     out.print(json.dumps(event), markup=False, highlight=False)
                 else:
                     when, kind, actor = (clean(event[k]) for k in ("occurred_at", "type", "actor"))
-                    more = clean(detail(event.get("data") or {}))
+                    restarted = restarted or has_restarts([event])
+                    more = clean(detail(event.get("data") or {}, restarted=restarted))
                     line = f"{when}  {kind}  {actor}" + (f"  {more}" if more else "")
                     out.print(line, markup=False, highlight=False)
 
