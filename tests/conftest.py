@@ -18,6 +18,7 @@ import dataclasses
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -188,15 +189,31 @@ def quick_groups(kafka: KafkaSettings) -> KafkaSettings:
 # deleted: pytest's removal of old temporary folders would fail.
 
 
+#: How old a numbered folder's lock must be before pytest counts its session as dead
+#: (`_pytest.pathlib.LOCK_TIMEOUT`): before that, the folder may be a running session's.
+PYTEST_LOCK_TIMEOUT_S = 3 * 24 * 3600
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     # The folders pytest removes when this session makes its own: those it is already
-    # removing (`garbage-*`) and numbered ones past the newest two it keeps.
+    # removing (`garbage-*`) and numbered ones past the newest two it keeps, but for
+    # one whose lock is alive: another session still running on this machine (pytest
+    # leaves those be, and detaching its mounts would break its deployments).
     doomed: list[Path] = []
     for user_root in Path(tempfile.gettempdir()).glob("pytest-of-*"):
         doomed += user_root.glob("garbage-*")
         numbered = [p for p in user_root.glob("pytest-*") if p.name[7:].isdigit()]
-        doomed += sorted(numbered, key=lambda p: int(p.name[7:]))[:-2]
+        old = sorted(numbered, key=lambda p: int(p.name[7:]))[:-2]
+        doomed += [p for p in old if not _locked(p)]
     unmount_deployments_under(doomed)
+
+
+def _locked(folder: Path) -> bool:
+    """Whether pytest's lock of a numbered folder says its session may still run."""
+    try:
+        return time.time() - (folder / ".lock").stat().st_mtime < PYTEST_LOCK_TIMEOUT_S
+    except OSError:
+        return False
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
