@@ -613,3 +613,32 @@ async def test_the_console_makes_lists_and_revokes_tokens_as_the_api_does(world:
         assert carl["token_id"] not in (await anna.get("/console/tokens")).text
         shown = (await anna.get("/console/tokens?revoked=1")).text
         assert f'data-token-id="{carl["token_id"]}" data-state="revoked"' in shown
+
+
+async def test_a_tenant_holds_a_bounded_number_of_active_tokens(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every token is a row each request looks up and each mint an event: a tenant
+    admin minting without end is refused past the limit (two mints at once never pass
+    it together), a revoked token frees its place, and a listing answers at most its
+    limit, saying when more matched."""
+    from runyard.api import auth as auth_module
+
+    monkeypatch.setattr(auth_module, "MAX_ACTIVE_TOKENS", 4)
+    monkeypatch.setattr(auth_module, "MAX_LISTED_TOKENS", 3)
+    # tenant ta holds anna's and alice's: two more fit, and only one of three at once
+    assert (await world.mint("ta_admin", tenant="ta", user="u1")).status_code == 201
+    raced = await asyncio.gather(
+        *(world.mint("ta_admin", tenant="ta", user=f"r{i}") for i in range(3))
+    )
+    assert sorted(r.status_code for r in raced) == [201, 409, 409], [r.text for r in raced]
+    full = await world.mint("root", tenant="ta", user="late")  # a platform admin too
+    assert (full.status_code, full.json()["code"]) == (409, "auth.too_many_tokens")
+    assert "revoke" in full.json()["hint"]
+    assert (await world.mint("tb_admin", tenant="tb", user="u1")).status_code == 201
+    listed = (await world.call("ta_admin", "GET", "/v1/admin/tokens")).json()
+    assert len(listed["items"]) == 3 and listed["truncated"] is True
+    [u1] = [t for t in listed["items"] if t["user"] == "u1"]
+    revoked = await world.call("ta_admin", "DELETE", f"/v1/admin/tokens/{u1['token_id']}")
+    assert revoked.status_code == 200
+    assert (await world.mint("ta_admin", tenant="ta", user="u2")).status_code == 201

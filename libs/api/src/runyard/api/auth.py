@@ -56,6 +56,11 @@ TENANT_PATTERN = re.compile(requests.TENANT_PATTERN)
 #: User names: 1 to 64 characters, as tenants plus `@` (an e-mail address fits).
 USER_PATTERN = re.compile(requests.USER_PATTERN)
 MAX_DESCRIPTION = requests.MAX_TOKEN_DESCRIPTION
+#: Active tokens (neither revoked nor expired) a tenant may hold at once: every token
+#: is a row each request looks up by hash, and each mint an event in the log.
+MAX_ACTIVE_TOKENS = 1000
+#: Tokens one listing answers, newest first (`truncated` says when more matched).
+MAX_LISTED_TOKENS = 1000
 #: The only accepted form of the Authorization header (RFC 6750 `b64token`).
 BEARER = re.compile(r"Bearer ([A-Za-z0-9._~+/-]+=*)")
 BEARER_HINT = "send exactly `Authorization: Bearer <token>` (capital B, one space)"
@@ -473,16 +478,39 @@ async def _refuse_tenant_admins_user(conn: asyncpg.Connection, tenant: str, user
 
 async def list_tokens(
     conn: asyncpg.Connection | asyncpg.Pool, tenant: str | None, include_revoked: bool
-) -> list[TokenInfo]:
-    """Tokens of `tenant` (every tenant when None), newest first."""
+) -> tuple[list[TokenInfo], bool]:
+    """Tokens of `tenant` (every tenant when None), newest first, at most
+    MAX_LISTED_TOKENS; and whether more matched."""
     rows = await conn.fetch(
         f"""SELECT {_COLUMNS} FROM api_tokens
             WHERE ($1::text IS NULL OR tenant = $1) AND ($2 OR revoked_at IS NULL)
-            ORDER BY created_at DESC, token_id""",
+            ORDER BY created_at DESC, token_id LIMIT $3""",
         tenant,
         include_revoked,
+        MAX_LISTED_TOKENS + 1,
     )
-    return [_info(r) for r in rows]
+    return [_info(r) for r in rows[:MAX_LISTED_TOKENS]], len(rows) > MAX_LISTED_TOKENS
+
+
+async def require_token_room(conn: asyncpg.Connection, tenant: str, now: datetime) -> None:
+    """Refuse a token for `tenant` when it holds MAX_ACTIVE_TOKENS active ones already.
+    Call in the transaction that stores the token: the lock keeps two mints of one
+    tenant from passing the limit together."""
+    await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", f"api_tokens/{tenant}")
+    active = await conn.fetchval(
+        """SELECT count(*) FROM api_tokens
+           WHERE tenant = $1 AND revoked_at IS NULL AND expires_at > $2""",
+        tenant,
+        now,
+    )
+    if active >= MAX_ACTIVE_TOKENS:
+        raise Conflict(
+            "auth.too_many_tokens",
+            f"tenant {tenant!r} holds {active} active tokens, the most it may hold at once"
+            f" ({MAX_ACTIVE_TOKENS})",
+            "revoke the tokens no longer used (`runyard admin tokens list`, then `revoke`)",
+            "tenant",
+        )
 
 
 async def get_token(conn: asyncpg.Connection | asyncpg.Pool, token_id: str) -> TokenInfo | None:

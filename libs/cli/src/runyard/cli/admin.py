@@ -258,6 +258,11 @@ def tokens_list(
         cli.show_json(result)
         return
     cli.table("tokens", TOKEN_COLUMNS, [_token_row(t) for t in result["items"]])
+    if result.get("truncated"):
+        cli.err.print(
+            f"(the newest {len(result['items'])} are shown: give --tenant, or leave --all out)",
+            markup=False,
+        )
 
 
 tokens_app.command("ls", hidden=True)(tokens_list)  # as `group ls`, `alerts ls`

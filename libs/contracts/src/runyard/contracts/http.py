@@ -248,6 +248,8 @@ class IssuedToken(TokenInfo):
 
 class TokenPage(Answer):
     items: list[TokenInfo]
+    #: More tokens matched than one listing answers (the newest are listed).
+    truncated: bool = False
 
 
 # --- the whole log ----------------------------------------------------------------

@@ -203,6 +203,7 @@ class Gateway:
         expires = auth.token_expiry(now, request.ttl, request.expires_at)
         async with self.store.transaction() as conn:
             await auth.require_own_user(conn, caller, tenant, user)
+            await auth.require_token_room(conn, tenant, now)
             token, info = await auth.insert_token(
                 conn, tenant, user, role, expires, description=description, created_by=caller.actor
             )
@@ -212,7 +213,8 @@ class Gateway:
     async def list_tokens(
         self, caller: Principal, tenant: str | None = None, include_revoked: bool = False
     ) -> dict[str, Any]:
-        """Tokens without their secrets: a tenant admin sees its tenant's, a platform
+        """Tokens without their secrets, newest first (at most MAX_LISTED_TOKENS;
+        `truncated` when more matched): a tenant admin sees its tenant's, a platform
         admin every tenant's (or one, with `tenant`)."""
         caller.require_token_admin()
         tenant = tenant or None  # `?tenant=`: none given
@@ -220,9 +222,9 @@ class Gateway:
             if tenant not in (None, caller.tenant):
                 caller.require_grant(tenant or "", "member")
             tenant = caller.tenant
-        rows = await auth.list_tokens(self.db, tenant, include_revoked)
+        rows, truncated = await auth.list_tokens(self.db, tenant, include_revoked)
         now = self.clock()
-        return {"items": [info.to_dict(now) for info in rows]}
+        return {"items": [info.to_dict(now) for info in rows], "truncated": truncated}
 
     async def revoke_token(self, req: Request, token_id: str) -> dict[str, Any]:
         """Revoke a token at once (its next request, HTTP or gRPC, is refused); a token
