@@ -423,3 +423,52 @@ async def test_the_console_makes_lists_stops_and_reruns_a_group(api: Api) -> Non
         # a task of the group links to it
         task_page = await alice.get(f"/console/tasks/{group['tasks'][0]['task_id']}")
         assert f'href="/console/groups/{group_id}" id="group-link"' in task_page.text
+
+
+async def _console_of(api: Api, client: httpx.AsyncClient, who: str) -> str:
+    """Sign `client` in as `who`; the session's CSRF token."""
+    signed = await client.post("/console/sign-in", data={"token": api.tokens[who]})
+    assert signed.status_code == 303, signed.text
+    return _csrf(await client.get("/console/new-group"))
+
+
+async def test_a_group_text_the_api_would_not_take_is_refused_with_its_code(api: Api) -> None:
+    """The new-group page reads YAML in the gateway: text nested past reading, a number of
+    thousands of digits, or aliases that write out to more than `POST /v1/groups` takes
+    (a 60 kB command named 20 times: 1.2 MB) are refused with a code above the text,
+    kept as typed, and nothing is written; the same group without the aliases' excess
+    is made."""
+    async with httpx.AsyncClient(transport=api.http._transport, base_url="http://gw") as alice:
+        csrf = await _console_of(api, alice, "alice")
+        example = html.unescape(
+            (await alice.get("/console/new-group")).text.split('name="group"', 1)[1]
+        )
+        example = example.split(">", 1)[1].split("</textarea>", 1)[0]
+        command = "python train.py " + "--x 1 " * 10_000
+        aliased = example.replace(
+            "command: python train.py --lr 0.1", f"command: &long '{command}'"
+        ).split("items:", 1)[0]
+        before = await api.event_count()
+        for text, status, code in (
+            ("a: " + "[" * 5000 + "]" * 5000, 400, "console.group_yaml"),
+            (
+                example.replace("name: sweep\n", "name: sweep\n  priority: 1" + "0" * 5000 + "\n"),
+                400,
+                "console.group_yaml",
+            ),
+            (
+                aliased + "items:\n" + "".join("- {command: *long}\n" for _ in range(20)),
+                413,
+                "request.too_large",
+            ),
+        ):
+            refused = await alice.post("/console/new-group", data={"group": text, "csrf": csrf})
+            assert refused.status_code == status, refused.text[:2000]
+            assert f'class="code">{code}</span>' in refused.text, refused.text[:2000]
+            assert html.escape(text[:60]) in refused.text  # kept as typed
+        assert await api.event_count() == before
+        made = await alice.post(
+            "/console/new-group",
+            data={"group": aliased + "items:\n- {command: *long}\n- {}\n", "csrf": csrf},
+        )
+        assert made.status_code == 303, made.text[:2000]
