@@ -19,6 +19,7 @@ from urllib.parse import urlencode
 
 import httpx
 import pytest
+from runyard.api.auth import create_token
 from runyard.gateway.app import Gateway
 from runyard.gateway.console.sessions import COOKIE, PostgresSessions, session_key
 from runyard.gateway.http import create_app
@@ -507,3 +508,26 @@ async def test_the_summary_shows_the_restart_limit_and_when_auto_restart_is_off(
         summary = await client.get(f"/console/tasks/{task_id}/summary?version=0")
         assert summary.status_code == 200
         assert f"<dt>restarts</dt>{shown}" in summary.text, summary.text
+
+
+async def test_a_lifetime_typed_in_any_digits_is_refused_on_the_tokens_page(api: Api) -> None:
+    """The lifetime box takes what a person types: digits of another script (`²`, `٣`)
+    or thousands of them are refused above the form with the rules' field, kept as
+    typed, and no token is made; seconds in ASCII digits make one."""
+    admin = await create_token(api.gateway.db, "t1", "tam", "tenant_admin")
+    api.tokens["tam"] = admin
+    async with sign_in(api, "tam") as tam:
+        page = await tam.get("/console/tokens")
+        assert page.status_code == 200, page.text
+        csrf = page.text.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+        before = await api.gateway.db.fetchval("SELECT count(*) FROM api_tokens")
+        for ttl in ("²", "٣", "9" * 5000):
+            refused = await tam.post(
+                "/console/tokens", data={"csrf": csrf, "user": "dora", "ttl": ttl}
+            )
+            assert refused.status_code == 400, refused.text[:3000]
+            assert '<span class="field">(ttl)</span>' in refused.text, refused.text[:3000]
+            assert f'name="ttl" value="{ttl}"' in refused.text  # kept as typed
+        assert await api.gateway.db.fetchval("SELECT count(*) FROM api_tokens") == before
+        made = await tam.post("/console/tokens", data={"csrf": csrf, "user": "dora", "ttl": "3600"})
+        assert made.status_code == 201 and 'id="new-token"' in made.text, made.text[:3000]

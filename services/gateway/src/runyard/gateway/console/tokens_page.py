@@ -29,7 +29,7 @@ from runyard.api.auth import TENANT_ADMIN_GRANTS
 from runyard.api.inputs import parse_body
 from runyard.contracts.requests import TokenRequest
 from runyard.errors import RunyardError
-from runyard.gateway.console.pages import PREFIX, Console, SignedIn, render
+from runyard.gateway.console.pages import PREFIX, Console, SignedIn, render, typed_int
 
 #: Every role, in the order the form offers them (a platform admin grants all).
 ROLES = ("member", "tenant_admin", "service", "sre", "platform_admin")
@@ -49,7 +49,9 @@ async def create(console: Console, request: HttpRequest, who: SignedIn) -> Respo
         "role": form.get("role", "member"),
     }
     if ttl := form.get("ttl", "").strip():
-        body["ttl"] = int(ttl) if ttl.isdigit() else ttl
+        # seconds as a number; any other text as typed (the rules name what is wrong)
+        number = typed_int(ttl)
+        body["ttl"] = ttl if number is None else number
     if description := form.get("description", "").strip():
         body["description"] = description
     try:
