@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import html
 import json
+import re
 from collections.abc import AsyncIterator, Awaitable
 from datetime import timedelta
 from pathlib import Path
@@ -472,3 +473,28 @@ async def test_a_group_text_the_api_would_not_take_is_refused_with_its_code(api:
             data={"group": aliased + "items:\n- {command: *long}\n- {}\n", "csrf": csrf},
         )
         assert made.status_code == 303, made.text[:2000]
+
+
+async def test_a_rerun_of_a_group_the_caller_may_only_read_is_refused_as_a_stop_is(
+    api: Api,
+) -> None:
+    """An sre, or a platform admin of another tenant, who reads a group and POSTs its
+    rerun is told it may not change it (403, the code a stop gets), not that the group
+    it just read does not exist; another tenant's member still finds no such group."""
+    sam = await create_token(api.gateway.db, "t9", "sam", "sre")
+    api.tokens["sam"] = sam
+    body = {"template": BASE, "items": [{}], "group_id": "theirs"}
+    assert (await api.call("carol", "POST", "/v1/groups", json=body)).status_code == 201
+    assert (await api.call("carol", "POST", "/v1/groups/theirs/stop")).status_code == 200
+    url = "/console/groups/theirs"
+    transport = api.http._transport
+    for who, status in (("sam", 403), ("admin", 403), ("alice", 404)):
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+            csrf = await _console_of(api, client, who)
+            stop = await client.post(f"{url}/stop", data={"csrf": csrf})
+            rerun = await client.post(f"{url}/rerun", data={"csrf": csrf})
+            assert (stop.status_code, rerun.status_code) == (status, status), rerun.text[:3000]
+            codes = [re.findall(r'class="code">([^<]+)<', a.text) for a in (stop, rerun)]
+            assert codes[0] == codes[1] and len(codes[0]) == 1, codes
+    group = (await api.call("carol", "GET", "/v1/groups/theirs")).json()
+    assert [t["run"] for t in group["tasks"]] == [1], group

@@ -73,6 +73,8 @@ async def rerun(console: Console, request: HttpRequest, who: SignedIn) -> Respon
     try:
         await console.gw.rerun_group(who.request(), group_id, RerunChanges())
     except RunyardError as exc:
+        if exc.http_status in (403, 404):  # not the caller's to change: as a stop answers
+            raise
         return await _group_page(console, who, group_id, None, error=exc)
     return RedirectResponse(_group_url(group_id), status_code=303)
 
