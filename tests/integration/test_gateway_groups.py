@@ -498,3 +498,33 @@ async def test_a_rerun_of_a_group_the_caller_may_only_read_is_refused_as_a_stop_
             assert codes[0] == codes[1] and len(codes[0]) == 1, codes
     group = (await api.call("carol", "GET", "/v1/groups/theirs")).json()
     assert [t["run"] for t in group["tasks"]] == [1], group
+
+
+def _live_url(page: httpx.Response) -> str:
+    return html.unescape(page.text.split('id="group-live" hx-get="', 1)[1].split('"', 1)[0])
+
+
+async def test_a_group_page_polled_while_nothing_changed_is_not_drawn_again(api: Api) -> None:
+    """The live part of a group's page is its every task's row (1000 for a large
+    sweep): a poll while none changed is a 204 (htmx keeps what it shows), a poll after
+    a change draws the rows again, with what a next poll is compared to."""
+    body = {"template": BASE, "items": [{}] * 30, "group_id": "poll"}
+    assert (await api.call("alice", "POST", "/v1/groups", json=body)).status_code == 201
+    async with httpx.AsyncClient(transport=api.http._transport, base_url="http://gw") as alice:
+        await _console_of(api, alice, "alice")
+        page = await alice.get("/console/groups/poll")
+        assert page.status_code == 200, page.text
+        url = _live_url(page)
+        polled = await alice.get(url)
+        if polled.status_code == 200:  # the minute the rows' ages count in turned meanwhile
+            url = _live_url(polled)
+            polled = await alice.get(url)
+        assert (polled.status_code, polled.text) == (204, ""), polled.text[:2000]
+        assert (await api.call("alice", "POST", "/v1/groups/poll/stop")).status_code == 200
+        changed = await alice.get(url)
+        assert changed.status_code == 200, changed.text[:2000]
+        assert 'data-status="stopped">stopped</span> 30' in changed.text, changed.text[:2000]
+        again = await alice.get(_live_url(changed))
+        if again.status_code == 200:
+            again = await alice.get(_live_url(again))
+        assert again.status_code == 204
