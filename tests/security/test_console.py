@@ -531,3 +531,30 @@ async def test_a_lifetime_typed_in_any_digits_is_refused_on_the_tokens_page(api:
         assert await api.gateway.db.fetchval("SELECT count(*) FROM api_tokens") == before
         made = await tam.post("/console/tokens", data={"csrf": csrf, "user": "dora", "ttl": "3600"})
         assert made.status_code == 201 and 'id="new-token"' in made.text, made.text[:3000]
+
+
+async def test_a_tenant_admin_is_offered_revoke_only_on_the_tokens_it_may_revoke(api: Api) -> None:
+    """The tokens page of a tenant admin lists an sre's token of its tenant (a platform
+    admin made it) without a Revoke button, which would always be refused 403
+    `auth.role_not_grantable`; its members' tokens keep theirs, and a platform admin
+    gets one on both."""
+    api.tokens["tam"] = await create_token(api.gateway.db, "t1", "tam", "tenant_admin")
+    await create_token(api.gateway.db, "t1", "sam", "sre")
+
+    def revocable(page: str) -> dict[str, bool]:
+        rows = re.findall(r'<tr data-token-id="[^"]+" data-state="active">(.*?)</tr>', page, re.S)
+        users = [re.findall(r"<td>([^<]*)</td>", row)[1] for row in rows]
+        return {user: "Revoke</button>" in row for user, row in zip(users, rows, strict=True)}
+
+    async with sign_in(api, "tam") as tam, sign_in(api, "admin") as admin:
+        page = (await tam.get("/console/tokens")).text
+        assert {k: v for k, v in revocable(page).items() if k in ("sam", "alice")} == {
+            "sam": False,
+            "alice": True,
+        }, page
+        assert "a platform admin revokes it" in page
+        as_admin = (await admin.get("/console/tokens?tenant=t1")).text
+        assert {k: v for k, v in revocable(as_admin).items() if k in ("sam", "alice")} == {
+            "sam": True,
+            "alice": True,
+        }

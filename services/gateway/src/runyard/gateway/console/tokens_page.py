@@ -90,6 +90,8 @@ async def _page(
         status=status,
         tokens=listed["items"],
         roles=grantable,
+        # a token of a role the caller may not grant it may not revoke either
+        revocable=grantable,
         tenant=tenant or "",
         revoked=revoked,
         form=kept,
