@@ -528,3 +528,19 @@ async def test_a_group_page_polled_while_nothing_changed_is_not_drawn_again(api:
         if again.status_code == 200:
             again = await alice.get(_live_url(again))
         assert again.status_code == 204
+
+
+async def test_an_sre_goes_back_from_a_group_to_the_groups_of_its_tenant(api: Api) -> None:
+    """An sre opens another tenant's group from that tenant's list (`?tenant=`): the
+    page's way back is to that list, not to the sre's own tenant's (with none of them)."""
+    api.tokens["sam"] = await create_token(api.gateway.db, "t9", "sam", "sre")
+    body = {"template": BASE, "items": [{}], "group_id": "theirs"}
+    assert (await api.call("carol", "POST", "/v1/groups", json=body)).status_code == 201
+    async with httpx.AsyncClient(transport=api.http._transport, base_url="http://gw") as sam:
+        await _console_of(api, sam, "sam")
+        listed = await sam.get("/console/groups?tenant=t2")
+        assert 'href="/console/groups/theirs?tenant=t2"' in listed.text, listed.text
+        page = await sam.get("/console/groups/theirs?tenant=t2")
+        assert page.status_code == 200, page.text
+        back = page.text.split('id="groups-link"', 1)[0].rsplit("<a ", 1)[1]
+        assert back == 'href="/console/groups?tenant=t2" ', back

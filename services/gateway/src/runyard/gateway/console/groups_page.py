@@ -211,6 +211,7 @@ async def _group_page(
         status=error.http_status if error is not None else 200,
         live_url=_group_url(group_id, tenant, live=True, seen=shown),
         group=found,
+        tenant=tenant or "",
         tasks=tasks,
         may_change=who.principal.role != "sre" and owner == who.principal.tenant,
         running=sum(n for s, n in found["status_counts"].items() if s not in TERMINAL_STATUSES),
