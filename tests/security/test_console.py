@@ -558,3 +558,36 @@ async def test_a_tenant_admin_is_offered_revoke_only_on_the_tokens_it_may_revoke
             "sam": True,
             "alice": True,
         }
+
+
+async def test_the_make_token_form_sent_again_makes_no_second_token(api: Api) -> None:
+    """The page that shows a new token once answers a POST: reloaded (or the browser's
+    resubmit), the same form is sent again. It makes no second live token the admin
+    never sees: 409 `console.token_made_already` names the first, to revoke if it was
+    lost; a form opened anew makes another."""
+    api.tokens["tam"] = await create_token(api.gateway.db, "t1", "tam", "tenant_admin")
+
+    def fields(page: str) -> dict[str, str]:
+        form = page.split('id="make-token"', 1)[1].split("</form>", 1)[0]
+        hidden = re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', form)
+        return dict(hidden)
+
+    async def dora_tokens() -> int:
+        count = await api.gateway.db.fetchval(
+            "SELECT count(*) FROM api_tokens WHERE user_name = 'dora' AND revoked_at IS NULL"
+        )
+        return int(count)
+
+    async with sign_in(api, "tam") as tam:
+        form = {**fields((await tam.get("/console/tokens")).text), "user": "dora"}
+        made = await tam.post("/console/tokens", data=form)
+        assert made.status_code == 201 and 'id="new-token"' in made.text, made.text[:3000]
+        first = made.text.split('<span class="id">', 1)[1].split("<", 1)[0]
+        again = await tam.post("/console/tokens", data=form)
+        assert again.status_code == 409, again.text[:3000]
+        assert '<span class="code">console.token_made_already</span>' in again.text
+        assert first in again.text and 'id="new-token"' not in again.text
+        assert await dora_tokens() == 1
+        anew = {**fields(again.text), "user": "dora"}
+        assert (await tam.post("/console/tokens", data=anew)).status_code == 201
+        assert await dora_tokens() == 2
