@@ -591,3 +591,27 @@ async def test_the_make_token_form_sent_again_makes_no_second_token(api: Api) ->
         anew = {**fields(again.text), "user": "dora"}
         assert (await tam.post("/console/tokens", data=anew)).status_code == 201
         assert await dora_tokens() == 2
+
+
+async def test_a_revoke_goes_back_to_the_tokens_list_as_it_was_shown(api: Api) -> None:
+    """A platform admin reading one tenant's tokens, revoked ones included, revokes one
+    from its row: the list it comes back to is that tenant's, revoked ones included
+    (the one just revoked among them), not every tenant's."""
+    await create_token(api.gateway.db, "t2", "cora", "member")
+    async with sign_in(api, "admin") as admin:
+        page = (await admin.get("/console/tokens?tenant=t2&revoked=1")).text
+        row = next(
+            r
+            for r in re.findall(
+                r'<tr data-token-id="[^"]+" data-state="active">.*?</tr>', page, re.S
+            )
+            if "<td>cora</td>" in r
+        )
+        action = row.split('action="', 1)[1].split('"', 1)[0]
+        form = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', row))
+        revoked = await admin.post(action, data=form)
+        assert revoked.status_code == 303, revoked.text[:2000]
+        back = revoked.headers["location"]
+        assert back == "/console/tokens?tenant=t2&revoked=1", back
+        shown = (await admin.get(back)).text
+        assert 'data-state="revoked"' in shown and "<td>t1</td>" not in shown

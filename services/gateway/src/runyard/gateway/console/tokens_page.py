@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlencode
 
 from fastapi import Request as HttpRequest
 from fastapi.responses import RedirectResponse, Response
@@ -99,9 +100,13 @@ async def _not_made_already(
 
 async def revoke(console: Console, request: HttpRequest, who: SignedIn) -> Response:
     """Revoke one token (one the caller may not manage: 404 or 403, as the API)."""
-    await console.form(request, who)
+    form = await console.form(request, who)
     await console.gw.revoke_token(who.request(), request.path_params["token_id"])
-    return RedirectResponse(f"{PREFIX}/tokens", status_code=303)
+    # back to the list as it was shown (its tenant, revoked ones or not)
+    shown = {k: form[k] for k in ("tenant", "revoked") if form.get(k)}
+    return RedirectResponse(
+        f"{PREFIX}/tokens" + (f"?{urlencode(shown)}" if shown else ""), status_code=303
+    )
 
 
 async def _page(
