@@ -615,3 +615,32 @@ async def test_a_revoke_goes_back_to_the_tokens_list_as_it_was_shown(api: Api) -
         assert back == "/console/tokens?tenant=t2&revoked=1", back
         shown = (await admin.get(back)).text
         assert 'data-state="revoked"' in shown and "<td>t1</td>" not in shown
+
+
+async def test_yaml_that_cannot_be_read_is_refused_with_the_pages_code(api: Api) -> None:
+    """The clone page's spec and the what-if's pools document are YAML typed in a
+    textarea and read in the gateway: nested past reading or with a number of
+    thousands of digits, each is a 400 with the page's code, the text kept, never a
+    500; nothing is submitted."""
+    task_id = await created_task(api)
+    deep, long_number = "a: " + "[" * 5000 + "]" * 5000, "priority: 1" + "0" * 5000
+    async with sign_in(api, "alice") as alice:
+        csrf = await csrf_of(alice)
+        before = await api.event_count()
+        for text in (deep, long_number):
+            refused = await alice.post(
+                f"/console/tasks/{task_id}/clone", data={"csrf": csrf, "spec": text}
+            )
+            assert refused.status_code == 400, refused.text[:2000]
+            assert '<span class="code">console.spec_yaml</span>' in refused.text
+            assert text[:40] in refused.text  # kept as typed
+        assert await api.event_count() == before
+    async with sign_in(api, "admin") as admin:
+        csrf = await csrf_of(admin)
+        for text in ("pools: " + deep[3:], "pools: [{id: 1" + "0" * 5000 + "}]"):
+            refused = await admin.post(
+                "/console/sre/whatif",
+                data={"csrf": csrf, "from": "1h", "to": "0m", "pools_yaml": text},
+            )
+            assert refused.status_code == 400, refused.text[:2000]
+            assert '<span class="code">console.whatif_pools</span>' in refused.text

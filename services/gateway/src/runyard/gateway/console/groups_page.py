@@ -31,15 +31,14 @@ from urllib.parse import quote, urlencode
 import yaml
 from fastapi import Request as HttpRequest
 from fastapi.responses import RedirectResponse, Response
-from runyard.api.errors import BadRequest, PayloadTooLarge
-from runyard.api.inputs import MAX_BODY_BYTES, parse_body
-from runyard.contracts import yamlcore
+from runyard.api.errors import BadRequest
+from runyard.api.inputs import parse_body
 from runyard.contracts.envelope import utcnow
 from runyard.contracts.requests import RerunChanges, TaskGroupRequest
 from runyard.contracts.spec import MAX_GROUP_SIZE
 from runyard.domain.task import TERMINAL_STATUSES
 from runyard.errors import RunyardError
-from runyard.gateway.console import display
+from runyard.gateway.console import display, yamltext
 from runyard.gateway.console.pages import PREFIX, Console, SignedIn, render
 
 #: Groups listed on `/groups` (the newest).
@@ -114,40 +113,14 @@ async def create(console: Console, request: HttpRequest, who: SignedIn) -> Respo
 def parse_group(text: str) -> dict[str, Any]:
     """The group of the textarea: a YAML (or JSON) mapping read as a group file is
     (`runyard.contracts.yamlcore`); 400 `console.group_yaml` else, and 413
-    `request.too_large` when it is more than `POST /v1/groups` takes (its aliases
-    repeat what they name: a few lines could stand for gigabytes)."""
-    try:
-        loaded = yamlcore.load(text)
-    except yaml.YAMLError as exc:
-        raise BadRequest(
-            "console.group_yaml",
-            f"the group is not YAML: {exc}",
-            "fix the line it names (YAML or JSON: a mapping with template: and items:)",
-            "group",
-        ) from exc
-    except RecursionError as exc:
-        raise BadRequest(
-            "console.group_yaml",
-            "the group is nested too deeply to read",
-            "a group is a mapping with template: and items:, nested a few levels only",
-            "group",
-        ) from exc
-    except ValueError as exc:  # a number of thousands of digits
-        raise BadRequest(
-            "console.group_yaml",
-            f"the group has a value that cannot be read: {exc}",
-            "numbers in a group are counts, priorities and seconds: a few digits",
-            "group",
-        ) from exc
-    if _over(loaded, MAX_BODY_BYTES):
-        raise PayloadTooLarge(
-            "request.too_large",
-            f"the group is over {MAX_BODY_BYTES} bytes as the API takes it (JSON),"
-            " with every alias (*name) written out",
-            "keep to what POST /v1/groups takes: long commands in a script on a volume or"
-            " in the image, fewer items a group (see docs/limits.md)",
-            "group",
-        )
+    `request.too_large` when it is more than `POST /v1/groups` takes (`yamltext`)."""
+    loaded = yamltext.load(
+        text,
+        code="console.group_yaml",
+        what="the group",
+        hint="fix the line it names (YAML or JSON: a mapping with template: and items:)",
+        field="group",
+    )
     if not isinstance(loaded, dict):
         raise BadRequest(
             "console.group_yaml",
@@ -157,31 +130,6 @@ def parse_group(text: str) -> dict[str, Any]:
             "group",
         )
     return loaded
-
-
-def _over(data: Any, limit: int) -> bool:
-    """Whether `data` (YAML read into lists, mappings and scalars) is over `limit` bytes
-    as JSON, an alias counted each time it is used; it stops counting at the limit, so
-    an alias of an alias of ... costs no more than the limit to count."""
-    size, stack = 0, [data]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            size += 2 + 2 * len(item)
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple | set):
-            size += 2 + len(item)
-            stack.extend(item)
-        elif isinstance(item, str | bytes):
-            size += 2 + len(item.encode() if isinstance(item, str) else item)
-        elif isinstance(item, int):
-            size += item.bit_length() // 3 + 2
-        else:
-            size += 32  # a float, a date, None
-        if size > limit:
-            return True
-    return False
 
 
 async def _group_page(
