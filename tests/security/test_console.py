@@ -644,3 +644,34 @@ async def test_yaml_that_cannot_be_read_is_refused_with_the_pages_code(api: Api)
             )
             assert refused.status_code == 400, refused.text[:2000]
             assert '<span class="code">console.whatif_pools</span>' in refused.text
+
+
+async def test_a_page_whose_token_is_revoked_meanwhile_signs_in_again_to_itself(
+    api: Api,
+) -> None:
+    """A group page polls its live part; the token of its session is revoked meanwhile:
+    the poll sends the browser to sign in, naming the page it was on (htmx's
+    HX-Current-URL), so signing in again goes back to it; a URL naming another site
+    goes to the plain sign-in page."""
+    body = {"template": BASE, "items": [{}], "group_id": "sweep"}
+    assert (await api.call("alice", "POST", "/v1/groups", json=body)).status_code == 201
+    made = await api.call("admin", "POST", "/v1/admin/tokens", json={"tenant": "t1", "user": "ann"})
+    assert made.status_code == 201, made.text
+    api.tokens["ann"] = made.json()["token"]
+    async with sign_in(api, "ann") as ann:
+        assert (await ann.get("/console/groups/sweep")).status_code == 200
+        revoked = await api.call("admin", "DELETE", f"/v1/admin/tokens/{made.json()['token_id']}")
+        assert revoked.status_code == 200, revoked.text
+        for shown, sign_in_at in (
+            ("http://gw/console/groups/sweep", "/console/sign-in?next=%2Fconsole%2Fgroups%2Fsweep"),
+            ("http://evil.example//evil.example/x", "/console/sign-in"),
+        ):
+            poll = await ann.get(
+                "/console/groups/sweep?live=1",
+                headers={"HX-Request": "true", "HX-Current-URL": shown},
+            )
+            assert (poll.status_code, poll.headers["hx-redirect"]) == (401, sign_in_at)
+        again = await ann.post(
+            "/console/sign-in", data={"token": api.tokens["alice"], "next": "/console/groups/sweep"}
+        )
+        assert (again.status_code, again.headers["location"]) == (303, "/console/groups/sweep")
