@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import html
 import json
+import re
 from collections.abc import AsyncIterator, Awaitable
 from datetime import timedelta
 from pathlib import Path
@@ -423,3 +424,123 @@ async def test_the_console_makes_lists_stops_and_reruns_a_group(api: Api) -> Non
         # a task of the group links to it
         task_page = await alice.get(f"/console/tasks/{group['tasks'][0]['task_id']}")
         assert f'href="/console/groups/{group_id}" id="group-link"' in task_page.text
+
+
+async def _console_of(api: Api, client: httpx.AsyncClient, who: str) -> str:
+    """Sign `client` in as `who`; the session's CSRF token."""
+    signed = await client.post("/console/sign-in", data={"token": api.tokens[who]})
+    assert signed.status_code == 303, signed.text
+    return _csrf(await client.get("/console/new-group"))
+
+
+async def test_a_group_text_the_api_would_not_take_is_refused_with_its_code(api: Api) -> None:
+    """The new-group page reads YAML in the gateway: text nested past reading, a number of
+    thousands of digits, or aliases that write out to more than `POST /v1/groups` takes
+    (a 60 kB command named 20 times: 1.2 MB) are refused with a code above the text,
+    kept as typed, and nothing is written; the same group without the aliases' excess
+    is made."""
+    async with httpx.AsyncClient(transport=api.http._transport, base_url="http://gw") as alice:
+        csrf = await _console_of(api, alice, "alice")
+        example = html.unescape(
+            (await alice.get("/console/new-group")).text.split('name="group"', 1)[1]
+        )
+        example = example.split(">", 1)[1].split("</textarea>", 1)[0]
+        command = "python train.py " + "--x 1 " * 10_000
+        aliased = example.replace(
+            "command: python train.py --lr 0.1", f"command: &long '{command}'"
+        ).split("items:", 1)[0]
+        before = await api.event_count()
+        for text, status, code in (
+            ("a: " + "[" * 5000 + "]" * 5000, 400, "console.group_yaml"),
+            (
+                example.replace("name: sweep\n", "name: sweep\n  priority: 1" + "0" * 5000 + "\n"),
+                400,
+                "console.group_yaml",
+            ),
+            (
+                aliased + "items:\n" + "".join("- {command: *long}\n" for _ in range(20)),
+                413,
+                "request.too_large",
+            ),
+        ):
+            refused = await alice.post("/console/new-group", data={"group": text, "csrf": csrf})
+            assert refused.status_code == status, refused.text[:2000]
+            assert f'class="code">{code}</span>' in refused.text, refused.text[:2000]
+            assert html.escape(text[:60]) in refused.text  # kept as typed
+        assert await api.event_count() == before
+        made = await alice.post(
+            "/console/new-group",
+            data={"group": aliased + "items:\n- {command: *long}\n- {}\n", "csrf": csrf},
+        )
+        assert made.status_code == 303, made.text[:2000]
+
+
+async def test_a_rerun_of_a_group_the_caller_may_only_read_is_refused_as_a_stop_is(
+    api: Api,
+) -> None:
+    """An sre, or a platform admin of another tenant, who reads a group and POSTs its
+    rerun is told it may not change it (403, the code a stop gets), not that the group
+    it just read does not exist; another tenant's member still finds no such group."""
+    sam = await create_token(api.gateway.db, "t9", "sam", "sre")
+    api.tokens["sam"] = sam
+    body = {"template": BASE, "items": [{}], "group_id": "theirs"}
+    assert (await api.call("carol", "POST", "/v1/groups", json=body)).status_code == 201
+    assert (await api.call("carol", "POST", "/v1/groups/theirs/stop")).status_code == 200
+    url = "/console/groups/theirs"
+    transport = api.http._transport
+    for who, status in (("sam", 403), ("admin", 403), ("alice", 404)):
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+            csrf = await _console_of(api, client, who)
+            stop = await client.post(f"{url}/stop", data={"csrf": csrf})
+            rerun = await client.post(f"{url}/rerun", data={"csrf": csrf})
+            assert (stop.status_code, rerun.status_code) == (status, status), rerun.text[:3000]
+            codes = [re.findall(r'class="code">([^<]+)<', a.text) for a in (stop, rerun)]
+            assert codes[0] == codes[1] and len(codes[0]) == 1, codes
+    group = (await api.call("carol", "GET", "/v1/groups/theirs")).json()
+    assert [t["run"] for t in group["tasks"]] == [1], group
+
+
+def _live_url(page: httpx.Response) -> str:
+    return html.unescape(page.text.split('id="group-live" hx-get="', 1)[1].split('"', 1)[0])
+
+
+async def test_a_group_page_polled_while_nothing_changed_is_not_drawn_again(api: Api) -> None:
+    """The live part of a group's page is its every task's row (1000 for a large
+    sweep): a poll while none changed is a 204 (htmx keeps what it shows), a poll after
+    a change draws the rows again, with what a next poll is compared to."""
+    body = {"template": BASE, "items": [{}] * 30, "group_id": "poll"}
+    assert (await api.call("alice", "POST", "/v1/groups", json=body)).status_code == 201
+    async with httpx.AsyncClient(transport=api.http._transport, base_url="http://gw") as alice:
+        await _console_of(api, alice, "alice")
+        page = await alice.get("/console/groups/poll")
+        assert page.status_code == 200, page.text
+        url = _live_url(page)
+        polled = await alice.get(url)
+        if polled.status_code == 200:  # the minute the rows' ages count in turned meanwhile
+            url = _live_url(polled)
+            polled = await alice.get(url)
+        assert (polled.status_code, polled.text) == (204, ""), polled.text[:2000]
+        assert (await api.call("alice", "POST", "/v1/groups/poll/stop")).status_code == 200
+        changed = await alice.get(url)
+        assert changed.status_code == 200, changed.text[:2000]
+        assert 'data-status="stopped">stopped</span> 30' in changed.text, changed.text[:2000]
+        again = await alice.get(_live_url(changed))
+        if again.status_code == 200:
+            again = await alice.get(_live_url(again))
+        assert again.status_code == 204
+
+
+async def test_an_sre_goes_back_from_a_group_to_the_groups_of_its_tenant(api: Api) -> None:
+    """An sre opens another tenant's group from that tenant's list (`?tenant=`): the
+    page's way back is to that list, not to the sre's own tenant's (with none of them)."""
+    api.tokens["sam"] = await create_token(api.gateway.db, "t9", "sam", "sre")
+    body = {"template": BASE, "items": [{}], "group_id": "theirs"}
+    assert (await api.call("carol", "POST", "/v1/groups", json=body)).status_code == 201
+    async with httpx.AsyncClient(transport=api.http._transport, base_url="http://gw") as sam:
+        await _console_of(api, sam, "sam")
+        listed = await sam.get("/console/groups?tenant=t2")
+        assert 'href="/console/groups/theirs?tenant=t2"' in listed.text, listed.text
+        page = await sam.get("/console/groups/theirs?tenant=t2")
+        assert page.status_code == 200, page.text
+        back = page.text.split('id="groups-link"', 1)[0].rsplit("<a ", 1)[1]
+        assert back == 'href="/console/groups?tenant=t2" ', back

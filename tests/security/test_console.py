@@ -19,6 +19,7 @@ from urllib.parse import urlencode
 
 import httpx
 import pytest
+from runyard.api.auth import create_token
 from runyard.gateway.app import Gateway
 from runyard.gateway.console.sessions import COOKIE, PostgresSessions, session_key
 from runyard.gateway.http import create_app
@@ -507,3 +508,170 @@ async def test_the_summary_shows_the_restart_limit_and_when_auto_restart_is_off(
         summary = await client.get(f"/console/tasks/{task_id}/summary?version=0")
         assert summary.status_code == 200
         assert f"<dt>restarts</dt>{shown}" in summary.text, summary.text
+
+
+async def test_a_lifetime_typed_in_any_digits_is_refused_on_the_tokens_page(api: Api) -> None:
+    """The lifetime box takes what a person types: digits of another script (`²`, `٣`)
+    or thousands of them are refused above the form with the rules' field, kept as
+    typed, and no token is made; seconds in ASCII digits make one."""
+    admin = await create_token(api.gateway.db, "t1", "tam", "tenant_admin")
+    api.tokens["tam"] = admin
+    async with sign_in(api, "tam") as tam:
+        page = await tam.get("/console/tokens")
+        assert page.status_code == 200, page.text
+        csrf = page.text.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+        before = await api.gateway.db.fetchval("SELECT count(*) FROM api_tokens")
+        for ttl in ("²", "٣", "9" * 5000):
+            refused = await tam.post(
+                "/console/tokens", data={"csrf": csrf, "user": "dora", "ttl": ttl}
+            )
+            assert refused.status_code == 400, refused.text[:3000]
+            assert '<span class="field">(ttl)</span>' in refused.text, refused.text[:3000]
+            assert f'name="ttl" value="{ttl}"' in refused.text  # kept as typed
+        assert await api.gateway.db.fetchval("SELECT count(*) FROM api_tokens") == before
+        made = await tam.post("/console/tokens", data={"csrf": csrf, "user": "dora", "ttl": "3600"})
+        assert made.status_code == 201 and 'id="new-token"' in made.text, made.text[:3000]
+
+
+async def test_a_tenant_admin_is_offered_revoke_only_on_the_tokens_it_may_revoke(api: Api) -> None:
+    """The tokens page of a tenant admin lists an sre's token of its tenant (a platform
+    admin made it) without a Revoke button, which would always be refused 403
+    `auth.role_not_grantable`; its members' tokens keep theirs, and a platform admin
+    gets one on both."""
+    api.tokens["tam"] = await create_token(api.gateway.db, "t1", "tam", "tenant_admin")
+    await create_token(api.gateway.db, "t1", "sam", "sre")
+
+    def revocable(page: str) -> dict[str, bool]:
+        rows = re.findall(r'<tr data-token-id="[^"]+" data-state="active">(.*?)</tr>', page, re.S)
+        users = [re.findall(r"<td>([^<]*)</td>", row)[1] for row in rows]
+        return {user: "Revoke</button>" in row for user, row in zip(users, rows, strict=True)}
+
+    async with sign_in(api, "tam") as tam, sign_in(api, "admin") as admin:
+        page = (await tam.get("/console/tokens")).text
+        assert {k: v for k, v in revocable(page).items() if k in ("sam", "alice")} == {
+            "sam": False,
+            "alice": True,
+        }, page
+        assert "a platform admin revokes it" in page
+        as_admin = (await admin.get("/console/tokens?tenant=t1")).text
+        assert {k: v for k, v in revocable(as_admin).items() if k in ("sam", "alice")} == {
+            "sam": True,
+            "alice": True,
+        }
+
+
+async def test_the_make_token_form_sent_again_makes_no_second_token(api: Api) -> None:
+    """The page that shows a new token once answers a POST: reloaded (or the browser's
+    resubmit), the same form is sent again. It makes no second live token the admin
+    never sees: 409 `console.token_made_already` names the first, to revoke if it was
+    lost; a form opened anew makes another."""
+    api.tokens["tam"] = await create_token(api.gateway.db, "t1", "tam", "tenant_admin")
+
+    def fields(page: str) -> dict[str, str]:
+        form = page.split('id="make-token"', 1)[1].split("</form>", 1)[0]
+        hidden = re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', form)
+        return dict(hidden)
+
+    async def dora_tokens() -> int:
+        count = await api.gateway.db.fetchval(
+            "SELECT count(*) FROM api_tokens WHERE user_name = 'dora' AND revoked_at IS NULL"
+        )
+        return int(count)
+
+    async with sign_in(api, "tam") as tam:
+        form = {**fields((await tam.get("/console/tokens")).text), "user": "dora"}
+        made = await tam.post("/console/tokens", data=form)
+        assert made.status_code == 201 and 'id="new-token"' in made.text, made.text[:3000]
+        first = made.text.split('<span class="id">', 1)[1].split("<", 1)[0]
+        again = await tam.post("/console/tokens", data=form)
+        assert again.status_code == 409, again.text[:3000]
+        assert '<span class="code">console.token_made_already</span>' in again.text
+        assert first in again.text and 'id="new-token"' not in again.text
+        assert await dora_tokens() == 1
+        anew = {**fields(again.text), "user": "dora"}
+        assert (await tam.post("/console/tokens", data=anew)).status_code == 201
+        assert await dora_tokens() == 2
+
+
+async def test_a_revoke_goes_back_to_the_tokens_list_as_it_was_shown(api: Api) -> None:
+    """A platform admin reading one tenant's tokens, revoked ones included, revokes one
+    from its row: the list it comes back to is that tenant's, revoked ones included
+    (the one just revoked among them), not every tenant's."""
+    await create_token(api.gateway.db, "t2", "cora", "member")
+    async with sign_in(api, "admin") as admin:
+        page = (await admin.get("/console/tokens?tenant=t2&revoked=1")).text
+        row = next(
+            r
+            for r in re.findall(
+                r'<tr data-token-id="[^"]+" data-state="active">.*?</tr>', page, re.S
+            )
+            if "<td>cora</td>" in r
+        )
+        action = row.split('action="', 1)[1].split('"', 1)[0]
+        form = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', row))
+        revoked = await admin.post(action, data=form)
+        assert revoked.status_code == 303, revoked.text[:2000]
+        back = revoked.headers["location"]
+        assert back == "/console/tokens?tenant=t2&revoked=1", back
+        shown = (await admin.get(back)).text
+        assert 'data-state="revoked"' in shown and "<td>t1</td>" not in shown
+
+
+async def test_yaml_that_cannot_be_read_is_refused_with_the_pages_code(api: Api) -> None:
+    """The clone page's spec and the what-if's pools document are YAML typed in a
+    textarea and read in the gateway: nested past reading or with a number of
+    thousands of digits, each is a 400 with the page's code, the text kept, never a
+    500; nothing is submitted."""
+    task_id = await created_task(api)
+    deep, long_number = "a: " + "[" * 5000 + "]" * 5000, "priority: 1" + "0" * 5000
+    async with sign_in(api, "alice") as alice:
+        csrf = await csrf_of(alice)
+        before = await api.event_count()
+        for text in (deep, long_number):
+            refused = await alice.post(
+                f"/console/tasks/{task_id}/clone", data={"csrf": csrf, "spec": text}
+            )
+            assert refused.status_code == 400, refused.text[:2000]
+            assert '<span class="code">console.spec_yaml</span>' in refused.text
+            assert text[:40] in refused.text  # kept as typed
+        assert await api.event_count() == before
+    async with sign_in(api, "admin") as admin:
+        csrf = await csrf_of(admin)
+        for text in ("pools: " + deep[3:], "pools: [{id: 1" + "0" * 5000 + "}]"):
+            refused = await admin.post(
+                "/console/sre/whatif",
+                data={"csrf": csrf, "from": "1h", "to": "0m", "pools_yaml": text},
+            )
+            assert refused.status_code == 400, refused.text[:2000]
+            assert '<span class="code">console.whatif_pools</span>' in refused.text
+
+
+async def test_a_page_whose_token_is_revoked_meanwhile_signs_in_again_to_itself(
+    api: Api,
+) -> None:
+    """A group page polls its live part; the token of its session is revoked meanwhile:
+    the poll sends the browser to sign in, naming the page it was on (htmx's
+    HX-Current-URL), so signing in again goes back to it; a URL naming another site
+    goes to the plain sign-in page."""
+    body = {"template": BASE, "items": [{}], "group_id": "sweep"}
+    assert (await api.call("alice", "POST", "/v1/groups", json=body)).status_code == 201
+    made = await api.call("admin", "POST", "/v1/admin/tokens", json={"tenant": "t1", "user": "ann"})
+    assert made.status_code == 201, made.text
+    api.tokens["ann"] = made.json()["token"]
+    async with sign_in(api, "ann") as ann:
+        assert (await ann.get("/console/groups/sweep")).status_code == 200
+        revoked = await api.call("admin", "DELETE", f"/v1/admin/tokens/{made.json()['token_id']}")
+        assert revoked.status_code == 200, revoked.text
+        for shown, sign_in_at in (
+            ("http://gw/console/groups/sweep", "/console/sign-in?next=%2Fconsole%2Fgroups%2Fsweep"),
+            ("http://evil.example//evil.example/x", "/console/sign-in"),
+        ):
+            poll = await ann.get(
+                "/console/groups/sweep?live=1",
+                headers={"HX-Request": "true", "HX-Current-URL": shown},
+            )
+            assert (poll.status_code, poll.headers["hx-redirect"]) == (401, sign_in_at)
+        again = await ann.post(
+            "/console/sign-in", data={"token": api.tokens["alice"], "next": "/console/groups/sweep"}
+        )
+        assert (again.status_code, again.headers["location"]) == (303, "/console/groups/sweep")

@@ -20,9 +20,9 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import RedirectResponse, Response
 from runyard.api.errors import BadRequest
 from runyard.api.inputs import parse_body
-from runyard.contracts import yamlcore
 from runyard.contracts.requests import TaskSubmission
 from runyard.errors import RunyardError
+from runyard.gateway.console import yamltext
 from runyard.gateway.console.pages import PREFIX, Console, SignedIn, render
 
 
@@ -44,15 +44,13 @@ def spec_text(spec: Mapping[str, Any]) -> str:
 def parse_spec(text: str) -> dict[str, Any]:
     """The spec of the textarea: a YAML (or JSON) mapping, read as a task file is
     (`runyard.contracts.yamlcore`: `value: no` is text); 400 `console.spec_yaml` else."""
-    try:
-        loaded = yamlcore.load(text)
-    except yaml.YAMLError as exc:
-        raise BadRequest(
-            "console.spec_yaml",
-            f"the spec is not YAML: {exc}",
-            "fix the line it names (YAML or JSON, one mapping of the spec's fields)",
-            "spec",
-        ) from exc
+    loaded = yamltext.load(
+        text,
+        code="console.spec_yaml",
+        what="the spec",
+        hint="fix the line it names (YAML or JSON, one mapping of the spec's fields)",
+        field="spec",
+    )
     if not isinstance(loaded, dict):
         raise BadRequest(
             "console.spec_yaml",

@@ -10,7 +10,8 @@
   none); a refusal shows its code, field (and item) and hint above the text, which
   is kept as typed;
 - `/groups/{id}`: the group's tasks as the task list shows them, and a count per
-  status, redrawn every 2 s (`?live=1`: that part alone); **Stop the group** (its
+  status, polled every 2 s (`?live=1`: that part alone; a 204 while it shows
+  what it would draw); **Stop the group** (its
   tasks that have not ended) and **Rerun the group** (its finished tasks, all or
   none), each confirmed and sent with the session's CSRF token, as
   `runyard group stop|rerun` send them.
@@ -21,6 +22,9 @@ is a 404 to a member, read-only to sre and platform_admin.
 
 from __future__ import annotations
 
+import hashlib
+import json
+from datetime import datetime
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -29,13 +33,12 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import RedirectResponse, Response
 from runyard.api.errors import BadRequest
 from runyard.api.inputs import parse_body
-from runyard.contracts import yamlcore
 from runyard.contracts.envelope import utcnow
 from runyard.contracts.requests import RerunChanges, TaskGroupRequest
 from runyard.contracts.spec import MAX_GROUP_SIZE
 from runyard.domain.task import TERMINAL_STATUSES
 from runyard.errors import RunyardError
-from runyard.gateway.console import display
+from runyard.gateway.console import display, yamltext
 from runyard.gateway.console.pages import PREFIX, Console, SignedIn, render
 
 #: Groups listed on `/groups` (the newest).
@@ -54,7 +57,10 @@ async def group(console: Console, request: HttpRequest, who: SignedIn) -> Respon
     read); the stop and rerun buttons for those who may change it."""
     tenant = request.query_params.get("tenant", "").strip() or None
     live = request.query_params.get("live") == "1"
-    return await _group_page(console, who, request.path_params["group_id"], tenant, live=live)
+    seen = request.query_params.get("seen") if live else None
+    return await _group_page(
+        console, who, request.path_params["group_id"], tenant, live=live, seen=seen
+    )
 
 
 async def stop(console: Console, request: HttpRequest, who: SignedIn) -> Response:
@@ -73,6 +79,8 @@ async def rerun(console: Console, request: HttpRequest, who: SignedIn) -> Respon
     try:
         await console.gw.rerun_group(who.request(), group_id, RerunChanges())
     except RunyardError as exc:
+        if exc.http_status in (403, 404):  # not the caller's to change: as a stop answers
+            raise
         return await _group_page(console, who, group_id, None, error=exc)
     return RedirectResponse(_group_url(group_id), status_code=303)
 
@@ -104,16 +112,15 @@ async def create(console: Console, request: HttpRequest, who: SignedIn) -> Respo
 
 def parse_group(text: str) -> dict[str, Any]:
     """The group of the textarea: a YAML (or JSON) mapping read as a group file is
-    (`runyard.contracts.yamlcore`); 400 `console.group_yaml` else."""
-    try:
-        loaded = yamlcore.load(text)
-    except yaml.YAMLError as exc:
-        raise BadRequest(
-            "console.group_yaml",
-            f"the group is not YAML: {exc}",
-            "fix the line it names (YAML or JSON: a mapping with template: and items:)",
-            "group",
-        ) from exc
+    (`runyard.contracts.yamlcore`); 400 `console.group_yaml` else, and 413
+    `request.too_large` when it is more than `POST /v1/groups` takes (`yamltext`)."""
+    loaded = yamltext.load(
+        text,
+        code="console.group_yaml",
+        what="the group",
+        hint="fix the line it names (YAML or JSON: a mapping with template: and items:)",
+        field="group",
+    )
     if not isinstance(loaded, dict):
         raise BadRequest(
             "console.group_yaml",
@@ -133,11 +140,16 @@ async def _group_page(
     *,
     error: RunyardError | None = None,
     live: bool = False,
+    seen: str | None = None,
 ) -> Response:
-    """The group's page (`live`: only its part that refreshes every 2 s)."""
+    """The group's page (`live`: only its part that refreshes every 2 s; a 204, which
+    htmx leaves as it is, while it is still what the poll's `seen` names)."""
     found = await console.gw.get_group(who.principal, group_id, tenant)
     now = utcnow()
     tasks = found["tasks"]
+    shown = _shown(tasks, now)
+    if live and seen == shown:
+        return Response(status_code=204, headers={"Cache-Control": "no-store"})
     for row in tasks:
         row["age"] = display.age(row["created_at"], now)
     owner = tasks[0]["tenant"] if tasks else who.principal.tenant
@@ -145,8 +157,9 @@ async def _group_page(
         "group_live.html" if live else "group.html",
         who,
         status=error.http_status if error is not None else 200,
-        live_url=_group_url(group_id, tenant, live=True),
+        live_url=_group_url(group_id, tenant, live=True, seen=shown),
         group=found,
+        tenant=tenant or "",
         tasks=tasks,
         may_change=who.principal.role != "sre" and owner == who.principal.tenant,
         running=sum(n for s, n in found["status_counts"].items() if s not in TERMINAL_STATUSES),
@@ -183,8 +196,22 @@ async def _example(console: Console, who: SignedIn) -> str:
     return text
 
 
-def _group_url(group_id: str, tenant: str | None = None, *, live: bool = False) -> str:
-    params = {**({"tenant": tenant} if tenant else {}), **({"live": "1"} if live else {})}
+def _shown(tasks: list[dict[str, Any]], now: datetime) -> str:
+    """What the group's live part shows, as a short digest: its tasks' rows as the list
+    holds them, and the minute (the rows' ages move on). A poll of a group of 1000 tasks
+    that has not changed is answered 204, not 1000 rows drawn again every 2 s."""
+    rows = json.dumps([tasks, now.strftime("%Y-%m-%dT%H:%M")], sort_keys=True, default=str)
+    return hashlib.sha256(rows.encode()).hexdigest()[:24]
+
+
+def _group_url(
+    group_id: str, tenant: str | None = None, *, live: bool = False, seen: str | None = None
+) -> str:
+    params = {
+        **({"tenant": tenant} if tenant else {}),
+        **({"live": "1"} if live else {}),
+        **({"seen": seen} if live and seen else {}),
+    }
     query = f"?{urlencode(params)}" if params else ""
     return f"{PREFIX}/groups/{quote(group_id, safe='')}{query}"
 

@@ -473,7 +473,10 @@ def error_page(exc: RunyardError, who: SignedIn | None) -> HTMLResponse:
 def sign_in_url(request: HttpRequest) -> str:
     """The sign-in page, naming the page asked for (a link from an alert card, a bookmark)
     to go on to once signed in; the task list, where sign-in goes anyway, is not named."""
-    asked = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return _sign_in_for(request.url.path + (f"?{request.url.query}" if request.url.query else ""))
+
+
+def _sign_in_for(asked: str) -> str:
     if asked == f"{PREFIX}/tasks" or _console_path(asked) is None:
         return f"{PREFIX}/sign-in"
     return f"{PREFIX}/sign-in?{urlencode({'next': asked})}"
@@ -750,7 +753,10 @@ def signed_in_page(console: Console, handler: Handler) -> Callable[[HttpRequest]
             return await handler(request, who)
         except SignInNeeded:
             if request.headers.get("hx-request"):
-                return Response(status_code=401, headers={"HX-Redirect": f"{PREFIX}/sign-in"})
+                # the page whose part asked (htmx names it), to go on to once signed in
+                shown = urlsplit(request.headers.get("hx-current-url", ""))
+                asked = shown.path + (f"?{shown.query}" if shown.query else "")
+                return Response(status_code=401, headers={"HX-Redirect": _sign_in_for(asked)})
             if request.method == "POST":
                 return render("sign_in.html", None, status=401, expired=True)
             return RedirectResponse(sign_in_url(request), status_code=303)

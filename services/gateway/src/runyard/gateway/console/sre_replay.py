@@ -34,6 +34,7 @@ from runyard.contracts.http import WHATIF_FIGURES
 from runyard.errors import RunyardError
 from runyard.eventstore.audit import InvalidCursor, audit_page
 from runyard.gateway.audit import audit_filter
+from runyard.gateway.console import yamltext
 from runyard.gateway.console.pages import PREFIX, Console, SignedIn, render, whole_number
 from runyard.gateway.replay import ReplayApi
 from runyard.gateway.views import event_view
@@ -223,12 +224,14 @@ def window_point(text: str, field: str) -> str:
 
 
 def _pools_document(text: str) -> list[Any]:
-    try:
-        loaded = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise BadRequest(
-            "console.whatif_pools", f"the pools document is not YAML: {exc}", _POOLS_HINT, "pools"
-        ) from exc
+    loaded = yamltext.load(
+        text,
+        code="console.whatif_pools",
+        what="the pools document",
+        hint=_POOLS_HINT,
+        field="pools",
+        loader=yaml.safe_load,
+    )
     pools = loaded.get("pools") if isinstance(loaded, dict) else loaded
     if not isinstance(pools, list):
         raise BadRequest(
