@@ -638,6 +638,11 @@ async def test_a_tenant_holds_a_bounded_number_of_active_tokens(
     assert (await world.mint("tb_admin", tenant="tb", user="u1")).status_code == 201
     listed = (await world.call("ta_admin", "GET", "/v1/admin/tokens")).json()
     assert len(listed["items"]) == 3 and listed["truncated"] is True
+    async with httpx.AsyncClient(transport=world.http._transport, base_url="http://gw") as anna:
+        signed = await anna.post("/console/sign-in", data={"token": world.tokens["ta_admin"]})
+        assert signed.status_code == 303
+        page = (await anna.get("/console/tokens")).text
+        assert 'id="tokens-truncated"' in page and page.count('data-token-id="') == 3
     [u1] = [t for t in listed["items"] if t["user"] == "u1"]
     revoked = await world.call("ta_admin", "DELETE", f"/v1/admin/tokens/{u1['token_id']}")
     assert revoked.status_code == 200

@@ -132,6 +132,7 @@ async def _page(
         who,
         status=status,
         tokens=listed["items"],
+        truncated=listed.get("truncated", False),
         roles=grantable,
         # a token of a role the caller may not grant it may not revoke either
         revocable=grantable,
