@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -88,6 +89,19 @@ class EventStore(abc.ABC):
         version. For a reaction that must not act on a message's word alone (one read)."""
         found = await self.read_stream(event.stream_id, event.stream_version, 1)
         return bool(found) and found[0].event_id == event.event_id and found[0].event == event.event
+
+    async def holds_or_says(self, event: RecordedEvent[Event], log: logging.Logger) -> bool:
+        """`holds`; when the log does not hold `event`, `log` says the message (a forged
+        or corrupted one) is ignored."""
+        if await self.holds(event):
+            return True
+        log.warning(
+            "%s: a %s message (version %d) that the log does not hold was ignored",
+            event.stream_id,
+            event.type,
+            event.stream_version,
+        )
+        return False
 
     async def subscribe_all(
         self, after: int = 0, *, batch_size: int = 500, poll_interval: float = 0.005

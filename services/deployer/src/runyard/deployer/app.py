@@ -812,15 +812,8 @@ class DeployerApp:
         """Whether the log holds `event` as the broker delivered it (id and payload at its
         stream and version; a store outage is waited out). What ends workers is acted
         on only then: a corrupted or forged message ends nothing (logged)."""
-        if await until_done(partial(self.store.holds, event), what=f"reading {event.stream_id}"):
-            return True
-        log.warning(
-            "%s: a %s message (version %d) that the log does not hold was ignored",
-            event.stream_id,
-            event.type,
-            event.stream_version,
-        )
-        return False
+        held = partial(self.store.holds_or_says, event, log)
+        return await until_done(held, what=f"reading {event.stream_id}")
 
     # -- reconciliation after a restart ----------------------------------------------------
 

@@ -349,15 +349,7 @@ class FaultToleranceApp:
         """Whether the log holds `event` as the broker delivered it (id and payload at
         its stream and version). A node's mark moves every task on the node: it is acted
         on only then, so a forged or corrupted message moves nothing (logged)."""
-        if await self.store.holds(event):
-            return True
-        log.warning(
-            "%s: a %s message (version %d) that the log does not hold was ignored",
-            event.stream_id,
-            event.type,
-            event.stream_version,
-        )
-        return False
+        return await self.store.holds_or_says(event, log)
 
     async def _sync(
         self, task_id: str, state: TaskState, cause: RecordedEvent[Event] | None

@@ -276,17 +276,11 @@ class NotificationApp:
         stream and version). An alert goes out only then, about the task as the log has
         it: what was kept of the task is read again, since a message folded on earlier
         (to save a read) may not have been the log's. One read or two per alert."""
-        if await self.store.holds(event):
-            if self._tasks is not None:
-                self._tasks.states.forget(event.stream_id.removeprefix("task-"))
-            return True
-        log.warning(
-            "%s: a %s message (version %d) that the log does not hold sent no alert",
-            event.stream_id,
-            event.type,
-            event.stream_version,
-        )
-        return False
+        if not await self.store.holds_or_says(event, log):
+            return False
+        if self._tasks is not None:
+            self._tasks.states.forget(event.stream_id.removeprefix("task-"))
+        return True
 
     async def _state_at(self, event: RecordedEvent[Event]) -> TaskState:
         """The task as of `event` (later events are not looked at, so a replay agrees),

@@ -18,7 +18,6 @@ from typing import Any
 import yaml
 from fastapi import Request as HttpRequest
 from fastapi.responses import RedirectResponse, Response
-from runyard.api.errors import BadRequest
 from runyard.api.inputs import parse_body
 from runyard.contracts.requests import TaskSubmission
 from runyard.errors import RunyardError
@@ -44,20 +43,14 @@ def spec_text(spec: Mapping[str, Any]) -> str:
 def parse_spec(text: str) -> dict[str, Any]:
     """The spec of the textarea: a YAML (or JSON) mapping, read as a task file is
     (`runyard.contracts.yamlcore`: `value: no` is text); 400 `console.spec_yaml` else."""
-    loaded = yamltext.load(
+    loaded: dict[str, Any] = yamltext.load_mapping(
         text,
         code="console.spec_yaml",
         what="the spec",
         hint="fix the line it names (YAML or JSON, one mapping of the spec's fields)",
         field="spec",
+        shape="name: ..., pool: ..., command: ...",
     )
-    if not isinstance(loaded, dict):
-        raise BadRequest(
-            "console.spec_yaml",
-            "the spec must be a mapping of fields (name: ..., pool: ..., command: ...)",
-            "start from the prefilled text",
-            "spec",
-        )
     return loaded
 
 

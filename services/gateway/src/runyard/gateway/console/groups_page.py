@@ -31,7 +31,6 @@ from urllib.parse import quote, urlencode
 import yaml
 from fastapi import Request as HttpRequest
 from fastapi.responses import RedirectResponse, Response
-from runyard.api.errors import BadRequest
 from runyard.api.inputs import parse_body
 from runyard.contracts.envelope import utcnow
 from runyard.contracts.requests import RerunChanges, TaskGroupRequest
@@ -114,21 +113,14 @@ def parse_group(text: str) -> dict[str, Any]:
     """The group of the textarea: a YAML (or JSON) mapping read as a group file is
     (`runyard.contracts.yamlcore`); 400 `console.group_yaml` else, and 413
     `request.too_large` when it is more than `POST /v1/groups` takes (`yamltext`)."""
-    loaded = yamltext.load(
+    loaded: dict[str, Any] = yamltext.load_mapping(
         text,
         code="console.group_yaml",
         what="the group",
         hint="fix the line it names (YAML or JSON: a mapping with template: and items:)",
         field="group",
+        shape="`template:` (a task spec) and `items:` (the overrides of each task)",
     )
-    if not isinstance(loaded, dict):
-        raise BadRequest(
-            "console.group_yaml",
-            "the group must be a mapping with `template:` (a task spec) and `items:`"
-            " (the overrides of each task)",
-            "start from the example the page opened with",
-            "group",
-        )
     return loaded
 
 

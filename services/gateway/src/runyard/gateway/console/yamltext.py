@@ -48,6 +48,20 @@ def load(
     return loaded
 
 
+def load_mapping(text: str, *, code: str, what: str, hint: str, field: str, shape: str) -> Any:
+    """`load`, and a 400 `code` unless it read a mapping (`shape` says which fields, e.g.
+    "`template:` and `items:`")."""
+    loaded = load(text, code=code, what=what, hint=hint, field=field)
+    if not isinstance(loaded, dict):
+        raise BadRequest(
+            code,
+            f"{what} must be a mapping of fields: {shape}",
+            "start from the text the page opened with",
+            field,
+        )
+    return loaded
+
+
 def over(data: Any, limit: int) -> bool:
     """Whether `data` (YAML read into lists, mappings and scalars) is over `limit` bytes
     as JSON, an alias counted each time it is used; it stops counting at the limit, so
