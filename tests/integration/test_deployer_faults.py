@@ -580,6 +580,10 @@ async def test_a_restart_in_place_records_the_old_peers_exit_and_keeps_the_gpus(
         assert not any(group_members(p) for p in old)
         await world.until("second", lambda s: s.finished)
         await asyncio.wait_for(app.drain(), 10)
+        # the scheduler frees the second task's GPUs once the pump hands it the release
+        async with asyncio.timeout(30):
+            while scheduler.pools["subscription"].state.allocations:  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
     finally:
         pumping.cancel()
         with contextlib.suppress(asyncio.CancelledError):
