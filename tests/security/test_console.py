@@ -617,6 +617,22 @@ async def test_a_revoke_goes_back_to_the_tokens_list_as_it_was_shown(api: Api) -
         assert 'data-state="revoked"' in shown and "<td>t1</td>" not in shown
 
 
+async def test_a_refused_mint_keeps_the_tokens_list_as_it_was_shown(api: Api) -> None:
+    """A platform admin reading one tenant's tokens makes one the rules refuse: the page
+    that shows the refusal lists that tenant's tokens still, not every tenant's."""
+    await create_token(api.gateway.db, "t2", "cora", "member")
+    async with sign_in(api, "admin") as admin:
+        page = (await admin.get("/console/tokens?tenant=t2")).text
+        form = page.split('id="make-token"', 1)[0].rsplit("<form", 1)[1]
+        action = form.split('action="', 1)[1].split('"', 1)[0].replace("&amp;", "&")
+        assert action == "/console/tokens?tenant=t2", action
+        fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', page))
+        sent = {**fields, "tenant": "t2", "user": "no spaces", "role": "member"}
+        refused = await admin.post(action, data=sent)
+        assert refused.status_code == 400 and "auth.invalid_name" in refused.text
+        assert "<td>cora</td>" in refused.text and "<td>t1</td>" not in refused.text
+
+
 async def test_yaml_that_cannot_be_read_is_refused_with_the_pages_code(api: Api) -> None:
     """The clone page's spec and the what-if's pools document are YAML typed in a
     textarea and read in the gateway: nested past reading or with a number of
