@@ -182,10 +182,8 @@ class LogRecord(BaseModel):
         at the same microsecond, published once and delivered again), or for a
         record built in code, of its fields."""
         if self.seq is not None:
-            key = (
-                f"{self.task_id}\x1f{self.run}\x1f{self.attempt}\x1f{self.worker}"
-                f"\x1f{self.stream}\x1f#{self.seq}"
-            )
+            stream = numbered_key(self.task_id, self.run, self.attempt, self.worker, self.stream)
+            key = f"{stream}{self.seq}"
         else:
             key = (
                 f"{self.task_id}\x1f{self.run}\x1f{self.attempt}\x1f{self.worker}"
@@ -195,6 +193,12 @@ class LogRecord(BaseModel):
 
 
 _FIELDS = tuple(LogRecord.model_fields)
+
+
+def numbered_key(task_id: str, run: int, attempt: int, worker: int, stream: str) -> str:
+    """The start every numbered line of one worker stream shares in the key its
+    identity (`LogRecord.dedupe`) hashes; the line's number follows it."""
+    return f"{task_id}\x1f{run}\x1f{attempt}\x1f{worker}\x1f{stream}\x1f#"
 
 
 def _md5_uuid(data: bytes) -> uuid.UUID:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import asyncpg
-from runyard.contracts.loglines import LogRecord
+from runyard.contracts.loglines import LogRecord, numbered_key
 from runyard.eventstore import Migration, apply_migrations, load_migrations
 from runyard.logs import firsterror
 from runyard.logs.errors import InvalidQuery
@@ -192,11 +192,7 @@ class _StreamLines:
                 continue
             seen.add(r.seq)
             if stream is None:
-                task_id, run, attempt, worker, name = key
-                stream = hashlib.md5(
-                    f"{task_id}\x1f{run}\x1f{attempt}\x1f{worker}\x1f{name}\x1f#".encode(),
-                    usedforsecurity=False,
-                )
+                stream = hashlib.md5(numbered_key(*key).encode(), usedforsecurity=False)
             h = stream.copy()
             h.update(b"%d" % r.seq)
             kept.append(r)
