@@ -38,6 +38,7 @@ from runyard.contracts.task_events import (
     WorkerPlacement,
     WorkerStarted,
 )
+from runyard.deployer import runtime as runtime_module
 from runyard.deployer.app import DeployerApp
 from runyard.deployer.runtime import LocalRuntime, LocalRuntimeConfig, OutputLine, group_members
 from runyard.domain.task import RequestStop, Submit, decide, fold
@@ -1169,6 +1170,52 @@ async def test_a_worker_cannot_write_past_its_system_disk_or_its_dev_shm(
         assert (await h.state("fill")).status == "stopped"
         assert mounts_under(runtime.config.scratch_root) == []
         assert not root.exists()
+
+
+async def test_workers_disks_are_copies_of_one_empty_file_system_made_once(
+    dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every sandboxed worker's system disk is copied from one empty file system, made by
+    mkfs once (not once per worker): a fresh, empty disk for each worker all the same
+    (what one task left on its disk is on no other's), as sparse as mkfs's own; a
+    template removed meanwhile is made again."""
+    store = await PostgresEventStore.connect(dsn, default_mapper())
+    disk = 16 * 2**20
+    runtime = LocalRuntime(local_config(tmp_path, worker_disk_bytes=disk))
+    loops = Path("/dev/loop-control").exists() and shutil.which("mkfs.ext4")
+    if not runtime.namespaces or not loops:
+        await store.close()
+        pytest.skip("workers' system disks need a root deployer, loop devices and mkfs.ext4")
+    made: list[Path] = []
+    make_ext4 = runtime_module._make_ext4
+
+    def counted(mkfs: str, image: Path, size: int) -> None:
+        made.append(image)
+        make_ext4(mkfs, image, size)
+
+    monkeypatch.setattr(runtime_module, "_make_ext4", counted)
+    # What a worker finds on its fresh disk, then leaves there for the next.
+    probe = (
+        'echo "$(ls -A "$HOME" | tr "\\n" " ")|$(ls -A "$PWD" | tr "\\n" " ")";'
+        ' echo left > "$HOME/left"; echo left > "$PWD/left"'
+    )
+    templates = runtime.config.scratch_root / ".disks"
+    async with running_harness(store, runtime) as h:
+        for n, task in enumerate(("first", "second", "third")):
+            if n == 2:
+                for template in templates.iterdir():
+                    template.unlink()
+            await h.launch(task, make_spec(probe, workers=2))
+            assert (await h.state(task)).status == "succeeded", h.output(task)
+            found = sorted(line for line in h.output(task) if "|" in line)
+            # Only what mkfs and the runtime put there: nothing the last task left.
+            assert found == ["0:.bash_profile |", "1:.bash_profile |"], h.output(task)
+    # Once for the first disk, once more after the template was removed: 6 disks.
+    assert len(made) == 2, made
+    assert all(path.parent == templates for path in made), made
+    [template] = templates.iterdir()
+    assert template.stat().st_size == disk
+    assert 0 < template.stat().st_blocks * 512 < disk // 2  # sparse
 
 
 async def test_a_worker_can_open_the_device_nodes_of_its_own_gpus_only(

@@ -79,7 +79,8 @@ running `bash --login -c "<launch command>"`:
   files of the worker (output, exit status, offsets) sit in the folder above,
   which the worker cannot change. Sandboxed, the three lie on the worker's
   system disk (`worker_disk_bytes`, R-13: a sparse file loop-mounted at
-  `w<i>/disk`, linked at their usual places), the deployment's /dev/shm is a
+  `w<i>/disk`, linked at their usual places; a copy of one empty file system
+  made once, `_new_disk`; mounted by system call, `runyard.deployer.mounts`), the deployment's /dev/shm is a
   tmpfs (`worker_shm_bytes` per worker), both mounted on the host at allocate
   and unmounted with the namespaces (`_release_namespaces`), and the device
   nodes of GPUs not the worker's (`gpu_devices`) are covered by a file nobody
@@ -122,6 +123,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import errno
 import hashlib
 import json
 import logging
@@ -134,6 +136,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -146,7 +149,7 @@ from runyard.contracts.loglines import LogRecord
 from runyard.contracts.spec import TaskSpec
 from runyard.contracts.stacks import WorkerStacks
 from runyard.contracts.task_events import WorkerPlacement
-from runyard.deployer import outputs
+from runyard.deployer import mounts, outputs
 from runyard.deployer.outputs import KeptOutput, LineSplitter, Marks, OutputStream, Stream
 from runyard.deployer.retry import until_done
 from runyard.deployer.stacks import capture_group
@@ -914,6 +917,11 @@ class LocalRuntime:
         self._kept: dict[DeploymentKey, KeptOutput] | None = None
         self.dropped_lines = 0
         self.tools = _Tools.find()
+        #: Empty file systems workers' disks are copied from, by size (`_disk_template`).
+        self._templates: dict[int, tuple[Path, list[tuple[int, int]]] | None] = {}
+        self._template_lock = threading.Lock()
+        #: Loop devices set up by the `mount` program (a kernel without LOOP_CONFIGURE).
+        self._loop_program = False
         why_not = _sandbox_unavailable(self.tools) if config.namespaces is not False else None
         if config.namespaces is None:
             self.namespaces = why_not is None
@@ -1070,8 +1078,8 @@ class LocalRuntime:
         shm = local.root / "shm"
         if self.shm_bytes is not None and not os.path.ismount(shm):
             size = self.shm_bytes * len(local.workers)
-            options = f"size={size},mode=0700,uid={uid},gid={gid},nosuid,nodev"
-            _run([self.tools.mount, "-t", "tmpfs", "-o", options, "runyard-shm", str(shm)])
+            options = f"size={size},mode=0700,uid={uid},gid={gid}"
+            mounts.mount_tmpfs("runyard-shm", shm, mounts.MS_NOSUID | mounts.MS_NODEV, options)
         if self.disk_bytes is None:
             return
         for worker in local.workers.values():
@@ -1079,22 +1087,78 @@ class LocalRuntime:
             image = local.root / f"{worker.scratch.name}.disk"
             if os.path.ismount(disk):
                 continue  # made before (its folders may be the worker's to change now)
-            # Sparse: it takes on the host's disk what the worker wrote, no more
-            # (`discard` gives back what it deleted).
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-            fd = os.open(image, flags, 0o600)
-            try:
-                os.ftruncate(fd, self.disk_bytes)
-            finally:
-                os.close(fd)
-            features = "lazy_itable_init=1,nodiscard,root_owner=0:0"
-            _run([self.tools.mkfs, "-q", "-F", "-m", "0", "-O", "^has_journal", "-E",
-                  features, str(image)])  # fmt: skip
-            options = "loop,nosuid,nodev,noinit_itable,discard"
-            _run([self.tools.mount, "-t", "ext4", "-o", options, str(image), str(disk)])
+            self._new_disk(image, self.disk_bytes)
+            self._mount_disk(image, disk)
             for sub in ("home", "tmp", "work"):
                 (disk / sub).mkdir(exist_ok=True)
                 self._give(disk / sub)
+
+    def _mount_disk(self, image: Path, disk: Path) -> None:
+        """A worker's system disk `image` mounted at `disk` on a loop device of its own
+        (by system call; by the `mount` program on a kernel before Linux 5.8)."""
+        flags, options = mounts.MS_NOSUID | mounts.MS_NODEV, "noinit_itable,discard"
+        if not self._loop_program:
+            try:
+                mounts.mount_image(image, disk, "ext4", flags, options)
+                return
+            except mounts.Unsupported as exc:
+                log.info("workers' disks mounted by the mount program: %s", exc)
+                self._loop_program = True
+        options = f"loop,nosuid,nodev,{options}"
+        _run([self.tools.mount, "-t", "ext4", "-o", options, str(image), str(disk)])
+
+    def _new_disk(self, image: Path, size: int) -> None:
+        """An empty ext4 file system of `size` bytes at `image`: a copy of the one
+        `_disk_template` made (the few megabytes mkfs wrote, copied in the kernel: a
+        quarter of what running mkfs costs a worker), or mkfs's own where no copy
+        could be made. Sparse: it takes on the host's disk what the worker writes, no
+        more (`discard` gives back what it deleted)."""
+        for _ in range(2):  # a template removed meanwhile is made again, once
+            template = self._disk_template(size)
+            if template is None:
+                break
+            try:
+                source = open(template[0], "rb")  # noqa: SIM115 (closed below)
+            except FileNotFoundError:
+                with self._template_lock:
+                    if self._templates.get(size) is template:
+                        del self._templates[size]
+                continue
+            try:
+                with source:
+                    _copy_sparse(source, template[1], image, size)
+                return
+            except OSError as exc:
+                log.warning("workers' disks made by mkfs (a copy failed: %s)", exc)
+                with self._template_lock:
+                    self._templates[size] = None
+                break
+        _make_ext4(self.tools.mkfs, image, size)
+
+    def _disk_template(self, size: int) -> tuple[Path, list[tuple[int, int]]] | None:
+        """The empty file system every worker disk of `size` bytes is copied from, and
+        where its data lies (the rest is holes): made by mkfs once per size and
+        process (one an earlier process left is not trusted), below the scratch root
+        (hidden from workers, as every deployment's folder is). None when it could
+        not be made: each disk is then made by mkfs itself."""
+        with self._template_lock:
+            if size in self._templates:
+                return self._templates[size]
+            folder = self.config.scratch_root / ".disks"
+            path = folder / f"ext4-{_DISK_FORMAT}-{size}.img"
+            made: tuple[Path, list[tuple[int, int]]] | None = None
+            try:
+                folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+                partial = folder / f".{path.name}.partial"
+                _make_ext4(self.tools.mkfs, partial, size)
+                with open(partial, "rb") as file:
+                    made = path, _data_extents(file.fileno(), size)
+                os.replace(partial, path)
+            except OSError as exc:
+                log.warning("no template for workers' disks (%s): each made by mkfs", exc)
+                made = None
+            self._templates[size] = made
+            return made
 
     async def _files(self, local: _Local, work: Callable[..., T], *args: Any) -> T:
         """Run `work` (folders and files of `local`'s scratch) in a thread, one at a
@@ -2447,9 +2511,15 @@ def _release_namespaces(root: Path, tools: _Tools) -> None:
     places = [root / name for name in ("netns", "ipcns", "shm")]
     with contextlib.suppress(OSError):
         places += sorted(root.glob("w*/disk"))
-    kept = [str(place) for place in places if os.path.ismount(place)]
-    if tools.umount and kept:
-        subprocess.run([tools.umount, "-l", *kept], capture_output=True, timeout=30, check=False)
+    kept = [place for place in places if os.path.ismount(place)]
+    try:
+        mounts.detach(kept)
+    except OSError as exc:
+        log.warning("deployment mounts detached by the umount program (%s)", exc)
+        left = [str(place) for place in kept if os.path.ismount(place)]
+        if tools.umount and left:
+            args = [tools.umount, "-l", *left]
+            subprocess.run(args, capture_output=True, timeout=30, check=False)
 
 
 def _disks_unavailable(tools: _Tools) -> str | None:
@@ -2459,6 +2529,60 @@ def _disks_unavailable(tools: _Tools) -> str | None:
     if not Path("/dev/loop-control").exists():
         return "no loop devices (/dev/loop-control)"
     return None
+
+
+#: Bumped whenever `_make_ext4`'s options change: a template of the old format is not used.
+_DISK_FORMAT = "v1"
+
+
+def _make_ext4(mkfs: str, image: Path, size: int) -> None:
+    """A sparse file of `size` bytes at `image` holding an empty ext4 file system
+    (no journal, no reserved blocks, its root owned by root, inode tables zeroed
+    lazily: the mount says `noinit_itable`)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+    fd = os.open(image, flags, 0o600)
+    try:
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+    features = "lazy_itable_init=1,nodiscard,root_owner=0:0"
+    _run([mkfs, "-q", "-F", "-m", "0", "-O", "^has_journal", "-E", features, str(image)])
+
+
+def _data_extents(fd: int, size: int) -> list[tuple[int, int]]:
+    """(start, end) of every stretch of the file `fd` that holds data (not a hole)."""
+    extents: list[tuple[int, int]] = []
+    at = 0
+    while at < size:
+        try:
+            start = os.lseek(fd, at, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # only a hole from here on
+                break
+            raise
+        at = os.lseek(fd, start, os.SEEK_HOLE)
+        extents.append((start, at))
+    return extents
+
+
+def _copy_sparse(
+    source: BinaryIO, extents: list[tuple[int, int]], image: Path, size: int
+) -> None:
+    """`image`: a file of `size` bytes holding `source`'s data stretches (`extents`),
+    holes elsewhere, copied in the kernel (`copy_file_range`)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+    fd = os.open(image, flags, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        for start, end in extents:
+            at = start
+            while at < end:
+                copied = os.copy_file_range(source.fileno(), fd, end - at, at, at)
+                if copied == 0:
+                    raise OSError(f"the template {source.name} ended at {at}, before {end}")
+                at += copied
+    finally:
+        os.close(fd)
 
 
 def _run(args: list[str]) -> None:
