@@ -74,17 +74,17 @@ running `bash --login -c "<launch command>"`:
   the worker's working directory (`/mnt/ckpt` -> `./mnt/ckpt`), read-only is
   not enforced, and /tmp is shared. Both set
   `RUNYARD_MOUNT_<N>=<mount path>=<host dir>`;
-- scratch: a private directory per worker (HOME, TMPDIR and working
-  directory, owned by the worker user), removed at cleanup; the runtime's own
-  files of the worker (output, exit status, offsets) sit in the folder above,
-  which the worker cannot change. Sandboxed, the three lie on the worker's
-  system disk (`worker_disk_bytes`, R-13: a sparse file loop-mounted at
-  `w<i>/disk`, linked at their usual places; a copy of one empty file system
-  made once, `_new_disk`; mounted by system call, `runyard.deployer.mounts`), the deployment's /dev/shm is a
-  tmpfs (`worker_shm_bytes` per worker), both mounted on the host at allocate
-  and unmounted with the namespaces (`_release_namespaces`), and the device
-  nodes of GPUs not the worker's (`gpu_devices`) are covered by a file nobody
-  may open;
+- scratch: a private directory per worker (HOME, TMPDIR and working directory,
+  owned by the worker user), removed at cleanup; the runtime's own files of the
+  worker (output, exit status, offsets) sit in the folder above, which the
+  worker cannot change. Sandboxed, the three lie on the worker's system disk
+  (`worker_disk_bytes`, R-13: a sparse file loop-mounted at `w<i>/disk`, linked
+  at their usual places; a copy of one empty file system made once, `_new_disk`;
+  mounted by system call, `runyard.deployer.mounts`), the deployment's /dev/shm
+  is a tmpfs (`worker_shm_bytes` per worker), both mounted on the host at
+  allocate and unmounted with the namespaces (`_release_namespaces`), and the
+  device nodes of GPUs not the worker's (`gpu_devices`) are covered by a file
+  nobody may open;
 - exit status: a small bash wrapper runs the launch command and writes its
   exit status to `<worker scratch>/exit_status` before exiting with it, so
   the status survives a restart of the deployer;
