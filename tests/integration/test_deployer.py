@@ -1297,14 +1297,33 @@ print(sys.argv[1], "ok" if got >= 0 else "refused", ctypes.get_errno())
 """
 
 
-async def test_tasks_cannot_share_the_kernel_keyring_of_their_one_uid(h: Harness) -> None:
-    """Every task's workers run as one uid, whose user keyring is one: a sandboxed worker
-    is refused the keyring calls (EPERM), so what one task would put there (a ticket
-    cache, a token) no other task reads."""
+#: Where a sandboxed worker's filter is set: on the thread that starts it (`spawns`), or
+#: by an interpreter between the privilege drop and its shell (where no such thread is
+#: had, and in the env check).
+FILTERED_BY = pytest.mark.parametrize("filtered_by", ["thread", "interpreter"])
+
+
+def filter_set_by(h: Harness, filtered_by: str) -> None:
+    """Skip where workers are not sandboxed or the filter does not know this machine;
+    else make the runtime set the worker's filter as `filtered_by` says."""
     if not h.runtime.namespaces:
         pytest.skip("sandboxed workers need a root deployer with util-linux")
     if os.uname().machine not in ("x86_64", "aarch64"):
         pytest.skip("the worker's filter knows x86-64 and arm64")
+    # Root on a known architecture: the spawning thread must be had.
+    assert h.runtime.spawns is not None
+    if filtered_by == "interpreter":
+        h.runtime.spawns = None
+
+
+@FILTERED_BY
+async def test_tasks_cannot_share_the_kernel_keyring_of_their_one_uid(
+    h: Harness, filtered_by: str
+) -> None:
+    """Every task's workers run as one uid, whose user keyring is one: a sandboxed worker
+    is refused the keyring calls (EPERM), so what one task would put there (a ticket
+    cache, a token) no other task reads."""
+    filter_set_by(h, filtered_by)
     python = f"{shlex.quote(sys.executable)} -c {shlex.quote(KEYRING)}"
     await h.launch("keyput", make_spec(f"{python} put"))
     await h.launch("keyget", make_spec(f"{python} get"))
@@ -1347,18 +1366,16 @@ NO_USERNS = [
 ]
 
 
+@FILTERED_BY
 async def test_a_sandboxed_worker_cannot_make_a_user_namespace_or_an_io_uring(
-    h: Harness,
+    h: Harness, filtered_by: str
 ) -> None:
     """In a user namespace of its own an unprivileged process holds every capability over
     what it makes there (network, mounts, netfilter): the kernel surface most container
     escapes went through; io_uring is the other. A sandboxed worker is refused both,
     however it asks; threads and child processes still start (clone3 answers ENOSYS,
     and the C library falls back to clone)."""
-    if not h.runtime.namespaces:
-        pytest.skip("sandboxed workers need a root deployer with util-linux")
-    if os.uname().machine not in ("x86_64", "aarch64"):
-        pytest.skip("the worker's filter knows x86-64 and arm64")
+    filter_set_by(h, filtered_by)
     await h.launch("userns", make_spec(userns_probe()))
     assert (await h.state("userns")).status == "succeeded", h.output("userns")
     assert h.output("userns") == [f"0:{line}" for line in NO_USERNS]

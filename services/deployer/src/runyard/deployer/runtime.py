@@ -149,7 +149,7 @@ from runyard.contracts.loglines import LogRecord
 from runyard.contracts.spec import TaskSpec
 from runyard.contracts.stacks import WorkerStacks
 from runyard.contracts.task_events import WorkerPlacement
-from runyard.deployer import mounts, outputs
+from runyard.deployer import mounts, outputs, spawns
 from runyard.deployer.outputs import KeptOutput, LineSplitter, Marks, OutputStream, Stream
 from runyard.deployer.retry import until_done
 from runyard.deployer.stacks import capture_group
@@ -664,9 +664,11 @@ _DETACH = """runyard_detach() {{
 #: The filter knows x86-64 (with x32 and i386) and arm64 (with arm); elsewhere it lets
 #: every call through. `no_new_privs` (setpriv) lets an unprivileged process set it.
 #: Its first argument is the nice value the worker runs at (`worker_nice`), the rest
-#: what it execs.
-_WORKER_FILTER = """
-import ctypes, os, struct, sys
+#: what it execs. `_FILTER_PROGRAM` builds the filter (`raw`, `prog`): the local runtime
+#: sets the same on a thread of its own that starts the workers (`spawns`) and needs
+#: no interpreter per worker then.
+_FILTER_PROGRAM = """
+import struct
 # audit arch, call number mask, add_key, request_key, keyctl, unshare, clone, clone3
 ARCHES = ((0xC000003E, 0xBFFFFFFF, (248, 249, 250), 272, 56, 435),
           (0x40000003, 0, (286, 287, 288), 310, 120, 435),
@@ -691,6 +693,11 @@ prog += [[LD, 0, 0, 16], [JSET, 1, 0, NEWUSER], [RET, 0, 0, ALLOW], [RET, 0, 0, 
 for n, to in jumps:
     prog[n][1] = tail[to] - (n + 1)
 raw = b"".join(struct.pack("HBBI", *i) for i in prog)
+"""
+_WORKER_FILTER = (
+    "\nimport ctypes, os, sys"
+    + _FILTER_PROGRAM
+    + """
 buf = ctypes.create_string_buffer(raw)
 fprog = struct.pack("HxxxxxxP", len(prog), ctypes.addressof(buf))
 fbuf = ctypes.create_string_buffer(fprog)
@@ -701,6 +708,7 @@ if libc.prctl(22, 2, ctypes.c_void_p(ctypes.addressof(fbuf)), 0, 0) != 0:
 os.nice(int(sys.argv[1]))
 os.execv(sys.argv[2], sys.argv[2:])
 """
+)
 
 
 #: Where `_world_writable_dirs` looks: these folders and the folders in them.
@@ -845,7 +853,7 @@ class _Worker:
     placement: WorkerPlacement
     scratch: Path
     env: dict[str, str] = field(default_factory=dict)
-    process: asyncio.subprocess.Process | None = None
+    process: asyncio.subprocess.Process | spawns.Spawned | None = None
     #: Process id (= process group id) and its start time (/proc, clock ticks).
     pid: int | None = None
     starttime: int | None = None
@@ -909,6 +917,9 @@ class LocalRuntime:
     #: Folders of the host anyone may write to, besides /tmp, /var/tmp and /dev/shm
     #: (`_world_writable_dirs`): a sandboxed worker gets its own `tmp/` there.
     shared_dirs: tuple[Path, ...] = ()
+    #: The thread behind the workers' filter that starts sandboxed workers (None: each
+    #: worker's own interpreter sets the filter).
+    spawns: spawns.FilteredSpawns | None = None
 
     def __init__(self, config: LocalRuntimeConfig) -> None:
         self.config = config
@@ -946,6 +957,7 @@ class LocalRuntime:
         self._host = (len(os.sched_getaffinity(0)), _memory_total())
         if self.namespaces:
             self.worker_ids = _worker_user(config.worker_user, self.tools)
+            self.spawns = _filtered_spawns(config.worker_nice)
             self.shm_bytes = config.worker_shm_bytes
             self.gpu_devices = config.gpu_devices
             self.shared_dirs = _world_writable_dirs()
@@ -1352,17 +1364,24 @@ class LocalRuntime:
         try:
             for worker in local.workers.values():
                 env_file, files = await self._files(local, self._launch_files, worker)
-                args = self._launch_args(local, worker, env_file=env_file)
+                filtered = self.spawns is not None
+                args = self._launch_args(local, worker, env_file=env_file, filtered=filtered)
+                cwd, env = worker.scratch / "work", _wrapper_env(local.deployment, worker.index)
                 try:
-                    worker.process = await asyncio.create_subprocess_exec(
-                        *args,
-                        cwd=worker.scratch / "work",
-                        env=_wrapper_env(local.deployment, worker.index),
-                        stdin=asyncio.subprocess.DEVNULL,
-                        stdout=files[0],
-                        stderr=files[1],
-                        start_new_session=True,
-                    )
+                    if self.spawns is not None:
+                        worker.process = await self.spawns.spawn(
+                            args, cwd=cwd, env=env, stdout=files[0], stderr=files[1]
+                        )
+                    else:
+                        worker.process = await asyncio.create_subprocess_exec(
+                            *args,
+                            cwd=cwd,
+                            env=env,
+                            stdin=asyncio.subprocess.DEVNULL,
+                            stdout=files[0],
+                            stderr=files[1],
+                            start_new_session=True,
+                        )
                 finally:
                     for f in files:
                         f.close()
@@ -1535,6 +1554,7 @@ class LocalRuntime:
         env_file: Path,
         command: str | None = None,
         status_file: Path | None = None,
+        filtered: bool = False,
     ) -> list[str]:
         """The command line of one worker process: a bash wrapper running the launch command.
 
@@ -1548,7 +1568,9 @@ class LocalRuntime:
         mount namespace of its own, inside the deployment's network and IPC namespaces:
         it sets up the worker's view of the file system as root (`_mount_script`), then
         runs the launch command as the worker user with no capabilities and
-        `no_new_privs` (setpriv).
+        `no_new_privs` (setpriv), behind the seccomp filter at `worker_nice`: set by an
+        interpreter between setpriv and the shell, or, `filtered`, already on the
+        thread that starts the wrapper (`spawns`).
         """
         t = self.tools
         q = shlex.quote
@@ -1573,10 +1595,12 @@ class LocalRuntime:
             # no keyring (every task's workers share one uid, so its user keyring too),
             # no user namespace, no io_uring; at `worker_nice`.
             nice = self.config.worker_nice
-            keyless = f"{q(sys.executable)} -I -S -c {q(_WORKER_FILTER)} {nice}"
+            keyless = (
+                "" if filtered else f"{q(sys.executable)} -I -S -c {q(_WORKER_FILTER)} {nice} "
+            )
             user_shell = (
                 f"{q(t.setpriv)} --reuid={uid} --regid={gid} --clear-groups --inh-caps=-all "
-                f"--bounding-set=-all --no-new-privs -- {keyless} {user_shell}"
+                f"--bounding-set=-all --no-new-privs -- {keyless}{user_shell}"
             )
         wrapper = (
             # Every way out writes the status and the time it was known (bash's
@@ -2522,6 +2546,19 @@ def _release_namespaces(root: Path, tools: _Tools) -> None:
             subprocess.run(args, capture_output=True, timeout=30, check=False)
 
 
+def _filtered_spawns(nice: int) -> spawns.FilteredSpawns | None:
+    """The thread that starts sandboxed workers behind their filter (`spawns`), or None
+    (said once) where it cannot be had: each worker's interpreter sets it then."""
+    space: dict[str, Any] = {}
+    exec(_FILTER_PROGRAM, space)  # this module's own text: the one filter there is
+    starter = spawns.FilteredSpawns(space["raw"], len(space["prog"]), nice)
+    why = starter.start()
+    if why is None:
+        return starter
+    log.info("sandboxed workers' filter set by an interpreter each (%s)", why)
+    return None
+
+
 def _disks_unavailable(tools: _Tools) -> str | None:
     """Why sandboxed workers cannot get a system disk of their own here (None: they can)."""
     if not tools.mkfs:
@@ -2565,9 +2602,7 @@ def _data_extents(fd: int, size: int) -> list[tuple[int, int]]:
     return extents
 
 
-def _copy_sparse(
-    source: BinaryIO, extents: list[tuple[int, int]], image: Path, size: int
-) -> None:
+def _copy_sparse(source: BinaryIO, extents: list[tuple[int, int]], image: Path, size: int) -> None:
     """`image`: a file of `size` bytes holding `source`'s data stretches (`extents`),
     holes elsewhere, copied in the kernel (`copy_file_range`)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW

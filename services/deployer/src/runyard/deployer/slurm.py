@@ -1030,8 +1030,11 @@ class SlurmRuntime(LocalRuntime):
         env_file: Path,
         command: str | None = None,
         status_file: Path | None = None,
+        filtered: bool = False,
     ) -> list[str]:
-        """A step on the worker's node running `command` in the wrapper (the env check)."""
+        """A step on the worker's node running `command` in the wrapper (the env check);
+        on the node its own interpreter sets the workers' filter (`filtered` is the local
+        runtime's)."""
         status = status_file or worker.status_file
         step = self._step(local, [worker.placement.node], f"--job-name={_CHECK_STEP}")
         step += ["--input=none", *self._join_network(local, status)]
