@@ -23,6 +23,7 @@ from runyard.contracts.resources import Catalogue
 from runyard.contracts.spec import MAX_GROUP_SIZE
 from runyard.eventstore import apply_migrations
 from runyard.gateway.app import Gateway
+from runyard.gateway.console import groups_page
 from runyard.gateway.http import create_app
 from runyard.stack.ports import free_port
 from runyard.submission.service import submission_migrations
@@ -120,10 +121,53 @@ async def test_list_groups_newest_first_per_tenant(api: Api) -> None:
         (2, {"new": 2}),
         (1, {"stopped": 1}),
     ]
-    assert (await api.call("carol", "GET", "/v1/groups")).json() == {"items": []}
+    assert (await api.call("carol", "GET", "/v1/groups")).json() == {
+        "items": [],
+        "next_cursor": None,
+    }
     assert (await api.call("alice", "GET", "/v1/groups?limit=1")).json()["items"] == items[:1]
     bad = await api.call("alice", "GET", "/v1/groups?limit=0")
     assert (bad.status_code, bad.json()["field"]) == (400, "limit")
+
+
+async def test_groups_page_by_cursor_in_the_api_and_the_console(api: Api) -> None:
+    """More groups than a page: each page's `next_cursor` gives the next (newest first,
+    every group once, the last page none), in the API and the console (an "Older
+    groups" link); a forged cursor is refused."""
+    made = []
+    for n in range(5):
+        group = await api.call(
+            "alice", "POST", "/v1/groups", json={"template": BASE, "items": [{"name": f"g{n}"}]}
+        )
+        assert group.status_code == 201, group.json()
+        made.append(group.json()["group_id"])
+    newest_first = made[::-1]
+    seen, cursor = [], None
+    for _ in range(len(made)):  # a page that never ends the list fails, not hangs
+        query = f"/v1/groups?limit=2{f'&cursor={cursor}' if cursor else ''}"
+        page = (await api.call("alice", "GET", query)).json()
+        seen += [g["group_id"] for g in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == newest_first and cursor is None
+    forged = await api.call("alice", "GET", "/v1/groups?cursor=bm90LWEtY3Vyc29y")
+    assert (forged.status_code, forged.json()["field"]) == (400, "cursor")
+    # The console: the newest 50 first; with more, the link to the next page.
+    async with httpx.AsyncClient(transport=api.http._transport, base_url="http://gw") as alice:
+        await _console_of(api, alice, "alice")
+        page_size = groups_page.GROUPS_LISTED
+        groups_page.GROUPS_LISTED = 3
+        try:
+            first = await alice.get("/console/groups")
+            older = re.search(r'href="([^"]+)" rel="next" id="older-groups"', first.text)
+            assert older is not None, first.text
+            second = await alice.get(html.unescape(older.group(1)))
+        finally:
+            groups_page.GROUPS_LISTED = page_size
+        listed = [re.findall(r'data-group-id="([^"]+)"', p.text) for p in (first, second)]
+        assert listed == [newest_first[:3], newest_first[3:]]
+        assert 'id="older-groups"' not in second.text and 'id="newest-groups"' in second.text
 
 
 async def test_rerun_group_reruns_every_finished_task(api: Api) -> None:
@@ -259,6 +303,28 @@ async def test_cli_group_ls_without_id_and_group_rerun(served: tuple[str, str]) 
     assert shown.exit_code == 0 and shown.stdout == one.stdout
     missing = await cli(url, token, "group", "show", "no-such-group")
     assert missing.exit_code == 1 and "hint:" in missing.stderr
+
+
+async def test_cli_group_ls_pages_with_the_next_cursor_on_stderr(served: tuple[str, str]) -> None:
+    url, token = served
+    made = []
+    for _ in range(3):
+        group = await cli(
+            url, token, "group", "create", "-f", str(REPO / "examples/group.yaml"), "--json"
+        )
+        assert group.exit_code == 0, group.output
+        made.append(json.loads(group.stdout)["group_id"])
+    first = await cli(url, token, "group", "ls", "--limit", "2")
+    assert first.exit_code == 0, first.output
+    assert [g in first.stdout for g in made] == [False, True, True]
+    cursor = re.search(r"--cursor (\S+)", first.stderr)
+    assert cursor is not None and "--cursor" not in first.stdout, first.output
+    rest = await cli(url, token, "group", "ls", "--limit", "2", "--cursor", cursor.group(1))
+    assert rest.exit_code == 0, rest.output
+    assert [g in rest.stdout for g in made] == [True, False, False]
+    assert "--cursor" not in rest.stderr  # the last page
+    as_json = json.loads((await cli(url, token, "group", "ls", "--limit", "2", "--json")).stdout)
+    assert as_json["next_cursor"] == cursor.group(1)
 
 
 async def test_cli_reads_a_group_of_another_tenant_with_tenant(

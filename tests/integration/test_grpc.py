@@ -365,7 +365,10 @@ class GrpcVia:
 
     async def group_ls(self, who: str, **params: Any) -> Outcome:
         def groups(reply: pb.ListGroupsResponse) -> dict[str, Any]:
-            return {"items": [convert.to_dict(g) for g in reply.groups]}
+            return {
+                "items": [convert.to_dict(g) for g in reply.groups],
+                "next_cursor": reply.next_cursor or None,
+            }
 
         return await self._call(who, "ListGroups", pb.ListGroupsRequest(**params), groups)
 
@@ -830,6 +833,31 @@ async def test_an_sre_lists_another_tenants_tasks_and_groups(both: Both) -> None
         assert refused.status != "OK" and refused.body["code"], refused
         groups = await via.group_ls("carol", tenant="t1")
         assert groups.status == refused.status and groups.body["code"], groups
+
+
+async def test_groups_are_listed_a_page_at_a_time_over_both_apis(both: Both) -> None:
+    """`cursor` on ListGroups as on `GET /v1/groups`: a page's `next_cursor` gives the
+    next, the last has none, every group once in order; a cursor not given by the list
+    is refused naming the field."""
+    for name in ("p1", "p2"):
+        made = await both.http.group_create("alice", BASE, [{"name": name}])
+        assert made.status == "OK", made
+    everything = (await both.http.group_ls("alice", limit=200)).body["items"]
+    assert len(everything) >= 3
+    for via in (both.http, both.grpc):
+        seen, cursor = [], None
+        for _ in range(len(everything)):  # a page that never ends the list fails, not hangs
+            page = await via.group_ls("alice", limit=2, **({"cursor": cursor} if cursor else {}))
+            assert page.status == "OK", page
+            assert len(page.body["items"]) <= 2
+            seen += page.body["items"]
+            cursor = page.body["next_cursor"]
+            if cursor is None:
+                break
+        assert [g["group_id"] for g in seen] == [g["group_id"] for g in everything]
+        assert cursor is None
+        bad = await via.group_ls("alice", cursor="not-a-cursor")
+        assert bad.status != "OK" and bad.body["field"] == "cursor", bad
 
 
 async def test_a_group_of_another_tenant_is_read_by_tenant_over_both_apis(both: Both) -> None:

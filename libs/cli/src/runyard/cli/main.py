@@ -784,16 +784,19 @@ def group_ls(
         str | None, typer.Argument(help="A group: list its tasks. None: list all groups.")
     ] = None,
     limit: Annotated[int, typer.Option(help="How many groups (newest first).")] = 50,
+    cursor: Annotated[str | None, typer.Option(help="next_cursor of the last page.")] = None,
     tenant: TenantOpt = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Your tenant's groups with a count per status; with an id, the tasks of that group."""
+    """Your tenant's groups, newest first, a page at a time; with an id, its tasks.
+
+    Each group with a count per status; the next page's --cursor on stderr."""
     with gateway(url, token) as api:
         if group_id is not None:
             return print_group(as_json_data(api.get_group(group_id, tenant=tenant)), as_json)
-        found = as_json_data(api.list_groups(limit=limit, tenant=tenant))
+        found = as_json_data(api.list_groups(limit=limit, tenant=tenant, cursor=cursor))
     if as_json:
         return show_json(found)
     table(
@@ -809,6 +812,8 @@ def group_ls(
             for g in found["items"]
         ],
     )
+    if found.get("next_cursor"):
+        more(found["next_cursor"])  # not a row of the table
 
 
 group_app.command("list", hidden=True)(group_ls)  # as `admin tokens list`

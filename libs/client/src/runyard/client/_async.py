@@ -201,9 +201,9 @@ class AsyncClient:
         return await self.send(calls.get_group(group_id, tenant=tenant))
 
     async def list_groups(
-        self, *, limit: int | None = None, tenant: str | None = None
+        self, *, limit: int | None = None, tenant: str | None = None, cursor: str | None = None
     ) -> wire.GroupPage:
-        return await self.send(calls.list_groups(limit=limit, tenant=tenant))
+        return await self.send(calls.list_groups(limit=limit, tenant=tenant, cursor=cursor))
 
     async def stop_group(self, group_id: str) -> wire.Group:
         return await self.send(calls.stop_group(group_id))

@@ -141,9 +141,12 @@ def get_group(group_id: str, *, tenant: str | None = None) -> Call[wire.Group]:
     return call("GET", f"/v1/groups/{segment(group_id)}", _GROUP, params=_given(tenant=tenant))
 
 
-def list_groups(*, limit: int | None = None, tenant: str | None = None) -> Call[wire.GroupPage]:
-    """The caller's tenant's groups (`tenant`: another's, for sre and platform_admin)."""
-    params = _given(limit=limit, tenant=tenant)
+def list_groups(
+    *, limit: int | None = None, tenant: str | None = None, cursor: str | None = None
+) -> Call[wire.GroupPage]:
+    """A page of the caller's tenant's groups (`tenant`: another's, for sre and
+    platform_admin), after `cursor` (a page's `next_cursor`)."""
+    params = _given(limit=limit, tenant=tenant, cursor=cursor)
     return call("GET", "/v1/groups", reader(wire.GroupPage), params=params)
 
 

@@ -198,9 +198,9 @@ class Client:
         return self.send(calls.get_group(group_id, tenant=tenant))
 
     def list_groups(
-        self, *, limit: int | None = None, tenant: str | None = None
+        self, *, limit: int | None = None, tenant: str | None = None, cursor: str | None = None
     ) -> wire.GroupPage:
-        return self.send(calls.list_groups(limit=limit, tenant=tenant))
+        return self.send(calls.list_groups(limit=limit, tenant=tenant, cursor=cursor))
 
     def stop_group(self, group_id: str) -> wire.Group:
         return self.send(calls.stop_group(group_id))

@@ -184,7 +184,10 @@ class GroupSummary(Answer):
 
 
 class GroupPage(Answer):
+    """A page of groups, newest first; `next_cursor` asks for the next one (None: the last)."""
+
     items: list[GroupSummary]
+    next_cursor: str | None = None
 
 
 # --- pools and catalogue ----------------------------------------------------------

@@ -521,9 +521,14 @@ class Gateway:
             raise
 
     async def list_groups(
-        self, caller: Principal, limit: int = 50, tenant: str | None = None
+        self,
+        caller: Principal,
+        limit: int = 50,
+        tenant: str | None = None,
+        cursor: str | None = None,
     ) -> dict[str, Any]:
-        """The caller's tenant's task groups, newest first, with a count per status."""
+        """A page of the caller's tenant's task groups, newest first, with a count per
+        status, and the cursor of the next page (None on the last)."""
         tenant = _read_tenant(caller, tenant)
         if not 1 <= limit <= MAX_PAGE:
             raise BadRequest(
@@ -533,7 +538,13 @@ class Gateway:
                 "limit",
             )
         await self.projector.catch_up()
-        return {"items": await projection.group_rows(self.db, tenant, limit)}
+        try:
+            rows, next_cursor = await projection.group_rows(self.db, tenant, limit, cursor)
+        except ValueError as exc:
+            raise BadRequest(
+                "cursor.invalid", str(exc), "pass back a next_cursor as given", "cursor"
+            ) from exc
+        return {"items": rows, "next_cursor": next_cursor}
 
     async def rerun_group(
         self, req: Request, group_id: str, changes: bodies.RerunChanges

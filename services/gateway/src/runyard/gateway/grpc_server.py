@@ -359,10 +359,10 @@ class TasksService(pb_grpc.TasksServicer):
         async def call() -> pb.ListGroupsResponse:
             caller = await self._caller(context)
             answer = await self.gw.list_groups(
-                caller, _limit(request.limit), request.tenant or None
+                caller, _limit(request.limit), request.tenant or None, request.cursor or None
             )
             groups = [convert.group_summary_message(g) for g in answer["items"]]
-            return pb.ListGroupsResponse(groups=groups)
+            return pb.ListGroupsResponse(groups=groups, next_cursor=answer["next_cursor"] or "")
 
         return await self._run(context, request, call)
 

@@ -380,9 +380,11 @@ def _group_routes(app: FastAPI, gw: Gateway) -> None:
         caller: Caller,
         limit: PageLimit = 50,
         tenant: Annotated[str | None, Query(description=TENANT_QUERY)] = None,
+        cursor: Annotated[str | None, Query(description="a next_cursor as given")] = None,
     ) -> dict[str, Any]:
-        """The tenant's task groups, newest first: `{items: [{group_id, tasks, status_counts}]}`."""
-        return await gw.list_groups(caller, limit, tenant)
+        """A page of the tenant's task groups, newest first:
+        `{items: [{group_id, tasks, status_counts}], next_cursor}`."""
+        return await gw.list_groups(caller, limit, tenant, cursor)
 
     @app.get(
         "/v1/groups/{group_id}",

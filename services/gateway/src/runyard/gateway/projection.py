@@ -385,10 +385,16 @@ async def group_tenants(
 
 
 async def group_rows(
-    conn: asyncpg.Pool | asyncpg.Connection, tenant: str, limit: int
-) -> list[dict[str, Any]]:
-    """The tenant's task groups, newest first: task count, count per status, times."""
-    sql = """
+    conn: asyncpg.Pool | asyncpg.Connection, tenant: str, limit: int, cursor: str | None = None
+) -> tuple[list[dict[str, Any]], str | None]:
+    """A page of the tenant's task groups, newest first (task count, count per status,
+    times), and the cursor of the next page; ValueError for a cursor not ours."""
+    args: list[Any] = [tenant, limit + 1]
+    after = ""
+    if cursor:
+        args.extend(decode_cursor(cursor))
+        after = "HAVING (min(created_at), group_id) < ($3, $4)"
+    sql = f"""
         SELECT group_id, min(created_at) AS created_at,
                max(updated_at) AS updated_at,
                jsonb_object_agg(status, n) AS status_counts
@@ -398,10 +404,11 @@ async def group_rows(
             FROM task_list WHERE tenant = $1 AND group_id IS NOT NULL
             GROUP BY group_id, status
         ) per_status
-        GROUP BY group_id ORDER BY min(created_at) DESC, group_id DESC LIMIT $2
-    """
+        GROUP BY group_id {after}
+        ORDER BY min(created_at) DESC, group_id DESC LIMIT $2
+    """  # only the HAVING clause above is put in; its values are arguments
     groups = []
-    for r in await conn.fetch(sql, tenant, limit):
+    for r in await conn.fetch(sql, *args):
         counts = r["status_counts"]
         counts = json.loads(counts) if isinstance(counts, str) else dict(counts)
         status_counts = {k: int(v) for k, v in sorted(counts.items())}
@@ -414,7 +421,10 @@ async def group_rows(
                 "updated_at": r["updated_at"].isoformat(),
             }
         )
-    return groups
+    if len(groups) <= limit:
+        return groups, None
+    last = groups[limit - 1]
+    return groups[:limit], encode_cursor(last["created_at"], last["group_id"])
 
 
 async def all_rows(conn: asyncpg.Pool | asyncpg.Connection) -> list[dict[str, Any]]:

@@ -40,15 +40,26 @@ from runyard.errors import RunyardError
 from runyard.gateway.console import display, yamltext
 from runyard.gateway.console.pages import PREFIX, Console, SignedIn, render
 
-#: Groups listed on `/groups` (the newest).
+#: Groups on a page of `/groups`.
 GROUPS_LISTED = 50
 
 
 async def groups(console: Console, request: HttpRequest, who: SignedIn) -> Response:
-    """The tenant's groups, newest first (`?tenant=`: another's, for sre and admins)."""
+    """A page of the tenant's groups, newest first (`?tenant=`: another's, for sre and
+    admins; `?cursor=`: the page after the one that gave it)."""
     tenant = request.query_params.get("tenant", "").strip() or None
-    listed = await console.gw.list_groups(who.principal, GROUPS_LISTED, tenant)
-    return render("groups.html", who, groups=listed["items"], tenant=tenant or "")
+    cursor = request.query_params.get("cursor") or None
+    listed = await console.gw.list_groups(who.principal, GROUPS_LISTED, tenant, cursor)
+    params = {"tenant": tenant} if tenant else {}
+    older = listed["next_cursor"]
+    return render(
+        "groups.html",
+        who,
+        groups=listed["items"],
+        tenant=tenant or "",
+        older_url=f"{PREFIX}/groups?{urlencode({**params, 'cursor': older})}" if older else None,
+        newest_url=f"{PREFIX}/groups?{urlencode(params)}" if cursor else None,
+    )
 
 
 async def group(console: Console, request: HttpRequest, who: SignedIn) -> Response:

@@ -512,12 +512,14 @@ class Group(_message.Message):
     def __init__(self, group_id: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[TaskSummary, _Mapping]]] = ..., status_counts: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class ListGroupsRequest(_message.Message):
-    __slots__ = ("limit", "tenant")
+    __slots__ = ("limit", "tenant", "cursor")
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
     limit: int
     tenant: str
-    def __init__(self, limit: _Optional[int] = ..., tenant: _Optional[str] = ...) -> None: ...
+    cursor: str
+    def __init__(self, limit: _Optional[int] = ..., tenant: _Optional[str] = ..., cursor: _Optional[str] = ...) -> None: ...
 
 class GroupSummary(_message.Message):
     __slots__ = ("group_id", "tasks", "status_counts", "create_time", "update_time")
@@ -541,10 +543,12 @@ class GroupSummary(_message.Message):
     def __init__(self, group_id: _Optional[str] = ..., tasks: _Optional[int] = ..., status_counts: _Optional[_Mapping[str, int]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ListGroupsResponse(_message.Message):
-    __slots__ = ("groups",)
+    __slots__ = ("groups", "next_cursor")
     GROUPS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_CURSOR_FIELD_NUMBER: _ClassVar[int]
     groups: _containers.RepeatedCompositeFieldContainer[GroupSummary]
-    def __init__(self, groups: _Optional[_Iterable[_Union[GroupSummary, _Mapping]]] = ...) -> None: ...
+    next_cursor: str
+    def __init__(self, groups: _Optional[_Iterable[_Union[GroupSummary, _Mapping]]] = ..., next_cursor: _Optional[str] = ...) -> None: ...
 
 class RerunGroupRequest(_message.Message):
     __slots__ = ("group_id", "changes")
