@@ -17,6 +17,7 @@ import pytest
 import uvicorn
 from runyard.api import auth
 from runyard.api.auth import Principal, create_token
+from runyard.api.inputs import MAX_BODY_BYTES
 from runyard.cli.main import app as cli_app
 from runyard.contracts import Metadata
 from runyard.contracts.resources import Catalogue
@@ -539,6 +540,29 @@ async def test_a_group_text_the_api_would_not_take_is_refused_with_its_code(api:
             data={"group": aliased + "items:\n- {command: *long}\n- {}\n", "csrf": csrf},
         )
         assert made.status_code == 303, made.text[:2000]
+
+
+async def test_a_console_form_over_the_body_limit_is_refused_with_a_page(api: Api) -> None:
+    """A form posted with more than the gateway takes (1 MiB) is refused before any page
+    runs: for the console a page a person reads (the code, what to do, the console's
+    security headers), for the API the JSON error; nothing is written."""
+    async with httpx.AsyncClient(transport=api.http._transport, base_url="http://gw") as alice:
+        csrf = await _console_of(api, alice, "alice")
+        before = await api.event_count()
+        refused = await alice.post(
+            "/console/new-group", data={"group": "x" * (MAX_BODY_BYTES + 1), "csrf": csrf}
+        )
+        assert refused.status_code == 413
+        assert refused.headers["content-type"].startswith("text/html")
+        assert 'class="code">request.too_large</span>' in refused.text, refused.text[:2000]
+        assert "split large task groups" in refused.text
+        assert refused.headers["x-frame-options"] == "DENY"
+        api_refused = await api.call(
+            "alice", "POST", "/v1/groups", content=b"x" * (MAX_BODY_BYTES + 1)
+        )
+        assert api_refused.status_code == 413
+        assert api_refused.json()["code"] == "request.too_large"
+        assert await api.event_count() == before
 
 
 async def test_a_rerun_of_a_group_the_caller_may_only_read_is_refused_as_a_stop_is(

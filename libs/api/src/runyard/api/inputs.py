@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -164,25 +164,35 @@ class _Exceeded(Exception):
     """The body went over the limit while the application read it."""
 
 
+#: What a refusal is answered with for a request (`BodyLimit.page`): its body and
+#: content type, or None for the API's JSON.
+RefusalPage = Callable[[Scope, PayloadTooLarge], tuple[bytes, str] | None]
+
+
 class BodyLimit:
     """ASGI middleware: refuse a body over `max_bytes` with 413 while it arrives.
 
     A declared Content-Length over the limit is refused before anything is
     read; a chunked body is counted as it is received and refused as soon as
     it goes over, so a client can never make the gateway buffer more than the
-    limit. Whatever the application answered meanwhile is replaced by the 413.
+    limit. Whatever the application answered meanwhile is replaced by the 413:
+    the API's JSON error, or what `page` makes of it for that request (a page a
+    person reads, for a form of the console).
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES, page: RefusalPage | None = None
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.page = page
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         if _declared_length(scope) > self.max_bytes:
-            await self._refuse(send)
+            await self._refuse(scope, send)
             return
         state = {"received": 0, "exceeded": False, "started": False}
 
@@ -199,7 +209,7 @@ class BodyLimit:
             if state["exceeded"]:
                 if message["type"] == "http.response.start" and not state["started"]:
                     state["started"] = True
-                    await self._refuse(send)
+                    await self._refuse(scope, send)
                 return
             if message["type"] == "http.response.start":
                 state["started"] = True
@@ -209,12 +219,13 @@ class BodyLimit:
             await self.app(scope, limited, guarded)
         except _Exceeded:
             if not state["started"]:
-                await self._refuse(send)
+                await self._refuse(scope, send)
 
-    async def _refuse(self, send: Send) -> None:
+    async def _refuse(self, scope: Scope, send: Send) -> None:
         error = body_too_large(self.max_bytes)
-        body = json.dumps(error.to_dict()).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        shown = self.page(scope, error) if self.page is not None else None
+        body, kind = shown or (json.dumps(error.to_dict()).encode(), "application/json")
+        headers = [(b"content-type", kind.encode()), (b"content-length", b"%d" % len(body))]
         await send({"type": "http.response.start", "status": error.http_status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 

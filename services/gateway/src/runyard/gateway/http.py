@@ -41,7 +41,7 @@ from runyard.eventstore import HEALTH, is_transient
 from runyard.gateway.app import Gateway, Request
 from runyard.gateway.audit import audit_router
 from runyard.gateway.bundle import bundle_router
-from runyard.gateway.console import install_console
+from runyard.gateway.console import console_refusal, install_console
 from runyard.gateway.limits import CountedStream
 from runyard.gateway.proxy import Owners, install_openapi, install_routes
 from runyard.gateway.rebuild import rebuild_router
@@ -93,7 +93,7 @@ def create_app(gateway: Gateway, owners: Owners | Mapping[str, str] | None = Non
     app.state.gateway = gateway
     app.state.owners = owners
     app.add_middleware(TracingMiddleware)
-    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES, page=console_refusal)
     install_error_handlers(app)
     _task_routes(app, gateway)
     _group_routes(app, gateway)

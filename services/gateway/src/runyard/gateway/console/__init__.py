@@ -14,6 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
+from runyard.errors import RunyardError
 from runyard.gateway.app import Gateway
 from runyard.gateway.console import (
     alerts_page,
@@ -27,7 +28,7 @@ from runyard.gateway.console import (
     task_pages,
     tokens_page,
 )
-from runyard.gateway.console.pages import PREFIX, Console, console_router
+from runyard.gateway.console.pages import PREFIX, Console, console_router, error_page
 from runyard.gateway.console.sessions import PostgresSessions
 from runyard.gateway.proxy import Owners
 from starlette.datastructures import MutableHeaders
@@ -71,6 +72,17 @@ class ConsoleHeaders:
         await self.app(scope, receive, with_headers)
 
 
+def console_refusal(scope: Any, error: RunyardError) -> tuple[bytes, str] | None:
+    """A refusal the gateway makes before any page runs (a form's body over the limit,
+    `runyard.api.inputs.BodyLimit`) as the console's error page, for the console's
+    paths; None elsewhere (the API's JSON)."""
+    path = scope.get("path", "")
+    if not (path == "/" or path.startswith(PREFIX + "/") or path == PREFIX):
+        return None
+    page = error_page(error, None)
+    return bytes(page.body), "text/html; charset=utf-8"
+
+
 def install_console(app: FastAPI, gateway: Gateway, owners: Owners) -> Console:
     """Mount the console on the gateway's app; answers it (its sessions, for tests).
     It is also `app.state.console`: close it when the gateway stops serving."""
@@ -94,4 +106,4 @@ def install_console(app: FastAPI, gateway: Gateway, owners: Owners) -> Console:
     return console
 
 
-__all__ = ["SECURITY_HEADERS", "Console", "install_console"]
+__all__ = ["SECURITY_HEADERS", "Console", "console_refusal", "install_console"]
