@@ -42,6 +42,7 @@ test-fast: install
 
 lint: install
 	$(BIN)/ruff check libs services tests benchmarks tools infra
+	$(BIN)/ruff format --check libs services tests benchmarks tools infra
 	$(BIN)/python -m runyard.contracts.catalogue --check docs/events.md
 	$(BIN)/python tools/boundaries.py
 	$(BIN)/python tools/protolint.py

@@ -214,6 +214,7 @@ async def test_a_database_outage_is_waited_out_and_costs_no_event(
             await wait_until(writer.done, state=state)
             await writer
             total = len(before) + len(burst) + len(during)
+
             # Counted in the handled table, not by the consumer: a batch whose commit
             # the database made just before it went down, with the answer lost, is
             # handled again and found done (a duplicate for the consumer's stats).

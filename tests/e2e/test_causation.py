@@ -81,9 +81,7 @@ async def test_every_event_of_a_task_leads_back_to_its_submission_or_its_stop(
     )
     assert stopped.status_code == 200, stopped.text
     await ft_platform.wait_status(task_id, "stopped", within=20)
-    await wait_events(
-        ft_platform, task_id, lambda es: bool(of(es, "ResourcesReleased")), within=10
-    )
+    await wait_events(ft_platform, task_id, lambda es: bool(of(es, "ResourcesReleased")), within=10)
     restarts = [e["reason"] for e in of(await ft_platform.events(task_id), "TaskRestartScheduled")]
     assert restarts == ["failure", "hang"]
     assert (await ft_log(ft_platform, task_id))["counts"]["hangs"] == 1

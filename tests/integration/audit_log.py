@@ -245,4 +245,3 @@ async def built_log(dsn: str) -> AsyncIterator[AuditLog]:
         yield await build_log(store)
     finally:
         await store.close()
-

@@ -609,8 +609,6 @@ async def test_an_idle_relay_publishes_the_next_event_when_postgres_tells_it(
         await store.close()
 
 
-
-
 class LateCloseProxy:
     """A TCP proxy to Postgres that passes the server's close on to the client
     `hold_s` late. A client reads the server's last words ("terminating connection due

@@ -70,9 +70,7 @@ async def folded_rows(store: PostgresEventStore, upto: int) -> dict[str, tuple[A
     expected = {}
     for stream_id in await store.pool.fetch("SELECT DISTINCT stream_id FROM events"):
         events = [
-            e
-            for e in await store.read_stream(stream_id["stream_id"])
-            if e.global_position <= upto
+            e for e in await store.read_stream(stream_id["stream_id"]) if e.global_position <= upto
         ]
         if events:
             state = fold(events)

@@ -27,9 +27,7 @@ def test_a_pattern_that_backtracks_exponentially_in_python_matches_in_linear_tim
         (r"step (\d+", "missing ): step (\\d+"),
     ],
 )
-def test_patterns_re2_cannot_compile_are_refused_with_the_reason(
-    pattern: str, reason: str
-) -> None:
+def test_patterns_re2_cannot_compile_are_refused_with_the_reason(pattern: str, reason: str) -> None:
     assert check_user_pattern(pattern) == reason
     with pytest.raises(UserPatternError) as refused:
         ResumeMatcher(pattern)

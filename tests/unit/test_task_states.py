@@ -74,9 +74,9 @@ def test_the_task_as_of_an_event_is_the_fold_up_to_it_whatever_is_kept(
     events = walk(spec, data)
     order = data.draw(
         st.lists(st.integers(1, len(events)), min_size=1, max_size=12).map(
-            lambda picks: sorted(picks)
-            if data.draw(st.booleans())
-            else picks  # any order: handled again, or out of order
+            lambda picks: (
+                sorted(picks) if data.draw(st.booleans()) else picks
+            )  # any order: handled again, or out of order
         )
     )
 

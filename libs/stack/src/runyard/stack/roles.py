@@ -79,8 +79,7 @@ class StackCredentials:
             mode = path.stat().st_mode & 0o777
             if mode & 0o077:
                 raise PermissionError(
-                    f"{path} holds database passwords but has mode {mode:o}:"
-                    f" run `chmod 600 {path}`"
+                    f"{path} holds database passwords but has mode {mode:o}: run `chmod 600 {path}`"
                 )
             passwords = json.loads(path.read_text())
             missing = [role for role in ROLES if role not in passwords]

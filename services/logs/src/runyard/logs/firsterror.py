@@ -69,9 +69,7 @@ SQL_RANK_PREFIX = r"^\[(?:rank|default)[0-9]+\]: ?"
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]")
 #: Lines that warn: `UserWarning: ...` (Python), `WARNING`/`WARN` (loggers, NCCL),
 #: `[W socket.cpp:...]` / `[W1201 ...]` (torch's C++), `W1201 12:00:00` (glog).
-_WARNING = re.compile(
-    r"\b\w*Warning\b|\bWARN(ING)?\b|^\[W[\d ]|^W\d{4} \d|^\s*warnings\.warn\("
-)
+_WARNING = re.compile(r"\b\w*Warning\b|\bWARN(ING)?\b|^\[W[\d ]|^W\d{4} \d|^\s*warnings\.warn\(")
 #: Exceptions of launchers that wrap a worker's own failure (printed above them).
 _LAUNCHER = re.compile(r"\b(ChildFailedError|CalledProcessError)\b")
 #: Exceptions a rank raises because another rank went away.
