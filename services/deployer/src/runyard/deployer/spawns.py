@@ -56,10 +56,6 @@ class Spawned:
         self._pidfd: int | None = os.pidfd_open(popen.pid)
         loop.add_reader(self._pidfd, self._reap)
 
-    @property
-    def returncode(self) -> int | None:
-        return self._popen.returncode
-
     def _reap(self) -> None:
         code = self._popen.poll()
         if code is None:  # woken before the exit could be collected: watched on
